@@ -1,0 +1,242 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/urfave/cli/v3"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	kubescheme "k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/component-base/metrics/legacyregistry"
+	_ "k8s.io/component-base/metrics/prometheus/workqueue" // workqueue depth, adds, latency on /metrics
+
+	"github.com/strata-storage/strata/controller"
+	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
+	stratascheme "github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned/scheme"
+	"github.com/strata-storage/strata/types"
+)
+
+// DaemonCommand is `strata-manager daemon`: the controllers of one node.
+func DaemonCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "daemon",
+		Usage: "run the manager of one node: its controllers, heartbeat and metrics",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "node-name", Required: true, Usage: "name of this node", Sources: cli.EnvVars("NODE_NAME")},
+			&cli.StringFlag{Name: "kubeconfig", Usage: "kubeconfig file; empty means in-cluster", Sources: cli.EnvVars("KUBECONFIG")},
+			&cli.StringFlag{Name: "namespace", Value: types.DefaultNamespace, Usage: "namespace of Strata's objects",
+				Sources: cli.EnvVars("POD_NAMESPACE")},
+			&cli.StringSliceFlag{Name: "disk", Usage: "a data directory, as PATH or NAME=PATH; repeat for more disks. " +
+				"Registered when the node is first created"},
+			&cli.StringFlag{Name: "metrics-listen", Value: ":9500", Usage: "address for /metrics and /healthz; empty disables"},
+			&cli.DurationFlag{Name: "lease-duration", Value: 20 * time.Second,
+				Usage: "heartbeat lease validity; peers mark this node down after this long without a renewal"},
+			&cli.DurationFlag{Name: "disk-check-interval", Value: 30 * time.Second, Usage: "how often disks are inspected"},
+			&cli.IntFlag{Name: "workers", Value: 2, Usage: "workers per controller"},
+		},
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			disks, err := parseDisks(cmd.StringSlice("disk"))
+			if err != nil {
+				return err
+			}
+			if d := cmd.Duration("lease-duration"); d < time.Second {
+				return fmt.Errorf("--lease-duration: %s is shorter than 1s", d)
+			}
+			return runDaemon(ctx, daemonConfig{
+				nodeName:          cmd.String("node-name"),
+				kubeconfig:        cmd.String("kubeconfig"),
+				namespace:         cmd.String("namespace"),
+				disks:             disks,
+				metricsListen:     cmd.String("metrics-listen"),
+				leaseDuration:     cmd.Duration("lease-duration"),
+				diskCheckInterval: cmd.Duration("disk-check-interval"),
+				workers:           int(cmd.Int("workers")),
+			})
+		},
+	}
+}
+
+type daemonConfig struct {
+	nodeName, kubeconfig, namespace string
+	disks                           []controller.DiskConfig
+	metricsListen                   string
+	leaseDuration                   time.Duration
+	diskCheckInterval               time.Duration
+	workers                         int
+}
+
+// parseDisks reads --disk values: PATH names the disk disk-N by position,
+// NAME=PATH names it NAME.
+func parseDisks(values []string) ([]controller.DiskConfig, error) {
+	var disks []controller.DiskConfig
+	seen := map[string]bool{}
+	for i, v := range values {
+		name, path, named := strings.Cut(v, "=")
+		if !named {
+			name, path = fmt.Sprintf("disk-%d", i+1), v
+		}
+		if name == "" || path == "" {
+			return nil, fmt.Errorf("--disk %q: want PATH or NAME=PATH", v)
+		}
+		abs, err := filepath.Abs(path)
+		if err != nil {
+			return nil, fmt.Errorf("--disk %q: %w", v, err)
+		}
+		if seen[name] {
+			return nil, fmt.Errorf("--disk %q: disk name %s is used twice", v, name)
+		}
+		seen[name] = true
+		disks = append(disks, controller.DiskConfig{Name: name, Path: abs})
+	}
+	return disks, nil
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig == "" {
+		cfg, err = rest.InClusterConfig()
+	} else {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	// The default 5 QPS throttles start-up on a node with many objects.
+	cfg.QPS, cfg.Burst = 50, 100
+	cfg.UserAgent = "strata-manager/" + Version
+	return cfg, nil
+}
+
+func runDaemon(parent context.Context, cfg daemonConfig) error {
+	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	log := logrus.WithField("node", cfg.nodeName)
+
+	restCfg, err := restConfig(cfg.kubeconfig)
+	if err != nil {
+		return err
+	}
+	kubeClient, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+	strataClient, err := versioned.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+	if _, err := kubeClient.Discovery().ServerResourcesForGroupVersion(v1beta1.SchemeGroupVersion.String()); err != nil {
+		return fmt.Errorf("the API server does not serve %s; are Strata's CRDs (k8s/crds) installed? %w",
+			v1beta1.SchemeGroupVersion, err)
+	}
+
+	ds, err := datastore.New(cfg.namespace, strataClient, kubeClient)
+	if err != nil {
+		return err
+	}
+	broadcaster, recorder := newEventRecorder(kubeClient, cfg.nodeName)
+	defer broadcaster.Shutdown()
+
+	nodeController, err := controller.NewNodeController(log, ds, recorder, cfg.nodeName, cfg.disks,
+		controller.NodeControllerOptions{LeaseDuration: cfg.leaseDuration, DiskCheckInterval: cfg.diskCheckInterval})
+	if err != nil {
+		return err
+	}
+
+	ready := make(chan struct{})
+	metricsErr := serveMetrics(ctx, cfg.metricsListen, ready, log)
+
+	start := time.Now()
+	ds.Start(ctx)
+	if err := ds.WaitForCacheSync(ctx); err != nil {
+		return err
+	}
+	log.WithField("elapsed", time.Since(start).Round(time.Millisecond)).Info("Caches synced")
+	if created, err := ds.EnsureDefaultSettings(ctx); err != nil {
+		return fmt.Errorf("creating default settings: %w", err)
+	} else if len(created) > 0 {
+		log.WithField("settings", created).Info("Created default settings")
+	}
+	close(ready)
+
+	var wg sync.WaitGroup
+	wg.Go(func() { nodeController.Run(ctx, cfg.workers) })
+	log.Info("strata-manager is running")
+
+	select {
+	case <-ctx.Done():
+	case err := <-metricsErr:
+		stop()
+		wg.Wait()
+		return err
+	}
+	log.Info("Shutting down")
+	wg.Wait()
+	return nil
+}
+
+func newEventRecorder(kubeClient kubernetes.Interface, nodeName string) (record.EventBroadcaster, record.EventRecorder) {
+	scheme := kubescheme.Scheme
+	// Adding to client-go's scheme is safe: it only adds the strata.io kinds.
+	_ = stratascheme.AddToScheme(scheme)
+	broadcaster := record.NewBroadcaster()
+	broadcaster.StartStructuredLogging(4)
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kubeClient.CoreV1().Events("")})
+	return broadcaster, broadcaster.NewRecorder(scheme, corev1.EventSource{Component: "strata-manager", Host: nodeName})
+}
+
+// serveMetrics serves /metrics, /healthz and /readyz (ready once caches have
+// synced). Errors after start-up arrive on the returned channel.
+func serveMetrics(ctx context.Context, addr string, ready <-chan struct{}, log logrus.FieldLogger) <-chan error {
+	errc := make(chan error, 1)
+	if addr == "" {
+		return errc
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", legacyregistry.Handler())
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		select {
+		case <-ready:
+			_, _ = w.Write([]byte("ok"))
+		default:
+			http.Error(w, "caches not synced", http.StatusServiceUnavailable)
+		}
+	})
+	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		errc <- fmt.Errorf("--metrics-listen %s: %w", addr, err)
+		return errc
+	}
+	log.WithField("address", ln.Addr().String()).Info("Serving metrics and health")
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- err
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdownCtx)
+	}()
+	return errc
+}

@@ -1,0 +1,160 @@
+package controller
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/component-helpers/apimachinery/lease"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+
+	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/types"
+)
+
+// leaseCheckSlack is added to a peer's lease expiry before it is re-checked,
+// so a renewal that lands right at the deadline is seen.
+const leaseCheckSlack = time.Second
+
+// NodeControllerOptions tune the node controller; zero values take defaults.
+type NodeControllerOptions struct {
+	// LeaseDuration is how long this manager's heartbeat lease is valid;
+	// peers mark the node down once it has not been renewed for this long.
+	LeaseDuration time.Duration
+	// DiskCheckInterval is how often this node's disks are inspected.
+	DiskCheckInterval time.Duration
+}
+
+// NodeController registers this manager's node and keeps its status (disks,
+// Ready), keeps its heartbeat lease, and marks peer nodes down when their
+// leases run out.
+type NodeController struct {
+	*baseController
+	disks             []DiskConfig
+	leaseDuration     time.Duration
+	diskCheckInterval time.Duration
+	heartbeat         lease.Controller
+}
+
+// NewNodeController wires the node controller to the datastore's Node and
+// Lease informers.
+func NewNodeController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
+	controllerID string, disks []DiskConfig, opts NodeControllerOptions) (*NodeController, error) {
+	if opts.LeaseDuration <= 0 {
+		opts.LeaseDuration = 20 * time.Second
+	}
+	if opts.DiskCheckInterval <= 0 {
+		opts.DiskCheckInterval = 30 * time.Second
+	}
+	nc := &NodeController{
+		baseController:    newBaseController("strata-node", controllerID, logger, ds, recorder),
+		disks:             disks,
+		leaseDuration:     opts.LeaseDuration,
+		diskCheckInterval: opts.DiskCheckInterval,
+	}
+	nc.sync = nc.syncNode
+	leaseSeconds := int32(opts.LeaseDuration.Round(time.Second) / time.Second)
+	// Renew four times per lease duration, as the kubelet does, so one or two
+	// slow renewals do not make the node look down.
+	nc.heartbeat = lease.NewController(clock.RealClock{}, ds.KubeClient, controllerID, max(leaseSeconds, 1),
+		func() { nc.logger.Warn("Heartbeat lease renewals keep failing") },
+		opts.LeaseDuration/4, types.NodeLeaseName(controllerID), ds.Namespace, labelNodeLease(controllerID))
+
+	if _, err := ds.Nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    nc.enqueue,
+		UpdateFunc: func(_, obj interface{}) { nc.enqueue(obj) },
+		DeleteFunc: nc.enqueue,
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := ds.LeaseInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    nc.enqueueLeaseNode,
+		UpdateFunc: nc.onLeaseUpdate,
+		DeleteFunc: nc.enqueueLeaseNode,
+	}); err != nil {
+		return nil, err
+	}
+	return nc, nil
+}
+
+// labelNodeLease marks the heartbeat lease so the datastore's lease informer,
+// which lists only heartbeat leases, sees it.
+func labelNodeLease(nodeName string) lease.ProcessLeaseFunc {
+	return func(l *coordinationv1.Lease) error {
+		if l.Labels == nil {
+			l.Labels = map[string]string{}
+		}
+		l.Labels[types.LabelComponent] = types.ComponentNodeLease
+		l.Labels[types.LabelNode] = nodeName
+		return nil
+	}
+}
+
+// Run registers the node, starts the heartbeat and the disk monitor, and
+// runs the workers until ctx ends.
+func (nc *NodeController) Run(ctx context.Context, workers int) {
+	go nc.heartbeat.Run(ctx)
+	go wait.UntilWithContext(ctx, nc.checkDisks, nc.diskCheckInterval)
+	nc.queue.Add(nc.ds.Namespace + "/" + nc.controllerID)
+	nc.baseController.Run(ctx, workers)
+}
+
+// enqueueLeaseNode enqueues the node a heartbeat lease belongs to: a new
+// lease starts the expiry watch, a deleted one means the node is down.
+func (nc *NodeController) enqueueLeaseNode(obj interface{}) {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	l, ok := obj.(*coordinationv1.Lease)
+	if !ok {
+		return
+	}
+	node := l.Labels[types.LabelNode]
+	if node == "" {
+		node = strings.TrimPrefix(l.Name, types.NodeLeaseName(""))
+	}
+	nc.queue.Add(nc.ds.Namespace + "/" + node)
+}
+
+// onLeaseUpdate ignores plain renewals: the node's expiry check is already
+// scheduled and reads the newest lease when it fires. Only a lease that was
+// expired and is renewed again, or that changed hands, needs a look now.
+func (nc *NodeController) onLeaseUpdate(oldObj, newObj interface{}) {
+	oldLease, ok1 := oldObj.(*coordinationv1.Lease)
+	newLease, ok2 := newObj.(*coordinationv1.Lease)
+	if !ok1 || !ok2 {
+		return
+	}
+	expiry, ok := datastore.LeaseExpiry(oldLease)
+	wasExpired := !ok || !nc.ds.Clock.Now().Before(expiry)
+	if wasExpired || ptr.Deref(oldLease.Spec.HolderIdentity, "") != ptr.Deref(newLease.Spec.HolderIdentity, "") {
+		nc.enqueueLeaseNode(newObj)
+	}
+}
+
+// checkDisks enqueues this node only when its disks' status would change,
+// so an idle node costs no queue traffic and no writes.
+func (nc *NodeController) checkDisks(context.Context) {
+	node, err := nc.ds.Nodes.GetRO(nc.controllerID)
+	if err != nil {
+		return
+	}
+	minAvailablePct, err := nc.ds.GetSettingInt(types.SettingStorageMinimalAvailablePercentage)
+	if err != nil {
+		nc.logger.WithError(err).Warn("Cannot check disks")
+		return
+	}
+	cp := node.DeepCopy()
+	now := metav1.NewTime(nc.ds.Clock.Now())
+	if !equality.Semantic.DeepEqual(nc.diskStatuses(cp, minAvailablePct, now), node.Status.DiskStatus) {
+		nc.queue.Add(nc.ds.Namespace + "/" + nc.controllerID)
+	}
+}

@@ -1,0 +1,295 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
+
+	"github.com/strata-storage/strata/datastore/dstest"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
+)
+
+const testNS = types.DefaultNamespace
+
+func testNode(name string, disks map[string]string, conds ...metav1.Condition) *v1beta1.Node {
+	n := &v1beta1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS},
+		Spec:       v1beta1.NodeSpec{AllowScheduling: true, Disks: map[string]v1beta1.DiskSpec{}},
+		Status:     v1beta1.NodeStatus{Conditions: conds},
+	}
+	for dn, p := range disks {
+		n.Spec.Disks[dn] = v1beta1.DiskSpec{Path: p, AllowScheduling: true}
+	}
+	return n
+}
+
+func testLease(node string, renewedAgo time.Duration) *coordinationv1.Lease {
+	return &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: types.NodeLeaseName(node), Namespace: testNS,
+			Labels: map[string]string{types.LabelComponent: types.ComponentNodeLease, types.LabelNode: node}},
+		Spec: coordinationv1.LeaseSpec{
+			HolderIdentity: ptr.To(node), LeaseDurationSeconds: ptr.To(int32(10)),
+			RenewTime: &metav1.MicroTime{Time: dstest.Now.Add(-renewedAgo)},
+		},
+	}
+}
+
+// Settings that make schedulability independent of the test machine's free space.
+func zeroMinAvailable() *v1beta1.Setting {
+	return &v1beta1.Setting{
+		ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingStorageMinimalAvailablePercentage), Namespace: testNS},
+		Value:      "0",
+	}
+}
+
+func readyDown(msg string) metav1.Condition {
+	return metav1.Condition{Type: v1beta1.ConditionTypeReady, Status: metav1.ConditionFalse,
+		Reason: v1beta1.NodeConditionReasonManagerDown, Message: msg, LastTransitionTime: metav1.NewTime(dstest.Now)}
+}
+
+func readyTrue() metav1.Condition {
+	return metav1.Condition{Type: v1beta1.ConditionTypeReady, Status: metav1.ConditionTrue,
+		Reason: v1beta1.NodeConditionReasonManagerRunning, Message: "x", LastTransitionTime: metav1.NewTime(dstest.Now)}
+}
+
+func TestNodeControllerSync(t *testing.T) {
+	const me = "node-1"
+	// node-x is dead; with node-1 and node-3 alive, find which one rendezvous
+	// hashing makes responsible so both outcomes are tested.
+	deadKey := testNS + "/node-x"
+	owner := responsibleNode(deadKey, "node-x", "", []string{"node-1", "node-3"})
+	other := "node-3"
+	if owner == "node-3" {
+		other = "node-1"
+	}
+
+	tests := []struct {
+		name        string
+		controller  string // defaults to node-1
+		key         string
+		nodes       func(diskDir string) []runtime.Object
+		leases      []runtime.Object
+		prepareDisk func(t *testing.T, diskDir string)
+		apiErr      *reactorError
+		wantErr     string
+		wantWrites  []string
+		wantEvents  []string
+		check       func(t *testing.T, n *v1beta1.Node, diskDir string)
+	}{
+		{
+			name:       "own node missing is registered with its disks",
+			key:        me,
+			nodes:      func(string) []runtime.Object { return nil },
+			wantWrites: []string{"create nodes node-1"},
+			wantEvents: []string{"Normal Registered"},
+			check: func(t *testing.T, n *v1beta1.Node, diskDir string) {
+				assert.True(t, n.Spec.AllowScheduling)
+				assert.Equal(t, v1beta1.DiskSpec{Path: diskDir, AllowScheduling: true}, n.Spec.Disks["disk-1"])
+				assert.Equal(t, me, n.Labels[types.LabelNode])
+			},
+		},
+		{
+			name:       "own node gets Ready, disk identity and space",
+			key:        me,
+			nodes:      func(d string) []runtime.Object { return []runtime.Object{testNode(me, map[string]string{"disk-1": d})} },
+			wantWrites: []string{"update nodes/status node-1"},
+			wantEvents: []string{"Normal ManagerRunning"},
+			check: func(t *testing.T, n *v1beta1.Node, diskDir string) {
+				assert.True(t, meta.IsStatusConditionTrue(n.Status.Conditions, v1beta1.ConditionTypeReady))
+				assert.True(t, meta.IsStatusConditionTrue(n.Status.Conditions, v1beta1.ConditionTypeSchedulable))
+				ds := n.Status.DiskStatus["disk-1"]
+				require.NotNil(t, ds)
+				cfg, err := os.ReadFile(filepath.Join(diskDir, types.DiskConfigFile))
+				require.NoError(t, err)
+				assert.Contains(t, string(cfg), ds.DiskUUID, "UUID comes from the disk's config file")
+				assert.Positive(t, ds.StorageMaximum)
+				assert.Positive(t, ds.StorageAvailable)
+				assert.True(t, meta.IsStatusConditionTrue(ds.Conditions, v1beta1.ConditionTypeSchedulable))
+				assert.Equal(t, diskDir, n.Status.DiskPaths)
+			},
+		},
+		{
+			name: "missing disk path makes the disk not ready, with its reason",
+			key:  me,
+			nodes: func(d string) []runtime.Object {
+				return []runtime.Object{testNode(me, map[string]string{"disk-1": filepath.Join(d, "absent")})}
+			},
+			wantWrites: []string{"update nodes/status node-1"},
+			wantEvents: []string{"Normal ManagerRunning", "Warning DiskNotReady"},
+			check: func(t *testing.T, n *v1beta1.Node, _ string) {
+				c := meta.FindStatusCondition(n.Status.DiskStatus["disk-1"].Conditions, v1beta1.ConditionTypeReady)
+				require.NotNil(t, c)
+				assert.Equal(t, v1beta1.DiskConditionReasonPathMissing, c.Reason)
+				s := meta.FindStatusCondition(n.Status.Conditions, v1beta1.ConditionTypeSchedulable)
+				assert.Equal(t, v1beta1.NodeConditionReasonNoDisk, s.Reason)
+			},
+		},
+		{
+			name:  "damaged disk config is reported and left untouched",
+			key:   me,
+			nodes: func(d string) []runtime.Object { return []runtime.Object{testNode(me, map[string]string{"disk-1": d})} },
+			prepareDisk: func(t *testing.T, d string) {
+				require.NoError(t, os.WriteFile(filepath.Join(d, types.DiskConfigFile), []byte("{torn"), 0o644))
+			},
+			wantWrites: []string{"update nodes/status node-1"},
+			wantEvents: []string{"Normal ManagerRunning", "Warning DiskNotReady"},
+			check: func(t *testing.T, n *v1beta1.Node, d string) {
+				c := meta.FindStatusCondition(n.Status.DiskStatus["disk-1"].Conditions, v1beta1.ConditionTypeReady)
+				assert.Equal(t, v1beta1.DiskConditionReasonUUIDError, c.Reason)
+				assert.Contains(t, c.Message, "is damaged")
+				data, _ := os.ReadFile(filepath.Join(d, types.DiskConfigFile))
+				assert.Equal(t, "{torn", string(data))
+			},
+		},
+		{
+			name:       "status write failure is returned for retry",
+			key:        me,
+			nodes:      func(d string) []runtime.Object { return []runtime.Object{testNode(me, map[string]string{"disk-1": d})} },
+			apiErr:     &reactorError{"update", "nodes", "status", errors.New("etcd is sad")},
+			wantErr:    "etcd is sad",
+			wantWrites: []string{"update nodes/status node-1"},
+		},
+		{
+			name:   "peer with a live lease is left alone",
+			key:    "node-2",
+			nodes:  func(string) []runtime.Object { return []runtime.Object{testNode("node-2", nil, readyTrue())} },
+			leases: []runtime.Object{testLease("node-2", 3*time.Second), testLease(me, 0)},
+		},
+		{
+			name:       "peer with an expired lease is marked down by the responsible manager",
+			controller: owner,
+			key:        "node-x",
+			nodes: func(string) []runtime.Object {
+				return []runtime.Object{testNode("node-x", nil, readyTrue()), testNode("node-1", nil), testNode("node-3", nil)}
+			},
+			leases:     []runtime.Object{testLease("node-x", 30*time.Second), testLease("node-1", 0), testLease("node-3", 0)},
+			wantWrites: []string{"update nodes/status node-x"},
+			wantEvents: []string{"Warning ManagerDown"},
+			check: func(t *testing.T, n *v1beta1.Node, _ string) {
+				c := meta.FindStatusCondition(n.Status.Conditions, v1beta1.ConditionTypeReady)
+				assert.Equal(t, metav1.ConditionFalse, c.Status)
+				assert.Equal(t, v1beta1.NodeConditionReasonManagerDown, c.Reason)
+				assert.Contains(t, c.Message, "lease expired at 2026-11-21T11:59:40Z")
+			},
+		},
+		{
+			name:       "peer with an expired lease is not written by the other managers",
+			controller: other,
+			key:        "node-x",
+			nodes: func(string) []runtime.Object {
+				return []runtime.Object{testNode("node-x", nil, readyTrue()), testNode("node-1", nil), testNode("node-3", nil)}
+			},
+			leases: []runtime.Object{testLease("node-x", 30*time.Second), testLease("node-1", 0), testLease("node-3", 0)},
+		},
+		{
+			name: "peer without any lease is down",
+			key:  "node-2",
+			nodes: func(string) []runtime.Object {
+				return []runtime.Object{testNode("node-2", nil, readyTrue()), testNode(me, nil)}
+			},
+			leases:     []runtime.Object{testLease(me, 0)},
+			wantWrites: []string{"update nodes/status node-2"},
+			wantEvents: []string{"Warning ManagerDown"},
+			check: func(t *testing.T, n *v1beta1.Node, _ string) {
+				c := meta.FindStatusCondition(n.Status.Conditions, v1beta1.ConditionTypeReady)
+				assert.Equal(t, "strata-manager has no heartbeat lease", c.Message)
+			},
+		},
+		{
+			name: "peer already marked down is not written again",
+			key:  "node-2",
+			nodes: func(string) []runtime.Object {
+				return []runtime.Object{testNode("node-2", nil, readyDown("gone")), testNode(me, nil)}
+			},
+			leases: []runtime.Object{testLease("node-2", time.Minute), testLease(me, 0)},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			diskDir := t.TempDir()
+			if tc.prepareDisk != nil {
+				tc.prepareDisk(t, diskDir)
+			}
+			objs := append(tc.nodes(diskDir), zeroMinAvailable())
+			env := dstest.New(t, objs, tc.leases)
+			if tc.apiErr != nil {
+				tc.apiErr.install(env.Strata)
+			}
+			id := tc.controller
+			if id == "" {
+				id = me
+			}
+			rec := record.NewFakeRecorder(10)
+			nc, err := NewNodeController(logrus.New(), env.DS, rec, id,
+				[]DiskConfig{{Name: "disk-1", Path: diskDir}}, NodeControllerOptions{LeaseDuration: 10 * time.Second})
+			require.NoError(t, err)
+			env.ClearActions()
+
+			err = nc.syncNode(context.Background(), testNS+"/"+tc.key)
+			if tc.wantErr != "" {
+				require.ErrorContains(t, err, tc.wantErr)
+			} else {
+				require.NoError(t, err)
+			}
+			assert.Equal(t, tc.wantWrites, writes(env.Strata.Actions()), "API writes")
+			assertEvents(t, tc.wantEvents, rec)
+			if tc.check != nil {
+				n, err := env.Strata.StrataV1beta1().Nodes(testNS).Get(context.Background(), tc.key, metav1.GetOptions{})
+				require.NoError(t, err)
+				tc.check(t, n, diskDir)
+			}
+		})
+	}
+}
+
+// A second sync of an unchanged node writes nothing: a quiet node costs no
+// API traffic.
+func TestOwnNodeSyncIsIdempotent(t *testing.T) {
+	diskDir := t.TempDir()
+	env := dstest.New(t, []runtime.Object{testNode("node-1", map[string]string{"disk-1": diskDir}), zeroMinAvailable()}, nil)
+	nc, err := NewNodeController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", nil, NodeControllerOptions{})
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, nc.syncNode(ctx, testNS+"/node-1"))
+	require.Eventually(t, func() bool {
+		n, _ := env.DS.Nodes.GetRO("node-1")
+		return n != nil && n.Status.DiskStatus != nil
+	}, 5*time.Second, 10*time.Millisecond, "cache sees the status write")
+
+	env.ClearActions()
+	require.NoError(t, nc.syncNode(ctx, testNS+"/node-1"))
+	assert.Empty(t, writes(env.Strata.Actions()))
+}
+
+func TestStableAvailable(t *testing.T) {
+	const gib = int64(1 << 30)
+	tests := []struct {
+		name                     string
+		previous, current, total int64
+		want                     int64
+	}{
+		{"first report is taken as is", 0, 5 * gib, 100 * gib, 5 * gib},
+		{"small drift keeps the old figure", 5 * gib, 5*gib - 10<<20, 100 * gib, 5 * gib},
+		{"large change is reported", 5 * gib, 4 * gib, 100 * gib, 4 * gib},
+		{"on a small disk 1% counts", 500 << 20, 480 << 20, 1 * gib, 480 << 20},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, stableAvailable(tc.previous, tc.current, tc.total))
+		})
+	}
+}

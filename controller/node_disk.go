@@ -1,0 +1,137 @@
+package controller
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/google/uuid"
+	"golang.org/x/sys/unix"
+
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
+)
+
+// DiskConfig is a disk this manager registers for its node when it first
+// creates the node's Node CR; later changes are made on the CR.
+type DiskConfig struct {
+	Name string
+	Path string
+}
+
+// diskInfo is what a disk directory says about itself.
+type diskInfo struct {
+	UUID      string
+	Total     int64
+	Available int64
+}
+
+// diskError carries the condition reason a disk failure is reported with.
+type diskError struct {
+	reason string
+	err    error
+}
+
+func (e *diskError) Error() string { return e.err.Error() }
+func (e *diskError) Unwrap() error { return e.err }
+
+type diskConfigFile struct {
+	DiskUUID string `json:"diskUUID"`
+}
+
+// inspectDisk reads a disk's identity and space. A disk without a config
+// file gets one with a new UUID; a config file that does not parse is
+// reported, never overwritten, since the UUID ties replicas to the disk.
+func inspectDisk(path string) (diskInfo, error) {
+	var info diskInfo
+	st, err := os.Stat(path)
+	if err != nil || !st.IsDir() {
+		if err == nil {
+			err = fmt.Errorf("%s is not a directory", path)
+		}
+		return info, &diskError{v1beta1.DiskConditionReasonPathMissing, err}
+	}
+	info.UUID, err = readOrCreateDiskUUID(path)
+	if err != nil {
+		return info, &diskError{v1beta1.DiskConditionReasonUUIDError, err}
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(path, &fs); err != nil {
+		return info, &diskError{v1beta1.DiskConditionReasonPathMissing, fmt.Errorf("statfs %s: %w", path, err)}
+	}
+	info.Total = int64(fs.Blocks) * fs.Bsize
+	info.Available = int64(fs.Bavail) * fs.Bsize
+	return info, nil
+}
+
+func readOrCreateDiskUUID(dir string) (string, error) {
+	file := filepath.Join(dir, types.DiskConfigFile)
+	data, err := os.ReadFile(file)
+	if err == nil {
+		var cfg diskConfigFile
+		if err := json.Unmarshal(data, &cfg); err != nil || cfg.DiskUUID == "" {
+			return "", fmt.Errorf("disk config %s is damaged (want JSON with diskUUID); fix or remove it by hand", file)
+		}
+		return cfg.DiskUUID, nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("reading disk config: %w", err)
+	}
+	cfg := diskConfigFile{DiskUUID: uuid.NewString()}
+	data, _ = json.Marshal(cfg)
+	if err := writeFileAtomic(file, data); err != nil {
+		return "", fmt.Errorf("writing disk config: %w", err)
+	}
+	return cfg.DiskUUID, nil
+}
+
+// writeFileAtomic writes a temp file, syncs it, renames it over the target
+// and syncs the directory, so a crash leaves either the old or the new file.
+func writeFileAtomic(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// stableAvailable keeps the reported free space unless it moved by more than
+// a small share of the disk, so ordinary I/O does not rewrite the Node CR.
+func stableAvailable(previous, current, total int64) int64 {
+	threshold := total / 100
+	threshold = max(threshold, 1<<20)
+	threshold = min(threshold, 256<<20)
+	if previous > 0 && abs64(current-previous) < threshold {
+		return previous
+	}
+	return current
+}
+
+func abs64(v int64) int64 {
+	if v < 0 {
+		return -v
+	}
+	return v
+}

@@ -1,0 +1,53 @@
+package controller
+
+import (
+	"hash/fnv"
+)
+
+// responsibleNode picks the one node whose manager reconciles an object, the
+// way every manager computes it from the same inputs:
+//   - the preferred node (say, where a volume is attached) while it is alive;
+//   - else the recorded owner (status.ownerID) while it is alive;
+//   - else an alive node chosen by rendezvous hashing of the object's key, so
+//     orphaned objects spread over the survivors and a node joining or leaving
+//     moves only the objects it wins or held.
+//
+// alive lists the nodes whose managers hold their heartbeat lease. "" means
+// no node is alive.
+func responsibleNode(key, ownerID, preferred string, alive []string) string {
+	isAlive := func(n string) bool {
+		for _, a := range alive {
+			if a == n {
+				return true
+			}
+		}
+		return false
+	}
+	if preferred != "" && isAlive(preferred) {
+		return preferred
+	}
+	if ownerID != "" && isAlive(ownerID) {
+		return ownerID
+	}
+	best, bestScore := "", uint64(0)
+	for _, n := range alive {
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(key))
+		_, _ = h.Write([]byte{0})
+		_, _ = h.Write([]byte(n))
+		if score := h.Sum64(); best == "" || score > bestScore {
+			best, bestScore = n, score
+		}
+	}
+	return best
+}
+
+// isResponsibleFor tells whether this manager reconciles the object with the
+// given key, recorded owner and preferred owner.
+func (c *baseController) isResponsibleFor(key, ownerID, preferred string) (bool, error) {
+	alive, err := c.ds.AliveNodeNames()
+	if err != nil {
+		return false, err
+	}
+	return responsibleNode(key, ownerID, preferred, alive) == c.controllerID, nil
+}

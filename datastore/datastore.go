@@ -1,0 +1,162 @@
+// Package datastore is the one cache facade the controllers read through:
+// shared informers (resync 0) for Strata's kinds and the core kinds Strata
+// needs, the indexers for by-volume/by-node/by-disk/by-backing-image lookups,
+// and typed writes.
+package datastore
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/sirupsen/logrus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	coordinationlisters "k8s.io/client-go/listers/coordination/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
+
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
+	"github.com/strata-storage/strata/k8s/pkg/client/informers/externalversions"
+	"github.com/strata-storage/strata/types"
+)
+
+// ResyncPeriod is 0 for every informer: controllers act on changes and on
+// their own timers, never on a periodic replay of the whole cache.
+const ResyncPeriod = 0
+
+// DataStore is the shared cache and typed client of one manager.
+type DataStore struct {
+	Namespace    string
+	StrataClient versioned.Interface
+	KubeClient   kubernetes.Interface
+	// Clock tells lease expiry; tests replace it.
+	Clock clock.PassiveClock
+
+	Volumes           *Store[*v1beta1.Volume]
+	Engines           *Store[*v1beta1.Engine]
+	Replicas          *Store[*v1beta1.Replica]
+	Snapshots         *Store[*v1beta1.Snapshot]
+	VolumeAttachments *Store[*v1beta1.VolumeAttachment]
+	BackingImages     *Store[*v1beta1.BackingImage]
+	Nodes             *Store[*v1beta1.Node]
+	Settings          *Store[*v1beta1.Setting]
+	BackupTargets     *Store[*v1beta1.BackupTarget]
+	BackupVolumes     *Store[*v1beta1.BackupVolume]
+	Backups           *Store[*v1beta1.Backup]
+	RecurringJobs     *Store[*v1beta1.RecurringJob]
+	InstanceManagers  *Store[*v1beta1.InstanceManager]
+	// ResourceQuotas live in user namespaces, so this store watches them all.
+	ResourceQuotas *Store[*v1beta1.ResourceQuota]
+
+	KubeNodes              corelisters.NodeLister
+	PersistentVolumes      corelisters.PersistentVolumeLister
+	PersistentVolumeClaims corelisters.PersistentVolumeClaimLister
+	Namespaces             corelisters.NamespaceLister
+	// Leases holds the managers' heartbeat Leases in Namespace only.
+	Leases        coordinationlisters.LeaseNamespaceLister
+	LeaseInformer cache.SharedIndexInformer
+	KubeNodeInformer,
+	PersistentVolumeInformer,
+	PersistentVolumeClaimInformer,
+	NamespaceInformer cache.SharedIndexInformer
+
+	factories []interface{ Start(<-chan struct{}) }
+	synced    []cache.InformerSynced
+}
+
+// New builds the informers for every kind on the given clients. Nothing runs
+// until Start.
+func New(namespace string, strataClient versioned.Interface, kubeClient kubernetes.Interface) (*DataStore, error) {
+	ds := &DataStore{Namespace: namespace, StrataClient: strataClient, KubeClient: kubeClient, Clock: clock.RealClock{}}
+
+	strataFactory := externalversions.NewSharedInformerFactoryWithOptions(strataClient, ResyncPeriod,
+		externalversions.WithNamespace(namespace))
+	quotaFactory := externalversions.NewSharedInformerFactory(strataClient, ResyncPeriod)
+	kubeFactory := informers.NewSharedInformerFactory(kubeClient, ResyncPeriod)
+	leaseFactory := informers.NewSharedInformerFactoryWithOptions(kubeClient, ResyncPeriod,
+		informers.WithNamespace(namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = types.LabelComponent + "=" + types.ComponentNodeLease
+		}))
+	ds.factories = []interface{ Start(<-chan struct{}) }{strataFactory, quotaFactory, kubeFactory, leaseFactory}
+
+	s := strataFactory.Strata().V1beta1()
+	typed := strataClient.StrataV1beta1()
+	var err error
+	add := func(informer cache.SharedIndexInformer, indexers cache.Indexers) cache.SharedIndexInformer {
+		if err == nil && len(indexers) > 0 {
+			err = informer.AddIndexers(indexers)
+		}
+		ds.synced = append(ds.synced, informer.HasSynced)
+		return informer
+	}
+
+	ds.Volumes = newStore(v1beta1.Resource("volumes"), namespace, add(s.Volumes().Informer(), volumeIndexers),
+		func(ns string) objectClient[*v1beta1.Volume] { return typed.Volumes(ns) })
+	ds.Engines = newStore(v1beta1.Resource("engines"), namespace, add(s.Engines().Informer(), engineIndexers),
+		func(ns string) objectClient[*v1beta1.Engine] { return typed.Engines(ns) })
+	ds.Replicas = newStore(v1beta1.Resource("replicas"), namespace, add(s.Replicas().Informer(), replicaIndexers),
+		func(ns string) objectClient[*v1beta1.Replica] { return typed.Replicas(ns) })
+	ds.Snapshots = newStore(v1beta1.Resource("snapshots"), namespace, add(s.Snapshots().Informer(), snapshotIndexers),
+		func(ns string) objectClient[*v1beta1.Snapshot] { return typed.Snapshots(ns) })
+	ds.VolumeAttachments = newStore(v1beta1.Resource("volumeattachments"), namespace,
+		add(s.VolumeAttachments().Informer(), volumeAttachmentIndexers),
+		func(ns string) objectClient[*v1beta1.VolumeAttachment] { return typed.VolumeAttachments(ns) })
+	ds.BackingImages = newStore(v1beta1.Resource("backingimages"), namespace, add(s.BackingImages().Informer(), nil),
+		func(ns string) objectClient[*v1beta1.BackingImage] { return typed.BackingImages(ns) })
+	ds.Nodes = newStore(v1beta1.Resource("nodes"), namespace, add(s.Nodes().Informer(), nil),
+		func(ns string) objectClient[*v1beta1.Node] { return typed.Nodes(ns) })
+	ds.Settings = newStore(v1beta1.Resource("settings"), namespace, add(s.Settings().Informer(), nil),
+		func(ns string) objectClient[*v1beta1.Setting] { return typed.Settings(ns) })
+	ds.BackupTargets = newStore(v1beta1.Resource("backuptargets"), namespace, add(s.BackupTargets().Informer(), nil),
+		func(ns string) objectClient[*v1beta1.BackupTarget] { return typed.BackupTargets(ns) })
+	ds.BackupVolumes = newStore(v1beta1.Resource("backupvolumes"), namespace, add(s.BackupVolumes().Informer(), nil),
+		func(ns string) objectClient[*v1beta1.BackupVolume] { return typed.BackupVolumes(ns) })
+	ds.Backups = newStore(v1beta1.Resource("backups"), namespace, add(s.Backups().Informer(), backupIndexers),
+		func(ns string) objectClient[*v1beta1.Backup] { return typed.Backups(ns) })
+	ds.RecurringJobs = newStore(v1beta1.Resource("recurringjobs"), namespace, add(s.RecurringJobs().Informer(), nil),
+		func(ns string) objectClient[*v1beta1.RecurringJob] { return typed.RecurringJobs(ns) })
+	ds.InstanceManagers = newStore(v1beta1.Resource("instancemanagers"), namespace,
+		add(s.InstanceManagers().Informer(), instanceManagerIndexers),
+		func(ns string) objectClient[*v1beta1.InstanceManager] { return typed.InstanceManagers(ns) })
+	ds.ResourceQuotas = newStore(v1beta1.Resource("resourcequotas"), "",
+		add(quotaFactory.Strata().V1beta1().ResourceQuotas().Informer(), nil),
+		func(ns string) objectClient[*v1beta1.ResourceQuota] { return typed.ResourceQuotas(ns) })
+
+	core := kubeFactory.Core().V1()
+	ds.KubeNodeInformer = add(core.Nodes().Informer(), nil)
+	ds.KubeNodes = core.Nodes().Lister()
+	ds.PersistentVolumeInformer = add(core.PersistentVolumes().Informer(), nil)
+	ds.PersistentVolumes = core.PersistentVolumes().Lister()
+	ds.PersistentVolumeClaimInformer = add(core.PersistentVolumeClaims().Informer(), nil)
+	ds.PersistentVolumeClaims = core.PersistentVolumeClaims().Lister()
+	ds.NamespaceInformer = add(core.Namespaces().Informer(), nil)
+	ds.Namespaces = core.Namespaces().Lister()
+	leases := leaseFactory.Coordination().V1().Leases()
+	ds.LeaseInformer = add(leases.Informer(), nil)
+	ds.Leases = leases.Lister().Leases(namespace)
+
+	if err != nil {
+		return nil, fmt.Errorf("adding cache indexers: %w", err)
+	}
+	return ds, nil
+}
+
+// Start runs every informer until ctx ends.
+func (ds *DataStore) Start(ctx context.Context) {
+	for _, f := range ds.factories {
+		f.Start(ctx.Done())
+	}
+}
+
+// WaitForCacheSync blocks until every informer has listed once, or ctx ends.
+func (ds *DataStore) WaitForCacheSync(ctx context.Context) error {
+	if !cache.WaitForCacheSync(ctx.Done(), ds.synced...) {
+		return fmt.Errorf("informer caches did not sync: %w", ctx.Err())
+	}
+	logrus.WithField("informers", len(ds.synced)).Debug("Informer caches synced")
+	return nil
+}

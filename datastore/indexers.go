@@ -1,0 +1,68 @@
+package datastore
+
+import (
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
+)
+
+// Index names. Every by-volume, by-node, by-disk and by-backing-image lookup
+// goes through one of these, never through a scan of a whole kind.
+const (
+	IndexByVolume       = "by-volume"
+	IndexByNode         = "by-node"
+	IndexByDisk         = "by-disk"
+	IndexByBackingImage = "by-backing-image"
+)
+
+// indexOn builds an index function from a typed key extractor; objects of
+// another type, and empty keys, are left out of the index.
+func indexOn[T any](key func(T) string) cache.IndexFunc {
+	return func(obj interface{}) ([]string, error) {
+		typed, ok := obj.(T)
+		if !ok {
+			return nil, nil
+		}
+		if k := key(typed); k != "" {
+			return []string{k}, nil
+		}
+		return nil, nil
+	}
+}
+
+// The indexers of each kind, in one place.
+var (
+	volumeIndexers = cache.Indexers{
+		IndexByBackingImage: indexOn(func(v *v1beta1.Volume) string { return v.Spec.BackingImage }),
+	}
+	engineIndexers = cache.Indexers{
+		IndexByVolume: indexOn(func(e *v1beta1.Engine) string { return e.Spec.VolumeName }),
+		IndexByNode:   indexOn(func(e *v1beta1.Engine) string { return e.Spec.NodeID }),
+	}
+	replicaIndexers = cache.Indexers{
+		IndexByVolume:       indexOn(func(r *v1beta1.Replica) string { return r.Spec.VolumeName }),
+		IndexByNode:         indexOn(func(r *v1beta1.Replica) string { return r.Spec.NodeID }),
+		IndexByDisk:         indexOn(func(r *v1beta1.Replica) string { return r.Spec.DiskID }),
+		IndexByBackingImage: indexOn(func(r *v1beta1.Replica) string { return r.Spec.BackingImage }),
+	}
+	snapshotIndexers = cache.Indexers{
+		IndexByVolume: indexOn(func(s *v1beta1.Snapshot) string { return s.Spec.Volume }),
+	}
+	volumeAttachmentIndexers = cache.Indexers{
+		IndexByVolume: indexOn(func(va *v1beta1.VolumeAttachment) string { return va.Spec.Volume }),
+	}
+	// A backup names its volume in status once the backup controller has
+	// seen it; before that only the label (set on create) says.
+	backupIndexers = cache.Indexers{
+		IndexByVolume: indexOn(func(b *v1beta1.Backup) string {
+			if b.Status.VolumeName != "" {
+				return b.Status.VolumeName
+			}
+			return b.Labels[types.LabelVolume]
+		}),
+	}
+	instanceManagerIndexers = cache.Indexers{
+		IndexByNode: indexOn(func(im *v1beta1.InstanceManager) string { return im.Spec.NodeID }),
+	}
+)

@@ -1,0 +1,172 @@
+package datastore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/tools/cache"
+)
+
+// Object is what every stored kind is: a runtime.Object with object metadata.
+type Object interface {
+	metav1.Object
+	runtime.Object
+}
+
+// objectClient is the write half of a generated typed client, which every
+// generated client satisfies through client-go's gentype.
+type objectClient[T Object] interface {
+	Create(ctx context.Context, obj T, opts metav1.CreateOptions) (T, error)
+	Update(ctx context.Context, obj T, opts metav1.UpdateOptions) (T, error)
+	UpdateStatus(ctx context.Context, obj T, opts metav1.UpdateOptions) (T, error)
+	Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error
+}
+
+// Store is the cached view of one kind plus its typed writes. Reads come from
+// the shared informer's indexer: the *RO methods return the cached pointers
+// themselves, which callers must never mutate; Get returns a deep copy to
+// change and write back.
+//
+// Writes go straight to the API server. The cache catches up through the
+// watch; a write made on a stale copy fails with a Conflict and the
+// controller retries, so nobody sleeps waiting for the cache.
+type Store[T Object] struct {
+	resource  schema.GroupResource
+	namespace string
+	informer  cache.SharedIndexInformer
+	client    func(namespace string) objectClient[T]
+}
+
+func newStore[T Object](resource schema.GroupResource, namespace string, informer cache.SharedIndexInformer,
+	client func(namespace string) objectClient[T]) *Store[T] {
+	return &Store[T]{resource: resource, namespace: namespace, informer: informer, client: client}
+}
+
+// Informer is the shared informer behind the store, for controllers to add
+// event handlers to.
+func (s *Store[T]) Informer() cache.SharedIndexInformer { return s.informer }
+
+// GetRO returns the cached object in the store's namespace. Do not mutate it.
+func (s *Store[T]) GetRO(name string) (T, error) {
+	return s.GetInNamespaceRO(s.namespace, name)
+}
+
+// GetInNamespaceRO returns a cached object of a kind watched in every
+// namespace (ResourceQuota). Do not mutate it.
+func (s *Store[T]) GetInNamespaceRO(namespace, name string) (T, error) {
+	var zero T
+	key := name
+	if namespace != "" {
+		key = namespace + "/" + name
+	}
+	item, exists, err := s.informer.GetIndexer().GetByKey(key)
+	if err != nil {
+		return zero, err
+	}
+	if !exists {
+		return zero, apierrors.NewNotFound(s.resource, name)
+	}
+	obj, ok := item.(T)
+	if !ok {
+		return zero, fmt.Errorf("cache holds %T for %s %s", item, s.resource, key)
+	}
+	return obj, nil
+}
+
+// Get returns a deep copy of the cached object, safe to change and write back.
+func (s *Store[T]) Get(name string) (T, error) {
+	obj, err := s.GetRO(name)
+	if err != nil {
+		return obj, err
+	}
+	return obj.DeepCopyObject().(T), nil
+}
+
+// ListRO returns the cached objects matching selector (nil: all). Do not mutate them.
+func (s *Store[T]) ListRO(selector labels.Selector) ([]T, error) {
+	if selector == nil {
+		selector = labels.Everything()
+	}
+	var out []T
+	err := cache.ListAllByNamespace(s.informer.GetIndexer(), s.namespace, selector, func(item interface{}) {
+		if obj, ok := item.(T); ok {
+			out = append(out, obj)
+		}
+	})
+	return out, err
+}
+
+// ListByIndexRO returns the cached objects whose index entry equals value,
+// for example every snapshot of one volume. Do not mutate them.
+func (s *Store[T]) ListByIndexRO(index, value string) ([]T, error) {
+	items, err := s.informer.GetIndexer().ByIndex(index, value)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]T, 0, len(items))
+	for _, item := range items {
+		if obj, ok := item.(T); ok {
+			out = append(out, obj)
+		}
+	}
+	return out, nil
+}
+
+func (s *Store[T]) clientFor(obj T) objectClient[T] {
+	ns := obj.GetNamespace()
+	if ns == "" {
+		ns = s.namespace
+	}
+	return s.client(ns)
+}
+
+// Create writes a new object; an empty namespace means the store's namespace.
+func (s *Store[T]) Create(ctx context.Context, obj T) (T, error) {
+	return s.clientFor(obj).Create(ctx, obj, metav1.CreateOptions{})
+}
+
+// Update writes the object's metadata and spec.
+func (s *Store[T]) Update(ctx context.Context, obj T) (T, error) {
+	return s.clientFor(obj).Update(ctx, obj, metav1.UpdateOptions{})
+}
+
+// UpdateStatus writes the object's status subresource.
+func (s *Store[T]) UpdateStatus(ctx context.Context, obj T) (T, error) {
+	return s.clientFor(obj).UpdateStatus(ctx, obj, metav1.UpdateOptions{})
+}
+
+// Delete deletes the named object in the store's namespace. Deleting an
+// object that is already gone is not an error: deletes are retried.
+func (s *Store[T]) Delete(ctx context.Context, name string) error {
+	err := s.client(s.namespace).Delete(ctx, name, metav1.DeleteOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// AddFinalizer adds finalizer to a copy of obj and writes it if it was missing.
+func (s *Store[T]) AddFinalizer(ctx context.Context, obj T, finalizer string) (T, error) {
+	if slices.Contains(obj.GetFinalizers(), finalizer) {
+		return obj, nil
+	}
+	cp := obj.DeepCopyObject().(T)
+	cp.SetFinalizers(append(cp.GetFinalizers(), finalizer))
+	return s.Update(ctx, cp)
+}
+
+// RemoveFinalizer removes finalizer from a copy of obj and writes it if it was there.
+func (s *Store[T]) RemoveFinalizer(ctx context.Context, obj T, finalizer string) (T, error) {
+	if !slices.Contains(obj.GetFinalizers(), finalizer) {
+		return obj, nil
+	}
+	cp := obj.DeepCopyObject().(T)
+	cp.SetFinalizers(slices.DeleteFunc(cp.GetFinalizers(), func(f string) bool { return f == finalizer }))
+	return s.Update(ctx, cp)
+}

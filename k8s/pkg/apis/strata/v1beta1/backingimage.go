@@ -1,0 +1,117 @@
+package v1beta1
+
+import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+// BackingImageSourceType is where a backing image's data comes from.
+// +kubebuilder:validation:Enum=download;export-from-volume
+type BackingImageSourceType string
+
+const (
+	BackingImageSourceTypeDownload         BackingImageSourceType = "download"
+	BackingImageSourceTypeExportFromVolume BackingImageSourceType = "export-from-volume"
+)
+
+// Source parameter names.
+const (
+	BackingImageParameterURL        = "url"
+	BackingImageParameterVolumeName = "volume-name"
+	BackingImageParameterExportType = "export-type"
+)
+
+// BackingImageState is the state of a backing image's file on one disk.
+// +kubebuilder:validation:Enum=pending;in-progress;ready;failed;unknown
+type BackingImageState string
+
+const (
+	BackingImageStatePending    BackingImageState = "pending"
+	BackingImageStateInProgress BackingImageState = "in-progress"
+	BackingImageStateReady      BackingImageState = "ready"
+	BackingImageStateFailed     BackingImageState = "failed"
+	BackingImageStateUnknown    BackingImageState = "unknown"
+)
+
+// BackingImageDiskFileSpec asks for a copy of the image on one disk.
+type BackingImageDiskFileSpec struct {
+	// EvictionRequested asks to remove this copy once others exist.
+	EvictionRequested bool `json:"evictionRequested,omitempty"`
+}
+
+// BackingImageDiskFileStatus is the state of the image's copy on one disk.
+type BackingImageDiskFileStatus struct {
+	State BackingImageState `json:"state,omitempty"`
+	// Progress of the transfer, 0-100.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100
+	Progress int32  `json:"progress,omitempty"`
+	Message  string `json:"message,omitempty"`
+	// LastStateTransitionTime is the RFC 3339 time State last changed.
+	LastStateTransitionTime string `json:"lastStateTransitionTime,omitempty"`
+}
+
+// BackingImageSpec is the desired state of a backing image.
+type BackingImageSpec struct {
+	// SourceType is where the data comes from. Immutable.
+	// +kubebuilder:validation:Required
+	SourceType BackingImageSourceType `json:"sourceType"`
+	// SourceParameters configure the source: url for download;
+	// volume-name and export-type for export-from-volume.
+	SourceParameters map[string]string `json:"sourceParameters,omitempty"`
+	// Checksum is the expected SHA-512 of the image's raw data, as 128 hex digits.
+	// +kubebuilder:validation:Pattern=`^([a-f0-9]{128})?$`
+	Checksum string `json:"checksum,omitempty"`
+	// DiskFileSpecMap lists the disks (by UUID) that should hold a copy.
+	DiskFileSpecMap map[string]*BackingImageDiskFileSpec `json:"diskFileSpecMap,omitempty"`
+	// MinNumberOfCopies is how many disks should hold a copy at all times.
+	// +kubebuilder:validation:Minimum=0
+	MinNumberOfCopies int32 `json:"minNumberOfCopies,omitempty"`
+}
+
+// BackingImageStatus is the observed state of a backing image.
+type BackingImageStatus struct {
+	// OwnerID is the node whose manager reconciles this backing image.
+	OwnerID string `json:"ownerID,omitempty"`
+	// UUID names the image's files on disk, so a re-created image of the same
+	// name never reuses stale files.
+	UUID string `json:"uuid,omitempty"`
+	// Size is the image file's size in bytes.
+	Size int64 `json:"size,omitempty"`
+	// VirtualSize is the size of the block device the image holds, in bytes.
+	VirtualSize int64 `json:"virtualSize,omitempty"`
+	// Checksum is the SHA-512 of the image's data once known.
+	Checksum string `json:"checksum,omitempty"`
+	// DiskFileStatusMap is the state of each disk's copy, keyed by disk UUID.
+	// +nullable
+	DiskFileStatusMap map[string]*BackingImageDiskFileStatus `json:"diskFileStatusMap,omitempty"`
+	// DiskLastRefAtMap records when each disk's copy was last used by a replica;
+	// a copy unused for backing-image-cleanup-wait-interval is removed.
+	// +nullable
+	DiskLastRefAtMap map[string]string `json:"diskLastRefAtMap,omitempty"`
+}
+
+// BackingImage is a read-only image (raw or qcow2) that volumes are built on.
+//
+// +genclient
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=bi,categories=strata
+// +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.spec.sourceType`
+// +kubebuilder:printcolumn:name="Size",type=integer,JSONPath=`.status.size`
+// +kubebuilder:printcolumn:name="VirtualSize",type=integer,JSONPath=`.status.virtualSize`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type BackingImage struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +kubebuilder:validation:Required
+	Spec   BackingImageSpec   `json:"spec"`
+	Status BackingImageStatus `json:"status,omitempty"`
+}
+
+// BackingImageList is a list of backing images.
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+type BackingImageList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []BackingImage `json:"items"`
+}

@@ -1,0 +1,173 @@
+package v1beta1
+
+import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+// BackupTargetSpec is where backups are stored.
+type BackupTargetSpec struct {
+	// BackupTargetURL is the store's address, for example nfs://host:/path or file:///backups.
+	BackupTargetURL string `json:"backupTargetURL,omitempty"`
+	// CredentialSecret names a Secret in strata-system with the store's credentials.
+	CredentialSecret string `json:"credentialSecret,omitempty"`
+	// PollInterval is how often the store is listed for backups made elsewhere.
+	PollInterval metav1.Duration `json:"pollInterval,omitempty"`
+}
+
+// BackupTargetStatus is the observed state of a backup target.
+type BackupTargetStatus struct {
+	OwnerID string `json:"ownerID,omitempty"`
+	// Available is true when the store answered the last check.
+	Available bool `json:"available,omitempty"`
+	// LastSyncedAt is when the store was last listed.
+	LastSyncedAt metav1.Time `json:"lastSyncedAt,omitempty"`
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// BackupTarget is a store that holds volume backups.
+//
+// +genclient
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=bt,categories=strata
+// +kubebuilder:printcolumn:name="URL",type=string,JSONPath=`.spec.backupTargetURL`
+// +kubebuilder:printcolumn:name="Available",type=boolean,JSONPath=`.status.available`
+// +kubebuilder:printcolumn:name="LastSynced",type=date,JSONPath=`.status.lastSyncedAt`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type BackupTarget struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   BackupTargetSpec   `json:"spec,omitempty"`
+	Status BackupTargetStatus `json:"status,omitempty"`
+}
+
+// BackupTargetList is a list of backup targets.
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+type BackupTargetList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []BackupTarget `json:"items"`
+}
+
+// BackupVolumeSpec is the desired state of a backup volume.
+type BackupVolumeSpec struct {
+	// SyncRequestedAt asks for the volume's backups to be listed again.
+	SyncRequestedAt metav1.Time `json:"syncRequestedAt,omitempty"`
+}
+
+// BackupVolumeStatus is what the store holds for one volume.
+type BackupVolumeStatus struct {
+	OwnerID string `json:"ownerID,omitempty"`
+	// Size of the volume in bytes.
+	Size int64 `json:"size,omitempty"`
+	// +nullable
+	Labels               map[string]string `json:"labels,omitempty"`
+	CreatedAt            string            `json:"createdAt,omitempty"`
+	LastBackupName       string            `json:"lastBackupName,omitempty"`
+	LastBackupAt         string            `json:"lastBackupAt,omitempty"`
+	DataStored           int64             `json:"dataStored,omitempty"`
+	BackingImageName     string            `json:"backingImageName,omitempty"`
+	BackingImageChecksum string            `json:"backingImageChecksum,omitempty"`
+	LastSyncedAt         metav1.Time       `json:"lastSyncedAt,omitempty"`
+}
+
+// BackupVolume is the set of backups of one volume in the backup target.
+//
+// +genclient
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=bv,categories=strata
+// +kubebuilder:printcolumn:name="LastBackup",type=string,JSONPath=`.status.lastBackupName`
+// +kubebuilder:printcolumn:name="LastBackupAt",type=string,JSONPath=`.status.lastBackupAt`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type BackupVolume struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   BackupVolumeSpec   `json:"spec,omitempty"`
+	Status BackupVolumeStatus `json:"status,omitempty"`
+}
+
+// BackupVolumeList is a list of backup volumes.
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+type BackupVolumeList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []BackupVolume `json:"items"`
+}
+
+// BackupState is where a backup is in its lifecycle.
+// +kubebuilder:validation:Enum="";New;Pending;InProgress;Completed;Error;Unknown
+type BackupState string
+
+const (
+	BackupStateNew        BackupState = "New"
+	BackupStatePending    BackupState = "Pending"
+	BackupStateInProgress BackupState = "InProgress"
+	BackupStateCompleted  BackupState = "Completed"
+	BackupStateError      BackupState = "Error"
+	BackupStateUnknown    BackupState = "Unknown"
+)
+
+// BackupSpec is the desired state of a backup.
+type BackupSpec struct {
+	// SnapshotName is the snapshot to back up; the volume is the snapshot's volume.
+	SnapshotName string `json:"snapshotName,omitempty"`
+	// Labels are stored with the backup.
+	// +nullable
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// BackupStatus is the observed state of a backup.
+type BackupStatus struct {
+	OwnerID string      `json:"ownerID,omitempty"`
+	State   BackupState `json:"state,omitempty"`
+	// Progress of the upload, 0-100.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100
+	Progress          int32  `json:"progress,omitempty"`
+	URL               string `json:"url,omitempty"`
+	SnapshotName      string `json:"snapshotName,omitempty"`
+	SnapshotCreatedAt string `json:"snapshotCreatedAt,omitempty"`
+	BackupCreatedAt   string `json:"backupCreatedAt,omitempty"`
+	// Size of the backed-up data in bytes.
+	Size int64 `json:"size,omitempty"`
+	// +nullable
+	Labels                 map[string]string `json:"labels,omitempty"`
+	Error                  string            `json:"error,omitempty"`
+	VolumeName             string            `json:"volumeName,omitempty"`
+	VolumeSize             int64             `json:"volumeSize,omitempty"`
+	VolumeBackingImageName string            `json:"volumeBackingImageName,omitempty"`
+	LastSyncedAt           metav1.Time       `json:"lastSyncedAt,omitempty"`
+}
+
+// Backup is one backup of a volume snapshot in the backup target.
+//
+// +genclient
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=bk,categories=strata
+// +kubebuilder:printcolumn:name="Snapshot",type=string,JSONPath=`.status.snapshotName`
+// +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
+// +kubebuilder:printcolumn:name="Size",type=integer,JSONPath=`.status.size`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Backup struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   BackupSpec   `json:"spec,omitempty"`
+	Status BackupStatus `json:"status,omitempty"`
+}
+
+// BackupList is a list of backups.
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+type BackupList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Backup `json:"items"`
+}

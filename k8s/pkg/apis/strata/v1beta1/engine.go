@@ -1,0 +1,124 @@
+package v1beta1
+
+import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+// ReplicaMode is an engine's view of one of its replicas.
+// +kubebuilder:validation:Enum=RW;WO;ERR
+type ReplicaMode string
+
+const (
+	// ReplicaModeRW serves reads and writes.
+	ReplicaModeRW ReplicaMode = "RW"
+	// ReplicaModeWO takes writes while it is rebuilt.
+	ReplicaModeWO ReplicaMode = "WO"
+	// ReplicaModeERR failed and takes no I/O.
+	ReplicaModeERR ReplicaMode = "ERR"
+)
+
+// SnapshotInfo is the engine's record of one snapshot in the chain.
+type SnapshotInfo struct {
+	// Name of the snapshot; "volume-head" for the live head.
+	Name string `json:"name"`
+	// Parent is the snapshot this one was taken on top of.
+	Parent string `json:"parent,omitempty"`
+	// Children are the snapshots (and possibly the head) taken on top of this one.
+	// +nullable
+	Children map[string]bool `json:"children,omitempty"`
+	// Removed is true once the snapshot is marked removed and awaits purge.
+	Removed bool `json:"removed,omitempty"`
+	// UserCreated is false for snapshots the system took (for a rebuild, say).
+	UserCreated bool `json:"userCreated,omitempty"`
+	// Created is the RFC 3339 time the snapshot was taken.
+	Created string `json:"created,omitempty"`
+	// Size is the allocated bytes of the snapshot's layer.
+	Size int64 `json:"size,omitempty"`
+	// +nullable
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// PurgeStatus is the progress of a snapshot purge on one replica.
+type PurgeStatus struct {
+	IsPurging bool   `json:"isPurging,omitempty"`
+	Progress  int32  `json:"progress,omitempty"`
+	State     string `json:"state,omitempty"`
+	Error     string `json:"error,omitempty"`
+}
+
+// RebuildStatus is the progress of rebuilding one replica.
+type RebuildStatus struct {
+	IsRebuilding bool   `json:"isRebuilding,omitempty"`
+	Progress     int32  `json:"progress,omitempty"`
+	State        string `json:"state,omitempty"`
+	Error        string `json:"error,omitempty"`
+	FromReplica  string `json:"fromReplica,omitempty"`
+}
+
+// EngineSpec is the desired state of a volume's engine.
+type EngineSpec struct {
+	InstanceSpec `json:",inline"`
+	// Frontend is how the engine exposes the volume when it runs.
+	Frontend VolumeFrontend `json:"frontend,omitempty"`
+	// DisableFrontend starts the engine without its frontend.
+	DisableFrontend bool `json:"disableFrontend,omitempty"`
+	// ReplicaAddressMap maps replica names to the data addresses the engine connects to.
+	ReplicaAddressMap map[string]string `json:"replicaAddressMap,omitempty"`
+	// SnapshotMaxCount caps user snapshots in the chain; 0 means no cap.
+	// +kubebuilder:validation:Minimum=0
+	SnapshotMaxCount int32 `json:"snapshotMaxCount,omitempty"`
+	// SnapshotMaxSize caps the total snapshot size in bytes; 0 means no cap.
+	// +kubebuilder:validation:Minimum=0
+	SnapshotMaxSize int64 `json:"snapshotMaxSize,omitempty"`
+}
+
+// EngineStatus is the observed state of a volume's engine.
+type EngineStatus struct {
+	InstanceStatus `json:",inline"`
+	// Endpoint is where the frontend serves the volume.
+	Endpoint string `json:"endpoint,omitempty"`
+	// CurrentSize is the volume size the engine runs with, in bytes.
+	CurrentSize int64 `json:"currentSize,omitempty"`
+	// CurrentReplicaAddressMap is the replica set the engine runs with.
+	CurrentReplicaAddressMap map[string]string `json:"currentReplicaAddressMap,omitempty"`
+	// ReplicaModeMap is the engine's view of each replica.
+	ReplicaModeMap map[string]ReplicaMode `json:"replicaModeMap,omitempty"`
+	// Snapshots is the engine's snapshot chain, keyed by snapshot name.
+	// +nullable
+	Snapshots map[string]*SnapshotInfo `json:"snapshots,omitempty"`
+	// SnapshotsError is set when the chain could not be read.
+	SnapshotsError string `json:"snapshotsError,omitempty"`
+	// PurgeStatus is the purge progress per replica.
+	// +nullable
+	PurgeStatus map[string]*PurgeStatus `json:"purgeStatus,omitempty"`
+	// RebuildStatus is the rebuild progress per replica being rebuilt.
+	// +nullable
+	RebuildStatus map[string]*RebuildStatus `json:"rebuildStatus,omitempty"`
+}
+
+// Engine is the single writer of a volume: it fans writes out to the replicas
+// and serves the frontend on the attached node.
+//
+// +genclient
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=eng,categories=strata
+// +kubebuilder:printcolumn:name="Volume",type=string,JSONPath=`.spec.volumeName`
+// +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.currentState`
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.nodeID`
+// +kubebuilder:printcolumn:name="InstanceManager",type=string,JSONPath=`.status.instanceManagerName`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Engine struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   EngineSpec   `json:"spec,omitempty"`
+	Status EngineStatus `json:"status,omitempty"`
+}
+
+// EngineList is a list of engines.
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+type EngineList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Engine `json:"items"`
+}

@@ -1,0 +1,73 @@
+package v1beta1
+
+import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+// RecurringJobTask is what a recurring job does on each run.
+// +kubebuilder:validation:Enum=snapshot;snapshot-cleanup;backup
+type RecurringJobTask string
+
+const (
+	RecurringJobTaskSnapshot        RecurringJobTask = "snapshot"
+	RecurringJobTaskSnapshotCleanup RecurringJobTask = "snapshot-cleanup"
+	RecurringJobTaskBackup          RecurringJobTask = "backup"
+)
+
+// RecurringJobSpec is the desired state of a recurring job.
+type RecurringJobSpec struct {
+	// Groups select volumes by their job-group labels.
+	Groups []string `json:"groups,omitempty"`
+	// Task is what each run does.
+	// +kubebuilder:validation:Required
+	Task RecurringJobTask `json:"task"`
+	// Cron is the schedule, in five-field cron syntax.
+	// +kubebuilder:validation:Required
+	// +kubebuilder:validation:MinLength=1
+	Cron string `json:"cron"`
+	// Retain is how many of this job's snapshots or backups to keep per volume.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=250
+	Retain int32 `json:"retain,omitempty"`
+	// Concurrency is how many volumes a run works on at once.
+	// +kubebuilder:validation:Minimum=1
+	Concurrency int32 `json:"concurrency,omitempty"`
+	// Labels are put on every snapshot or backup the job makes.
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// RecurringJobStatus is the observed state of a recurring job.
+type RecurringJobStatus struct {
+	OwnerID string `json:"ownerID,omitempty"`
+	// ExecutionCount counts runs since the job was created.
+	ExecutionCount int64 `json:"executionCount,omitempty"`
+	// LastRunAt is when the job last ran.
+	LastRunAt metav1.Time `json:"lastRunAt,omitempty"`
+}
+
+// RecurringJob takes snapshots or backups of a group of volumes on a schedule
+// and keeps the newest Retain of them.
+//
+// +genclient
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=rj,categories=strata
+// +kubebuilder:printcolumn:name="Task",type=string,JSONPath=`.spec.task`
+// +kubebuilder:printcolumn:name="Cron",type=string,JSONPath=`.spec.cron`
+// +kubebuilder:printcolumn:name="Retain",type=integer,JSONPath=`.spec.retain`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type RecurringJob struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +kubebuilder:validation:Required
+	Spec   RecurringJobSpec   `json:"spec"`
+	Status RecurringJobStatus `json:"status,omitempty"`
+}
+
+// RecurringJobList is a list of recurring jobs.
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+type RecurringJobList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []RecurringJob `json:"items"`
+}

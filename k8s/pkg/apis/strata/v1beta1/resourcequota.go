@@ -1,0 +1,62 @@
+package v1beta1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// DefaultResourceQuotaName is the one ResourceQuota per namespace Strata reads.
+const DefaultResourceQuotaName = "default-resource-quota"
+
+// SnapshotLimit caps the total snapshot size in a namespace and per VM.
+type SnapshotLimit struct {
+	// NamespaceTotalSnapshotSizeQuota caps the size of all snapshots of the
+	// namespace's volumes, for example 100Gi; unset means no cap.
+	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isLessThan(quantity('0'))",message="must not be negative"
+	NamespaceTotalSnapshotSizeQuota *resource.Quantity `json:"namespaceTotalSnapshotSizeQuota,omitempty"`
+	// VMTotalSnapshotSizeQuota caps the size of each VM's snapshots, keyed by VM name.
+	VMTotalSnapshotSizeQuota map[string]resource.Quantity `json:"vmTotalSnapshotSizeQuota,omitempty"`
+}
+
+// SnapshotLimitStatus is the snapshot space in use.
+type SnapshotLimitStatus struct {
+	NamespaceTotalSnapshotSizeUsage *resource.Quantity           `json:"namespaceTotalSnapshotSizeUsage,omitempty"`
+	VMTotalSnapshotSizeUsage        map[string]resource.Quantity `json:"vmTotalSnapshotSizeUsage,omitempty"`
+}
+
+// ResourceQuotaSpec is the desired limits.
+type ResourceQuotaSpec struct {
+	SnapshotLimit SnapshotLimit `json:"snapshotLimit,omitempty"`
+}
+
+// ResourceQuotaStatus is the observed usage.
+type ResourceQuotaStatus struct {
+	SnapshotLimitStatus SnapshotLimitStatus `json:"snapshotLimitStatus,omitempty"`
+}
+
+// ResourceQuota limits snapshot space in a user namespace. Strata reads the
+// one named default-resource-quota.
+//
+// +genclient
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=srq,categories=strata
+// +kubebuilder:printcolumn:name="NamespaceQuota",type=string,JSONPath=`.spec.snapshotLimit.namespaceTotalSnapshotSizeQuota`
+// +kubebuilder:printcolumn:name="NamespaceUsage",type=string,JSONPath=`.status.snapshotLimitStatus.namespaceTotalSnapshotSizeUsage`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type ResourceQuota struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   ResourceQuotaSpec   `json:"spec,omitempty"`
+	Status ResourceQuotaStatus `json:"status,omitempty"`
+}
+
+// ResourceQuotaList is a list of resource quotas.
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+type ResourceQuotaList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []ResourceQuota `json:"items"`
+}

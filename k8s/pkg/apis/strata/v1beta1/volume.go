@@ -1,0 +1,130 @@
+package v1beta1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// VolumeFrontend is how a volume's data is exposed to its user on the attached node.
+// +kubebuilder:validation:Enum=nbd;""
+type VolumeFrontend string
+
+const (
+	// VolumeFrontendNBD serves the volume over the NBD protocol.
+	VolumeFrontendNBD VolumeFrontend = "nbd"
+	// VolumeFrontendNone attaches the engine with no frontend (for data operations only).
+	VolumeFrontendNone VolumeFrontend = ""
+)
+
+// VolumeState is where a volume is in its lifecycle.
+// +kubebuilder:validation:Enum=creating;detached;attaching;attached;detaching;deleting
+type VolumeState string
+
+const (
+	VolumeStateCreating  VolumeState = "creating"
+	VolumeStateDetached  VolumeState = "detached"
+	VolumeStateAttaching VolumeState = "attaching"
+	VolumeStateAttached  VolumeState = "attached"
+	VolumeStateDetaching VolumeState = "detaching"
+	VolumeStateDeleting  VolumeState = "deleting"
+)
+
+// VolumeRobustness is how well a volume's data is protected right now.
+// +kubebuilder:validation:Enum=healthy;degraded;faulted;unknown
+type VolumeRobustness string
+
+const (
+	VolumeRobustnessHealthy  VolumeRobustness = "healthy"
+	VolumeRobustnessDegraded VolumeRobustness = "degraded"
+	VolumeRobustnessFaulted  VolumeRobustness = "faulted"
+	VolumeRobustnessUnknown  VolumeRobustness = "unknown"
+)
+
+// VolumeSpec is the desired state of a volume.
+type VolumeSpec struct {
+	// Size is the volume's capacity, for example 1Gi. It must be greater than zero.
+	// +kubebuilder:validation:Required
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="must be greater than 0"
+	Size resource.Quantity `json:"size"`
+	// NumberOfReplicas is how many copies of the data are kept, each on a
+	// different node. When unset, the default-replica-count setting applies.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=20
+	NumberOfReplicas int32 `json:"numberOfReplicas,omitempty"`
+	// Frontend is how the attached volume is exposed: "nbd", or "" for none.
+	Frontend VolumeFrontend `json:"frontend,omitempty"`
+	// BackingImage is the name of a BackingImage whose data lies under the volume's.
+	BackingImage string `json:"backingImage,omitempty"`
+	// DataSource fills a new volume from existing data: "snap://<volume>/<snapshot>"
+	// or "vol://<volume>". Immutable.
+	// +kubebuilder:validation:Pattern=`^((snap://[a-z0-9.-]+/[a-zA-Z0-9._-]+)|(vol://[a-z0-9.-]+))?$`
+	DataSource string `json:"dataSource,omitempty"`
+	// NodeID is the node the volume should be attached to. Written only by the
+	// VolumeAttachment controller from the winning attachment ticket.
+	NodeID string `json:"nodeID,omitempty"`
+	// DisableFrontend attaches the engine without starting the frontend.
+	DisableFrontend bool `json:"disableFrontend,omitempty"`
+	// LastAttachedBy records which attacher last attached the volume.
+	LastAttachedBy string `json:"lastAttachedBy,omitempty"`
+	// Migratable allows two CSI attachments on two nodes during live migration.
+	Migratable bool `json:"migratable,omitempty"`
+	// SnapshotMaxCount caps the number of user snapshots in the chain; 0 means
+	// the snapshot-max-count setting applies.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=250
+	SnapshotMaxCount int32 `json:"snapshotMaxCount,omitempty"`
+	// SnapshotMaxSize caps the total size of the volume's snapshots; 0 means no cap.
+	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isLessThan(quantity('0'))",message="must not be negative"
+	SnapshotMaxSize resource.Quantity `json:"snapshotMaxSize,omitempty"`
+}
+
+// VolumeStatus is the observed state of a volume.
+type VolumeStatus struct {
+	// OwnerID is the node whose manager reconciles this volume.
+	OwnerID string `json:"ownerID,omitempty"`
+	// State is where the volume is in its lifecycle.
+	State VolumeState `json:"state,omitempty"`
+	// Robustness tells whether every replica is healthy.
+	Robustness VolumeRobustness `json:"robustness,omitempty"`
+	// CurrentNodeID is the node the volume is attached to. Set only once the
+	// volume is fully attached, cleared only once it is fully detached.
+	CurrentNodeID string `json:"currentNodeID,omitempty"`
+	// ActualSize is the space the volume's data takes on one replica, in bytes.
+	ActualSize int64 `json:"actualSize,omitempty"`
+	// FrontendEndpoint is where the attached volume is served, for example nbd://127.0.0.1:10809/v1.
+	FrontendEndpoint string `json:"frontendEndpoint,omitempty"`
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Volume is a replicated block device.
+//
+// +genclient
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=vol,categories=strata
+// +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
+// +kubebuilder:printcolumn:name="Robustness",type=string,JSONPath=`.status.robustness`
+// +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.spec.numberOfReplicas`
+// +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.spec.size`
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.currentNodeID`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Volume struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +kubebuilder:validation:Required
+	Spec   VolumeSpec   `json:"spec"`
+	Status VolumeStatus `json:"status,omitempty"`
+}
+
+// VolumeList is a list of volumes.
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+type VolumeList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Volume `json:"items"`
+}

@@ -1,0 +1,127 @@
+package v1beta1
+
+import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+// AttacherType names who asks for a volume to be attached.
+// +kubebuilder:validation:Enum=csi-attacher;strata-api;snapshot-controller;backup-controller;volume-clone-controller;salvage-controller;share-manager-controller;volume-restore-controller;volume-eviction-controller;volume-expansion-controller;bim-ds-controller;volume-rebuilding-controller
+type AttacherType string
+
+const (
+	AttacherTypeCSIAttacher                      AttacherType = "csi-attacher"
+	AttacherTypeStrataAPI                        AttacherType = "strata-api"
+	AttacherTypeSnapshotController               AttacherType = "snapshot-controller"
+	AttacherTypeBackupController                 AttacherType = "backup-controller"
+	AttacherTypeVolumeCloneController            AttacherType = "volume-clone-controller"
+	AttacherTypeSalvageController                AttacherType = "salvage-controller"
+	AttacherTypeShareManagerController           AttacherType = "share-manager-controller"
+	AttacherTypeVolumeRestoreController          AttacherType = "volume-restore-controller"
+	AttacherTypeVolumeEvictionController         AttacherType = "volume-eviction-controller"
+	AttacherTypeVolumeExpansionController        AttacherType = "volume-expansion-controller"
+	AttacherTypeBackingImageDataSourceController AttacherType = "bim-ds-controller"
+	AttacherTypeVolumeRebuildingController       AttacherType = "volume-rebuilding-controller"
+)
+
+// Attacher priorities: restoring data beats user workloads, which beat
+// snapshot and backup operations.
+const (
+	AttacherPriorityLevelVolumeRestoreController          = 2000
+	AttacherPriorityLevelVolumeExpansionController        = 2000
+	AttacherPriorityLevelStrataAPI                        = 1000
+	AttacherPriorityLevelCSIAttacher                      = 900
+	AttacherPriorityLevelSalvageController                = 900
+	AttacherPriorityLevelShareManagerController           = 900
+	AttacherPriorityLevelSnapshotController               = 800
+	AttacherPriorityLevelBackupController                 = 800
+	AttacherPriorityLevelVolumeCloneController            = 800
+	AttacherPriorityLevelVolumeEvictionController         = 800
+	AttacherPriorityLevelBackingImageDataSourceController = 800
+	AttacherPriorityLevelVolumeRebuildingController       = 800
+)
+
+// Ticket parameter names and values.
+const (
+	TrueValue  = "true"
+	FalseValue = "false"
+	AnyValue   = "any"
+
+	AttachmentParameterDisableFrontend = "disableFrontend"
+	AttachmentParameterLastAttachedBy  = "lastAttachedBy"
+)
+
+// Ticket status condition type and reasons.
+const (
+	AttachmentStatusConditionTypeSatisfied = "Satisfied"
+
+	AttachmentStatusConditionReasonAttachedWithIncompatibleParameters = "AttachedWithIncompatibleParameters"
+)
+
+// AttachmentTicket is one request to have the volume attached to a node.
+type AttachmentTicket struct {
+	// ID is unique among the volume's tickets and equals the ticket's map key.
+	ID string `json:"id"`
+	// Type is who asks: it sets the ticket's priority.
+	Type AttacherType `json:"type"`
+	// NodeID is the node the ticket asks for.
+	NodeID string `json:"nodeID"`
+	// Parameters of the attachment: disableFrontend ("true", "false", "any")
+	// and lastAttachedBy.
+	Parameters map[string]string `json:"parameters"`
+	// Generation is bumped by the system on every change of the ticket. Read-only.
+	Generation int64 `json:"generation"`
+}
+
+// AttachmentTicketStatus says whether a ticket is satisfied, and why not.
+type AttachmentTicketStatus struct {
+	// ID of the ticket this status is for.
+	ID string `json:"id"`
+	// Satisfied is true when the volume is attached as the ticket asks.
+	Satisfied bool `json:"satisfied"`
+	// Conditions record why the ticket is or is not satisfied.
+	// +nullable
+	Conditions []metav1.Condition `json:"conditions"`
+	// Generation is the ticket generation this status was computed for.
+	Generation int64 `json:"generation"`
+}
+
+// VolumeAttachmentSpec is the set of attachment tickets for one volume.
+type VolumeAttachmentSpec struct {
+	// AttachmentTickets are keyed by ticket ID.
+	AttachmentTickets map[string]*AttachmentTicket `json:"attachmentTickets"`
+	// Volume is the volume these tickets are for. Immutable.
+	// +kubebuilder:validation:Required
+	// +kubebuilder:validation:MinLength=1
+	Volume string `json:"volume"`
+}
+
+// VolumeAttachmentStatus holds a status per ticket.
+type VolumeAttachmentStatus struct {
+	// AttachmentTicketStatuses are keyed by ticket ID.
+	AttachmentTicketStatuses map[string]*AttachmentTicketStatus `json:"attachmentTicketStatuses"`
+}
+
+// VolumeAttachment collects every request to attach one volume; there is one
+// per volume, with the volume's name.
+//
+// +genclient
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=va,categories=strata
+// +kubebuilder:printcolumn:name="Volume",type=string,JSONPath=`.spec.volume`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type VolumeAttachment struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +kubebuilder:validation:Required
+	Spec   VolumeAttachmentSpec   `json:"spec"`
+	Status VolumeAttachmentStatus `json:"status,omitempty"`
+}
+
+// VolumeAttachmentList is a list of volume attachments.
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+type VolumeAttachmentList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []VolumeAttachment `json:"items"`
+}

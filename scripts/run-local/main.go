@@ -1,0 +1,227 @@
+// Command run-local is `make run`: a local control plane with Strata's
+// manifests installed and one strata-manager per simulated node, all as
+// processes of this program, until SIGINT or SIGTERM.
+//
+//	go run ./scripts/run-local --manager-bin bin/strata-manager
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/strata-storage/strata/scripts/localcluster"
+)
+
+const (
+	managerStopTimeout = 10 * time.Second // before SIGKILL
+	systemNamespace    = "strata-system"
+	managerSA          = "strata-manager"
+)
+
+func main() {
+	managerBin := flag.String("manager-bin", "", "path to the strata-manager binary (required)")
+	nodes := flag.Int("nodes", 3, "number of simulated nodes, one manager each")
+	runDir := flag.String("run-dir", "", "run directory, wiped at start (default <repo>/.run)")
+	verbose := flag.Bool("v", false, "debug logging")
+	flag.Parse()
+
+	log := logrus.New()
+	log.SetFormatter(&logrus.TextFormatter{FullTimestamp: true, TimestampFormat: "15:04:05"})
+	if *verbose {
+		log.SetLevel(logrus.DebugLevel)
+	}
+	if *managerBin == "" || *nodes < 1 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	if err := run(log, *managerBin, *runDir, *nodes); err != nil {
+		log.WithError(err).Error("run-local failed")
+		os.Exit(1)
+	}
+}
+
+func run(log *logrus.Logger, managerBin, runDir string, nodes int) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	bin, err := filepath.Abs(managerBin)
+	if err != nil {
+		return err
+	}
+	if st, err := os.Stat(bin); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+		return fmt.Errorf("--manager-bin %s is not an executable file", managerBin)
+	}
+	root, err := localcluster.RepoRoot()
+	if err != nil {
+		return err
+	}
+	if runDir == "" {
+		runDir = filepath.Join(root, ".run")
+	}
+	if runDir, err = filepath.Abs(runDir); err != nil {
+		return err
+	}
+	unlock, err := lockRunDir(runDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := wipe(runDir); err != nil {
+		return err
+	}
+
+	start := time.Now()
+	cluster, err := localcluster.Start(ctx, localcluster.Options{Dir: runDir, Namespace: systemNamespace, Log: log})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := cluster.Stop(); err != nil {
+			log.WithError(err).Error("stopping the control plane")
+		}
+		log.Info("control plane stopped")
+	}()
+	if err := cluster.Install(ctx, root); err != nil {
+		return err
+	}
+	kubeconfig := filepath.Join(runDir, "manager.kubeconfig")
+	if err := cluster.ServiceAccountKubeconfig(ctx, systemNamespace, managerSA, kubeconfig); err != nil {
+		return err
+	}
+
+	managers, err := startManagers(log, bin, runDir, kubeconfig, nodes)
+	defer stopManagers(log, managers)
+	if err != nil {
+		return err
+	}
+	log.WithField("took", time.Since(start).Round(time.Millisecond)).Info("local Strata is up")
+
+	fmt.Printf(`
+Strata runs locally: control plane + %d nodes (logs in %s).
+In another shell:
+
+    export KUBECONFIG=%s
+    kubectl get nodes.strata.io
+    kubectl get strata
+
+Press Ctrl-C to stop everything.
+
+`, nodes, filepath.Join(runDir, "logs"), cluster.AdminKubeconfig)
+
+	var wg sync.WaitGroup
+	for _, m := range managers {
+		wg.Go(func() { watchManager(ctx, log, m) })
+	}
+	<-ctx.Done()
+	stop() // a second Ctrl-C now kills us at once; Pdeathsig takes the children along
+	log.Info("stopping")
+	wg.Wait()
+	return nil
+}
+
+// startManagers starts one manager per node, each with its own disk
+// directory and metrics port, authenticated as the manager ServiceAccount.
+func startManagers(log logrus.FieldLogger, bin, runDir, kubeconfig string, nodes int) ([]*localcluster.Process, error) {
+	ports, err := localcluster.FreePorts(nodes)
+	if err != nil {
+		return nil, err
+	}
+	var managers []*localcluster.Process
+	for i := 1; i <= nodes; i++ {
+		node := "node-" + strconv.Itoa(i)
+		disk := filepath.Join(runDir, "nodes", node, "disk-1")
+		if err := os.MkdirAll(disk, 0o755); err != nil {
+			return managers, err
+		}
+		port := ports[i-1]
+		logPath := filepath.Join(runDir, "logs", "manager-"+node+".log")
+		p, err := localcluster.StartProcess("manager "+node, logPath, bin, "daemon",
+			"--node-name", node,
+			"--kubeconfig", kubeconfig,
+			"--namespace", systemNamespace,
+			"--disk", disk,
+			"--metrics-listen", "127.0.0.1:"+strconv.Itoa(port),
+			"--lease-duration", "10s",
+		)
+		if err != nil {
+			return managers, err
+		}
+		managers = append(managers, p)
+		log.WithFields(logrus.Fields{"node": node, "pid": p.Pid(), "metrics": port, "log": logPath}).Info("manager started")
+	}
+	return managers, nil
+}
+
+// watchManager reports a manager that exits before we asked it to. The rest
+// keeps running: a node going down is a case Strata must handle anyway.
+func watchManager(ctx context.Context, log logrus.FieldLogger, m *localcluster.Process) {
+	select {
+	case <-ctx.Done():
+	case <-m.Done():
+		log.WithFields(logrus.Fields{"process": m.Name, "pid": m.Pid(), "exit": fmt.Sprint(m.Err()), "log": m.LogPath}).
+			Error("manager exited unexpectedly; the others keep running")
+		// Printed as is: the log formatter would escape the newlines.
+		fmt.Fprintf(os.Stderr, "--- last lines of %s:\n%s\n---\n", m.LogPath, m.LogTail(20))
+	}
+}
+
+// stopManagers stops all managers at once, so shutdown takes one timeout at most.
+func stopManagers(log logrus.FieldLogger, managers []*localcluster.Process) {
+	var wg sync.WaitGroup
+	for _, m := range managers {
+		wg.Go(func() {
+			if err := m.Stop(managerStopTimeout); err != nil {
+				log.WithError(err).WithField("process", m.Name).Error("stopping manager")
+			}
+		})
+	}
+	wg.Wait()
+	if len(managers) > 0 {
+		log.WithField("managers", len(managers)).Info("managers stopped")
+	}
+}
+
+// lockRunDir takes an exclusive lock on the run directory itself, so a second
+// `make run` in the same checkout fails instead of wiping a live cluster.
+func lockRunDir(dir string) (func(), error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%s is in use by another run-local", dir)
+		}
+		return nil, err
+	}
+	return func() { f.Close() }, nil
+}
+
+// wipe empties dir but keeps it, and with it the lock held on it.
+func wipe(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}

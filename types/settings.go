@@ -1,0 +1,114 @@
+package types
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+)
+
+// SettingName names one Setting CR.
+type SettingName string
+
+const (
+	SettingDefaultReplicaCount               SettingName = "default-replica-count"
+	SettingSnapshotMaxCount                  SettingName = "snapshot-max-count"
+	SettingDisableSnapshotPurge              SettingName = "disable-snapshot-purge"
+	SettingBackupTarget                      SettingName = "backup-target"
+	SettingBackingImageCleanupWaitInterval   SettingName = "backing-image-cleanup-wait-interval"
+	SettingReplicaReplenishmentWaitInterval  SettingName = "replica-replenishment-wait-interval"
+	SettingReplicaSoftAntiAffinity           SettingName = "replica-soft-anti-affinity"
+	SettingStorageOverProvisioningPercentage SettingName = "storage-over-provisioning-percentage"
+	SettingStorageMinimalAvailablePercentage SettingName = "storage-minimal-available-percentage"
+)
+
+// SettingType says how a setting's value string is parsed.
+type SettingType string
+
+const (
+	SettingTypeInt    SettingType = "int"
+	SettingTypeBool   SettingType = "bool"
+	SettingTypeString SettingType = "string"
+)
+
+// SettingDefinition describes one setting: its meaning, type, default and range.
+type SettingDefinition struct {
+	Description string
+	Type        SettingType
+	Default     string
+	// Min and Max bound an int setting (inclusive).
+	Min, Max int64
+}
+
+// SettingDefinitions is the catalogue of every setting Strata knows.
+var SettingDefinitions = map[SettingName]SettingDefinition{
+	SettingDefaultReplicaCount: {
+		Description: "Replicas a volume gets when it does not say.",
+		Type:        SettingTypeInt, Default: "3", Min: 1, Max: 20,
+	},
+	SettingSnapshotMaxCount: {
+		Description: "Most user snapshots a volume's chain may hold; a volume's snapshotMaxCount overrides it.",
+		Type:        SettingTypeInt, Default: "250", Min: 2, Max: 250,
+	},
+	SettingDisableSnapshotPurge: {
+		Description: "Stops purges of removed snapshots, for example during maintenance.",
+		Type:        SettingTypeBool, Default: "false",
+	},
+	SettingBackupTarget: {
+		Description: "URL of the backup store; empty disables backups.",
+		Type:        SettingTypeString, Default: "",
+	},
+	SettingBackingImageCleanupWaitInterval: {
+		Description: "Minutes a backing image copy may stay unused on a disk before it is removed.",
+		Type:        SettingTypeInt, Default: "60", Min: 0, Max: 1 << 20,
+	},
+	SettingReplicaReplenishmentWaitInterval: {
+		Description: "Seconds to wait for a failed replica to come back before a new one replaces it.",
+		Type:        SettingTypeInt, Default: "600", Min: 0, Max: 1 << 20,
+	},
+	SettingReplicaSoftAntiAffinity: {
+		Description: "Allows two replicas of a volume on one node when no other node fits.",
+		Type:        SettingTypeBool, Default: "false",
+	},
+	SettingStorageOverProvisioningPercentage: {
+		Description: "Percent of a disk's usable space that replicas may be scheduled for, counting their full sizes.",
+		Type:        SettingTypeInt, Default: "100", Min: 0, Max: 1000,
+	},
+	SettingStorageMinimalAvailablePercentage: {
+		Description: "A disk with less free space than this percent takes no new replica.",
+		Type:        SettingTypeInt, Default: "25", Min: 0, Max: 100,
+	},
+}
+
+// SettingNames lists every known setting, sorted.
+func SettingNames() []SettingName {
+	names := make([]SettingName, 0, len(SettingDefinitions))
+	for n := range SettingDefinitions {
+		names = append(names, n)
+	}
+	sort.Slice(names, func(i, j int) bool { return names[i] < names[j] })
+	return names
+}
+
+// ValidateSetting checks a value against its setting's definition and says
+// what is wrong in terms a user can act on.
+func ValidateSetting(name SettingName, value string) error {
+	def, ok := SettingDefinitions[name]
+	if !ok {
+		return fmt.Errorf("unknown setting %q", name)
+	}
+	switch def.Type {
+	case SettingTypeInt:
+		n, err := strconv.ParseInt(value, 10, 64)
+		if err != nil {
+			return fmt.Errorf("setting %s: value %q is not an integer", name, value)
+		}
+		if n < def.Min || n > def.Max {
+			return fmt.Errorf("setting %s: value %d is outside [%d, %d]", name, n, def.Min, def.Max)
+		}
+	case SettingTypeBool:
+		if _, err := strconv.ParseBool(value); err != nil {
+			return fmt.Errorf("setting %s: value %q is not true or false", name, value)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,32 @@
+// Package types holds the names Strata's processes share: labels, the
+// finalizer, the namespace, and the catalogue of settings.
+package types
+
+const (
+	// DefaultNamespace is where every Strata object except ResourceQuota lives.
+	DefaultNamespace = "strata-system"
+
+	// FinalizerName holds an object until its controller has cleaned up after it.
+	FinalizerName = "strata.io/cleanup"
+
+	LabelVolume       = "strata.io/volume"
+	LabelNode         = "strata.io/node"
+	LabelDisk         = "strata.io/disk"
+	LabelBackingImage = "strata.io/backing-image"
+	LabelComponent    = "strata.io/component"
+
+	// ComponentNodeLease marks the Leases that carry manager heartbeats.
+	ComponentNodeLease = "node-lease"
+
+	// ManagerServiceAccount is the identity every manager runs as.
+	ManagerServiceAccount = "strata-manager"
+
+	// DiskConfigFile is written in every disk directory; it holds the disk's
+	// UUID so a disk keeps its identity if its path changes.
+	DiskConfigFile = "strata-disk.cfg"
+)
+
+// NodeLeaseName is the name of the Lease that carries a node manager's heartbeat.
+func NodeLeaseName(nodeName string) string {
+	return "strata-node-" + nodeName
+}
