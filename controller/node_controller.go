@@ -87,11 +87,17 @@ func (nc *NodeController) syncOwnNode(ctx context.Context, nodeRO *v1beta1.Node)
 	node.Status.DiskStatus = nc.diskStatuses(node, minAvailablePct, now)
 	node.Status.DiskPaths = diskPaths(node)
 
+	// Claim Ready only once the cache holds a live heartbeat lease: peers
+	// judge the node by that lease, and claiming Ready before it is renewed
+	// after a restart would have them mark the node down again. The lease's
+	// add or renewal event syncs the node once it is live.
 	wasReady := meta.IsStatusConditionTrue(nodeRO.Status.Conditions, v1beta1.ConditionTypeReady)
-	meta.SetStatusCondition(&node.Status.Conditions, metav1.Condition{
-		Type: v1beta1.ConditionTypeReady, Status: metav1.ConditionTrue, LastTransitionTime: now,
-		Reason: v1beta1.NodeConditionReasonManagerRunning, Message: "strata-manager is running on the node",
-	})
+	if nc.ds.IsNodeAlive(nc.controllerID) {
+		meta.SetStatusCondition(&node.Status.Conditions, metav1.Condition{
+			Type: v1beta1.ConditionTypeReady, Status: metav1.ConditionTrue, LastTransitionTime: now,
+			Reason: v1beta1.NodeConditionReasonManagerRunning, Message: "strata-manager is running on the node",
+		})
+	}
 	meta.SetStatusCondition(&node.Status.Conditions, nodeSchedulableCondition(node, now))
 
 	if equality.Semantic.DeepEqual(nodeRO.Status, node.Status) {
@@ -101,7 +107,7 @@ func (nc *NodeController) syncOwnNode(ctx context.Context, nodeRO *v1beta1.Node)
 	if err != nil {
 		return err
 	}
-	if !wasReady {
+	if !wasReady && meta.IsStatusConditionTrue(updated.Status.Conditions, v1beta1.ConditionTypeReady) {
 		nc.recorder.Event(updated, corev1.EventTypeNormal, EventReasonNodeReady, "strata-manager is running on the node")
 	}
 	for name, ds := range updated.Status.DiskStatus {
@@ -225,9 +231,14 @@ func anyDiskSchedulable(node *v1beta1.Node) bool {
 // again when it comes back.
 func (nc *NodeController) syncPeerNode(ctx context.Context, key string, nodeRO *v1beta1.Node) error {
 	now := nc.ds.Clock.Now()
-	expiry, hasLease := nc.ds.NodeLeaseExpiry(nodeRO.Name)
-	if hasLease && now.Before(expiry) {
-		nc.queue.AddAfter(key, expiry.Sub(now)+leaseCheckSlack)
+	deadline, hasLease := nc.ds.NodeLeaseExpiry(nodeRO.Name)
+	if !hasLease {
+		// A node registers before its first lease exists: give it one lease
+		// duration from registration before the missing lease counts.
+		deadline = nodeRO.CreationTimestamp.Add(nc.leaseDuration)
+	}
+	if now.Before(deadline) {
+		nc.queue.AddAfter(key, deadline.Sub(now)+leaseCheckSlack)
 		return nil
 	}
 	ready := meta.FindStatusCondition(nodeRO.Status.Conditions, v1beta1.ConditionTypeReady)
@@ -246,7 +257,7 @@ func (nc *NodeController) syncPeerNode(ctx context.Context, key string, nodeRO *
 
 	msg := "strata-manager has no heartbeat lease"
 	if hasLease {
-		msg = fmt.Sprintf("strata-manager heartbeat lease expired at %s", expiry.UTC().Format(time.RFC3339))
+		msg = fmt.Sprintf("strata-manager heartbeat lease expired at %s", deadline.UTC().Format(time.RFC3339))
 	}
 	node := nodeRO.DeepCopy()
 	t := metav1.NewTime(now)

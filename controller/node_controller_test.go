@@ -103,9 +103,21 @@ func TestNodeControllerSync(t *testing.T) {
 			},
 		},
 		{
+			name:       "own node waits for its heartbeat lease before claiming Ready",
+			key:        me,
+			nodes:      func(d string) []runtime.Object { return []runtime.Object{testNode(me, map[string]string{"disk-1": d})} },
+			leases:     []runtime.Object{testLease(me, time.Minute)},
+			wantWrites: []string{"update nodes/status node-1"},
+			check: func(t *testing.T, n *v1beta1.Node, _ string) {
+				assert.Nil(t, meta.FindStatusCondition(n.Status.Conditions, v1beta1.ConditionTypeReady))
+				assert.NotNil(t, n.Status.DiskStatus["disk-1"], "disks are reported meanwhile")
+			},
+		},
+		{
 			name:       "own node gets Ready, disk identity and space",
 			key:        me,
 			nodes:      func(d string) []runtime.Object { return []runtime.Object{testNode(me, map[string]string{"disk-1": d})} },
+			leases:     []runtime.Object{testLease(me, 0)},
 			wantWrites: []string{"update nodes/status node-1"},
 			wantEvents: []string{"Normal ManagerRunning"},
 			check: func(t *testing.T, n *v1beta1.Node, diskDir string) {
@@ -123,8 +135,9 @@ func TestNodeControllerSync(t *testing.T) {
 			},
 		},
 		{
-			name: "missing disk path makes the disk not ready, with its reason",
-			key:  me,
+			name:   "missing disk path makes the disk not ready, with its reason",
+			key:    me,
+			leases: []runtime.Object{testLease(me, 0)},
 			nodes: func(d string) []runtime.Object {
 				return []runtime.Object{testNode(me, map[string]string{"disk-1": filepath.Join(d, "absent")})}
 			},
@@ -139,9 +152,10 @@ func TestNodeControllerSync(t *testing.T) {
 			},
 		},
 		{
-			name:  "damaged disk config is reported and left untouched",
-			key:   me,
-			nodes: func(d string) []runtime.Object { return []runtime.Object{testNode(me, map[string]string{"disk-1": d})} },
+			name:   "damaged disk config is reported and left untouched",
+			key:    me,
+			leases: []runtime.Object{testLease(me, 0)},
+			nodes:  func(d string) []runtime.Object { return []runtime.Object{testNode(me, map[string]string{"disk-1": d})} },
 			prepareDisk: func(t *testing.T, d string) {
 				require.NoError(t, os.WriteFile(filepath.Join(d, types.DiskConfigFile), []byte("{torn"), 0o644))
 			},
@@ -208,6 +222,16 @@ func TestNodeControllerSync(t *testing.T) {
 				c := meta.FindStatusCondition(n.Status.Conditions, v1beta1.ConditionTypeReady)
 				assert.Equal(t, "strata-manager has no heartbeat lease", c.Message)
 			},
+		},
+		{
+			name: "newly registered peer without a lease yet gets one lease duration",
+			key:  "node-2",
+			nodes: func(string) []runtime.Object {
+				n := testNode("node-2", nil)
+				n.CreationTimestamp = metav1.NewTime(dstest.Now.Add(-5 * time.Second))
+				return []runtime.Object{n, testNode(me, nil)}
+			},
+			leases: []runtime.Object{testLease(me, 0)},
 		},
 		{
 			name: "peer already marked down is not written again",

@@ -132,40 +132,25 @@ Press Ctrl-C to stop everything.
 
 // startManagers starts one manager per node, each with its own disk
 // directory and metrics port, authenticated as the manager ServiceAccount.
-func startManagers(log logrus.FieldLogger, bin, runDir, kubeconfig string, nodes int) ([]*localcluster.Process, error) {
-	ports, err := localcluster.FreePorts(nodes)
-	if err != nil {
-		return nil, err
-	}
-	var managers []*localcluster.Process
+func startManagers(log logrus.FieldLogger, bin, runDir, kubeconfig string, nodes int) ([]*localcluster.Manager, error) {
+	opts := localcluster.ManagerOptions{Bin: bin, Kubeconfig: kubeconfig, Namespace: systemNamespace,
+		RunDir: runDir, LeaseDuration: 10 * time.Second}
+	var managers []*localcluster.Manager
 	for i := 1; i <= nodes; i++ {
-		node := "node-" + strconv.Itoa(i)
-		disk := filepath.Join(runDir, "nodes", node, "disk-1")
-		if err := os.MkdirAll(disk, 0o755); err != nil {
-			return managers, err
-		}
-		port := ports[i-1]
-		logPath := filepath.Join(runDir, "logs", "manager-"+node+".log")
-		p, err := localcluster.StartProcess("manager "+node, logPath, bin, "daemon",
-			"--node-name", node,
-			"--kubeconfig", kubeconfig,
-			"--namespace", systemNamespace,
-			"--disk", disk,
-			"--metrics-listen", "127.0.0.1:"+strconv.Itoa(port),
-			"--lease-duration", "10s",
-		)
+		m, err := localcluster.StartManager(opts, "node-"+strconv.Itoa(i))
 		if err != nil {
 			return managers, err
 		}
-		managers = append(managers, p)
-		log.WithFields(logrus.Fields{"node": node, "pid": p.Pid(), "metrics": port, "log": logPath}).Info("manager started")
+		managers = append(managers, m)
+		log.WithFields(logrus.Fields{"node": m.Node, "pid": m.Pid(), "metrics": m.MetricsAddr, "log": m.LogPath}).
+			Info("manager started")
 	}
 	return managers, nil
 }
 
 // watchManager reports a manager that exits before we asked it to. The rest
 // keeps running: a node going down is a case Strata must handle anyway.
-func watchManager(ctx context.Context, log logrus.FieldLogger, m *localcluster.Process) {
+func watchManager(ctx context.Context, log logrus.FieldLogger, m *localcluster.Manager) {
 	select {
 	case <-ctx.Done():
 	case <-m.Done():
@@ -177,7 +162,7 @@ func watchManager(ctx context.Context, log logrus.FieldLogger, m *localcluster.P
 }
 
 // stopManagers stops all managers at once, so shutdown takes one timeout at most.
-func stopManagers(log logrus.FieldLogger, managers []*localcluster.Process) {
+func stopManagers(log logrus.FieldLogger, managers []*localcluster.Manager) {
 	var wg sync.WaitGroup
 	for _, m := range managers {
 		wg.Go(func() {
