@@ -160,6 +160,11 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 		return err
 	}
 
+	settingController, err := controller.NewSettingController(log, ds, recorder, cfg.nodeName)
+	if err != nil {
+		return err
+	}
+
 	ready := make(chan struct{})
 	metricsErr := serveMetrics(ctx, cfg.metricsListen, ready, log)
 
@@ -178,6 +183,7 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 
 	var wg sync.WaitGroup
 	wg.Go(func() { nodeController.Run(ctx, cfg.workers) })
+	wg.Go(func() { settingController.Run(ctx, 1) })
 	log.Info("strata-manager is running")
 
 	select {

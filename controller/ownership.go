@@ -2,6 +2,12 @@ package controller
 
 import (
 	"hash/fnv"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 
 // responsibleNode picks the one node whose manager reconciles an object, the
@@ -50,4 +56,30 @@ func (c *baseController) isResponsibleFor(key, ownerID, preferred string) (bool,
 		return false, err
 	}
 	return responsibleNode(key, ownerID, preferred, alive) == c.controllerID, nil
+}
+
+// requeueOnNodeReadyChange re-enqueues every object a controller reconciles
+// (enqueueAll) whenever some node's Ready condition flips or a node goes
+// away: that is when the responsible node of an object can change. Objects
+// first seen while no node was alive (at cluster start) are picked up this
+// way once their owner's manager comes up. Renewals change nothing here.
+func (c *baseController) requeueOnNodeReadyChange(enqueueAll func()) error {
+	_, err := c.ds.Nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(oldObj, newObj interface{}) {
+			o, ok1 := oldObj.(*v1beta1.Node)
+			n, ok2 := newObj.(*v1beta1.Node)
+			if ok1 && ok2 && readyStatus(o) != readyStatus(n) {
+				enqueueAll()
+			}
+		},
+		DeleteFunc: func(interface{}) { enqueueAll() },
+	})
+	return err
+}
+
+func readyStatus(n *v1beta1.Node) metav1.ConditionStatus {
+	if c := meta.FindStatusCondition(n.Status.Conditions, v1beta1.ConditionTypeReady); c != nil {
+		return c.Status
+	}
+	return metav1.ConditionUnknown
 }

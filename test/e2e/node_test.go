@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/scripts/localcluster"
@@ -66,14 +67,38 @@ func TestNodesRegisterReadyWithDisks(t *testing.T) {
 	}
 }
 
-func TestDefaultSettingsExist(t *testing.T) {
+func TestDefaultSettingsExistAndAreChecked(t *testing.T) {
+	settings := env.adminStrata.StrataV1beta1().Settings(types.DefaultNamespace)
+	ctx := context.Background()
 	for _, name := range types.SettingNames() {
 		require.Eventually(t, func() bool {
-			s, err := env.adminStrata.StrataV1beta1().Settings(types.DefaultNamespace).Get(context.Background(), string(name), metav1.GetOptions{})
-			return err == nil && s.Value == types.SettingDefinitions[name].Default
-		}, 30*time.Second, 100*time.Millisecond, "setting %s exists with its default", name)
+			s, err := settings.Get(ctx, string(name), metav1.GetOptions{})
+			return err == nil && s.Value == types.SettingDefinitions[name].Default && s.Status.Applied
+		}, 30*time.Second, 100*time.Millisecond, "setting %s exists with its default and is applied", name)
 	}
+
+	name := string(types.SettingDefaultReplicaCount)
+	set := func(value string) {
+		require.NoError(t, retryOnConflict(func() error {
+			s, err := settings.Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			s.Value = value
+			_, err = settings.Update(ctx, s, metav1.UpdateOptions{})
+			return err
+		}))
+	}
+	set("lots")
+	t.Cleanup(func() { set(types.SettingDefinitions[types.SettingDefaultReplicaCount].Default) })
+	require.Eventually(t, func() bool {
+		s, err := settings.Get(ctx, name, metav1.GetOptions{})
+		return err == nil && !s.Status.Applied &&
+			s.Status.Message == `setting default-replica-count: value "lots" is not an integer`
+	}, 30*time.Second, 100*time.Millisecond, "a bad value is reported in status")
 }
+
+func retryOnConflict(fn func() error) error { return retry.RetryOnConflict(retry.DefaultRetry, fn) }
 
 // A manager killed with SIGKILL stops renewing its lease; a peer marks its
 // node not Ready once the lease runs out. Restarted, it marks itself Ready.

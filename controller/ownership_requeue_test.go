@@ -1,0 +1,80 @@
+package controller
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/strata-storage/strata/datastore/dstest"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
+)
+
+func TestRequeueOnNodeReadyChange(t *testing.T) {
+	env := dstest.New(t, []runtime.Object{
+		testNode("node-2", nil, readyTrue()),
+		testSetting(types.SettingDefaultReplicaCount, "3", v1beta1.SettingStatus{}),
+		testSetting(types.SettingBackupTarget, "", v1beta1.SettingStatus{}),
+	}, nil)
+	sc, err := NewSettingController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1")
+	require.NoError(t, err)
+	drain := func() int {
+		n := 0
+		for sc.queue.Len() > 0 {
+			key, _ := sc.queue.Get()
+			sc.queue.Done(key)
+			n++
+		}
+		return n
+	}
+	require.Eventually(t, func() bool { return sc.queue.Len() == 2 }, 5*time.Second, 10*time.Millisecond, "initial adds")
+	drain()
+
+	nodes := env.Strata.StrataV1beta1().Nodes(testNS)
+	ctx := context.Background()
+	steps := []struct {
+		name    string
+		mutate  func(*v1beta1.Node)
+		requeue bool
+	}{
+		{"status change that keeps Ready enqueues nothing", func(n *v1beta1.Node) { n.Status.DiskPaths = "/x" }, false},
+		{"Ready flipping to False enqueues every setting", func(n *v1beta1.Node) {
+			n.Status.Conditions = []metav1.Condition{readyDown("gone")}
+		}, true},
+		{"Ready flipping back enqueues every setting", func(n *v1beta1.Node) {
+			n.Status.Conditions = []metav1.Condition{readyTrue()}
+		}, true},
+	}
+	for _, step := range steps {
+		t.Run(step.name, func(t *testing.T) {
+			n, err := nodes.Get(ctx, "node-2", metav1.GetOptions{})
+			require.NoError(t, err)
+			step.mutate(n)
+			updated, err := nodes.UpdateStatus(ctx, n, metav1.UpdateOptions{})
+			require.NoError(t, err)
+			require.Eventually(t, func() bool {
+				c, _ := env.DS.Nodes.GetRO("node-2")
+				return c.ResourceVersion == updated.ResourceVersion
+			}, 5*time.Second, 10*time.Millisecond)
+			if step.requeue {
+				require.Eventually(t, func() bool { return sc.queue.Len() == 2 }, 5*time.Second, 10*time.Millisecond)
+			} else {
+				// Handlers run just after the cache update; give them a moment to
+				// prove a negative.
+				time.Sleep(100 * time.Millisecond)
+			}
+			want := 0
+			if step.requeue {
+				want = 2
+			}
+			assert.Equal(t, want, drain())
+		})
+	}
+}

@@ -1,0 +1,48 @@
+package controller
+
+import (
+	"github.com/sirupsen/logrus"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+// SettingController reports in each Setting's status whether its value is valid.
+type SettingController struct {
+	*baseController
+}
+
+// NewSettingController wires the setting controller to the Setting informer.
+func NewSettingController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
+	controllerID string) (*SettingController, error) {
+	sc := &SettingController{baseController: newBaseController("strata-setting", controllerID, logger, ds, recorder)}
+	sc.sync = sc.syncSetting
+	if err := sc.requeueOnNodeReadyChange(sc.enqueueAllSettings); err != nil {
+		return nil, err
+	}
+	_, err := ds.Settings.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: sc.enqueue,
+		// Only a new value needs a verdict; status writes come back as updates too.
+		UpdateFunc: func(oldObj, newObj interface{}) {
+			o, ok1 := oldObj.(*v1beta1.Setting)
+			n, ok2 := newObj.(*v1beta1.Setting)
+			if !ok1 || !ok2 || o.Value != n.Value || o.Status != n.Status {
+				sc.enqueue(newObj)
+			}
+		},
+	})
+	return sc, err
+}
+
+func (sc *SettingController) enqueueAllSettings() {
+	settings, err := sc.ds.Settings.ListRO(nil)
+	if err != nil {
+		sc.logger.WithError(err).Warn("Cannot list settings")
+		return
+	}
+	for _, s := range settings {
+		sc.enqueue(s)
+	}
+}
