@@ -9,6 +9,7 @@ BIN   := bin
 build:
 	$(GO) build -ldflags "-X github.com/strata-storage/strata/app.Version=$$(git describe --always --dirty 2>/dev/null || echo dev)" \
 		-o $(BIN)/strata-manager .
+	$(GO) build -o $(BIN)/run-local ./scripts/run-local
 
 # Regenerate deepcopy, clientset, listers, informers and CRD YAML from k8s/pkg/apis.
 generate:
@@ -24,8 +25,9 @@ verify:
 test:
 	$(GO) test -count=1 -timeout 40m ./...
 
+# exec, so Ctrl-C reaches run-local directly and make does not report it as a failure.
 run: build
-	$(GO) run ./scripts/run-local --manager-bin $(BIN)/strata-manager
+	@exec $(BIN)/run-local --manager-bin $(BIN)/strata-manager
 
 clean:
 	rm -rf $(BIN) .run
