@@ -11,9 +11,11 @@ build:
 		-o $(BIN)/strata-manager .
 	$(GO) build -o $(BIN)/run-local ./scripts/run-local
 
-# Regenerate deepcopy, clientset, listers, informers and CRD YAML from k8s/pkg/apis.
+# Regenerate deepcopy, clientset, listers, informers and CRD YAML from
+# k8s/pkg/apis, and the gRPC code from engineapi/proto.
 generate:
 	k8s/codegen.sh
+	engineapi/generate.sh
 
 # Fails on generated-code drift, untidy go.mod, gofmt/vet findings, a
 # non-zero informer resync, or an oversized hand-written file.

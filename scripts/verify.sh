@@ -47,9 +47,9 @@ done < <(wc -l $(hand_written))
 say "== generated code is current"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-generated=(k8s/crds k8s/pkg/client k8s/pkg/apis/strata/v1beta1/zz_generated.deepcopy.go)
+generated=(k8s/crds k8s/pkg/client k8s/pkg/apis/strata/v1beta1/zz_generated.deepcopy.go engineapi/impb)
 tar -cf "$tmp/before.tar" "${generated[@]}"
-k8s/codegen.sh >"$tmp/codegen.log" 2>&1 || { cat "$tmp/codegen.log" >&2; tar -xf "$tmp/before.tar"; exit 1; }
+{ k8s/codegen.sh && engineapi/generate.sh; } >"$tmp/codegen.log" 2>&1 || { cat "$tmp/codegen.log" >&2; tar -xf "$tmp/before.tar"; exit 1; }
 mkdir "$tmp/after" && tar -cf - "${generated[@]}" | tar -xf - -C "$tmp/after"
 # Put back exactly what was there, so verify never edits the tree.
 rm -rf "${generated[@]}" && tar -xf "$tmp/before.tar"
