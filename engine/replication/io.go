@@ -1,0 +1,121 @@
+package replication
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/strata-storage/strata/engine/blockdev"
+)
+
+// Size is the volume size in bytes.
+func (e *Engine) Size() int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.size
+}
+
+// ReadAt reads from one RW replica, spreading reads over them; a replica
+// that fails is marked ERR and the next one is tried.
+func (e *Engine) ReadAt(p []byte, off int64) (int, error) {
+	if err := blockdev.CheckRange(off, int64(len(p)), e.Size()); err != nil {
+		return 0, err
+	}
+	e.io.RLock()
+	defer e.io.RUnlock()
+	_, readers, _ := e.targets()
+	if len(readers) == 0 {
+		return 0, ErrNoHealthyReplica
+	}
+	start := int(e.nextRead.Add(1))
+	var lastErr error
+	for i := range readers {
+		r := readers[(start+i)%len(readers)]
+		n, err := r.backend.ReadAt(p, off)
+		if err == nil {
+			return n, nil
+		}
+		lastErr = err
+		e.markERR(r, fmt.Errorf("read: %w", err))
+	}
+	return 0, fmt.Errorf("%w: last error: %v", ErrNoHealthyReplica, lastErr)
+}
+
+// WriteAt writes to every RW and WO replica in parallel and succeeds when
+// every one that is still healthy has the data; failed replicas go ERR. The
+// write fails only if no RW replica took it.
+func (e *Engine) WriteAt(p []byte, off int64) (int, error) {
+	if err := blockdev.CheckRange(off, int64(len(p)), e.Size()); err != nil {
+		return 0, err
+	}
+	err := e.fanOut("write", func(b Backend) error {
+		_, err := b.WriteAt(p, off)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// Flush flushes every replica.
+func (e *Engine) Flush() error {
+	return e.fanOut("flush", func(b Backend) error { return b.Flush() })
+}
+
+// Unmap passes a trim to every replica.
+func (e *Engine) Unmap(off, length int64) error {
+	if err := blockdev.CheckRange(off, length, e.Size()); err != nil {
+		return err
+	}
+	return e.fanOut("unmap", func(b Backend) error { return b.Unmap(off, length) })
+}
+
+// WriteZeroes zeroes a range on every replica.
+func (e *Engine) WriteZeroes(off, length int64) error {
+	if err := blockdev.CheckRange(off, length, e.Size()); err != nil {
+		return err
+	}
+	return e.fanOut("write-zeroes", func(b Backend) error { return b.WriteZeroes(off, length) })
+}
+
+func (e *Engine) fanOut(what string, op func(Backend) error) error {
+	e.io.RLock()
+	defer e.io.RUnlock()
+	return e.fanOutLocked(what, op)
+}
+
+// fanOutLocked runs op on every writer in parallel; the caller holds e.io.
+func (e *Engine) fanOutLocked(what string, op func(Backend) error) error {
+	writers, _, modes := e.targets()
+	if len(writers) == 0 {
+		return ErrNoHealthyReplica
+	}
+	errs := make([]error, len(writers))
+	if len(writers) == 1 {
+		errs[0] = op(writers[0].backend)
+	} else {
+		var wg sync.WaitGroup
+		for i, r := range writers {
+			wg.Go(func() { errs[i] = op(r.backend) })
+		}
+		wg.Wait()
+	}
+	okRW := false
+	var firstErr error
+	for i, r := range writers {
+		if errs[i] != nil {
+			if firstErr == nil {
+				firstErr = errs[i]
+			}
+			e.markERR(r, fmt.Errorf("%s: %w", what, errs[i]))
+			continue
+		}
+		if modes[i] == ModeRW {
+			okRW = true
+		}
+	}
+	if !okRW {
+		return fmt.Errorf("%s: %w: %v", what, ErrNoHealthyReplica, firstErr)
+	}
+	return nil
+}
