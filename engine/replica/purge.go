@@ -1,0 +1,318 @@
+package replica
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"golang.org/x/sys/unix"
+)
+
+type purgeStep int
+
+const (
+	stepNone purgeStep = iota
+	stepDelete
+	stepCoalesce
+	stepPrune
+)
+
+// Purge frees the data of snapshots marked removed, repeating until nothing
+// changes. For a removed snapshot R:
+//   - no child (a leaf left by a revert): R is deleted;
+//   - one child, a snapshot C: R and C become one layer named C (C's data
+//     wins), R is deleted;
+//   - one child, the head: R's blocks the head overwrote are punched out;
+//   - several children: R is left alone.
+//
+// opMu is held throughout, so other structural changes wait; the I/O lock is
+// taken only to swap layers. Copies run outside it because both snapshot
+// layers are immutable and every block written during a copy is one that
+// reads still take from another layer holding the same data. progress, if
+// not nil, gets 0..100 in increasing order.
+func (r *Replica) Purge(ctx context.Context, progress func(pct int)) error {
+	r.opMu.Lock()
+	defer r.opMu.Unlock()
+	if r.closed {
+		return ErrClosed
+	}
+	last := -1
+	report := func(pct int) {
+		if progress != nil && pct > last {
+			last = pct
+			progress(pct)
+		}
+	}
+	report(0)
+	total := 0
+	for _, s := range r.snaps {
+		if s.meta.Removed {
+			total++
+		}
+	}
+	done := 0
+	pruned := map[*layer]bool{}
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		step, rem, child := r.nextPurgeStep(pruned)
+		if step == stepNone {
+			break
+		}
+		frac := func(f float64) { report(min(99, int((float64(done)+f)*100/float64(total)))) }
+		var err error
+		switch step {
+		case stepDelete:
+			err = r.deleteLeaf(rem)
+		case stepPrune:
+			pruned[rem] = true
+			err = r.prune(ctx, rem, frac)
+		case stepCoalesce:
+			err = r.coalesce(ctx, rem, child, frac)
+		}
+		if err != nil {
+			return fmt.Errorf("purge: %w", err)
+		}
+		done++
+		frac(0)
+	}
+	report(100)
+	return nil
+}
+
+// nextPurgeStep picks the oldest removed snapshot something can be done to.
+func (r *Replica) nextPurgeStep(pruned map[*layer]bool) (purgeStep, *layer, *layer) {
+	for _, s := range r.sortedSnapshots() {
+		if !s.meta.Removed || pruned[s] {
+			continue
+		}
+		snaps, head := r.children(s.meta.Name)
+		switch {
+		case len(snaps) == 0 && !head:
+			return stepDelete, s, nil
+		case len(snaps) == 1 && !head:
+			return stepCoalesce, s, snaps[0]
+		case len(snaps) == 0 && head:
+			return stepPrune, s, nil
+		}
+	}
+	return stepNone, nil, nil
+}
+
+// volMeta is volume.meta as memory has it. The snapshot list is always
+// taken from memory, so a commit that failed is repaired by the next one.
+func (r *Replica) volMeta() volumeMeta {
+	v := r.vol
+	v.Snapshots = make([]string, 0, len(r.snaps))
+	for n := range r.snaps {
+		v.Snapshots = append(v.Snapshots, n)
+	}
+	slices.Sort(v.Snapshots)
+	return v
+}
+
+// dropSnapshot forgets s in memory, then commits volume.meta without it and
+// deletes its files. If the commit fails s stays listed on disk as a
+// removed leaf (its files are kept), which the next purge deletes.
+func (r *Replica) dropSnapshot(s *layer, closeFile bool) error {
+	r.mu.Lock()
+	delete(r.snaps, s.meta.Name)
+	r.freeSlot(s)
+	if closeFile {
+		s.f.Close()
+	}
+	vol := r.volMeta()
+	r.mu.Unlock()
+	renamed, err := commitVolumeMeta(r.dir, vol)
+	if renamed {
+		r.mu.Lock()
+		r.vol = vol
+		r.mu.Unlock()
+	}
+	if err != nil {
+		return fmt.Errorf("delete snapshot %q: %w", s.meta.Name, err)
+	}
+	crashPoint("drop:committed")
+	r.removeFiles(s.file, s.file+metaSuffix)
+	return nil
+}
+
+// deleteLeaf deletes a removed snapshot without children. It is not under
+// the head, so the location map does not refer to it.
+func (r *Replica) deleteLeaf(s *layer) error { return r.dropSnapshot(s, true) }
+
+// prune punches out the blocks of s (the head's parent) that the head
+// holds. The head never drops a block a lower layer holds (Unmap and
+// WriteZeroes keep those), so the set only grows while we work, and reads
+// of those blocks go to the head: no lock is needed for the punches. The
+// location map keeps naming s under those head blocks; that only makes
+// Unmap keep them, and the next snapshot overwrites the entries.
+func (r *Replica) prune(ctx context.Context, s *layer, frac func(float64)) error {
+	r.mu.RLock()
+	size := r.size
+	r.mu.RUnlock()
+	exts, err := dataExtents(s.f, size)
+	if err != nil {
+		return fmt.Errorf("prune %s: %w", s.file, err)
+	}
+	var punch []Extent
+	r.mu.RLock()
+	for _, e := range exts {
+		for b, stop := e.Offset/bs, e.End()/bs; b < stop; {
+			if !r.headHas(b) {
+				b = runEnd(r.headBits, b, stop, false)
+				continue
+			}
+			end := runEnd(r.headBits, b, stop, true)
+			punch = append(punch, Extent{Offset: b * bs, Length: (end - b) * bs})
+			b = end
+		}
+	}
+	r.mu.RUnlock()
+	if len(punch) == 0 {
+		return nil
+	}
+	// The head's copies must be durable before the snapshot's go.
+	if err := unix.Fdatasync(int(r.head.f.Fd())); err != nil {
+		return fmt.Errorf("prune: sync %s: %w", r.head.file, err)
+	}
+	crashPoint("prune:synced")
+	for i, e := range punch {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		err := unix.Fallocate(int(s.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, e.Offset, e.Length)
+		if err != nil {
+			return fmt.Errorf("prune: punch %s at %d length %d: %w", s.file, e.Offset, e.Length, err)
+		}
+		frac(float64(i+1) / float64(len(punch)))
+		if i == len(punch)/2 {
+			crashPoint("prune:half")
+		}
+	}
+	return nil
+}
+
+// coalesce merges removed snapshot rem into its only child c; the result
+// keeps c's name and meta, with rem's parent. Whichever layer has less data
+// is copied into the other:
+//
+//   - rem smaller: rem's blocks go into c's holes. Then c's .meta takes
+//     rem's parent, making rem a childless leaf; then volume.meta drops it.
+//   - c smaller: c's blocks overwrite rem's, in place: reads take those
+//     blocks from c or above, and rem, being removed, cannot be reverted
+//     to (Extents and ReadLayer of rem may see the change). Then rem's file
+//     is linked over c's image name (a temp link, renamed), so both names
+//     hold the merged data; then c's .meta takes rem's parent; then
+//     volume.meta drops rem.
+//
+// At every step the chain on disk reads the same data, so a crash anywhere
+// leaves a volume that opens and reads the same; purge finishes the job.
+func (r *Replica) coalesce(ctx context.Context, rem, c *layer, frac func(float64)) error {
+	r.mu.RLock()
+	size := r.size
+	r.mu.RUnlock()
+	remExts, err := dataExtents(rem.f, size)
+	if err != nil {
+		return fmt.Errorf("coalesce %s: %w", rem.file, err)
+	}
+	cExts, err := dataExtents(c.f, size)
+	if err != nil {
+		return fmt.Errorf("coalesce %s: %w", c.file, err)
+	}
+	intoChild := extentBytes(remExts) <= extentBytes(cExts)
+	if intoChild {
+		err = copyExtents(ctx, rem, c, subtractExtents(remExts, cExts), frac)
+	} else {
+		err = copyExtents(ctx, c, rem, cExts, frac)
+	}
+	if err != nil {
+		return err
+	}
+	merged := c
+	if !intoChild {
+		merged = rem
+	}
+	if err := unix.Fdatasync(int(merged.f.Fd())); err != nil {
+		return fmt.Errorf("coalesce: sync %s: %w", merged.file, err)
+	}
+	crashPoint("coalesce:copied")
+	if !intoChild {
+		tmp := tmpName(c.file + ".purge")
+		r.removeFiles(tmp)
+		err := os.Link(filepath.Join(r.dir, rem.file), filepath.Join(r.dir, tmp))
+		crashPoint("coalesce:linked")
+		if err == nil {
+			err = os.Rename(filepath.Join(r.dir, tmp), filepath.Join(r.dir, c.file))
+		}
+		if err == nil {
+			err = syncDir(r.dir)
+		}
+		if err != nil {
+			r.removeFiles(tmp)
+			return fmt.Errorf("coalesce: replace %s with %s: %w", c.file, rem.file, err)
+		}
+		crashPoint("coalesce:renamed")
+	}
+	m := c.meta
+	m.Parent = rem.meta.Parent
+	err = writeLayerMeta(r.dir, c.file, m)
+	if err == nil {
+		err = syncDir(r.dir)
+	}
+	if err != nil {
+		// Memory is left as it was: its descriptors still read the same
+		// data, and whatever reached the disk opens consistently.
+		return fmt.Errorf("coalesce %s into %s: %w", rem.file, c.file, err)
+	}
+	crashPoint("coalesce:meta")
+
+	r.mu.Lock()
+	var oldF *os.File
+	if !intoChild {
+		oldF, c.f = c.f, rem.f
+	}
+	c.meta = m
+	for i, v := range r.owner {
+		if v == rem.slot {
+			r.owner[i] = c.slot
+		}
+	}
+	r.mu.Unlock()
+	if oldF != nil {
+		oldF.Close()
+	}
+	crashPoint("coalesce:swapped")
+	return r.dropSnapshot(rem, intoChild)
+}
+
+// copyExtents copies exts from src to dst in 1 MiB pieces.
+func copyExtents(ctx context.Context, src, dst *layer, exts []Extent, frac func(float64)) error {
+	total := extentBytes(exts)
+	if total == 0 {
+		return nil
+	}
+	buf := make([]byte, min(total, 1<<20))
+	var done int64
+	for _, e := range exts {
+		for pos := e.Offset; pos < e.End(); {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			n := min(e.End()-pos, int64(len(buf)))
+			if err := readFull(src.f, buf[:n], pos); err != nil {
+				return fmt.Errorf("coalesce: read %s at %d: %w", src.file, pos, err)
+			}
+			if _, err := dst.f.WriteAt(buf[:n], pos); err != nil {
+				return fmt.Errorf("coalesce: write %s at %d: %w", dst.file, pos, err)
+			}
+			pos += n
+			done += n
+			frac(float64(done) / float64(total))
+		}
+	}
+	return nil
+}

@@ -1,0 +1,118 @@
+package replica
+
+import (
+	"fmt"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// Revert discards the head and starts a new empty head on top of snapshot
+// name. Snapshots taken after name stay, as a branch of its children.
+// Crash safety: the new head is made durable, then replacing volume.meta
+// commits; before that Open deletes the new head, after it the old one.
+func (r *Replica) Revert(name string) error {
+	r.opMu.Lock()
+	defer r.opMu.Unlock()
+	if r.closed {
+		return ErrClosed
+	}
+	s := r.snaps[name]
+	if s == nil {
+		return fmt.Errorf("revert: %w: %q", ErrSnapshotNotFound, name)
+	}
+	if s.meta.Removed {
+		return fmt.Errorf("revert: %w: %q", ErrSnapshotRemoved, name)
+	}
+	if r.vol.HeadIndex >= maxHeadIndex {
+		return fmt.Errorf("revert to %q: head index %d exhausted", name, r.vol.HeadIndex)
+	}
+	// Snapshots are immutable and opMu keeps purge away, so the new map can
+	// be built before stopping I/O.
+	chain, err := r.chainBelow(name)
+	if err != nil {
+		return fmt.Errorf("revert to %q: %w", name, err)
+	}
+	owner, err := buildOwnerMap(chain, r.size)
+	if err != nil {
+		return fmt.Errorf("revert to %q: %w", name, err)
+	}
+	newHead, err := r.prepareHead(name)
+	if err != nil {
+		return fmt.Errorf("revert to %q: %w", name, err)
+	}
+	err = syncDir(r.dir)
+	crashPoint("revert:prepared")
+	vol := r.volMeta()
+	vol.Head, vol.HeadIndex = newHead.file, newHead.index
+	renamed := false
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err == nil {
+		renamed, err = commitVolumeMeta(r.dir, vol)
+	}
+	if !renamed {
+		newHead.f.Close()
+		r.removeFiles(newHead.file, newHead.file+metaSuffix)
+		return fmt.Errorf("revert to %q: %w", name, err)
+	}
+	old := r.head
+	r.vol = vol
+	r.freeSlot(old)
+	old.f.Close()
+	r.head = r.addLayer(&layer{kind: kindHead, file: newHead.file, f: newHead.f, meta: newHead.meta})
+	r.owner = owner
+	r.headBits = make([]uint64, len(r.headBits))
+	if err != nil {
+		return fmt.Errorf("revert to %q: %w", name, err)
+	}
+	crashPoint("revert:committed")
+	r.removeFiles(old.file, old.file+metaSuffix)
+	return nil
+}
+
+// Expand grows the volume to newSize, a multiple of 4 KiB. Only the head
+// file grows: lower layers have no data past their old size, and a backing
+// file is never larger than the volume. The head grows first, so an
+// uncommitted expand leaves only a longer head, which is harmless.
+func (r *Replica) Expand(newSize int64) error {
+	r.opMu.Lock()
+	defer r.opMu.Unlock()
+	if r.closed {
+		return ErrClosed
+	}
+	if newSize%bs != 0 || newSize/bs > maxBlocks {
+		return fmt.Errorf("expand to %d: not a multiple of %d up to %d", newSize, bs, int64(maxBlocks)*bs)
+	}
+	if newSize < r.size {
+		return fmt.Errorf("expand to %d: smaller than the current size %d; volumes only grow", newSize, r.size)
+	}
+	if newSize == r.size {
+		return nil
+	}
+	if err := r.head.f.Truncate(newSize); err != nil {
+		return fmt.Errorf("expand: grow %s: %w", filepath.Join(r.dir, r.head.file), err)
+	}
+	if err := unix.Fsync(int(r.head.f.Fd())); err != nil {
+		return fmt.Errorf("expand: sync %s: %w", filepath.Join(r.dir, r.head.file), err)
+	}
+	// owner changes only under opMu, so it can be copied before stopping
+	// I/O; head bits change with every write, so they are copied under it.
+	owner := make([]uint16, newSize/bs)
+	copy(owner, r.owner)
+	headBits := make([]uint64, (newSize/bs+63)/64)
+	vol := r.volMeta()
+	vol.Size = newSize
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	renamed, err := commitVolumeMeta(r.dir, vol)
+	if !renamed {
+		return fmt.Errorf("expand to %d: %w", newSize, err)
+	}
+	copy(headBits, r.headBits)
+	r.vol, r.size, r.owner, r.headBits = vol, newSize, owner, headBits
+	if err != nil {
+		return fmt.Errorf("expand to %d: %w", newSize, err)
+	}
+	return nil
+}
