@@ -1,5 +1,5 @@
 // Command strata-manager is every Strata process in one binary: the manager
-// daemon now, and the data plane and CSI driver as they are added.
+// daemon and the instance manager (data plane) now, and the CSI driver later.
 package main
 
 import (

@@ -37,7 +37,7 @@ func NewCommand() *cli.Command {
 			}
 			return ctx, nil
 		},
-		Commands: []*cli.Command{DaemonCommand()},
+		Commands: []*cli.Command{DaemonCommand(), InstanceManagerCommand()},
 	}
 }
 

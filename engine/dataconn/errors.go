@@ -19,6 +19,8 @@ const (
 	StatusUnknownMethod
 	StatusInvalidArgument
 	StatusNotFound
+	StatusAlreadyExists
+	StatusLimitExceeded
 )
 
 var (
@@ -39,6 +41,9 @@ var (
 	ErrUnknownMethod   = errors.New("unknown control method")
 	ErrInvalidArgument = errors.New("invalid argument")
 	ErrNotFound        = errors.New("not found")
+	ErrAlreadyExists   = errors.New("already exists")
+	// ErrLimitExceeded: the request would break a limit (snapshot count or size).
+	ErrLimitExceeded = errors.New("limit exceeded")
 )
 
 // statusSentinels maps codes to the errors they stand for, both ways.
@@ -50,6 +55,8 @@ var statusSentinels = []struct {
 	{StatusUnknownMethod, ErrUnknownMethod},
 	{StatusInvalidArgument, ErrInvalidArgument},
 	{StatusNotFound, ErrNotFound},
+	{StatusAlreadyExists, ErrAlreadyExists},
+	{StatusLimitExceeded, ErrLimitExceeded},
 }
 
 // statusOf picks the code a handler error travels with.

@@ -139,6 +139,10 @@ func TestControl(t *testing.T) {
 			return nil, fmt.Errorf("snapshot %s: %w", args, ErrNotFound)
 		case "invalid":
 			return nil, fmt.Errorf("bad name: %w", ErrInvalidArgument)
+		case "exists":
+			return nil, fmt.Errorf("snapshot s1: %w", ErrAlreadyExists)
+		case "limit":
+			return nil, fmt.Errorf("250 snapshots: %w", ErrLimitExceeded)
 		case "out-of-range":
 			return nil, fmt.Errorf("layer read: %w", blockdev.ErrOutOfRange)
 		case "huge-error":
@@ -170,6 +174,8 @@ func TestControl(t *testing.T) {
 		{name: "handler error", method: "fail", wantErr: ErrRemote, wantMsg: "disk on fire"},
 		{name: "not found", method: "missing", args: "s1", wantErr: ErrNotFound},
 		{name: "invalid argument", method: "invalid", wantErr: ErrInvalidArgument},
+		{name: "already exists", method: "exists", wantErr: ErrAlreadyExists},
+		{name: "limit exceeded", method: "limit", wantErr: ErrLimitExceeded},
 		{name: "out of range", method: "out-of-range", wantErr: blockdev.ErrOutOfRange},
 		{name: "unknown method", method: "bogus", wantErr: ErrUnknownMethod},
 		{name: "long error is truncated", method: "huge-error", wantErr: ErrRemote, wantMsg: strings.Repeat("x", 100)},

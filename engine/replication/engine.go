@@ -37,8 +37,13 @@ type Backend interface {
 	Close() error
 }
 
-// ErrNoHealthyReplica is returned when no replica can serve a request.
-var ErrNoHealthyReplica = errors.New("no healthy replica")
+var (
+	// ErrNoHealthyReplica is returned when no replica can serve a request.
+	ErrNoHealthyReplica = errors.New("no healthy replica")
+	// ErrSnapshotNotFound is returned for an operation on a snapshot the
+	// volume does not have.
+	ErrSnapshotNotFound = errors.New("snapshot not found")
+)
 
 type replica struct {
 	name    string

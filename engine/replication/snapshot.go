@@ -112,7 +112,7 @@ func (e *Engine) requireSnapshot(ctx context.Context, name string) error {
 		return err
 	}
 	if _, ok := chain.Layers[name]; !ok || name == replicactl.HeadName {
-		return fmt.Errorf("snapshot %s does not exist in volume %s", name, e.volume)
+		return fmt.Errorf("%w: %s in volume %s", ErrSnapshotNotFound, name, e.volume)
 	}
 	return nil
 }

@@ -1,0 +1,82 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os/signal"
+	"syscall"
+
+	"github.com/sirupsen/logrus"
+	"github.com/urfave/cli/v3"
+	"google.golang.org/grpc"
+
+	"github.com/strata-storage/strata/engine/imserver"
+	"github.com/strata-storage/strata/engineapi/impb"
+)
+
+// InstanceManagerCommand is `strata-manager instance-manager`: the data
+// plane of one node.
+func InstanceManagerCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "instance-manager",
+		Usage: "run the data plane of one node: engines, replicas, NBD frontend, gRPC control",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:8500", Usage: "gRPC control address"},
+			&cli.StringFlag{Name: "nbd-listen", Value: "127.0.0.1:10809", Usage: "NBD frontend address (host:port)"},
+			&cli.StringFlag{Name: "data-host", Value: "127.0.0.1",
+				Usage: "IP replicas serve engines on; must be reachable from other nodes"},
+			&cli.StringFlag{Name: "state-dir", Required: true,
+				Usage: "directory for the instance manager's own state (the replicas to reopen after a restart)"},
+		},
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			return runInstanceManager(ctx, cmd.String("listen"), cmd.String("nbd-listen"), cmd.String("data-host"), cmd.String("state-dir"))
+		},
+	}
+}
+
+func runInstanceManager(parent context.Context, listen, nbdListen, dataHost, stateDir string) error {
+	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	log := logrus.WithField("component", "instance-manager")
+
+	grpcL, err := net.Listen("tcp", listen)
+	if err != nil {
+		return fmt.Errorf("--listen %s: %w", listen, err)
+	}
+	nbdL, err := net.Listen("tcp", nbdListen)
+	if err != nil {
+		grpcL.Close()
+		return fmt.Errorf("--nbd-listen %s: %w", nbdListen, err)
+	}
+	srv, err := imserver.New(imserver.Options{StateDir: stateDir, DataHost: dataHost,
+		NBDAddress: nbdL.Addr().String(), Log: log})
+	if err != nil {
+		grpcL.Close()
+		nbdL.Close()
+		return err
+	}
+	gs := grpc.NewServer()
+	impb.RegisterInstanceManagerServer(gs, srv)
+
+	errc := make(chan error, 2)
+	go func() { errc <- gs.Serve(grpcL) }()
+	go func() { errc <- srv.ServeNBD(nbdL) }()
+	log.WithFields(logrus.Fields{"grpc": grpcL.Addr().String(), "nbd": nbdL.Addr().String()}).Info("Instance manager is running")
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+	}
+	log.Info("Shutting down")
+	gs.GracefulStop()
+	if err := srv.Close(); err != nil {
+		log.WithError(err).Warn("Closing instances")
+	}
+	if errors.Is(runErr, grpc.ErrServerStopped) {
+		runErr = nil
+	}
+	return runErr
+}

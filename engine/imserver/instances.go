@@ -1,0 +1,279 @@
+package imserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/strata-storage/strata/engine/dataconn"
+	"github.com/strata-storage/strata/engine/replica"
+	"github.com/strata-storage/strata/engine/replicaserver"
+	"github.com/strata-storage/strata/engine/replication"
+	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/engineapi/impb"
+)
+
+// instanceSpec is what an instance was created with. Replica specs are
+// persisted so a restarted instance manager reopens its replicas.
+type instanceSpec struct {
+	Name             string            `json:"name"`
+	Type             impb.InstanceType `json:"type"`
+	VolumeName       string            `json:"volumeName"`
+	Size             int64             `json:"size"`
+	DataDir          string            `json:"dataDir,omitempty"`
+	BackingFile      string            `json:"backingFile,omitempty"`
+	Frontend         string            `json:"frontend,omitempty"`
+	SnapshotMaxCount int32             `json:"snapshotMaxCount,omitempty"`
+	SnapshotMaxSize  int64             `json:"snapshotMaxSize,omitempty"`
+	Replicas         map[string]string `json:"replicas,omitempty"`
+}
+
+func (a instanceSpec) sameAs(b instanceSpec) bool {
+	return a.Name == b.Name && a.Type == b.Type && a.VolumeName == b.VolumeName && a.Size == b.Size &&
+		a.DataDir == b.DataDir && a.BackingFile == b.BackingFile && a.Frontend == b.Frontend &&
+		maps.Equal(a.Replicas, b.Replicas)
+}
+
+func specFromRequest(req *impb.InstanceCreateRequest) (instanceSpec, error) {
+	spec := instanceSpec{Name: req.Name, Type: req.Type, VolumeName: req.VolumeName, Size: req.Size,
+		DataDir: req.DataDir, BackingFile: req.BackingFile, Frontend: req.Frontend,
+		SnapshotMaxCount: req.SnapshotMaxCount, SnapshotMaxSize: req.SnapshotMaxSize, Replicas: req.Replicas}
+	invalid := func(format string, args ...any) error {
+		return fmt.Errorf("instance %q: %s: %w", req.Name, fmt.Sprintf(format, args...), engineapi.ErrInvalid)
+	}
+	switch {
+	case req.Name == "":
+		return spec, invalid("name is empty")
+	case req.VolumeName == "":
+		return spec, invalid("volume_name is empty")
+	case req.Size <= 0 || req.Size%4096 != 0:
+		return spec, invalid("size %d must be a positive multiple of 4096", req.Size)
+	case req.SnapshotMaxCount < 0 || req.SnapshotMaxSize < 0:
+		return spec, invalid("snapshot limits must not be negative")
+	}
+	switch req.Type {
+	case impb.InstanceType_INSTANCE_TYPE_REPLICA:
+		if !filepath.IsAbs(req.DataDir) {
+			return spec, invalid("data_dir %q must be an absolute path", req.DataDir)
+		}
+	case impb.InstanceType_INSTANCE_TYPE_ENGINE:
+		if req.Frontend != "" && req.Frontend != "nbd" {
+			return spec, invalid("frontend %q is not nbd or empty", req.Frontend)
+		}
+	default:
+		return spec, invalid("type %s is not engine or replica", req.Type)
+	}
+	return spec, nil
+}
+
+const specsFile = "replicas.json"
+
+func loadSpecs(dir string) ([]instanceSpec, error) {
+	data, err := os.ReadFile(filepath.Join(dir, specsFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var specs []instanceSpec
+	if err := json.Unmarshal(data, &specs); err != nil {
+		return nil, fmt.Errorf("%s is damaged: %w", filepath.Join(dir, specsFile), err)
+	}
+	return specs, nil
+}
+
+// saveSpecs records the running replicas (write temp, fsync, rename).
+func (s *Server) saveSpecs() error {
+	s.mu.Lock()
+	var specs []instanceSpec
+	for _, inst := range s.instances {
+		if inst.spec.Type == impb.InstanceType_INSTANCE_TYPE_REPLICA {
+			specs = append(specs, inst.spec)
+		}
+	}
+	s.mu.Unlock()
+	sort.Slice(specs, func(i, j int) bool { return specs[i].Name < specs[j].Name })
+	data, err := json.MarshalIndent(specs, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(s.opts.StateDir, 0o755); err != nil {
+		return err
+	}
+	tmp := filepath.Join(s.opts.StateDir, "."+specsFile+".tmp")
+	f, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(s.opts.StateDir, specsFile))
+}
+
+// startReplica opens (or creates) the replica's directory and serves it on
+// a new dataconn listener.
+func (s *Server) startReplica(inst *instance) error {
+	spec := inst.spec
+	var rep *replica.Replica
+	var err error
+	if _, statErr := os.Stat(filepath.Join(spec.DataDir, "volume.meta")); statErr == nil {
+		rep, err = replica.Open(spec.DataDir)
+		if err == nil && rep.Size() != spec.Size {
+			rep.Close()
+			return fmt.Errorf("replica %s in %s has size %d, asked for %d: %w", spec.Name, spec.DataDir, rep.Size(), spec.Size, engineapi.ErrInvalid)
+		}
+	} else {
+		rep, err = replica.Create(spec.DataDir, spec.Size, replica.CreateOptions{BackingFile: spec.BackingFile})
+	}
+	if err != nil {
+		return fmt.Errorf("replica %s: %w", spec.Name, err)
+	}
+	rep.SetLimits(int(spec.SnapshotMaxCount), spec.SnapshotMaxSize)
+	l, err := net.Listen("tcp", net.JoinHostPort(s.opts.DataHost, "0"))
+	if err != nil {
+		rep.Close()
+		return fmt.Errorf("replica %s: listening for data: %w", spec.Name, err)
+	}
+	log := s.log.WithField("replica", spec.Name)
+	inst.rep, inst.handler = rep, replicaserver.New(rep, log)
+	inst.dcServer = dataconn.NewServer(inst.handler, log)
+	inst.address = l.Addr().String()
+	go func() {
+		if err := inst.dcServer.Serve(l); err != nil && !errors.Is(err, dataconn.ErrServerClosed) {
+			log.WithError(err).Error("Data connection server stopped")
+		}
+	}()
+	inst.state, inst.err = impb.InstanceState_INSTANCE_STATE_RUNNING, ""
+	log.WithFields(map[string]any{"dir": spec.DataDir, "address": inst.address}).Info("Replica started")
+	return nil
+}
+
+// startEngine connects to the engine's replicas and starts its frontend.
+// Replicas that cannot be reached are left out and reported; an engine
+// with no reachable replica fails.
+func (s *Server) startEngine(inst *instance, replicas map[string]string) error {
+	spec := inst.spec
+	log := s.log.WithField("engine", spec.Name)
+	eng := replication.New(spec.VolumeName, spec.Size, log, func() { s.engineChanged(spec.Name) })
+	var failures []error
+	names := make([]string, 0, len(replicas))
+	for name := range replicas {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if err := s.connectReplica(eng, name, replicas[name], replication.ModeRW); err != nil {
+			failures = append(failures, err)
+		}
+	}
+	if len(eng.Replicas()) == 0 {
+		return fmt.Errorf("engine %s: no replica reachable: %w", spec.Name, errors.Join(failures...))
+	}
+	inst.eng = eng
+	if spec.SnapshotMaxCount > 0 || spec.SnapshotMaxSize > 0 {
+		if err := eng.SetLimits(context.Background(), int(spec.SnapshotMaxCount), spec.SnapshotMaxSize); err != nil {
+			return err
+		}
+	}
+	if spec.Frontend == "nbd" {
+		if err := s.startFrontend(inst); err != nil {
+			return err
+		}
+	}
+	s.refreshChain(inst)
+	inst.state = impb.InstanceState_INSTANCE_STATE_RUNNING
+	if len(failures) > 0 {
+		inst.err = errors.Join(failures...).Error()
+	}
+	log.WithField("replicas", len(eng.Replicas())).Info("Engine started")
+	return nil
+}
+
+func (s *Server) connectReplica(eng *replication.Engine, name, address string, mode replication.Mode) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	client, err := dataconn.Dial(ctx, address, dataconn.Options{Timeout: 30 * time.Second, Log: s.log})
+	if err != nil {
+		return fmt.Errorf("replica %s at %s: %w", name, address, err)
+	}
+	if err := eng.AddReplica(name, address, client, mode); err != nil {
+		client.Close()
+		return err
+	}
+	return nil
+}
+
+func (s *Server) startFrontend(inst *instance) error {
+	if err := s.nbd.AddExport(inst.spec.VolumeName, inst.eng); err != nil {
+		return fmt.Errorf("engine %s: NBD export: %w", inst.spec.Name, err)
+	}
+	inst.endpoint = fmt.Sprintf("nbd://%s/%s", s.opts.NBDAddress, inst.spec.VolumeName)
+	return nil
+}
+
+func (s *Server) stopFrontend(inst *instance) error {
+	if inst.endpoint == "" {
+		return nil
+	}
+	inst.endpoint = ""
+	return s.nbd.RemoveExport(inst.spec.VolumeName)
+}
+
+// stopLocked stops whatever an instance runs; the caller holds inst.mu.
+func (s *Server) stopLocked(inst *instance) error {
+	var errs []error
+	if inst.eng != nil {
+		errs = append(errs, s.stopFrontend(inst))
+		for _, r := range inst.eng.Replicas() {
+			errs = append(errs, inst.eng.RemoveReplica(r.Name))
+		}
+		inst.eng = nil
+	}
+	if inst.dcServer != nil {
+		errs = append(errs, inst.dcServer.Close())
+		inst.dcServer = nil
+	}
+	if inst.handler != nil {
+		inst.handler.Close()
+		inst.handler = nil
+	}
+	if inst.rep != nil {
+		errs = append(errs, inst.rep.Close())
+		inst.rep = nil
+	}
+	inst.state = impb.InstanceState_INSTANCE_STATE_STOPPED
+	return errors.Join(errs...)
+}
+
+// engineChanged publishes an engine's new replica modes. The engine calls
+// it from its I/O path, so it must not wait for the instance's lock.
+func (s *Server) engineChanged(name string) {
+	go func() {
+		inst, err := s.get(name)
+		if err != nil {
+			return
+		}
+		inst.mu.Lock()
+		defer inst.mu.Unlock()
+		if inst.eng != nil {
+			s.publishLocked(inst)
+		}
+	}()
+}

@@ -1,0 +1,235 @@
+package imserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/google/uuid"
+
+	"github.com/strata-storage/strata/engine/dataconn"
+	"github.com/strata-storage/strata/engine/replication"
+	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/engineapi/impb"
+)
+
+// engineOp runs fn on a running engine under its instance lock, refreshes
+// the cached chain and tells watchers. Errors come back as gRPC statuses.
+func (s *Server) engineOp(name string, fn func(inst *instance) error) error {
+	inst, err := s.getEngine(name)
+	if err != nil {
+		return engineapi.ToStatus(err)
+	}
+	inst.mu.Lock()
+	defer inst.mu.Unlock()
+	if inst.eng == nil {
+		return engineapi.ToStatus(fmt.Errorf("engine %s stopped: %w", name, engineapi.ErrBusy))
+	}
+	opErr := fn(inst)
+	s.refreshChain(inst)
+	s.publishLocked(inst)
+	return engineapi.ToStatus(translate(opErr))
+}
+
+// translate turns data-connection error classes into engineapi ones, so a
+// refusal by a replica reaches the manager as the right gRPC code.
+func translate(err error) error {
+	if err == nil {
+		return nil
+	}
+	for _, c := range []struct{ from, to error }{
+		{dataconn.ErrNotFound, engineapi.ErrNotFound},
+		{replication.ErrSnapshotNotFound, engineapi.ErrNotFound},
+		{dataconn.ErrAlreadyExists, engineapi.ErrAlreadyExists},
+		{dataconn.ErrLimitExceeded, engineapi.ErrLimitExceeded},
+		{dataconn.ErrInvalidArgument, engineapi.ErrInvalid},
+	} {
+		if errors.Is(err, c.from) && !errors.Is(err, c.to) {
+			return &translated{err: err, class: c.to}
+		}
+	}
+	return err
+}
+
+type translated struct{ err, class error }
+
+func (t *translated) Error() string   { return t.err.Error() }
+func (t *translated) Unwrap() []error { return []error{t.err, t.class} }
+
+// refreshChain re-reads the snapshot chain into the cache that Watch and
+// InstanceGet report; the caller holds inst.mu. A failure is reported in
+// the instance's error, and the old chain is kept.
+func (s *Server) refreshChain(inst *instance) {
+	chain, err := inst.eng.Chain(context.Background())
+	if err != nil {
+		inst.err = fmt.Sprintf("reading the snapshot chain: %v", err)
+		return
+	}
+	snaps := make(map[string]*impb.Snapshot, len(chain.Layers))
+	for name, l := range chain.Layers {
+		children := append([]string(nil), l.Children...)
+		sort.Strings(children)
+		snaps[name] = &impb.Snapshot{Name: name, Parent: l.Parent, Children: children, Removed: l.Removed,
+			UserCreated: l.UserCreated, Created: l.Created, Size: l.Size, Labels: l.Labels}
+	}
+	inst.snapshots = snaps
+}
+
+// SnapshotCreate takes a snapshot; an empty name gets a generated one.
+func (s *Server) SnapshotCreate(ctx context.Context, req *impb.SnapshotCreateRequest) (*impb.SnapshotCreateResponse, error) {
+	name := req.Name
+	if name == "" {
+		name = uuid.NewString()[:8]
+	}
+	err := s.engineOp(req.Engine, func(inst *instance) error {
+		if _, ok := inst.snapshots[name]; ok {
+			return fmt.Errorf("snapshot %s of engine %s: %w", name, req.Engine, engineapi.ErrAlreadyExists)
+		}
+		return inst.eng.Snapshot(ctx, name, replication.SnapshotOptions{UserCreated: req.UserCreated, Labels: req.Labels})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &impb.SnapshotCreateResponse{Name: name}, nil
+}
+
+// SnapshotList reads the chain from a replica (not the cache).
+func (s *Server) SnapshotList(ctx context.Context, ref *impb.InstanceRef) (*impb.SnapshotListResponse, error) {
+	var out map[string]*impb.Snapshot
+	err := s.engineOp(ref.Name, func(inst *instance) error {
+		out = inst.snapshots
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &impb.SnapshotListResponse{Snapshots: out}, nil
+}
+
+// SnapshotRemove marks snapshots removed; SnapshotPurge frees their data.
+func (s *Server) SnapshotRemove(ctx context.Context, req *impb.SnapshotRemoveRequest) (*impb.Empty, error) {
+	err := s.engineOp(req.Engine, func(inst *instance) error {
+		for _, name := range req.Names {
+			if err := inst.eng.RemoveSnapshot(ctx, name); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return &impb.Empty{}, err
+}
+
+// SnapshotPurge starts a purge on every replica.
+func (s *Server) SnapshotPurge(ctx context.Context, ref *impb.InstanceRef) (*impb.Empty, error) {
+	return &impb.Empty{}, s.engineOp(ref.Name, func(inst *instance) error { return inst.eng.StartPurge(ctx) })
+}
+
+// SnapshotPurgeStatus reports each replica's purge progress.
+func (s *Server) SnapshotPurgeStatus(ctx context.Context, ref *impb.InstanceRef) (*impb.PurgeStatusResponse, error) {
+	out := &impb.PurgeStatusResponse{Status: map[string]*impb.PurgeStatus{}}
+	err := s.engineOp(ref.Name, func(inst *instance) error {
+		for name, st := range inst.eng.PurgeStatus(ctx) {
+			out.Status[name] = &impb.PurgeStatus{IsPurging: st.IsPurging, Progress: int32(st.Progress),
+				State: st.State, Error: st.Error}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// SnapshotRevert reverts the volume to a snapshot. Its frontend must be
+// stopped: a client must not see the data change under it.
+func (s *Server) SnapshotRevert(ctx context.Context, req *impb.SnapshotRevertRequest) (*impb.Empty, error) {
+	return &impb.Empty{}, s.engineOp(req.Engine, func(inst *instance) error {
+		if inst.endpoint != "" {
+			return fmt.Errorf("engine %s: stop the frontend before reverting: %w", req.Engine, engineapi.ErrBusy)
+		}
+		return inst.eng.Revert(ctx, req.Name)
+	})
+}
+
+// SnapshotLimitsSet sets the user snapshot limits on every replica.
+func (s *Server) SnapshotLimitsSet(ctx context.Context, req *impb.SnapshotLimitsRequest) (*impb.Empty, error) {
+	if req.MaxCount < 0 || req.MaxSize < 0 {
+		return nil, engineapi.ToStatus(fmt.Errorf("snapshot limits must not be negative: %w", engineapi.ErrInvalid))
+	}
+	return &impb.Empty{}, s.engineOp(req.Engine, func(inst *instance) error {
+		inst.spec.SnapshotMaxCount, inst.spec.SnapshotMaxSize = req.MaxCount, req.MaxSize
+		return inst.eng.SetLimits(ctx, int(req.MaxCount), req.MaxSize)
+	})
+}
+
+// VolumeExpand grows the volume on every replica.
+func (s *Server) VolumeExpand(ctx context.Context, req *impb.VolumeExpandRequest) (*impb.Empty, error) {
+	return &impb.Empty{}, s.engineOp(req.Engine, func(inst *instance) error {
+		if inst.endpoint != "" {
+			return fmt.Errorf("engine %s: expansion is offline; stop the frontend first: %w", req.Engine, engineapi.ErrBusy)
+		}
+		if req.Size%4096 != 0 {
+			return fmt.Errorf("size %d is not a multiple of 4096: %w", req.Size, engineapi.ErrInvalid)
+		}
+		if err := inst.eng.Expand(ctx, req.Size); err != nil {
+			return err
+		}
+		inst.spec.Size = req.Size
+		return nil
+	})
+}
+
+// FrontendStart serves the engine over NBD.
+func (s *Server) FrontendStart(_ context.Context, req *impb.FrontendStartRequest) (*impb.Instance, error) {
+	if req.Frontend != "nbd" {
+		return nil, engineapi.ToStatus(fmt.Errorf("frontend %q is not nbd: %w", req.Frontend, engineapi.ErrInvalid))
+	}
+	var out *impb.Instance
+	err := s.engineOp(req.Engine, func(inst *instance) error {
+		if inst.endpoint == "" {
+			inst.spec.Frontend = req.Frontend
+			if err := s.startFrontend(inst); err != nil {
+				return err
+			}
+		}
+		out = s.toProto(inst)
+		return nil
+	})
+	return out, err
+}
+
+// FrontendStop stops serving the engine; its connected clients are closed.
+func (s *Server) FrontendStop(_ context.Context, ref *impb.InstanceRef) (*impb.Instance, error) {
+	var out *impb.Instance
+	err := s.engineOp(ref.Name, func(inst *instance) error {
+		inst.spec.Frontend = ""
+		if err := s.stopFrontend(inst); err != nil {
+			return err
+		}
+		out = s.toProto(inst)
+		return nil
+	})
+	return out, err
+}
+
+// ReplicaAdd attaches a replica to a running engine. Without rebuild the
+// replica must already hold the volume's data (RW at once).
+func (s *Server) ReplicaAdd(_ context.Context, req *impb.ReplicaAddRequest) (*impb.Empty, error) {
+	return &impb.Empty{}, s.engineOp(req.Engine, func(inst *instance) error {
+		if req.Rebuild {
+			return fmt.Errorf("engine %s: rebuilding replica %s is not implemented yet: %w", req.Engine, req.Replica, engineapi.ErrInvalid)
+		}
+		return s.connectReplica(inst.eng, req.Replica, req.Address, replication.ModeRW)
+	})
+}
+
+// ReplicaRemove detaches a replica from an engine.
+func (s *Server) ReplicaRemove(_ context.Context, req *impb.ReplicaRemoveRequest) (*impb.Empty, error) {
+	return &impb.Empty{}, s.engineOp(req.Engine, func(inst *instance) error {
+		if _, _, ok := inst.eng.Backend(req.Replica); !ok {
+			return fmt.Errorf("engine %s has no replica %s: %w", req.Engine, req.Replica, engineapi.ErrNotFound)
+		}
+		return inst.eng.RemoveReplica(req.Replica)
+	})
+}

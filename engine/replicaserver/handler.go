@@ -1,0 +1,214 @@
+// Package replicaserver serves a replica over the data connection: block I/O
+// goes straight to the replica, and the engine's control calls
+// (engine/replicactl) are dispatched to the replica's operations.
+package replicaserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/strata-storage/strata/engine/dataconn"
+	"github.com/strata-storage/strata/engine/replica"
+	"github.com/strata-storage/strata/engine/replicactl"
+)
+
+// maxLayerRead bounds one read-layer reply, which travels as JSON.
+const maxLayerRead = 4 << 20
+
+// Handler is a dataconn.Handler over one replica.
+type Handler struct {
+	*replica.Replica
+	log logrus.FieldLogger
+
+	// Purge runs in the background: a control call is a barrier on the
+	// connection, and a long purge must not stall the volume's I/O.
+	purgeMu     sync.Mutex
+	purge       replicactl.PurgeStatusReply
+	purgeDone   chan struct{}
+	purgeCtx    context.Context
+	purgeCancel context.CancelFunc
+}
+
+// New serves r. Close stops a running purge.
+func New(r *replica.Replica, log logrus.FieldLogger) *Handler {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Handler{Replica: r, log: log, purgeCtx: ctx, purgeCancel: cancel}
+}
+
+// Close stops a running purge and waits for it; it does not close the replica.
+func (h *Handler) Close() {
+	h.purgeCancel()
+	h.purgeMu.Lock()
+	done := h.purgeDone
+	h.purgeMu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
+
+// Control dispatches one control call.
+func (h *Handler) Control(_ context.Context, method string, raw json.RawMessage) (json.RawMessage, error) {
+	switch method {
+	case replicactl.SnapshotCheck, replicactl.Snapshot:
+		var a replicactl.SnapshotArgs
+		if err := decode(raw, &a); err != nil {
+			return nil, err
+		}
+		opts := replica.SnapshotOptions{UserCreated: a.UserCreated, Created: a.Created, Labels: a.Labels}
+		if method == replicactl.SnapshotCheck {
+			return nil, classify(h.CheckSnapshot(a.Name, opts))
+		}
+		return nil, classify(h.Snapshot(a.Name, opts))
+	case replicactl.Remove:
+		var a replicactl.NameArgs
+		if err := decode(raw, &a); err != nil {
+			return nil, err
+		}
+		return nil, classify(h.RemoveSnapshot(a.Name))
+	case replicactl.Revert:
+		var a replicactl.NameArgs
+		if err := decode(raw, &a); err != nil {
+			return nil, err
+		}
+		return nil, classify(h.Revert(a.Name))
+	case replicactl.Expand:
+		var a replicactl.SizeArgs
+		if err := decode(raw, &a); err != nil {
+			return nil, err
+		}
+		return nil, classify(h.Expand(a.Size))
+	case replicactl.SetLimits:
+		var a replicactl.LimitsArgs
+		if err := decode(raw, &a); err != nil {
+			return nil, err
+		}
+		h.SetLimits(a.MaxCount, a.MaxSize)
+		return nil, nil
+	case replicactl.Chain:
+		return h.chain()
+	case replicactl.Extents:
+		var a replicactl.NameArgs
+		if err := decode(raw, &a); err != nil {
+			return nil, err
+		}
+		exts, err := h.Extents(a.Name)
+		if err != nil {
+			return nil, classify(err)
+		}
+		out := make([]replicactl.Extent, len(exts))
+		for i, e := range exts {
+			out[i] = replicactl.Extent{Offset: e.Offset, Length: e.Length}
+		}
+		return json.Marshal(out)
+	case replicactl.ReadLayer:
+		var a replicactl.ReadLayerArgs
+		if err := decode(raw, &a); err != nil {
+			return nil, err
+		}
+		if a.Length < 0 || a.Length > maxLayerRead {
+			return nil, fmt.Errorf("read-layer length %d outside [0, %d]: %w", a.Length, maxLayerRead, dataconn.ErrInvalidArgument)
+		}
+		buf := make([]byte, a.Length)
+		if _, err := h.ReadLayer(a.Layer, buf, a.Offset); err != nil {
+			return nil, classify(err)
+		}
+		return json.Marshal(buf)
+	case replicactl.PurgeStart:
+		h.startPurge()
+		return nil, nil
+	case replicactl.PurgeStatus:
+		h.purgeMu.Lock()
+		st := h.purge
+		h.purgeMu.Unlock()
+		return json.Marshal(st)
+	}
+	return nil, fmt.Errorf("%q: %w", method, dataconn.ErrUnknownMethod)
+}
+
+func (h *Handler) chain() (json.RawMessage, error) {
+	info, err := h.Chain()
+	if err != nil {
+		return nil, classify(err)
+	}
+	reply := replicactl.ChainReply{VolumeSize: info.Size, Layers: make(map[string]replicactl.Layer, len(info.Layers))}
+	for _, l := range info.Layers {
+		created := ""
+		if !l.Created.IsZero() {
+			created = l.Created.UTC().Format("2006-01-02T15:04:05Z07:00")
+		}
+		reply.Layers[l.Name] = replicactl.Layer{Name: l.Name, Parent: l.Parent, Children: l.Children,
+			Removed: l.Removed, UserCreated: l.UserCreated, Created: created, Size: l.Size, Labels: l.Labels}
+	}
+	return json.Marshal(reply)
+}
+
+// startPurge starts a purge unless one runs; asking again while it runs is
+// not an error, since every replica of a volume is asked at once.
+func (h *Handler) startPurge() {
+	h.purgeMu.Lock()
+	defer h.purgeMu.Unlock()
+	if h.purge.IsPurging {
+		return
+	}
+	h.purge = replicactl.PurgeStatusReply{IsPurging: true, State: "in-progress"}
+	done := make(chan struct{})
+	h.purgeDone = done
+	go func() {
+		defer close(done)
+		err := h.Purge(h.purgeCtx, func(pct int) {
+			h.purgeMu.Lock()
+			h.purge.Progress = pct
+			h.purgeMu.Unlock()
+		})
+		h.purgeMu.Lock()
+		defer h.purgeMu.Unlock()
+		h.purge.IsPurging = false
+		if err != nil {
+			h.purge.State, h.purge.Error = "error", err.Error()
+			h.log.WithError(err).Warn("Purge failed")
+			return
+		}
+		h.purge.State, h.purge.Progress, h.purge.Error = "complete", 100, ""
+	}()
+}
+
+func decode(raw json.RawMessage, v any) error {
+	if len(raw) == 0 {
+		return fmt.Errorf("missing arguments: %w", dataconn.ErrInvalidArgument)
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return fmt.Errorf("arguments: %v: %w", err, dataconn.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// classify gives replica errors the code they travel with, so the engine
+// and the instance manager can tell a refusal from a failure. The message
+// stays the replica's own.
+func classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	for _, c := range []struct{ from, to error }{
+		{replica.ErrSnapshotNotFound, dataconn.ErrNotFound},
+		{replica.ErrSnapshotExists, dataconn.ErrAlreadyExists},
+		{replica.ErrSnapshotLimitExceeded, dataconn.ErrLimitExceeded},
+		{replica.ErrInvalidName, dataconn.ErrInvalidArgument},
+		{replica.ErrSnapshotRemoved, dataconn.ErrInvalidArgument},
+	} {
+		if errors.Is(err, c.from) {
+			return &classified{err: err, class: c.to}
+		}
+	}
+	return err
+}
+
+type classified struct{ err, class error }
+
+func (c *classified) Error() string   { return c.err.Error() }
+func (c *classified) Unwrap() []error { return []error{c.err, c.class} }
