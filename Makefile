@@ -4,7 +4,7 @@ SHELL := /bin/bash
 GO    ?= go
 BIN   := bin
 
-.PHONY: build generate verify test run clean
+.PHONY: build generate verify test fuzz run clean
 
 build:
 	$(GO) build -ldflags "-X github.com/strata-storage/strata/app.Version=$$(git describe --always --dirty 2>/dev/null || echo dev)" \
@@ -22,10 +22,16 @@ generate:
 verify:
 	scripts/verify.sh
 
-# Unit tests (fake clientsets) and integration/end-to-end tests (a real local
-# control plane and real manager processes) in one run.
+# Unit tests (fake clientsets), integration/end-to-end tests (a real local
+# control plane, real manager and instance-manager processes, qemu-io and
+# nbdcopy), then every fuzz target briefly.
 test:
 	$(GO) test -count=1 -timeout 40m ./...
+	FUZZTIME=5s scripts/fuzz.sh
+
+# Every fuzz target for longer (override with FUZZTIME=10m).
+fuzz:
+	FUZZTIME=$${FUZZTIME:-2m} scripts/fuzz.sh
 
 # exec, so Ctrl-C reaches run-local directly and make does not report it as a failure.
 run: build
