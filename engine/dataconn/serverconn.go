@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"github.com/strata-storage/strata/engine/internal/inflight"
 	"io"
 	"math"
 	"net"
@@ -38,7 +39,7 @@ type serverConn struct {
 	conn net.Conn
 	log  logrus.FieldLogger
 	out  chan *response // to the writer; never blocks: see newServerConn
-	lim  *limiter
+	lim  *inflight.Limiter
 
 	inflight sync.WaitGroup // dispatched data requests not yet answered
 	mu       sync.Mutex
@@ -74,7 +75,7 @@ func newServerConn(s *Server, conn net.Conn) *serverConn {
 		// Every response holds a limiter slot until written, so at most
 		// maxInFlight responses exist and sends to out never block.
 		out: make(chan *response, s.cfg.maxInFlight),
-		lim: newLimiter(s.cfg.maxInFlight, s.cfg.maxInFlightBytes),
+		lim: inflight.New(s.cfg.maxInFlight, s.cfg.maxInFlightBytes),
 	}
 }
 
@@ -118,7 +119,7 @@ func (sc *serverConn) readLoop() error {
 		if h.Op == OpRead {
 			req.weight = int64(h.Length)
 		}
-		sc.lim.acquire(req.weight) // backpressure: stop reading when full
+		sc.lim.Acquire(req.weight) // backpressure: stop reading when full
 		if h.PayloadLen > 0 {
 			if h.Op == OpControl {
 				// Control handlers may keep their args; do not pool them.
@@ -129,7 +130,7 @@ func (sc *serverConn) readLoop() error {
 			}
 			if _, err := io.ReadFull(br, req.payload); err != nil {
 				putBuf(req.buf)
-				sc.lim.release(req.weight)
+				sc.lim.Release(req.weight)
 				return fmt.Errorf("reading %s payload: %w", h.Op, err)
 			}
 		}
@@ -315,44 +316,8 @@ func (sc *serverConn) writeLoop() {
 		}
 		for i, r := range batch {
 			putBuf(r.buf)
-			sc.lim.release(r.weight)
+			sc.lim.Release(r.weight)
 			batch[i] = nil
 		}
 	}
-}
-
-// limiter bounds the requests and payload bytes a connection has admitted.
-// Only the reader acquires, so a plain condition variable is enough.
-type limiter struct {
-	mu       sync.Mutex
-	cond     sync.Cond
-	ops      int
-	bytes    int64
-	maxOps   int
-	maxBytes int64
-}
-
-func newLimiter(maxOps int, maxBytes int64) *limiter {
-	l := &limiter{maxOps: maxOps, maxBytes: maxBytes}
-	l.cond.L = &l.mu
-	return l
-}
-
-func (l *limiter) acquire(n int64) {
-	l.mu.Lock()
-	// An oversized request is admitted alone rather than never.
-	for l.ops >= l.maxOps || (l.ops > 0 && l.bytes+n > l.maxBytes) {
-		l.cond.Wait()
-	}
-	l.ops++
-	l.bytes += n
-	l.mu.Unlock()
-}
-
-func (l *limiter) release(n int64) {
-	l.mu.Lock()
-	l.ops--
-	l.bytes -= n
-	l.mu.Unlock()
-	l.cond.Signal()
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/strata-storage/strata/engine/internal/inflight"
 	"io"
 	"net"
 	"sync"
@@ -32,7 +33,7 @@ type conn struct {
 	noZeroes bool
 
 	replies  chan *reply
-	lim      limiter
+	lim      *inflight.Limiter
 	handlers sync.WaitGroup
 }
 
@@ -259,38 +260,6 @@ func newReply(errno uint32, cookie uint64, cost int) *reply {
 	return r
 }
 
-// limiter bounds the requests (and payload bytes) a connection has in
-// progress. Only the reader goroutine waits in acquire.
-type limiter struct {
-	mu             sync.Mutex
-	cond           sync.Cond
-	n, bytes       int
-	maxN, maxBytes int
-}
-
-func (l *limiter) init(maxN, maxBytes int) {
-	l.cond.L = &l.mu
-	l.maxN, l.maxBytes = maxN, maxBytes
-}
-
-func (l *limiter) acquire(b int) {
-	l.mu.Lock()
-	for l.n >= l.maxN || (l.bytes > 0 && l.bytes+b > l.maxBytes) {
-		l.cond.Wait()
-	}
-	l.n++
-	l.bytes += b
-	l.mu.Unlock()
-}
-
-func (l *limiter) release(b int) {
-	l.mu.Lock()
-	l.n--
-	l.bytes -= b
-	l.mu.Unlock()
-	l.cond.Signal()
-}
-
 // transmit runs the transmission phase until the client disconnects, the
 // connection is closed, or the client violates the protocol.
 func (c *conn) transmit(e *export) {
@@ -299,7 +268,7 @@ func (c *conn) transmit(e *export) {
 	}
 	c.log = c.log.WithField("export", e.name)
 	c.replies = make(chan *reply, c.srv.opts.MaxInflight)
-	c.lim.init(c.srv.opts.MaxInflight, c.srv.opts.MaxInflightBytes)
+	c.lim = inflight.New(c.srv.opts.MaxInflight, int64(c.srv.opts.MaxInflightBytes))
 	writerDone := make(chan struct{})
 	go func() {
 		defer close(writerDone)
@@ -346,7 +315,7 @@ func (c *conn) readLoop(e *export) error {
 					return fmt.Errorf("discarding the %d-byte payload of a rejected write: %w", req.Length, err)
 				}
 			}
-			c.lim.acquire(0)
+			c.lim.Acquire(0)
 			c.replies <- newReply(errno, req.Cookie, 0)
 			continue
 		}
@@ -354,13 +323,13 @@ func (c *conn) readLoop(e *export) error {
 		if req.Type == CmdRead || req.Type == CmdWrite {
 			cost = int(req.Length)
 		}
-		c.lim.acquire(cost)
+		c.lim.Acquire(int64(cost))
 		var buf *[]byte
 		if req.Type == CmdWrite && req.Length > 0 {
 			buf = getBuf(int(req.Length))
 			if _, err := io.ReadFull(c.br, *buf); err != nil {
 				putBuf(buf)
-				c.lim.release(cost)
+				c.lim.Release(int64(cost))
 				return fmt.Errorf("reading the %d-byte payload of a write at %d: %w", req.Length, req.Offset, err)
 			}
 		}
@@ -514,7 +483,7 @@ func (c *conn) writeLoop() {
 		}
 		for i, r := range batch {
 			putBuf(r.buf)
-			c.lim.release(r.cost)
+			c.lim.Release(int64(r.cost))
 			r.buf = nil
 			replyPool.Put(r)
 			batch[i] = nil
