@@ -23,8 +23,8 @@ import (
 // -replica.seqs=N -replica.ops=M (or STRATA_REPLICA_SEQS/OPS); replay one
 // with -replica.seed=S.
 var (
-	flagSeqs = flag.Int("replica.seqs", envInt("STRATA_REPLICA_SEQS", 300), "model test: number of sequences")
-	flagOps  = flag.Int("replica.ops", envInt("STRATA_REPLICA_OPS", 60), "model test: operations per sequence")
+	flagSeqs = flag.Int("replica.seqs", envInt("STRATA_REPLICA_SEQS", 2000), "model test: number of sequences")
+	flagOps  = flag.Int("replica.ops", envInt("STRATA_REPLICA_OPS", 40), "model test: operations per sequence")
 	flagSeed = flag.Int64("replica.seed", 0, "model test: run only this seed")
 )
 
