@@ -241,11 +241,17 @@ func (c *Client) Ping(ctx context.Context) error {
 	return c.do(ctx, newCall(RequestHeader{Op: OpPing}, nil, nil))
 }
 
+// Raw is CONTROL args or a reply that is not JSON, for bulk data a method
+// documents as raw (JSON would cost a base64 round trip and a scan of every
+// byte). As args it is sent as is; as reply (*Raw) it receives the reply
+// bytes as is. Framing, limits and ordering are those of any CONTROL call.
+type Raw []byte
+
 // Control calls method on the server at this exact point of the request
 // stream: it runs after every request sent before it has completed, and
 // requests sent after it wait for it. args is marshalled to JSON (nil: no
-// arguments; a json.RawMessage is sent as is); a non-nil reply receives
-// the JSON result.
+// arguments; a json.RawMessage or Raw is sent as is); a non-nil reply
+// receives the JSON result (a *Raw the bytes as they came).
 func (c *Client) Control(ctx context.Context, method string, args any, reply any) error {
 	if len(method) == 0 || len(method) > MaxMethodLen {
 		return fmt.Errorf("dataconn: control method name of %d bytes: %w", len(method), ErrInvalidArgument)
@@ -254,6 +260,8 @@ func (c *Client) Control(ctx context.Context, method string, args any, reply any
 	switch a := args.(type) {
 	case nil:
 	case json.RawMessage:
+		raw = a
+	case Raw:
 		raw = a
 	default:
 		var err error
@@ -269,6 +277,10 @@ func (c *Client) Control(ctx context.Context, method string, args any, reply any
 	cl := newCall(RequestHeader{Op: OpControl, Length: uint32(len(method))}, payload, nil)
 	if err := c.do(ctx, cl); err != nil {
 		return fmt.Errorf("dataconn: control %s: %w", method, err)
+	}
+	if r, ok := reply.(*Raw); ok {
+		*r = cl.reply // allocated for this call
+		return nil
 	}
 	if reply != nil && len(cl.reply) > 0 {
 		if err := json.Unmarshal(cl.reply, reply); err != nil {

@@ -291,6 +291,7 @@ func (s *Server) toProto(inst *instance) *impb.Instance {
 		for name, snap := range inst.snapshots {
 			out.Snapshots[name] = proto.Clone(snap).(*impb.Snapshot)
 		}
+		out.RebuildStatus = rebuildStatusProto(inst.eng)
 	}
 	s.revisionBump(out)
 	return out

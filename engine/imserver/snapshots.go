@@ -44,6 +44,7 @@ func translate(err error) error {
 		{dataconn.ErrAlreadyExists, engineapi.ErrAlreadyExists},
 		{dataconn.ErrLimitExceeded, engineapi.ErrLimitExceeded},
 		{dataconn.ErrInvalidArgument, engineapi.ErrInvalid},
+		{replication.ErrBusy, engineapi.ErrBusy},
 	} {
 		if errors.Is(err, c.from) && !errors.Is(err, c.to) {
 			return &translated{err: err, class: c.to}
@@ -214,11 +215,13 @@ func (s *Server) FrontendStop(_ context.Context, ref *impb.InstanceRef) (*impb.I
 }
 
 // ReplicaAdd attaches a replica to a running engine. Without rebuild the
-// replica must already hold the volume's data (RW at once).
-func (s *Server) ReplicaAdd(_ context.Context, req *impb.ReplicaAddRequest) (*impb.Empty, error) {
+// replica must already hold the volume's data (RW at once). With rebuild it
+// must be new and empty: it joins WO and is filled in the background (see
+// rebuild.go); it returns once the replica takes writes.
+func (s *Server) ReplicaAdd(ctx context.Context, req *impb.ReplicaAddRequest) (*impb.Empty, error) {
 	return &impb.Empty{}, s.engineOp(req.Engine, func(inst *instance) error {
 		if req.Rebuild {
-			return fmt.Errorf("engine %s: rebuilding replica %s is not implemented yet: %w", req.Engine, req.Replica, engineapi.ErrInvalid)
+			return s.startRebuild(ctx, inst, req)
 		}
 		return s.connectReplica(inst.eng, req.Replica, req.Address, replication.ModeRW)
 	})

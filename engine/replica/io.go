@@ -148,7 +148,7 @@ func (r *Replica) WriteAt(p []byte, off int64) (int, error) {
 		return 0, err
 	}
 	first, last := off/bs, (off+length-1)/bs
-	if !r.needsRMW(first, off, off+length) && !r.needsRMW(last, off, off+length) {
+	if !r.needsRMW(first, off, off+length) && !r.needsRMW(last, off, off+length) && !r.importMarked(first, last+1) {
 		// Common case: no lower data involved, so writers can share the lock;
 		// the head bit is set only once the data is in the file.
 		_, err := r.head.f.WriteAt(p, off)
@@ -181,6 +181,9 @@ func (r *Replica) writeLocked(p []byte, off int64) error {
 	end := off + int64(len(p))
 	first, last := off/bs, (end-1)/bs
 	lo, hi := off, end // the part written straight from p
+	if r.imp != nil {
+		r.noteImportWrite(off, end)
+	}
 	edge := func(blk int64, buf []byte) error {
 		if err := r.lowerRead(buf, blk); err != nil {
 			return err
@@ -233,6 +236,10 @@ func (r *Replica) Unmap(off, length int64) error {
 		return err
 	}
 	stop := (off + length) / bs
+	if r.imp != nil {
+		r.noteImportUnmap((off+bs-1)/bs, stop)
+		return nil
+	}
 	for b := (off + bs - 1) / bs; b < stop; {
 		if !r.headHas(b) || r.owner[b] != 0 {
 			b++
@@ -272,6 +279,9 @@ func (r *Replica) WriteZeroes(off, length int64) error {
 		length -= n
 	}
 	stop := (off + length) / bs
+	if r.imp != nil {
+		return r.importZeroes(off/bs, stop)
+	}
 	for b := off / bs; b < stop; {
 		lower := r.owner[b] != 0
 		e := b + 1

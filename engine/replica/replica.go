@@ -120,7 +120,8 @@ type Replica struct {
 	maxCount int
 	maxSize  int64
 	closed   bool
-	scratch  []byte // two blocks for read-modify-write, under the exclusive lock
+	imp      *importState // a running import (rebuild), see import.go
+	scratch  []byte       // two blocks for read-modify-write, under the exclusive lock
 }
 
 // CreateOptions configures a new replica.
@@ -471,6 +472,7 @@ func (r *Replica) Close() error {
 		return nil
 	}
 	r.closed = true
+	r.closeImport()
 	err := r.head.f.Sync()
 	if cerr := r.closeFiles(); err == nil {
 		err = cerr

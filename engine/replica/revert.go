@@ -81,6 +81,9 @@ func (r *Replica) Expand(newSize int64) error {
 	if r.closed {
 		return ErrClosed
 	}
+	if err := r.checkNotImporting(); err != nil {
+		return fmt.Errorf("expand: %w", err)
+	}
 	if newSize%bs != 0 || newSize/bs > maxBlocks {
 		return fmt.Errorf("expand to %d: not a multiple of %d up to %d", newSize, bs, int64(maxBlocks)*bs)
 	}

@@ -172,6 +172,9 @@ func (r *Replica) snapshotAllowed(name string, opts SnapshotOptions) error {
 	if r.closed {
 		return ErrClosed
 	}
+	if err := r.checkNotImporting(); err != nil {
+		return fmt.Errorf("snapshot %q: %w", name, err)
+	}
 	if r.snaps[name] != nil {
 		return fmt.Errorf("%w: %q", ErrSnapshotExists, name)
 	}

@@ -4,7 +4,12 @@
 // these so neither spells a method name twice.
 package replicactl
 
-import "time"
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"time"
+)
 
 // Control methods.
 const (
@@ -22,7 +27,67 @@ const (
 	SetLimits   = "set-limits"
 	Extents     = "extents"
 	ReadLayer   = "read-layer"
+
+	// Rebuild: the engine fills a new replica with a healthy replica's
+	// snapshots while the new one takes the volume's writes. ImportBegin
+	// (no args) must come before the first write; ImportWrite stages layer
+	// data; ImportCommit puts the staged layers under the head in one
+	// crash-safe step; ImportAbort drops the staged data.
+	ImportBegin  = "import-begin"
+	ImportWrite  = "import-write"
+	ImportCommit = "import-commit"
+	ImportAbort  = "import-abort"
 )
+
+// MaxImportWrite bounds the data of one ImportWrite, and of one ReadLayer.
+const MaxImportWrite = 4 << 20
+
+// ImportWriteArgs carry whole blocks of one snapshot layer. Zeroes, when
+// Data is empty, stands for that many zero bytes (blocks the layer holds
+// as zeros), so they need not travel. The data may also follow the JSON
+// args raw (dataconn.Raw), after a newline, which JSON encoding never
+// produces: see ImportWritePayload.
+type ImportWriteArgs struct {
+	Layer  string `json:"layer"`
+	Offset int64  `json:"offset"`
+	Data   []byte `json:"data,omitempty"`
+	Zeroes int64  `json:"zeroes,omitempty"`
+}
+
+// ImportWritePayload is import-write args with the data raw after them.
+func ImportWritePayload(a ImportWriteArgs, data []byte) ([]byte, error) {
+	a.Data = nil
+	head, err := json.Marshal(a)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, 0, len(head)+1+len(data))
+	return append(append(append(out, head...), '\n'), data...), nil
+}
+
+// SplitImportWrite parses import-write args, with or without raw data.
+func SplitImportWrite(raw []byte) (ImportWriteArgs, []byte, error) {
+	var a ImportWriteArgs
+	head, data, hasRaw := bytes.Cut(raw, []byte{'\n'})
+	if err := json.Unmarshal(head, &a); err != nil {
+		return a, nil, err
+	}
+	if !hasRaw {
+		return a, a.Data, nil
+	}
+	if len(a.Data) > 0 {
+		return a, nil, errors.New("import-write: data both in the JSON args and raw")
+	}
+	return a, data, nil
+}
+
+// ImportCommitArgs name the imported snapshots (Name, Parent, Removed,
+// UserCreated, Created, Labels of each Layer are used) and the snapshot
+// the head goes on.
+type ImportCommitArgs struct {
+	Layers     []Layer `json:"layers"`
+	HeadParent string  `json:"headParent"`
+}
 
 // SnapshotArgs are the arguments of SnapshotCheck and Snapshot.
 type SnapshotArgs struct {
@@ -48,11 +113,13 @@ type LimitsArgs struct {
 	MaxSize  int64 `json:"maxSize"`
 }
 
-// ReadLayerArgs read raw data of one layer.
+// ReadLayerArgs read raw data of one layer. The reply is the data as a
+// JSON byte string, or with Raw the bytes themselves (dataconn.Raw).
 type ReadLayerArgs struct {
 	Layer  string `json:"layer"`
 	Offset int64  `json:"offset"`
 	Length int64  `json:"length"`
+	Raw    bool   `json:"raw,omitempty"`
 }
 
 // Layer is one layer of a replica's chain.

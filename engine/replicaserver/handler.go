@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -117,7 +118,18 @@ func (h *Handler) Control(_ context.Context, method string, raw json.RawMessage)
 		if _, err := h.ReadLayer(a.Layer, buf, a.Offset); err != nil {
 			return nil, classify(err)
 		}
+		if a.Raw {
+			return buf, nil // not JSON: the caller asked for dataconn.Raw
+		}
 		return json.Marshal(buf)
+	case replicactl.ImportBegin:
+		return nil, classify(h.BeginImport())
+	case replicactl.ImportWrite:
+		return nil, h.importWrite(raw)
+	case replicactl.ImportCommit:
+		return nil, h.importCommit(raw)
+	case replicactl.ImportAbort:
+		return nil, classify(h.AbortImport())
 	case replicactl.PurgeStart:
 		h.startPurge()
 		return nil, nil
@@ -128,6 +140,51 @@ func (h *Handler) Control(_ context.Context, method string, raw json.RawMessage)
 		return json.Marshal(st)
 	}
 	return nil, fmt.Errorf("%q: %w", method, dataconn.ErrUnknownMethod)
+}
+
+func (h *Handler) importWrite(raw json.RawMessage) error {
+	if len(raw) == 0 {
+		return fmt.Errorf("missing arguments: %w", dataconn.ErrInvalidArgument)
+	}
+	a, data, err := replicactl.SplitImportWrite(raw)
+	if err != nil {
+		return fmt.Errorf("arguments: %v: %w", err, dataconn.ErrInvalidArgument)
+	}
+	if len(data) == 0 && a.Zeroes > 0 {
+		if a.Zeroes > replicactl.MaxImportWrite {
+			return fmt.Errorf("import-write of %d zero bytes exceeds %d: %w", a.Zeroes, replicactl.MaxImportWrite, dataconn.ErrInvalidArgument)
+		}
+		data = make([]byte, a.Zeroes)
+	}
+	if len(data) > replicactl.MaxImportWrite {
+		return fmt.Errorf("import-write of %d bytes exceeds %d: %w", len(data), replicactl.MaxImportWrite, dataconn.ErrInvalidArgument)
+	}
+	return classify(h.ImportWrite(a.Layer, data, a.Offset))
+}
+
+func (h *Handler) importCommit(raw json.RawMessage) error {
+	var a replicactl.ImportCommitArgs
+	if err := decode(raw, &a); err != nil {
+		return err
+	}
+	layers := make([]replica.ImportLayer, len(a.Layers))
+	for i, l := range a.Layers {
+		var created time.Time
+		if l.Created != "" {
+			var err error
+			if created, err = time.Parse(time.RFC3339Nano, l.Created); err != nil {
+				return fmt.Errorf("layer %s: created %q: %v: %w", l.Name, l.Created, err, dataconn.ErrInvalidArgument)
+			}
+		}
+		layers[i] = replica.ImportLayer{Name: l.Name, Parent: l.Parent, Removed: l.Removed,
+			UserCreated: l.UserCreated, Created: created, Labels: l.Labels}
+	}
+	err := h.CommitImport(layers, a.HeadParent)
+	if errors.Is(err, replica.ErrBadMeta) {
+		// The chain given was not a tree of snapshots.
+		return &classified{err: err, class: dataconn.ErrInvalidArgument}
+	}
+	return classify(err)
 }
 
 func (h *Handler) chain() (json.RawMessage, error) {
@@ -200,6 +257,8 @@ func classify(err error) error {
 		{replica.ErrSnapshotLimitExceeded, dataconn.ErrLimitExceeded},
 		{replica.ErrInvalidName, dataconn.ErrInvalidArgument},
 		{replica.ErrSnapshotRemoved, dataconn.ErrInvalidArgument},
+		{replica.ErrNotEmpty, dataconn.ErrInvalidArgument},
+		{replica.ErrBadImport, dataconn.ErrInvalidArgument},
 	} {
 		if errors.Is(err, c.from) {
 			return &classified{err: err, class: c.to}

@@ -73,6 +73,7 @@ type Engine struct {
 	size     int64
 	replicas map[string]*replica
 	nextRead atomic.Uint64
+	rb       rebuilds // see rebuild.go
 
 	onChange func()
 }

@@ -20,6 +20,11 @@ type SnapshotOptions struct {
 // snapshot everywhere and fails no replica; a replica that then fails to
 // take it has a chain unlike the others and goes ERR.
 func (e *Engine) Snapshot(ctx context.Context, name string, opts SnapshotOptions) error {
+	release, err := e.structural("snapshot " + name)
+	if err != nil {
+		return err
+	}
+	defer release()
 	args := replicactl.SnapshotArgs{Name: name, UserCreated: opts.UserCreated,
 		Created: time.Now().UTC().Truncate(time.Second), Labels: opts.Labels}
 	e.io.Lock()
@@ -52,6 +57,11 @@ func (e *Engine) Chain(ctx context.Context) (replicactl.ChainReply, error) {
 
 // RemoveSnapshot marks a snapshot removed on every replica; purge frees its data.
 func (e *Engine) RemoveSnapshot(ctx context.Context, name string) error {
+	release, err := e.structural("remove " + name)
+	if err != nil {
+		return err
+	}
+	defer release()
 	if err := e.requireSnapshot(ctx, name); err != nil {
 		return err
 	}
@@ -61,6 +71,11 @@ func (e *Engine) RemoveSnapshot(ctx context.Context, name string) error {
 // Revert puts a new empty head on a snapshot on every replica. The volume
 // must have no frontend client; the caller makes sure of that.
 func (e *Engine) Revert(ctx context.Context, name string) error {
+	release, err := e.structural("revert to " + name)
+	if err != nil {
+		return err
+	}
+	defer release()
 	if err := e.requireSnapshot(ctx, name); err != nil {
 		return err
 	}
@@ -74,6 +89,11 @@ func (e *Engine) SetLimits(ctx context.Context, maxCount int, maxSize int64) err
 
 // Expand grows the volume on every replica, then the engine.
 func (e *Engine) Expand(ctx context.Context, size int64) error {
+	release, err := e.structural("expand")
+	if err != nil {
+		return err
+	}
+	defer release()
 	if size <= e.Size() {
 		return fmt.Errorf("new size %d is not larger than the current %d", size, e.Size())
 	}
@@ -89,6 +109,11 @@ func (e *Engine) Expand(ctx context.Context, size int64) error {
 
 // StartPurge starts a purge on every replica; PurgeStatus follows it.
 func (e *Engine) StartPurge(ctx context.Context) error {
+	release, err := e.structural("purge")
+	if err != nil {
+		return err
+	}
+	defer release()
 	return e.controlAll(ctx, "purge", replicactl.PurgeStart, nil)
 }
 

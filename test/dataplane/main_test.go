@@ -68,7 +68,9 @@ type node struct {
 
 func startNode(t *testing.T, name string) *node {
 	t.Helper()
-	base := filepath.Join(env.root, t.Name(), name)
+	// A fresh directory per call, so -count=N and reruns never share state.
+	base, err := os.MkdirTemp(env.root, strings.ReplaceAll(t.Name(), "/", "_")+"-"+name+"-")
+	require.NoError(t, err)
 	n := &node{name: name, stateDir: filepath.Join(base, "state"), diskDir: filepath.Join(base, "disk")}
 	ports, err := localcluster.FreePorts(2)
 	require.NoError(t, err)
