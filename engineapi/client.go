@@ -2,7 +2,9 @@ package engineapi
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"time"
 
@@ -127,6 +129,48 @@ func (c *Client) SnapshotPurgeStatus(ctx context.Context, engine string) (map[st
 func (c *Client) SnapshotRevert(ctx context.Context, engine, name string) error {
 	_, err := call(ctx, c, c.im.SnapshotRevert, &impb.SnapshotRevertRequest{Engine: engine, Name: name})
 	return err
+}
+
+// SnapshotClone fills engine's new, empty volume (frontend stopped, no
+// snapshots) with snapshot of another volume, read from that volume's
+// replica serving dataconn at sourceAddress. It returns when the copy is
+// done and flushed, which takes as long as the data needs: it is bounded by
+// ctx only, not by the client's unary timeout, so give ctx a deadline that
+// fits the volume. Cancelling ctx stops the clone and leaves the target
+// partly filled; calling again starts over.
+func (c *Client) SnapshotClone(ctx context.Context, engine, sourceAddress, snapshot string) error {
+	_, err := c.im.SnapshotClone(ctx, &impb.SnapshotCloneRequest{Engine: engine, SourceAddress: sourceAddress,
+		Snapshot: snapshot})
+	return FromStatus(err)
+}
+
+// SnapshotExport streams a snapshot's data and calls fn for every chunk,
+// in order; an error from fn stops the stream and is returned. The first
+// chunk carries the volume size. To rebuild the snapshot, start from a
+// zeroed image of that size and write each chunk's data at its offset in
+// the order received: a later chunk overrides an earlier one at the same
+// offsets, and bytes no chunk covers are zero. Each chunk holds at most
+// 1 MiB. If SnapshotExport returns an error the image is incomplete. Like
+// Watch, it is bounded by ctx, not by the client's unary timeout.
+func (c *Client) SnapshotExport(ctx context.Context, engine, snapshot string, fn func(*impb.ExportChunk) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.im.SnapshotExport(ctx, &impb.SnapshotExportRequest{Engine: engine, Snapshot: snapshot})
+	if err != nil {
+		return FromStatus(err)
+	}
+	for {
+		chunk, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return FromStatus(err)
+		}
+		if err := fn(chunk); err != nil {
+			return err
+		}
+	}
 }
 
 func (c *Client) SnapshotLimitsSet(ctx context.Context, engine string, maxCount int32, maxSize int64) error {

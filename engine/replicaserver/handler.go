@@ -18,7 +18,7 @@ import (
 	"github.com/strata-storage/strata/engine/replicactl"
 )
 
-// maxLayerRead bounds one read-layer reply, which travels as JSON.
+// maxLayerRead bounds one read-layer reply (JSON, or raw bytes on request).
 const maxLayerRead = 4 << 20
 
 // Handler is a dataconn.Handler over one replica.

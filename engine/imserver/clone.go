@@ -1,0 +1,199 @@
+package imserver
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/strata-storage/strata/engine/blockdev"
+	"github.com/strata-storage/strata/engine/replicactl"
+	"github.com/strata-storage/strata/engine/replication"
+	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/engineapi/impb"
+)
+
+// clones holds the engines a clone is writing into (*replication.Engine ->
+// struct{}), so a second clone or an export of the half-filled volume is
+// refused.
+var clones sync.Map
+
+func startClone(eng *replication.Engine) bool {
+	_, running := clones.LoadOrStore(eng, struct{}{})
+	return !running
+}
+
+func endClone(eng *replication.Engine) { clones.Delete(eng) }
+
+// cloneRunning reports whether a clone is filling eng. Operations that must
+// not see a half-cloned volume (starting the frontend, snapshot, revert)
+// should refuse with engineapi.ErrBusy while it is true.
+func cloneRunning(eng *replication.Engine) bool {
+	_, running := clones.Load(eng)
+	return running
+}
+
+// SnapshotClone fills a new engine's volume with a snapshot of another
+// volume: it connects to the source replica's dataconn address (any node),
+// reads the snapshot's ancestry path there (see export.go) and writes the
+// data through the target engine, which fans it out to all its replicas,
+// then flushes. Afterwards the target volume reads exactly as the snapshot
+// did, zeros beyond the source's size if the target is larger.
+//
+// The target must be running, with its frontend stopped and no snapshots.
+// If its head holds data (an earlier attempt that failed) it is zeroed
+// first, so a failed clone can simply be retried. Blocks of zeros the
+// snapshot's layers hold are written as write-zeroes, so the target stays
+// sparse. The call lasts as long as the copy and is cancelled with its
+// context: give it a deadline that fits the data. No instance lock is held
+// meanwhile. A source over a backing file is not supported (see export.go).
+//
+// Errors: empty arguments, a target smaller than the source, a target with
+// snapshots, the source's head or a removed snapshot are InvalidArgument;
+// an unknown snapshot is NotFound; a frontend serving the target, another
+// clone into it or a purge running on the source replica are Aborted
+// (engineapi.ErrBusy). An unreachable source is an Internal error.
+func (s *Server) SnapshotClone(ctx context.Context, req *impb.SnapshotCloneRequest) (*impb.Empty, error) {
+	switch {
+	case req.Engine == "":
+		return nil, engineapi.ToStatus(fmt.Errorf("engine name is empty: %w", engineapi.ErrInvalid))
+	case req.SourceAddress == "":
+		return nil, engineapi.ToStatus(fmt.Errorf("source_address is empty: %w", engineapi.ErrInvalid))
+	case req.Snapshot == "":
+		return nil, engineapi.ToStatus(fmt.Errorf("snapshot name is empty: %w", engineapi.ErrInvalid))
+	}
+	inst, eng, err := s.runningEngine(req.Engine)
+	if err != nil {
+		return nil, engineapi.ToStatus(err)
+	}
+	inst.mu.Lock()
+	serving := inst.endpoint != ""
+	inst.mu.Unlock()
+	if serving {
+		return nil, engineapi.ToStatus(fmt.Errorf("engine %s: stop the frontend before cloning into it: %w", req.Engine, engineapi.ErrBusy))
+	}
+	if !startClone(eng) {
+		return nil, engineapi.ToStatus(fmt.Errorf("engine %s: a clone into it is already running: %w", req.Engine, engineapi.ErrBusy))
+	}
+	defer endClone(eng)
+
+	log := s.log.WithFields(logrus.Fields{"engine": req.Engine, "source": req.SourceAddress, "snapshot": req.Snapshot})
+	err = s.clone(ctx, eng, req, log)
+	// Tell watchers about the new head size (and whatever a failure did).
+	inst.mu.Lock()
+	if inst.eng == eng {
+		s.refreshChain(inst)
+		s.publishLocked(inst)
+	}
+	inst.mu.Unlock()
+	if err != nil {
+		log.WithError(err).Warn("Snapshot clone failed")
+		return nil, engineapi.ToStatus(translate(fmt.Errorf("clone snapshot %s from %s into engine %s: %w",
+			req.Snapshot, req.SourceAddress, req.Engine, err)))
+	}
+	return &impb.Empty{}, nil
+}
+
+func (s *Server) clone(ctx context.Context, eng *replication.Engine, req *impb.SnapshotCloneRequest, log logrus.FieldLogger) error {
+	target, err := eng.Chain(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the target's chain: %w", err)
+	}
+	for name := range target.Layers {
+		if name != replicactl.HeadName {
+			return fmt.Errorf("the target has snapshot %s; clone needs a new volume: %w", name, engineapi.ErrInvalid)
+		}
+	}
+
+	srcs, err := s.dialReplica(ctx, req.SourceAddress)
+	if err != nil {
+		return fmt.Errorf("source replica: %w", err)
+	}
+	defer closeAll(srcs)
+	plan, err := planSnapshot(ctx, srcs[0], req.Snapshot)
+	if err != nil {
+		return err
+	}
+	if size := eng.Size(); plan.volumeSize > size {
+		return fmt.Errorf("the source volume has %d bytes, the target only %d: %w", plan.volumeSize, size, engineapi.ErrInvalid)
+	}
+
+	if head := target.Layers[replicactl.HeadName]; head.Size > 0 {
+		// Leftovers of an earlier attempt: start from zeros. With no
+		// snapshot below, the replicas free the space.
+		log.WithField("allocated", head.Size).Info("Zeroing the target before cloning")
+		if err := eng.WriteZeroes(0, eng.Size()); err != nil {
+			return fmt.Errorf("zeroing the target: %w", err)
+		}
+	}
+
+	log.WithFields(logrus.Fields{"layers": len(plan.path), "bytes": plan.bytes}).Info("Snapshot clone started")
+	progress := newProgressLog(log, "Snapshot clone", plan.bytes)
+	var written int64
+	err = readPieces(ctx, srcs, plan.pieces, func(p piece, data []byte) error {
+		err := splitZeroRuns(data, func(rel int, run []byte, zero bool) error {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			off := p.off + int64(rel)
+			if zero {
+				// Zeros the layer holds: the target frees the space, or
+				// keeps zeros where a lower layer of its own has data.
+				if err := eng.WriteZeroes(off, int64(len(run))); err != nil {
+					return fmt.Errorf("zeroing at %d: %w", off, err)
+				}
+				return nil
+			}
+			if _, err := eng.WriteAt(run, off); err != nil {
+				return fmt.Errorf("writing at %d: %w", off, err)
+			}
+			written += int64(len(run))
+			return nil
+		})
+		progress.add(p.length)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if err := eng.Flush(); err != nil {
+		return fmt.Errorf("flushing the target: %w", err)
+	}
+	progress.finish(written)
+	for _, r := range eng.Replicas() {
+		if r.Mode != replication.ModeRW {
+			// The volume has the data; this replica needs a rebuild.
+			log.WithFields(logrus.Fields{"replica": r.Name, "mode": r.Mode, "error": r.Error}).
+				Warn("Replica did not take the whole clone")
+		}
+	}
+	return nil
+}
+
+var zeroBlock [blockdev.BlockSize]byte
+
+// splitZeroRuns calls fn for each maximal run of blocks of data that are
+// all zeros or all not, in order, with the run's offset in data.
+func splitZeroRuns(data []byte, fn func(rel int, run []byte, zero bool) error) error {
+	start, startZero := 0, false
+	for off := 0; off < len(data); off += blockdev.BlockSize {
+		blk := data[off:min(off+blockdev.BlockSize, len(data))]
+		zero := bytes.Equal(blk, zeroBlock[:len(blk)])
+		if off == 0 {
+			startZero = zero
+			continue
+		}
+		if zero != startZero {
+			if err := fn(start, data[start:off], startZero); err != nil {
+				return err
+			}
+			start, startZero = off, zero
+		}
+	}
+	if start < len(data) {
+		return fn(start, data[start:], startZero)
+	}
+	return nil
+}

@@ -1,0 +1,191 @@
+// Command bench is the control-plane helper of scripts/bench-datapath: it
+// creates volumes on running instance managers and drives snapshots and
+// purge through engineapi, so the benchmark script needs no gRPC tool.
+//
+//	bench create-volume -im ADDR[,ADDR...] -name NAME -size BYTES -dir DIR
+//	    one replica per instance manager (data in DIR/NAME-rN), the engine
+//	    with an NBD frontend on the first; prints the NBD URI
+//	bench snapshot -im ADDR -engine NAME -snapshot NAME
+//	bench remove   -im ADDR -engine NAME -snapshot NAME
+//	bench purge    -im ADDR -engine NAME
+//	    purges and waits for every replica; prints the seconds it took
+//	bench wait -im ADDR[,ADDR...]
+//	    waits until every instance manager answers
+//	bench free-ports N
+//	    prints N free TCP ports on 127.0.0.1, one a line
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/engineapi/impb"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: bench create-volume|snapshot|remove|purge [flags]")
+		os.Exit(2)
+	}
+	if os.Args[1] == "free-ports" {
+		if err := freePorts(os.Args[2:]); err != nil {
+			fail(err)
+		}
+		return
+	}
+	fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
+	ims := fs.String("im", "", "instance-manager gRPC address(es), comma-separated; the engine runs on the first")
+	name := fs.String("name", "", "volume name (create-volume)")
+	size := fs.Int64("size", 0, "volume size in bytes (create-volume)")
+	dir := fs.String("dir", "", "directory for replica data (create-volume)")
+	engine := fs.String("engine", "", "engine instance name")
+	snapshot := fs.String("snapshot", "", "snapshot name")
+	timeout := fs.Duration("timeout", 10*time.Minute, "overall timeout")
+	_ = fs.Parse(os.Args[2:])
+
+	addrs := strings.Split(*ims, ",")
+	if *ims == "" {
+		fail(errors.New("-im is required"))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	clients := make([]*engineapi.Client, len(addrs))
+	for i, a := range addrs {
+		c, err := engineapi.NewClient(a, 0)
+		if err != nil {
+			fail(err)
+		}
+		defer c.Close()
+		clients[i] = c
+	}
+
+	var err error
+	switch os.Args[1] {
+	case "create-volume":
+		var uri string
+		uri, err = createVolume(ctx, clients, *name, *size, *dir)
+		if err == nil {
+			fmt.Println(uri)
+		}
+	case "wait":
+		for _, c := range clients {
+			for {
+				if _, err = c.InstanceList(ctx); err == nil || ctx.Err() != nil {
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+	case "snapshot":
+		_, err = clients[0].SnapshotCreate(ctx, *engine, *snapshot, true, nil)
+	case "remove":
+		err = clients[0].SnapshotRemove(ctx, *engine, *snapshot)
+	case "purge":
+		var secs float64
+		secs, err = purge(ctx, clients[0], *engine)
+		if err == nil {
+			fmt.Printf("%.4f\n", secs)
+		}
+	default:
+		err = fmt.Errorf("unknown command %q", os.Args[1])
+	}
+	if err != nil {
+		fail(err)
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "bench:", err)
+	os.Exit(1)
+}
+
+func freePorts(args []string) error {
+	n := 1
+	if len(args) > 0 {
+		var err error
+		if n, err = strconv.Atoi(args[0]); err != nil || n < 1 {
+			return fmt.Errorf("free-ports: bad count %q", args[0])
+		}
+	}
+	// Hold every listener until all are picked, so no port comes twice.
+	ls := make([]net.Listener, 0, n)
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		ls = append(ls, l)
+		fmt.Println(l.Addr().(*net.TCPAddr).Port)
+	}
+	return nil
+}
+
+func createVolume(ctx context.Context, clients []*engineapi.Client, name string, size int64, dir string) (string, error) {
+	if name == "" || size <= 0 || !filepath.IsAbs(dir) {
+		return "", errors.New("create-volume needs -name, -size and an absolute -dir")
+	}
+	replicas := map[string]string{}
+	for i, c := range clients {
+		rname := fmt.Sprintf("%s-r%d", name, i+1)
+		inst, err := c.InstanceCreate(ctx, &impb.InstanceCreateRequest{Name: rname, Type: impb.InstanceType_INSTANCE_TYPE_REPLICA,
+			VolumeName: name, Size: size, DataDir: filepath.Join(dir, rname)})
+		if err != nil {
+			return "", fmt.Errorf("replica %s on %s: %w", rname, c.Address(), err)
+		}
+		replicas[rname] = inst.Address
+	}
+	inst, err := clients[0].InstanceCreate(ctx, &impb.InstanceCreateRequest{Name: name + "-e", Type: impb.InstanceType_INSTANCE_TYPE_ENGINE,
+		VolumeName: name, Size: size, Replicas: replicas, Frontend: "nbd"})
+	if err != nil {
+		return "", fmt.Errorf("engine: %w", err)
+	}
+	if len(inst.ReplicaModes) != len(replicas) {
+		return "", fmt.Errorf("engine has %d replicas, want %d: %s", len(inst.ReplicaModes), len(replicas), inst.Error)
+	}
+	return inst.FrontendEndpoint, nil
+}
+
+// purge starts a purge and polls until every replica reports it complete.
+func purge(ctx context.Context, c *engineapi.Client, engine string) (float64, error) {
+	start := time.Now()
+	if err := c.SnapshotPurge(ctx, engine); err != nil {
+		return 0, err
+	}
+	for {
+		st, err := c.SnapshotPurgeStatus(ctx, engine)
+		if err != nil {
+			return 0, err
+		}
+		done := len(st) > 0
+		for name, s := range st {
+			if s.State == "error" {
+				return 0, fmt.Errorf("purge on %s: %s", name, s.Error)
+			}
+			if s.IsPurging || s.State != "complete" {
+				done = false
+			}
+		}
+		if done {
+			return time.Since(start).Seconds(), nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
