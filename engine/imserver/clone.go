@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"sync"
 
 	"github.com/sirupsen/logrus"
 
@@ -15,23 +14,19 @@ import (
 	"github.com/strata-storage/strata/engineapi/impb"
 )
 
-// clones holds the engines a clone is writing into (*replication.Engine ->
-// struct{}), so a second clone or an export of the half-filled volume is
-// refused.
-var clones sync.Map
-
-func startClone(eng *replication.Engine) bool {
-	_, running := clones.LoadOrStore(eng, struct{}{})
+// startClone marks eng as being filled by a clone; false if one already is.
+func (s *Server) startClone(eng *replication.Engine) bool {
+	_, running := s.clones.LoadOrStore(eng, struct{}{})
 	return !running
 }
 
-func endClone(eng *replication.Engine) { clones.Delete(eng) }
+func (s *Server) endClone(eng *replication.Engine) { s.clones.Delete(eng) }
 
 // cloneRunning reports whether a clone is filling eng. Operations that must
 // not see a half-cloned volume (starting the frontend, snapshot, revert)
 // should refuse with engineapi.ErrBusy while it is true.
-func cloneRunning(eng *replication.Engine) bool {
-	_, running := clones.Load(eng)
+func (s *Server) cloneRunning(eng *replication.Engine) bool {
+	_, running := s.clones.Load(eng)
 	return running
 }
 
@@ -74,10 +69,10 @@ func (s *Server) SnapshotClone(ctx context.Context, req *impb.SnapshotCloneReque
 	if serving {
 		return nil, engineapi.ToStatus(fmt.Errorf("engine %s: stop the frontend before cloning into it: %w", req.Engine, engineapi.ErrBusy))
 	}
-	if !startClone(eng) {
+	if !s.startClone(eng) {
 		return nil, engineapi.ToStatus(fmt.Errorf("engine %s: a clone into it is already running: %w", req.Engine, engineapi.ErrBusy))
 	}
-	defer endClone(eng)
+	defer s.endClone(eng)
 
 	log := s.log.WithFields(logrus.Fields{"engine": req.Engine, "source": req.SourceAddress, "snapshot": req.Snapshot})
 	err = s.clone(ctx, eng, req, log)

@@ -378,7 +378,7 @@ func (s *Server) SnapshotExport(req *impb.SnapshotExportRequest, stream impb.Ins
 	if err != nil {
 		return engineapi.ToStatus(err)
 	}
-	if cloneRunning(eng) {
+	if s.cloneRunning(eng) {
 		return engineapi.ToStatus(fmt.Errorf("engine %s: a clone into it is running: %w", req.Engine, engineapi.ErrBusy))
 	}
 	fail := func(err error) error {

@@ -50,6 +50,9 @@ type Server struct {
 	mu        sync.Mutex
 	instances map[string]*instance
 	revision  uint64
+
+	// clones holds the engines a SnapshotClone is filling (see clone.go).
+	clones sync.Map
 }
 
 type instance struct {

@@ -84,7 +84,7 @@ func (s *Server) SnapshotCreate(ctx context.Context, req *impb.SnapshotCreateReq
 		name = uuid.NewString()[:8]
 	}
 	err := s.engineOp(req.Engine, func(inst *instance) error {
-		if err := refuseDuringClone(inst, "take a snapshot"); err != nil {
+		if err := s.refuseDuringClone(inst, "take a snapshot"); err != nil {
 			return err
 		}
 		if _, ok := inst.snapshots[name]; ok {
@@ -152,7 +152,7 @@ func (s *Server) SnapshotRevert(ctx context.Context, req *impb.SnapshotRevertReq
 		if inst.endpoint != "" {
 			return fmt.Errorf("engine %s: stop the frontend before reverting: %w", req.Engine, engineapi.ErrBusy)
 		}
-		if err := refuseDuringClone(inst, "revert"); err != nil {
+		if err := s.refuseDuringClone(inst, "revert"); err != nil {
 			return err
 		}
 		return inst.eng.Revert(ctx, req.Name)
@@ -194,7 +194,7 @@ func (s *Server) FrontendStart(_ context.Context, req *impb.FrontendStartRequest
 	}
 	var out *impb.Instance
 	err := s.engineOp(req.Engine, func(inst *instance) error {
-		if err := refuseDuringClone(inst, "start the frontend"); err != nil {
+		if err := s.refuseDuringClone(inst, "start the frontend"); err != nil {
 			return err
 		}
 		if inst.endpoint == "" {
@@ -248,8 +248,8 @@ func (s *Server) ReplicaRemove(_ context.Context, req *impb.ReplicaRemoveRequest
 
 // refuseDuringClone keeps clients and snapshots off a volume that a clone
 // is still filling: its content is not the snapshot's yet.
-func refuseDuringClone(inst *instance, what string) error {
-	if cloneRunning(inst.eng) {
+func (s *Server) refuseDuringClone(inst *instance, what string) error {
+	if s.cloneRunning(inst.eng) {
 		return fmt.Errorf("engine %s: cannot %s while a clone fills the volume: %w", inst.spec.Name, what, engineapi.ErrBusy)
 	}
 	return nil
