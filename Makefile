@@ -22,12 +22,12 @@ generate:
 verify:
 	scripts/verify.sh
 
-# Unit tests (fake clientsets), integration/end-to-end tests (a real local
-# control plane, real manager and instance-manager processes, qemu-io and
-# nbdcopy), then every fuzz target briefly.
+# Every fuzz target briefly, then unit tests (fake clientsets) and
+# integration/end-to-end tests (a real local control plane, real manager and
+# instance-manager processes, qemu-io and nbdcopy). go test's summary comes last.
 test:
-	$(GO) test -count=1 -timeout 40m ./...
 	FUZZTIME=5s scripts/fuzz.sh
+	$(GO) test -count=1 -timeout 40m ./...
 
 # Every fuzz target for longer (override with FUZZTIME=10m).
 fuzz:
