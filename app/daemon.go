@@ -27,6 +27,7 @@ import (
 
 	"github.com/strata-storage/strata/controller"
 	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
 	stratascheme "github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned/scheme"
@@ -50,6 +51,8 @@ func DaemonCommand() *cli.Command {
 				Usage: "heartbeat lease validity; peers mark this node down after this long without a renewal"},
 			&cli.DurationFlag{Name: "disk-check-interval", Value: 30 * time.Second, Usage: "how often disks are inspected"},
 			&cli.IntFlag{Name: "workers", Value: 2, Usage: "workers per controller"},
+			&cli.StringFlag{Name: "instance-manager-address", Sources: cli.EnvVars("STRATA_INSTANCE_MANAGER_ADDRESS"),
+				Usage: "gRPC address of this node's instance manager; empty: the node has no data plane"},
 		},
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			disks, err := parseDisks(cmd.StringSlice("disk"))
@@ -68,6 +71,7 @@ func DaemonCommand() *cli.Command {
 				leaseDuration:     cmd.Duration("lease-duration"),
 				diskCheckInterval: cmd.Duration("disk-check-interval"),
 				workers:           int(cmd.Int("workers")),
+				imAddress:         cmd.String("instance-manager-address"),
 			})
 		},
 	}
@@ -80,6 +84,7 @@ type daemonConfig struct {
 	leaseDuration                   time.Duration
 	diskCheckInterval               time.Duration
 	workers                         int
+	imAddress                       string
 }
 
 // parseDisks reads --disk values: PATH names the disk disk-N by position,
@@ -165,6 +170,17 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 		return err
 	}
 
+	// One pooled gRPC connection per instance manager, shared by every
+	// controller that reaches the data plane.
+	imPool := engineapi.NewPool(engineapi.DefaultTimeout)
+	defer imPool.Close()
+	var imController *controller.InstanceManagerController
+	if cfg.imAddress != "" {
+		if imController, err = controller.NewInstanceManagerController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool); err != nil {
+			return err
+		}
+	}
+
 	ready := make(chan struct{})
 	metricsErr := serveMetrics(ctx, cfg.metricsListen, ready, log)
 
@@ -184,6 +200,9 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { nodeController.Run(ctx, cfg.workers) })
 	wg.Go(func() { settingController.Run(ctx, 1) })
+	if imController != nil {
+		wg.Go(func() { imController.Run(ctx, 1) })
+	}
 	log.Info("strata-manager is running")
 
 	select {

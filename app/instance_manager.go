@@ -7,10 +7,12 @@ import (
 	"net"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/strata-storage/strata/engine/imserver"
 	"github.com/strata-storage/strata/engineapi/impb"
@@ -57,7 +59,10 @@ func runInstanceManager(parent context.Context, listen, nbdListen, dataHost, sta
 		nbdL.Close()
 		return err
 	}
-	gs := grpc.NewServer()
+	// Managers ping every 10 s to notice a dead instance manager on an idle
+	// Watch; allow it (the default policy closes such clients).
+	gs := grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+		MinTime: 5 * time.Second, PermitWithoutStream: true}))
 	impb.RegisterInstanceManagerServer(gs, srv)
 
 	errc := make(chan error, 2)

@@ -71,20 +71,24 @@ func (s *subscriber) put(ev *impb.WatchEvent) {
 	}
 }
 
+// drain returns the pending events, oldest instance first, without waiting.
+func (s *subscriber) drain() []*impb.WatchEvent {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*impb.WatchEvent, 0, len(s.order))
+	for _, name := range s.order {
+		out = append(out, s.pending[name])
+	}
+	s.pending, s.order = map[string]*impb.WatchEvent{}, nil
+	return out
+}
+
 // next waits for events and returns all pending ones, oldest instance first.
 func (s *subscriber) next(ctx context.Context) ([]*impb.WatchEvent, error) {
 	for {
-		s.mu.Lock()
-		if len(s.order) > 0 {
-			out := make([]*impb.WatchEvent, 0, len(s.order))
-			for _, name := range s.order {
-				out = append(out, s.pending[name])
-			}
-			s.pending, s.order = map[string]*impb.WatchEvent{}, nil
-			s.mu.Unlock()
+		if out := s.drain(); len(out) > 0 {
 			return out, nil
 		}
-		s.mu.Unlock()
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()

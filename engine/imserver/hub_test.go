@@ -57,3 +57,12 @@ func TestHubNextWaitsAndStopsWithContext(t *testing.T) {
 	h.publish(impb.WatchEvent_KIND_UPDATED, inst("a", 1))
 	assert.Empty(t, s.pending, "an unsubscribed watcher gets nothing")
 }
+
+func TestHubDrainDoesNotWait(t *testing.T) {
+	h := newHub()
+	s := h.subscribe(nil)
+	defer h.unsubscribe(s)
+	assert.Empty(t, s.drain(), "nothing pending, no wait")
+	h.publish(impb.WatchEvent_KIND_UPDATED, inst("a", 1))
+	assert.Len(t, s.drain(), 1)
+}

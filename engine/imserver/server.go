@@ -253,6 +253,13 @@ func (s *Server) current() []*impb.Instance {
 func (s *Server) Watch(_ *impb.WatchRequest, stream impb.InstanceManager_WatchServer) error {
 	sub := s.hub.subscribe(s.current())
 	defer s.hub.unsubscribe(sub)
+	// The current state, then the marker that the watcher is up to date.
+	initial := append(sub.drain(), &impb.WatchEvent{Kind: impb.WatchEvent_KIND_SYNCED})
+	for _, ev := range initial {
+		if err := stream.Send(ev); err != nil {
+			return err
+		}
+	}
 	for {
 		evs, err := sub.next(stream.Context())
 		if err != nil {

@@ -190,6 +190,9 @@ const (
 	WatchEvent_KIND_UNSPECIFIED WatchEvent_Kind = 0
 	WatchEvent_KIND_UPDATED     WatchEvent_Kind = 1
 	WatchEvent_KIND_DELETED     WatchEvent_Kind = 2
+	// Sent once, after the current state of every instance: the watcher is
+	// up to date (and the stream is live even with no instance). No instance.
+	WatchEvent_KIND_SYNCED WatchEvent_Kind = 3
 )
 
 // Enum value maps for WatchEvent_Kind.
@@ -198,11 +201,13 @@ var (
 		0: "KIND_UNSPECIFIED",
 		1: "KIND_UPDATED",
 		2: "KIND_DELETED",
+		3: "KIND_SYNCED",
 	}
 	WatchEvent_Kind_value = map[string]int32{
 		"KIND_UNSPECIFIED": 0,
 		"KIND_UPDATED":     1,
 		"KIND_DELETED":     2,
+		"KIND_SYNCED":      3,
 	}
 )
 
@@ -1849,15 +1854,16 @@ const file_instancemanager_proto_rawDesc = "" +
 	"\x13InstanceListRequest\"Y\n" +
 	"\x14InstanceListResponse\x12A\n" +
 	"\tinstances\x18\x01 \x03(\v2#.strata.instancemanager.v1.InstanceR\tinstances\"\x0e\n" +
-	"\fWatchRequest\"\xcf\x01\n" +
+	"\fWatchRequest\"\xe0\x01\n" +
 	"\n" +
 	"WatchEvent\x12>\n" +
 	"\x04kind\x18\x01 \x01(\x0e2*.strata.instancemanager.v1.WatchEvent.KindR\x04kind\x12?\n" +
-	"\binstance\x18\x02 \x01(\v2#.strata.instancemanager.v1.InstanceR\binstance\"@\n" +
+	"\binstance\x18\x02 \x01(\v2#.strata.instancemanager.v1.InstanceR\binstance\"Q\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fKIND_UPDATED\x10\x01\x12\x10\n" +
-	"\fKIND_DELETED\x10\x02\"\xc1\x02\n" +
+	"\fKIND_DELETED\x10\x02\x12\x0f\n" +
+	"\vKIND_SYNCED\x10\x03\"\xc1\x02\n" +
 	"\bSnapshot\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\tR\x06parent\x12\x1a\n" +

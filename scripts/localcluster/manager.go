@@ -1,6 +1,7 @@
 package localcluster
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -17,20 +18,84 @@ type ManagerOptions struct {
 	// RunDir holds nodes/<node>/disk-1 and logs/manager-<node>.log.
 	RunDir        string
 	LeaseDuration time.Duration
+	// WithInstanceManager starts an instance manager for each node too, and
+	// points the node's manager at it.
+	WithInstanceManager bool
 }
 
-// Manager is one simulated node's strata-manager process.
+// Manager is one simulated node's strata-manager process, and its instance
+// manager if one was asked for.
 type Manager struct {
 	*Process
 	Node        string
 	DiskDir     string
 	MetricsAddr string
+	IM          *InstanceManager
+}
+
+// InstanceManager is one simulated node's data plane process.
+type InstanceManager struct {
+	*Process
+	GRPCAddr, NBDAddr, StateDir string
+}
+
+// StartInstanceManager starts the data plane of one simulated node, keeping
+// its state under RunDir/nodes/<node>/im so a restart reopens its replicas.
+// A restart (same addresses) passes the previous one as prev.
+func StartInstanceManager(opts ManagerOptions, node string, prev *InstanceManager) (*InstanceManager, error) {
+	im := &InstanceManager{StateDir: filepath.Join(opts.RunDir, "nodes", node, "im")}
+	if prev != nil {
+		im.GRPCAddr, im.NBDAddr = prev.GRPCAddr, prev.NBDAddr
+	} else {
+		ports, err := FreePorts(2)
+		if err != nil {
+			return nil, err
+		}
+		im.GRPCAddr, im.NBDAddr = "127.0.0.1:"+strconv.Itoa(ports[0]), "127.0.0.1:"+strconv.Itoa(ports[1])
+	}
+	p, err := StartProcess("instance-manager "+node, filepath.Join(opts.RunDir, "logs", "instance-manager-"+node+".log"),
+		opts.Bin, "instance-manager", "--listen", im.GRPCAddr, "--nbd-listen", im.NBDAddr, "--state-dir", im.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	im.Process = p
+	return im, nil
 }
 
 // StartManager starts the manager of one simulated node with its own disk
-// directory and a free metrics port. Starting it again for the same node
-// reuses the disk and appends to the same log, as a restart on a real node would.
+// directory and a free metrics port, and its instance manager if
+// opts.WithInstanceManager.
 func StartManager(opts ManagerOptions, node string) (*Manager, error) {
+	var im *InstanceManager
+	if opts.WithInstanceManager {
+		var err error
+		if im, err = StartInstanceManager(opts, node, nil); err != nil {
+			return nil, err
+		}
+	}
+	m, err := startManagerProcess(opts, node, im)
+	if err != nil && im != nil {
+		_ = im.Stop(10 * time.Second)
+	}
+	return m, err
+}
+
+// Restart starts the manager process again after it exited, with the same
+// disk and the same instance manager, as a restart on a real node would.
+func (m *Manager) Restart(opts ManagerOptions) (*Manager, error) {
+	return startManagerProcess(opts, m.Node, m.IM)
+}
+
+// StopAll stops the manager and then its instance manager.
+func (m *Manager) StopAll(timeout time.Duration) error {
+	err := m.Stop(timeout)
+	if m.IM != nil {
+		err = errors.Join(err, m.IM.Stop(timeout))
+	}
+	return err
+}
+
+func startManagerProcess(opts ManagerOptions, node string, im *InstanceManager) (*Manager, error) {
 	disk := filepath.Join(opts.RunDir, "nodes", node, "disk-1")
 	if err := os.MkdirAll(disk, 0o755); err != nil {
 		return nil, err
@@ -44,19 +109,23 @@ func StartManager(opts ManagerOptions, node string) (*Manager, error) {
 	if lease == 0 {
 		lease = 10 * time.Second
 	}
-	logPath := filepath.Join(opts.RunDir, "logs", "manager-"+node+".log")
-	p, err := StartProcess("manager "+node, logPath, opts.Bin, "daemon",
+	args := []string{"daemon",
 		"--node-name", node,
 		"--kubeconfig", opts.Kubeconfig,
 		"--namespace", opts.Namespace,
 		"--disk", disk,
 		"--metrics-listen", metrics,
 		"--lease-duration", lease.String(),
-	)
+	}
+	if im != nil {
+		args = append(args, "--instance-manager-address", im.GRPCAddr)
+	}
+	// Appending to the same log keeps a node's history across restarts.
+	p, err := StartProcess("manager "+node, filepath.Join(opts.RunDir, "logs", "manager-"+node+".log"), opts.Bin, args...)
 	if err != nil {
 		return nil, err
 	}
-	return &Manager{Process: p, Node: node, DiskDir: disk, MetricsAddr: metrics}, nil
+	return &Manager{Process: p, Node: node, DiskDir: disk, MetricsAddr: metrics, IM: im}, nil
 }
 
 // Kill ends the process group with SIGKILL, as a crash would: no shutdown

@@ -113,6 +113,7 @@ In another shell:
 
     export KUBECONFIG=%s
     kubectl get nodes.strata.io
+    kubectl get instancemanagers.strata.io
     kubectl get strata
 
 Press Ctrl-C to stop everything.
@@ -134,7 +135,7 @@ Press Ctrl-C to stop everything.
 // directory and metrics port, authenticated as the manager ServiceAccount.
 func startManagers(log logrus.FieldLogger, bin, runDir, kubeconfig string, nodes int) ([]*localcluster.Manager, error) {
 	opts := localcluster.ManagerOptions{Bin: bin, Kubeconfig: kubeconfig, Namespace: systemNamespace,
-		RunDir: runDir, LeaseDuration: 10 * time.Second}
+		RunDir: runDir, LeaseDuration: 10 * time.Second, WithInstanceManager: true}
 	var managers []*localcluster.Manager
 	for i := 1; i <= nodes; i++ {
 		m, err := localcluster.StartManager(opts, "node-"+strconv.Itoa(i))
@@ -142,8 +143,8 @@ func startManagers(log logrus.FieldLogger, bin, runDir, kubeconfig string, nodes
 			return managers, err
 		}
 		managers = append(managers, m)
-		log.WithFields(logrus.Fields{"node": m.Node, "pid": m.Pid(), "metrics": m.MetricsAddr, "log": m.LogPath}).
-			Info("manager started")
+		log.WithFields(logrus.Fields{"node": m.Node, "pid": m.Pid(), "metrics": m.MetricsAddr, "log": m.LogPath,
+			"instanceManager": m.IM.GRPCAddr, "nbd": m.IM.NBDAddr}).Info("manager and instance manager started")
 	}
 	return managers, nil
 }
@@ -166,7 +167,7 @@ func stopManagers(log logrus.FieldLogger, managers []*localcluster.Manager) {
 	var wg sync.WaitGroup
 	for _, m := range managers {
 		wg.Go(func() {
-			if err := m.Stop(managerStopTimeout); err != nil {
+			if err := m.StopAll(managerStopTimeout); err != nil {
 				log.WithError(err).WithField("process", m.Name).Error("stopping manager")
 			}
 		})

@@ -98,11 +98,11 @@ func run(m *testing.M) (int, error) {
 	env.adminStrata = versioned.NewForConfigOrDie(cluster.AdminConfig)
 
 	env.managerOpts = localcluster.ManagerOptions{Bin: bin, Kubeconfig: env.managerKubeconfig,
-		Namespace: types.DefaultNamespace, RunDir: runDir, LeaseDuration: leaseDuration}
+		Namespace: types.DefaultNamespace, RunDir: runDir, LeaseDuration: leaseDuration, WithInstanceManager: true}
 	env.managers = map[string]*localcluster.Manager{}
 	defer func() {
 		for _, mgr := range env.managers {
-			_ = mgr.Stop(10 * time.Second)
+			_ = mgr.StopAll(10 * time.Second)
 		}
 	}()
 	for _, n := range nodeNames {

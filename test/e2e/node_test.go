@@ -15,7 +15,6 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
-	"github.com/strata-storage/strata/scripts/localcluster"
 	"github.com/strata-storage/strata/types"
 )
 
@@ -111,7 +110,7 @@ func TestKilledManagerMarksNodeDownThenBackUp(t *testing.T) {
 	killed := time.Now()
 	t.Cleanup(func() {
 		if env.managers[victim].Exited() {
-			if m, err := localcluster.StartManager(env.managerOpts, victim); err == nil {
+			if m, err := env.managers[victim].Restart(env.managerOpts); err == nil {
 				env.managers[victim] = m
 			}
 		}
@@ -130,7 +129,7 @@ func TestKilledManagerMarksNodeDownThenBackUp(t *testing.T) {
 		assert.Equal(t, metav1.ConditionTrue, nodeReady(t, peer), "%s stays Ready", peer)
 	}
 
-	mgr, err := localcluster.StartManager(env.managerOpts, victim)
+	mgr, err := env.managers[victim].Restart(env.managerOpts)
 	require.NoError(t, err)
 	env.managers[victim] = mgr
 	restarted := time.Now()

@@ -1,0 +1,126 @@
+package controller
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+// imConnection is what the Watch stream tells about this node's instance
+// manager: whether a stream is open, and the last error.
+type imConnection struct {
+	connected bool
+	err       string
+}
+
+// InstanceManagerController keeps this node's InstanceManager CR: its
+// endpoint and whether the instance manager answers. It learns the latter
+// from a Watch stream it holds open, so the sync makes no gRPC call and an
+// idle instance manager costs no polling.
+type InstanceManagerController struct {
+	*baseController
+	address string
+	pool    *engineapi.Pool
+
+	mu   sync.Mutex
+	conn imConnection
+}
+
+// NewInstanceManagerController wires the controller for the instance manager
+// of node controllerID, reachable at address.
+func NewInstanceManagerController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
+	controllerID, address string, pool *engineapi.Pool) (*InstanceManagerController, error) {
+	c := &InstanceManagerController{
+		baseController: newBaseController("strata-instance-manager", controllerID, logger, ds, recorder),
+		address:        address, pool: pool,
+	}
+	c.sync = c.syncInstanceManager
+	_, err := ds.InstanceManagers.Informer().AddEventHandler(cache.FilteringResourceEventHandler{
+		FilterFunc: func(obj interface{}) bool {
+			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = tomb.Obj
+			}
+			im, ok := obj.(*v1beta1.InstanceManager)
+			return ok && im.Name == instanceManagerName(controllerID)
+		},
+		Handler: cache.ResourceEventHandlerFuncs{
+			AddFunc:    c.enqueue,
+			UpdateFunc: func(_, obj interface{}) { c.enqueue(obj) },
+			DeleteFunc: c.enqueue,
+		},
+	})
+	return c, err
+}
+
+func (c *InstanceManagerController) key() string {
+	return c.ds.Namespace + "/" + instanceManagerName(c.controllerID)
+}
+
+// Run holds the Watch stream open and runs the workers until ctx ends.
+func (c *InstanceManagerController) Run(ctx context.Context, workers int) {
+	go c.watchInstanceManager(ctx)
+	c.queue.Add(c.key())
+	c.baseController.Run(ctx, workers)
+}
+
+// watchInstanceManager keeps a Watch stream to the instance manager open,
+// reconnecting with backoff, and enqueues the CR whenever the connection's
+// state changes. Later issues consume the events themselves (engine monitor).
+func (c *InstanceManagerController) watchInstanceManager(ctx context.Context) {
+	backoff := wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Steps: 1 << 30, Cap: 10 * time.Second}
+	for ctx.Err() == nil {
+		err := c.watchOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		c.setConnection(imConnection{err: err.Error()})
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff.Step()):
+		}
+	}
+}
+
+func (c *InstanceManagerController) watchOnce(ctx context.Context) error {
+	client, err := c.pool.Get(c.address)
+	if err != nil {
+		return err
+	}
+	next, err := client.Watch(ctx)
+	if err != nil {
+		return err
+	}
+	for {
+		if _, err := next(); err != nil {
+			return err
+		}
+		// The first event (the current state) proves the stream is live.
+		c.setConnection(imConnection{connected: true})
+	}
+}
+
+func (c *InstanceManagerController) setConnection(conn imConnection) {
+	c.mu.Lock()
+	changed := c.conn != conn
+	c.conn = conn
+	c.mu.Unlock()
+	if changed {
+		c.queue.Add(c.key())
+	}
+}
+
+func (c *InstanceManagerController) connection() imConnection {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.conn
+}
