@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"github.com/strata-storage/strata/engine/internal/drain"
 	"github.com/strata-storage/strata/engine/internal/inflight"
 	"io"
 	"math"
@@ -290,18 +291,7 @@ func (sc *serverConn) writeLoop() {
 			// Client.sendLoop).
 			runtime.Gosched()
 		}
-	drain:
-		for len(batch) < maxBatch {
-			select {
-			case r, ok := <-sc.out:
-				if !ok {
-					break drain
-				}
-				batch = append(batch, r)
-			default:
-				break drain
-			}
-		}
+		batch = drain.Into(sc.out, batch, maxBatch)
 		if !failed {
 			for _, r := range batch {
 				fw.response(r.hdr, r.payload)

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/strata-storage/strata/engine/internal/drain"
 	"github.com/strata-storage/strata/engine/internal/inflight"
 	"io"
 	"net"
@@ -452,18 +453,7 @@ func (c *conn) writeLoop() {
 	failed := false
 	for r := range c.replies {
 		batch = append(batch[:0], r)
-	drain:
-		for len(batch) < maxBatch {
-			select {
-			case r, ok := <-c.replies:
-				if !ok {
-					break drain
-				}
-				batch = append(batch, r)
-			default:
-				break drain
-			}
-		}
+		batch = drain.Into(c.replies, batch, maxBatch)
 		if !failed {
 			vec = vec[:0]
 			for _, r := range batch {
