@@ -1,0 +1,188 @@
+package controller
+
+// The decisions of the attach/detach (AD) controller, kept pure so they read
+// as the volume-attachment proposal states them and are tested by table. The
+// controller that applies them to Volume and VolumeAttachment CRs is issue 4.
+
+import (
+	"fmt"
+	"sort"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+// Reasons of a ticket's Satisfied condition.
+const (
+	TicketReasonAttached         = "Attached"
+	TicketReasonWaitingToAttach  = "WaitingForAttachment"
+	TicketReasonOtherNodeWins    = "AttachedToAnotherNode"
+	TicketReasonVolumeNotHealthy = "VolumeNotAttachable"
+)
+
+var attacherPriorities = map[v1beta1.AttacherType]int{
+	v1beta1.AttacherTypeVolumeRestoreController:          v1beta1.AttacherPriorityLevelVolumeRestoreController,
+	v1beta1.AttacherTypeVolumeExpansionController:        v1beta1.AttacherPriorityLevelVolumeExpansionController,
+	v1beta1.AttacherTypeStrataAPI:                        v1beta1.AttacherPriorityLevelStrataAPI,
+	v1beta1.AttacherTypeCSIAttacher:                      v1beta1.AttacherPriorityLevelCSIAttacher,
+	v1beta1.AttacherTypeSalvageController:                v1beta1.AttacherPriorityLevelSalvageController,
+	v1beta1.AttacherTypeShareManagerController:           v1beta1.AttacherPriorityLevelShareManagerController,
+	v1beta1.AttacherTypeSnapshotController:               v1beta1.AttacherPriorityLevelSnapshotController,
+	v1beta1.AttacherTypeBackupController:                 v1beta1.AttacherPriorityLevelBackupController,
+	v1beta1.AttacherTypeVolumeCloneController:            v1beta1.AttacherPriorityLevelVolumeCloneController,
+	v1beta1.AttacherTypeVolumeEvictionController:         v1beta1.AttacherPriorityLevelVolumeEvictionController,
+	v1beta1.AttacherTypeBackingImageDataSourceController: v1beta1.AttacherPriorityLevelBackingImageDataSourceController,
+	v1beta1.AttacherTypeVolumeRebuildingController:       v1beta1.AttacherPriorityLevelVolumeRebuildingController,
+}
+
+// attacherPriority ranks a ticket's type: restore > user workload >
+// snapshot and backup operations. Unknown types rank lowest.
+func attacherPriority(t v1beta1.AttacherType) int { return attacherPriorities[t] }
+
+// isInterruptible tells the tickets that yield the volume to a workload
+// ticket on another node: data operations that can be retried later.
+func isInterruptible(t v1beta1.AttacherType) bool {
+	switch t {
+	case v1beta1.AttacherTypeSnapshotController, v1beta1.AttacherTypeBackupController,
+		v1beta1.AttacherTypeVolumeCloneController:
+		return true
+	}
+	return false
+}
+
+// isWorkload tells the tickets of a user of the volume's data.
+func isWorkload(t v1beta1.AttacherType) bool {
+	return t == v1beta1.AttacherTypeCSIAttacher || t == v1beta1.AttacherTypeStrataAPI
+}
+
+// sortedTickets orders tickets best first: higher priority, then the
+// smaller ticket ID, so every manager picks the same one.
+func sortedTickets(tickets map[string]*v1beta1.AttachmentTicket) []*v1beta1.AttachmentTicket {
+	out := make([]*v1beta1.AttachmentTicket, 0, len(tickets))
+	for _, t := range tickets {
+		if t != nil && t.NodeID != "" {
+			out = append(out, t)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		pi, pj := attacherPriority(out[i].Type), attacherPriority(out[j].Type)
+		if pi != pj {
+			return pi > pj
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out
+}
+
+// selectAttachmentTicket picks the ticket a detached volume attaches for, or
+// nil when no ticket asks for a node.
+func selectAttachmentTicket(tickets map[string]*v1beta1.AttachmentTicket) *v1beta1.AttachmentTicket {
+	if s := sortedTickets(tickets); len(s) > 0 {
+		return s[0]
+	}
+	return nil
+}
+
+// parametersCompatible tells whether a volume attached with disableFrontend
+// serves a ticket: the ticket may ask for "true", "false" or "any" (the
+// default when unset).
+func parametersCompatible(disableFrontend bool, t *v1beta1.AttachmentTicket) bool {
+	switch t.Parameters[v1beta1.AttachmentParameterDisableFrontend] {
+	case v1beta1.TrueValue:
+		return disableFrontend
+	case v1beta1.FalseValue:
+		return !disableFrontend
+	}
+	return true
+}
+
+// detachDecision says whether the AD controller clears vol.Spec.NodeID, and why.
+func detachDecision(vol *v1beta1.Volume, tickets map[string]*v1beta1.AttachmentTicket) (bool, string) {
+	node := vol.Spec.NodeID
+	if node == "" {
+		return false, ""
+	}
+	var here []*v1beta1.AttachmentTicket
+	for _, t := range sortedTickets(tickets) {
+		if t.NodeID == node {
+			here = append(here, t)
+		}
+	}
+	if len(here) == 0 {
+		return true, fmt.Sprintf("no ticket asks for node %s", node)
+	}
+	compatible := false
+	for _, t := range here {
+		if parametersCompatible(vol.Spec.DisableFrontend, t) {
+			compatible = true
+		}
+	}
+	if !compatible {
+		return true, fmt.Sprintf("the tickets for node %s ask for other attachment parameters", node)
+	}
+	onlyInterruptible := true
+	for _, t := range here {
+		if !isInterruptible(t.Type) {
+			onlyInterruptible = false
+		}
+	}
+	if onlyInterruptible {
+		for _, t := range sortedTickets(tickets) {
+			if t.NodeID != node && isWorkload(t.Type) {
+				return true, fmt.Sprintf("ticket %s (%s) on node %s interrupts the %s on node %s",
+					t.ID, t.Type, t.NodeID, here[0].Type, node)
+			}
+		}
+	}
+	return false, ""
+}
+
+// ticketStatuses computes every ticket's status from the volume as it is: a
+// ticket is satisfied when the volume is fully attached to its node with
+// compatible parameters. Conditions keep their transition times when
+// unchanged.
+func ticketStatuses(vol *v1beta1.Volume, va *v1beta1.VolumeAttachment, now metav1.Time) map[string]*v1beta1.AttachmentTicketStatus {
+	out := map[string]*v1beta1.AttachmentTicketStatus{}
+	attached := vol.Status.State == v1beta1.VolumeStateAttached && vol.Status.CurrentNodeID != ""
+	for id, t := range va.Spec.AttachmentTickets {
+		if t == nil {
+			continue
+		}
+		st := &v1beta1.AttachmentTicketStatus{ID: id, Generation: t.Generation}
+		if prev := va.Status.AttachmentTicketStatuses[id]; prev != nil {
+			st.Conditions = append(st.Conditions, prev.Conditions...)
+		}
+		var ok bool
+		var reason, msg string
+		switch {
+		case attached && vol.Status.CurrentNodeID == t.NodeID && parametersCompatible(vol.Spec.DisableFrontend, t):
+			ok, reason, msg = true, TicketReasonAttached, "the volume is attached to node "+t.NodeID
+		case attached && vol.Status.CurrentNodeID == t.NodeID:
+			reason = v1beta1.AttachmentStatusConditionReasonAttachedWithIncompatibleParameters
+			msg = fmt.Sprintf("the volume is attached to node %s with disableFrontend=%v", t.NodeID, vol.Spec.DisableFrontend)
+		case attached:
+			reason = TicketReasonOtherNodeWins
+			msg = "the volume is attached to node " + vol.Status.CurrentNodeID + " for a ticket of higher or equal priority"
+		case vol.Status.Robustness == v1beta1.VolumeRobustnessFaulted:
+			reason, msg = TicketReasonVolumeNotHealthy, "the volume is faulted"
+		default:
+			reason, msg = TicketReasonWaitingToAttach, fmt.Sprintf("the volume is %s", orUnknown(string(vol.Status.State)))
+		}
+		st.Satisfied = ok
+		setCondition(&st.Conditions, v1beta1.AttachmentStatusConditionTypeSatisfied, ok, reason, msg, now)
+		if c := meta.FindStatusCondition(st.Conditions, v1beta1.AttachmentStatusConditionTypeSatisfied); c != nil {
+			c.ObservedGeneration = t.Generation
+		}
+		out[id] = st
+	}
+	return out
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "in an unknown state"
+	}
+	return s
+}

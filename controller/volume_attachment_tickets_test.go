@@ -1,0 +1,145 @@
+package controller
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/strata-storage/strata/datastore/dstest"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+func ticket(id string, typ v1beta1.AttacherType, node string, params ...string) *v1beta1.AttachmentTicket {
+	t := &v1beta1.AttachmentTicket{ID: id, Type: typ, NodeID: node, Parameters: map[string]string{}, Generation: 1}
+	for i := 0; i+1 < len(params); i += 2 {
+		t.Parameters[params[i]] = params[i+1]
+	}
+	return t
+}
+
+func tickets(ts ...*v1beta1.AttachmentTicket) map[string]*v1beta1.AttachmentTicket {
+	m := map[string]*v1beta1.AttachmentTicket{}
+	for _, t := range ts {
+		m[t.ID] = t
+	}
+	return m
+}
+
+const (
+	csi      = v1beta1.AttacherTypeCSIAttacher
+	api      = v1beta1.AttacherTypeStrataAPI
+	snapCtl  = v1beta1.AttacherTypeSnapshotController
+	backup   = v1beta1.AttacherTypeBackupController
+	restore  = v1beta1.AttacherTypeVolumeRestoreController
+	disableF = v1beta1.AttachmentParameterDisableFrontend
+)
+
+func TestSelectAttachmentTicket(t *testing.T) {
+	tests := []struct {
+		name    string
+		tickets map[string]*v1beta1.AttachmentTicket
+		want    string
+	}{
+		{"none", nil, ""},
+		{"workload beats snapshot", tickets(ticket("snap-1", snapCtl, "node-1"), ticket("pod-a", csi, "node-2")), "pod-a"},
+		{"restore beats everyone", tickets(ticket("snap-1", snapCtl, "node-1"), ticket("pod-a", csi, "node-2"),
+			ticket("restore", restore, "node-3")), "restore"},
+		{"strata-api beats csi", tickets(ticket("pod-a", csi, "node-2"), ticket("ui", api, "node-1")), "ui"},
+		{"equal priority: smaller ticket ID", tickets(ticket("pod-b", csi, "node-2"), ticket("pod-a", csi, "node-1")), "pod-a"},
+		{"a ticket without a node is ignored", tickets(ticket("pod-a", csi, ""), ticket("bk", backup, "node-3")), "bk"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := selectAttachmentTicket(tc.tickets)
+			if tc.want == "" {
+				assert.Nil(t, got)
+				return
+			}
+			require.NotNil(t, got)
+			assert.Equal(t, tc.want, got.ID)
+		})
+	}
+}
+
+func volumeOn(node string, disableFrontend bool) *v1beta1.Volume {
+	return &v1beta1.Volume{Spec: v1beta1.VolumeSpec{NodeID: node, DisableFrontend: disableFrontend}}
+}
+
+func TestDetachDecision(t *testing.T) {
+	tests := []struct {
+		name       string
+		vol        *v1beta1.Volume
+		tickets    map[string]*v1beta1.AttachmentTicket
+		wantDetach bool
+		wantReason string
+	}{
+		{"not attached: nothing to detach", volumeOn("", false), tickets(ticket("pod", csi, "node-1")), false, ""},
+		{"a ticket wants the node", volumeOn("node-1", false), tickets(ticket("pod", csi, "node-1")), false, ""},
+		{"no ticket wants the node", volumeOn("node-1", false), tickets(ticket("pod", csi, "node-2")), true,
+			"no ticket asks for node node-1"},
+		{"all tickets gone", volumeOn("node-1", false), nil, true, "no ticket asks for node node-1"},
+		{"incompatible parameters", volumeOn("node-1", true), tickets(ticket("pod", csi, "node-1", disableF, "false")), true,
+			"the tickets for node node-1 ask for other attachment parameters"},
+		{"any parameter is compatible", volumeOn("node-1", true), tickets(ticket("snap", snapCtl, "node-1", disableF, "any")), false, ""},
+		{"snapshot yields to a workload elsewhere", volumeOn("node-1", true),
+			tickets(ticket("snap", snapCtl, "node-1"), ticket("pod", csi, "node-2")), true,
+			"ticket pod (csi-attacher) on node node-2 interrupts the snapshot-controller on node node-1"},
+		{"snapshot keeps the volume against another snapshot", volumeOn("node-1", true),
+			tickets(ticket("snap", snapCtl, "node-1"), ticket("bk", backup, "node-2")), false, ""},
+		{"a workload is never interrupted", volumeOn("node-1", false),
+			tickets(ticket("pod-a", csi, "node-1"), ticket("ui", api, "node-2")), false, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			detach, reason := detachDecision(tc.vol, tc.tickets)
+			assert.Equal(t, tc.wantDetach, detach)
+			assert.Equal(t, tc.wantReason, reason)
+		})
+	}
+}
+
+func TestTicketStatuses(t *testing.T) {
+	now := metav1.NewTime(dstest.Now)
+	attachedTo := func(node string, disableFrontend bool) *v1beta1.Volume {
+		v := volumeOn(node, disableFrontend)
+		v.Status.State, v.Status.CurrentNodeID = v1beta1.VolumeStateAttached, node
+		return v
+	}
+	detached := &v1beta1.Volume{Status: v1beta1.VolumeStatus{State: v1beta1.VolumeStateDetached}}
+	faulted := &v1beta1.Volume{Status: v1beta1.VolumeStatus{State: v1beta1.VolumeStateDetached, Robustness: v1beta1.VolumeRobustnessFaulted}}
+	va := &v1beta1.VolumeAttachment{Spec: v1beta1.VolumeAttachmentSpec{Volume: "v1", AttachmentTickets: tickets(
+		ticket("pod", csi, "node-1", disableF, "false"), ticket("snap", snapCtl, "node-2"))}}
+
+	tests := []struct {
+		name   string
+		vol    *v1beta1.Volume
+		want   map[string]bool
+		reason map[string]string
+	}{
+		{"attached where pod asked", attachedTo("node-1", false), map[string]bool{"pod": true, "snap": false},
+			map[string]string{"pod": TicketReasonAttached, "snap": TicketReasonOtherNodeWins}},
+		{"attached with incompatible parameters", attachedTo("node-1", true), map[string]bool{"pod": false, "snap": false},
+			map[string]string{"pod": v1beta1.AttachmentStatusConditionReasonAttachedWithIncompatibleParameters, "snap": TicketReasonOtherNodeWins}},
+		{"detached", detached, map[string]bool{"pod": false, "snap": false},
+			map[string]string{"pod": TicketReasonWaitingToAttach, "snap": TicketReasonWaitingToAttach}},
+		{"faulted", faulted, map[string]bool{"pod": false, "snap": false},
+			map[string]string{"pod": TicketReasonVolumeNotHealthy, "snap": TicketReasonVolumeNotHealthy}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := ticketStatuses(tc.vol, va, now)
+			require.Len(t, got, 2)
+			for id, want := range tc.want {
+				assert.Equal(t, want, got[id].Satisfied, id)
+				assert.EqualValues(t, 1, got[id].Generation)
+				c := meta.FindStatusCondition(got[id].Conditions, v1beta1.AttachmentStatusConditionTypeSatisfied)
+				require.NotNil(t, c, id)
+				assert.Equal(t, tc.reason[id], c.Reason, id)
+				assert.EqualValues(t, 1, c.ObservedGeneration)
+			}
+		})
+	}
+}
