@@ -285,8 +285,16 @@ func (s *Server) revisionBump(out *impb.Instance) {
 	s.mu.Unlock()
 }
 
-// toProto renders an instance; the caller holds inst.mu.
+// toProto renders an instance with a new revision; the caller holds inst.mu.
 func (s *Server) toProto(inst *instance) *impb.Instance {
+	out := s.render(inst)
+	s.revisionBump(out)
+	return out
+}
+
+// render renders an instance without a revision, so two renderings can be
+// compared; the caller holds inst.mu.
+func (s *Server) render(inst *instance) *impb.Instance {
 	out := &impb.Instance{
 		Name: inst.spec.Name, Type: inst.spec.Type, VolumeName: inst.spec.VolumeName, Size: inst.spec.Size,
 		State: inst.state, Error: inst.err, Address: inst.address, FrontendEndpoint: inst.endpoint,
@@ -303,7 +311,6 @@ func (s *Server) toProto(inst *instance) *impb.Instance {
 		}
 		out.RebuildStatus = rebuildStatusProto(inst.eng)
 	}
-	s.revisionBump(out)
 	return out
 }
 

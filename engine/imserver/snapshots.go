@@ -2,8 +2,9 @@ package imserver
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"github.com/strata-storage/strata/engine/internal/errclass"
+	"google.golang.org/protobuf/proto"
 	"sort"
 
 	"github.com/google/uuid"
@@ -26,37 +27,33 @@ func (s *Server) engineOp(name string, fn func(inst *instance) error) error {
 	if inst.eng == nil {
 		return engineapi.ToStatus(fmt.Errorf("engine %s stopped: %w", name, engineapi.ErrBusy))
 	}
+	before := s.render(inst)
 	opErr := fn(inst)
 	s.refreshChain(inst)
-	s.publishLocked(inst)
+	s.publishIfChangedLocked(inst, before)
 	return engineapi.ToStatus(translate(opErr))
+}
+
+// publishIfChangedLocked tells watchers only what changed since before, so
+// read-only calls (a purge-status poll, a snapshot list) cost them nothing.
+func (s *Server) publishIfChangedLocked(inst *instance, before *impb.Instance) {
+	if !proto.Equal(before, s.render(inst)) {
+		s.publishLocked(inst)
+	}
 }
 
 // translate turns data-connection error classes into engineapi ones, so a
 // refusal by a replica reaches the manager as the right gRPC code.
 func translate(err error) error {
-	if err == nil {
-		return nil
-	}
-	for _, c := range []struct{ from, to error }{
-		{dataconn.ErrNotFound, engineapi.ErrNotFound},
-		{replication.ErrSnapshotNotFound, engineapi.ErrNotFound},
-		{dataconn.ErrAlreadyExists, engineapi.ErrAlreadyExists},
-		{dataconn.ErrLimitExceeded, engineapi.ErrLimitExceeded},
-		{dataconn.ErrInvalidArgument, engineapi.ErrInvalid},
-		{replication.ErrBusy, engineapi.ErrBusy},
-	} {
-		if errors.Is(err, c.from) && !errors.Is(err, c.to) {
-			return &translated{err: err, class: c.to}
-		}
-	}
-	return err
+	return errclass.Map(err,
+		errclass.Rule{From: dataconn.ErrNotFound, To: engineapi.ErrNotFound},
+		errclass.Rule{From: replication.ErrSnapshotNotFound, To: engineapi.ErrNotFound},
+		errclass.Rule{From: dataconn.ErrAlreadyExists, To: engineapi.ErrAlreadyExists},
+		errclass.Rule{From: dataconn.ErrLimitExceeded, To: engineapi.ErrLimitExceeded},
+		errclass.Rule{From: dataconn.ErrInvalidArgument, To: engineapi.ErrInvalid},
+		errclass.Rule{From: replication.ErrBusy, To: engineapi.ErrBusy},
+	)
 }
-
-type translated struct{ err, class error }
-
-func (t *translated) Error() string   { return t.err.Error() }
-func (t *translated) Unwrap() []error { return []error{t.err, t.class} }
 
 // refreshChain re-reads the snapshot chain into the cache that Watch and
 // InstanceGet report; the caller holds inst.mu. A failure is reported in

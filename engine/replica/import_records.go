@@ -223,15 +223,7 @@ func (r *Replica) importZeroes(b, e int64) error {
 	imp.wholeBlocks(b, e)
 	if imp.noFree {
 		// A lower layer (the backing file) may hold the blocks: write zeros.
-		for pos, end := b*bs, e*bs; pos < end; {
-			n := min(end-pos, int64(len(zeroBuf)))
-			if _, err := r.head.f.WriteAt(zeroBuf[:n], pos); err != nil {
-				return fmt.Errorf("write %s at %d: %w", r.head.file, pos, err)
-			}
-			pos += n
-		}
-		setBits(r.headBits, b, e)
-		return nil
+		return r.zeroHead(b, e)
 	}
 	for x := b; x < e; {
 		x = runEnd(r.headBits, x, e, false)

@@ -226,6 +226,20 @@ func (r *Replica) punchHead(b, e int64) error {
 	return nil
 }
 
+// zeroHead writes zero blocks [b, e) into the head, which then holds them:
+// for blocks a lower layer holds, where punching would reveal older data.
+func (r *Replica) zeroHead(b, e int64) error {
+	for pos, end := b*bs, e*bs; pos < end; {
+		n := min(end-pos, int64(len(zeroBuf)))
+		if _, err := r.head.f.WriteAt(zeroBuf[:n], pos); err != nil {
+			return fmt.Errorf("write %s at %d: %w", r.head.file, pos, err)
+		}
+		pos += n
+	}
+	setBits(r.headBits, b, e)
+	return nil
+}
+
 // Unmap frees whole head blocks no lower layer holds: freeing a block a
 // lower layer holds would reveal older data, which even the TRIM contract
 // does not allow. Everything else is left as it is.
@@ -292,15 +306,8 @@ func (r *Replica) WriteZeroes(off, length int64) error {
 			if err := r.punchHead(b, e); err != nil {
 				return err
 			}
-		} else {
-			for pos, end := b*bs, e*bs; pos < end; {
-				n := min(end-pos, int64(len(zeroBuf)))
-				if _, err := r.head.f.WriteAt(zeroBuf[:n], pos); err != nil {
-					return fmt.Errorf("write %s at %d: %w", r.head.file, pos, err)
-				}
-				pos += n
-			}
-			setBits(r.headBits, b, e)
+		} else if err := r.zeroHead(b, e); err != nil {
+			return err
 		}
 		b = e
 	}

@@ -6,8 +6,8 @@ package replicaserver
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"github.com/strata-storage/strata/engine/internal/errclass"
 	"sync"
 	"time"
 
@@ -180,11 +180,8 @@ func (h *Handler) importCommit(raw json.RawMessage) error {
 			UserCreated: l.UserCreated, Created: created, Labels: l.Labels}
 	}
 	err := h.CommitImport(layers, a.HeadParent)
-	if errors.Is(err, replica.ErrBadMeta) {
-		// The chain given was not a tree of snapshots.
-		return &classified{err: err, class: dataconn.ErrInvalidArgument}
-	}
-	return classify(err)
+	// Here a bad-meta error means the chain given was not a tree of snapshots.
+	return classify(errclass.Map(err, errclass.Rule{From: replica.ErrBadMeta, To: dataconn.ErrInvalidArgument}))
 }
 
 func (h *Handler) chain() (json.RawMessage, error) {
@@ -248,26 +245,13 @@ func decode(raw json.RawMessage, v any) error {
 // and the instance manager can tell a refusal from a failure. The message
 // stays the replica's own.
 func classify(err error) error {
-	if err == nil {
-		return nil
-	}
-	for _, c := range []struct{ from, to error }{
-		{replica.ErrSnapshotNotFound, dataconn.ErrNotFound},
-		{replica.ErrSnapshotExists, dataconn.ErrAlreadyExists},
-		{replica.ErrSnapshotLimitExceeded, dataconn.ErrLimitExceeded},
-		{replica.ErrInvalidName, dataconn.ErrInvalidArgument},
-		{replica.ErrSnapshotRemoved, dataconn.ErrInvalidArgument},
-		{replica.ErrNotEmpty, dataconn.ErrInvalidArgument},
-		{replica.ErrBadImport, dataconn.ErrInvalidArgument},
-	} {
-		if errors.Is(err, c.from) {
-			return &classified{err: err, class: c.to}
-		}
-	}
-	return err
+	return errclass.Map(err,
+		errclass.Rule{From: replica.ErrSnapshotNotFound, To: dataconn.ErrNotFound},
+		errclass.Rule{From: replica.ErrSnapshotExists, To: dataconn.ErrAlreadyExists},
+		errclass.Rule{From: replica.ErrSnapshotLimitExceeded, To: dataconn.ErrLimitExceeded},
+		errclass.Rule{From: replica.ErrInvalidName, To: dataconn.ErrInvalidArgument},
+		errclass.Rule{From: replica.ErrSnapshotRemoved, To: dataconn.ErrInvalidArgument},
+		errclass.Rule{From: replica.ErrNotEmpty, To: dataconn.ErrInvalidArgument},
+		errclass.Rule{From: replica.ErrBadImport, To: dataconn.ErrInvalidArgument},
+	)
 }
-
-type classified struct{ err, class error }
-
-func (c *classified) Error() string   { return c.err.Error() }
-func (c *classified) Unwrap() []error { return []error{c.err, c.class} }
