@@ -68,6 +68,11 @@ type VolumeSpec struct {
 	LastAttachedBy string `json:"lastAttachedBy,omitempty"`
 	// Migratable allows two CSI attachments on two nodes during live migration.
 	Migratable bool `json:"migratable,omitempty"`
+	// MigrationNodeID is the node a live migration moves the volume to: a
+	// second engine runs there until the migration is confirmed (NodeID
+	// becomes this node) or rolled back (this field is cleared). Written only
+	// by the VolumeAttachment controller.
+	MigrationNodeID string `json:"migrationNodeID,omitempty"`
 	// SnapshotMaxCount caps the number of user snapshots in the chain; 0 means
 	// the snapshot-max-count setting applies.
 	// +kubebuilder:validation:Minimum=0
@@ -89,6 +94,11 @@ type VolumeStatus struct {
 	// CurrentNodeID is the node the volume is attached to. Set only once the
 	// volume is fully attached, cleared only once it is fully detached.
 	CurrentNodeID string `json:"currentNodeID,omitempty"`
+	// CurrentMigrationNodeID is the node whose migration engine is running.
+	CurrentMigrationNodeID string `json:"currentMigrationNodeID,omitempty"`
+	// CurrentSize is the size the replicas have now, in bytes; it lags
+	// spec.size until an expansion completes.
+	CurrentSize int64 `json:"currentSize,omitempty"`
 	// ActualSize is the space the volume's data takes on one replica, in bytes.
 	ActualSize int64 `json:"actualSize,omitempty"`
 	// FrontendEndpoint is where the attached volume is served, for example nbd://127.0.0.1:10809/v1.

@@ -68,6 +68,29 @@ type AttachmentTicket struct {
 	Parameters map[string]string `json:"parameters"`
 	// Generation is bumped by the system on every change of the ticket. Read-only.
 	Generation int64 `json:"generation"`
+	// OwnerRef names the object that asked for the ticket (a Snapshot, a
+	// Backup, a storage.k8s.io VolumeAttachment, a Volume being cloned). When
+	// that object is gone the ticket is removed, so an interrupted operation
+	// never leaves the volume attached.
+	// +optional
+	OwnerRef *TicketOwnerReference `json:"ownerRef,omitempty"`
+}
+
+// TicketOwnerReference identifies the object a ticket belongs to.
+type TicketOwnerReference struct {
+	// APIVersion of the owner, for example strata.io/v1beta1 or storage.k8s.io/v1.
+	// +kubebuilder:validation:MinLength=1
+	APIVersion string `json:"apiVersion"`
+	// Kind of the owner, for example Snapshot.
+	// +kubebuilder:validation:MinLength=1
+	Kind string `json:"kind"`
+	// Namespace of the owner; empty for cluster-scoped kinds.
+	Namespace string `json:"namespace,omitempty"`
+	// Name of the owner.
+	// +kubebuilder:validation:MinLength=1
+	Name string `json:"name"`
+	// UID of the owner: an object recreated with the same name does not own the ticket.
+	UID string `json:"uid,omitempty"`
 }
 
 // AttachmentTicketStatus says whether a ticket is satisfied, and why not.
