@@ -39,7 +39,7 @@ func DaemonCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "daemon",
 		Usage: "run the manager of one node: its controllers, heartbeat and metrics",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "node-name", Required: true, Usage: "name of this node", Sources: cli.EnvVars("NODE_NAME")},
 			&cli.StringFlag{Name: "kubeconfig", Usage: "kubeconfig file; empty means in-cluster", Sources: cli.EnvVars("KUBECONFIG")},
 			&cli.StringFlag{Name: "namespace", Value: types.DefaultNamespace, Usage: "namespace of Strata's objects",
@@ -53,7 +53,7 @@ func DaemonCommand() *cli.Command {
 			&cli.IntFlag{Name: "workers", Value: 2, Usage: "workers per controller"},
 			&cli.StringFlag{Name: "instance-manager-address", Sources: cli.EnvVars("STRATA_INSTANCE_MANAGER_ADDRESS"),
 				Usage: "gRPC address of this node's instance manager; empty: the node has no data plane"},
-		},
+		}, webhookFlags()...), // --webhook-*: app/daemon_webhook.go
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			disks, err := parseDisks(cmd.StringSlice("disk"))
 			if err != nil {
@@ -72,6 +72,7 @@ func DaemonCommand() *cli.Command {
 				diskCheckInterval: cmd.Duration("disk-check-interval"),
 				workers:           int(cmd.Int("workers")),
 				imAddress:         cmd.String("instance-manager-address"),
+				webhook:           webhookOptionsFrom(cmd),
 			})
 		},
 	}
@@ -85,6 +86,7 @@ type daemonConfig struct {
 	diskCheckInterval               time.Duration
 	workers                         int
 	imAddress                       string
+	webhook                         webhookOptions // app/daemon_webhook.go
 }
 
 // parseDisks reads --disk values: PATH names the disk disk-N by position,
@@ -174,11 +176,31 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	// controller that reaches the data plane.
 	imPool := engineapi.NewPool(engineapi.DefaultTimeout)
 	defer imPool.Close()
+	// The instance cache is this node's view of its instance manager, fed
+	// by the InstanceManager controller's Watch stream; nil without one.
+	var instances *controller.InstanceCache
 	var imController *controller.InstanceManagerController
 	if cfg.imAddress != "" {
-		if imController, err = controller.NewInstanceManagerController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool); err != nil {
+		instances = controller.NewInstanceCache()
+		if imController, err = controller.NewInstanceManagerController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances); err != nil {
 			return err
 		}
+	}
+	volumeController, err := controller.NewVolumeController(log, ds, recorder, cfg.nodeName)
+	if err != nil {
+		return err
+	}
+	attachmentController, err := controller.NewVolumeAttachmentController(log, ds, recorder, cfg.nodeName)
+	if err != nil {
+		return err
+	}
+	engineController, err := controller.NewEngineController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances)
+	if err != nil {
+		return err
+	}
+	replicaController, err := controller.NewReplicaController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances)
+	if err != nil {
+		return err
 	}
 
 	ready := make(chan struct{})
@@ -198,11 +220,19 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	close(ready)
 
 	var wg sync.WaitGroup
+	// Admission webhooks (app/daemon_webhook.go): their rules read the synced caches.
+	if err := startWebhook(ctx, &wg, log, ds, kubeClient, cfg); err != nil {
+		return err
+	}
 	wg.Go(func() { nodeController.Run(ctx, cfg.workers) })
 	wg.Go(func() { settingController.Run(ctx, 1) })
 	if imController != nil {
 		wg.Go(func() { imController.Run(ctx, 1) })
 	}
+	wg.Go(func() { volumeController.Run(ctx, cfg.workers) })
+	wg.Go(func() { attachmentController.Run(ctx, cfg.workers) })
+	wg.Go(func() { engineController.Run(ctx, cfg.workers) })
+	wg.Go(func() { replicaController.Run(ctx, cfg.workers) })
 	log.Info("strata-manager is running")
 
 	select {

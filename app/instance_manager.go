@@ -31,14 +31,17 @@ func InstanceManagerCommand() *cli.Command {
 				Usage: "IP replicas serve engines on; must be reachable from other nodes"},
 			&cli.StringFlag{Name: "state-dir", Required: true,
 				Usage: "directory for the instance manager's own state (the replicas to reopen after a restart)"},
+			&cli.DurationFlag{Name: "size-report-interval", Value: imserver.DefaultSizeReportInterval,
+				Usage: "how often engines' snapshot sizes, which grow with writes, are re-read and published if changed (0 or negative: never)"},
 		},
 		Action: func(ctx context.Context, cmd *cli.Command) error {
-			return runInstanceManager(ctx, cmd.String("listen"), cmd.String("nbd-listen"), cmd.String("data-host"), cmd.String("state-dir"))
+			return runInstanceManager(ctx, cmd.String("listen"), cmd.String("nbd-listen"), cmd.String("data-host"), cmd.String("state-dir"),
+				cmd.Duration("size-report-interval"))
 		},
 	}
 }
 
-func runInstanceManager(parent context.Context, listen, nbdListen, dataHost, stateDir string) error {
+func runInstanceManager(parent context.Context, listen, nbdListen, dataHost, stateDir string, sizeReportInterval time.Duration) error {
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	log := logrus.WithField("component", "instance-manager")
@@ -52,8 +55,11 @@ func runInstanceManager(parent context.Context, listen, nbdListen, dataHost, sta
 		grpcL.Close()
 		return fmt.Errorf("--nbd-listen %s: %w", nbdListen, err)
 	}
+	if sizeReportInterval == 0 {
+		sizeReportInterval = -1 // 0 would mean the default to imserver; here it means off
+	}
 	srv, err := imserver.New(imserver.Options{StateDir: stateDir, DataHost: dataHost,
-		NBDAddress: nbdL.Addr().String(), Log: log})
+		NBDAddress: nbdL.Addr().String(), SizeReportInterval: sizeReportInterval, Log: log})
 	if err != nil {
 		grpcL.Close()
 		nbdL.Close()

@@ -30,18 +30,20 @@ type InstanceManagerController struct {
 	*baseController
 	address string
 	pool    *engineapi.Pool
+	cache   *InstanceCache
 
 	mu   sync.Mutex
 	conn imConnection
 }
 
 // NewInstanceManagerController wires the controller for the instance manager
-// of node controllerID, reachable at address.
+// of node controllerID, reachable at address. The events of its Watch stream
+// feed instances, which the engine and replica controllers read.
 func NewInstanceManagerController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
-	controllerID, address string, pool *engineapi.Pool) (*InstanceManagerController, error) {
+	controllerID, address string, pool *engineapi.Pool, instances *InstanceCache) (*InstanceManagerController, error) {
 	c := &InstanceManagerController{
 		baseController: newBaseController("strata-instance-manager", controllerID, logger, ds, recorder),
-		address:        address, pool: pool,
+		address:        address, pool: pool, cache: instances,
 	}
 	c.sync = c.syncInstanceManager
 	_, err := ds.InstanceManagers.Informer().AddEventHandler(cache.FilteringResourceEventHandler{
@@ -73,15 +75,22 @@ func (c *InstanceManagerController) Run(ctx context.Context, workers int) {
 }
 
 // watchInstanceManager keeps a Watch stream to the instance manager open,
-// reconnecting with backoff, and enqueues the CR whenever the connection's
-// state changes. Later issues consume the events themselves (engine monitor).
+// reconnecting with backoff, feeds its events to the instance cache (the
+// engine monitor), and enqueues the CR whenever the connection's state changes.
 func (c *InstanceManagerController) watchInstanceManager(ctx context.Context) {
-	backoff := wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Steps: 1 << 30, Cap: 10 * time.Second}
+	newBackoff := func() wait.Backoff {
+		return wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Steps: 1 << 30, Cap: 5 * time.Second}
+	}
+	backoff := newBackoff()
 	for ctx.Err() == nil {
 		err := c.watchOnce(ctx)
+		if c.connection().connected {
+			backoff = newBackoff() // a stream that worked retries at once-ish
+		}
 		if ctx.Err() != nil {
 			return
 		}
+		c.cache.streamLost()
 		c.setConnection(imConnection{err: err.Error()})
 		select {
 		case <-ctx.Done():
@@ -100,10 +109,13 @@ func (c *InstanceManagerController) watchOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	c.cache.streamOpened()
 	for {
-		if _, err := next(); err != nil {
+		ev, err := next()
+		if err != nil {
 			return err
 		}
+		c.cache.apply(ev)
 		// The first event (the current state) proves the stream is live.
 		c.setConnection(imConnection{connected: true})
 	}

@@ -2,7 +2,8 @@ package controller
 
 // The decisions of the attach/detach (AD) controller, kept pure so they read
 // as the volume-attachment proposal states them and are tested by table. The
-// controller that applies them to Volume and VolumeAttachment CRs is issue 4.
+// VolumeAttachmentController (volume_attachment_controller.go) applies them
+// to Volume and VolumeAttachment CRs.
 
 import (
 	"fmt"
@@ -20,6 +21,7 @@ const (
 	TicketReasonWaitingToAttach  = "WaitingForAttachment"
 	TicketReasonOtherNodeWins    = "AttachedToAnotherNode"
 	TicketReasonVolumeNotHealthy = "VolumeNotAttachable"
+	TicketReasonWaitingMigration = "WaitingForMigration"
 )
 
 var attacherPriorities = map[v1beta1.AttacherType]int{
@@ -98,10 +100,12 @@ func parametersCompatible(disableFrontend bool, t *v1beta1.AttachmentTicket) boo
 	return true
 }
 
-// detachDecision says whether the AD controller clears vol.Spec.NodeID, and why.
+// detachDecision says whether the AD controller clears vol.Spec.NodeID, and
+// why. A migrating volume is never detached here: migrationDecision first
+// confirms or rolls the migration back.
 func detachDecision(vol *v1beta1.Volume, tickets map[string]*v1beta1.AttachmentTicket) (bool, string) {
 	node := vol.Spec.NodeID
-	if node == "" {
+	if node == "" || vol.Spec.MigrationNodeID != "" {
 		return false, ""
 	}
 	var here []*v1beta1.AttachmentTicket
@@ -141,11 +145,13 @@ func detachDecision(vol *v1beta1.Volume, tickets map[string]*v1beta1.AttachmentT
 
 // ticketStatuses computes every ticket's status from the volume as it is: a
 // ticket is satisfied when the volume is fully attached to its node with
-// compatible parameters. Conditions keep their transition times when
-// unchanged.
+// compatible parameters, or, for a CSI ticket of a live migration, when the
+// volume's migration engine runs on its node. Conditions keep their
+// transition times when unchanged.
 func ticketStatuses(vol *v1beta1.Volume, va *v1beta1.VolumeAttachment, now metav1.Time) map[string]*v1beta1.AttachmentTicketStatus {
 	out := map[string]*v1beta1.AttachmentTicketStatus{}
 	attached := vol.Status.State == v1beta1.VolumeStateAttached && vol.Status.CurrentNodeID != ""
+	migrationEngine := vol.Status.CurrentMigrationNodeID
 	for id, t := range va.Spec.AttachmentTickets {
 		if t == nil {
 			continue
@@ -162,6 +168,13 @@ func ticketStatuses(vol *v1beta1.Volume, va *v1beta1.VolumeAttachment, now metav
 		case attached && vol.Status.CurrentNodeID == t.NodeID:
 			reason = v1beta1.AttachmentStatusConditionReasonAttachedWithIncompatibleParameters
 			msg = fmt.Sprintf("the volume is attached to node %s with disableFrontend=%v", t.NodeID, vol.Spec.DisableFrontend)
+		case attached && t.Type == v1beta1.AttacherTypeCSIAttacher && migrationEngine != "" &&
+			migrationEngine == t.NodeID && parametersCompatible(vol.Spec.DisableFrontend, t):
+			ok, reason, msg = true, TicketReasonAttached, "the volume's migration engine runs on node "+t.NodeID
+		case attached && t.Type == v1beta1.AttacherTypeCSIAttacher && vol.Spec.MigrationNodeID == t.NodeID:
+			reason = TicketReasonWaitingMigration
+			msg = fmt.Sprintf("the volume is migrating from node %s to node %s; waiting for its migration engine",
+				vol.Status.CurrentNodeID, t.NodeID)
 		case attached:
 			reason = TicketReasonOtherNodeWins
 			msg = "the volume is attached to node " + vol.Status.CurrentNodeID + " for a ticket of higher or equal priority"

@@ -1,7 +1,9 @@
 package controller
 
 import (
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -91,6 +93,11 @@ func TestDetachDecision(t *testing.T) {
 			tickets(ticket("snap", snapCtl, "node-1"), ticket("bk", backup, "node-2")), false, ""},
 		{"a workload is never interrupted", volumeOn("node-1", false),
 			tickets(ticket("pod-a", csi, "node-1"), ticket("ui", api, "node-2")), false, ""},
+		{"a migrating volume is left to the migration decision", func() *v1beta1.Volume {
+			v := volumeOn("node-1", false)
+			v.Spec.MigrationNodeID = "node-2"
+			return v
+		}(), tickets(ticket("pod-b", csi, "node-2")), false, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -142,4 +149,70 @@ func TestTicketStatuses(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestTicketStatusesDuringMigration(t *testing.T) {
+	now := metav1.NewTime(dstest.Now)
+	va := &v1beta1.VolumeAttachment{Spec: v1beta1.VolumeAttachmentSpec{Volume: "v1", AttachmentTickets: tickets(
+		ticket("pod-a", csi, "node-1"), ticket("pod-b", csi, "node-2"), ticket("ui", api, "node-2"))}}
+	vol := func(specNode, migrationNode, currentNode, engineOn string) *v1beta1.Volume {
+		v := volumeOn(specNode, false)
+		v.Spec.Migratable, v.Spec.MigrationNodeID = true, migrationNode
+		v.Status.State, v.Status.CurrentNodeID, v.Status.CurrentMigrationNodeID = v1beta1.VolumeStateAttached, currentNode, engineOn
+		return v
+	}
+	tests := []struct {
+		name string
+		vol  *v1beta1.Volume
+		want map[string]string // id -> "satisfied reason"
+	}{
+		{"migration asked, engine starting", vol("node-1", "node-2", "node-1", ""), map[string]string{
+			"pod-a": "true " + TicketReasonAttached,
+			"pod-b": "false " + TicketReasonWaitingMigration,
+			"ui":    "false " + TicketReasonOtherNodeWins}},
+		{"migration engine running: the CSI ticket on the target is satisfied, nothing else there",
+			vol("node-1", "node-2", "node-1", "node-2"), map[string]string{
+				"pod-a": "true " + TicketReasonAttached,
+				"pod-b": "true " + TicketReasonAttached,
+				"ui":    "false " + TicketReasonOtherNodeWins}},
+		{"confirmed, the volume controller not yet switched over", vol("node-2", "", "node-1", "node-2"), map[string]string{
+			"pod-a": "true " + TicketReasonAttached,
+			"pod-b": "true " + TicketReasonAttached,
+			"ui":    "false " + TicketReasonOtherNodeWins}},
+		{"switched over", vol("node-2", "", "node-2", ""), map[string]string{
+			"pod-a": "false " + TicketReasonOtherNodeWins,
+			"pod-b": "true " + TicketReasonAttached,
+			"ui":    "true " + TicketReasonAttached}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := ticketStatuses(tc.vol, va, now)
+			require.Len(t, got, len(tc.want))
+			for id, want := range tc.want {
+				c := meta.FindStatusCondition(got[id].Conditions, v1beta1.AttachmentStatusConditionTypeSatisfied)
+				require.NotNil(t, c, id)
+				assert.Equal(t, want, fmt.Sprintf("%v %s", got[id].Satisfied, c.Reason), id)
+			}
+		})
+	}
+}
+
+func TestTicketStatusesKeepTransitionTimes(t *testing.T) {
+	before, later := metav1.NewTime(dstest.Now.Add(-time.Hour)), metav1.NewTime(dstest.Now)
+	vol := volumeOn("node-1", false)
+	vol.Status.State, vol.Status.CurrentNodeID = v1beta1.VolumeStateAttached, "node-1"
+	va := &v1beta1.VolumeAttachment{Spec: v1beta1.VolumeAttachmentSpec{Volume: "v1", AttachmentTickets: tickets(ticket("pod", csi, "node-1"))}}
+	va.Status.AttachmentTicketStatuses = ticketStatuses(vol, va, before)
+
+	again := ticketStatuses(vol, va, later)
+	assert.Equal(t, va.Status.AttachmentTicketStatuses, again, "unchanged: identical, so nothing is written")
+
+	vol.Status.State, vol.Status.CurrentNodeID = v1beta1.VolumeStateDetaching, ""
+	changed := ticketStatuses(vol, va, later)
+	c := meta.FindStatusCondition(changed["pod"].Conditions, v1beta1.AttachmentStatusConditionTypeSatisfied)
+	require.NotNil(t, c)
+	assert.Equal(t, later, c.LastTransitionTime, "a flip moves the transition time")
+	assert.Equal(t, metav1.ConditionTrue,
+		meta.FindStatusCondition(va.Status.AttachmentTicketStatuses["pod"].Conditions, v1beta1.AttachmentStatusConditionTypeSatisfied).Status,
+		"the previous statuses are not mutated")
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 
 	"github.com/sirupsen/logrus"
+	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -50,6 +51,10 @@ type DataStore struct {
 	InstanceManagers  *Store[*v1beta1.InstanceManager]
 	// ResourceQuotas live in user namespaces, so this store watches them all.
 	ResourceQuotas *Store[*v1beta1.ResourceQuota]
+	// StorageVolumeAttachments are Kubernetes' own (storage.k8s.io,
+	// cluster-scoped) VolumeAttachments, which CSI attachment tickets name as
+	// their owners. Read-only.
+	StorageVolumeAttachments *Store[*storagev1.VolumeAttachment]
 
 	KubeNodes              corelisters.NodeLister
 	PersistentVolumes      corelisters.PersistentVolumeLister
@@ -125,6 +130,12 @@ func New(namespace string, strataClient versioned.Interface, kubeClient kubernet
 	ds.ResourceQuotas = newStore(v1beta1.Resource("resourcequotas"), "",
 		add(quotaFactory.Strata().V1beta1().ResourceQuotas().Informer(), nil),
 		func(ns string) objectClient[*v1beta1.ResourceQuota] { return typed.ResourceQuotas(ns) })
+
+	ds.StorageVolumeAttachments = newStore(storagev1.Resource("volumeattachments"), "",
+		add(kubeFactory.Storage().V1().VolumeAttachments().Informer(), nil),
+		func(string) objectClient[*storagev1.VolumeAttachment] {
+			return kubeClient.StorageV1().VolumeAttachments()
+		})
 
 	core := kubeFactory.Core().V1()
 	ds.KubeNodeInformer = add(core.Nodes().Informer(), nil)

@@ -14,6 +14,9 @@ const (
 	IndexByNode         = "by-node"
 	IndexByDisk         = "by-disk"
 	IndexByBackingImage = "by-backing-image"
+	// IndexByTicketOwner maps TicketOwnerKey values to the VolumeAttachments
+	// holding a ticket owned by that object.
+	IndexByTicketOwner = "by-ticket-owner"
 )
 
 // indexOn builds an index function from a typed key extractor; objects of
@@ -50,7 +53,8 @@ var (
 		IndexByVolume: indexOn(func(s *v1beta1.Snapshot) string { return s.Spec.Volume }),
 	}
 	volumeAttachmentIndexers = cache.Indexers{
-		IndexByVolume: indexOn(func(va *v1beta1.VolumeAttachment) string { return va.Spec.Volume }),
+		IndexByVolume:      indexOn(func(va *v1beta1.VolumeAttachment) string { return va.Spec.Volume }),
+		IndexByTicketOwner: indexTicketOwners,
 	}
 	// A backup names its volume in status once the backup controller has
 	// seen it; before that only the label (set on create) says.

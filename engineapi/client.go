@@ -209,6 +209,17 @@ func (c *Client) ReplicaRebuildStatus(ctx context.Context, engine string) (map[s
 	return resp.Status, nil
 }
 
+// ReplicaDataDelete removes a replica's data directory on the instance
+// manager's node. A directory that is already gone is success, so it can be
+// retried. It fails with ErrBusy while a replica instance of that instance
+// manager uses the directory (delete the instance first), and with
+// ErrInvalid for a path that is not absolute or a non-empty directory
+// holding no volume.meta.
+func (c *Client) ReplicaDataDelete(ctx context.Context, dataDir string) error {
+	_, err := call(ctx, c, c.im.ReplicaDataDelete, &impb.ReplicaDataDeleteRequest{DataDir: dataDir})
+	return err
+}
+
 // Pool keeps one client per instance-manager address, shared by every
 // controller of a manager.
 type Pool struct {

@@ -79,9 +79,8 @@ func (s *Server) SnapshotClone(ctx context.Context, req *impb.SnapshotCloneReque
 	// Tell watchers about the new head size (and whatever a failure did).
 	inst.mu.Lock()
 	if inst.eng == eng {
-		before := s.render(inst)
 		s.refreshChain(inst)
-		s.publishIfChangedLocked(inst, before)
+		s.publishLocked(inst)
 	}
 	inst.mu.Unlock()
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/strata-storage/strata/engine/dataconn"
@@ -39,6 +40,22 @@ func (a instanceSpec) sameAs(b instanceSpec) bool {
 	return a.Name == b.Name && a.Type == b.Type && a.VolumeName == b.VolumeName && a.Size == b.Size &&
 		a.DataDir == b.DataDir && a.BackingFile == b.BackingFile && a.Frontend == b.Frontend &&
 		maps.Equal(a.Replicas, b.Replicas)
+}
+
+// sameSpec tells whether a create request asks for this instance as it
+// runs; the caller holds inst.mu. A replica an engine has expanded since
+// matches both its recorded and its current size, so a manager retrying
+// with either gets it back.
+func (inst *instance) sameSpec(spec instanceSpec) bool {
+	if inst.spec.sameAs(spec) {
+		return true
+	}
+	if inst.rep == nil {
+		return false
+	}
+	cur := inst.spec
+	cur.Size = inst.rep.Size()
+	return cur.sameAs(spec)
 }
 
 func specFromRequest(req *impb.InstanceCreateRequest) (instanceSpec, error) {
@@ -128,16 +145,24 @@ func (s *Server) saveSpecs() error {
 }
 
 // startReplica opens (or creates) the replica's directory and serves it on
-// a new dataconn listener.
-func (s *Server) startReplica(inst *instance) error {
+// a new dataconn listener. An existing replica smaller than the spec is
+// expanded first (offline expansion: the manager recreates a stopped
+// replica at the volume's new size). A larger one is refused, since volumes
+// never shrink, unless reopen is set: then the spec is the instance
+// manager's own record, which an engine's VolumeExpand does not update, so
+// the size on disk wins.
+func (s *Server) startReplica(inst *instance, reopen bool) error {
 	spec := inst.spec
 	var rep *replica.Replica
 	var err error
-	if _, statErr := os.Stat(filepath.Join(spec.DataDir, "volume.meta")); statErr == nil {
+	if _, statErr := os.Stat(filepath.Join(spec.DataDir, replica.MetaFile)); statErr == nil {
 		rep, err = replica.Open(spec.DataDir)
-		if err == nil && rep.Size() != spec.Size {
-			rep.Close()
-			return fmt.Errorf("replica %s in %s has size %d, asked for %d: %w", spec.Name, spec.DataDir, rep.Size(), spec.Size, engineapi.ErrInvalid)
+		if err == nil {
+			err = s.fitReplicaSize(inst, rep, reopen)
+			if err != nil {
+				rep.Close()
+				return err
+			}
 		}
 	} else {
 		rep, err = replica.Create(spec.DataDir, spec.Size, replica.CreateOptions{BackingFile: spec.BackingFile})
@@ -165,25 +190,70 @@ func (s *Server) startReplica(inst *instance) error {
 	return nil
 }
 
+// fitReplicaSize reconciles an opened replica's size with the spec (see
+// startReplica).
+func (s *Server) fitReplicaSize(inst *instance, rep *replica.Replica, reopen bool) error {
+	spec, size := inst.spec, rep.Size()
+	log := s.log.WithFields(map[string]any{"replica": spec.Name, "dir": spec.DataDir})
+	switch {
+	case size == spec.Size:
+		return nil
+	case size > spec.Size && reopen:
+		log.WithFields(map[string]any{"recorded": spec.Size, "size": size}).Info("Replica was expanded; keeping its size")
+		inst.spec.Size = size
+		return nil
+	case size > spec.Size:
+		return fmt.Errorf("replica %s in %s has size %d, larger than the %d asked for; volumes do not shrink: %w",
+			spec.Name, spec.DataDir, size, spec.Size, engineapi.ErrInvalid)
+	}
+	// The same call an engine's VolumeExpand makes on each replica.
+	if err := rep.Expand(spec.Size); err != nil {
+		return fmt.Errorf("replica %s in %s: expanding from %d to %d: %w", spec.Name, spec.DataDir, size, spec.Size, err)
+	}
+	log.WithFields(map[string]any{"from": size, "to": spec.Size}).Info("Replica expanded offline")
+	return nil
+}
+
 // startEngine connects to the engine's replicas and starts its frontend.
-// Replicas that cannot be reached are left out and reported; an engine
-// with no reachable replica fails.
+// It starts if at least one replica connects: the volume is usable, and the
+// others are listed in ERR (with the error in the instance's) so the
+// manager replaces them as it does a replica that fails later. With none,
+// it fails naming each replica's failure.
 func (s *Server) startEngine(inst *instance, replicas map[string]string) error {
 	spec := inst.spec
+	if len(replicas) == 0 {
+		return fmt.Errorf("engine %s: no replicas given: %w", spec.Name, engineapi.ErrInvalid)
+	}
 	log := s.log.WithField("engine", spec.Name)
 	eng := replication.New(spec.VolumeName, spec.Size, log, func() { s.engineChanged(spec.Name) })
-	var failures []error
 	names := make([]string, 0, len(replicas))
 	for name := range replicas {
 		names = append(names, name)
 	}
 	sort.Strings(names)
-	for _, name := range names {
-		if err := s.connectReplica(eng, name, replicas[name], replication.ModeRW); err != nil {
-			failures = append(failures, err)
+	// Dial in parallel: an unreachable node costs one dial timeout, not one
+	// per replica, which would outlast the manager's call.
+	clients := make([]*dataconn.Client, len(names))
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	for i, name := range names {
+		wg.Go(func() { clients[i], errs[i] = s.dialReplicaConn(name, replicas[name]) })
+	}
+	wg.Wait()
+	var failures []error
+	for i, name := range names {
+		if errs[i] == nil {
+			if errs[i] = eng.AddReplica(name, replicas[name], clients[i], replication.ModeRW); errs[i] != nil {
+				clients[i].Close()
+			}
+		}
+		if errs[i] != nil {
+			failures = append(failures, errs[i])
+			_ = eng.AddFailedReplica(name, replicas[name], errs[i])
 		}
 	}
-	if len(eng.Replicas()) == 0 {
+	if len(failures) == len(names) {
+		stopEngine(eng)
 		return fmt.Errorf("engine %s: no replica reachable: %w", spec.Name, errors.Join(failures...))
 	}
 	inst.eng = eng
@@ -202,16 +272,31 @@ func (s *Server) startEngine(inst *instance, replicas map[string]string) error {
 	if len(failures) > 0 {
 		inst.err = errors.Join(failures...).Error()
 	}
-	log.WithField("replicas", len(eng.Replicas())).Info("Engine started")
+	log.WithFields(map[string]any{"replicas": len(names), "failed": len(failures)}).Info("Engine started")
 	return nil
 }
 
-func (s *Server) connectReplica(eng *replication.Engine, name, address string, mode replication.Mode) error {
+// stopEngine detaches every replica of an engine that never ran.
+func stopEngine(eng *replication.Engine) {
+	for _, r := range eng.Replicas() {
+		_ = eng.RemoveReplica(r.Name)
+	}
+}
+
+func (s *Server) dialReplicaConn(name, address string) (*dataconn.Client, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	client, err := dataconn.Dial(ctx, address, dataconn.Options{Timeout: 30 * time.Second, Log: s.log})
 	if err != nil {
-		return fmt.Errorf("replica %s at %s: %w", name, address, err)
+		return nil, fmt.Errorf("replica %s at %s: %w", name, address, err)
+	}
+	return client, nil
+}
+
+func (s *Server) connectReplica(eng *replication.Engine, name, address string, mode replication.Mode) error {
+	client, err := s.dialReplicaConn(name, address)
+	if err != nil {
+		return err
 	}
 	if err := eng.AddReplica(name, address, client, mode); err != nil {
 		client.Close()
@@ -220,12 +305,32 @@ func (s *Server) connectReplica(eng *replication.Engine, name, address string, m
 	return nil
 }
 
+// startFrontend exports the engine over NBD under its volume's name. Two
+// engines of one volume (a live migration) on this instance manager cannot
+// both have it; the second is refused with ErrBusy until the first stops.
 func (s *Server) startFrontend(inst *instance) error {
-	if err := s.nbd.AddExport(inst.spec.VolumeName, inst.eng); err != nil {
+	volume := inst.spec.VolumeName
+	s.mu.Lock()
+	if owner, ok := s.exports[volume]; ok && owner != inst.spec.Name {
+		s.mu.Unlock()
+		return fmt.Errorf("engine %s: volume %s is already exported here by engine %s: %w", inst.spec.Name, volume, owner, engineapi.ErrBusy)
+	}
+	s.exports[volume] = inst.spec.Name
+	s.mu.Unlock()
+	if err := s.nbd.AddExport(volume, inst.eng); err != nil {
+		s.releaseExport(inst)
 		return fmt.Errorf("engine %s: NBD export: %w", inst.spec.Name, err)
 	}
-	inst.endpoint = fmt.Sprintf("nbd://%s/%s", s.opts.NBDAddress, inst.spec.VolumeName)
+	inst.endpoint = fmt.Sprintf("nbd://%s/%s", s.opts.NBDAddress, volume)
 	return nil
+}
+
+func (s *Server) releaseExport(inst *instance) {
+	s.mu.Lock()
+	if s.exports[inst.spec.VolumeName] == inst.spec.Name {
+		delete(s.exports, inst.spec.VolumeName)
+	}
+	s.mu.Unlock()
 }
 
 func (s *Server) stopFrontend(inst *instance) error {
@@ -233,7 +338,9 @@ func (s *Server) stopFrontend(inst *instance) error {
 		return nil
 	}
 	inst.endpoint = ""
-	return s.nbd.RemoveExport(inst.spec.VolumeName)
+	err := s.nbd.RemoveExport(inst.spec.VolumeName)
+	s.releaseExport(inst)
+	return err
 }
 
 // stopLocked stops whatever an instance runs; the caller holds inst.mu.
@@ -262,8 +369,9 @@ func (s *Server) stopLocked(inst *instance) error {
 	return errors.Join(errs...)
 }
 
-// engineChanged publishes an engine's new replica modes. The engine calls
-// it from its I/O path, so it must not wait for the instance's lock.
+// engineChanged publishes an engine's new replica modes (a replica marked
+// ERR by a failed write, a rebuild's progress). The engine calls it from
+// its I/O path, so it must not wait for the instance's lock.
 func (s *Server) engineChanged(name string) {
 	go func() {
 		inst, err := s.get(name)

@@ -11,6 +11,8 @@ import (
 	"net"
 	"sort"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/sirupsen/logrus"
 	"google.golang.org/protobuf/proto"
@@ -35,7 +37,12 @@ type Options struct {
 	// NBDAddress is where clients reach the NBD frontend, host:port, as
 	// advertised in frontend endpoints.
 	NBDAddress string
-	Log        logrus.FieldLogger
+	// SizeReportInterval is how often running engines' chain sizes (which
+	// grow with writes) are re-read and, if they changed, published to
+	// watchers; 0 means DefaultSizeReportInterval, negative turns it off.
+	// Writes themselves never publish (see sizereport.go).
+	SizeReportInterval time.Duration
+	Log                logrus.FieldLogger
 }
 
 // Server is one node's instance manager.
@@ -50,9 +57,24 @@ type Server struct {
 	mu        sync.Mutex
 	instances map[string]*instance
 	revision  uint64
+	// deleting holds the data directories ReplicaDataDelete is removing,
+	// so no replica instance is created in one meanwhile.
+	deleting map[string]bool
+	// exports maps a volume to the engine serving its NBD export: the
+	// export is named after the volume, so during a live migration only
+	// one of two engines of a volume on this node may have the frontend.
+	exports map[string]string
 
 	// clones holds the engines a SnapshotClone is filling (see clone.go).
 	clones sync.Map
+
+	// The size reporter (sizereport.go): stop ends it, wg waits for it.
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+	// sizeReads counts chain reads by the size reporter, so tests can see
+	// that an idle engine costs none.
+	sizeReads atomic.Uint64
 }
 
 type instance struct {
@@ -72,6 +94,22 @@ type instance struct {
 	eng       *replication.Engine
 	endpoint  string
 	snapshots map[string]*impb.Snapshot
+	// chainGen counts updates of snapshots, so the size reporter, which
+	// reads the chain without the lock, never overwrites a newer chain.
+	chainGen uint64
+	// reportedVersion is the engine's DataVersion the cached sizes reflect.
+	reportedVersion uint64
+	// purging is set by SnapshotPurge and cleared once no replica reports
+	// a purge running; meanwhile the size reporter follows it.
+	purging bool
+	purge   map[string]*impb.PurgeStatus
+	// refreshing is set while the size reporter reads this engine, so a
+	// slow replica never piles up reads.
+	refreshing atomic.Bool
+
+	// published is the rendering last sent to watchers (no revision), so
+	// nothing is sent twice.
+	published *impb.Instance
 }
 
 // New builds a server and reopens the replicas recorded in StateDir.
@@ -79,24 +117,42 @@ func New(opts Options) (*Server, error) {
 	if opts.Log == nil {
 		opts.Log = logrus.StandardLogger()
 	}
+	if opts.SizeReportInterval == 0 {
+		opts.SizeReportInterval = DefaultSizeReportInterval
+	}
 	s := &Server{opts: opts, log: opts.Log.WithField("component", "instance-manager"), hub: newHub(),
-		instances: map[string]*instance{}}
+		instances: map[string]*instance{}, deleting: map[string]bool{}, exports: map[string]string{},
+		stop: make(chan struct{})}
 	s.nbd = nbd.NewServer(nbd.Options{Logger: opts.Log})
 	specs, err := loadSpecs(opts.StateDir)
 	if err != nil {
 		return nil, err
 	}
+	resized := false
 	for _, spec := range specs {
 		inst := &instance{spec: spec}
-		if err := s.startReplica(inst); err != nil {
+		if err := s.startReplica(inst, true); err != nil {
 			// Keep it listed in ERROR so the manager sees what happened.
 			inst.state, inst.err = impb.InstanceState_INSTANCE_STATE_ERROR, err.Error()
 			s.log.WithError(err).WithField("replica", spec.Name).Error("Cannot reopen replica")
 		}
+		resized = resized || inst.spec.Size != spec.Size
+		// Watchers get this state when they subscribe; the size reporter
+		// must not send it again as if it were news.
+		inst.published = s.render(inst)
 		s.instances[spec.Name] = inst
 	}
 	if len(specs) > 0 {
 		s.log.WithField("replicas", len(specs)).Info("Reopened replicas from disk")
+	}
+	if resized {
+		if err := s.saveSpecs(); err != nil {
+			s.log.WithError(err).Warn("Cannot record the replicas' new sizes")
+		}
+	}
+	if opts.SizeReportInterval > 0 {
+		s.wg.Add(1)
+		go s.reportSizes(opts.SizeReportInterval)
 	}
 	return s, nil
 }
@@ -107,6 +163,8 @@ func (s *Server) ServeNBD(l net.Listener) error { return s.nbd.Serve(l) }
 // Close stops every instance (replicas are closed cleanly, their data stays)
 // and the NBD server.
 func (s *Server) Close() error {
+	s.stopOnce.Do(func() { close(s.stop) })
+	s.wg.Wait()
 	s.mu.Lock()
 	insts := make([]*instance, 0, len(s.instances))
 	for _, inst := range s.instances {
@@ -141,7 +199,10 @@ func (s *Server) getEngine(name string) (*instance, error) {
 	if inst.spec.Type != impb.InstanceType_INSTANCE_TYPE_ENGINE {
 		return nil, fmt.Errorf("instance %s is not an engine: %w", name, engineapi.ErrInvalid)
 	}
-	if inst.eng == nil {
+	inst.mu.Lock()
+	running := inst.eng != nil
+	inst.mu.Unlock()
+	if !running {
 		return nil, fmt.Errorf("engine %s is not running: %w", name, engineapi.ErrBusy)
 	}
 	return inst, nil
@@ -160,10 +221,16 @@ func (s *Server) InstanceCreate(_ context.Context, req *impb.InstanceCreateReque
 		s.mu.Unlock()
 		old.mu.Lock()
 		defer old.mu.Unlock()
-		if !old.spec.sameAs(spec) {
+		if !old.sameSpec(spec) {
 			return nil, engineapi.ToStatus(fmt.Errorf("instance %s exists with another spec: %w", spec.Name, engineapi.ErrAlreadyExists))
 		}
 		return s.toProto(old), nil
+	}
+	if spec.Type == impb.InstanceType_INSTANCE_TYPE_REPLICA {
+		if err := s.dirFreeLocked(spec.Name, spec.DataDir); err != nil {
+			s.mu.Unlock()
+			return nil, engineapi.ToStatus(err)
+		}
 	}
 	inst := &instance{spec: spec, state: impb.InstanceState_INSTANCE_STATE_STARTING}
 	inst.mu.Lock()
@@ -173,7 +240,7 @@ func (s *Server) InstanceCreate(_ context.Context, req *impb.InstanceCreateReque
 
 	switch spec.Type {
 	case impb.InstanceType_INSTANCE_TYPE_REPLICA:
-		err = s.startReplica(inst)
+		err = s.startReplica(inst, false)
 		if err == nil {
 			err = s.saveSpecs()
 		}
@@ -273,9 +340,19 @@ func (s *Server) Watch(_ *impb.WatchRequest, stream impb.InstanceManager_WatchSe
 	}
 }
 
-// publishLocked sends an instance's new state to watchers; the caller holds inst.mu.
+// publishLocked sends an instance's state to watchers if it differs from
+// what they were last sent, so callers can publish after anything that may
+// have changed it and watchers only hear of real changes; the caller holds
+// inst.mu.
 func (s *Server) publishLocked(inst *instance) {
-	s.hub.publish(impb.WatchEvent_KIND_UPDATED, s.toProto(inst))
+	cur := s.render(inst)
+	if inst.published != nil && proto.Equal(cur, inst.published) {
+		return
+	}
+	inst.published = cur
+	out := proto.Clone(cur).(*impb.Instance)
+	s.revisionBump(out)
+	s.hub.publish(impb.WatchEvent_KIND_UPDATED, out)
 }
 
 func (s *Server) revisionBump(out *impb.Instance) {
@@ -299,6 +376,10 @@ func (s *Server) render(inst *instance) *impb.Instance {
 		Name: inst.spec.Name, Type: inst.spec.Type, VolumeName: inst.spec.VolumeName, Size: inst.spec.Size,
 		State: inst.state, Error: inst.err, Address: inst.address, FrontendEndpoint: inst.endpoint,
 	}
+	if inst.rep != nil {
+		// An engine's VolumeExpand grows the replica behind this instance's back.
+		out.Size = inst.rep.Size()
+	}
 	if inst.eng != nil {
 		out.Size = inst.eng.Size()
 		out.ReplicaModes = map[string]impb.ReplicaMode{}
@@ -310,6 +391,12 @@ func (s *Server) render(inst *instance) *impb.Instance {
 			out.Snapshots[name] = proto.Clone(snap).(*impb.Snapshot)
 		}
 		out.RebuildStatus = rebuildStatusProto(inst.eng)
+		if len(inst.purge) > 0 {
+			out.PurgeStatus = map[string]*impb.PurgeStatus{}
+			for name, st := range inst.purge {
+				out.PurgeStatus[name] = proto.Clone(st).(*impb.PurgeStatus)
+			}
+		}
 	}
 	return out
 }

@@ -3,13 +3,13 @@ package imserver
 import (
 	"context"
 	"fmt"
-	"github.com/strata-storage/strata/engine/internal/errclass"
-	"google.golang.org/protobuf/proto"
 	"sort"
 
 	"github.com/google/uuid"
 
 	"github.com/strata-storage/strata/engine/dataconn"
+	"github.com/strata-storage/strata/engine/internal/errclass"
+	"github.com/strata-storage/strata/engine/replicactl"
 	"github.com/strata-storage/strata/engine/replication"
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/engineapi/impb"
@@ -27,19 +27,12 @@ func (s *Server) engineOp(name string, fn func(inst *instance) error) error {
 	if inst.eng == nil {
 		return engineapi.ToStatus(fmt.Errorf("engine %s stopped: %w", name, engineapi.ErrBusy))
 	}
-	before := s.render(inst)
 	opErr := fn(inst)
 	s.refreshChain(inst)
-	s.publishIfChangedLocked(inst, before)
+	// Published only if something changed, so read-only calls (a
+	// purge-status poll, a snapshot list) cost watchers nothing.
+	s.publishLocked(inst)
 	return engineapi.ToStatus(translate(opErr))
-}
-
-// publishIfChangedLocked tells watchers only what changed since before, so
-// read-only calls (a purge-status poll, a snapshot list) cost them nothing.
-func (s *Server) publishIfChangedLocked(inst *instance, before *impb.Instance) {
-	if !proto.Equal(before, s.render(inst)) {
-		s.publishLocked(inst)
-	}
 }
 
 // translate turns data-connection error classes into engineapi ones, so a
@@ -56,14 +49,23 @@ func translate(err error) error {
 }
 
 // refreshChain re-reads the snapshot chain into the cache that Watch and
-// InstanceGet report; the caller holds inst.mu. A failure is reported in
-// the instance's error, and the old chain is kept.
+// InstanceGet report; the caller holds inst.mu.
 func (s *Server) refreshChain(inst *instance) {
+	version := inst.eng.DataVersion()
 	chain, err := inst.eng.Chain(context.Background())
+	s.setChainLocked(inst, chain, err, version)
+}
+
+// setChainLocked caches a chain read when the engine's DataVersion was
+// version; the caller holds inst.mu. A failure is reported in the
+// instance's error, and the old chain is kept.
+func (s *Server) setChainLocked(inst *instance, chain replicactl.ChainReply, err error, version uint64) {
+	inst.chainGen++
 	if err != nil {
 		inst.err = fmt.Sprintf("reading the snapshot chain: %v", err)
 		return
 	}
+	inst.reportedVersion = version
 	snaps := make(map[string]*impb.Snapshot, len(chain.Layers))
 	for name, l := range chain.Layers {
 		children := append([]string(nil), l.Children...)
@@ -121,19 +123,24 @@ func (s *Server) SnapshotRemove(ctx context.Context, req *impb.SnapshotRemoveReq
 	return &impb.Empty{}, err
 }
 
-// SnapshotPurge starts a purge on every replica.
+// SnapshotPurge starts a purge on every replica. The size reporter then
+// follows it, publishing its progress and the chain it leaves.
 func (s *Server) SnapshotPurge(ctx context.Context, ref *impb.InstanceRef) (*impb.Empty, error) {
-	return &impb.Empty{}, s.engineOp(ref.Name, func(inst *instance) error { return inst.eng.StartPurge(ctx) })
+	return &impb.Empty{}, s.engineOp(ref.Name, func(inst *instance) error {
+		if err := inst.eng.StartPurge(ctx); err != nil {
+			return err
+		}
+		inst.purging = true
+		return nil
+	})
 }
 
 // SnapshotPurgeStatus reports each replica's purge progress.
 func (s *Server) SnapshotPurgeStatus(ctx context.Context, ref *impb.InstanceRef) (*impb.PurgeStatusResponse, error) {
 	out := &impb.PurgeStatusResponse{Status: map[string]*impb.PurgeStatus{}}
 	err := s.engineOp(ref.Name, func(inst *instance) error {
-		for name, st := range inst.eng.PurgeStatus(ctx) {
-			out.Status[name] = &impb.PurgeStatus{IsPurging: st.IsPurging, Progress: int32(st.Progress),
-				State: st.State, Error: st.Error}
-		}
+		out.Status = purgeStatusProto(inst.eng.PurgeStatus(ctx))
+		s.setPurgeLocked(inst, out.Status)
 		return nil
 	})
 	if err != nil {

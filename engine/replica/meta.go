@@ -15,6 +15,10 @@ import (
 	"github.com/strata-storage/strata/engine/blockdev"
 )
 
+// MetaFile is the file that makes a directory a replica: others (the
+// instance manager) test for it before opening or deleting one.
+const MetaFile = volumeMetaFile
+
 // File names inside a replica directory.
 const (
 	volumeMetaFile = "volume.meta"

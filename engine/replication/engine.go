@@ -74,6 +74,10 @@ type Engine struct {
 	replicas map[string]*replica
 	nextRead atomic.Uint64
 	rb       rebuilds // see rebuild.go
+	// changes counts completed data-changing calls (write, trim, zeroing),
+	// so a size reporter can tell an idle volume from one that grew
+	// without asking a replica (see DataVersion).
+	changes atomic.Uint64
 
 	onChange func()
 }
@@ -108,6 +112,46 @@ func (e *Engine) AddReplica(name, address string, backend Backend, mode Mode) er
 	e.onChange()
 	return nil
 }
+
+// AddFailedReplica lists a replica the engine could not attach (unreachable,
+// wrong size) in ERR with the cause, so that watchers see a member that
+// needs replacing rather than one silently left out. It takes no I/O;
+// RemoveReplica drops it.
+func (e *Engine) AddFailedReplica(name, address string, cause error) error {
+	if cause == nil {
+		cause = errors.New("not connected")
+	}
+	e.io.Lock()
+	defer e.io.Unlock()
+	e.mu.Lock()
+	if _, ok := e.replicas[name]; ok {
+		e.mu.Unlock()
+		return fmt.Errorf("replica %s is already attached", name)
+	}
+	e.replicas[name] = &replica{name: name, address: address, backend: failedBackend{cause}, mode: ModeERR, err: cause}
+	e.mu.Unlock()
+	e.log.WithError(cause).WithFields(logrus.Fields{"replica": name, "address": address}).Warn("Replica not connected; listed as ERR")
+	e.onChange()
+	return nil
+}
+
+// failedBackend stands for a replica that was never connected. ERR
+// replicas get no I/O, so its methods only guard against a mistake.
+type failedBackend struct{ err error }
+
+func (b failedBackend) ReadAt([]byte, int64) (int, error)               { return 0, b.err }
+func (b failedBackend) WriteAt([]byte, int64) (int, error)              { return 0, b.err }
+func (b failedBackend) Size() int64                                     { return 0 }
+func (b failedBackend) Flush() error                                    { return b.err }
+func (b failedBackend) Unmap(int64, int64) error                        { return b.err }
+func (b failedBackend) WriteZeroes(int64, int64) error                  { return b.err }
+func (b failedBackend) Control(context.Context, string, any, any) error { return b.err }
+func (b failedBackend) Close() error                                    { return nil }
+
+// DataVersion changes after every write, trim or zeroing that returned,
+// successful or not. Equal values mean no data change in between, so the
+// replicas' allocated sizes need not be read again.
+func (e *Engine) DataVersion() uint64 { return e.changes.Load() }
 
 // RemoveReplica detaches a replica and closes its connection.
 func (e *Engine) RemoveReplica(name string) error {

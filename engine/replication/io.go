@@ -47,7 +47,7 @@ func (e *Engine) WriteAt(p []byte, off int64) (int, error) {
 	if err := blockdev.CheckRange(off, int64(len(p)), e.Size()); err != nil {
 		return 0, err
 	}
-	err := e.fanOut("write", func(b Backend) error {
+	err := e.fanOutChange("write", func(b Backend) error {
 		_, err := b.WriteAt(p, off)
 		return err
 	})
@@ -67,7 +67,7 @@ func (e *Engine) Unmap(off, length int64) error {
 	if err := blockdev.CheckRange(off, length, e.Size()); err != nil {
 		return err
 	}
-	return e.fanOut("unmap", func(b Backend) error { return b.Unmap(off, length) })
+	return e.fanOutChange("unmap", func(b Backend) error { return b.Unmap(off, length) })
 }
 
 // WriteZeroes zeroes a range on every replica.
@@ -75,13 +75,22 @@ func (e *Engine) WriteZeroes(off, length int64) error {
 	if err := blockdev.CheckRange(off, length, e.Size()); err != nil {
 		return err
 	}
-	return e.fanOut("write-zeroes", func(b Backend) error { return b.WriteZeroes(off, length) })
+	return e.fanOutChange("write-zeroes", func(b Backend) error { return b.WriteZeroes(off, length) })
 }
 
 func (e *Engine) fanOut(what string, op func(Backend) error) error {
 	e.io.RLock()
 	defer e.io.RUnlock()
 	return e.fanOutLocked(what, op)
+}
+
+// fanOutChange is fanOut for a call that changes data (not a flush).
+// DataVersion moves only once the call has returned, so a reader that sees
+// the new version and then asks a replica for its sizes finds this change
+// in them.
+func (e *Engine) fanOutChange(what string, op func(Backend) error) error {
+	defer e.changes.Add(1)
+	return e.fanOut(what, op)
 }
 
 // fanOutLocked runs op on every writer in parallel; the caller holds e.io.

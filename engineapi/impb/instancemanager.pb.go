@@ -325,10 +325,16 @@ type InstanceCreateRequest struct {
 	VolumeName string                 `protobuf:"bytes,3,opt,name=volume_name,json=volumeName,proto3" json:"volume_name,omitempty"`
 	Size       int64                  `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
 	// Replica: the data directory (created if missing) and an optional
-	// read-only raw backing file.
+	// read-only raw backing file. An existing replica smaller than size is
+	// expanded to it (offline expansion); a larger one is refused.
 	DataDir     string `protobuf:"bytes,5,opt,name=data_dir,json=dataDir,proto3" json:"data_dir,omitempty"`
 	BackingFile string `protobuf:"bytes,6,opt,name=backing_file,json=backingFile,proto3" json:"backing_file,omitempty"`
 	// Engine: replica name -> dataconn address, and the frontend to start.
+	// The engine starts if at least one replica connects; the others are
+	// reported as REPLICA_MODE_ERR in replica_modes. Another engine (another
+	// name, on this or another instance manager) may use the same replicas at
+	// the same time, for live migration; only one may serve the volume's NBD
+	// frontend on one instance manager.
 	Replicas         map[string]string `protobuf:"bytes,7,rep,name=replicas,proto3" json:"replicas,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	Frontend         string            `protobuf:"bytes,8,opt,name=frontend,proto3" json:"frontend,omitempty"`
 	SnapshotMaxCount int32             `protobuf:"varint,9,opt,name=snapshot_max_count,json=snapshotMaxCount,proto3" json:"snapshot_max_count,omitempty"`
@@ -450,7 +456,11 @@ type Instance struct {
 	FrontendEndpoint string                 `protobuf:"bytes,8,opt,name=frontend_endpoint,json=frontendEndpoint,proto3" json:"frontend_endpoint,omitempty"`
 	ReplicaModes     map[string]ReplicaMode `protobuf:"bytes,9,rep,name=replica_modes,json=replicaModes,proto3" json:"replica_modes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value,enum=strata.instancemanager.v1.ReplicaMode"`
 	// Engine: the snapshot chain, keyed by name, including "volume-head".
-	Snapshots     map[string]*Snapshot      `protobuf:"bytes,10,rep,name=snapshots,proto3" json:"snapshots,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Sizes grow with writes; they are re-read at most once per the instance
+	// manager's --size-report-interval, and published only when they changed.
+	Snapshots map[string]*Snapshot `protobuf:"bytes,10,rep,name=snapshots,proto3" json:"snapshots,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Engine: the last purge's progress per replica, followed at the same
+	// interval while a purge runs.
 	PurgeStatus   map[string]*PurgeStatus   `protobuf:"bytes,11,rep,name=purge_status,json=purgeStatus,proto3" json:"purge_status,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	RebuildStatus map[string]*RebuildStatus `protobuf:"bytes,12,rep,name=rebuild_status,json=rebuildStatus,proto3" json:"rebuild_status,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Bumped on every change, so a watcher can drop stale events.
@@ -1755,6 +1765,50 @@ func (x *RebuildStatus) GetFromReplica() string {
 	return ""
 }
 
+type ReplicaDataDeleteRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	DataDir       string                 `protobuf:"bytes,1,opt,name=data_dir,json=dataDir,proto3" json:"data_dir,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaDataDeleteRequest) Reset() {
+	*x = ReplicaDataDeleteRequest{}
+	mi := &file_instancemanager_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaDataDeleteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaDataDeleteRequest) ProtoMessage() {}
+
+func (x *ReplicaDataDeleteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_instancemanager_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaDataDeleteRequest.ProtoReflect.Descriptor instead.
+func (*ReplicaDataDeleteRequest) Descriptor() ([]byte, []int) {
+	return file_instancemanager_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ReplicaDataDeleteRequest) GetDataDir() string {
+	if x != nil {
+		return x.DataDir
+	}
+	return ""
+}
+
 type RebuildStatusResponse struct {
 	state         protoimpl.MessageState    `protogen:"open.v1"`
 	Status        map[string]*RebuildStatus `protobuf:"bytes,1,rep,name=status,proto3" json:"status,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
@@ -1764,7 +1818,7 @@ type RebuildStatusResponse struct {
 
 func (x *RebuildStatusResponse) Reset() {
 	*x = RebuildStatusResponse{}
-	mi := &file_instancemanager_proto_msgTypes[25]
+	mi := &file_instancemanager_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1776,7 +1830,7 @@ func (x *RebuildStatusResponse) String() string {
 func (*RebuildStatusResponse) ProtoMessage() {}
 
 func (x *RebuildStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[25]
+	mi := &file_instancemanager_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1789,7 +1843,7 @@ func (x *RebuildStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebuildStatusResponse.ProtoReflect.Descriptor instead.
 func (*RebuildStatusResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{25}
+	return file_instancemanager_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RebuildStatusResponse) GetStatus() map[string]*RebuildStatus {
@@ -1943,7 +1997,9 @@ const file_instancemanager_proto_rawDesc = "" +
 	"\bprogress\x18\x02 \x01(\x05R\bprogress\x12\x14\n" +
 	"\x05state\x18\x03 \x01(\tR\x05state\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12!\n" +
-	"\ffrom_replica\x18\x05 \x01(\tR\vfromReplica\"\xd2\x01\n" +
+	"\ffrom_replica\x18\x05 \x01(\tR\vfromReplica\"5\n" +
+	"\x18ReplicaDataDeleteRequest\x12\x19\n" +
+	"\bdata_dir\x18\x01 \x01(\tR\adataDir\"\xd2\x01\n" +
 	"\x15RebuildStatusResponse\x12T\n" +
 	"\x06status\x18\x01 \x03(\v2<.strata.instancemanager.v1.RebuildStatusResponse.StatusEntryR\x06status\x1ac\n" +
 	"\vStatusEntry\x12\x10\n" +
@@ -1964,7 +2020,7 @@ const file_instancemanager_proto_rawDesc = "" +
 	"\x18REPLICA_MODE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fREPLICA_MODE_RW\x10\x01\x12\x13\n" +
 	"\x0fREPLICA_MODE_WO\x10\x02\x12\x14\n" +
-	"\x10REPLICA_MODE_ERR\x10\x032\x8c\x10\n" +
+	"\x10REPLICA_MODE_ERR\x10\x032\xf8\x10\n" +
 	"\x0fInstanceManager\x12g\n" +
 	"\x0eInstanceCreate\x120.strata.instancemanager.v1.InstanceCreateRequest\x1a#.strata.instancemanager.v1.Instance\x12]\n" +
 	"\x0eInstanceDelete\x12&.strata.instancemanager.v1.InstanceRef\x1a#.strata.instancemanager.v1.Instance\x12Z\n" +
@@ -1986,7 +2042,8 @@ const file_instancemanager_proto_rawDesc = "" +
 	"\n" +
 	"ReplicaAdd\x12,.strata.instancemanager.v1.ReplicaAddRequest\x1a .strata.instancemanager.v1.Empty\x12b\n" +
 	"\rReplicaRemove\x12/.strata.instancemanager.v1.ReplicaRemoveRequest\x1a .strata.instancemanager.v1.Empty\x12p\n" +
-	"\x14ReplicaRebuildStatus\x12&.strata.instancemanager.v1.InstanceRef\x1a0.strata.instancemanager.v1.RebuildStatusResponseB1Z/github.com/strata-storage/strata/engineapi/impbb\x06proto3"
+	"\x14ReplicaRebuildStatus\x12&.strata.instancemanager.v1.InstanceRef\x1a0.strata.instancemanager.v1.RebuildStatusResponse\x12j\n" +
+	"\x11ReplicaDataDelete\x123.strata.instancemanager.v1.ReplicaDataDeleteRequest\x1a .strata.instancemanager.v1.EmptyB1Z/github.com/strata-storage/strata/engineapi/impbb\x06proto3"
 
 var (
 	file_instancemanager_proto_rawDescOnce sync.Once
@@ -2001,66 +2058,67 @@ func file_instancemanager_proto_rawDescGZIP() []byte {
 }
 
 var file_instancemanager_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_instancemanager_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_instancemanager_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_instancemanager_proto_goTypes = []any{
-	(InstanceType)(0),              // 0: strata.instancemanager.v1.InstanceType
-	(InstanceState)(0),             // 1: strata.instancemanager.v1.InstanceState
-	(ReplicaMode)(0),               // 2: strata.instancemanager.v1.ReplicaMode
-	(WatchEvent_Kind)(0),           // 3: strata.instancemanager.v1.WatchEvent.Kind
-	(*Empty)(nil),                  // 4: strata.instancemanager.v1.Empty
-	(*InstanceRef)(nil),            // 5: strata.instancemanager.v1.InstanceRef
-	(*InstanceCreateRequest)(nil),  // 6: strata.instancemanager.v1.InstanceCreateRequest
-	(*Instance)(nil),               // 7: strata.instancemanager.v1.Instance
-	(*InstanceListRequest)(nil),    // 8: strata.instancemanager.v1.InstanceListRequest
-	(*InstanceListResponse)(nil),   // 9: strata.instancemanager.v1.InstanceListResponse
-	(*WatchRequest)(nil),           // 10: strata.instancemanager.v1.WatchRequest
-	(*WatchEvent)(nil),             // 11: strata.instancemanager.v1.WatchEvent
-	(*Snapshot)(nil),               // 12: strata.instancemanager.v1.Snapshot
-	(*SnapshotCreateRequest)(nil),  // 13: strata.instancemanager.v1.SnapshotCreateRequest
-	(*SnapshotCreateResponse)(nil), // 14: strata.instancemanager.v1.SnapshotCreateResponse
-	(*SnapshotListResponse)(nil),   // 15: strata.instancemanager.v1.SnapshotListResponse
-	(*SnapshotRemoveRequest)(nil),  // 16: strata.instancemanager.v1.SnapshotRemoveRequest
-	(*PurgeStatus)(nil),            // 17: strata.instancemanager.v1.PurgeStatus
-	(*PurgeStatusResponse)(nil),    // 18: strata.instancemanager.v1.PurgeStatusResponse
-	(*SnapshotRevertRequest)(nil),  // 19: strata.instancemanager.v1.SnapshotRevertRequest
-	(*SnapshotCloneRequest)(nil),   // 20: strata.instancemanager.v1.SnapshotCloneRequest
-	(*SnapshotExportRequest)(nil),  // 21: strata.instancemanager.v1.SnapshotExportRequest
-	(*ExportChunk)(nil),            // 22: strata.instancemanager.v1.ExportChunk
-	(*SnapshotLimitsRequest)(nil),  // 23: strata.instancemanager.v1.SnapshotLimitsRequest
-	(*VolumeExpandRequest)(nil),    // 24: strata.instancemanager.v1.VolumeExpandRequest
-	(*FrontendStartRequest)(nil),   // 25: strata.instancemanager.v1.FrontendStartRequest
-	(*ReplicaAddRequest)(nil),      // 26: strata.instancemanager.v1.ReplicaAddRequest
-	(*ReplicaRemoveRequest)(nil),   // 27: strata.instancemanager.v1.ReplicaRemoveRequest
-	(*RebuildStatus)(nil),          // 28: strata.instancemanager.v1.RebuildStatus
-	(*RebuildStatusResponse)(nil),  // 29: strata.instancemanager.v1.RebuildStatusResponse
-	nil,                            // 30: strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
-	nil,                            // 31: strata.instancemanager.v1.Instance.ReplicaModesEntry
-	nil,                            // 32: strata.instancemanager.v1.Instance.SnapshotsEntry
-	nil,                            // 33: strata.instancemanager.v1.Instance.PurgeStatusEntry
-	nil,                            // 34: strata.instancemanager.v1.Instance.RebuildStatusEntry
-	nil,                            // 35: strata.instancemanager.v1.Snapshot.LabelsEntry
-	nil,                            // 36: strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
-	nil,                            // 37: strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
-	nil,                            // 38: strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
-	nil,                            // 39: strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
+	(InstanceType)(0),                // 0: strata.instancemanager.v1.InstanceType
+	(InstanceState)(0),               // 1: strata.instancemanager.v1.InstanceState
+	(ReplicaMode)(0),                 // 2: strata.instancemanager.v1.ReplicaMode
+	(WatchEvent_Kind)(0),             // 3: strata.instancemanager.v1.WatchEvent.Kind
+	(*Empty)(nil),                    // 4: strata.instancemanager.v1.Empty
+	(*InstanceRef)(nil),              // 5: strata.instancemanager.v1.InstanceRef
+	(*InstanceCreateRequest)(nil),    // 6: strata.instancemanager.v1.InstanceCreateRequest
+	(*Instance)(nil),                 // 7: strata.instancemanager.v1.Instance
+	(*InstanceListRequest)(nil),      // 8: strata.instancemanager.v1.InstanceListRequest
+	(*InstanceListResponse)(nil),     // 9: strata.instancemanager.v1.InstanceListResponse
+	(*WatchRequest)(nil),             // 10: strata.instancemanager.v1.WatchRequest
+	(*WatchEvent)(nil),               // 11: strata.instancemanager.v1.WatchEvent
+	(*Snapshot)(nil),                 // 12: strata.instancemanager.v1.Snapshot
+	(*SnapshotCreateRequest)(nil),    // 13: strata.instancemanager.v1.SnapshotCreateRequest
+	(*SnapshotCreateResponse)(nil),   // 14: strata.instancemanager.v1.SnapshotCreateResponse
+	(*SnapshotListResponse)(nil),     // 15: strata.instancemanager.v1.SnapshotListResponse
+	(*SnapshotRemoveRequest)(nil),    // 16: strata.instancemanager.v1.SnapshotRemoveRequest
+	(*PurgeStatus)(nil),              // 17: strata.instancemanager.v1.PurgeStatus
+	(*PurgeStatusResponse)(nil),      // 18: strata.instancemanager.v1.PurgeStatusResponse
+	(*SnapshotRevertRequest)(nil),    // 19: strata.instancemanager.v1.SnapshotRevertRequest
+	(*SnapshotCloneRequest)(nil),     // 20: strata.instancemanager.v1.SnapshotCloneRequest
+	(*SnapshotExportRequest)(nil),    // 21: strata.instancemanager.v1.SnapshotExportRequest
+	(*ExportChunk)(nil),              // 22: strata.instancemanager.v1.ExportChunk
+	(*SnapshotLimitsRequest)(nil),    // 23: strata.instancemanager.v1.SnapshotLimitsRequest
+	(*VolumeExpandRequest)(nil),      // 24: strata.instancemanager.v1.VolumeExpandRequest
+	(*FrontendStartRequest)(nil),     // 25: strata.instancemanager.v1.FrontendStartRequest
+	(*ReplicaAddRequest)(nil),        // 26: strata.instancemanager.v1.ReplicaAddRequest
+	(*ReplicaRemoveRequest)(nil),     // 27: strata.instancemanager.v1.ReplicaRemoveRequest
+	(*RebuildStatus)(nil),            // 28: strata.instancemanager.v1.RebuildStatus
+	(*ReplicaDataDeleteRequest)(nil), // 29: strata.instancemanager.v1.ReplicaDataDeleteRequest
+	(*RebuildStatusResponse)(nil),    // 30: strata.instancemanager.v1.RebuildStatusResponse
+	nil,                              // 31: strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
+	nil,                              // 32: strata.instancemanager.v1.Instance.ReplicaModesEntry
+	nil,                              // 33: strata.instancemanager.v1.Instance.SnapshotsEntry
+	nil,                              // 34: strata.instancemanager.v1.Instance.PurgeStatusEntry
+	nil,                              // 35: strata.instancemanager.v1.Instance.RebuildStatusEntry
+	nil,                              // 36: strata.instancemanager.v1.Snapshot.LabelsEntry
+	nil,                              // 37: strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
+	nil,                              // 38: strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
+	nil,                              // 39: strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
+	nil,                              // 40: strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
 }
 var file_instancemanager_proto_depIdxs = []int32{
 	0,  // 0: strata.instancemanager.v1.InstanceCreateRequest.type:type_name -> strata.instancemanager.v1.InstanceType
-	30, // 1: strata.instancemanager.v1.InstanceCreateRequest.replicas:type_name -> strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
+	31, // 1: strata.instancemanager.v1.InstanceCreateRequest.replicas:type_name -> strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
 	0,  // 2: strata.instancemanager.v1.Instance.type:type_name -> strata.instancemanager.v1.InstanceType
 	1,  // 3: strata.instancemanager.v1.Instance.state:type_name -> strata.instancemanager.v1.InstanceState
-	31, // 4: strata.instancemanager.v1.Instance.replica_modes:type_name -> strata.instancemanager.v1.Instance.ReplicaModesEntry
-	32, // 5: strata.instancemanager.v1.Instance.snapshots:type_name -> strata.instancemanager.v1.Instance.SnapshotsEntry
-	33, // 6: strata.instancemanager.v1.Instance.purge_status:type_name -> strata.instancemanager.v1.Instance.PurgeStatusEntry
-	34, // 7: strata.instancemanager.v1.Instance.rebuild_status:type_name -> strata.instancemanager.v1.Instance.RebuildStatusEntry
+	32, // 4: strata.instancemanager.v1.Instance.replica_modes:type_name -> strata.instancemanager.v1.Instance.ReplicaModesEntry
+	33, // 5: strata.instancemanager.v1.Instance.snapshots:type_name -> strata.instancemanager.v1.Instance.SnapshotsEntry
+	34, // 6: strata.instancemanager.v1.Instance.purge_status:type_name -> strata.instancemanager.v1.Instance.PurgeStatusEntry
+	35, // 7: strata.instancemanager.v1.Instance.rebuild_status:type_name -> strata.instancemanager.v1.Instance.RebuildStatusEntry
 	7,  // 8: strata.instancemanager.v1.InstanceListResponse.instances:type_name -> strata.instancemanager.v1.Instance
 	3,  // 9: strata.instancemanager.v1.WatchEvent.kind:type_name -> strata.instancemanager.v1.WatchEvent.Kind
 	7,  // 10: strata.instancemanager.v1.WatchEvent.instance:type_name -> strata.instancemanager.v1.Instance
-	35, // 11: strata.instancemanager.v1.Snapshot.labels:type_name -> strata.instancemanager.v1.Snapshot.LabelsEntry
-	36, // 12: strata.instancemanager.v1.SnapshotCreateRequest.labels:type_name -> strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
-	37, // 13: strata.instancemanager.v1.SnapshotListResponse.snapshots:type_name -> strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
-	38, // 14: strata.instancemanager.v1.PurgeStatusResponse.status:type_name -> strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
-	39, // 15: strata.instancemanager.v1.RebuildStatusResponse.status:type_name -> strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
+	36, // 11: strata.instancemanager.v1.Snapshot.labels:type_name -> strata.instancemanager.v1.Snapshot.LabelsEntry
+	37, // 12: strata.instancemanager.v1.SnapshotCreateRequest.labels:type_name -> strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
+	38, // 13: strata.instancemanager.v1.SnapshotListResponse.snapshots:type_name -> strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
+	39, // 14: strata.instancemanager.v1.PurgeStatusResponse.status:type_name -> strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
+	40, // 15: strata.instancemanager.v1.RebuildStatusResponse.status:type_name -> strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
 	2,  // 16: strata.instancemanager.v1.Instance.ReplicaModesEntry.value:type_name -> strata.instancemanager.v1.ReplicaMode
 	12, // 17: strata.instancemanager.v1.Instance.SnapshotsEntry.value:type_name -> strata.instancemanager.v1.Snapshot
 	17, // 18: strata.instancemanager.v1.Instance.PurgeStatusEntry.value:type_name -> strata.instancemanager.v1.PurgeStatus
@@ -2088,28 +2146,30 @@ var file_instancemanager_proto_depIdxs = []int32{
 	26, // 40: strata.instancemanager.v1.InstanceManager.ReplicaAdd:input_type -> strata.instancemanager.v1.ReplicaAddRequest
 	27, // 41: strata.instancemanager.v1.InstanceManager.ReplicaRemove:input_type -> strata.instancemanager.v1.ReplicaRemoveRequest
 	5,  // 42: strata.instancemanager.v1.InstanceManager.ReplicaRebuildStatus:input_type -> strata.instancemanager.v1.InstanceRef
-	7,  // 43: strata.instancemanager.v1.InstanceManager.InstanceCreate:output_type -> strata.instancemanager.v1.Instance
-	7,  // 44: strata.instancemanager.v1.InstanceManager.InstanceDelete:output_type -> strata.instancemanager.v1.Instance
-	7,  // 45: strata.instancemanager.v1.InstanceManager.InstanceGet:output_type -> strata.instancemanager.v1.Instance
-	9,  // 46: strata.instancemanager.v1.InstanceManager.InstanceList:output_type -> strata.instancemanager.v1.InstanceListResponse
-	11, // 47: strata.instancemanager.v1.InstanceManager.Watch:output_type -> strata.instancemanager.v1.WatchEvent
-	14, // 48: strata.instancemanager.v1.InstanceManager.SnapshotCreate:output_type -> strata.instancemanager.v1.SnapshotCreateResponse
-	15, // 49: strata.instancemanager.v1.InstanceManager.SnapshotList:output_type -> strata.instancemanager.v1.SnapshotListResponse
-	4,  // 50: strata.instancemanager.v1.InstanceManager.SnapshotRemove:output_type -> strata.instancemanager.v1.Empty
-	4,  // 51: strata.instancemanager.v1.InstanceManager.SnapshotPurge:output_type -> strata.instancemanager.v1.Empty
-	18, // 52: strata.instancemanager.v1.InstanceManager.SnapshotPurgeStatus:output_type -> strata.instancemanager.v1.PurgeStatusResponse
-	4,  // 53: strata.instancemanager.v1.InstanceManager.SnapshotRevert:output_type -> strata.instancemanager.v1.Empty
-	4,  // 54: strata.instancemanager.v1.InstanceManager.SnapshotClone:output_type -> strata.instancemanager.v1.Empty
-	22, // 55: strata.instancemanager.v1.InstanceManager.SnapshotExport:output_type -> strata.instancemanager.v1.ExportChunk
-	4,  // 56: strata.instancemanager.v1.InstanceManager.SnapshotLimitsSet:output_type -> strata.instancemanager.v1.Empty
-	4,  // 57: strata.instancemanager.v1.InstanceManager.VolumeExpand:output_type -> strata.instancemanager.v1.Empty
-	7,  // 58: strata.instancemanager.v1.InstanceManager.FrontendStart:output_type -> strata.instancemanager.v1.Instance
-	7,  // 59: strata.instancemanager.v1.InstanceManager.FrontendStop:output_type -> strata.instancemanager.v1.Instance
-	4,  // 60: strata.instancemanager.v1.InstanceManager.ReplicaAdd:output_type -> strata.instancemanager.v1.Empty
-	4,  // 61: strata.instancemanager.v1.InstanceManager.ReplicaRemove:output_type -> strata.instancemanager.v1.Empty
-	29, // 62: strata.instancemanager.v1.InstanceManager.ReplicaRebuildStatus:output_type -> strata.instancemanager.v1.RebuildStatusResponse
-	43, // [43:63] is the sub-list for method output_type
-	23, // [23:43] is the sub-list for method input_type
+	29, // 43: strata.instancemanager.v1.InstanceManager.ReplicaDataDelete:input_type -> strata.instancemanager.v1.ReplicaDataDeleteRequest
+	7,  // 44: strata.instancemanager.v1.InstanceManager.InstanceCreate:output_type -> strata.instancemanager.v1.Instance
+	7,  // 45: strata.instancemanager.v1.InstanceManager.InstanceDelete:output_type -> strata.instancemanager.v1.Instance
+	7,  // 46: strata.instancemanager.v1.InstanceManager.InstanceGet:output_type -> strata.instancemanager.v1.Instance
+	9,  // 47: strata.instancemanager.v1.InstanceManager.InstanceList:output_type -> strata.instancemanager.v1.InstanceListResponse
+	11, // 48: strata.instancemanager.v1.InstanceManager.Watch:output_type -> strata.instancemanager.v1.WatchEvent
+	14, // 49: strata.instancemanager.v1.InstanceManager.SnapshotCreate:output_type -> strata.instancemanager.v1.SnapshotCreateResponse
+	15, // 50: strata.instancemanager.v1.InstanceManager.SnapshotList:output_type -> strata.instancemanager.v1.SnapshotListResponse
+	4,  // 51: strata.instancemanager.v1.InstanceManager.SnapshotRemove:output_type -> strata.instancemanager.v1.Empty
+	4,  // 52: strata.instancemanager.v1.InstanceManager.SnapshotPurge:output_type -> strata.instancemanager.v1.Empty
+	18, // 53: strata.instancemanager.v1.InstanceManager.SnapshotPurgeStatus:output_type -> strata.instancemanager.v1.PurgeStatusResponse
+	4,  // 54: strata.instancemanager.v1.InstanceManager.SnapshotRevert:output_type -> strata.instancemanager.v1.Empty
+	4,  // 55: strata.instancemanager.v1.InstanceManager.SnapshotClone:output_type -> strata.instancemanager.v1.Empty
+	22, // 56: strata.instancemanager.v1.InstanceManager.SnapshotExport:output_type -> strata.instancemanager.v1.ExportChunk
+	4,  // 57: strata.instancemanager.v1.InstanceManager.SnapshotLimitsSet:output_type -> strata.instancemanager.v1.Empty
+	4,  // 58: strata.instancemanager.v1.InstanceManager.VolumeExpand:output_type -> strata.instancemanager.v1.Empty
+	7,  // 59: strata.instancemanager.v1.InstanceManager.FrontendStart:output_type -> strata.instancemanager.v1.Instance
+	7,  // 60: strata.instancemanager.v1.InstanceManager.FrontendStop:output_type -> strata.instancemanager.v1.Instance
+	4,  // 61: strata.instancemanager.v1.InstanceManager.ReplicaAdd:output_type -> strata.instancemanager.v1.Empty
+	4,  // 62: strata.instancemanager.v1.InstanceManager.ReplicaRemove:output_type -> strata.instancemanager.v1.Empty
+	30, // 63: strata.instancemanager.v1.InstanceManager.ReplicaRebuildStatus:output_type -> strata.instancemanager.v1.RebuildStatusResponse
+	4,  // 64: strata.instancemanager.v1.InstanceManager.ReplicaDataDelete:output_type -> strata.instancemanager.v1.Empty
+	44, // [44:65] is the sub-list for method output_type
+	23, // [23:44] is the sub-list for method input_type
 	23, // [23:23] is the sub-list for extension type_name
 	23, // [23:23] is the sub-list for extension extendee
 	0,  // [0:23] is the sub-list for field type_name
@@ -2126,7 +2186,7 @@ func file_instancemanager_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_instancemanager_proto_rawDesc), len(file_instancemanager_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   36,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -43,6 +43,7 @@ const (
 	InstanceManager_ReplicaAdd_FullMethodName           = "/strata.instancemanager.v1.InstanceManager/ReplicaAdd"
 	InstanceManager_ReplicaRemove_FullMethodName        = "/strata.instancemanager.v1.InstanceManager/ReplicaRemove"
 	InstanceManager_ReplicaRebuildStatus_FullMethodName = "/strata.instancemanager.v1.InstanceManager/ReplicaRebuildStatus"
+	InstanceManager_ReplicaDataDelete_FullMethodName    = "/strata.instancemanager.v1.InstanceManager/ReplicaDataDelete"
 )
 
 // InstanceManagerClient is the client API for InstanceManager service.
@@ -79,6 +80,12 @@ type InstanceManagerClient interface {
 	ReplicaAdd(ctx context.Context, in *ReplicaAddRequest, opts ...grpc.CallOption) (*Empty, error)
 	ReplicaRemove(ctx context.Context, in *ReplicaRemoveRequest, opts ...grpc.CallOption) (*Empty, error)
 	ReplicaRebuildStatus(ctx context.Context, in *InstanceRef, opts ...grpc.CallOption) (*RebuildStatusResponse, error)
+	// ReplicaDataDelete removes a replica's data directory for good. A missing
+	// directory is success (managers retry); a directory a replica instance
+	// of this instance manager uses is refused (Aborted), and so is a path
+	// that is not absolute or a non-empty directory without volume.meta
+	// (InvalidArgument), so a mistake cannot wipe an unrelated directory.
+	ReplicaDataDelete(ctx context.Context, in *ReplicaDataDeleteRequest, opts ...grpc.CallOption) (*Empty, error)
 }
 
 type instanceManagerClient struct {
@@ -307,6 +314,16 @@ func (c *instanceManagerClient) ReplicaRebuildStatus(ctx context.Context, in *In
 	return out, nil
 }
 
+func (c *instanceManagerClient) ReplicaDataDelete(ctx context.Context, in *ReplicaDataDeleteRequest, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, InstanceManager_ReplicaDataDelete_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // InstanceManagerServer is the server API for InstanceManager service.
 // All implementations must embed UnimplementedInstanceManagerServer
 // for forward compatibility.
@@ -341,6 +358,12 @@ type InstanceManagerServer interface {
 	ReplicaAdd(context.Context, *ReplicaAddRequest) (*Empty, error)
 	ReplicaRemove(context.Context, *ReplicaRemoveRequest) (*Empty, error)
 	ReplicaRebuildStatus(context.Context, *InstanceRef) (*RebuildStatusResponse, error)
+	// ReplicaDataDelete removes a replica's data directory for good. A missing
+	// directory is success (managers retry); a directory a replica instance
+	// of this instance manager uses is refused (Aborted), and so is a path
+	// that is not absolute or a non-empty directory without volume.meta
+	// (InvalidArgument), so a mistake cannot wipe an unrelated directory.
+	ReplicaDataDelete(context.Context, *ReplicaDataDeleteRequest) (*Empty, error)
 	mustEmbedUnimplementedInstanceManagerServer()
 }
 
@@ -410,6 +433,9 @@ func (UnimplementedInstanceManagerServer) ReplicaRemove(context.Context, *Replic
 }
 func (UnimplementedInstanceManagerServer) ReplicaRebuildStatus(context.Context, *InstanceRef) (*RebuildStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReplicaRebuildStatus not implemented")
+}
+func (UnimplementedInstanceManagerServer) ReplicaDataDelete(context.Context, *ReplicaDataDeleteRequest) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReplicaDataDelete not implemented")
 }
 func (UnimplementedInstanceManagerServer) mustEmbedUnimplementedInstanceManagerServer() {}
 func (UnimplementedInstanceManagerServer) testEmbeddedByValue()                         {}
@@ -778,6 +804,24 @@ func _InstanceManager_ReplicaRebuildStatus_Handler(srv interface{}, ctx context.
 	return interceptor(ctx, in, info, handler)
 }
 
+func _InstanceManager_ReplicaDataDelete_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplicaDataDeleteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(InstanceManagerServer).ReplicaDataDelete(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: InstanceManager_ReplicaDataDelete_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(InstanceManagerServer).ReplicaDataDelete(ctx, req.(*ReplicaDataDeleteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // InstanceManager_ServiceDesc is the grpc.ServiceDesc for InstanceManager service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -856,6 +900,10 @@ var InstanceManager_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReplicaRebuildStatus",
 			Handler:    _InstanceManager_ReplicaRebuildStatus_Handler,
+		},
+		{
+			MethodName: "ReplicaDataDelete",
+			Handler:    _InstanceManager_ReplicaDataDelete_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -30,6 +30,10 @@ type Manager struct {
 	Node        string
 	DiskDir     string
 	MetricsAddr string
+	// WebhookAddr is where the manager serves the admission webhooks
+	// (127.0.0.1:<port>); the leading manager's is in the webhook
+	// configurations' URLs.
+	WebhookAddr string
 	IM          *InstanceManager
 }
 
@@ -81,7 +85,8 @@ func StartManager(opts ManagerOptions, node string) (*Manager, error) {
 }
 
 // Restart starts the manager process again after it exited, with the same
-// disk and the same instance manager, as a restart on a real node would.
+// disk and the same instance manager, as a restart on a real node would. Its
+// metrics and webhook ports are new.
 func (m *Manager) Restart(opts ManagerOptions) (*Manager, error) {
 	return startManagerProcess(opts, m.Node, m.IM)
 }
@@ -100,11 +105,12 @@ func startManagerProcess(opts ManagerOptions, node string, im *InstanceManager) 
 	if err := os.MkdirAll(disk, 0o755); err != nil {
 		return nil, err
 	}
-	ports, err := FreePorts(1)
+	ports, err := FreePorts(2)
 	if err != nil {
 		return nil, err
 	}
 	metrics := "127.0.0.1:" + strconv.Itoa(ports[0])
+	webhook := "127.0.0.1:" + strconv.Itoa(ports[1])
 	lease := opts.LeaseDuration
 	if lease == 0 {
 		lease = 10 * time.Second
@@ -116,6 +122,10 @@ func startManagerProcess(opts ManagerOptions, node string, im *InstanceManager) 
 		"--disk", disk,
 		"--metrics-listen", metrics,
 		"--lease-duration", lease.String(),
+		// Local mode: the leader points the webhook configurations at its
+		// own loopback address, since there is no Service to go through.
+		"--webhook-listen", webhook,
+		"--webhook-url-host", "127.0.0.1",
 	}
 	if im != nil {
 		args = append(args, "--instance-manager-address", im.GRPCAddr)
@@ -125,7 +135,7 @@ func startManagerProcess(opts ManagerOptions, node string, im *InstanceManager) 
 	if err != nil {
 		return nil, err
 	}
-	return &Manager{Process: p, Node: node, DiskDir: disk, MetricsAddr: metrics, IM: im}, nil
+	return &Manager{Process: p, Node: node, DiskDir: disk, MetricsAddr: metrics, WebhookAddr: webhook, IM: im}, nil
 }
 
 // Kill ends the process group with SIGKILL, as a crash would: no shutdown

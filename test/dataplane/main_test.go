@@ -59,6 +59,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// sizeReportInterval is the instance managers' --size-report-interval:
+// short, so tests see sizes published quickly.
+const sizeReportInterval = 500 * time.Millisecond
+
 // node is one simulated node's instance manager.
 type node struct {
 	name, stateDir, diskDir string
@@ -85,7 +89,8 @@ func startNode(t *testing.T, name string) *node {
 func (n *node) start(t *testing.T) {
 	t.Helper()
 	p, err := localcluster.StartProcess("instance-manager "+n.name, filepath.Join(filepath.Dir(n.stateDir), "im.log"),
-		env.bin, "instance-manager", "--listen", n.grpcAddr, "--nbd-listen", n.nbdAddr, "--state-dir", n.stateDir)
+		env.bin, "instance-manager", "--listen", n.grpcAddr, "--nbd-listen", n.nbdAddr, "--state-dir", n.stateDir,
+		"--size-report-interval", sizeReportInterval.String())
 	require.NoError(t, err)
 	n.proc = p
 	require.Eventually(t, func() bool {

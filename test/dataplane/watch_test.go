@@ -62,3 +62,23 @@ func TestWatchReportsChanges(t *testing.T) {
 			i.ReplicaModes["watched-r1"] == impb.ReplicaMode_REPLICA_MODE_RW
 	})
 }
+
+// Sizes grow with writes and reach watchers within a few report intervals,
+// without one event per write.
+func TestWatchReportsGrowingSizes(t *testing.T) {
+	v := createVolume(t, "sized", threeNodes(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	inst, err := v.im(t).InstanceGet(ctx, v.engine)
+	require.NoError(t, err)
+	before := inst.Snapshots["volume-head"].GetSize()
+	next, err := v.im(t).Watch(ctx)
+	require.NoError(t, err)
+
+	qemuIO(t, v.endpoint, "write -P 0x7 0 16M", "flush")
+	start := time.Now()
+	watchUntil(t, next, v.engine, "the head grown by 16 MiB", func(i *impb.Instance) bool {
+		return i.Snapshots["volume-head"].GetSize() >= before+16<<20
+	})
+	require.Less(t, time.Since(start), 10*sizeReportInterval, "published within a few intervals")
+}

@@ -1,0 +1,231 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/engineapi/impb"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
+)
+
+// Event reasons of the engine controller.
+const (
+	EventReasonEngineStartFailed   = "StartFailed"
+	EventReasonEngineReplicaAdd    = "ReplicaAdded"
+	EventReasonEngineReplicaRemove = "ReplicaRemoved"
+)
+
+// syncEngine drives one engine's instance toward its spec and writes what
+// the instance cache says of it, only when that changed.
+func (c *EngineController) syncEngine(ctx context.Context, key string) error {
+	name, err := nameFromKey(key)
+	if err != nil {
+		return err
+	}
+	eRO, err := c.ds.Engines.GetRO(name)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if ok, err := c.isResponsibleFor(key, eRO.Status.OwnerID, eRO.Spec.NodeID); err != nil || !ok {
+		return err
+	}
+	e := eRO.DeepCopy()
+	e.Status.OwnerID = c.controllerID
+
+	if e.DeletionTimestamp != nil {
+		return c.cleanupEngine(ctx, e)
+	}
+
+	var actErr error
+	if c.local(e.Spec.NodeID) {
+		inst, found, synced := c.instances.Get(e.Name)
+		if synced {
+			actErr = c.driveEngine(ctx, e, inst, found)
+		}
+		observeEngine(e, inst, found, synced, instanceManagerName(c.controllerID))
+	} else {
+		observeUnreachable(&e.Status.InstanceStatus, e.Spec.NodeID)
+		if e.Spec.NodeID == "" || !c.ds.IsNodeAlive(e.Spec.NodeID) {
+			clearEngineRuntime(&e.Status)
+		}
+	}
+	if !equality.Semantic.DeepEqual(eRO.Status, e.Status) {
+		if _, err := c.ds.Engines.UpdateStatus(ctx, e); err != nil {
+			return errors.Join(actErr, err)
+		}
+	}
+	return actErr
+}
+
+// observeEngine is the engine monitor's write: everything in engine.status
+// comes from the last Watch event of the instance.
+func observeEngine(e *v1beta1.Engine, inst *impb.Instance, found, synced bool, imName string) {
+	observeInstance(&e.Status.InstanceStatus, inst, found, synced, imName)
+	if !synced {
+		return
+	}
+	if !found {
+		clearEngineRuntime(&e.Status)
+		return
+	}
+	e.Status.Endpoint = inst.GetFrontendEndpoint()
+	e.Status.CurrentSize = inst.GetSize()
+	modes := map[string]v1beta1.ReplicaMode{}
+	for r, m := range inst.GetReplicaModes() {
+		modes[r] = replicaMode(m)
+	}
+	e.Status.ReplicaModeMap = nilIfEmpty(modes)
+	current := map[string]string{}
+	for r := range modes {
+		if addr, ok := e.Status.CurrentReplicaAddressMap[r]; ok {
+			current[r] = addr
+		} else if addr, ok := e.Spec.ReplicaAddressMap[r]; ok {
+			current[r] = addr
+		}
+	}
+	e.Status.CurrentReplicaAddressMap = nilIfEmpty(current)
+	e.Status.Snapshots = snapshotInfos(inst.GetSnapshots())
+	e.Status.PurgeStatus = nil
+	if ps := inst.GetPurgeStatus(); len(ps) > 0 {
+		e.Status.PurgeStatus = map[string]*v1beta1.PurgeStatus{}
+		for r, p := range ps {
+			e.Status.PurgeStatus[r] = &v1beta1.PurgeStatus{IsPurging: p.GetIsPurging(), Progress: p.GetProgress(), State: p.GetState(), Error: p.GetError()}
+		}
+	}
+	e.Status.RebuildStatus = nil
+	if rs := inst.GetRebuildStatus(); len(rs) > 0 {
+		e.Status.RebuildStatus = map[string]*v1beta1.RebuildStatus{}
+		for r, p := range rs {
+			e.Status.RebuildStatus[r] = &v1beta1.RebuildStatus{IsRebuilding: p.GetIsRebuilding(), Progress: p.GetProgress(),
+				State: p.GetState(), Error: p.GetError(), FromReplica: p.GetFromReplica()}
+		}
+	}
+}
+
+// clearEngineRuntime forgets what only a running engine knows. The snapshot
+// map stays: it is the last word on the chain until the engine runs again.
+func clearEngineRuntime(st *v1beta1.EngineStatus) {
+	st.Endpoint = ""
+	st.ReplicaModeMap = nil
+	st.CurrentReplicaAddressMap = nil
+	st.PurgeStatus = nil
+	st.RebuildStatus = nil
+}
+
+func nilIfEmpty[V any](m map[string]V) map[string]V {
+	if len(m) == 0 {
+		return nil
+	}
+	return m
+}
+
+// driveEngine makes the calls that bring the instance to the spec: create or
+// delete it, add and remove replicas, start or stop the frontend.
+func (c *EngineController) driveEngine(ctx context.Context, e *v1beta1.Engine, inst *impb.Instance, found bool) error {
+	wantRunning := e.Spec.DesireState == v1beta1.InstanceStateRunning
+	if !wantRunning {
+		if found {
+			return c.deleteInstance(ctx, e.Name)
+		}
+		return nil
+	}
+	client, err := c.client()
+	if err != nil {
+		return err
+	}
+	if !found {
+		if len(e.Spec.ReplicaAddressMap) == 0 {
+			return nil // the volume controller has not handed over replicas yet
+		}
+		frontend := string(e.Spec.Frontend)
+		if e.Spec.DisableFrontend {
+			frontend = ""
+		}
+		_, err := client.InstanceCreate(ctx, &impb.InstanceCreateRequest{
+			Name: e.Name, Type: impb.InstanceType_INSTANCE_TYPE_ENGINE, VolumeName: e.Spec.VolumeName,
+			Size: e.Spec.VolumeSize, Replicas: e.Spec.ReplicaAddressMap, Frontend: frontend,
+			SnapshotMaxCount: e.Spec.SnapshotMaxCount, SnapshotMaxSize: e.Spec.SnapshotMaxSize,
+		})
+		if err != nil && !errors.Is(err, engineapi.ErrAlreadyExists) {
+			c.recorder.Eventf(e, corev1.EventTypeWarning, EventReasonEngineStartFailed, "starting engine on %s: %v", e.Spec.NodeID, err)
+			return fmt.Errorf("starting engine %s: %w", e.Name, err)
+		}
+		e.Status.CurrentReplicaAddressMap = maps.Clone(e.Spec.ReplicaAddressMap)
+		return nil
+	}
+	if inst.GetState() != impb.InstanceState_INSTANCE_STATE_RUNNING {
+		return nil
+	}
+	return c.reconcileEngineReplicas(ctx, client, e, inst)
+}
+
+// reconcileEngineReplicas removes the replicas the spec dropped (or moved to
+// another address) and adds the new ones, which the engine rebuilds.
+func (c *EngineController) reconcileEngineReplicas(ctx context.Context, client *engineapi.Client, e *v1beta1.Engine, inst *impb.Instance) error {
+	if e.Status.CurrentReplicaAddressMap == nil {
+		e.Status.CurrentReplicaAddressMap = map[string]string{}
+	}
+	modes := inst.GetReplicaModes()
+	for _, r := range slices.Sorted(maps.Keys(modes)) {
+		want, keep := e.Spec.ReplicaAddressMap[r]
+		if cur, ok := e.Status.CurrentReplicaAddressMap[r]; keep && (!ok || cur == want) {
+			continue
+		}
+		if err := client.ReplicaRemove(ctx, e.Name, r); err != nil && !errors.Is(err, engineapi.ErrNotFound) {
+			return fmt.Errorf("removing replica %s from engine %s: %w", r, e.Name, err)
+		}
+		delete(e.Status.CurrentReplicaAddressMap, r)
+		c.recorder.Eventf(e, corev1.EventTypeNormal, EventReasonEngineReplicaRemove, "removed replica %s", r)
+		// The instance's next event tells the new replica set.
+		return nil
+	}
+	for _, r := range slices.Sorted(maps.Keys(e.Spec.ReplicaAddressMap)) {
+		if _, ok := modes[r]; ok {
+			continue
+		}
+		addr := e.Spec.ReplicaAddressMap[r]
+		err := client.ReplicaAdd(ctx, e.Name, r, addr, true)
+		if errors.Is(err, engineapi.ErrBusy) {
+			// One rebuild at a time; the end of the running one is an event.
+			return nil
+		}
+		if err != nil && !errors.Is(err, engineapi.ErrAlreadyExists) {
+			return fmt.Errorf("adding replica %s at %s to engine %s: %w", r, addr, e.Name, err)
+		}
+		e.Status.CurrentReplicaAddressMap[r] = addr
+		c.recorder.Eventf(e, corev1.EventTypeNormal, EventReasonEngineReplicaAdd, "rebuilding replica %s at %s", r, addr)
+	}
+	return nil
+}
+
+func (c *EngineController) cleanupEngine(ctx context.Context, e *v1beta1.Engine) error {
+	if !slices.Contains(e.Finalizers, types.FinalizerName) {
+		return nil
+	}
+	if c.local(e.Spec.NodeID) {
+		if _, found, synced := c.instances.Get(e.Name); !synced {
+			return fmt.Errorf("engine %s: no live view of the instance manager yet", e.Name)
+		} else if found {
+			if err := c.deleteInstance(ctx, e.Name); err != nil {
+				return err
+			}
+		}
+	}
+	_, err := c.ds.Engines.RemoveFinalizer(ctx, e, types.FinalizerName)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,63 @@
+package controller
+
+import (
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/strata-storage/strata/datastore"
+
+	"github.com/strata-storage/strata/engineapi"
+)
+
+// instanceController is what the engine and replica controllers share: the
+// instance manager of this node (its address, the pooled client and the
+// cache its Watch stream feeds) and the wiring that enqueues an object when
+// its instance changes.
+type instanceController struct {
+	*baseController
+	imAddress string
+	pool      *engineapi.Pool
+	instances *InstanceCache
+}
+
+// wireInstanceEvents enqueues the object named like a changed instance (an
+// Engine or Replica CR has its instance's name), and every object of the
+// kind when a node's Ready condition flips, which may move ownership.
+func (c *instanceController) wireInstanceEvents(informer cache.SharedIndexInformer) error {
+	if c.instances != nil {
+		c.instances.OnChange(func(name string) { c.queue.Add(c.ds.Namespace + "/" + name) })
+		// Once the view is complete again, every object on this node gets a
+		// look, including those whose instance does not exist yet.
+		c.instances.OnSynced(func() {
+			objs, err := informer.GetIndexer().ByIndex(datastore.IndexByNode, c.controllerID)
+			if err != nil {
+				c.logger.WithError(err).Warn("Cannot list this node's objects after the instance cache synced")
+				return
+			}
+			for _, obj := range objs {
+				c.enqueue(obj)
+			}
+		})
+	}
+	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.enqueue,
+		UpdateFunc: func(_, obj interface{}) { c.enqueue(obj) },
+		DeleteFunc: c.enqueue,
+	}); err != nil {
+		return err
+	}
+	return c.requeueOnNodeReadyChange(func() {
+		for _, key := range informer.GetStore().ListKeys() {
+			c.queue.Add(key)
+		}
+	})
+}
+
+// local tells whether an instance on nodeID runs in this manager's instance
+// manager, so this manager can act on it and knows its state.
+func (c *instanceController) local(nodeID string) bool {
+	return nodeID != "" && nodeID == c.controllerID && c.instances != nil
+}
+
+func (c *instanceController) client() (*engineapi.Client, error) {
+	return c.pool.Get(c.imAddress)
+}

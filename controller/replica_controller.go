@@ -1,0 +1,149 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/engineapi/impb"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
+)
+
+// Event reasons of the replica controller.
+const (
+	EventReasonReplicaStartFailed = "StartFailed"
+	EventReasonReplicaDataLeft    = "DataLeftOnNode"
+	EventReasonReplicaDataDeleted = "DataDeleted"
+)
+
+// ReplicaDataPath is where a replica's layers live on its node.
+func ReplicaDataPath(r *v1beta1.Replica) string {
+	return filepath.Join(r.Spec.DiskPath, "replicas", r.Spec.DataDirectoryName)
+}
+
+// syncReplica drives one replica's instance toward its desired state and
+// reports what the instance cache says of it.
+func (c *ReplicaController) syncReplica(ctx context.Context, key string) error {
+	name, err := nameFromKey(key)
+	if err != nil {
+		return err
+	}
+	rRO, err := c.ds.Replicas.GetRO(name)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if ok, err := c.isResponsibleFor(key, rRO.Status.OwnerID, rRO.Spec.NodeID); err != nil || !ok {
+		return err
+	}
+	r := rRO.DeepCopy()
+	r.Status.OwnerID = c.controllerID
+
+	if r.DeletionTimestamp != nil {
+		return c.cleanupReplica(ctx, r)
+	}
+
+	var actErr error
+	if c.local(r.Spec.NodeID) {
+		inst, found, synced := c.instances.Get(r.Name)
+		if synced {
+			actErr = c.driveReplica(ctx, r, inst, found)
+		}
+		observeInstance(&r.Status.InstanceStatus, inst, found, synced, instanceManagerName(c.controllerID))
+	} else {
+		observeUnreachable(&r.Status.InstanceStatus, r.Spec.NodeID)
+	}
+	if !equality.Semantic.DeepEqual(rRO.Status, r.Status) {
+		if _, err := c.ds.Replicas.UpdateStatus(ctx, r); err != nil {
+			return errors.Join(actErr, err)
+		}
+	}
+	return actErr
+}
+
+// driveReplica makes one call toward the desired state; the instance
+// manager's Watch event brings the result back through the cache.
+func (c *ReplicaController) driveReplica(ctx context.Context, r *v1beta1.Replica, inst *impb.Instance, found bool) error {
+	wantRunning := r.Spec.DesireState == v1beta1.InstanceStateRunning
+	switch {
+	case wantRunning && !found:
+		client, err := c.client()
+		if err != nil {
+			return err
+		}
+		_, err = client.InstanceCreate(ctx, &impb.InstanceCreateRequest{
+			Name: r.Name, Type: impb.InstanceType_INSTANCE_TYPE_REPLICA, VolumeName: r.Spec.VolumeName,
+			Size: r.Spec.VolumeSize, DataDir: ReplicaDataPath(r),
+		})
+		if err != nil && !errors.Is(err, engineapi.ErrAlreadyExists) {
+			c.recorder.Eventf(r, corev1.EventTypeWarning, EventReasonReplicaStartFailed, "starting replica in %s: %v", ReplicaDataPath(r), err)
+			return fmt.Errorf("starting replica %s: %w", r.Name, err)
+		}
+	case !wantRunning && found:
+		return c.deleteInstance(ctx, r.Name)
+	case wantRunning && found && inst.GetState() == impb.InstanceState_INSTANCE_STATE_ERROR:
+		// A replica that failed to open stays in error for the volume
+		// controller to see and replace; nothing to retry here.
+	}
+	return nil
+}
+
+func (c *instanceController) deleteInstance(ctx context.Context, name string) error {
+	client, err := c.client()
+	if err != nil {
+		return err
+	}
+	if _, err := client.InstanceDelete(ctx, name); err != nil && !errors.Is(err, engineapi.ErrNotFound) {
+		return fmt.Errorf("stopping instance %s: %w", name, err)
+	}
+	return nil
+}
+
+// cleanupReplica stops the instance and deletes the replica's data before
+// the CR goes. A replica on a node that is down cannot be cleaned: its data
+// stays there, said loudly, rather than holding the volume's deletion
+// forever.
+func (c *ReplicaController) cleanupReplica(ctx context.Context, r *v1beta1.Replica) error {
+	if !slices.Contains(r.Finalizers, types.FinalizerName) {
+		return nil
+	}
+	switch {
+	case c.local(r.Spec.NodeID):
+		if _, found, synced := c.instances.Get(r.Name); !synced {
+			return fmt.Errorf("replica %s: no live view of the instance manager yet", r.Name)
+		} else if found {
+			if err := c.deleteInstance(ctx, r.Name); err != nil {
+				return err
+			}
+		}
+		if r.Spec.DataDirectoryName != "" {
+			client, err := c.client()
+			if err != nil {
+				return err
+			}
+			if err := client.ReplicaDataDelete(ctx, ReplicaDataPath(r)); err != nil {
+				return fmt.Errorf("deleting data of replica %s: %w", r.Name, err)
+			}
+			c.recorder.Eventf(r, corev1.EventTypeNormal, EventReasonReplicaDataDeleted, "deleted %s on %s", ReplicaDataPath(r), r.Spec.NodeID)
+		}
+	case r.Spec.NodeID != "" && r.Spec.DataDirectoryName != "":
+		msg := fmt.Sprintf("node %s is down: data directory %s is left there", r.Spec.NodeID, ReplicaDataPath(r))
+		c.logger.WithField("replica", r.Name).Warn(msg)
+		c.recorder.Event(r, corev1.EventTypeWarning, EventReasonReplicaDataLeft, msg)
+	}
+	_, err := c.ds.Replicas.RemoveFinalizer(ctx, r, types.FinalizerName)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,110 @@
+package controller
+
+import (
+	"sync"
+
+	"github.com/sirupsen/logrus"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+// VolumeAttachmentController is the attach/detach (AD) controller: it keeps
+// one VolumeAttachment per Volume, turns the attachment tickets into the
+// volume's spec.nodeID, spec.migrationNodeID, spec.disableFrontend and
+// spec.lastAttachedBy (it is their only writer), reports each ticket's
+// status, and removes tickets whose owner is gone.
+//
+// Its key is the namespace/name shared by a Volume and its VolumeAttachment.
+type VolumeAttachmentController struct {
+	*baseController
+	lookups map[schema.GroupKind]ownerLookup
+	// unwatchedKindsLogged holds the ticket owner kinds already logged as
+	// not watched, so each is logged once.
+	unwatchedKindsLogged sync.Map
+}
+
+// NewVolumeAttachmentController wires the AD controller to the VolumeAttachment
+// and Volume informers, and to the informers of the ticket owners it reaps.
+func NewVolumeAttachmentController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
+	controllerID string) (*VolumeAttachmentController, error) {
+	c := &VolumeAttachmentController{
+		baseController: newBaseController("strata-volume-attachment", controllerID, logger, ds, recorder),
+	}
+	c.sync = c.syncVolumeAttachment
+	c.lookups = c.ownerLookups()
+	if err := c.requeueOnNodeReadyChange(c.enqueueAllVolumes); err != nil {
+		return nil, err
+	}
+	if _, err := ds.VolumeAttachments.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.enqueue,
+		UpdateFunc: func(_, newObj interface{}) { c.enqueue(newObj) },
+		DeleteFunc: c.enqueue,
+	}); err != nil {
+		return nil, err
+	}
+
+	volumeOwner := c.ownerHandlers(gkVolume)
+	if _, err := ds.Volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		// A new volume gets its VolumeAttachment; the key is the same.
+		AddFunc: c.enqueue,
+		UpdateFunc: func(oldObj, newObj interface{}) {
+			if volumeChangeMattersForAD(oldObj, newObj) {
+				c.enqueue(newObj)
+			}
+			volumeOwner.UpdateFunc(oldObj, newObj)
+		},
+		// The garbage collector removes the volume's own VolumeAttachment;
+		// tickets the volume owns elsewhere (clones) are reaped.
+		DeleteFunc: volumeOwner.DeleteFunc,
+	}); err != nil {
+		return nil, err
+	}
+	for gk, informer := range map[schema.GroupKind]cache.SharedIndexInformer{
+		gkSnapshot:                ds.Snapshots.Informer(),
+		gkBackup:                  ds.Backups.Informer(),
+		gkStorageVolumeAttachment: ds.StorageVolumeAttachments.Informer(),
+	} {
+		if _, err := informer.AddEventHandler(c.ownerHandlers(gk)); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// volumeChangeMattersForAD tells whether a volume update changed a field
+// the AD logic reads; the rest of the volume's churn (sizes, conditions,
+// endpoints) enqueues nothing.
+func volumeChangeMattersForAD(oldObj, newObj interface{}) bool {
+	o, ok1 := oldObj.(*v1beta1.Volume)
+	n, ok2 := newObj.(*v1beta1.Volume)
+	if !ok1 || !ok2 {
+		return true
+	}
+	return o.Spec.NodeID != n.Spec.NodeID ||
+		o.Spec.MigrationNodeID != n.Spec.MigrationNodeID ||
+		o.Spec.DisableFrontend != n.Spec.DisableFrontend ||
+		o.Spec.Migratable != n.Spec.Migratable ||
+		o.Status.State != n.Status.State ||
+		o.Status.CurrentNodeID != n.Status.CurrentNodeID ||
+		o.Status.CurrentMigrationNodeID != n.Status.CurrentMigrationNodeID ||
+		o.Status.OwnerID != n.Status.OwnerID ||
+		o.Status.Robustness != n.Status.Robustness ||
+		(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
+}
+
+// enqueueAllVolumes enqueues every volume's key (its VolumeAttachment's
+// too): a change of node readiness may make this manager responsible.
+func (c *VolumeAttachmentController) enqueueAllVolumes() {
+	vols, err := c.ds.Volumes.ListRO(nil)
+	if err != nil {
+		c.logger.WithError(err).Warn("Cannot list volumes")
+		return
+	}
+	for _, v := range vols {
+		c.enqueue(v)
+	}
+}

@@ -1,0 +1,253 @@
+package controller
+
+// The ticket reaper: a ticket may name its owner (a Snapshot, a Backup, a
+// Kubernetes VolumeAttachment, a Volume being cloned). Once the owner is
+// gone, or replaced by an object of the same name with another UID, the
+// ticket goes too, so an interrupted operation never leaves a volume
+// attached. The AD sync drops such tickets before it decides anything.
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	k8stypes "k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+// Ticket status condition the reaper sets on a ticket whose owner it cannot
+// watch.
+const (
+	TicketConditionTypeOwnerWatched = "OwnerWatched"
+	TicketReasonOwnerKindNotWatched = "OwnerKindNotWatched"
+)
+
+// The owner kinds the reaper watches.
+var (
+	gkSnapshot                = v1beta1.SchemeGroupVersion.WithKind("Snapshot").GroupKind()
+	gkBackup                  = v1beta1.SchemeGroupVersion.WithKind("Backup").GroupKind()
+	gkVolume                  = v1beta1.SchemeGroupVersion.WithKind("Volume").GroupKind()
+	gkStorageVolumeAttachment = storagev1.SchemeGroupVersion.WithKind("VolumeAttachment").GroupKind()
+)
+
+// ownerLookup reads an owner from the cache and, to rule out a cache that
+// lags behind, from the API server.
+type ownerLookup struct {
+	cached func(namespace, name string) (metav1.Object, error)
+	live   func(ctx context.Context, namespace, name string) (metav1.Object, error)
+	// namespaced kinds default an empty namespace in the reference to the
+	// manager's namespace.
+	namespaced bool
+}
+
+func cachedOwner[T datastore.Object](s *datastore.Store[T]) func(namespace, name string) (metav1.Object, error) {
+	return func(namespace, name string) (metav1.Object, error) {
+		obj, err := s.GetInNamespaceRO(namespace, name)
+		if err != nil {
+			return nil, err
+		}
+		return obj, nil
+	}
+}
+
+func liveOwner[T metav1.Object](get func(ctx context.Context, namespace, name string) (T, error)) func(
+	ctx context.Context, namespace, name string) (metav1.Object, error) {
+	return func(ctx context.Context, namespace, name string) (metav1.Object, error) {
+		obj, err := get(ctx, namespace, name)
+		if err != nil {
+			return nil, err
+		}
+		return obj, nil
+	}
+}
+
+func (c *VolumeAttachmentController) ownerLookups() map[schema.GroupKind]ownerLookup {
+	strata, kube := c.ds.StrataClient.StrataV1beta1(), c.ds.KubeClient.StorageV1()
+	return map[schema.GroupKind]ownerLookup{
+		gkSnapshot: {cachedOwner(c.ds.Snapshots), liveOwner(func(ctx context.Context, ns, name string) (*v1beta1.Snapshot, error) {
+			return strata.Snapshots(ns).Get(ctx, name, metav1.GetOptions{})
+		}), true},
+		gkBackup: {cachedOwner(c.ds.Backups), liveOwner(func(ctx context.Context, ns, name string) (*v1beta1.Backup, error) {
+			return strata.Backups(ns).Get(ctx, name, metav1.GetOptions{})
+		}), true},
+		gkVolume: {cachedOwner(c.ds.Volumes), liveOwner(func(ctx context.Context, ns, name string) (*v1beta1.Volume, error) {
+			return strata.Volumes(ns).Get(ctx, name, metav1.GetOptions{})
+		}), true},
+		gkStorageVolumeAttachment: {cachedOwner(c.ds.StorageVolumeAttachments),
+			liveOwner(func(ctx context.Context, _, name string) (*storagev1.VolumeAttachment, error) {
+				return kube.VolumeAttachments().Get(ctx, name, metav1.GetOptions{})
+			}), false},
+	}
+}
+
+// ownerVerdict is what the reaper found out about a ticket's owner.
+type ownerVerdict int
+
+const (
+	ownerPresent ownerVerdict = iota
+	ownerGone
+	ownerNotWatched
+)
+
+// ticketOwnerVerdict tells whether a ticket's owner still exists. The cache
+// answers when the owner is there; "gone" is confirmed with the API server,
+// because a ticket may reach this manager before its freshly created owner
+// does. detail says why the owner is gone.
+func (c *VolumeAttachmentController) ticketOwnerVerdict(ctx context.Context,
+	ref *v1beta1.TicketOwnerReference) (verdict ownerVerdict, detail string, err error) {
+	lookup, ok := c.lookups[datastore.TicketOwnerGroupKind(ref)]
+	if !ok {
+		return ownerNotWatched, "", nil
+	}
+	ns := ref.Namespace
+	if !lookup.namespaced {
+		ns = ""
+	} else if ns == "" {
+		ns = c.ds.Namespace
+	}
+	matches := func(obj metav1.Object) bool { return ref.UID == "" || obj.GetUID() == k8stypes.UID(ref.UID) }
+
+	if obj, err := lookup.cached(ns, ref.Name); err == nil && matches(obj) {
+		return ownerPresent, "", nil
+	} else if err != nil && !apierrors.IsNotFound(err) {
+		return ownerPresent, "", err
+	}
+	obj, err := lookup.live(ctx, ns, ref.Name)
+	switch {
+	case apierrors.IsNotFound(err):
+		return ownerGone, "it no longer exists", nil
+	case err != nil:
+		return ownerPresent, "", err
+	case !matches(obj):
+		return ownerGone, fmt.Sprintf("it was replaced (UID %s, the ticket names %s)", obj.GetUID(), ref.UID), nil
+	}
+	return ownerPresent, "", nil
+}
+
+// reapTickets removes the tickets whose owners are gone, writing the
+// VolumeAttachment once, and returns it as it now is together with the
+// tickets whose owner kind is not watched (ticket ID -> owner kind). A
+// conflict is returned: the key is retried with a fresh copy.
+func (c *VolumeAttachmentController) reapTickets(ctx context.Context,
+	va *v1beta1.VolumeAttachment) (*v1beta1.VolumeAttachment, map[string]string, error) {
+	type reaped struct{ id, msg string }
+	var gone []reaped
+	unwatched := map[string]string{}
+	for _, id := range sortedKeys(va.Spec.AttachmentTickets) {
+		t := va.Spec.AttachmentTickets[id]
+		if t == nil || t.OwnerRef == nil {
+			continue
+		}
+		verdict, detail, err := c.ticketOwnerVerdict(ctx, t.OwnerRef)
+		if err != nil {
+			return va, nil, fmt.Errorf("checking the owner of ticket %s: %w", id, err)
+		}
+		switch verdict {
+		case ownerGone:
+			gone = append(gone, reaped{id, fmt.Sprintf("removed ticket %s (%s, node %s): its owner %s %s is gone: %s",
+				id, t.Type, t.NodeID, describeOwner(t.OwnerRef), ownerName(t.OwnerRef), detail)})
+		case ownerNotWatched:
+			gk := datastore.TicketOwnerGroupKind(t.OwnerRef).String()
+			unwatched[id] = gk
+			if _, logged := c.unwatchedKindsLogged.LoadOrStore(gk, true); !logged {
+				c.logger.WithFields(map[string]interface{}{"volumeAttachment": va.Name, "ticket": id, "ownerKind": gk}).
+					Warn("Ticket owner kind is not watched; such tickets are never removed when their owner goes")
+			}
+		}
+	}
+	if len(gone) == 0 {
+		return va, unwatched, nil
+	}
+	cp := va.DeepCopy()
+	for _, g := range gone {
+		delete(cp.Spec.AttachmentTickets, g.id)
+	}
+	updated, err := c.ds.VolumeAttachments.Update(ctx, cp)
+	if err != nil {
+		return va, nil, err
+	}
+	for _, g := range gone {
+		c.logger.WithField("volumeAttachment", va.Name).Info(g.msg)
+		c.recorder.Event(updated, corev1.EventTypeNormal, EventReasonADTicketRemoved, g.msg)
+	}
+	return updated, unwatched, nil
+}
+
+func describeOwner(ref *v1beta1.TicketOwnerReference) string {
+	return datastore.TicketOwnerGroupKind(ref).String()
+}
+
+func ownerName(ref *v1beta1.TicketOwnerReference) string {
+	if ref.Namespace != "" {
+		return ref.Namespace + "/" + ref.Name
+	}
+	return ref.Name
+}
+
+// markUnwatchedOwners sets the OwnerWatched condition of tickets whose
+// owner kind is not watched, and drops it from every other ticket.
+func markUnwatchedOwners(statuses map[string]*v1beta1.AttachmentTicketStatus, unwatched map[string]string, now metav1.Time) {
+	for id, st := range statuses {
+		if gk, ok := unwatched[id]; ok {
+			setCondition(&st.Conditions, TicketConditionTypeOwnerWatched, false, TicketReasonOwnerKindNotWatched,
+				fmt.Sprintf("owners of kind %s are not watched: the ticket stays until its creator removes it", gk), now)
+			continue
+		}
+		removeCondition(&st.Conditions, TicketConditionTypeOwnerWatched)
+	}
+}
+
+func removeCondition(conds *[]metav1.Condition, condType string) {
+	out := (*conds)[:0]
+	for _, c := range *conds {
+		if c.Type != condType {
+			out = append(out, c)
+		}
+	}
+	*conds = out
+}
+
+// enqueueTicketsOwnedBy enqueues exactly the VolumeAttachments holding a
+// ticket owned by obj (through IndexByTicketOwner), for obj of kind gk that
+// was deleted or replaced.
+func (c *VolumeAttachmentController) enqueueTicketsOwnedBy(gk schema.GroupKind, obj interface{}) {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	m, ok := obj.(metav1.Object)
+	if !ok {
+		return
+	}
+	vas, err := c.ds.VolumeAttachments.ListByIndexRO(datastore.IndexByTicketOwner,
+		datastore.TicketOwnerKey(gk, m.GetNamespace(), m.GetName()))
+	if err != nil {
+		c.logger.WithError(err).Warn("Cannot look up the tickets of a deleted owner")
+		return
+	}
+	for _, va := range vas {
+		c.enqueue(va)
+	}
+}
+
+// ownerHandlers enqueues the tickets of an owner of kind gk when it is
+// deleted, or replaced by a new object of the same name (a relist may show
+// that as an update with a new UID).
+func (c *VolumeAttachmentController) ownerHandlers(gk schema.GroupKind) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(oldObj, newObj interface{}) {
+			o, ok1 := oldObj.(metav1.Object)
+			n, ok2 := newObj.(metav1.Object)
+			if ok1 && ok2 && o.GetUID() != n.GetUID() {
+				c.enqueueTicketsOwnedBy(gk, oldObj)
+			}
+		},
+		DeleteFunc: func(obj interface{}) { c.enqueueTicketsOwnedBy(gk, obj) },
+	}
+}

@@ -1,0 +1,296 @@
+package controller
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
+)
+
+// Volume condition types and event reasons.
+const (
+	VolumeConditionScheduled = "Scheduled"
+	VolumeConditionSalvaged  = "Salvaged"
+
+	EventReasonVolumeAttached    = "Attached"
+	EventReasonVolumeDetached    = "Detached"
+	EventReasonVolumeDegraded    = "Degraded"
+	EventReasonVolumeHealthy     = "Healthy"
+	EventReasonVolumeFaulted     = "Faulted"
+	EventReasonVolumeSalvaged    = "Salvaged"
+	EventReasonVolumeExpanded    = "Expanded"
+	EventReasonReplicaScheduled  = "ReplicaScheduled"
+	EventReasonReplicaFailed     = "ReplicaFailed"
+	EventReasonReplicaUnschedule = "ReplicaUnschedulable"
+	EventReasonMigrated          = "Migrated"
+
+	// unschedulableRetry is how soon a volume missing replicas tries to
+	// place them again; node and disk changes do not enqueue every volume.
+	unschedulableRetry = 15 * time.Second
+)
+
+// volumeSync is one pass of the volume controller over one volume: the
+// volume as read (vRO), the copy whose status the pass builds (v), and the
+// volume's engines and replicas from the by-volume indexes.
+type volumeSync struct {
+	*VolumeController
+	ctx      context.Context
+	key      string
+	vRO, v   *v1beta1.Volume
+	engines  []*v1beta1.Engine
+	replicas []*v1beta1.Replica
+	now      time.Time
+}
+
+func (c *VolumeController) syncVolume(ctx context.Context, key string) error {
+	name, err := nameFromKey(key)
+	if err != nil {
+		return err
+	}
+	vRO, err := c.ds.Volumes.GetRO(name)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	preferred := vRO.Spec.NodeID
+	if preferred == "" {
+		preferred = vRO.Status.CurrentNodeID
+	}
+	if ok, err := c.isResponsibleFor(key, vRO.Status.OwnerID, preferred); err != nil || !ok {
+		return err
+	}
+	s := &volumeSync{VolumeController: c, ctx: ctx, key: key, vRO: vRO, v: vRO.DeepCopy(), now: c.ds.Clock.Now()}
+	s.v.Status.OwnerID = c.controllerID
+	if s.engines, err = c.ds.Engines.ListByIndexRO(datastore.IndexByVolume, name); err != nil {
+		return err
+	}
+	if s.replicas, err = c.ds.Replicas.ListByIndexRO(datastore.IndexByVolume, name); err != nil {
+		return err
+	}
+	slices.SortFunc(s.engines, byName[*v1beta1.Engine])
+	slices.SortFunc(s.replicas, byName[*v1beta1.Replica])
+
+	if vRO.DeletionTimestamp != nil {
+		done, err := s.deleteVolume()
+		if done || err != nil {
+			return err
+		}
+		return s.writeStatus()
+	}
+	if !slices.Contains(vRO.Finalizers, types.FinalizerName) {
+		// The mutating webhook adds it on create; this covers volumes
+		// created while no webhook answered. The update enqueues us again.
+		_, err := c.ds.Volumes.AddFinalizer(ctx, vRO, types.FinalizerName)
+		return err
+	}
+	err = s.reconcile()
+	return errors.Join(err, s.writeStatus())
+}
+
+func byName[T metav1.Object](a, b T) int {
+	switch {
+	case a.GetName() < b.GetName():
+		return -1
+	case a.GetName() > b.GetName():
+		return 1
+	}
+	return 0
+}
+
+func (s *volumeSync) reconcile() error {
+	v := s.v
+	if v.Status.CurrentSize == 0 {
+		v.Status.CurrentSize = s.specSize()
+	}
+	if v.Status.State == "" {
+		v.Status.State = v1beta1.VolumeStateCreating
+	}
+	if err := s.ensureEngine(); err != nil {
+		return err
+	}
+	if err := s.reconcileReplicas(); err != nil {
+		return err
+	}
+	if err := s.reconcileAttachment(); err != nil {
+		return err
+	}
+	s.updateRobustness()
+	return nil
+}
+
+// specSize is the volume's size in bytes, rounded up to the data plane's 4 KiB block.
+func (s *volumeSync) specSize() int64 {
+	const block = 4096
+	size := s.v.Spec.Size.Value()
+	return (size + block - 1) / block * block
+}
+
+func (s *volumeSync) writeStatus() error {
+	if equality.Semantic.DeepEqual(s.vRO.Status, s.v.Status) {
+		return nil
+	}
+	updated, err := s.ds.Volumes.UpdateStatus(s.ctx, s.v)
+	if err != nil {
+		return err
+	}
+	s.statusEvents(s.vRO, updated)
+	return nil
+}
+
+// statusEvents tells what changed for an admin reading `kubectl describe`.
+func (s *volumeSync) statusEvents(old, cur *v1beta1.Volume) {
+	if old.Status.State != cur.Status.State {
+		switch cur.Status.State {
+		case v1beta1.VolumeStateAttached:
+			s.recorder.Eventf(cur, corev1.EventTypeNormal, EventReasonVolumeAttached, "attached to %s", cur.Status.CurrentNodeID)
+		case v1beta1.VolumeStateDetached:
+			if old.Status.State != v1beta1.VolumeStateCreating && old.Status.State != "" {
+				s.recorder.Event(cur, corev1.EventTypeNormal, EventReasonVolumeDetached, "detached")
+			}
+		}
+	}
+	if old.Status.Robustness != cur.Status.Robustness {
+		switch cur.Status.Robustness {
+		case v1beta1.VolumeRobustnessDegraded:
+			s.recorder.Event(cur, corev1.EventTypeWarning, EventReasonVolumeDegraded, "fewer healthy replicas than spec.numberOfReplicas")
+		case v1beta1.VolumeRobustnessFaulted:
+			s.recorder.Event(cur, corev1.EventTypeWarning, EventReasonVolumeFaulted, "no healthy replica")
+		case v1beta1.VolumeRobustnessHealthy:
+			if old.Status.Robustness != "" {
+				s.recorder.Event(cur, corev1.EventTypeNormal, EventReasonVolumeHealthy, "every replica is healthy")
+			}
+		}
+	}
+}
+
+func (s *volumeSync) setCondition(condType string, ok bool, reason, message string) {
+	setCondition(&s.v.Status.Conditions, condType, ok, reason, message, metav1.NewTime(s.now))
+}
+
+// deleteVolume deletes the engines and replicas (their controllers stop the
+// instances and delete the replicas' data) and lets the volume go once they
+// are gone. done says the volume's finalizer was removed.
+func (s *volumeSync) deleteVolume() (done bool, err error) {
+	s.v.Status.State = v1beta1.VolumeStateDeleting
+	for _, e := range s.engines {
+		if e.DeletionTimestamp == nil {
+			if err := s.ds.Engines.Delete(s.ctx, e.Name); err != nil && !apierrors.IsNotFound(err) {
+				return false, err
+			}
+		}
+	}
+	for _, r := range s.replicas {
+		if r.DeletionTimestamp == nil {
+			if err := s.ds.Replicas.Delete(s.ctx, r.Name); err != nil && !apierrors.IsNotFound(err) {
+				return false, err
+			}
+		}
+	}
+	if len(s.engines)+len(s.replicas) > 0 {
+		return false, nil // their deletion events bring us back
+	}
+	_, err = s.ds.Volumes.RemoveFinalizer(s.ctx, s.vRO, types.FinalizerName)
+	if apierrors.IsNotFound(err) {
+		err = nil
+	}
+	return true, err
+}
+
+// ensureEngine creates the volume's engine when it has none. The engine
+// stays stopped until the volume attaches.
+func (s *volumeSync) ensureEngine() error {
+	if len(s.engines) > 0 {
+		return nil
+	}
+	e, err := s.ds.Engines.Create(s.ctx, s.newEngine(""))
+	if err != nil {
+		return err
+	}
+	s.engines = append(s.engines, e)
+	return nil
+}
+
+func (s *volumeSync) newEngine(nodeID string) *v1beta1.Engine {
+	v := s.v
+	desire := v1beta1.InstanceStateStopped
+	if nodeID != "" {
+		desire = v1beta1.InstanceStateRunning
+	}
+	return &v1beta1.Engine{
+		ObjectMeta: s.childMeta(v.Name + "-e-" + randomSuffix()),
+		Spec: v1beta1.EngineSpec{
+			InstanceSpec: v1beta1.InstanceSpec{VolumeName: v.Name, VolumeSize: v.Status.CurrentSize, NodeID: nodeID,
+				DesireState: desire, BackingImage: v.Spec.BackingImage},
+			Frontend: v.Spec.Frontend, DisableFrontend: v.Spec.DisableFrontend,
+		},
+	}
+}
+
+// childMeta is the metadata of an engine or replica of the volume: its
+// label, the cleanup finalizer, and the volume as owner.
+func (s *volumeSync) childMeta(name string) metav1.ObjectMeta {
+	v := s.v
+	return metav1.ObjectMeta{
+		Name: name, Namespace: v.Namespace,
+		Labels:          map[string]string{types.LabelVolume: v.Name},
+		Finalizers:      []string{types.FinalizerName},
+		OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(v, v1beta1.SchemeGroupVersion.WithKind("Volume"))},
+	}
+}
+
+func randomSuffix() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// updateEngine writes an engine's spec if the pass changed it.
+func (s *volumeSync) updateEngine(before, after *v1beta1.Engine) (*v1beta1.Engine, error) {
+	if equality.Semantic.DeepEqual(before.Spec, after.Spec) {
+		return before, nil
+	}
+	updated, err := s.ds.Engines.Update(s.ctx, after)
+	if err != nil {
+		return before, err
+	}
+	s.replaceEngine(updated)
+	return updated, nil
+}
+
+func (s *volumeSync) replaceEngine(e *v1beta1.Engine) {
+	for i := range s.engines {
+		if s.engines[i].Name == e.Name {
+			s.engines[i] = e
+		}
+	}
+}
+
+// updateReplica writes a replica's spec if the pass changed it.
+func (s *volumeSync) updateReplica(before, after *v1beta1.Replica) (*v1beta1.Replica, error) {
+	if equality.Semantic.DeepEqual(before.Spec, after.Spec) {
+		return before, nil
+	}
+	updated, err := s.ds.Replicas.Update(s.ctx, after)
+	if err != nil {
+		return before, err
+	}
+	for i := range s.replicas {
+		if s.replicas[i].Name == updated.Name {
+			s.replicas[i] = updated
+		}
+	}
+	return updated, nil
+}

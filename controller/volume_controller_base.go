@@ -1,0 +1,66 @@
+package controller
+
+import (
+	"github.com/sirupsen/logrus"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+// VolumeController owns a volume's engine and replicas: it creates and
+// schedules them, drives attach and detach as volume.spec.nodeID says (the
+// VolumeAttachment controller writes that), replaces failed replicas,
+// salvages a faulted volume, expands a detached one, and cleans up on delete.
+type VolumeController struct {
+	*baseController
+}
+
+// NewVolumeController wires the volume controller of node controllerID.
+func NewVolumeController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
+	controllerID string) (*VolumeController, error) {
+	c := &VolumeController{baseController: newBaseController("strata-volume", controllerID, logger, ds, recorder)}
+	c.sync = c.syncVolume
+
+	if _, err := ds.Volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.enqueue,
+		UpdateFunc: func(_, obj interface{}) { c.enqueue(obj) },
+		DeleteFunc: c.enqueue,
+	}); err != nil {
+		return nil, err
+	}
+	// An engine or replica change concerns exactly its volume.
+	byVolume := cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.enqueueVolumeOf,
+		UpdateFunc: func(_, obj interface{}) { c.enqueueVolumeOf(obj) },
+		DeleteFunc: c.enqueueVolumeOf,
+	}
+	if _, err := ds.Engines.Informer().AddEventHandler(byVolume); err != nil {
+		return nil, err
+	}
+	if _, err := ds.Replicas.Informer().AddEventHandler(byVolume); err != nil {
+		return nil, err
+	}
+	return c, c.requeueOnNodeReadyChange(func() {
+		for _, key := range ds.Volumes.Informer().GetStore().ListKeys() {
+			c.queue.Add(key)
+		}
+	})
+}
+
+func (c *VolumeController) enqueueVolumeOf(obj interface{}) {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	var volume string
+	switch o := obj.(type) {
+	case *v1beta1.Engine:
+		volume = o.Spec.VolumeName
+	case *v1beta1.Replica:
+		volume = o.Spec.VolumeName
+	}
+	if volume != "" {
+		c.queue.Add(c.ds.Namespace + "/" + volume)
+	}
+}

@@ -1,0 +1,372 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/strata-storage/strata/datastore/dstest"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
+)
+
+const gib = int64(1) << 30
+
+// schedNode is a Ready node with one schedulable 100 GiB disk.
+func schedNode(name string) *v1beta1.Node {
+	n := testNode(name, map[string]string{"disk-1": "/data/" + name}, readyTrue())
+	n.Status.DiskStatus = map[string]*v1beta1.DiskStatus{"disk-1": {DiskUUID: "uuid-" + name,
+		StorageMaximum: 100 * gib, StorageAvailable: 100 * gib}}
+	return n
+}
+
+func vcVolume(mut ...func(*v1beta1.Volume)) *v1beta1.Volume {
+	v := &v1beta1.Volume{
+		ObjectMeta: metav1.ObjectMeta{Name: "v1", Namespace: testNS, UID: "uid-v1", Finalizers: []string{types.FinalizerName}},
+		Spec:       v1beta1.VolumeSpec{Size: resource.MustParse("1Gi"), NumberOfReplicas: 3, Frontend: v1beta1.VolumeFrontendNBD},
+		Status: v1beta1.VolumeStatus{OwnerID: "node-1", State: v1beta1.VolumeStateDetached, CurrentSize: gib,
+			Robustness: v1beta1.VolumeRobustnessHealthy},
+	}
+	for _, m := range mut {
+		m(v)
+	}
+	return v
+}
+
+func vcEngine(mut ...func(*v1beta1.Engine)) *v1beta1.Engine {
+	e := &v1beta1.Engine{
+		ObjectMeta: metav1.ObjectMeta{Name: "v1-e-0", Namespace: testNS, Finalizers: []string{types.FinalizerName}},
+		Spec: v1beta1.EngineSpec{InstanceSpec: v1beta1.InstanceSpec{VolumeName: "v1", VolumeSize: gib,
+			DesireState: v1beta1.InstanceStateStopped}, Frontend: v1beta1.VolumeFrontendNBD},
+		Status: v1beta1.EngineStatus{InstanceStatus: v1beta1.InstanceStatus{CurrentState: v1beta1.InstanceStateStopped}},
+	}
+	for _, m := range mut {
+		m(e)
+	}
+	return e
+}
+
+// engineRunningOn makes the engine run on node with replicas r1..r3 in mode RW unless overridden.
+func engineRunningOn(node string, modes map[string]v1beta1.ReplicaMode) func(*v1beta1.Engine) {
+	return func(e *v1beta1.Engine) {
+		e.Spec.NodeID, e.Spec.DesireState = node, v1beta1.InstanceStateRunning
+		e.Spec.ReplicaAddressMap = map[string]string{}
+		for r := range modes {
+			e.Spec.ReplicaAddressMap[r] = "10.0.0.1:9000"
+		}
+		e.Spec.SnapshotMaxCount = 250 // the setting's default
+		e.Status.CurrentState = v1beta1.InstanceStateRunning
+		e.Status.Endpoint = "nbd://127.0.0.1:10809/v1"
+		e.Status.CurrentSize = gib
+		e.Status.ReplicaModeMap = modes
+	}
+}
+
+func vcReplica(name, node string, mut ...func(*v1beta1.Replica)) *v1beta1.Replica {
+	r := &v1beta1.Replica{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS, Finalizers: []string{types.FinalizerName},
+			CreationTimestamp: metav1.NewTime(dstest.Now.Add(-time.Hour))},
+		Spec: v1beta1.ReplicaSpec{InstanceSpec: v1beta1.InstanceSpec{VolumeName: "v1", VolumeSize: gib, NodeID: node,
+			DesireState: v1beta1.InstanceStateStopped}, EngineName: "v1-e-0", DiskID: "uuid-" + node,
+			DiskPath: "/data/" + node, DataDirectoryName: name, HealthyAt: dstest.Now.Add(-time.Hour).Format(time.RFC3339)},
+		Status: v1beta1.ReplicaStatus{InstanceStatus: v1beta1.InstanceStatus{CurrentState: v1beta1.InstanceStateStopped}},
+	}
+	for _, m := range mut {
+		m(r)
+	}
+	return r
+}
+
+// attachedOn is a volume fully attached to node, reconciled by that node.
+func attachedOn(node string) func(*v1beta1.Volume) {
+	return func(v *v1beta1.Volume) {
+		v.Spec.NodeID, v.Status.State, v.Status.CurrentNodeID, v.Status.OwnerID = node, v1beta1.VolumeStateAttached, node, node
+		v.Status.FrontendEndpoint = "nbd://127.0.0.1:10809/v1"
+	}
+}
+
+func replicaRunning(r *v1beta1.Replica) {
+	r.Spec.DesireState = v1beta1.InstanceStateRunning
+	r.Status.CurrentState, r.Status.IP, r.Status.Port = v1beta1.InstanceStateRunning, "10.0.0.1", 9000
+}
+
+func failedAgo(d time.Duration) func(*v1beta1.Replica) {
+	return func(r *v1beta1.Replica) {
+		r.Spec.FailedAt = dstest.Now.Add(-d).Format(time.RFC3339)
+		r.Spec.DesireState = v1beta1.InstanceStateStopped
+	}
+}
+
+func threeReplicas(mut ...func(*v1beta1.Replica)) []runtime.Object {
+	return []runtime.Object{vcReplica("r1", "node-1", mut...), vcReplica("r2", "node-2", mut...), vcReplica("r3", "node-3", mut...)}
+}
+
+func allRW() map[string]v1beta1.ReplicaMode {
+	return map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW, "r2": v1beta1.ReplicaModeRW, "r3": v1beta1.ReplicaModeRW}
+}
+
+func TestVolumeControllerSync(t *testing.T) {
+	nodes := []runtime.Object{schedNode("node-1"), schedNode("node-2"), schedNode("node-3"),
+		&v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingReplicaReplenishmentWaitInterval), Namespace: testNS}, Value: "60"}}
+	leases := []runtime.Object{testLease("node-1", 0), testLease("node-2", 0), testLease("node-3", 0)}
+	type check func(t *testing.T, env *dstest.Env)
+	volumeIs := func(state v1beta1.VolumeState, robustness v1beta1.VolumeRobustness, current string) check {
+		return func(t *testing.T, env *dstest.Env) {
+			v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v1", metav1.GetOptions{})
+			require.NoError(t, err)
+			assert.Equal(t, state, v.Status.State, "state")
+			assert.Equal(t, robustness, v.Status.Robustness, "robustness")
+			assert.Equal(t, current, v.Status.CurrentNodeID, "currentNodeID")
+		}
+	}
+	engineIs := func(node string, desire v1beta1.InstanceState, replicas ...string) check {
+		return func(t *testing.T, env *dstest.Env) {
+			e, err := env.Strata.StrataV1beta1().Engines(testNS).Get(context.Background(), "v1-e-0", metav1.GetOptions{})
+			require.NoError(t, err)
+			assert.Equal(t, node, e.Spec.NodeID)
+			assert.Equal(t, desire, e.Spec.DesireState)
+			assert.ElementsMatch(t, replicas, sortedKeys(e.Spec.ReplicaAddressMap))
+		}
+	}
+	replicaIs := func(name string, desire v1beta1.InstanceState, failed bool) check {
+		return func(t *testing.T, env *dstest.Env) {
+			r, err := env.Strata.StrataV1beta1().Replicas(testNS).Get(context.Background(), name, metav1.GetOptions{})
+			require.NoError(t, err)
+			assert.Equal(t, desire, r.Spec.DesireState, "desireState of "+name)
+			assert.Equal(t, failed, r.Spec.FailedAt != "", "failed "+name)
+		}
+	}
+	tests := []struct {
+		name       string
+		objects    []runtime.Object
+		me         string
+		apiErr     *reactorError
+		wantErr    string
+		wantWrites []string
+		wantEvents []string
+		checks     []check
+	}{
+		{
+			name:    "new volume gets an engine and three replicas on three nodes",
+			objects: []runtime.Object{vcVolume(func(v *v1beta1.Volume) { v.Status = v1beta1.VolumeStatus{OwnerID: "node-1"} })},
+			wantWrites: []string{"create engines v1-e-", "create replicas v1-r-", "create replicas v1-r-", "create replicas v1-r-",
+				"update volumes/status v1"},
+			wantEvents: []string{"Normal ReplicaScheduled", "Normal ReplicaScheduled", "Normal ReplicaScheduled"},
+			checks: []check{volumeIs(v1beta1.VolumeStateDetached, v1beta1.VolumeRobustnessHealthy, ""),
+				func(t *testing.T, env *dstest.Env) {
+					reps, err := env.Strata.StrataV1beta1().Replicas(testNS).List(context.Background(), metav1.ListOptions{})
+					require.NoError(t, err)
+					nodes := map[string]bool{}
+					for _, r := range reps.Items {
+						nodes[r.Spec.NodeID] = true
+						assert.Equal(t, []string{types.FinalizerName}, r.Finalizers)
+						assert.Equal(t, "v1", r.Labels[types.LabelVolume])
+					}
+					assert.Len(t, nodes, 3, "replicas on distinct nodes")
+				}},
+		},
+		{
+			name:       "volume without the finalizer gets it first",
+			objects:    []runtime.Object{vcVolume(func(v *v1beta1.Volume) { v.Finalizers = nil })},
+			wantWrites: []string{"update volumes v1"},
+		},
+		{
+			name:       "not responsible: another node owns the volume",
+			objects:    append([]runtime.Object{vcVolume(func(v *v1beta1.Volume) { v.Status.OwnerID = "node-2" }), vcEngine()}, threeReplicas()...),
+			wantWrites: nil,
+		},
+		{
+			name: "spec.nodeID set: replicas start first, state attaching",
+			me:   "node-2",
+			objects: append([]runtime.Object{vcVolume(func(v *v1beta1.Volume) { v.Spec.NodeID = "node-2" }), vcEngine()},
+				threeReplicas()...),
+			wantWrites: []string{"update replicas r1", "update replicas r2", "update replicas r3", "update volumes/status v1"},
+			checks: []check{volumeIs(v1beta1.VolumeStateAttaching, v1beta1.VolumeRobustnessHealthy, ""),
+				replicaIs("r1", v1beta1.InstanceStateRunning, false), engineIs("", v1beta1.InstanceStateStopped)},
+		},
+		{
+			name: "replicas running: engine asked to run on the node with them",
+			me:   "node-2",
+			objects: append([]runtime.Object{vcVolume(func(v *v1beta1.Volume) {
+				v.Spec.NodeID, v.Status.State = "node-2", v1beta1.VolumeStateAttaching
+			}), vcEngine()}, threeReplicas(replicaRunning)...),
+			wantWrites: []string{"update engines v1-e-0", "update volumes/status v1"},
+			checks: []check{volumeIs(v1beta1.VolumeStateAttaching, v1beta1.VolumeRobustnessHealthy, ""),
+				engineIs("node-2", v1beta1.InstanceStateRunning, "r1", "r2", "r3")},
+		},
+		{
+			name: "engine running with its endpoint: attached, currentNodeID set",
+			me:   "node-2",
+			objects: append([]runtime.Object{vcVolume(func(v *v1beta1.Volume) {
+				v.Spec.NodeID, v.Status.State, v.Status.OwnerID = "node-2", v1beta1.VolumeStateAttaching, "node-2"
+			}), vcEngine(engineRunningOn("node-2", allRW()))}, threeReplicas(replicaRunning)...),
+			wantWrites: []string{"update volumes/status v1"},
+			wantEvents: []string{"Normal Attached"},
+			checks:     []check{volumeIs(v1beta1.VolumeStateAttached, v1beta1.VolumeRobustnessHealthy, "node-2")},
+		},
+		{
+			name: "engine marks a replica ERR: replica failed and stopped, volume degraded",
+			me:   "node-2",
+			objects: append([]runtime.Object{vcVolume(func(v *v1beta1.Volume) {
+				v.Spec.NodeID, v.Status.State, v.Status.CurrentNodeID, v.Status.OwnerID = "node-2", v1beta1.VolumeStateAttached, "node-2", "node-2"
+			}), vcEngine(engineRunningOn("node-2", map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW,
+				"r2": v1beta1.ReplicaModeRW, "r3": v1beta1.ReplicaModeERR}))}, threeReplicas(replicaRunning)...),
+			wantWrites: []string{"update replicas r3", "update engines v1-e-0", "update volumes/status v1"},
+			wantEvents: []string{"Warning ReplicaFailed", "Warning Degraded"},
+			checks: []check{volumeIs(v1beta1.VolumeStateAttached, v1beta1.VolumeRobustnessDegraded, "node-2"),
+				replicaIs("r3", v1beta1.InstanceStateStopped, true), engineIs("node-2", v1beta1.InstanceStateRunning, "r1", "r2")},
+		},
+		{
+			name: "failed replica within the wait interval is not replaced yet",
+			me:   "node-2",
+			objects: []runtime.Object{vcVolume(attachedOn("node-2"), func(v *v1beta1.Volume) {
+				v.Status.Robustness = v1beta1.VolumeRobustnessDegraded
+			}), vcEngine(engineRunningOn("node-2", map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW, "r2": v1beta1.ReplicaModeRW})),
+				vcReplica("r1", "node-1", replicaRunning), vcReplica("r2", "node-2", replicaRunning), vcReplica("r3", "node-3", failedAgo(30*time.Second))},
+			wantWrites: nil,
+		},
+		{
+			name: "failed replica past the wait interval is replaced by a new one that starts",
+			me:   "node-2",
+			objects: []runtime.Object{vcVolume(attachedOn("node-2"), func(v *v1beta1.Volume) {
+				v.Status.Robustness = v1beta1.VolumeRobustnessDegraded
+			}), vcEngine(engineRunningOn("node-2", map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW, "r2": v1beta1.ReplicaModeRW})),
+				vcReplica("r1", "node-1", replicaRunning), vcReplica("r2", "node-2", replicaRunning), vcReplica("r3", "node-3", failedAgo(2*time.Minute))},
+			wantWrites: []string{"delete replicas r3", "create replicas v1-r-", "update volumes/status v1"},
+			wantEvents: []string{"Normal ReplicaScheduled"},
+			checks: []check{func(t *testing.T, env *dstest.Env) {
+				reps, err := env.Strata.StrataV1beta1().Replicas(testNS).List(context.Background(), metav1.ListOptions{})
+				require.NoError(t, err)
+				for _, r := range reps.Items {
+					if r.Name != "r1" && r.Name != "r2" {
+						assert.Equal(t, "node-3", r.Spec.NodeID, "the only node free of this volume's replicas")
+						assert.Equal(t, v1beta1.InstanceStateRunning, r.Spec.DesireState, "started to be rebuilt")
+						assert.Empty(t, r.Spec.HealthyAt, "not healthy before its rebuild")
+					}
+				}
+			}},
+		},
+		{
+			name: "spec.nodeID cleared: engine stops first, currentNodeID kept while detaching",
+			me:   "node-2",
+			objects: append([]runtime.Object{vcVolume(func(v *v1beta1.Volume) {
+				v.Status.State, v.Status.CurrentNodeID, v.Status.OwnerID = v1beta1.VolumeStateAttached, "node-2", "node-2"
+			}), vcEngine(engineRunningOn("node-2", allRW()))}, threeReplicas(replicaRunning)...),
+			wantWrites: []string{"update engines v1-e-0", "update volumes/status v1"},
+			checks: []check{volumeIs(v1beta1.VolumeStateDetaching, v1beta1.VolumeRobustnessHealthy, "node-2"),
+				engineIs("node-2", v1beta1.InstanceStateStopped, "r1", "r2", "r3")},
+		},
+		{
+			name: "engine and replicas stopped: detached, currentNodeID cleared",
+			me:   "node-2",
+			objects: append([]runtime.Object{vcVolume(func(v *v1beta1.Volume) {
+				v.Status.State, v.Status.CurrentNodeID = v1beta1.VolumeStateDetaching, "node-2"
+			}), vcEngine(func(e *v1beta1.Engine) { e.Spec.NodeID = "node-2" })}, threeReplicas()...),
+			wantWrites: []string{"update volumes/status v1"},
+			wantEvents: []string{"Normal Detached"},
+			checks:     []check{volumeIs(v1beta1.VolumeStateDetached, v1beta1.VolumeRobustnessHealthy, "")},
+		},
+		{
+			name: "every replica failed: faulted, detached, the latest to fail are salvaged",
+			objects: []runtime.Object{vcVolume(), vcEngine(),
+				vcReplica("r1", "node-1", failedAgo(10*time.Minute)), vcReplica("r2", "node-2", failedAgo(time.Minute)),
+				vcReplica("r3", "node-3", failedAgo(time.Minute+10*time.Second))},
+			wantWrites: []string{"update replicas r2", "update replicas r3", "update volumes/status v1"},
+			wantEvents: []string{"Warning Salvaged", "Warning Degraded"},
+			checks: []check{replicaIs("r1", v1beta1.InstanceStateStopped, true), replicaIs("r2", v1beta1.InstanceStateStopped, false),
+				replicaIs("r3", v1beta1.InstanceStateStopped, false)},
+		},
+		{
+			name: "grown while detached: replicas open at the new size, then the size is recorded",
+			objects: append([]runtime.Object{vcVolume(func(v *v1beta1.Volume) { v.Spec.Size = resource.MustParse("2Gi") }), vcEngine()},
+				threeReplicas(replicaRunning, func(r *v1beta1.Replica) { r.Spec.VolumeSize = 2 * gib })...),
+			wantWrites: []string{"update volumes/status v1"},
+			wantEvents: []string{"Normal Expanded"},
+			checks: []check{func(t *testing.T, env *dstest.Env) {
+				v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v1", metav1.GetOptions{})
+				require.NoError(t, err)
+				assert.Equal(t, 2*gib, v.Status.CurrentSize)
+			}},
+		},
+		{
+			name: "deleting: engine and replicas are deleted, the finalizer stays until they are gone",
+			objects: append([]runtime.Object{vcVolume(func(v *v1beta1.Volume) {
+				v.DeletionTimestamp = &metav1.Time{Time: dstest.Now}
+			}), vcEngine()}, threeReplicas()...),
+			wantWrites: []string{"delete engines v1-e-0", "delete replicas r1", "delete replicas r2", "delete replicas r3", "update volumes/status v1"},
+		},
+		{
+			name: "deleting with nothing left: the finalizer goes",
+			objects: []runtime.Object{vcVolume(func(v *v1beta1.Volume) {
+				v.DeletionTimestamp = &metav1.Time{Time: dstest.Now}
+			})},
+			wantWrites: []string{"update volumes v1"},
+		},
+		{
+			name:       "replica create fails: the error is returned for a retry",
+			objects:    []runtime.Object{vcVolume(func(v *v1beta1.Volume) { v.Status = v1beta1.VolumeStatus{OwnerID: "node-1"} })},
+			apiErr:     &reactorError{"create", "replicas", "", errors.New("etcd is down")},
+			wantErr:    "etcd is down",
+			wantWrites: []string{"create engines v1-e-", "create replicas v1-r-", "update volumes/status v1"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			env := dstest.New(t, append(append([]runtime.Object{}, nodes...), tc.objects...), leases)
+			if tc.apiErr != nil {
+				tc.apiErr.install(env.Strata)
+			}
+			me := tc.me
+			if me == "" {
+				me = "node-1"
+			}
+			rec := record.NewFakeRecorder(20)
+			c, err := NewVolumeController(logrus.New(), env.DS, rec, me)
+			require.NoError(t, err)
+			env.ClearActions()
+
+			err = c.syncVolume(context.Background(), testNS+"/v1")
+			if tc.wantErr != "" {
+				require.ErrorContains(t, err, tc.wantErr)
+			} else {
+				require.NoError(t, err)
+			}
+			assert.Equal(t, tc.wantWrites, trimGeneratedNames(writes(env.Strata.Actions())))
+			assertEvents(t, tc.wantEvents, rec)
+			for _, chk := range tc.checks {
+				chk(t, env)
+			}
+		})
+	}
+}
+
+// trimGeneratedNames cuts the random suffix of created engines and replicas
+// so the tables can name them.
+func trimGeneratedNames(ws []string) []string {
+	for i, w := range ws {
+		for _, p := range []string{"v1-e-", "v1-r-"} {
+			if j := indexOf(w, p); j >= 0 && len(w) == j+len(p)+8 {
+				ws[i] = w[:j+len(p)]
+			}
+		}
+	}
+	return ws
+}
+
+func indexOf(s, sub string) int {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return i
+		}
+	}
+	return -1
+}

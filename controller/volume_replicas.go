@@ -1,0 +1,299 @@
+package controller
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/scheduler"
+	"github.com/strata-storage/strata/types"
+)
+
+// usable tells a replica that counts for the volume: not failed, not going.
+func usable(r *v1beta1.Replica) bool { return r.DeletionTimestamp == nil && r.Spec.FailedAt == "" }
+
+// rebuilt tells a usable replica that has held the volume's data with the
+// engine (RW) at least once.
+func rebuilt(r *v1beta1.Replica) bool { return usable(r) && r.Spec.HealthyAt != "" }
+
+func (s *volumeSync) replicasWhere(pred func(*v1beta1.Replica) bool) []*v1beta1.Replica {
+	var out []*v1beta1.Replica
+	for _, r := range s.replicas {
+		if pred(r) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func (s *volumeSync) desiredReplicaCount() int {
+	if n := s.v.Spec.NumberOfReplicas; n > 0 {
+		return int(n)
+	}
+	n, err := s.ds.GetSettingInt(types.SettingDefaultReplicaCount)
+	if err != nil || n < 1 {
+		return 3
+	}
+	return int(n)
+}
+
+// engineRunning tells whether the engine runs on its node as asked.
+func engineRunning(e *v1beta1.Engine) bool {
+	return e != nil && e.Spec.NodeID != "" && e.Spec.DesireState == v1beta1.InstanceStateRunning &&
+		e.Status.CurrentState == v1beta1.InstanceStateRunning
+}
+
+// reconcileReplicas records failures, marks rebuilt replicas healthy,
+// schedules missing replicas and replaces failed ones.
+func (s *volumeSync) reconcileReplicas() error {
+	eng := s.primaryEngine()
+	running := engineRunning(eng)
+	attachedOrAttaching := s.v.Spec.NodeID != "" || s.v.Status.CurrentNodeID != ""
+	for _, r := range s.replicas {
+		if !usable(r) {
+			continue
+		}
+		after := r.DeepCopy()
+		switch {
+		case running && eng.Status.ReplicaModeMap[r.Name] == v1beta1.ReplicaModeERR:
+			s.markFailed(after, "the engine marked it ERR")
+		case running && eng.Spec.ReplicaAddressMap[r.Name] != "" && r.Status.CurrentState != v1beta1.InstanceStateRunning:
+			// The engine had it; its instance is gone (instance manager
+			// restarted or unreachable).
+			s.markFailed(after, fmt.Sprintf("its instance is %s", orUnknown(string(r.Status.CurrentState))))
+		case r.Spec.DesireState == v1beta1.InstanceStateRunning && r.Status.CurrentState == v1beta1.InstanceStateError:
+			s.markFailed(after, "its instance failed to start")
+		case attachedOrAttaching && r.Spec.NodeID != "" && !s.ds.IsNodeAlive(r.Spec.NodeID):
+			s.markFailed(after, fmt.Sprintf("its node %s is down", r.Spec.NodeID))
+		case running && eng.Status.ReplicaModeMap[r.Name] == v1beta1.ReplicaModeRW && r.Spec.HealthyAt == "":
+			after.Spec.HealthyAt = s.now.UTC().Format(time.RFC3339)
+		}
+		if _, err := s.updateReplica(r, after); err != nil {
+			return err
+		}
+	}
+
+	want := s.desiredReplicaCount()
+	live := s.replicasWhere(usable)
+	failed := s.replicasWhere(func(r *v1beta1.Replica) bool { return r.DeletionTimestamp == nil && r.Spec.FailedAt != "" })
+	if len(live) == 0 && len(failed) > 0 {
+		return nil // faulted: salvage, not replacement (reconcileAttachment)
+	}
+	if len(s.replicasWhere(rebuilt)) >= want {
+		// Enough replicas hold the data: failed ones are no longer needed.
+		for _, r := range failed {
+			if err := s.deleteReplica(r, "replaced"); err != nil {
+				return err
+			}
+		}
+	}
+	missing := want - len(live)
+	if missing <= 0 {
+		return s.trimExtraReplicas(live, want)
+	}
+	// A volume that never ran holds no data: its replicas are all empty and
+	// any can be added. Once a replica has been RW, a new one must be
+	// rebuilt by a running engine.
+	newVolume := len(s.replicasWhere(func(r *v1beta1.Replica) bool { return r.Spec.HealthyAt != "" })) == 0
+	if !newVolume && !running {
+		return nil
+	}
+	if running {
+		// A failed replica is given the wait interval to come back before
+		// a new one takes its place.
+		wait := s.replenishmentWait()
+		waiting := 0
+		for _, r := range failed {
+			failedAt, _ := time.Parse(time.RFC3339, r.Spec.FailedAt)
+			if left := failedAt.Add(wait).Sub(s.now); left > 0 {
+				s.queue.AddAfter(s.key, left)
+				waiting++
+				continue
+			}
+			if err := s.deleteReplica(r, "replacing it after the replica-replenishment-wait-interval"); err != nil {
+				return err
+			}
+		}
+		missing = max(0, missing-waiting)
+	}
+	for i := 0; i < missing; i++ {
+		if err := s.scheduleReplica(running); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (s *volumeSync) replenishmentWait() time.Duration {
+	secs, err := s.ds.GetSettingInt(types.SettingReplicaReplenishmentWaitInterval)
+	if err != nil {
+		secs = 600
+	}
+	return time.Duration(secs) * time.Second
+}
+
+func (s *volumeSync) markFailed(r *v1beta1.Replica, why string) {
+	r.Spec.FailedAt = s.now.UTC().Format(time.RFC3339)
+	r.Spec.DesireState = v1beta1.InstanceStateStopped
+	s.logger.WithField("volume", s.v.Name).WithField("replica", r.Name).Warn("Replica failed: " + why)
+	s.recorder.Eventf(s.v, corev1.EventTypeWarning, EventReasonReplicaFailed, "replica %s on %s failed: %s", r.Name, r.Spec.NodeID, why)
+}
+
+func (s *volumeSync) deleteReplica(r *v1beta1.Replica, why string) error {
+	if err := s.ds.Replicas.Delete(s.ctx, r.Name); err != nil {
+		return err
+	}
+	s.logger.WithField("volume", s.v.Name).WithField("replica", r.Name).Info("Deleting replica: " + why)
+	r = r.DeepCopy()
+	now := s.nowMeta()
+	r.DeletionTimestamp = &now
+	for i := range s.replicas {
+		if s.replicas[i].Name == r.Name {
+			s.replicas[i] = r
+		}
+	}
+	return nil
+}
+
+// trimExtraReplicas deletes replicas beyond spec.numberOfReplicas, newest
+// (least likely to hold all the data) first.
+func (s *volumeSync) trimExtraReplicas(live []*v1beta1.Replica, want int) error {
+	if len(live) <= want {
+		return nil
+	}
+	slices.SortFunc(live, func(a, b *v1beta1.Replica) int {
+		if c := compareStrings(b.Spec.HealthyAt, a.Spec.HealthyAt); a.Spec.HealthyAt == "" || b.Spec.HealthyAt == "" {
+			return -c
+		}
+		return -a.CreationTimestamp.Compare(b.CreationTimestamp.Time)
+	})
+	for _, r := range live[:len(live)-want] {
+		if err := s.deleteReplica(r, "spec.numberOfReplicas was lowered"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// scheduleReplica places and creates one new replica; when nothing fits it
+// says why in the Scheduled condition and tries again later.
+func (s *volumeSync) scheduleReplica(start bool) error {
+	nodes, err := s.ds.Nodes.ListRO(nil)
+	if err != nil {
+		return err
+	}
+	alive, err := s.ds.AliveNodeNames()
+	if err != nil {
+		return err
+	}
+	opts := scheduler.Options{AliveNodes: map[string]bool{}}
+	for _, n := range alive {
+		opts.AliveNodes[n] = true
+	}
+	opts.SoftAntiAffinity, _ = s.ds.GetSettingBool(types.SettingReplicaSoftAntiAffinity)
+	opts.OverProvisioningPercentage, _ = s.ds.GetSettingInt(types.SettingStorageOverProvisioningPercentage)
+	opts.MinimalAvailablePercentage, _ = s.ds.GetSettingInt(types.SettingStorageMinimalAvailablePercentage)
+	// Replicas on their way out do not hold their node or disk.
+	placed := s.replicasWhere(func(r *v1beta1.Replica) bool { return r.DeletionTimestamp == nil })
+	p, err := scheduler.ScheduleReplica(s.v, placed, nodes, opts)
+	if scheduler.IsNoPlacement(err) {
+		s.setCondition(VolumeConditionScheduled, false, "ReplicaUnschedulable", err.Error())
+		if c := findCondition(s.vRO.Status.Conditions, VolumeConditionScheduled); c == nil || c.Message != err.Error() {
+			s.recorder.Event(s.v, corev1.EventTypeWarning, EventReasonReplicaUnschedule, err.Error())
+		}
+		s.queue.AddAfter(s.key, unschedulableRetry)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	suffix := randomSuffix()
+	desire := v1beta1.InstanceStateStopped
+	if start {
+		desire = v1beta1.InstanceStateRunning
+	}
+	eng := s.primaryEngine()
+	r := &v1beta1.Replica{
+		ObjectMeta: s.childMeta(s.v.Name + "-r-" + suffix),
+		Spec: v1beta1.ReplicaSpec{
+			InstanceSpec: v1beta1.InstanceSpec{VolumeName: s.v.Name, VolumeSize: s.v.Status.CurrentSize, NodeID: p.NodeID,
+				DesireState: desire, BackingImage: s.v.Spec.BackingImage},
+			EngineName: eng.Name, DiskID: p.DiskUUID, DiskPath: p.DiskPath, DataDirectoryName: s.v.Name + "-" + suffix,
+		},
+	}
+	r.Labels[types.LabelNode] = p.NodeID
+	r.Labels[types.LabelDisk] = p.DiskUUID
+	created, err := s.ds.Replicas.Create(s.ctx, r)
+	if err != nil {
+		return err
+	}
+	s.replicas = append(s.replicas, created)
+	s.setCondition(VolumeConditionScheduled, true, "ReplicasScheduled", "every replica has a node and disk")
+	s.recorder.Eventf(s.v, corev1.EventTypeNormal, EventReasonReplicaScheduled, "replica %s on %s disk %s", created.Name, p.NodeID, p.DiskName)
+	return nil
+}
+
+// salvage makes a faulted, fully detached volume usable again: the failed
+// replicas that held the data last (they failed together, at the latest
+// failure time) are trusted again. The volume then attaches as its
+// VolumeAttachment asks.
+func (s *volumeSync) salvage() error {
+	var cands []*v1beta1.Replica
+	for _, r := range s.replicas {
+		if r.DeletionTimestamp == nil && r.Spec.FailedAt != "" && r.Spec.HealthyAt != "" && s.ds.IsNodeAlive(r.Spec.NodeID) {
+			cands = append(cands, r)
+		}
+	}
+	if len(cands) == 0 {
+		s.setCondition(VolumeConditionSalvaged, false, "NoCandidate", "no failed replica that held data is on a live node")
+		return nil
+	}
+	latest := ""
+	for _, r := range cands {
+		latest = max(latest, r.Spec.FailedAt)
+	}
+	latestAt, _ := time.Parse(time.RFC3339, latest)
+	var names []string
+	for _, r := range cands {
+		at, _ := time.Parse(time.RFC3339, r.Spec.FailedAt)
+		if latestAt.Sub(at) > salvageWindow {
+			continue
+		}
+		after := r.DeepCopy()
+		after.Spec.FailedAt = ""
+		if _, err := s.updateReplica(r, after); err != nil {
+			return err
+		}
+		names = append(names, r.Name)
+	}
+	msg := fmt.Sprintf("salvaged replicas %v", names)
+	s.setCondition(VolumeConditionSalvaged, true, "Salvaged", msg)
+	s.recorder.Event(s.v, corev1.EventTypeWarning, EventReasonVolumeSalvaged, msg)
+	return nil
+}
+
+// salvageWindow: replicas that failed within this of the last failure are
+// taken to hold the same data.
+const salvageWindow = time.Minute
+
+func findCondition(conds []metav1.Condition, t string) *metav1.Condition {
+	return meta.FindStatusCondition(conds, t)
+}
+
+func (s *volumeSync) nowMeta() metav1.Time { return metav1.NewTime(s.now) }

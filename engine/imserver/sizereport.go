@@ -1,0 +1,139 @@
+package imserver
+
+import (
+	"context"
+	"time"
+
+	"github.com/strata-storage/strata/engine/replicactl"
+	"github.com/strata-storage/strata/engineapi/impb"
+)
+
+// Size reporting. A volume's head (and, during a purge, its snapshots)
+// changes allocated size with every write, but publishing on every write
+// would flood watchers and put a control call, which is a barrier on the
+// replica connection, into the I/O path. Instead one reporter per instance
+// manager wakes every Options.SizeReportInterval and, for each engine:
+//
+//   - skips it without any call if its DataVersion has not moved since the
+//     cached chain was read and no purge is being followed: an idle volume
+//     costs a counter comparison and sends nothing;
+//   - otherwise reads the chain (one control call on one replica), and the
+//     purge status while a purge runs, without holding the instance lock,
+//     and publishes only if the rendering changed.
+//
+// Replica instances are re-rendered too (in memory): an engine's
+// VolumeExpand grows them, and this is how their watchers learn it.
+
+// DefaultSizeReportInterval is used when Options.SizeReportInterval is 0.
+const DefaultSizeReportInterval = 5 * time.Second
+
+// sizeReadTimeout bounds one chain or purge-status read; a slow replica
+// delays only its own engine's next report (see instance.refreshing).
+const sizeReadTimeout = 30 * time.Second
+
+func (s *Server) reportSizes(interval time.Duration) {
+	defer s.wg.Done()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		insts := make([]*instance, 0, len(s.instances))
+		for _, inst := range s.instances {
+			insts = append(insts, inst)
+		}
+		s.mu.Unlock()
+		for _, inst := range insts {
+			if inst.spec.Type == impb.InstanceType_INSTANCE_TYPE_REPLICA {
+				s.reportReplica(inst)
+				continue
+			}
+			if !inst.refreshing.CompareAndSwap(false, true) {
+				continue // the last read is still running
+			}
+			s.wg.Go(func() {
+				defer inst.refreshing.Store(false)
+				s.reportEngine(inst)
+			})
+		}
+	}
+}
+
+// reportReplica publishes a replica instance whose size changed. An
+// instance busy with an operation is left for the next round.
+func (s *Server) reportReplica(inst *instance) {
+	if !inst.mu.TryLock() {
+		return
+	}
+	defer inst.mu.Unlock()
+	if inst.rep != nil {
+		s.publishLocked(inst)
+	}
+}
+
+// reportEngine re-reads an engine's chain if it may have changed and
+// publishes what did.
+func (s *Server) reportEngine(inst *instance) {
+	// TryLock: an operation holding the lock refreshes the chain itself.
+	if !inst.mu.TryLock() {
+		return
+	}
+	eng, gen, purging := inst.eng, inst.chainGen, inst.purging
+	version := uint64(0)
+	if eng != nil {
+		version = eng.DataVersion()
+	}
+	idle := eng == nil || (version == inst.reportedVersion && !purging)
+	inst.mu.Unlock()
+	if idle {
+		return
+	}
+
+	s.sizeReads.Add(1)
+	ctx, cancel := context.WithTimeout(context.Background(), sizeReadTimeout)
+	defer cancel()
+	chain, err := eng.Chain(ctx)
+	var purge map[string]*impb.PurgeStatus
+	if purging {
+		purge = purgeStatusProto(eng.PurgeStatus(ctx))
+	}
+
+	inst.mu.Lock()
+	defer inst.mu.Unlock()
+	if inst.eng != eng {
+		return // stopped or recreated meanwhile
+	}
+	// An operation that refreshed the chain meanwhile has a newer one.
+	if inst.chainGen == gen {
+		s.setChainLocked(inst, chain, err, version)
+	}
+	if purging && inst.purging {
+		s.setPurgeLocked(inst, purge)
+	}
+	s.publishLocked(inst)
+}
+
+// setPurgeLocked caches a purge status read; once no replica purges any
+// more, the reporter stops following it. The caller holds inst.mu.
+func (s *Server) setPurgeLocked(inst *instance, st map[string]*impb.PurgeStatus) {
+	inst.purge = st
+	running := false
+	for _, p := range st {
+		running = running || p.IsPurging
+	}
+	if !running {
+		inst.purging = false
+	}
+}
+
+func purgeStatusProto(st map[string]replicactl.PurgeStatusReply) map[string]*impb.PurgeStatus {
+	out := make(map[string]*impb.PurgeStatus, len(st))
+	for name, p := range st {
+		out[name] = &impb.PurgeStatus{IsPurging: p.IsPurging, Progress: int32(p.Progress), State: p.State, Error: p.Error}
+	}
+	return out
+}

@@ -1,0 +1,54 @@
+// Package admission is Strata's admission webhook framework: one Mutator and
+// one Validator per resource, an HTTP handler that speaks AdmissionReview v1,
+// dispatches each request to the handlers of its resource, turns a mutator's
+// changes into a JSON patch and a validator's FieldErrors into a denial that
+// names the field.
+//
+// Handlers read through the datastore cache, never the API server: an
+// admission request must answer within the webhook timeout (5 s).
+package admission
+
+import (
+	admissionv1 "k8s.io/api/admission/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// Resource describes the kind a Mutator or Validator handles.
+type Resource struct {
+	// GroupResource is what admission requests carry, for example
+	// strata.io/volumes.
+	schema.GroupResource
+	// Version is the API version the handler decodes, for example v1beta1.
+	Version string
+	// Kind is the object kind, for example Volume.
+	Kind string
+	// NewObject returns an empty object of the kind to decode into.
+	NewObject func() runtime.Object
+}
+
+// Request is one admission request as the handlers see it.
+type Request struct {
+	*admissionv1.AdmissionRequest
+}
+
+// Username is who sends the request, for example
+// system:serviceaccount:strata-system:strata-manager.
+func (r *Request) Username() string { return r.UserInfo.Username }
+
+// Mutator changes objects before they are stored. Create and Update change
+// obj (newObj) in place: the framework compares it with what was sent and
+// answers with the JSON patch between the two. An error denies the request.
+type Mutator interface {
+	Resource() Resource
+	Create(req *Request, obj runtime.Object) error
+	Update(req *Request, oldObj, newObj runtime.Object) error
+}
+
+// Validator decides whether an object may be stored; it sees the object as
+// the mutators left it. It returns nil to allow, or FieldErrors to deny.
+type Validator interface {
+	Resource() Resource
+	Create(req *Request, obj runtime.Object) error
+	Update(req *Request, oldObj, newObj runtime.Object) error
+}

@@ -1,0 +1,91 @@
+package admission
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// FieldError is why one field makes a request denied. Its text is
+// "<field>: <message>", for example
+// "spec.numberOfReplicas: 5 is more than the 3 nodes in the cluster".
+type FieldError struct {
+	Field   string
+	Message string
+	// Forbidden marks a field the requester may not write (403) rather than
+	// a value that is invalid (422).
+	Forbidden bool
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Message }
+
+// Invalid is a FieldError for a value that is not allowed.
+func Invalid(path *field.Path, format string, args ...any) *FieldError {
+	return &FieldError{Field: path.String(), Message: fmt.Sprintf(format, args...)}
+}
+
+// Forbidden is a FieldError for a field the requester may not change.
+func Forbidden(path *field.Path, format string, args ...any) *FieldError {
+	return &FieldError{Field: path.String(), Message: fmt.Sprintf(format, args...), Forbidden: true}
+}
+
+// FieldErrors collects every reason a request is denied, so that one answer
+// names them all.
+type FieldErrors []*FieldError
+
+func (e FieldErrors) Error() string {
+	msgs := make([]string, len(e))
+	for i, fe := range e {
+		msgs[i] = fe.Error()
+	}
+	return strings.Join(msgs, "; ")
+}
+
+// Add appends errors, skipping nil ones.
+func (e *FieldErrors) Add(errs ...*FieldError) {
+	for _, fe := range errs {
+		if fe != nil {
+			*e = append(*e, fe)
+		}
+	}
+}
+
+// Err is nil when nothing was added: return it from a Validator.
+func (e FieldErrors) Err() error {
+	if len(e) == 0 {
+		return nil
+	}
+	return e
+}
+
+// deniedStatus turns a handler's error into the status of the denial:
+// FieldErrors are 422 Invalid (403 Forbidden when any field is forbidden)
+// with one cause per field; anything else is an internal error.
+func deniedStatus(err error, res Resource, name string) *metav1.Status {
+	var fes FieldErrors
+	var fe *FieldError
+	switch {
+	case errors.As(err, &fes):
+	case errors.As(err, &fe):
+		fes = FieldErrors{fe}
+	default:
+		return &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusInternalServerError,
+			Reason: metav1.StatusReasonInternalError, Message: "internal error: " + err.Error()}
+	}
+	status := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusUnprocessableEntity,
+		Reason: metav1.StatusReasonInvalid, Message: fes.Error(),
+		Details: &metav1.StatusDetails{Name: name, Group: res.Group, Kind: res.Kind}}
+	for _, fe := range fes {
+		cause := metav1.StatusCause{Type: metav1.CauseTypeFieldValueInvalid, Message: fe.Message, Field: fe.Field}
+		if fe.Forbidden {
+			cause.Type = metav1.CauseTypeForbidden
+			status.Code, status.Reason = http.StatusForbidden, metav1.StatusReasonForbidden
+		}
+		status.Details.Causes = append(status.Details.Causes, cause)
+	}
+	return status
+}

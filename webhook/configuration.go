@@ -1,0 +1,126 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	admissionac "k8s.io/client-go/applyconfigurations/admissionregistration/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/strata-storage/strata/types"
+	"github.com/strata-storage/strata/webhook/admission"
+)
+
+// Names of the webhook's objects.
+const (
+	// CASecretName holds the CA, in the manager namespace.
+	CASecretName = "strata-webhook-ca"
+	// ServiceName is the Service in front of every manager (package mode).
+	ServiceName = "strata-webhook"
+	// ServicePort is the Service's port; it targets the managers' --webhook-listen port.
+	ServicePort = 443
+	// LeaderLeaseName is the Lease of the manager that writes the configurations.
+	LeaderLeaseName = "strata-webhook-leader"
+	// MutatorConfigName and ValidatorConfigName are the webhook configurations.
+	MutatorConfigName   = "strata-mutator"
+	ValidatorConfigName = "strata-validator"
+	// ComponentWebhook labels the webhook's objects (types.LabelComponent).
+	ComponentWebhook = "webhook"
+
+	fieldManager   = "strata-manager"
+	timeoutSeconds = 5
+)
+
+// target is where the API server sends admission reviews: a URL in local
+// mode, where managers are processes on loopback, or the Service.
+type target struct {
+	baseURL   string // https://host:port, when set
+	namespace string // of the Service otherwise
+}
+
+func urlTarget(host string, port int) target {
+	return target{baseURL: "https://" + net.JoinHostPort(host, strconv.Itoa(port))}
+}
+
+func serviceTarget(namespace string) target { return target{namespace: namespace} }
+
+func (t target) String() string {
+	if t.baseURL != "" {
+		return t.baseURL
+	}
+	return fmt.Sprintf("service %s/%s:%d", t.namespace, ServiceName, ServicePort)
+}
+
+func (t target) clientConfig(path string, caBundle []byte) *admissionac.WebhookClientConfigApplyConfiguration {
+	cc := admissionac.WebhookClientConfig().WithCABundle(caBundle...)
+	if t.baseURL != "" {
+		return cc.WithURL(t.baseURL + path)
+	}
+	return cc.WithService(admissionac.ServiceReference().
+		WithNamespace(t.namespace).WithName(ServiceName).WithPort(ServicePort).WithPath(path))
+}
+
+// rules match CREATE and UPDATE of each resource, never a subresource: the
+// controllers' status writes and other kinds (Node, Setting,
+// InstanceManager) are never held up by the webhook.
+func rules(resources []admission.Resource) []*admissionac.RuleWithOperationsApplyConfiguration {
+	var out []*admissionac.RuleWithOperationsApplyConfiguration
+	for _, r := range resources {
+		out = append(out, admissionac.RuleWithOperations().
+			WithOperations(admissionregistrationv1.Create, admissionregistrationv1.Update).
+			WithAPIGroups(r.Group).WithAPIVersions(r.Version).WithResources(r.Resource).
+			WithScope(admissionregistrationv1.NamespacedScope))
+	}
+	return out
+}
+
+func desiredMutating(t target, caBundle []byte, resources []admission.Resource) *admissionac.MutatingWebhookConfigurationApplyConfiguration {
+	return admissionac.MutatingWebhookConfiguration(MutatorConfigName).
+		WithLabels(map[string]string{types.LabelComponent: ComponentWebhook}).
+		WithWebhooks(admissionac.MutatingWebhook().
+			WithName("mutator.strata.io").
+			WithClientConfig(t.clientConfig(admission.MutatePath, caBundle)).
+			WithRules(rules(resources)...).
+			WithFailurePolicy(admissionregistrationv1.Fail).
+			WithMatchPolicy(admissionregistrationv1.Equivalent).
+			WithSideEffects(admissionregistrationv1.SideEffectClassNone).
+			WithTimeoutSeconds(timeoutSeconds).
+			WithAdmissionReviewVersions("v1").
+			WithReinvocationPolicy(admissionregistrationv1.NeverReinvocationPolicy))
+}
+
+func desiredValidating(t target, caBundle []byte, resources []admission.Resource) *admissionac.ValidatingWebhookConfigurationApplyConfiguration {
+	return admissionac.ValidatingWebhookConfiguration(ValidatorConfigName).
+		WithLabels(map[string]string{types.LabelComponent: ComponentWebhook}).
+		WithWebhooks(admissionac.ValidatingWebhook().
+			WithName("validator.strata.io").
+			WithClientConfig(t.clientConfig(admission.ValidatePath, caBundle)).
+			WithRules(rules(resources)...).
+			WithFailurePolicy(admissionregistrationv1.Fail).
+			WithMatchPolicy(admissionregistrationv1.Equivalent).
+			WithSideEffects(admissionregistrationv1.SideEffectClassNone).
+			WithTimeoutSeconds(timeoutSeconds).
+			WithAdmissionReviewVersions("v1"))
+}
+
+// applyConfigurations writes both configurations with server-side apply: it
+// creates them or updates them to exactly what is given, and writes nothing
+// when they already are. Force takes over fields a previous leader or an
+// admin's kubectl set.
+func applyConfigurations(ctx context.Context, kube kubernetes.Interface,
+	mutating *admissionac.MutatingWebhookConfigurationApplyConfiguration,
+	validating *admissionac.ValidatingWebhookConfigurationApplyConfiguration) error {
+	opts := metav1.ApplyOptions{FieldManager: fieldManager, Force: true}
+	c := kube.AdmissionregistrationV1()
+	if _, err := c.MutatingWebhookConfigurations().Apply(ctx, mutating, opts); err != nil {
+		return fmt.Errorf("applying MutatingWebhookConfiguration %s: %w", MutatorConfigName, err)
+	}
+	if _, err := c.ValidatingWebhookConfigurations().Apply(ctx, validating, opts); err != nil {
+		return fmt.Errorf("applying ValidatingWebhookConfiguration %s: %w", ValidatorConfigName, err)
+	}
+	return nil
+}

@@ -1,0 +1,59 @@
+// Package volume holds the admission rules of Volume: defaults and the
+// cleanup finalizer on create (mutator), and what may be written when
+// (validator).
+package volume
+
+import (
+	"slices"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
+	"github.com/strata-storage/strata/webhook/admission"
+)
+
+// Resource is strata.io/v1beta1 volumes.
+var Resource = admission.Resource{
+	GroupResource: v1beta1.Resource("volumes"),
+	Version:       v1beta1.SchemeGroupVersion.Version,
+	Kind:          "Volume",
+	NewObject:     func() runtime.Object { return &v1beta1.Volume{} },
+}
+
+type mutator struct {
+	ds *datastore.DataStore
+}
+
+// NewMutator returns the Volume mutator.
+func NewMutator(ds *datastore.DataStore) admission.Mutator { return &mutator{ds: ds} }
+
+func (m *mutator) Resource() admission.Resource { return Resource }
+
+// Create adds the cleanup finalizer, so the volume controller tears down
+// engines and replicas before the Volume goes, and fills the defaults: the
+// default-replica-count setting for an unset replica count, and the NBD
+// frontend for an unset frontend.
+func (m *mutator) Create(_ *admission.Request, obj runtime.Object) error {
+	v := obj.(*v1beta1.Volume)
+	if !slices.Contains(v.Finalizers, types.FinalizerName) {
+		v.Finalizers = append(v.Finalizers, types.FinalizerName)
+	}
+	if v.Spec.NumberOfReplicas == 0 {
+		n, err := m.ds.GetSettingInt(types.SettingDefaultReplicaCount)
+		if err != nil {
+			return admission.Invalid(field.NewPath("spec", "numberOfReplicas"),
+				"not set, and no default can be taken from the %s setting: %v", types.SettingDefaultReplicaCount, err)
+		}
+		v.Spec.NumberOfReplicas = int32(n)
+	}
+	if v.Spec.Frontend == v1beta1.VolumeFrontendNone {
+		v.Spec.Frontend = v1beta1.VolumeFrontendNBD
+	}
+	return nil
+}
+
+// Update changes nothing: the finalizer is the volume controller's to remove.
+func (m *mutator) Update(*admission.Request, runtime.Object, runtime.Object) error { return nil }
