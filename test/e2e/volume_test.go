@@ -255,3 +255,40 @@ func TestReaperRemovesTicketsOfDeletedOwners(t *testing.T) {
 	}, 30*time.Second, 100*time.Millisecond, "the orphaned ticket is removed")
 	waitVolume(t, "e2e-reap", time.Minute, "detached once its ticket went", isDetached)
 }
+
+// Live migration: a migratable volume holds a second CSI ticket on another
+// node; a second engine starts there over the same replicas, and when the
+// first ticket goes the volume switches to it with its data.
+func TestLiveMigration(t *testing.T) {
+	createVolume(t, "e2e-mig", "16Mi", 2, func(v *v1beta1.Volume) { v.Spec.Migratable = true })
+	waitVolume(t, "e2e-mig", time.Minute, "detached", isDetached)
+	updateTickets(t, "e2e-mig", addTicket("pod-src", v1beta1.AttacherTypeCSIAttacher, "node-1"))
+	v := waitVolume(t, "e2e-mig", time.Minute, "attached to node-1", attachedTo("node-1"))
+	qemuIO(t, v.Status.FrontendEndpoint, "write -P 0x33 0 4M")
+
+	updateTickets(t, "e2e-mig", addTicket("pod-dst", v1beta1.AttacherTypeCSIAttacher, "node-2"))
+	v = waitVolume(t, "e2e-mig", time.Minute, "migration engine running on node-2", func(v *v1beta1.Volume) bool {
+		return attachedTo("node-1")(v) && v.Spec.MigrationNodeID == "node-2" && v.Status.CurrentMigrationNodeID == "node-2"
+	})
+	require.Eventually(t, func() bool {
+		st := getVA(t, "e2e-mig").Status.AttachmentTicketStatuses
+		return st["pod-src"] != nil && st["pod-src"].Satisfied && st["pod-dst"] != nil && st["pod-dst"].Satisfied
+	}, 30*time.Second, 100*time.Millisecond, "both CSI tickets are satisfied during the migration")
+
+	updateTickets(t, "e2e-mig", removeTicket("pod-src"))
+	v = waitVolume(t, "e2e-mig", time.Minute, "switched to node-2", func(v *v1beta1.Volume) bool {
+		return attachedTo("node-2")(v) && v.Spec.MigrationNodeID == "" && v.Status.CurrentMigrationNodeID == ""
+	})
+	qemuIO(t, v.Status.FrontendEndpoint, "read -P 0x33 0 4M")
+	engines, err := env.adminStrata.StrataV1beta1().Engines(ns).List(context.Background(),
+		metav1.ListOptions{LabelSelector: stypes.LabelVolume + "=e2e-mig"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		engines, err = env.adminStrata.StrataV1beta1().Engines(ns).List(context.Background(),
+			metav1.ListOptions{LabelSelector: stypes.LabelVolume + "=e2e-mig"})
+		return err == nil && len(engines.Items) == 1
+	}, 30*time.Second, 100*time.Millisecond, "the old engine is gone")
+	assert.Equal(t, "node-2", engines.Items[0].Spec.NodeID)
+	updateTickets(t, "e2e-mig", removeTicket("pod-dst"))
+	waitVolume(t, "e2e-mig", time.Minute, "detached", isDetached)
+}

@@ -1,0 +1,85 @@
+package controller
+
+import (
+	"sort"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/strata-storage/strata/engineapi/impb"
+)
+
+func updated(name string, rev uint64) *impb.WatchEvent {
+	return &impb.WatchEvent{Kind: impb.WatchEvent_KIND_UPDATED, Instance: &impb.Instance{Name: name, Revision: rev}}
+}
+
+func deleted(name string) *impb.WatchEvent {
+	return &impb.WatchEvent{Kind: impb.WatchEvent_KIND_DELETED, Instance: &impb.Instance{Name: name}}
+}
+
+var synced = &impb.WatchEvent{Kind: impb.WatchEvent_KIND_SYNCED}
+
+func TestInstanceCache(t *testing.T) {
+	type step struct {
+		opened, lost bool
+		ev           *impb.WatchEvent
+	}
+	tests := []struct {
+		name         string
+		steps        []step
+		wantSynced   bool
+		wantNames    []string // instances held, sorted
+		wantNotified []string // names told to listeners, sorted
+		wantResyncs  int
+	}{
+		{name: "replay then sync marker", steps: []step{{opened: true}, {ev: updated("a", 1)}, {ev: updated("b", 2)}, {ev: synced}},
+			wantSynced: true, wantNames: []string{"a", "b"}, wantNotified: []string{"a", "b"}, wantResyncs: 1},
+		{name: "no view before the marker", steps: []step{{opened: true}, {ev: updated("a", 1)}},
+			wantNames: []string{"a"}, wantNotified: []string{"a"}},
+		{name: "stale revision dropped after sync", steps: []step{{opened: true}, {ev: updated("a", 5)}, {ev: synced}, {ev: updated("a", 4)}},
+			wantSynced: true, wantNames: []string{"a"}, wantNotified: []string{"a"}, wantResyncs: 1},
+		{name: "delete removes and notifies", steps: []step{{opened: true}, {ev: updated("a", 1)}, {ev: synced}, {ev: deleted("a")}},
+			wantSynced: true, wantNotified: []string{"a", "a"}, wantResyncs: 1},
+		{name: "lost stream notifies every instance", steps: []step{{opened: true}, {ev: updated("a", 1)}, {ev: synced}, {lost: true}},
+			wantNames: []string{"a"}, wantNotified: []string{"a", "a"}, wantResyncs: 1},
+		{name: "instances missing from a new replay are gone (restarted instance manager)",
+			steps: []step{{opened: true}, {ev: updated("a", 7)}, {ev: updated("b", 8)}, {ev: synced}, {lost: true},
+				{opened: true}, {ev: updated("b", 1)}, {ev: synced}},
+			wantSynced: true, wantNames: []string{"b"}, wantNotified: []string{"a", "a", "a", "b", "b", "b"}, wantResyncs: 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := NewInstanceCache()
+			var notified []string
+			resyncs := 0
+			c.OnChange(func(n string) { notified = append(notified, n) })
+			c.OnSynced(func() { resyncs++ })
+			for _, s := range tc.steps {
+				switch {
+				case s.opened:
+					c.streamOpened()
+				case s.lost:
+					c.streamLost()
+				default:
+					c.apply(s.ev)
+				}
+			}
+			assert.Equal(t, tc.wantSynced, c.Synced())
+			var names []string
+			for n := range c.instances {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			sort.Strings(notified)
+			assert.Equal(t, tc.wantNames, names)
+			assert.Equal(t, tc.wantNotified, notified)
+			assert.Equal(t, tc.wantResyncs, resyncs)
+			if len(tc.wantNames) > 0 {
+				inst, found, syncd := c.Get(tc.wantNames[0])
+				assert.True(t, found)
+				assert.Equal(t, tc.wantSynced, syncd)
+				assert.Equal(t, tc.wantNames[0], inst.GetName())
+			}
+		})
+	}
+}

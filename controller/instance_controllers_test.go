@@ -1,0 +1,244 @@
+package controller
+
+import (
+	"context"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/strata-storage/strata/datastore/dstest"
+	"github.com/strata-storage/strata/engine/imserver"
+	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/engineapi/impb"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
+)
+
+// realIM is a real instance manager in this process, reached over gRPC, with
+// an instance cache fed by its Watch stream as the InstanceManager
+// controller feeds it: the engine and replica controllers are tested against
+// the real data plane, not a mock.
+type realIM struct {
+	addr  string
+	pool  *engineapi.Pool
+	cache *InstanceCache
+}
+
+func startRealIM(t *testing.T) *realIM {
+	t.Helper()
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	srv, err := imserver.New(imserver.Options{StateDir: t.TempDir(), DataHost: "127.0.0.1", NBDAddress: "127.0.0.1:10809",
+		Log: log, SizeReportInterval: -1})
+	require.NoError(t, err)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	gs := grpc.NewServer()
+	impb.RegisterInstanceManagerServer(gs, srv)
+	go func() { _ = gs.Serve(l) }()
+	im := &realIM{addr: l.Addr().String(), pool: engineapi.NewPool(10 * time.Second), cache: NewInstanceCache()}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); im.pool.Close(); gs.Stop(); _ = srv.Close() })
+	client, err := im.pool.Get(im.addr)
+	require.NoError(t, err)
+	next, err := client.Watch(ctx)
+	require.NoError(t, err)
+	im.cache.streamOpened()
+	go func() {
+		for {
+			ev, err := next()
+			if err != nil {
+				return
+			}
+			im.cache.apply(ev)
+		}
+	}()
+	require.Eventually(t, im.cache.Synced, 10*time.Second, 10*time.Millisecond)
+	return im
+}
+
+// waitInstance waits until the cache shows the instance in the given state
+// (found=false: gone).
+func (im *realIM) waitInstance(t *testing.T, name string, found bool, state impb.InstanceState) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		inst, ok, _ := im.cache.Get(name)
+		return ok == found && (!found || inst.GetState() == state)
+	}, 10*time.Second, 10*time.Millisecond, "instance %s found=%v state=%s", name, found, state)
+}
+
+func testReplicaCR(name, disk string, mut ...func(*v1beta1.Replica)) *v1beta1.Replica {
+	r := &v1beta1.Replica{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS, Finalizers: []string{types.FinalizerName}},
+		Spec: v1beta1.ReplicaSpec{InstanceSpec: v1beta1.InstanceSpec{VolumeName: "v1", VolumeSize: 4 << 20, NodeID: "node-1",
+			DesireState: v1beta1.InstanceStateRunning}, DiskPath: disk, DataDirectoryName: name},
+	}
+	for _, m := range mut {
+		m(r)
+	}
+	return r
+}
+
+func TestReplicaControllerAgainstRealInstanceManager(t *testing.T) {
+	im := startRealIM(t)
+	disk := t.TempDir()
+	env := dstest.New(t, []runtime.Object{testReplicaCR("r1", disk), schedNode("node-1")}, []runtime.Object{testLease("node-1", 0)})
+	rec := record.NewFakeRecorder(20)
+	c, err := NewReplicaController(logrus.New(), env.DS, rec, "node-1", im.addr, im.pool, im.instances())
+	require.NoError(t, err)
+	ctx, key := context.Background(), testNS+"/r1"
+	get := func() *v1beta1.Replica {
+		r, err := env.Strata.StrataV1beta1().Replicas(testNS).Get(ctx, "r1", metav1.GetOptions{})
+		require.NoError(t, err)
+		return r
+	}
+	// Wait for the informer to see the last write before the next sync (the
+	// fake clientset keeps no resourceVersion to compare).
+	syncAfterCache := func() {
+		t.Helper()
+		want := get()
+		require.Eventually(t, func() bool {
+			r, err := env.DS.Replicas.GetRO("r1")
+			return err == nil && equality.Semantic.DeepEqual(r.Spec, want.Spec) && equality.Semantic.DeepEqual(r.Status, want.Status)
+		}, 5*time.Second, 10*time.Millisecond)
+		require.NoError(t, c.syncReplica(ctx, key))
+	}
+
+	// desire running: the instance is created in the replica's directory.
+	require.NoError(t, c.syncReplica(ctx, key))
+	im.waitInstance(t, "r1", true, impb.InstanceState_INSTANCE_STATE_RUNNING)
+	syncAfterCache()
+	r := get()
+	assert.Equal(t, v1beta1.InstanceStateRunning, r.Status.CurrentState)
+	assert.Equal(t, "127.0.0.1", r.Status.IP)
+	assert.NotZero(t, r.Status.Port)
+	assert.Equal(t, "im-node-1", r.Status.InstanceManagerName)
+	assert.True(t, r.Status.Started)
+	assert.FileExists(t, filepath.Join(disk, "replicas", "r1", "volume.meta"))
+
+	// desire stopped: the instance goes, the data stays.
+	r.Spec.DesireState = v1beta1.InstanceStateStopped
+	_, err = env.Strata.StrataV1beta1().Replicas(testNS).Update(ctx, r, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	syncAfterCache()
+	im.waitInstance(t, "r1", false, 0)
+	syncAfterCache()
+	assert.Equal(t, v1beta1.InstanceStateStopped, get().Status.CurrentState)
+	assert.Empty(t, get().Status.IP)
+	assert.FileExists(t, filepath.Join(disk, "replicas", "r1", "volume.meta"))
+
+	// deleted: the data directory goes, then the finalizer.
+	require.NoError(t, env.Strata.StrataV1beta1().Replicas(testNS).Delete(ctx, "r1", metav1.DeleteOptions{}))
+	// The fake clientset deletes at once despite the finalizer; sync from
+	// a copy with a deletion timestamp, as the API server would leave it.
+	rr := testReplicaCR("r1", disk, func(r *v1beta1.Replica) {
+		now := metav1.NewTime(dstest.Now)
+		r.DeletionTimestamp = &now
+	})
+	_, err = env.Strata.StrataV1beta1().Replicas(testNS).Create(ctx, rr, metav1.CreateOptions{})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		r, err := env.DS.Replicas.GetRO("r1")
+		return err == nil && r.DeletionTimestamp != nil
+	}, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, c.syncReplica(ctx, key))
+	_, statErr := os.Stat(filepath.Join(disk, "replicas", "r1"))
+	assert.True(t, os.IsNotExist(statErr), "data directory deleted")
+	r = get()
+	assert.NotContains(t, r.Finalizers, types.FinalizerName)
+	assertEvents(t, []string{"Normal DataDeleted"}, rec)
+}
+
+func TestEngineControllerAgainstRealInstanceManager(t *testing.T) {
+	im := startRealIM(t)
+	disk := t.TempDir()
+	client, err := im.pool.Get(im.addr)
+	require.NoError(t, err)
+	ctx := context.Background()
+	addrs := map[string]string{}
+	for _, name := range []string{"r1", "r2"} {
+		inst, err := client.InstanceCreate(ctx, &impb.InstanceCreateRequest{Name: name, Type: impb.InstanceType_INSTANCE_TYPE_REPLICA,
+			VolumeName: "v1", Size: 4 << 20, DataDir: filepath.Join(disk, name)})
+		require.NoError(t, err)
+		addrs[name] = inst.GetAddress()
+	}
+	e := &v1beta1.Engine{
+		ObjectMeta: metav1.ObjectMeta{Name: "v1-e-0", Namespace: testNS, Finalizers: []string{types.FinalizerName}},
+		Spec: v1beta1.EngineSpec{InstanceSpec: v1beta1.InstanceSpec{VolumeName: "v1", VolumeSize: 4 << 20, NodeID: "node-1",
+			DesireState: v1beta1.InstanceStateRunning}, ReplicaAddressMap: addrs},
+	}
+	env := dstest.New(t, []runtime.Object{e, schedNode("node-1")}, []runtime.Object{testLease("node-1", 0)})
+	rec := record.NewFakeRecorder(20)
+	c, err := NewEngineController(logrus.New(), env.DS, rec, "node-1", im.addr, im.pool, im.instances())
+	require.NoError(t, err)
+	key := testNS + "/v1-e-0"
+	get := func() *v1beta1.Engine {
+		e, err := env.Strata.StrataV1beta1().Engines(testNS).Get(ctx, "v1-e-0", metav1.GetOptions{})
+		require.NoError(t, err)
+		return e
+	}
+	syncAfterCache := func() {
+		t.Helper()
+		want := get()
+		require.Eventually(t, func() bool {
+			e, err := env.DS.Engines.GetRO("v1-e-0")
+			return err == nil && equality.Semantic.DeepEqual(e.Spec, want.Spec) && equality.Semantic.DeepEqual(e.Status, want.Status)
+		}, 5*time.Second, 10*time.Millisecond)
+		require.NoError(t, c.syncEngine(ctx, key))
+	}
+
+	require.NoError(t, c.syncEngine(ctx, key))
+	im.waitInstance(t, "v1-e-0", true, impb.InstanceState_INSTANCE_STATE_RUNNING)
+	syncAfterCache()
+	got := get()
+	assert.Equal(t, v1beta1.InstanceStateRunning, got.Status.CurrentState)
+	assert.Equal(t, map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW, "r2": v1beta1.ReplicaModeRW}, got.Status.ReplicaModeMap)
+	assert.Equal(t, addrs, got.Status.CurrentReplicaAddressMap)
+	assert.Contains(t, got.Status.Snapshots, "volume-head", "the engine monitor copies the chain")
+	assert.Equal(t, int64(4<<20), got.Status.CurrentSize)
+
+	// An unchanged instance writes nothing: the monitor compares first.
+	env.ClearActions()
+	syncAfterCache()
+	assert.Empty(t, writes(env.Strata.Actions()))
+
+	// The spec drops r2: the engine removes it and the status follows.
+	got.Spec.ReplicaAddressMap = map[string]string{"r1": addrs["r1"]}
+	_, err = env.Strata.StrataV1beta1().Engines(testNS).Update(ctx, got, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	syncAfterCache()
+	require.Eventually(t, func() bool {
+		inst, _, _ := im.cache.Get("v1-e-0")
+		return len(inst.GetReplicaModes()) == 1
+	}, 10*time.Second, 10*time.Millisecond)
+	syncAfterCache()
+	assert.Equal(t, map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW}, get().Status.ReplicaModeMap)
+	assertEvents(t, []string{"Normal ReplicaRemoved"}, rec)
+
+	// Desire stopped: the instance goes; the snapshot map stays as the last word.
+	got = get()
+	got.Spec.DesireState = v1beta1.InstanceStateStopped
+	_, err = env.Strata.StrataV1beta1().Engines(testNS).Update(ctx, got, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	syncAfterCache()
+	im.waitInstance(t, "v1-e-0", false, 0)
+	syncAfterCache()
+	got = get()
+	assert.Equal(t, v1beta1.InstanceStateStopped, got.Status.CurrentState)
+	assert.Nil(t, got.Status.ReplicaModeMap)
+	assert.Contains(t, got.Status.Snapshots, "volume-head")
+}
+
+func (im *realIM) instances() *InstanceCache { return im.cache }
