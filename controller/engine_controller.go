@@ -27,18 +27,9 @@ const (
 // syncEngine drives one engine's instance toward its spec and writes what
 // the instance cache says of it, only when that changed.
 func (c *EngineController) syncEngine(ctx context.Context, key string) error {
-	name, err := nameFromKey(key)
-	if err != nil {
-		return err
-	}
-	eRO, err := c.ds.Engines.GetRO(name)
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if ok, err := c.isResponsibleFor(key, eRO.Status.OwnerID, eRO.Spec.NodeID); err != nil || !ok {
+	eRO, ok, err := getResponsible(c.baseController, c.ds.Engines, key,
+		func(e *v1beta1.Engine) (string, string) { return e.Status.OwnerID, e.Spec.NodeID })
+	if err != nil || !ok {
 		return err
 	}
 	e := eRO.DeepCopy()

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/strata-storage/strata/datastore"
@@ -56,6 +57,28 @@ func (c *instanceController) wireInstanceEvents(informer cache.SharedIndexInform
 // manager, so this manager can act on it and knows its state.
 func (c *instanceController) local(nodeID string) bool {
 	return nodeID != "" && nodeID == c.controllerID && c.instances != nil
+}
+
+// getResponsible reads the object of a queue key from the cache and says
+// whether this manager reconciles it: its instance's node when that node is
+// alive, else its recorded owner, else the hashing fallback. A missing
+// object (deleted) or another node's object yields ok=false.
+func getResponsible[T datastore.Object](c *baseController, store *datastore.Store[T], key string,
+	ownerAndNode func(T) (ownerID, nodeID string)) (obj T, ok bool, err error) {
+	name, err := nameFromKey(key)
+	if err != nil {
+		return obj, false, err
+	}
+	obj, err = store.GetRO(name)
+	if apierrors.IsNotFound(err) {
+		return obj, false, nil
+	}
+	if err != nil {
+		return obj, false, err
+	}
+	owner, node := ownerAndNode(obj)
+	ok, err = c.isResponsibleFor(key, owner, node)
+	return obj, ok, err
 }
 
 func (c *instanceController) client() (*engineapi.Client, error) {

@@ -32,18 +32,9 @@ func ReplicaDataPath(r *v1beta1.Replica) string {
 // syncReplica drives one replica's instance toward its desired state and
 // reports what the instance cache says of it.
 func (c *ReplicaController) syncReplica(ctx context.Context, key string) error {
-	name, err := nameFromKey(key)
-	if err != nil {
-		return err
-	}
-	rRO, err := c.ds.Replicas.GetRO(name)
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if ok, err := c.isResponsibleFor(key, rRO.Status.OwnerID, rRO.Spec.NodeID); err != nil || !ok {
+	rRO, ok, err := getResponsible(c.baseController, c.ds.Replicas, key,
+		func(r *v1beta1.Replica) (string, string) { return r.Status.OwnerID, r.Spec.NodeID })
+	if err != nil || !ok {
 		return err
 	}
 	r := rRO.DeepCopy()
