@@ -151,9 +151,6 @@ func New(log logrus.FieldLogger, ds *datastore.DataStore, kube kubernetes.Interf
 // Addr is the address the server listens on.
 func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 
-// Handler is the admission handler behind the HTTPS server.
-func (s *Server) Handler() *admission.Handler { return s.handler }
-
 // Run serves until ctx ends. It first makes sure the CA Secret exists and
 // issues this manager's certificate, then serves, keeps the certificate
 // current and campaigns for leadership.

@@ -53,3 +53,40 @@ func (c *Cluster) WaitForWebhooks(ctx context.Context, namespace string, timeout
 	}
 	return nil
 }
+
+var nodeResource = schema.GroupVersionResource{Group: "strata.io", Version: "v1beta1", Resource: "nodes"}
+
+// WaitForNodesReady waits until every named Strata Node CR reports Ready:
+// volume validation counts nodes, and scheduling needs them.
+func (c *Cluster) WaitForNodesReady(ctx context.Context, namespace string, names []string, timeout time.Duration) error {
+	dyn, err := dynamic.NewForConfig(c.AdminConfig)
+	if err != nil {
+		return err
+	}
+	var notReady []string
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		notReady = notReady[:0]
+		for _, n := range names {
+			node, err := dyn.Resource(nodeResource).Namespace(namespace).Get(ctx, n, metav1.GetOptions{})
+			if err != nil || !conditionTrue(node, "Ready") {
+				notReady = append(notReady, n)
+			}
+		}
+		return len(notReady) == 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("nodes not Ready after %s: %v", timeout, notReady)
+	}
+	return nil
+}
+
+func conditionTrue(obj *unstructured.Unstructured, condType string) bool {
+	conds, _, _ := unstructured.NestedSlice(obj.Object, "status", "conditions")
+	for _, c := range conds {
+		m, ok := c.(map[string]any)
+		if ok && m["type"] == condType && m["status"] == "True" {
+			return true
+		}
+	}
+	return false
+}

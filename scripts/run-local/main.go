@@ -105,6 +105,13 @@ func run(log *logrus.Logger, managerBin, runDir string, nodes int) error {
 	if err != nil {
 		return err
 	}
+	// Up means usable: every node Ready and the admission webhooks answering.
+	if err := cluster.WaitForNodesReady(ctx, systemNamespace, nodeNames(managers), time.Minute); err != nil {
+		return err
+	}
+	if err := cluster.WaitForWebhooks(ctx, systemNamespace, time.Minute); err != nil {
+		return err
+	}
 	log.WithField("took", time.Since(start).Round(time.Millisecond)).Info("local Strata is up")
 
 	fmt.Printf(`
@@ -210,4 +217,12 @@ func wipe(dir string) error {
 		}
 	}
 	return nil
+}
+
+func nodeNames(managers []*localcluster.Manager) []string {
+	names := make([]string, 0, len(managers))
+	for _, m := range managers {
+		names = append(names, m.Node)
+	}
+	return names
 }

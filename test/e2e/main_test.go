@@ -113,6 +113,14 @@ func run(m *testing.M) (int, error) {
 		env.managers[n] = mgr
 	}
 
+	// Tests start on a usable cluster: every node Ready, webhooks answering.
+	if err := cluster.WaitForNodesReady(ctx, types.DefaultNamespace, nodeNames, time.Minute); err != nil {
+		return 0, err
+	}
+	if err := cluster.WaitForWebhooks(ctx, types.DefaultNamespace, time.Minute); err != nil {
+		return 0, err
+	}
+
 	code := m.Run()
 	if code != 0 {
 		keep = true

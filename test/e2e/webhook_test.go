@@ -25,9 +25,15 @@ import (
 // The webhook tests' objects are named wh-*: other tests' controllers act on
 // volumes too, and these must not collide with theirs.
 
+// waitForWebhooks waits until the webhooks answer and every node has
+// registered: the replica rule counts the Node CRs.
 func waitForWebhooks(t *testing.T) {
 	t.Helper()
 	require.NoError(t, env.cluster.WaitForWebhooks(context.Background(), types.DefaultNamespace, time.Minute))
+	for _, n := range nodeNames {
+		require.Eventually(t, func() bool { return nodeReady(t, n) == metav1.ConditionTrue },
+			time.Minute, 100*time.Millisecond, "%s becomes Ready", n)
+	}
 }
 
 func whVolume(name string, replicas int32) *v1beta1.Volume {
@@ -36,35 +42,38 @@ func whVolume(name string, replicas int32) *v1beta1.Volume {
 }
 
 // cleanupWebhookObjects deletes the named volumes and their attachments when
-// the test ends. Whatever a controller has not released after a few seconds
-// loses its finalizers, so that no test leaves objects behind.
+// the test ends. A volume its controller has not released after a few
+// seconds loses its finalizers, so that no test leaves objects behind.
 func cleanupWebhookObjects(t *testing.T, names ...string) {
 	t.Cleanup(func() {
 		ctx := context.Background()
 		c := env.adminStrata.StrataV1beta1()
 		for _, n := range names {
-			_ = c.VolumeAttachments(types.DefaultNamespace).Delete(ctx, n, metav1.DeleteOptions{})
 			_ = c.Volumes(types.DefaultNamespace).Delete(ctx, n, metav1.DeleteOptions{})
 		}
-		gone := func() bool {
+		remaining := func() []*v1beta1.Volume {
+			var out []*v1beta1.Volume
 			for _, n := range names {
-				if _, err := c.Volumes(types.DefaultNamespace).Get(ctx, n, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-					return false
-				}
-				if _, err := c.VolumeAttachments(types.DefaultNamespace).Get(ctx, n, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-					return false
+				if v, err := c.Volumes(types.DefaultNamespace).Get(ctx, n, metav1.GetOptions{}); err == nil {
+					out = append(out, v)
 				}
 			}
-			return true
+			return out
 		}
 		deadline := time.Now().Add(10 * time.Second)
-		for !gone() && time.Now().Before(deadline) {
+		for len(remaining()) > 0 && time.Now().Before(deadline) {
 			time.Sleep(200 * time.Millisecond)
 		}
-		strip := []byte(`{"metadata":{"finalizers":null}}`)
+		for _, v := range remaining() {
+			t.Logf("volume %s not deleted within 10s (finalizers %v, state %q); removing its finalizers",
+				v.Name, v.Finalizers, v.Status.State)
+			_, _ = c.Volumes(types.DefaultNamespace).Patch(ctx, v.Name, k8stypes.MergePatchType,
+				[]byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+		}
+		// The garbage collector would delete the attachments the volumes own,
+		// but it may notice them only at its next discovery.
 		for _, n := range names {
-			_, _ = c.VolumeAttachments(types.DefaultNamespace).Patch(ctx, n, k8stypes.MergePatchType, strip, metav1.PatchOptions{})
-			_, _ = c.Volumes(types.DefaultNamespace).Patch(ctx, n, k8stypes.MergePatchType, strip, metav1.PatchOptions{})
+			_ = c.VolumeAttachments(types.DefaultNamespace).Delete(ctx, n, metav1.DeleteOptions{})
 		}
 	})
 }
