@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
@@ -291,4 +293,54 @@ func TestLiveMigration(t *testing.T) {
 	assert.Equal(t, "node-2", engines.Items[0].Spec.NodeID)
 	updateTickets(t, "e2e-mig", removeTicket("pod-dst"))
 	waitVolume(t, "e2e-mig", time.Minute, "detached", isDetached)
+}
+
+// A detached volume grows offline: its replicas are opened at the new size,
+// and once attached the whole new size is usable with the old data intact.
+func TestOfflineExpansion(t *testing.T) {
+	ctx := context.Background()
+	createVolume(t, "e2e-grow", "16Mi", 2)
+	waitVolume(t, "e2e-grow", time.Minute, "detached", isDetached)
+	updateTickets(t, "e2e-grow", addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-1"))
+	v := waitVolume(t, "e2e-grow", time.Minute, "attached", attachedTo("node-1"))
+	qemuIO(t, v.Status.FrontendEndpoint, "write -P 0x44 0 16M")
+	updateTickets(t, "e2e-grow", removeTicket("admin"))
+	waitVolume(t, "e2e-grow", time.Minute, "detached", isDetached)
+
+	require.NoError(t, retryOnConflict(func() error {
+		v := getVolume(t, "e2e-grow")
+		v.Spec.Size = resource.MustParse("48Mi")
+		_, err := env.adminStrata.StrataV1beta1().Volumes(ns).Update(ctx, v, metav1.UpdateOptions{})
+		return err
+	}))
+	waitVolume(t, "e2e-grow", time.Minute, "expanded while detached", func(v *v1beta1.Volume) bool {
+		return isDetached(v) && v.Status.CurrentSize == 48<<20
+	})
+	updateTickets(t, "e2e-grow", addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-2"))
+	v = waitVolume(t, "e2e-grow", time.Minute, "attached", attachedTo("node-2"))
+	qemuIO(t, v.Status.FrontendEndpoint, "read -P 0x44 0 16M", "write -P 0x55 40M 8M", "read -P 0x55 40M 8M")
+	updateTickets(t, "e2e-grow", removeTicket("admin"))
+	waitVolume(t, "e2e-grow", time.Minute, "detached", isDetached)
+}
+
+// Deleting a volume deletes its engine, its replicas and their data
+// directories on every node.
+func TestVolumeDeleteRemovesReplicaData(t *testing.T) {
+	createVolume(t, "e2e-del", "16Mi", 3)
+	waitVolume(t, "e2e-del", time.Minute, "detached", isDetached)
+	updateTickets(t, "e2e-del", addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-1"))
+	v := waitVolume(t, "e2e-del", time.Minute, "attached", attachedTo("node-1"))
+	qemuIO(t, v.Status.FrontendEndpoint, "write -P 0x66 0 1M")
+	var dirs []string
+	for _, r := range replicasOf(t, "e2e-del") {
+		dir := filepath.Join(env.managers[r.Spec.NodeID].DiskDir, "replicas", r.Spec.DataDirectoryName)
+		require.DirExists(t, dir)
+		dirs = append(dirs, dir)
+	}
+	require.Len(t, dirs, 3)
+	deleteVolume(t, "e2e-del") // attached: the engine is stopped on the way
+	for _, d := range dirs {
+		assert.NoDirExists(t, d)
+	}
+	assert.Empty(t, replicasOf(t, "e2e-del"))
 }
