@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -19,11 +20,19 @@ import (
 	stypes "github.com/strata-storage/strata/types"
 )
 
-// A 3-replica volume comes up detached with its replicas on three nodes and
-// a VolumeAttachment; a strata-api ticket attaches it where it asks, the NBD
-// endpoint serves data, and removing the ticket detaches it.
+// A 3-replica volume created with kubectl comes up detached with its
+// replicas on three nodes and a VolumeAttachment; a strata-api ticket added
+// with kubectl patch attaches it where it asks, the NBD endpoint serves data,
+// and removing the ticket detaches it.
 func TestVolumeAttachDetachByTicket(t *testing.T) {
-	createVolume(t, "e2e-v1", "64Mi", 3)
+	manifest := filepath.Join(t.TempDir(), "v.yaml")
+	require.NoError(t, os.WriteFile(manifest, []byte(`apiVersion: strata.io/v1beta1
+kind: Volume
+metadata: {name: e2e-v1, namespace: strata-system}
+spec: {size: 64Mi, numberOfReplicas: 3}
+`), 0o644))
+	kubectl(t, "apply", "-f", manifest)
+	t.Cleanup(func() { deleteVolume(t, "e2e-v1") })
 	waitVolume(t, "e2e-v1", time.Minute, "detached and healthy", func(v *v1beta1.Volume) bool {
 		return isDetached(v) && v.Status.Robustness == v1beta1.VolumeRobustnessHealthy
 	})
@@ -32,10 +41,10 @@ func TestVolumeAttachDetachByTicket(t *testing.T) {
 		nodes[r.Spec.NodeID] = true
 	}
 	assert.Len(t, nodes, 3, "three replicas on three distinct nodes")
-	va := getVA(t, "e2e-v1")
-	assert.Equal(t, "e2e-v1", va.Spec.Volume)
+	assert.Equal(t, "e2e-v1", getVA(t, "e2e-v1").Spec.Volume)
 
-	updateTickets(t, "e2e-v1", addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-2"))
+	kubectl(t, "-n", ns, "patch", "va", "e2e-v1", "--type", "merge", "-p",
+		`{"spec":{"attachmentTickets":{"admin":{"id":"admin","type":"strata-api","nodeID":"node-2","parameters":{}}}}}`)
 	v := waitVolume(t, "e2e-v1", time.Minute, "attached to node-2", attachedTo("node-2"))
 	require.NotEmpty(t, v.Status.FrontendEndpoint)
 	assert.Equal(t, "node-2", v.Spec.NodeID)
@@ -44,8 +53,10 @@ func TestVolumeAttachDetachByTicket(t *testing.T) {
 		st := getVA(t, "e2e-v1").Status.AttachmentTicketStatuses["admin"]
 		return st != nil && st.Satisfied
 	}, 30*time.Second, 100*time.Millisecond, "the ticket is satisfied")
+	out := kubectl(t, "-n", ns, "get", "vol", "e2e-v1")
+	assert.Regexp(t, `e2e-v1\s+attached\s+healthy\s+3\s+64Mi\s+node-2`, out)
 
-	updateTickets(t, "e2e-v1", removeTicket("admin"))
+	kubectl(t, "-n", ns, "patch", "va", "e2e-v1", "--type", "json", "-p", `[{"op":"remove","path":"/spec/attachmentTickets/admin"}]`)
 	waitVolume(t, "e2e-v1", time.Minute, "detached after the ticket went", isDetached)
 
 	// Attached again elsewhere, the data is there.
@@ -230,6 +241,17 @@ func TestVolumeAttachmentUpgradePath(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second)
 	assert.True(t, attachedTo("node-3")(getVolume(t, "e2e-upg")), "the volume stayed attached")
+
+	// A detached volume without one gets an empty VolumeAttachment.
+	createVolume(t, "e2e-upg2", "16Mi", 1)
+	waitVolume(t, "e2e-upg2", time.Minute, "detached", isDetached)
+	old = getVA(t, "e2e-upg2")
+	require.NoError(t, env.adminStrata.StrataV1beta1().VolumeAttachments(ns).Delete(ctx, "e2e-upg2", metav1.DeleteOptions{}))
+	require.Eventually(t, func() bool {
+		va, err := env.adminStrata.StrataV1beta1().VolumeAttachments(ns).Get(ctx, "e2e-upg2", metav1.GetOptions{})
+		return err == nil && va.UID != old.UID && len(va.Spec.AttachmentTickets) == 0
+	}, 30*time.Second, 100*time.Millisecond, "a new VolumeAttachment without tickets")
+	assert.True(t, isDetached(getVolume(t, "e2e-upg2")))
 }
 
 // Reaper: a ticket owned by a Snapshot holds a detached volume attached;
@@ -343,4 +365,50 @@ func TestVolumeDeleteRemovesReplicaData(t *testing.T) {
 		assert.NoDirExists(t, d)
 	}
 	assert.Empty(t, replicasOf(t, "e2e-del"))
+}
+
+// Salvage: every replica of an attached volume is lost (their instance
+// managers killed); the volume is faulted and detached, the replicas that
+// held the data last are trusted again, and the volume attaches again on
+// its node with its data once their instance managers are back.
+func TestFaultedVolumeIsSalvaged(t *testing.T) {
+	createVolume(t, "e2e-salvage", "16Mi", 2)
+	waitVolume(t, "e2e-salvage", time.Minute, "detached", isDetached)
+	holders := map[string]bool{}
+	for _, r := range replicasOf(t, "e2e-salvage") {
+		holders[r.Spec.NodeID] = true
+	}
+	require.Len(t, holders, 2)
+	free := ""
+	for _, n := range nodeNames {
+		if !holders[n] {
+			free = n
+		}
+	}
+	updateTickets(t, "e2e-salvage", addTicket("admin", v1beta1.AttacherTypeStrataAPI, free))
+	v := waitVolume(t, "e2e-salvage", time.Minute, "attached where no replica is", attachedTo(free))
+	qemuIO(t, v.Status.FrontendEndpoint, "write -P 0x77 0 8M")
+
+	for n := range holders {
+		require.NoError(t, env.managers[n].IM.Kill())
+	}
+	_, _ = runQemuIO(v.Status.FrontendEndpoint, "write -P 0x78 8M 1M") // fails: no replica left
+	// Detached to salvage, the volume waits to attach again on its node:
+	// nothing can serve until the instance managers are back.
+	waitVolume(t, "e2e-salvage", time.Minute, "salvaged after a detach, still asked for on its node", func(v *v1beta1.Volume) bool {
+		return v.Status.CurrentNodeID == "" && v.Spec.NodeID == free &&
+			meta.IsStatusConditionTrue(v.Status.Conditions, "Salvaged")
+	})
+	for n := range holders {
+		restarted, err := localcluster.StartInstanceManager(env.managerOpts, n, env.managers[n].IM)
+		require.NoError(t, err)
+		env.managers[n].IM = restarted
+	}
+	v = waitVolume(t, "e2e-salvage", 2*time.Minute, "salvaged and attached again", attachedTo(free))
+	c := meta.FindStatusCondition(v.Status.Conditions, "Salvaged")
+	require.NotNil(t, c)
+	assert.Equal(t, metav1.ConditionTrue, c.Status, c.Message)
+	qemuIO(t, v.Status.FrontendEndpoint, "read -P 0x77 0 8M")
+	updateTickets(t, "e2e-salvage", removeTicket("admin"))
+	waitVolume(t, "e2e-salvage", time.Minute, "detached", isDetached)
 }
