@@ -194,6 +194,10 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	if err != nil {
 		return err
 	}
+	snapshotController, err := controller.NewSnapshotController(log, ds, recorder, cfg.nodeName, imPool)
+	if err != nil {
+		return err
+	}
 	engineController, err := controller.NewEngineController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances)
 	if err != nil {
 		return err
@@ -231,6 +235,7 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	}
 	wg.Go(func() { volumeController.Run(ctx, cfg.workers) })
 	wg.Go(func() { attachmentController.Run(ctx, cfg.workers) })
+	wg.Go(func() { snapshotController.Run(ctx, cfg.workers) })
 	wg.Go(func() { engineController.Run(ctx, cfg.workers) })
 	wg.Go(func() { replicaController.Run(ctx, cfg.workers) })
 	log.Info("strata-manager is running")

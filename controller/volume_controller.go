@@ -185,6 +185,22 @@ func (s *volumeSync) setCondition(condType string, ok bool, reason, message stri
 // are gone. done says the volume's finalizer was removed.
 func (s *volumeSync) deleteVolume() (done bool, err error) {
 	s.v.Status.State = v1beta1.VolumeStateDeleting
+	// Snapshots go first: each CR's finalizer waits for its controller,
+	// which lets it go at once for a volume being deleted.
+	snaps, err := s.ds.Snapshots.ListByIndexRO(datastore.IndexByVolume, s.v.Name)
+	if err != nil {
+		return false, err
+	}
+	for _, snap := range snaps {
+		if snap.DeletionTimestamp == nil {
+			if err := s.ds.Snapshots.Delete(s.ctx, snap.Name); err != nil && !apierrors.IsNotFound(err) {
+				return false, err
+			}
+		}
+	}
+	if len(snaps) > 0 {
+		return false, nil // their deletion events bring us back
+	}
 	for _, e := range s.engines {
 		if e.DeletionTimestamp == nil {
 			if err := s.ds.Engines.Delete(s.ctx, e.Name); err != nil && !apierrors.IsNotFound(err) {

@@ -42,6 +42,12 @@ func NewVolumeController(logger logrus.FieldLogger, ds *datastore.DataStore, rec
 	if _, err := ds.Replicas.Informer().AddEventHandler(byVolume); err != nil {
 		return nil, err
 	}
+	// A deleting volume waits for its snapshots to go.
+	if _, err := ds.Snapshots.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		DeleteFunc: c.enqueueVolumeOf,
+	}); err != nil {
+		return nil, err
+	}
 	return c, c.requeueOnNodeReadyChange(func() {
 		for _, key := range ds.Volumes.Informer().GetStore().ListKeys() {
 			c.queue.Add(key)
@@ -59,6 +65,8 @@ func (c *VolumeController) enqueueVolumeOf(obj interface{}) {
 		volume = o.Spec.VolumeName
 	case *v1beta1.Replica:
 		volume = o.Spec.VolumeName
+	case *v1beta1.Snapshot:
+		volume = o.Spec.Volume
 	}
 	if volume != "" {
 		c.queue.Add(c.ds.Namespace + "/" + volume)

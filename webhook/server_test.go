@@ -142,6 +142,9 @@ func TestLeaderAppliesConfigurations(t *testing.T) {
 			}
 			wantRules := []admissionregistrationv1.RuleWithOperations{
 				{Operations: []admissionregistrationv1.OperationType{"CREATE", "UPDATE"}, Rule: admissionregistrationv1.Rule{
+					APIGroups: []string{"strata.io"}, APIVersions: []string{"v1beta1"}, Resources: []string{"snapshots"},
+					Scope: ptr(admissionregistrationv1.NamespacedScope)}},
+				{Operations: []admissionregistrationv1.OperationType{"CREATE", "UPDATE"}, Rule: admissionregistrationv1.Rule{
 					APIGroups: []string{"strata.io"}, APIVersions: []string{"v1beta1"}, Resources: []string{"volumeattachments"},
 					Scope: ptr(admissionregistrationv1.NamespacedScope)}},
 				{Operations: []admissionregistrationv1.OperationType{"CREATE", "UPDATE"}, Rule: admissionregistrationv1.Rule{

@@ -202,7 +202,7 @@ func TestWebhookVolumeAttachmentRules(t *testing.T) {
 // The webhook rules reach only Strata's volumes and attachments: writes to
 // Nodes and Settings never wait for a webhook, so a dead webhook leader
 // cannot stop node registration or heartbeats.
-func TestWebhookConfigurationsMatchOnlyVolumesAndAttachments(t *testing.T) {
+func TestWebhookConfigurationsMatchOnlyVolumesAttachmentsAndSnapshots(t *testing.T) {
 	waitForWebhooks(t)
 	ctx := context.Background()
 	admission := env.adminKube.AdmissionregistrationV1()
@@ -211,7 +211,7 @@ func TestWebhookConfigurationsMatchOnlyVolumesAndAttachments(t *testing.T) {
 	mc, err := admission.MutatingWebhookConfigurations().Get(ctx, webhook.MutatorConfigName, metav1.GetOptions{})
 	require.NoError(t, err)
 	for _, rules := range [][]string{ruleResources(t, vc.Webhooks[0].Rules), ruleResources(t, mc.Webhooks[0].Rules)} {
-		assert.ElementsMatch(t, []string{"strata.io/volumeattachments", "strata.io/volumes"}, rules)
+		assert.ElementsMatch(t, []string{"strata.io/snapshots", "strata.io/volumeattachments", "strata.io/volumes"}, rules)
 	}
 	assert.NotEmpty(t, vc.Webhooks[0].ClientConfig.CABundle)
 }

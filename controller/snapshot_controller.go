@@ -1,0 +1,334 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
+)
+
+// Event reasons of the snapshot controller.
+const (
+	EventReasonSnapshotCreated = "SnapshotCreated"
+	EventReasonSnapshotRemoved = "SnapshotRemoved"
+	EventReasonSnapshotLost    = "SnapshotLost"
+	EventReasonSnapshotFailed  = "SnapshotFailed"
+
+	snapshotLostMessage = "the snapshot is no longer in the volume's chain"
+)
+
+// snapshotTicketID is the attachment ticket a snapshot holds while it needs
+// a detached volume attached (to be taken, or removed).
+func snapshotTicketID(snapshot string) string { return "snapshot-" + snapshot }
+
+// snapshotEngine is the engine whose chain the volume's snapshots mirror:
+// the one serving the volume, else the only one.
+func (c *baseController) snapshotEngine(vol *v1beta1.Volume) (*v1beta1.Engine, error) {
+	engines, err := c.ds.Engines.ListByIndexRO(datastore.IndexByVolume, vol.Name)
+	if err != nil {
+		return nil, err
+	}
+	var fallback *v1beta1.Engine
+	for _, e := range engines {
+		if e.DeletionTimestamp != nil {
+			continue
+		}
+		if vol.Status.CurrentNodeID != "" && e.Spec.NodeID == vol.Status.CurrentNodeID {
+			return e, nil
+		}
+		if fallback == nil || e.Name < fallback.Name {
+			fallback = e
+		}
+	}
+	return fallback, nil
+}
+
+// snapshotView is what one snapshot sync knows.
+type snapshotView struct {
+	vol     *v1beta1.Volume
+	eng     *v1beta1.Engine
+	info    *v1beta1.SnapshotInfo // the chain's entry; nil when absent
+	known   bool                  // the engine has reported a chain at least once
+	running bool                  // the engine serves the attached volume: snapshots can be taken
+}
+
+func (c *SnapshotController) syncSnapshot(ctx context.Context, key string) error {
+	sRO, ok, err := getResponsible(c.baseController, c.ds.Snapshots, key, func(s *v1beta1.Snapshot) (string, string) {
+		vol, err := c.ds.Volumes.GetRO(s.Spec.Volume)
+		if err != nil {
+			return s.Status.OwnerID, ""
+		}
+		return s.Status.OwnerID, vol.Status.OwnerID
+	})
+	if err != nil || !ok {
+		return err
+	}
+	s := sRO.DeepCopy()
+	s.Status.OwnerID = c.controllerID
+
+	vol, err := c.ds.Volumes.GetRO(s.Spec.Volume)
+	if apierrors.IsNotFound(err) || (err == nil && vol.DeletionTimestamp != nil) {
+		// The volume's data goes with it: nothing to remove in an engine.
+		if s.DeletionTimestamp != nil {
+			return c.releaseSnapshot(ctx, s)
+		}
+		if apierrors.IsNotFound(err) {
+			s.Status.ReadyToUse, s.Status.Error = false, fmt.Sprintf("volume %s not found", s.Spec.Volume)
+			return c.writeSnapshotStatus(ctx, sRO, s)
+		}
+		return c.ds.Snapshots.Delete(ctx, s.Name)
+	}
+	if err != nil {
+		return err
+	}
+	view := snapshotView{vol: vol}
+	if view.eng, err = c.snapshotEngine(vol); err != nil {
+		return err
+	}
+	if view.eng != nil {
+		view.info = view.eng.Status.Snapshots[s.Name]
+		view.known = view.eng.Status.Snapshots != nil
+		view.running = engineRunning(view.eng) && vol.Status.CurrentNodeID == view.eng.Spec.NodeID &&
+			vol.Status.State == v1beta1.VolumeStateAttached
+	}
+
+	if s.DeletionTimestamp != nil {
+		return c.deleteSnapshot(ctx, s, view)
+	}
+	mirrorSnapshot(s, view)
+	if view.info == nil && view.known && (!s.Spec.CreateSnapshot || s.Status.CreationTime != "") {
+		// Lost: made by the system, or taken once and gone since. Say so,
+		// then let it go (the engine monitor's part of the seed).
+		if err := c.writeSnapshotStatus(ctx, sRO, s); err != nil {
+			return err
+		}
+		c.recorder.Event(s, corev1.EventTypeWarning, EventReasonSnapshotLost, snapshotLostMessage)
+		err := c.ds.Snapshots.Delete(ctx, s.Name)
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return err
+	}
+
+	var actErr error
+	switch {
+	case s.Spec.CreateSnapshot && view.info == nil && s.Status.CreationTime == "":
+		actErr = c.takeSnapshot(ctx, s, view)
+	case view.info != nil:
+		actErr = c.removeTicket(ctx, vol.Name, snapshotTicketID(s.Name))
+	}
+	return errors.Join(actErr, c.writeSnapshotStatus(ctx, sRO, s))
+}
+
+// mirrorSnapshot copies the chain's entry into the CR's status.
+func mirrorSnapshot(s *v1beta1.Snapshot, view snapshotView) {
+	info := view.info
+	if info == nil {
+		s.Status.ReadyToUse = false
+		if view.known && (!s.Spec.CreateSnapshot || s.Status.CreationTime != "") {
+			s.Status.Error = snapshotLostMessage
+		}
+		return
+	}
+	s.Status.Parent = info.Parent
+	s.Status.Children = info.Children
+	s.Status.MarkRemoved = info.Removed
+	s.Status.UserCreated = info.UserCreated
+	s.Status.CreationTime = info.Created
+	s.Status.Size = info.Size
+	s.Status.Labels = info.Labels
+	s.Status.RestoreSize = view.vol.Status.CurrentSize
+	if view.eng.Status.CurrentSize > 0 {
+		s.Status.RestoreSize = view.eng.Status.CurrentSize
+	}
+	s.Status.Error = ""
+	s.Status.ReadyToUse = !info.Removed
+}
+
+func (c *SnapshotController) writeSnapshotStatus(ctx context.Context, before, s *v1beta1.Snapshot) error {
+	if equality.Semantic.DeepEqual(before.Status, s.Status) {
+		return nil
+	}
+	_, err := c.ds.Snapshots.UpdateStatus(ctx, s)
+	return err
+}
+
+// takeSnapshot takes a requested snapshot once the volume is attached, and
+// asks for it to be attached (a snapshot-controller ticket owned by the CR)
+// while it is not. A name the engine already has is not taken twice: the
+// instance manager refuses it, atomically.
+func (c *SnapshotController) takeSnapshot(ctx context.Context, s *v1beta1.Snapshot, view snapshotView) error {
+	if !view.running {
+		return c.ensureSnapshotTicket(ctx, s, view.vol)
+	}
+	client, err := c.engineClient(view.eng)
+	if err != nil {
+		return err
+	}
+	_, err = client.SnapshotCreate(ctx, view.eng.Name, s.Name, true, s.Spec.Labels)
+	switch {
+	case err == nil:
+		c.recorder.Eventf(s, corev1.EventTypeNormal, EventReasonSnapshotCreated, "took snapshot %s of volume %s", s.Name, s.Spec.Volume)
+	case errors.Is(err, engineapi.ErrAlreadyExists):
+	case errors.Is(err, engineapi.ErrLimitExceeded), errors.Is(err, engineapi.ErrInvalid):
+		// Retrying will not help until the admin acts; say why in status.
+		s.Status.Error = err.Error()
+		c.recorder.Event(s, corev1.EventTypeWarning, EventReasonSnapshotFailed, err.Error())
+		return nil
+	default:
+		return fmt.Errorf("taking snapshot %s: %w", s.Name, err)
+	}
+	return nil
+}
+
+func (c *SnapshotController) ensureSnapshotTicket(ctx context.Context, s *v1beta1.Snapshot, vol *v1beta1.Volume) error {
+	node := vol.Spec.NodeID
+	if node == "" {
+		node = c.controllerID
+	}
+	return c.ensureTicket(ctx, vol.Name, &v1beta1.AttachmentTicket{
+		ID: snapshotTicketID(s.Name), Type: v1beta1.AttacherTypeSnapshotController, NodeID: node,
+		Parameters: map[string]string{v1beta1.AttachmentParameterDisableFrontend: v1beta1.AnyValue},
+		OwnerRef: &v1beta1.TicketOwnerReference{APIVersion: v1beta1.SchemeGroupVersion.String(), Kind: "Snapshot",
+			Namespace: s.Namespace, Name: s.Name, UID: string(s.UID)},
+	})
+}
+
+// deleteSnapshot removes the snapshot from the chain and purges, attaching
+// the volume for it if need be. The finalizer goes once the chain no longer
+// holds it, or holds it removed where no purge can drop it now: under the
+// live head (a purge prunes it) or with several children. A later purge
+// coalesces it once a newer snapshot sits on top.
+func (c *SnapshotController) deleteSnapshot(ctx context.Context, s *v1beta1.Snapshot, view snapshotView) error {
+	purging := view.eng != nil && isPurging(view.eng)
+	if view.info == nil || (view.info.Removed && !purging && !purgeDrops(view.info)) {
+		return c.releaseSnapshot(ctx, s)
+	}
+	if !view.running {
+		return c.ensureSnapshotTicket(ctx, s, view.vol)
+	}
+	client, err := c.engineClient(view.eng)
+	if err != nil {
+		return err
+	}
+	if !view.info.Removed {
+		if err := client.SnapshotRemove(ctx, view.eng.Name, s.Name); err != nil && !errors.Is(err, engineapi.ErrNotFound) {
+			return fmt.Errorf("removing snapshot %s: %w", s.Name, err)
+		}
+		c.recorder.Eventf(s, corev1.EventTypeNormal, EventReasonSnapshotRemoved, "removed snapshot %s from volume %s", s.Name, s.Spec.Volume)
+	}
+	if noPurge, _ := c.ds.GetSettingBool(types.SettingDisableSnapshotPurge); noPurge || purging {
+		return nil
+	}
+	if err := client.SnapshotPurge(ctx, view.eng.Name); err != nil && !errors.Is(err, engineapi.ErrBusy) {
+		return fmt.Errorf("purging volume %s: %w", s.Spec.Volume, err)
+	}
+	return nil
+}
+
+// purgeDrops tells whether a purge takes a removed snapshot out of the
+// chain: a leaf is deleted, one with a single snapshot child is coalesced
+// into it; one under the head is only pruned.
+func purgeDrops(info *v1beta1.SnapshotInfo) bool {
+	switch len(info.Children) {
+	case 0:
+		return true
+	case 1:
+		return !info.Children[VolumeHeadName]
+	}
+	return false
+}
+
+func isPurging(e *v1beta1.Engine) bool {
+	for _, p := range e.Status.PurgeStatus {
+		if p != nil && p.IsPurging {
+			return true
+		}
+	}
+	return false
+}
+
+// releaseSnapshot drops the snapshot's ticket and finalizer.
+func (c *SnapshotController) releaseSnapshot(ctx context.Context, s *v1beta1.Snapshot) error {
+	if err := c.removeTicket(ctx, s.Spec.Volume, snapshotTicketID(s.Name)); err != nil {
+		return err
+	}
+	if !slices.Contains(s.Finalizers, types.FinalizerName) {
+		return nil
+	}
+	_, err := c.ds.Snapshots.RemoveFinalizer(ctx, s, types.FinalizerName)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// engineClient reaches the instance manager running the engine.
+func (c *SnapshotController) engineClient(e *v1beta1.Engine) (*engineapi.Client, error) {
+	im, err := c.ds.InstanceManagers.GetRO(instanceManagerName(e.Spec.NodeID))
+	if err != nil {
+		return nil, fmt.Errorf("instance manager of node %s: %w", e.Spec.NodeID, err)
+	}
+	if im.Status.Endpoint == "" {
+		return nil, fmt.Errorf("instance manager of node %s has no endpoint yet", e.Spec.NodeID)
+	}
+	return c.pool.Get(im.Status.Endpoint)
+}
+
+// syncEngineSnapshots gives every snapshot in an engine's chain a CR
+// (createSnapshot false: the controller only mirrors it). The live head
+// and snapshots already removed get none.
+func (c *SnapshotController) syncEngineSnapshots(ctx context.Context, key string) error {
+	eRO, ok, err := getResponsible(c.baseController, c.ds.Engines, key, func(e *v1beta1.Engine) (string, string) {
+		vol, err := c.ds.Volumes.GetRO(e.Spec.VolumeName)
+		if err != nil {
+			return e.Status.OwnerID, ""
+		}
+		return vol.Status.OwnerID, vol.Status.OwnerID
+	})
+	if err != nil || !ok || eRO.DeletionTimestamp != nil {
+		return err
+	}
+	vol, err := c.ds.Volumes.GetRO(eRO.Spec.VolumeName)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil || vol.DeletionTimestamp != nil {
+		return err
+	}
+	if primary, err := c.snapshotEngine(vol); err != nil || primary == nil || primary.Name != eRO.Name {
+		return err // a migration engine's chain is the same chain
+	}
+	var errs []error
+	for _, name := range sortedKeys(eRO.Status.Snapshots) {
+		info := eRO.Status.Snapshots[name]
+		if name == VolumeHeadName || info == nil || info.Removed {
+			continue
+		}
+		if _, err := c.ds.Snapshots.GetRO(name); err == nil || !apierrors.IsNotFound(err) {
+			continue
+		}
+		snap := &v1beta1.Snapshot{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: vol.Namespace,
+				Labels:     map[string]string{types.LabelVolume: vol.Name},
+				Finalizers: []string{types.FinalizerName},
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: v1beta1.SchemeGroupVersion.String(), Kind: "Volume",
+					Name: vol.Name, UID: vol.UID}}},
+			Spec: v1beta1.SnapshotSpec{Volume: vol.Name, CreateSnapshot: false, Labels: info.Labels},
+		}
+		if _, err := c.ds.Snapshots.Create(ctx, snap); err != nil && !apierrors.IsAlreadyExists(err) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,144 @@
+package controller
+
+import (
+	"context"
+	"strings"
+
+	"github.com/sirupsen/logrus"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+// VolumeHeadName is the live head in an engine's chain; it never gets a CR.
+const VolumeHeadName = "volume-head"
+
+// engineKeyPrefix marks queue keys that name an Engine, not a Snapshot: the
+// engine-monitor half of the controller (CRs for snapshots that have none).
+const engineKeyPrefix = "engine:"
+
+// SnapshotController keeps Snapshot CRs and the engines' snapshot chains in
+// step: it takes the snapshots users ask for, removes and purges the ones
+// they delete, mirrors the chain into each CR's status, and gives every
+// snapshot in a chain a CR. Status comes from engine.status.snapshots only;
+// gRPC is used to act, never to read.
+type SnapshotController struct {
+	*baseController
+	pool *engineapi.Pool
+}
+
+// NewSnapshotController wires the snapshot controller of node controllerID.
+func NewSnapshotController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
+	controllerID string, pool *engineapi.Pool) (*SnapshotController, error) {
+	c := &SnapshotController{baseController: newBaseController("strata-snapshot", controllerID, logger, ds, recorder), pool: pool}
+	c.sync = c.syncKey
+	if _, err := ds.Snapshots.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.enqueue,
+		UpdateFunc: func(_, obj interface{}) { c.enqueue(obj) },
+		DeleteFunc: c.enqueue,
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := ds.Engines.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj interface{}) {
+			if e, ok := obj.(*v1beta1.Engine); ok {
+				c.queue.Add(engineKeyPrefix + e.Namespace + "/" + e.Name)
+			}
+		},
+		UpdateFunc: func(oldObj, newObj interface{}) {
+			o, ok1 := oldObj.(*v1beta1.Engine)
+			n, ok2 := newObj.(*v1beta1.Engine)
+			if ok1 && ok2 {
+				c.enqueueEngineChange(o, n)
+			}
+		},
+	}); err != nil {
+		return nil, err
+	}
+	// Snapshots waiting for their volume to attach (or to be deleted with
+	// it) look again when its state changes.
+	if _, err := ds.Volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(oldObj, newObj interface{}) {
+			o, ok1 := oldObj.(*v1beta1.Volume)
+			n, ok2 := newObj.(*v1beta1.Volume)
+			if ok1 && ok2 && (o.Status.State != n.Status.State || o.Status.CurrentNodeID != n.Status.CurrentNodeID ||
+				o.Status.OwnerID != n.Status.OwnerID || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)) {
+				c.enqueueVolumeSnapshots(n.Name)
+			}
+		},
+	}); err != nil {
+		return nil, err
+	}
+	return c, c.requeueOnNodeReadyChange(func() {
+		for _, key := range ds.Snapshots.Informer().GetStore().ListKeys() {
+			c.queue.Add(key)
+		}
+	})
+}
+
+// enqueueEngineChange enqueues only what an engine update concerns: the
+// snapshots whose entry in the chain changed; every snapshot of the volume
+// when the engine's state, node or purge status changed (what they wait
+// for); and the engine itself when new snapshots appeared (they may need a
+// CR). A head growing or a status write that touched nothing else
+// enqueues nothing.
+func (c *SnapshotController) enqueueEngineChange(old, cur *v1beta1.Engine) {
+	changed, all, appeared := engineSnapshotDiff(old, cur)
+	if all {
+		c.enqueueVolumeSnapshots(cur.Spec.VolumeName)
+	} else {
+		for _, name := range changed {
+			c.queue.Add(cur.Namespace + "/" + name)
+		}
+	}
+	if appeared {
+		c.queue.Add(engineKeyPrefix + cur.Namespace + "/" + cur.Name)
+	}
+}
+
+func (c *SnapshotController) enqueueVolumeSnapshots(volume string) {
+	snaps, err := c.ds.Snapshots.ListByIndexRO(datastore.IndexByVolume, volume)
+	if err != nil {
+		c.logger.WithError(err).Warn("Cannot list a volume's snapshots")
+		return
+	}
+	for _, s := range snaps {
+		c.enqueue(s)
+	}
+}
+
+// engineSnapshotDiff compares two versions of an engine for the snapshot
+// controller. Pure, so the enqueue filter is table-tested.
+func engineSnapshotDiff(old, cur *v1beta1.Engine) (changed []string, all, appeared bool) {
+	all = old.Status.CurrentState != cur.Status.CurrentState || old.Spec.NodeID != cur.Spec.NodeID ||
+		!equality.Semantic.DeepEqual(old.Status.PurgeStatus, cur.Status.PurgeStatus)
+	for name, n := range cur.Status.Snapshots {
+		if name == VolumeHeadName {
+			continue
+		}
+		o, ok := old.Status.Snapshots[name]
+		if !ok {
+			appeared = true
+		}
+		if !ok || !equality.Semantic.DeepEqual(o, n) {
+			changed = append(changed, name)
+		}
+	}
+	for name := range old.Status.Snapshots {
+		if _, ok := cur.Status.Snapshots[name]; !ok && name != VolumeHeadName {
+			changed = append(changed, name)
+		}
+	}
+	return changed, all, appeared
+}
+
+func (c *SnapshotController) syncKey(ctx context.Context, key string) error {
+	if rest, ok := strings.CutPrefix(key, engineKeyPrefix); ok {
+		return c.syncEngineSnapshots(ctx, rest)
+	}
+	return c.syncSnapshot(ctx, key)
+}
