@@ -1,0 +1,182 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	stypes "github.com/strata-storage/strata/types"
+)
+
+func createSnapshot(t *testing.T, volume, name string) {
+	t.Helper()
+	_, err := env.adminStrata.StrataV1beta1().Snapshots(ns).Create(context.Background(), &v1beta1.Snapshot{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec:       v1beta1.SnapshotSpec{Volume: volume, CreateSnapshot: true},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+}
+
+func snapshotsOf(t *testing.T, volume string) []v1beta1.Snapshot {
+	t.Helper()
+	list, err := env.adminStrata.StrataV1beta1().Snapshots(ns).List(context.Background(),
+		metav1.ListOptions{LabelSelector: stypes.LabelVolume + "=" + volume})
+	require.NoError(t, err)
+	return list.Items
+}
+
+func waitSnapshotsReady(t *testing.T, volume string, n int, timeout time.Duration) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		ready := 0
+		for _, s := range snapshotsOf(t, volume) {
+			if s.Status.ReadyToUse {
+				ready++
+			}
+		}
+		return ready == n
+	}, timeout, 100*time.Millisecond, "%d snapshots of %s ready", n, volume)
+}
+
+// engineChain is the volume's engine snapshot map.
+func engineChain(t *testing.T, volume string) map[string]*v1beta1.SnapshotInfo {
+	t.Helper()
+	list, err := env.adminStrata.StrataV1beta1().Engines(ns).List(context.Background(),
+		metav1.ListOptions{LabelSelector: stypes.LabelVolume + "=" + volume})
+	require.NoError(t, err)
+	require.Len(t, list.Items, 1)
+	return list.Items[0].Status.Snapshots
+}
+
+// Seed story 1 and the lifecycle by kubectl: a snapshot of a detached volume
+// attaches it through a snapshot-controller ticket and lets it go; kubectl
+// lists snapshots with their columns; `kubectl delete snap -l` prunes them.
+func TestSnapshotLifecycleWithKubectl(t *testing.T) {
+	createVolume(t, "e2e-snap", "16Mi", 2)
+	waitVolume(t, "e2e-snap", time.Minute, "detached", isDetached)
+	dir := t.TempDir()
+	for _, name := range []string{"e2e-snap-a", "e2e-snap-b", "e2e-snap-c"} {
+		manifest := filepath.Join(dir, name+".yaml")
+		require.NoError(t, os.WriteFile(manifest, []byte(fmt.Sprintf(`apiVersion: strata.io/v1beta1
+kind: Snapshot
+metadata: {name: %s, namespace: strata-system}
+spec: {volume: e2e-snap, createSnapshot: true}
+`, name)), 0o644))
+		kubectl(t, "apply", "-f", manifest)
+	}
+	waitSnapshotsReady(t, "e2e-snap", 3, time.Minute)
+	waitVolume(t, "e2e-snap", time.Minute, "detached again once the snapshots are taken", isDetached)
+	assert.Empty(t, getVA(t, "e2e-snap").Spec.AttachmentTickets, "the snapshot tickets are released")
+
+	s := snapshotsOf(t, "e2e-snap")[0]
+	assert.Equal(t, []string{stypes.FinalizerName}, s.Finalizers, "finalizer from the webhook")
+	require.Len(t, s.OwnerReferences, 1)
+	assert.Equal(t, getVolume(t, "e2e-snap").UID, s.OwnerReferences[0].UID)
+	out := kubectl(t, "-n", ns, "get", "snap", "-l", "strata.io/volume=e2e-snap")
+	assert.Regexp(t, `NAME\s+VOLUME\s+READY\s+SIZE\s+CREATED\s+AGE`, out)
+	assert.Regexp(t, `e2e-snap-b\s+e2e-snap\s+true\s+\d+\s+20\d\d-`, out)
+	chain := engineChain(t, "e2e-snap")
+	assert.Equal(t, "e2e-snap-a", chain["e2e-snap-b"].Parent)
+	assert.NotContains(t, out, "volume-head", "no CR for the live head")
+
+	// The webhook keeps the spec immutable and names the field.
+	_, err := env.adminStrata.StrataV1beta1().Snapshots(ns).Patch(context.Background(), "e2e-snap-a",
+		"application/merge-patch+json", []byte(`{"spec":{"volume":"other"}}`), metav1.PatchOptions{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "spec.volume")
+
+	kubectl(t, "-n", ns, "delete", "snap", "-l", "strata.io/volume=e2e-snap", "--timeout=60s")
+	assert.Empty(t, snapshotsOf(t, "e2e-snap"))
+	for name, info := range engineChain(t, "e2e-snap") {
+		if name != "volume-head" {
+			assert.True(t, info.Removed, "%s is removed in the engine (or gone)", name)
+		}
+	}
+	waitVolume(t, "e2e-snap", time.Minute, "detached after the deletions", isDetached)
+}
+
+// 50 snapshots asked for at once on one volume: each is taken exactly once.
+func TestConcurrentSnapshotsNoDuplicates(t *testing.T) {
+	createVolume(t, "e2e-snap50", "16Mi", 2)
+	waitVolume(t, "e2e-snap50", time.Minute, "detached", isDetached)
+	updateTickets(t, "e2e-snap50", addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-1"))
+	v := waitVolume(t, "e2e-snap50", time.Minute, "attached", attachedTo("node-1"))
+	qemuIO(t, v.Status.FrontendEndpoint, "write -P 0x01 0 1M")
+	var wg sync.WaitGroup
+	for i := 0; i < 50; i++ {
+		wg.Go(func() { createSnapshot(t, "e2e-snap50", fmt.Sprintf("e2e-snap50-%02d", i)) })
+	}
+	wg.Wait()
+	waitSnapshotsReady(t, "e2e-snap50", 50, 2*time.Minute)
+	user := 0
+	for name, info := range engineChain(t, "e2e-snap50") {
+		if name != "volume-head" && info.UserCreated {
+			user++
+		}
+	}
+	assert.Equal(t, 50, user, "50 user snapshots in the chain, no duplicates")
+	updateTickets(t, "e2e-snap50", removeTicket("admin"))
+	waitVolume(t, "e2e-snap50", time.Minute, "detached", isDetached)
+}
+
+// Deleting a volume with 20 snapshots deletes them, then the volume.
+func TestDeleteVolumeWithSnapshots(t *testing.T) {
+	createVolume(t, "e2e-snap20", "16Mi", 2)
+	waitVolume(t, "e2e-snap20", time.Minute, "detached", isDetached)
+	for i := 0; i < 20; i++ {
+		createSnapshot(t, "e2e-snap20", fmt.Sprintf("e2e-snap20-%02d", i))
+	}
+	waitSnapshotsReady(t, "e2e-snap20", 20, 2*time.Minute)
+	deleteVolume(t, "e2e-snap20")
+	assert.Empty(t, snapshotsOf(t, "e2e-snap20"))
+	assert.Empty(t, replicasOf(t, "e2e-snap20"))
+}
+
+// Snapshots taken through the engine API (not through a CR) get a CR with
+// createSnapshot false; when such a snapshot leaves the chain, its CR goes.
+func TestEngineSnapshotsGetCRsAndLostOnesGo(t *testing.T) {
+	ctx := context.Background()
+	createVolume(t, "e2e-sys", "16Mi", 2)
+	waitVolume(t, "e2e-sys", time.Minute, "detached", isDetached)
+	updateTickets(t, "e2e-sys", addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-2"))
+	waitVolume(t, "e2e-sys", time.Minute, "attached", attachedTo("node-2"))
+	list, err := env.adminStrata.StrataV1beta1().Engines(ns).List(ctx, metav1.ListOptions{LabelSelector: stypes.LabelVolume + "=e2e-sys"})
+	require.NoError(t, err)
+	engineName := list.Items[0].Name
+	client, err := engineapi.NewClient(env.managers["node-2"].IM.GRPCAddr, 10*time.Second)
+	require.NoError(t, err)
+	defer client.Close()
+
+	_, err = client.SnapshotCreate(ctx, engineName, "e2e-sys-1", false, nil)
+	require.NoError(t, err)
+	var snap *v1beta1.Snapshot
+	require.Eventually(t, func() bool {
+		snap, err = env.adminStrata.StrataV1beta1().Snapshots(ns).Get(ctx, "e2e-sys-1", metav1.GetOptions{})
+		return err == nil && snap.Status.ReadyToUse
+	}, 30*time.Second, 100*time.Millisecond, "a CR for the engine's snapshot")
+	assert.False(t, snap.Spec.CreateSnapshot)
+	assert.False(t, snap.Status.UserCreated)
+
+	// Another snapshot on top, so a purge drops the first one entirely.
+	_, err = client.SnapshotCreate(ctx, engineName, "e2e-sys-2", false, nil)
+	require.NoError(t, err)
+	require.NoError(t, client.SnapshotRemove(ctx, engineName, "e2e-sys-1"))
+	require.NoError(t, client.SnapshotPurge(ctx, engineName))
+	require.Eventually(t, func() bool {
+		_, err := env.adminStrata.StrataV1beta1().Snapshots(ns).Get(ctx, "e2e-sys-1", metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	}, 30*time.Second, 100*time.Millisecond, "the CR of a snapshot gone from the chain is deleted")
+	updateTickets(t, "e2e-sys", removeTicket("admin"))
+	waitVolume(t, "e2e-sys", time.Minute, "detached", isDetached)
+}
