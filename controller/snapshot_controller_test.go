@@ -150,8 +150,8 @@ func TestSnapshotControllerSync(t *testing.T) {
 			},
 		},
 		{
-			name:    "taken: status mirrors the chain and the ticket is released",
-			objects: []runtime.Object{vcVolume(), stoppedEngine(chain(snapInfo("s1"))), testVA(snapTicket), testSnapshot("s1", true)},
+			name:       "taken: status mirrors the chain and the ticket is released",
+			objects:    []runtime.Object{vcVolume(), stoppedEngine(chain(snapInfo("s1"))), testVA(snapTicket), testSnapshot("s1", true)},
 			wantWrites: []string{"update volumeattachments v1", "update snapshots/status s1"},
 			check: func(t *testing.T, env *dstest.Env) {
 				s, err := env.Strata.StrataV1beta1().Snapshots(testNS).Get(context.Background(), "s1", metav1.GetOptions{})

@@ -180,3 +180,70 @@ func TestEngineSnapshotsGetCRsAndLostOnesGo(t *testing.T) {
 	updateTickets(t, "e2e-sys", removeTicket("admin"))
 	waitVolume(t, "e2e-sys", time.Minute, "detached", isDetached)
 }
+
+// A manager killed with SIGKILL in the middle of 200 mixed snapshot creates
+// and deletes, then restarted: no CR stays stuck with its finalizer, every
+// snapshot in the chain has a CR, and every CR has its snapshot.
+func TestSnapshotsConsistentAfterManagerKill(t *testing.T) {
+	ctx := context.Background()
+	createVolume(t, "e2e-kill", "16Mi", 2)
+	waitVolume(t, "e2e-kill", time.Minute, "detached", isDetached)
+	updateTickets(t, "e2e-kill", addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-3"))
+	waitVolume(t, "e2e-kill", time.Minute, "attached", attachedTo("node-3"))
+
+	var created []string
+	for i := 0; i < 200; i++ {
+		if i == 100 {
+			owner := getVolume(t, "e2e-kill").Status.OwnerID
+			mgr := env.managers[owner]
+			require.NoError(t, mgr.Kill())
+			restarted, err := mgr.Restart(env.managerOpts)
+			require.NoError(t, err)
+			env.managers[owner] = restarted
+		}
+		if i%3 == 2 && len(created) > 0 {
+			victim := created[len(created)/2]
+			created = append(created[:len(created)/2], created[len(created)/2+1:]...)
+			err := env.adminStrata.StrataV1beta1().Snapshots(ns).Delete(ctx, victim, metav1.DeleteOptions{})
+			require.True(t, err == nil || apierrors.IsNotFound(err), "delete %s: %v", victim, err)
+			continue
+		}
+		name := fmt.Sprintf("e2e-kill-%03d", i)
+		// The webhooks may be between leaders right after the kill.
+		require.Eventually(t, func() bool {
+			_, err := env.adminStrata.StrataV1beta1().Snapshots(ns).Create(ctx, &v1beta1.Snapshot{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+				Spec:       v1beta1.SnapshotSpec{Volume: "e2e-kill", CreateSnapshot: true},
+			}, metav1.CreateOptions{})
+			return err == nil || apierrors.IsAlreadyExists(err)
+		}, 30*time.Second, 200*time.Millisecond, "create %s", name)
+		created = append(created, name)
+	}
+
+	var problems []string
+	require.Eventually(t, func() bool {
+		problems = problems[:0]
+		chain := engineChain(t, "e2e-kill")
+		crs := map[string]bool{}
+		for _, s := range snapshotsOf(t, "e2e-kill") {
+			crs[s.Name] = true
+			switch info := chain[s.Name]; {
+			case s.DeletionTimestamp != nil:
+				problems = append(problems, s.Name+": still deleting")
+			case info == nil:
+				problems = append(problems, s.Name+": CR without a snapshot")
+			case !s.Status.ReadyToUse:
+				problems = append(problems, s.Name+": not ready")
+			}
+		}
+		for name, info := range chain {
+			if name != "volume-head" && !info.Removed && !crs[name] {
+				problems = append(problems, name+": snapshot without a CR")
+			}
+		}
+		return len(problems) == 0
+	}, 2*time.Minute, 500*time.Millisecond, "consistent after the kill: %v", &problems)
+	assert.Len(t, snapshotsOf(t, "e2e-kill"), len(created))
+	updateTickets(t, "e2e-kill", removeTicket("admin"))
+	waitVolume(t, "e2e-kill", time.Minute, "detached", isDetached)
+}
