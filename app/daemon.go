@@ -252,6 +252,9 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	return nil
 }
 
+// Instance-manager calls are counted on /metrics beside the workqueues.
+func init() { legacyregistry.RawMustRegister(engineapi.CallsTotal) }
+
 func newEventRecorder(kubeClient kubernetes.Interface, nodeName string) (record.EventBroadcaster, record.EventRecorder) {
 	scheme := kubescheme.Scheme
 	// Adding to client-go's scheme is safe: it only adds the strata.io kinds.

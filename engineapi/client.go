@@ -37,7 +37,8 @@ func NewClient(address string, timeout time.Duration) (*Client, error) {
 		// Notice a dead instance manager within seconds, even on an idle
 		// connection that only carries a Watch.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second,
-			PermitWithoutStream: true}))
+			PermitWithoutStream: true}),
+		grpc.WithUnaryInterceptor(countUnary), grpc.WithStreamInterceptor(countStream))
 	if err != nil {
 		return nil, fmt.Errorf("instance manager %s: %w", address, err)
 	}
