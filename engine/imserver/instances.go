@@ -107,8 +107,12 @@ func loadSpecs(dir string) ([]instanceSpec, error) {
 	return specs, nil
 }
 
-// saveSpecs records the running replicas (write temp, fsync, rename).
+// saveSpecs records the running replicas (write temp, fsync, rename). One
+// save at a time: concurrent creates share the temp file, and the last save
+// must see the last state.
 func (s *Server) saveSpecs() error {
+	s.specsMu.Lock()
+	defer s.specsMu.Unlock()
 	s.mu.Lock()
 	var specs []instanceSpec
 	for _, inst := range s.instances {
@@ -178,10 +182,13 @@ func (s *Server) startReplica(inst *instance, reopen bool) error {
 	}
 	log := s.log.WithField("replica", spec.Name)
 	inst.rep, inst.handler = rep, replicaserver.New(rep, log)
-	inst.dcServer = dataconn.NewServer(inst.handler, log)
+	srv := dataconn.NewServer(inst.handler, log)
+	inst.dcServer = srv
 	inst.address = l.Addr().String()
+	// The goroutine keeps its own reference: a failed create clears
+	// inst.dcServer (stopLocked) before the goroutine may have run.
 	go func() {
-		if err := inst.dcServer.Serve(l); err != nil && !errors.Is(err, dataconn.ErrServerClosed) {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, dataconn.ErrServerClosed) {
 			log.WithError(err).Error("Data connection server stopped")
 		}
 	}()

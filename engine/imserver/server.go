@@ -55,6 +55,7 @@ type Server struct {
 	nbd  *nbd.Server
 
 	mu        sync.Mutex
+	specsMu   sync.Mutex // serializes saveSpecs
 	instances map[string]*instance
 	revision  uint64
 	// deleting holds the data directories ReplicaDataDelete is removing,
