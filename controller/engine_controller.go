@@ -40,6 +40,9 @@ func (c *EngineController) syncEngine(ctx context.Context, key string) error {
 	}
 
 	var actErr error
+	if c.local(e.Spec.NodeID) && c.instances.Starting() {
+		return nil // the sync of the new Watch stream enqueues it again
+	}
 	if c.local(e.Spec.NodeID) {
 		inst, found, synced := c.instances.Get(e.Name)
 		if synced {

@@ -11,8 +11,12 @@ import (
 // and replica status syncs read it instead of calling the instance manager,
 // so a status sync never makes a gRPC call and an idle node costs no polling.
 type InstanceCache struct {
-	mu        sync.RWMutex
-	synced    bool
+	mu     sync.RWMutex
+	synced bool
+	// failed is set once a stream failed and cleared by the next sync: until
+	// then (a manager just started) the cache knows nothing yet, which is
+	// not the same as having lost sight of the instance manager.
+	failed    bool
 	instances map[string]*impb.Instance
 	// seen collects the names replayed since the stream (re)opened; at the
 	// sync marker the instances not replayed are gone.
@@ -55,6 +59,14 @@ func (c *InstanceCache) Get(name string) (inst *impb.Instance, found, synced boo
 	return inst, found, c.synced
 }
 
+// Starting tells that no stream has synced or failed yet since this manager
+// started: instance status is better left as it was than turned unknown.
+func (c *InstanceCache) Starting() bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return !c.synced && !c.failed
+}
+
 // Synced tells whether the cache reflects a live stream.
 func (c *InstanceCache) Synced() bool {
 	c.mu.RLock()
@@ -74,6 +86,7 @@ func (c *InstanceCache) streamOpened() {
 // instance it held, so their objects are re-evaluated as unknown.
 func (c *InstanceCache) streamLost() {
 	c.mu.Lock()
+	c.failed = true
 	if !c.synced {
 		c.mu.Unlock()
 		return
@@ -119,7 +132,7 @@ func (c *InstanceCache) apply(ev *impb.WatchEvent) {
 		}
 		c.seen = nil
 		becameSynced = !c.synced
-		c.synced = true
+		c.synced, c.failed = true, false
 	}
 	resync := append([]func(){}, c.resyncListeners...)
 	c.mu.Unlock()

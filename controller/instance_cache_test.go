@@ -83,3 +83,17 @@ func TestInstanceCache(t *testing.T) {
 		})
 	}
 }
+
+func TestInstanceCacheStarting(t *testing.T) {
+	c := NewInstanceCache()
+	assert.True(t, c.Starting(), "a new manager knows nothing yet")
+	c.streamLost()
+	assert.False(t, c.Starting(), "a failed stream is lost sight, not starting")
+	c.streamOpened()
+	c.apply(synced)
+	assert.False(t, c.Starting())
+	assert.True(t, c.Synced())
+	c.streamLost()
+	assert.False(t, c.Starting())
+	assert.False(t, c.Synced())
+}

@@ -238,7 +238,7 @@ func (nc *NodeController) syncPeerNode(ctx context.Context, key string, nodeRO *
 		deadline = nodeRO.CreationTimestamp.Add(nc.leaseDuration)
 	}
 	if now.Before(deadline) {
-		nc.queue.AddAfter(key, deadline.Sub(now)+leaseCheckSlack)
+		nc.checkPeerAt(key, nodeRO.Name, deadline.Sub(now)+leaseCheckSlack)
 		return nil
 	}
 	ready := meta.FindStatusCondition(nodeRO.Status.Conditions, v1beta1.ConditionTypeReady)

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -42,6 +43,33 @@ type NodeController struct {
 	leaseDuration     time.Duration
 	diskCheckInterval time.Duration
 	heartbeat         lease.Controller
+
+	peerMu     sync.Mutex
+	peerTimers map[string]*time.Timer
+}
+
+// checkPeerAt looks at a peer's heartbeat again after d, outside the
+// workqueue: a lease renewed meanwhile (the normal case) just moves the
+// timer, and only an expired one enqueues the node. A quiet cluster's
+// queues stay quiet.
+func (nc *NodeController) checkPeerAt(key, node string, d time.Duration) {
+	nc.peerMu.Lock()
+	defer nc.peerMu.Unlock()
+	if nc.peerTimers == nil {
+		nc.peerTimers = map[string]*time.Timer{}
+	}
+	if t, ok := nc.peerTimers[key]; ok {
+		t.Stop()
+	}
+	nc.peerTimers[key] = time.AfterFunc(d, func() {
+		if deadline, ok := nc.ds.NodeLeaseExpiry(node); ok {
+			if now := nc.ds.Clock.Now(); now.Before(deadline) {
+				nc.checkPeerAt(key, node, deadline.Sub(now)+leaseCheckSlack)
+				return
+			}
+		}
+		nc.queue.Add(key)
+	})
 }
 
 // NewNodeController wires the node controller to the datastore's Node and

@@ -45,6 +45,9 @@ func (c *ReplicaController) syncReplica(ctx context.Context, key string) error {
 	}
 
 	var actErr error
+	if c.local(r.Spec.NodeID) && c.instances.Starting() {
+		return nil // the sync of the new Watch stream enqueues it again
+	}
 	if c.local(r.Spec.NodeID) {
 		inst, found, synced := c.instances.Get(r.Name)
 		if synced {

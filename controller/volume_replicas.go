@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/scheduler"
 	"github.com/strata-storage/strata/types"
@@ -63,9 +64,10 @@ func (s *volumeSync) reconcileReplicas() error {
 		switch {
 		case running && eng.Status.ReplicaModeMap[r.Name] == v1beta1.ReplicaModeERR:
 			s.markFailed(after, "the engine marked it ERR")
-		case running && eng.Spec.ReplicaAddressMap[r.Name] != "" && r.Status.CurrentState != v1beta1.InstanceStateRunning:
+		case running && eng.Spec.ReplicaAddressMap[r.Name] != "" && instanceGone(r.Status.CurrentState):
 			// The engine had it; its instance is gone (instance manager
-			// restarted or unreachable).
+			// restarted). Unknown is not gone: the engine judges a replica
+			// it cannot reach by marking it ERR.
 			s.markFailed(after, fmt.Sprintf("its instance is %s", orUnknown(string(r.Status.CurrentState))))
 		case r.Spec.DesireState == v1beta1.InstanceStateRunning && r.Status.CurrentState == v1beta1.InstanceStateError:
 			s.markFailed(after, "its instance failed to start")
@@ -128,6 +130,11 @@ func (s *volumeSync) reconcileReplicas() error {
 		}
 	}
 	return nil
+}
+
+// instanceGone tells a state in which the instance certainly does not run.
+func instanceGone(st v1beta1.InstanceState) bool {
+	return st == v1beta1.InstanceStateStopped || st == v1beta1.InstanceStateError || st == ""
 }
 
 func compareStrings(a, b string) int {
@@ -209,6 +216,21 @@ func (s *volumeSync) scheduleReplica(start bool) error {
 	opts.SoftAntiAffinity, _ = s.ds.GetSettingBool(types.SettingReplicaSoftAntiAffinity)
 	opts.OverProvisioningPercentage, _ = s.ds.GetSettingInt(types.SettingStorageOverProvisioningPercentage)
 	opts.MinimalAvailablePercentage, _ = s.ds.GetSettingInt(types.SettingStorageMinimalAvailablePercentage)
+	opts.ScheduledBytes = map[string]int64{}
+	for _, n := range nodes {
+		for _, st := range n.Status.DiskStatus {
+			if st == nil || st.DiskUUID == "" {
+				continue
+			}
+			onDisk, err := s.ds.Replicas.ListByIndexRO(datastore.IndexByDisk, st.DiskUUID)
+			if err != nil {
+				return err
+			}
+			for _, r := range onDisk {
+				opts.ScheduledBytes[st.DiskUUID] += r.Spec.VolumeSize
+			}
+		}
+	}
 	// Replicas on their way out do not hold their node or disk.
 	placed := s.replicasWhere(func(r *v1beta1.Replica) bool { return r.DeletionTimestamp == nil })
 	p, err := scheduler.ScheduleReplica(s.v, placed, nodes, opts)

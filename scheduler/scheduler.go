@@ -52,6 +52,12 @@ type Options struct {
 	MinimalAvailablePercentage int64
 	// AliveNodes holds the nodes whose managers hold their heartbeat.
 	AliveNodes map[string]bool
+	// ScheduledBytes is, per disk UUID, the sum of the sizes of the replicas
+	// placed there as the caller's cache knows them now. A disk's status
+	// reports the same only at its next check, so a burst of new volumes
+	// would otherwise all see the same free space and pile onto one node.
+	// The larger of the two counts.
+	ScheduledBytes map[string]int64
 }
 
 // Placement is where the new replica goes.
@@ -257,10 +263,11 @@ func diskFit(vol *v1beta1.Volume, size int64, nodeName string, spec v1beta1.Disk
 
 	reserved := spec.StorageReserved.Value()
 	usable := max(st.StorageMaximum-reserved, 0)
-	schedulable := max(percentFloor(usable, opts.OverProvisioningPercentage)-st.StorageScheduled, 0)
+	scheduled := max(st.StorageScheduled, opts.ScheduledBytes[st.DiskUUID])
+	schedulable := max(percentFloor(usable, opts.OverProvisioningPercentage)-scheduled, 0)
 	if size > schedulable {
 		return 0, fmt.Sprintf("needs %d bytes, %d schedulable (%d%% of %d usable, %d already scheduled; %s)",
-			size, schedulable, opts.OverProvisioningPercentage, usable, st.StorageScheduled,
+			size, schedulable, opts.OverProvisioningPercentage, usable, scheduled,
 			types.SettingStorageOverProvisioningPercentage)
 	}
 

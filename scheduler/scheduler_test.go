@@ -572,3 +572,18 @@ func TestPercent(t *testing.T) {
 		assert.Equal(t, tc.ceil, percentCeil(tc.v, tc.pct), "ceil(%d*%d%%)", tc.v, tc.pct)
 	}
 }
+
+// Replicas placed since the disks last reported count through
+// ScheduledBytes, so a burst of new volumes spreads over equal nodes.
+func TestScheduledBytesSpreadsABurst(t *testing.T) {
+	const gib = int64(1) << 30
+	nodes := []*v1beta1.Node{node("node-1", disk("disk-1", 100*gib, 100*gib, 0)), node("node-2", disk("disk-1", 100*gib, 100*gib, 0))}
+	o := opts("node-1", "node-2")
+	p, err := ScheduleReplica(volume("v1", gib), nil, nodes, o)
+	require.NoError(t, err)
+	assert.Equal(t, "node-1", p.NodeID, "a tie goes by name")
+	o.ScheduledBytes = map[string]int64{diskUUID("node-1", "disk-1"): gib}
+	p, err = ScheduleReplica(volume("v2", gib), nil, nodes, o)
+	require.NoError(t, err)
+	assert.Equal(t, "node-2", p.NodeID, "node-1's disk already took a replica its status does not show yet")
+}
