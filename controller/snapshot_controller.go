@@ -211,28 +211,53 @@ func (c *SnapshotController) ensureSnapshotTicket(ctx context.Context, s *v1beta
 // coalesces it once a newer snapshot sits on top.
 func (c *SnapshotController) deleteSnapshot(ctx context.Context, s *v1beta1.Snapshot, view snapshotView) error {
 	purging := view.eng != nil && isPurging(view.eng)
+	if view.info == nil && s.Spec.CreateSnapshot && view.running {
+		// An earlier sync may have taken it before the engine's status
+		// says so: make sure, or the engine monitor would give the
+		// snapshot a new CR and undo this delete.
+		if err := c.removeFromEngine(ctx, s, view); err != nil {
+			return err
+		}
+	}
 	if view.info == nil || (view.info.Removed && !purging && !purgeDrops(view.info)) {
 		return c.releaseSnapshot(ctx, s)
 	}
 	if !view.running {
 		return c.ensureSnapshotTicket(ctx, s, view.vol)
 	}
-	client, err := c.engineClient(view.eng)
-	if err != nil {
-		return err
-	}
 	if !view.info.Removed {
-		if err := client.SnapshotRemove(ctx, view.eng.Name, s.Name); err != nil && !errors.Is(err, engineapi.ErrNotFound) {
-			return fmt.Errorf("removing snapshot %s: %w", s.Name, err)
+		if err := c.removeFromEngine(ctx, s, view); err != nil {
+			return err
 		}
-		c.recorder.Eventf(s, corev1.EventTypeNormal, EventReasonSnapshotRemoved, "removed snapshot %s from volume %s", s.Name, s.Spec.Volume)
 	}
 	if noPurge, _ := c.ds.GetSettingBool(types.SettingDisableSnapshotPurge); noPurge || purging {
 		return nil
 	}
+	client, err := c.engineClient(view.eng)
+	if err != nil {
+		return err
+	}
 	if err := client.SnapshotPurge(ctx, view.eng.Name); err != nil && !errors.Is(err, engineapi.ErrBusy) {
 		return fmt.Errorf("purging volume %s: %w", s.Spec.Volume, err)
 	}
+	return nil
+}
+
+// removeFromEngine marks the snapshot removed in the engine; one the engine
+// does not have is fine.
+func (c *SnapshotController) removeFromEngine(ctx context.Context, s *v1beta1.Snapshot, view snapshotView) error {
+	client, err := c.engineClient(view.eng)
+	if err != nil {
+		return err
+	}
+	err = client.SnapshotRemove(ctx, view.eng.Name, s.Name)
+	switch {
+	case errors.Is(err, engineapi.ErrNotFound):
+		return nil
+	case err != nil:
+		return fmt.Errorf("removing snapshot %s: %w", s.Name, err)
+	}
+	c.recorder.Eventf(s, corev1.EventTypeNormal, EventReasonSnapshotRemoved, "removed snapshot %s from volume %s", s.Name, s.Spec.Volume)
 	return nil
 }
 

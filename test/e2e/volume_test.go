@@ -262,7 +262,7 @@ func TestReaperRemovesTicketsOfDeletedOwners(t *testing.T) {
 	waitVolume(t, "e2e-reap", time.Minute, "detached", isDetached)
 	snap, err := env.adminStrata.StrataV1beta1().Snapshots(ns).Create(ctx, &v1beta1.Snapshot{
 		ObjectMeta: metav1.ObjectMeta{Name: "e2e-reap-snap", Namespace: ns},
-		Spec:       v1beta1.SnapshotSpec{Volume: "e2e-reap"},
+		Spec:       v1beta1.SnapshotSpec{Volume: "e2e-reap", CreateSnapshot: true},
 	}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	updateTickets(t, "e2e-reap", func(m map[string]*v1beta1.AttachmentTicket) {
@@ -271,6 +271,7 @@ func TestReaperRemovesTicketsOfDeletedOwners(t *testing.T) {
 				Kind: "Snapshot", Namespace: ns, Name: snap.Name, UID: string(snap.UID)}}
 	})
 	waitVolume(t, "e2e-reap", time.Minute, "attached for the snapshot", attachedTo("node-2"))
+	waitSnapshotsReady(t, "e2e-reap", 1, time.Minute)
 
 	require.NoError(t, env.adminStrata.StrataV1beta1().Snapshots(ns).Delete(ctx, snap.Name, metav1.DeleteOptions{}))
 	require.Eventually(t, func() bool {
