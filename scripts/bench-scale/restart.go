@@ -124,29 +124,71 @@ func (b *bench) stepRestart(ctx context.Context) error {
 
 	// From here on, a volume that leaves "attached" is a restart casualty.
 	b.watchDetach.Store(true)
-	old := b.managers()
+	b.info(fmt.Sprintf("floor: bare informer lists %d objects (best of %d)", objects, floorRuns), fmtDur(floor))
+
+	// The figure against the target: one manager restarting, as when its
+	// pod is replaced, against one bare informer.
+	ready, synced, err := b.coldRestart(ctx, b.managers()[:1])
+	if errors.Is(err, errNotDrained) {
+		b.check("cold restart of one manager → workqueues drained", "not within "+drainTimeout.String(), "≤ 2× floor", false)
+		return b.afterRestart(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	ratio := float64(synced) / float64(floor)
+	b.info("cold restart of one manager → /readyz ok", fmtDur(ready))
+	b.info("cold restart of one manager → workqueues drained (fully synced)", fmtDur(synced))
+	b.check("cold restart / floor", fmt.Sprintf("%.2f×", ratio), "≤ 2×", ratio <= 2)
+
+	// All three at once (a rolling upgrade gone wrong, a power cut): three
+	// processes list the same objects on 2 cores, so this is shown, not
+	// held against the one-informer floor.
+	ready, synced, err = b.coldRestart(ctx, b.managers())
+	switch {
+	case errors.Is(err, errNotDrained):
+		b.info("cold restart of all 3 managers → workqueues drained", "not within "+drainTimeout.String())
+	case err != nil:
+		return err
+	default:
+		b.info("cold restart of all 3 managers → every /readyz ok", fmtDur(ready))
+		b.info("cold restart of all 3 managers → workqueues drained", fmtDur(synced))
+	}
+	return b.afterRestart(ctx)
+}
+
+// coldRestart stops the given managers cleanly (the instance managers keep
+// running, as on a real node where only the manager pod restarts), starts
+// them again, and times how long until they are fully synced: every /readyz
+// ok (informer caches synced), then every workqueue drained.
+func (b *bench) coldRestart(ctx context.Context, which []*localcluster.Manager) (ready, synced time.Duration, err error) {
 	stopStart := time.Now()
 	var wg sync.WaitGroup
-	errs := make([]error, len(old))
-	for i, m := range old {
+	errs := make([]error, len(which))
+	for i, m := range which {
 		wg.Go(func() { errs[i] = m.Stop(managerStopTimeout) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return err
+		return 0, 0, err
 	}
-	b.log.WithField("took", fmtDur(time.Since(stopStart))).Info("managers stopped (instance managers keep running)")
+	b.log.WithFields(logrus.Fields{"managers": len(which), "took": fmtDur(time.Since(stopStart))}).
+		Info("managers stopped (instance managers keep running)")
 
 	start := time.Now()
-	fresh := append([]*localcluster.Manager(nil), old...)
+	fresh := append([]*localcluster.Manager(nil), b.managers()...)
 	var startErr error
-	for i, m := range old {
+	for _, m := range which {
 		nm, err := m.Restart(b.opts)
 		if err != nil {
 			startErr = fmt.Errorf("restart manager %s: %w", m.Node, err)
 			break
 		}
-		fresh[i] = nm
+		for i := range fresh {
+			if fresh[i].Node == nm.Node {
+				fresh[i] = nm
+			}
+		}
 		b.log.WithFields(logrus.Fields{"node": nm.Node, "pid": nm.Pid(), "metrics": nm.MetricsAddr}).Debug("manager restarted")
 	}
 	// Whatever did start is what teardown must stop.
@@ -154,35 +196,21 @@ func (b *bench) stepRestart(ctx context.Context) error {
 	b.mgrs = fresh
 	b.mu.Unlock()
 	if startErr != nil {
-		return startErr
+		return 0, 0, startErr
 	}
 
 	readyAt, err := b.waitReadyz(ctx, readyTimeout)
 	if err != nil {
-		return err
+		return 0, 0, err
 	}
-	ready := readyAt.Sub(start)
-	b.log.WithField("took", fmtDur(ready)).Info("every manager /readyz ok")
+	ready = readyAt.Sub(start)
 	drainedAt, err := b.waitDrained(ctx, drainTimeout)
-	if errors.Is(err, errNotDrained) {
-		b.info(fmt.Sprintf("floor: bare informer lists %d objects (best of %d)", objects, floorRuns), fmtDur(floor))
-		b.info("cold restart → every /readyz ok", fmtDur(ready))
-		b.check("cold restart → workqueues drained (fully synced)", "not within "+drainTimeout.String(), "≤ 2× floor", false)
-		return b.afterRestart(ctx)
-	}
 	if err != nil {
-		return err
+		return ready, 0, err
 	}
-	synced := drainedAt.Sub(start)
-	ratio := float64(synced) / float64(floor)
-	b.log.WithFields(logrus.Fields{"readyz": fmtDur(ready), "drained": fmtDur(synced), "floor": fmtDur(floor),
-		"ratio": fmt.Sprintf("%.2f", ratio)}).Info("cold restart")
-
-	b.info(fmt.Sprintf("floor: bare informer lists %d objects (best of %d)", objects, floorRuns), fmtDur(floor))
-	b.info("cold restart → every /readyz ok", fmtDur(ready))
-	b.info("cold restart → workqueues drained (fully synced)", fmtDur(synced))
-	b.check("cold restart / floor", fmt.Sprintf("%.2f×", ratio), "≤ 2×", ratio <= 2)
-	return b.afterRestart(ctx)
+	synced = drainedAt.Sub(start)
+	b.log.WithFields(logrus.Fields{"managers": len(which), "readyz": fmtDur(ready), "drained": fmtDur(synced)}).Info("cold restart")
+	return ready, synced, nil
 }
 
 // afterRestart checks that the restart disturbed nothing: a manager
