@@ -7,15 +7,13 @@ package snapshot
 import (
 	"slices"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 	"github.com/strata-storage/strata/webhook/admission"
+	"github.com/strata-storage/strata/webhook/resources/volumeref"
 )
 
 // Resource is strata.io/v1beta1 snapshots.
@@ -47,46 +45,16 @@ func (m *mutator) Create(_ *admission.Request, obj runtime.Object) error {
 	if name == "" {
 		return nil // the validator denies it
 	}
-	// A volume name longer than a label value allows goes unlabelled rather
-	// than making the snapshot impossible to create; the datastore indexes
-	// snapshots by spec.volume anyway.
-	if snap.Labels[types.LabelVolume] != name && len(validation.IsValidLabelValue(name)) == 0 {
-		if snap.Labels == nil {
-			snap.Labels = map[string]string{}
-		}
-		snap.Labels[types.LabelVolume] = name
-	}
+	volumeref.Label(snap, name)
 	if !slices.Contains(snap.Finalizers, types.FinalizerName) {
 		snap.Finalizers = append(snap.Finalizers, types.FinalizerName)
 	}
-	vol, err := m.ds.Volumes.GetRO(name)
-	if err != nil {
-		return nil // no such volume: the validator denies it
-	}
-	// A reference to an earlier volume of the same name would have the
-	// garbage collector delete the new snapshot: it is replaced.
-	snap.OwnerReferences = slices.DeleteFunc(snap.OwnerReferences, func(ref metav1.OwnerReference) bool {
-		return isVolumeRef(ref) && ref.Name == vol.Name && ref.UID != vol.UID
-	})
-	for _, ref := range snap.OwnerReferences {
-		if ref.UID == vol.UID {
-			return nil
-		}
-	}
-	snap.OwnerReferences = append(snap.OwnerReferences, metav1.OwnerReference{
-		APIVersion: v1beta1.SchemeGroupVersion.String(),
-		Kind:       "Volume",
-		Name:       vol.Name,
-		UID:        vol.UID,
-	})
+	if vol, err := m.ds.Volumes.GetRO(name); err == nil {
+		volumeref.Own(snap, vol)
+	} // no such volume: the validator denies it
 	return nil
 }
 
 // Update changes nothing: spec and volume label are immutable, and the
 // finalizer is the snapshot controller's to remove.
 func (m *mutator) Update(*admission.Request, runtime.Object, runtime.Object) error { return nil }
-
-func isVolumeRef(ref metav1.OwnerReference) bool {
-	gv, err := schema.ParseGroupVersion(ref.APIVersion)
-	return err == nil && gv.Group == v1beta1.SchemeGroupVersion.Group && ref.Kind == "Volume"
-}

@@ -7,14 +7,12 @@ package volumeattachment
 import (
 	"maps"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
-	"github.com/strata-storage/strata/types"
 	"github.com/strata-storage/strata/webhook/admission"
+	"github.com/strata-storage/strata/webhook/resources/volumeref"
 )
 
 // Resource is strata.io/v1beta1 volumeattachments.
@@ -85,27 +83,8 @@ func (m *mutator) labelAndOwn(va *v1beta1.VolumeAttachment) {
 	if name == "" {
 		return // the validator denies it
 	}
-	// A volume name longer than a label value allows goes unlabelled rather
-	// than making the attachment impossible to write.
-	if va.Labels[types.LabelVolume] != name && len(validation.IsValidLabelValue(name)) == 0 {
-		if va.Labels == nil {
-			va.Labels = map[string]string{}
-		}
-		va.Labels[types.LabelVolume] = name
-	}
-	vol, err := m.ds.Volumes.GetRO(name)
-	if err != nil {
-		return // no volume yet: it becomes the owner on a later update
-	}
-	for _, ref := range va.OwnerReferences {
-		if ref.UID == vol.UID {
-			return
-		}
-	}
-	va.OwnerReferences = append(va.OwnerReferences, metav1.OwnerReference{
-		APIVersion: v1beta1.SchemeGroupVersion.String(),
-		Kind:       "Volume",
-		Name:       vol.Name,
-		UID:        vol.UID,
-	})
+	volumeref.Label(va, name)
+	if vol, err := m.ds.Volumes.GetRO(name); err == nil {
+		volumeref.Own(va, vol)
+	} // no volume yet: it becomes the owner on a later update
 }
