@@ -192,10 +192,9 @@ func (s *volumeSync) attach(want string) error {
 		isRunning := updated.Status.CurrentState == v1beta1.InstanceStateRunning && addr != ""
 		if isRunning {
 			all[updated.Name] = addr
-		} else if prev := eng.Spec.ReplicaAddressMap[updated.Name]; prev != "" {
-			// A replica the engine has stays with it until it is marked
-			// failed: the engine's ERR mode is the signal that marks it,
-			// and dropping the replica first would erase that signal.
+		} else if prev := eng.Spec.ReplicaAddressMap[updated.Name]; prev != "" && updated.Status.CurrentState == v1beta1.InstanceStateUnknown {
+			// Out of sight is not gone: the engine keeps it until it marks
+			// it ERR.
 			all[updated.Name] = prev
 		}
 		if rebuilt(updated) || !anyRebuilt {

@@ -142,10 +142,7 @@ func (s *volumeSync) writeStatus() error {
 	if equality.Semantic.DeepEqual(s.vRO.Status, s.v.Status) {
 		return nil
 	}
-	// The pass may already have stopped engines, failed or salvaged
-	// replicas: what it concluded must reach the status even if the
-	// VolumeAttachment controller wrote the spec meanwhile.
-	updated, err := s.ds.Volumes.UpdateStatusOnLatest(s.ctx, s.v, func(from, to *v1beta1.Volume) { to.Status = from.Status })
+	updated, err := s.ds.Volumes.UpdateStatus(s.ctx, s.v)
 	if err != nil {
 		return err
 	}

@@ -2,7 +2,6 @@ package datastore_test
 
 import (
 	"context"
-	"errors"
 	"sort"
 	"testing"
 	"time"
@@ -13,7 +12,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
 	"github.com/strata-storage/strata/datastore"
@@ -236,32 +234,4 @@ func TestSettingWithBadStoredValueIsAnError(t *testing.T) {
 	env := dstest.New(t, []runtime.Object{bad}, nil)
 	_, err := env.DS.GetSettingInt(types.SettingDefaultReplicaCount)
 	require.EqualError(t, err, `setting default-replica-count: value "many" is not an integer`)
-}
-
-// A status write that conflicts (someone wrote the spec meanwhile) lands on
-// the latest version, keeping that spec.
-func TestUpdateStatusOnLatest(t *testing.T) {
-	vol := &v1beta1.Volume{ObjectMeta: meta("v1")}
-	env := dstest.New(t, []runtime.Object{vol}, nil)
-	ctx := context.Background()
-	latest := vol.DeepCopy()
-	latest.Spec.NodeID = "node-2"
-	_, err := env.Strata.StrataV1beta1().Volumes(ns).Update(ctx, latest, metav1.UpdateOptions{})
-	require.NoError(t, err)
-
-	conflicts := 1
-	env.Strata.PrependReactor("update", "volumes", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if a.GetSubresource() == "status" && conflicts > 0 {
-			conflicts--
-			return true, nil, apierrors.NewConflict(v1beta1.Resource("volumes"), "v1", errors.New("stale"))
-		}
-		return false, nil, nil
-	})
-	stale := vol.DeepCopy()
-	stale.Status.State = v1beta1.VolumeStateDetached
-	got, err := env.DS.Volumes.UpdateStatusOnLatest(ctx, stale, func(from, to *v1beta1.Volume) { to.Status = from.Status })
-	require.NoError(t, err)
-	assert.Equal(t, v1beta1.VolumeStateDetached, got.Status.State)
-	assert.Equal(t, "node-2", got.Spec.NodeID, "the newer spec is kept")
-	assert.Zero(t, conflicts)
 }

@@ -22,7 +22,6 @@ type Object interface {
 // objectClient is the write half of a generated typed client, which every
 // generated client satisfies through client-go's gentype.
 type objectClient[T Object] interface {
-	Get(ctx context.Context, name string, opts metav1.GetOptions) (T, error)
 	Create(ctx context.Context, obj T, opts metav1.CreateOptions) (T, error)
 	Update(ctx context.Context, obj T, opts metav1.UpdateOptions) (T, error)
 	UpdateStatus(ctx context.Context, obj T, opts metav1.UpdateOptions) (T, error)
@@ -140,25 +139,6 @@ func (s *Store[T]) Update(ctx context.Context, obj T) (T, error) {
 // UpdateStatus writes the object's status subresource.
 func (s *Store[T]) UpdateStatus(ctx context.Context, obj T) (T, error) {
 	return s.clientFor(obj).UpdateStatus(ctx, obj, metav1.UpdateOptions{})
-}
-
-// UpdateStatusOnLatest writes obj's status, and on a conflict writes it
-// again onto the latest stored version (read from the API server, not the
-// cache). For a controller that alone writes a kind's status: a conflict
-// then only means the spec or metadata changed meanwhile, and a status that
-// records what the pass already did elsewhere must not be lost.
-// copyStatus copies the status of its first argument into its second.
-func (s *Store[T]) UpdateStatusOnLatest(ctx context.Context, obj T, copyStatus func(from, to T)) (T, error) {
-	updated, err := s.UpdateStatus(ctx, obj)
-	if !apierrors.IsConflict(err) {
-		return updated, err
-	}
-	latest, err := s.clientFor(obj).Get(ctx, obj.GetName(), metav1.GetOptions{})
-	if err != nil {
-		return updated, err
-	}
-	copyStatus(obj, latest)
-	return s.UpdateStatus(ctx, latest)
 }
 
 // Delete deletes the named object in the store's namespace. Deleting an
