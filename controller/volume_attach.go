@@ -60,10 +60,22 @@ func (s *volumeSync) reconcileAttachment() error {
 	switch {
 	case cur != "" && want != "" && want != cur && v.Status.CurrentMigrationNodeID == want:
 		return s.confirmMigration()
-	case want == "" || faulted || (cur != "" && want != cur):
+	case want == "" || faulted || (cur != "" && want != cur) || s.detachUnfinished():
 		return s.detach(faulted)
 	}
 	return s.attach(want)
+}
+
+// detachUnfinished tells a detach that must be finished before the volume
+// attaches again: it is still recorded on a node whose engine was asked to
+// stop (a faulted volume on its way to salvage, say). An engine that died
+// while asked to run is recovered by attach instead.
+func (s *volumeSync) detachUnfinished() bool {
+	if s.v.Status.CurrentNodeID == "" {
+		return false
+	}
+	e := s.primaryEngine()
+	return e != nil && e.Spec.DesireState == v1beta1.InstanceStateStopped
 }
 
 // detach stops the engines, then the replicas; a faulted volume is salvaged
@@ -192,9 +204,10 @@ func (s *volumeSync) attach(want string) error {
 		isRunning := updated.Status.CurrentState == v1beta1.InstanceStateRunning && addr != ""
 		if isRunning {
 			all[updated.Name] = addr
-		} else if prev := eng.Spec.ReplicaAddressMap[updated.Name]; prev != "" && updated.Status.CurrentState == v1beta1.InstanceStateUnknown {
-			// Out of sight is not gone: the engine keeps it until it marks
-			// it ERR.
+		} else if prev := eng.Spec.ReplicaAddressMap[updated.Name]; prev != "" {
+			// A replica the engine has stays with it until it is marked
+			// failed: the engine's ERR mode is the signal that marks it,
+			// and dropping the replica first would erase that signal.
 			all[updated.Name] = prev
 		}
 		if rebuilt(updated) || !anyRebuilt {

@@ -147,6 +147,9 @@ func (s *volumeSync) writeStatus() error {
 		return err
 	}
 	s.statusEvents(s.vRO, updated)
+	// Later writes of the same pass go on top of this one.
+	s.vRO = updated
+	s.v.ResourceVersion = updated.ResourceVersion
 	return nil
 }
 

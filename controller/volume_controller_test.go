@@ -280,7 +280,8 @@ func TestVolumeControllerSync(t *testing.T) {
 			objects: []runtime.Object{vcVolume(), vcEngine(),
 				vcReplica("r1", "node-1", failedAgo(10*time.Minute)), vcReplica("r2", "node-2", failedAgo(time.Minute)),
 				vcReplica("r3", "node-3", failedAgo(time.Minute+10*time.Second))},
-			wantWrites: []string{"update replicas r2", "update replicas r3", "update volumes/status v1"},
+			// The decision is recorded before the replicas change.
+			wantWrites: []string{"update volumes/status v1", "update replicas r2", "update replicas r3", "update volumes/status v1"},
 			wantEvents: []string{"Warning Salvaged", "Warning Degraded"},
 			checks: []check{replicaIs("r1", v1beta1.InstanceStateStopped, true), replicaIs("r2", v1beta1.InstanceStateStopped, false),
 				replicaIs("r3", v1beta1.InstanceStateStopped, false)},

@@ -291,21 +291,30 @@ func (s *volumeSync) salvage() error {
 		latest = max(latest, r.Spec.FailedAt)
 	}
 	latestAt, _ := time.Parse(time.RFC3339, latest)
+	var chosen []*v1beta1.Replica
 	var names []string
 	for _, r := range cands {
-		at, _ := time.Parse(time.RFC3339, r.Spec.FailedAt)
-		if latestAt.Sub(at) > salvageWindow {
-			continue
+		if at, _ := time.Parse(time.RFC3339, r.Spec.FailedAt); latestAt.Sub(at) <= salvageWindow {
+			chosen = append(chosen, r)
+			names = append(names, r.Name)
 		}
+	}
+	// The status (detached, the Salvaged condition) is written before the
+	// replicas change: if that write fails nothing was salvaged and the
+	// next pass starts over, rather than trusting replicas again while the
+	// status still says the volume is on its way out of a node.
+	msg := fmt.Sprintf("salvaged replicas %v", names)
+	s.setCondition(VolumeConditionSalvaged, true, "Salvaged", msg)
+	if err := s.writeStatus(); err != nil {
+		return err
+	}
+	for _, r := range chosen {
 		after := r.DeepCopy()
 		after.Spec.FailedAt = ""
 		if _, err := s.updateReplica(r, after); err != nil {
 			return err
 		}
-		names = append(names, r.Name)
 	}
-	msg := fmt.Sprintf("salvaged replicas %v", names)
-	s.setCondition(VolumeConditionSalvaged, true, "Salvaged", msg)
 	s.recorder.Event(s.v, corev1.EventTypeWarning, EventReasonVolumeSalvaged, msg)
 	return nil
 }

@@ -82,7 +82,8 @@ func waitVolume(t *testing.T, name string, timeout time.Duration, what string, c
 		time.Sleep(100 * time.Millisecond)
 	}
 	if last != nil {
-		t.Fatalf("volume %s: %s: timed out after %s; spec.nodeID=%q status=%+v", name, what, timeout, last.Spec.NodeID, last.Status)
+		t.Fatalf("volume %s: %s: timed out after %s; spec.nodeID=%q status=%+v\n%s", name, what, timeout,
+			last.Spec.NodeID, last.Status, describeChildren(name))
 	}
 	t.Fatalf("volume %s: %s: timed out after %s", name, what, timeout)
 	return nil
@@ -196,4 +197,25 @@ func runQemuIO(endpoint string, cmds ...string) (string, error) {
 		err = fmt.Errorf("qemu-io %v: %s", cmds, out)
 	}
 	return string(out), err
+}
+
+// describeChildren lists a volume's engines and replicas in a line each, to
+// tell why a wait on the volume timed out.
+func describeChildren(volume string) string {
+	ctx := context.Background()
+	sel := metav1.ListOptions{LabelSelector: types.LabelVolume + "=" + volume}
+	var b strings.Builder
+	if engines, err := env.adminStrata.StrataV1beta1().Engines(ns).List(ctx, sel); err == nil {
+		for _, e := range engines.Items {
+			fmt.Fprintf(&b, "engine %s node=%s desire=%s state=%s owner=%s modes=%v\n", e.Name, e.Spec.NodeID,
+				e.Spec.DesireState, e.Status.CurrentState, e.Status.OwnerID, e.Status.ReplicaModeMap)
+		}
+	}
+	if replicas, err := env.adminStrata.StrataV1beta1().Replicas(ns).List(ctx, sel); err == nil {
+		for _, r := range replicas.Items {
+			fmt.Fprintf(&b, "replica %s node=%s desire=%s state=%s owner=%s failedAt=%q healthyAt=%q\n", r.Name, r.Spec.NodeID,
+				r.Spec.DesireState, r.Status.CurrentState, r.Status.OwnerID, r.Spec.FailedAt, r.Spec.HealthyAt)
+		}
+	}
+	return b.String()
 }
