@@ -115,6 +115,15 @@ func run(m *testing.M) (int, error) {
 
 	// Tests start on a usable cluster: every node Ready, webhooks answering.
 	if err := cluster.WaitForNodesReady(ctx, types.DefaultNamespace, nodeNames, time.Minute); err != nil {
+		// The run directory goes with a setup failure: say what the
+		// managers said first.
+		for _, mgr := range env.managers {
+			state := "running"
+			if mgr.Exited() {
+				state = fmt.Sprintf("exited: %v", mgr.Err())
+			}
+			fmt.Fprintf(os.Stderr, "--- manager %s (%s), last lines of %s:\n%s\n", mgr.Node, state, mgr.LogPath, mgr.LogTail(30))
+		}
 		return 0, err
 	}
 	if err := cluster.WaitForWebhooks(ctx, types.DefaultNamespace, time.Minute); err != nil {
