@@ -172,6 +172,17 @@ var writeVerbs = []string{"POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLL
 // is core), from the API server's own /metrics.
 type apiWrites map[string]float64
 
+// scrapeBoth reads the managers' and the API server's counters: every
+// before/after figure of the bench is a difference of the two.
+func (b *bench) scrapeBoth(ctx context.Context) (managerMetrics, apiWrites, error) {
+	m, err := b.scrapeManagers(ctx)
+	if err != nil {
+		return m, apiWrites{}, err
+	}
+	a, err := b.scrapeAPIServer(ctx)
+	return m, a, err
+}
+
 func (b *bench) scrapeAPIServer(ctx context.Context) (apiWrites, error) {
 	body, err := b.kube.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
 	if err != nil {
@@ -293,11 +304,7 @@ func (b *bench) stepQuiet(ctx context.Context) error {
 		return err
 	}
 	nEngines := len(engines.Items)
-	m0, err := b.scrapeManagers(ctx)
-	if err != nil {
-		return err
-	}
-	a0, err := b.scrapeAPIServer(ctx)
+	m0, a0, err := b.scrapeBoth(ctx)
 	if err != nil {
 		return err
 	}
@@ -307,11 +314,7 @@ func (b *bench) stepQuiet(ctx context.Context) error {
 		return ctx.Err()
 	case <-time.After(b.cfg.quiet):
 	}
-	m1, err := b.scrapeManagers(ctx)
-	if err != nil {
-		return err
-	}
-	a1, err := b.scrapeAPIServer(ctx)
+	m1, a1, err := b.scrapeBoth(ctx)
 	if err != nil {
 		return err
 	}

@@ -170,11 +170,7 @@ func (b *bench) stepSnapshots(ctx context.Context) error {
 	}
 	// What the managers write and queue per snapshot, for context: the
 	// bench's own creates are the POSTs on snapshots.
-	w0, err := b.scrapeAPIServer(ctx)
-	if err != nil {
-		return err
-	}
-	m0, err := b.scrapeManagers(ctx)
+	m0, w0, err := b.scrapeBoth(ctx)
 	if err != nil {
 		return err
 	}
@@ -203,11 +199,7 @@ func (b *bench) stepSnapshots(ctx context.Context) error {
 	if _, err := b.waitDrained(ctx, 5*time.Minute); err != nil && !errors.Is(err, errNotDrained) {
 		return err
 	}
-	w1, err := b.scrapeAPIServer(ctx)
-	if err != nil {
-		return err
-	}
-	m1, err := b.scrapeManagers(ctx)
+	m1, w1, err := b.scrapeBoth(ctx)
 	if err != nil {
 		return err
 	}
