@@ -15,6 +15,8 @@ codegen_version=$(go list -m -f '{{.Version}}' k8s.io/code-generator)
 export GOBIN="${STRATA_CACHE:-$HOME/.cache/strata}/codegen-$codegen_version/bin"
 mkdir -p "$GOBIN"
 
+# go list -m reports no directory for a module not yet in the module cache.
+go mod download k8s.io/code-generator
 # shellcheck source=/dev/null
 source "$(go list -m -f '{{.Dir}}' k8s.io/code-generator)/kube_codegen.sh"
 

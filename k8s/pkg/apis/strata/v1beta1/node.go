@@ -49,6 +49,13 @@ type DiskStatus struct {
 	StorageScheduled int64 `json:"storageScheduled,omitempty"`
 	// ScheduledReplica maps replica names on this disk to their sizes in bytes.
 	ScheduledReplica map[string]int64 `json:"scheduledReplica,omitempty"`
+	// OrphanedReplicaDirectories lists replica data directories on this disk
+	// that no Replica names any more: their replica went while the node's
+	// data plane was unreachable. The node's manager deletes them once its
+	// instance manager runs again, after checking no replica names them.
+	// +optional
+	// +listType=set
+	OrphanedReplicaDirectories []string `json:"orphanedReplicaDirectories,omitempty"`
 	// +optional
 	// +listType=map
 	// +listMapKey=type

@@ -586,6 +586,11 @@ func (in *DiskStatus) DeepCopyInto(out *DiskStatus) {
 			(*out)[key] = val
 		}
 	}
+	if in.OrphanedReplicaDirectories != nil {
+		in, out := &in.OrphanedReplicaDirectories, &out.OrphanedReplicaDirectories
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	if in.Conditions != nil {
 		in, out := &in.Conditions, &out.Conditions
 		*out = make([]v1.Condition, len(*in))
