@@ -229,6 +229,22 @@ func TestValidatorCreate(t *testing.T) {
 			}(),
 			wantMsg: `spec.attachmentTickets[a].ownerRef.kind: required: an owner reference names its object's kind; ` +
 				`spec.attachmentTickets[a].ownerRef.name: required: an owner reference names its object's name`},
+		{name: "owner reference without apiVersion",
+			obj: func() *v1beta1.VolumeAttachment {
+				tk := ticket("a", snap, "n1", 1)
+				tk.OwnerRef = &v1beta1.TicketOwnerReference{Kind: "Snapshot", Name: "s1"}
+				return va("v1", tk)
+			}(),
+			wantMsg: `spec.attachmentTickets[a].ownerRef.apiVersion: required: an owner reference names its object's apiVersion`},
+		{name: "empty owner reference",
+			obj: func() *v1beta1.VolumeAttachment {
+				tk := ticket("a", snap, "n1", 1)
+				tk.OwnerRef = &v1beta1.TicketOwnerReference{}
+				return va("v1", tk)
+			}(),
+			wantMsg: `spec.attachmentTickets[a].ownerRef.apiVersion: required: an owner reference names its object's apiVersion; ` +
+				`spec.attachmentTickets[a].ownerRef.kind: required: an owner reference names its object's kind; ` +
+				`spec.attachmentTickets[a].ownerRef.name: required: an owner reference names its object's name`},
 		{name: "complete owner reference",
 			obj: func() *v1beta1.VolumeAttachment {
 				tk := ticket("a", snap, "n1", 1)
@@ -288,6 +304,18 @@ func TestValidatorUpdate(t *testing.T) {
 		{name: "an unchanged pair of CSI tickets is not judged again",
 			old: va("v1", ticket("a", csi, "n1", 1), ticket("b", csi, "n2", 1)),
 			obj: va("v1", ticket("a", csi, "n1", 1), ticket("b", csi, "n2", 1), ticket("s", snap, "n1", 1))},
+		{name: "an owner reference that loses its apiVersion",
+			old: func() *v1beta1.VolumeAttachment {
+				tk := ticket("a", snap, "n1", 1)
+				tk.OwnerRef = &v1beta1.TicketOwnerReference{APIVersion: "strata.io/v1beta1", Kind: "Snapshot", Name: "s1"}
+				return va("v1", tk)
+			}(),
+			obj: func() *v1beta1.VolumeAttachment {
+				tk := ticket("a", snap, "n1", 1)
+				tk.OwnerRef = &v1beta1.TicketOwnerReference{Kind: "Snapshot", Name: "s1"}
+				return va("v1", tk)
+			}(),
+			wantMsg: `spec.attachmentTickets[a].ownerRef.apiVersion: required: an owner reference names its object's apiVersion`},
 		{name: "a key and id that disagree are denied even when unchanged",
 			old: func() *v1beta1.VolumeAttachment {
 				a := va("v1")
