@@ -3,6 +3,7 @@ package v1beta1
 import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 // BackingImageSourceType is where a backing image's data comes from.
+// One of "download", "export-from-volume".
 // +kubebuilder:validation:Enum=download;export-from-volume
 type BackingImageSourceType string
 
@@ -19,6 +20,7 @@ const (
 )
 
 // BackingImageState is the state of a backing image's file on one disk.
+// One of "pending", "in-progress", "ready", "failed", "unknown".
 // +kubebuilder:validation:Enum=pending;in-progress;ready;failed;unknown
 type BackingImageState string
 
@@ -38,8 +40,9 @@ type BackingImageDiskFileSpec struct {
 
 // BackingImageDiskFileStatus is the state of the image's copy on one disk.
 type BackingImageDiskFileStatus struct {
+	// State of the copy. One of "pending", "in-progress", "ready", "failed", "unknown".
 	State BackingImageState `json:"state,omitempty"`
-	// Progress of the transfer, 0-100.
+	// Progress of the transfer, in percent. Between 0 and 100.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=100
 	Progress int32  `json:"progress,omitempty"`
@@ -51,6 +54,7 @@ type BackingImageDiskFileStatus struct {
 // BackingImageSpec is the desired state of a backing image.
 type BackingImageSpec struct {
 	// SourceType is where the data comes from. Immutable.
+	// One of "download", "export-from-volume".
 	// +kubebuilder:validation:Required
 	SourceType BackingImageSourceType `json:"sourceType"`
 	// SourceParameters configure the source: url for download;
@@ -61,7 +65,7 @@ type BackingImageSpec struct {
 	Checksum string `json:"checksum,omitempty"`
 	// DiskFileSpecMap lists the disks (by UUID) that should hold a copy.
 	DiskFileSpecMap map[string]*BackingImageDiskFileSpec `json:"diskFileSpecMap,omitempty"`
-	// MinNumberOfCopies is how many disks should hold a copy at all times.
+	// MinNumberOfCopies is how many disks should hold a copy at all times. At least 0.
 	// +kubebuilder:validation:Minimum=0
 	MinNumberOfCopies int32 `json:"minNumberOfCopies,omitempty"`
 }

@@ -101,6 +101,7 @@ type BackupVolumeList struct {
 }
 
 // BackupState is where a backup is in its lifecycle.
+// One of "", "New", "Pending", "InProgress", "Completed", "Error", "Unknown".
 // +kubebuilder:validation:Enum="";New;Pending;InProgress;Completed;Error;Unknown
 type BackupState string
 
@@ -124,9 +125,11 @@ type BackupSpec struct {
 
 // BackupStatus is the observed state of a backup.
 type BackupStatus struct {
-	OwnerID string      `json:"ownerID,omitempty"`
-	State   BackupState `json:"state,omitempty"`
-	// Progress of the upload, 0-100.
+	OwnerID string `json:"ownerID,omitempty"`
+	// State is where the backup is in its lifecycle.
+	// One of "", "New", "Pending", "InProgress", "Completed", "Error", "Unknown".
+	State BackupState `json:"state,omitempty"`
+	// Progress of the upload, in percent. Between 0 and 100.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=100
 	Progress          int32  `json:"progress,omitempty"`

@@ -10,7 +10,7 @@ const (
 )
 
 // InstanceState is the state of an engine or replica instance, or of an
-// instance manager, as the data plane reports it.
+// instance manager, as the data plane reports it. One of "pending", "starting", "running", "stopping", "stopped", "error", "unknown".
 // +kubebuilder:validation:Enum=pending;starting;running;stopping;stopped;error;unknown
 type InstanceState string
 
@@ -27,16 +27,18 @@ const (
 // InstanceSpec is what engines and replicas share: where the instance runs and
 // whether it should be running.
 type InstanceSpec struct {
-	// VolumeName is the volume this instance belongs to. Immutable.
+	// VolumeName is the volume this instance belongs to. Immutable. Must not be empty.
 	// +kubebuilder:validation:Required
 	// +kubebuilder:validation:MinLength=1
 	VolumeName string `json:"volumeName"`
 	// VolumeSize is the volume's size in bytes when the instance was last started.
+	// At least 0.
 	// +kubebuilder:validation:Minimum=0
 	VolumeSize int64 `json:"volumeSize,omitempty"`
 	// NodeID is the node the instance runs on; empty while unscheduled.
 	NodeID string `json:"nodeID,omitempty"`
 	// DesireState is the state the owning controller wants.
+	// One of "pending", "starting", "running", "stopping", "stopped", "error", "unknown".
 	DesireState InstanceState `json:"desireState,omitempty"`
 	// BackingImage is the backing image under the volume's data, if any.
 	BackingImage string `json:"backingImage,omitempty"`
@@ -47,6 +49,7 @@ type InstanceStatus struct {
 	// OwnerID is the node whose manager reconciles this object.
 	OwnerID string `json:"ownerID,omitempty"`
 	// CurrentState is the state the instance manager reports.
+	// One of "pending", "starting", "running", "stopping", "stopped", "error", "unknown".
 	CurrentState InstanceState `json:"currentState,omitempty"`
 	// InstanceManagerName is the instance manager running the instance.
 	InstanceManagerName string `json:"instanceManagerName,omitempty"`

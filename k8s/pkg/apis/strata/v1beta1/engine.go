@@ -2,7 +2,7 @@ package v1beta1
 
 import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-// ReplicaMode is an engine's view of one of its replicas.
+// ReplicaMode is an engine's view of one of its replicas. One of "RW", "WO", "ERR".
 // +kubebuilder:validation:Enum=RW;WO;ERR
 type ReplicaMode string
 
@@ -56,16 +56,17 @@ type RebuildStatus struct {
 // EngineSpec is the desired state of a volume's engine.
 type EngineSpec struct {
 	InstanceSpec `json:",inline"`
-	// Frontend is how the engine exposes the volume when it runs.
+	// Frontend is how the engine exposes the volume when it runs: "nbd", or ""
+	// for none. One of "nbd", "".
 	Frontend VolumeFrontend `json:"frontend,omitempty"`
 	// DisableFrontend starts the engine without its frontend.
 	DisableFrontend bool `json:"disableFrontend,omitempty"`
 	// ReplicaAddressMap maps replica names to the data addresses the engine connects to.
 	ReplicaAddressMap map[string]string `json:"replicaAddressMap,omitempty"`
-	// SnapshotMaxCount caps user snapshots in the chain; 0 means no cap.
+	// SnapshotMaxCount caps user snapshots in the chain; 0 means no cap. At least 0.
 	// +kubebuilder:validation:Minimum=0
 	SnapshotMaxCount int32 `json:"snapshotMaxCount,omitempty"`
-	// SnapshotMaxSize caps the total snapshot size in bytes; 0 means no cap.
+	// SnapshotMaxSize caps the total snapshot size in bytes; 0 means no cap. At least 0.
 	// +kubebuilder:validation:Minimum=0
 	SnapshotMaxSize int64 `json:"snapshotMaxSize,omitempty"`
 }

@@ -4,7 +4,7 @@ import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 // InstanceManagerSpec is the desired state of a node's data plane.
 type InstanceManagerSpec struct {
-	// NodeID is the node this instance manager runs on.
+	// NodeID is the node this instance manager runs on. Must not be empty.
 	// +kubebuilder:validation:Required
 	// +kubebuilder:validation:MinLength=1
 	NodeID string `json:"nodeID"`
@@ -15,6 +15,7 @@ type InstanceManagerStatus struct {
 	// OwnerID is the node whose manager keeps this status: the same node.
 	OwnerID string `json:"ownerID,omitempty"`
 	// CurrentState is whether the instance manager answers.
+	// One of "pending", "starting", "running", "stopping", "stopped", "error", "unknown".
 	CurrentState InstanceState `json:"currentState,omitempty"`
 	// Endpoint is the instance manager's gRPC address.
 	Endpoint string `json:"endpoint,omitempty"`

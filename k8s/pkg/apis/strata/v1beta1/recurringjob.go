@@ -3,6 +3,7 @@ package v1beta1
 import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 // RecurringJobTask is what a recurring job does on each run.
+// One of "snapshot", "snapshot-cleanup", "backup".
 // +kubebuilder:validation:Enum=snapshot;snapshot-cleanup;backup
 type RecurringJobTask string
 
@@ -16,18 +17,19 @@ const (
 type RecurringJobSpec struct {
 	// Groups select volumes by their job-group labels.
 	Groups []string `json:"groups,omitempty"`
-	// Task is what each run does.
+	// Task is what each run does. One of "snapshot", "snapshot-cleanup", "backup".
 	// +kubebuilder:validation:Required
 	Task RecurringJobTask `json:"task"`
-	// Cron is the schedule, in five-field cron syntax.
+	// Cron is the schedule, in five-field cron syntax. Must not be empty.
 	// +kubebuilder:validation:Required
 	// +kubebuilder:validation:MinLength=1
 	Cron string `json:"cron"`
 	// Retain is how many of this job's snapshots or backups to keep per volume.
+	// Between 0 and 250.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=250
 	Retain int32 `json:"retain,omitempty"`
-	// Concurrency is how many volumes a run works on at once.
+	// Concurrency is how many volumes a run works on at once. At least 1.
 	// +kubebuilder:validation:Minimum=1
 	Concurrency int32 `json:"concurrency,omitempty"`
 	// Labels are put on every snapshot or backup the job makes.

@@ -17,7 +17,7 @@ type ReplicaSpec struct {
 	FailedAt string `json:"failedAt,omitempty"`
 	// HealthyAt is the RFC 3339 time the replica last became healthy (RW).
 	HealthyAt string `json:"healthyAt,omitempty"`
-	// RebuildRetryCount counts failed rebuild attempts.
+	// RebuildRetryCount counts failed rebuild attempts. At least 0.
 	// +kubebuilder:validation:Minimum=0
 	RebuildRetryCount int32 `json:"rebuildRetryCount,omitempty"`
 }

@@ -4,7 +4,7 @@ import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 // SnapshotSpec is the desired state of a snapshot. Immutable after creation.
 type SnapshotSpec struct {
-	// Volume is the volume this snapshot belongs to. Immutable.
+	// Volume is the volume this snapshot belongs to. Immutable. Must not be empty.
 	// +kubebuilder:validation:Required
 	// +kubebuilder:validation:MinLength=1
 	Volume string `json:"volume"`

@@ -6,6 +6,7 @@ import (
 )
 
 // VolumeFrontend is how a volume's data is exposed to its user on the attached node.
+// One of "nbd", "".
 // +kubebuilder:validation:Enum=nbd;""
 type VolumeFrontend string
 
@@ -17,6 +18,7 @@ const (
 )
 
 // VolumeState is where a volume is in its lifecycle.
+// One of "creating", "detached", "attaching", "attached", "detaching", "deleting".
 // +kubebuilder:validation:Enum=creating;detached;attaching;attached;detaching;deleting
 type VolumeState string
 
@@ -30,6 +32,7 @@ const (
 )
 
 // VolumeRobustness is how well a volume's data is protected right now.
+// One of "healthy", "degraded", "faulted", "unknown".
 // +kubebuilder:validation:Enum=healthy;degraded;faulted;unknown
 type VolumeRobustness string
 
@@ -48,10 +51,12 @@ type VolumeSpec struct {
 	Size resource.Quantity `json:"size"`
 	// NumberOfReplicas is how many copies of the data are kept, each on a
 	// different node. When unset, the default-replica-count setting applies.
+	// Between 1 and 20.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=20
 	NumberOfReplicas int32 `json:"numberOfReplicas,omitempty"`
 	// Frontend is how the attached volume is exposed: "nbd", or "" for none.
+	// One of "nbd", "".
 	Frontend VolumeFrontend `json:"frontend,omitempty"`
 	// BackingImage is the name of a BackingImage whose data lies under the volume's.
 	BackingImage string `json:"backingImage,omitempty"`
@@ -74,7 +79,7 @@ type VolumeSpec struct {
 	// by the VolumeAttachment controller.
 	MigrationNodeID string `json:"migrationNodeID,omitempty"`
 	// SnapshotMaxCount caps the number of user snapshots in the chain; 0 means
-	// the snapshot-max-count setting applies.
+	// the snapshot-max-count setting applies. Between 0 and 250.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=250
 	SnapshotMaxCount int32 `json:"snapshotMaxCount,omitempty"`
@@ -88,8 +93,10 @@ type VolumeStatus struct {
 	// OwnerID is the node whose manager reconciles this volume.
 	OwnerID string `json:"ownerID,omitempty"`
 	// State is where the volume is in its lifecycle.
+	// One of "creating", "detached", "attaching", "attached", "detaching", "deleting".
 	State VolumeState `json:"state,omitempty"`
 	// Robustness tells whether every replica is healthy.
+	// One of "healthy", "degraded", "faulted", "unknown".
 	Robustness VolumeRobustness `json:"robustness,omitempty"`
 	// CurrentNodeID is the node the volume is attached to. Set only once the
 	// volume is fully attached, cleared only once it is fully detached.

@@ -3,6 +3,7 @@ package v1beta1
 import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 // AttacherType names who asks for a volume to be attached.
+// One of "csi-attacher", "strata-api", "snapshot-controller", "backup-controller", "volume-clone-controller", "salvage-controller", "share-manager-controller", "volume-restore-controller", "volume-eviction-controller", "volume-expansion-controller", "bim-ds-controller", "volume-rebuilding-controller".
 // +kubebuilder:validation:Enum=csi-attacher;strata-api;snapshot-controller;backup-controller;volume-clone-controller;salvage-controller;share-manager-controller;volume-restore-controller;volume-eviction-controller;volume-expansion-controller;bim-ds-controller;volume-rebuilding-controller
 type AttacherType string
 
@@ -60,6 +61,7 @@ type AttachmentTicket struct {
 	// ID is unique among the volume's tickets and equals the ticket's map key.
 	ID string `json:"id"`
 	// Type is who asks: it sets the ticket's priority.
+	// One of "csi-attacher", "strata-api", "snapshot-controller", "backup-controller", "volume-clone-controller", "salvage-controller", "share-manager-controller", "volume-restore-controller", "volume-eviction-controller", "volume-expansion-controller", "bim-ds-controller", "volume-rebuilding-controller".
 	Type AttacherType `json:"type"`
 	// NodeID is the node the ticket asks for.
 	NodeID string `json:"nodeID"`
@@ -79,14 +81,15 @@ type AttachmentTicket struct {
 // TicketOwnerReference identifies the object a ticket belongs to.
 type TicketOwnerReference struct {
 	// APIVersion of the owner, for example strata.io/v1beta1 or storage.k8s.io/v1.
+	// Must not be empty.
 	// +kubebuilder:validation:MinLength=1
 	APIVersion string `json:"apiVersion"`
-	// Kind of the owner, for example Snapshot.
+	// Kind of the owner, for example Snapshot. Must not be empty.
 	// +kubebuilder:validation:MinLength=1
 	Kind string `json:"kind"`
 	// Namespace of the owner; empty for cluster-scoped kinds.
 	Namespace string `json:"namespace,omitempty"`
-	// Name of the owner.
+	// Name of the owner. Must not be empty.
 	// +kubebuilder:validation:MinLength=1
 	Name string `json:"name"`
 	// UID of the owner: an object recreated with the same name does not own the ticket.
@@ -110,7 +113,7 @@ type AttachmentTicketStatus struct {
 type VolumeAttachmentSpec struct {
 	// AttachmentTickets are keyed by ticket ID.
 	AttachmentTickets map[string]*AttachmentTicket `json:"attachmentTickets"`
-	// Volume is the volume these tickets are for. Immutable.
+	// Volume is the volume these tickets are for. Immutable. Must not be empty.
 	// +kubebuilder:validation:Required
 	// +kubebuilder:validation:MinLength=1
 	Volume string `json:"volume"`
