@@ -4,8 +4,13 @@ import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 // SettingStatus is the observed state of a setting.
 type SettingStatus struct {
-	// Applied is true once the managers use the current value.
-	Applied bool `json:"applied,omitempty"`
+	// No omitempty: a rejected value must show APPLIED false, not a blank
+	// column. The default fills it in objects stored without it.
+
+	// Applied is true once the managers use the current value, false while
+	// they reject it (Message says why).
+	// +kubebuilder:default=false
+	Applied bool `json:"applied"`
 	// Message says why the value is not applied, if it is not.
 	Message string `json:"message,omitempty"`
 }
