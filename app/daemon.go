@@ -51,6 +51,8 @@ func DaemonCommand() *cli.Command {
 				Usage: "heartbeat lease validity; peers mark this node down after this long without a renewal"},
 			&cli.DurationFlag{Name: "disk-check-interval", Value: 30 * time.Second, Usage: "how often disks are inspected"},
 			&cli.IntFlag{Name: "workers", Value: 2, Usage: "workers per controller"},
+			&cli.DurationFlag{Name: "max-retry-delay", Value: controller.DefaultRetryBackoff.MaxDelay,
+				Usage: "longest wait between retries of an object whose sync keeps failing (retries never stop)"},
 			&cli.StringFlag{Name: "instance-manager-address", Sources: cli.EnvVars("STRATA_INSTANCE_MANAGER_ADDRESS"),
 				Usage: "gRPC address of this node's instance manager; empty: the node has no data plane"},
 		}, webhookFlags()...), // --webhook-*: app/daemon_webhook.go
@@ -71,6 +73,7 @@ func DaemonCommand() *cli.Command {
 				leaseDuration:     cmd.Duration("lease-duration"),
 				diskCheckInterval: cmd.Duration("disk-check-interval"),
 				workers:           int(cmd.Int("workers")),
+				maxRetryDelay:     cmd.Duration("max-retry-delay"),
 				imAddress:         cmd.String("instance-manager-address"),
 				webhook:           webhookOptionsFrom(cmd),
 			})
@@ -85,6 +88,7 @@ type daemonConfig struct {
 	leaseDuration                   time.Duration
 	diskCheckInterval               time.Duration
 	workers                         int
+	maxRetryDelay                   time.Duration
 	imAddress                       string
 	webhook                         webhookOptions // app/daemon_webhook.go
 }
@@ -160,12 +164,7 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	}
 	broadcaster, recorder := newEventRecorder(kubeClient, cfg.nodeName)
 	defer broadcaster.Shutdown()
-
-	nodeController, err := controller.NewNodeController(log, ds, recorder, cfg.nodeName, cfg.disks,
-		controller.NodeControllerOptions{LeaseDuration: cfg.leaseDuration, DiskCheckInterval: cfg.diskCheckInterval})
-	if err != nil {
-		return err
-	}
+	controller.SetRetryBackoff(controller.RetryBackoff{BaseDelay: controller.DefaultRetryBackoff.BaseDelay, MaxDelay: cfg.maxRetryDelay})
 
 	settingController, err := controller.NewSettingController(log, ds, recorder, cfg.nodeName)
 	if err != nil {
@@ -186,6 +185,13 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 			return err
 		}
 	}
+	nodeController, err := controller.NewNodeController(log, ds, recorder, cfg.nodeName, cfg.disks,
+		controller.NodeControllerOptions{LeaseDuration: cfg.leaseDuration, DiskCheckInterval: cfg.diskCheckInterval,
+			Instances: instances, IMAddress: cfg.imAddress, Pool: imPool})
+	if err != nil {
+		return err
+	}
+
 	volumeController, err := controller.NewVolumeController(log, ds, recorder, cfg.nodeName)
 	if err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"golang.org/x/time/rate"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/cache"
@@ -16,11 +17,50 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 
-// maxRetries is how often a failing key is retried with backoff before it is
-// dropped; a later change to the object enqueues it again.
-const maxRetries = 15
+// RetryBackoff bounds how a failing key is retried: exponentially from
+// BaseDelay, never waiting longer than MaxDelay. A key is never dropped: with
+// resync 0 nothing else would bring it back until some unrelated change.
+type RetryBackoff struct {
+	BaseDelay time.Duration
+	MaxDelay  time.Duration
+}
+
+// DefaultRetryBackoff is what the manager uses unless --max-retry-delay says
+// otherwise. client-go's default cap (1000 s) would leave a volume waiting a
+// quarter of an hour after a fault clears; two minutes keeps a persistently
+// failing key cheap while recovery stays prompt.
+var DefaultRetryBackoff = RetryBackoff{BaseDelay: 5 * time.Millisecond, MaxDelay: 2 * time.Minute}
+
+// retryBackoff is set once at start (SetRetryBackoff), before any controller
+// is built.
+var retryBackoff = DefaultRetryBackoff
+
+// SetRetryBackoff changes the retry bounds of controllers built afterwards.
+func SetRetryBackoff(b RetryBackoff) {
+	if b.BaseDelay <= 0 {
+		b.BaseDelay = DefaultRetryBackoff.BaseDelay
+	}
+	if b.MaxDelay < b.BaseDelay {
+		b.MaxDelay = b.BaseDelay
+	}
+	retryBackoff = b
+}
+
+// loudAfterRetries is when a failing key's log line turns from a warning into
+// an error: by then the failure is not a passing conflict.
+const loudAfterRetries = 15
+
+// newRateLimiter is client-go's controller rate limiter (per-key exponential
+// backoff, overall token bucket) with our cap.
+func newRateLimiter(b RetryBackoff) workqueue.TypedRateLimiter[string] {
+	return workqueue.NewTypedMaxOfRateLimiter(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[string](b.BaseDelay, b.MaxDelay),
+		&workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Limit(10), 100)},
+	)
+}
 
 // baseController is the plumbing every controller shares: the rate-limited
 // queue and the sample-controller worker loop around a sync function.
@@ -43,7 +83,7 @@ func newBaseController(name, controllerID string, logger logrus.FieldLogger, ds 
 		ds:           ds,
 		recorder:     recorder,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.DefaultTypedControllerRateLimiter[string](),
+			newRateLimiter(retryBackoff),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: name}),
 	}
 }
@@ -80,14 +120,14 @@ func (c *baseController) handleErr(key string, err error) {
 		c.queue.Forget(key)
 		return
 	}
-	log := c.logger.WithField("key", key).WithError(err)
-	if c.queue.NumRequeues(key) < maxRetries {
+	retries := c.queue.NumRequeues(key)
+	log := c.logger.WithField("key", key).WithField("retries", retries).WithError(err)
+	if retries < loudAfterRetries {
 		log.Warn("Sync failed, will retry")
-		c.queue.AddRateLimited(key)
-		return
+	} else {
+		log.Error("Sync keeps failing, will retry")
 	}
-	log.Error("Sync failed too often, dropping the key until the object changes")
-	c.queue.Forget(key)
+	c.queue.AddRateLimited(key)
 }
 
 // enqueue adds an informer object's key; tombstones of deleted objects work too.
@@ -105,4 +145,42 @@ func (c *baseController) enqueue(obj interface{}) {
 func nameFromKey(key string) (string, error) {
 	_, name, err := cache.SplitMetaNamespaceKey(key)
 	return name, err
+}
+
+// onInstanceManagerStateChange calls fn with the node of an InstanceManager
+// whose state changed (running, error, unknown) or that went away: replicas
+// and engines there may now start, or must be judged unreachable, and
+// replicas waiting for a node may now be placed. Status rewrites that keep
+// the state call nothing.
+func (c *baseController) onInstanceManagerStateChange(fn func(node string)) error {
+	_, err := c.ds.InstanceManagers.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(oldObj, newObj interface{}) {
+			o, ok1 := oldObj.(*v1beta1.InstanceManager)
+			n, ok2 := newObj.(*v1beta1.InstanceManager)
+			if ok1 && ok2 && o.Status.CurrentState != n.Status.CurrentState {
+				fn(n.Spec.NodeID)
+			}
+		},
+		DeleteFunc: func(obj interface{}) {
+			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = tomb.Obj
+			}
+			if im, ok := obj.(*v1beta1.InstanceManager); ok {
+				fn(im.Spec.NodeID)
+			}
+		},
+	})
+	return err
+}
+
+// enqueueByNode adds every object of informer placed on node (by-node index).
+func (c *baseController) enqueueByNode(informer cache.SharedIndexInformer, node string) {
+	objs, err := informer.GetIndexer().ByIndex(datastore.IndexByNode, node)
+	if err != nil {
+		c.logger.WithError(err).WithField("node", node).Warn("Cannot list the node's objects")
+		return
+	}
+	for _, obj := range objs {
+		c.enqueue(obj)
+	}
 }

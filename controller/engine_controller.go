@@ -208,10 +208,14 @@ func (c *EngineController) cleanupEngine(ctx context.Context, e *v1beta1.Engine)
 	if !slices.Contains(e.Finalizers, types.FinalizerName) {
 		return nil
 	}
+	// With the instance manager unreachable (not merely not yet connected)
+	// the engine cannot be stopped now; the CR goes anyway, and an instance
+	// left running is stopped when the stream is back (node_orphans.go).
+	if c.local(e.Spec.NodeID) && c.instances.Starting() {
+		return fmt.Errorf("engine %s: no live view of the instance manager yet", e.Name)
+	}
 	if c.local(e.Spec.NodeID) {
-		if _, found, synced := c.instances.Get(e.Name); !synced {
-			return fmt.Errorf("engine %s: no live view of the instance manager yet", e.Name)
-		} else if found {
+		if _, found, _ := c.instances.Get(e.Name); found && c.instances.Synced() {
 			if err := c.deleteInstance(ctx, e.Name); err != nil {
 				return err
 			}

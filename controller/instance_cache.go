@@ -59,6 +59,17 @@ func (c *InstanceCache) Get(name string) (inst *impb.Instance, found, synced boo
 	return inst, found, c.synced
 }
 
+// List returns every instance the cache knows, in no order.
+func (c *InstanceCache) List() []*impb.Instance {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make([]*impb.Instance, 0, len(c.instances))
+	for _, inst := range c.instances {
+		out = append(out, inst)
+	}
+	return out
+}
+
 // Starting tells that no stream has synced or failed yet since this manager
 // started: instance status is better left as it was than turned unknown.
 func (c *InstanceCache) Starting() bool {

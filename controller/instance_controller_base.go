@@ -28,16 +28,13 @@ func (c *instanceController) wireInstanceEvents(informer cache.SharedIndexInform
 		c.instances.OnChange(func(name string) { c.queue.Add(c.ds.Namespace + "/" + name) })
 		// Once the view is complete again, every object on this node gets a
 		// look, including those whose instance does not exist yet.
-		c.instances.OnSynced(func() {
-			objs, err := informer.GetIndexer().ByIndex(datastore.IndexByNode, c.controllerID)
-			if err != nil {
-				c.logger.WithError(err).Warn("Cannot list this node's objects after the instance cache synced")
-				return
-			}
-			for _, obj := range objs {
-				c.enqueue(obj)
-			}
-		})
+		c.instances.OnSynced(func() { c.enqueueByNode(informer, c.controllerID) })
+	}
+	// The same when any node's instance manager changes state as its CR
+	// says: objects there owned by this manager (their node's manager is
+	// down) are judged again.
+	if err := c.onInstanceManagerStateChange(func(node string) { c.enqueueByNode(informer, node) }); err != nil {
+		return err
 	}
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueue,

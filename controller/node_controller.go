@@ -101,10 +101,13 @@ func (nc *NodeController) syncOwnNode(ctx context.Context, nodeRO *v1beta1.Node)
 	meta.SetStatusCondition(&node.Status.Conditions, nodeSchedulableCondition(node, now))
 
 	if equality.Semantic.DeepEqual(nodeRO.Status, node.Status) {
-		return nil
+		return nc.cleanupOrphans(ctx, node)
 	}
 	updated, err := nc.ds.Nodes.UpdateStatus(ctx, node)
 	if err != nil {
+		return err
+	}
+	if err := nc.cleanupOrphans(ctx, updated); err != nil {
 		return err
 	}
 	if !wasReady && meta.IsStatusConditionTrue(updated.Status.Conditions, v1beta1.ConditionTypeReady) {
@@ -157,6 +160,7 @@ func (nc *NodeController) diskStatuses(node *v1beta1.Node, minAvailablePct int64
 		st.StorageMaximum = info.Total
 		st.StorageAvailable = stableAvailable(st.StorageAvailable, info.Available, info.Total)
 		st.ScheduledReplica, st.StorageScheduled = nc.scheduledReplicas(node.Name, info.UUID)
+		st.OrphanedReplicaDirectories = nc.orphanedDirectories(node.Name, spec.Path)
 		setCondition(&st.Conditions, v1beta1.ConditionTypeReady, true, v1beta1.DiskConditionReasonReady, "disk is ready", now)
 		ok, reason, msg := diskSchedulable(node, spec, st, minAvailablePct)
 		setCondition(&st.Conditions, v1beta1.ConditionTypeSchedulable, ok, reason, msg, now)

@@ -18,6 +18,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 )
 
@@ -32,6 +34,12 @@ type NodeControllerOptions struct {
 	LeaseDuration time.Duration
 	// DiskCheckInterval is how often this node's disks are inspected.
 	DiskCheckInterval time.Duration
+	// Instances is this node's instance cache and IMAddress its instance
+	// manager; with them the controller stops orphaned instances and
+	// deletes orphaned replica data (node_orphans.go). Nil: no data plane.
+	Instances *InstanceCache
+	IMAddress string
+	Pool      *engineapi.Pool
 }
 
 // NodeController registers this manager's node and keeps its status (disks,
@@ -43,6 +51,8 @@ type NodeController struct {
 	leaseDuration     time.Duration
 	diskCheckInterval time.Duration
 	heartbeat         lease.Controller
+	instances         *InstanceCache
+	imClient          func() (*engineapi.Client, error)
 
 	peerMu     sync.Mutex
 	peerTimers map[string]*time.Timer
@@ -87,8 +97,14 @@ func NewNodeController(logger logrus.FieldLogger, ds *datastore.DataStore, recor
 		disks:             disks,
 		leaseDuration:     opts.LeaseDuration,
 		diskCheckInterval: opts.DiskCheckInterval,
+		instances:         opts.Instances,
+		imClient:          func() (*engineapi.Client, error) { return opts.Pool.Get(opts.IMAddress) },
 	}
 	nc.sync = nc.syncNode
+	if nc.instances != nil {
+		// A live view again: orphans left while it was lost can go now.
+		nc.instances.OnSynced(func() { nc.queue.Add(ds.Namespace + "/" + controllerID) })
+	}
 	leaseSeconds := int32(opts.LeaseDuration.Round(time.Second) / time.Second)
 	// Renew four times per lease duration, as the kubelet does, so one or two
 	// slow renewals do not make the node look down.
@@ -100,6 +116,20 @@ func NewNodeController(logger logrus.FieldLogger, ds *datastore.DataStore, recor
 		AddFunc:    nc.enqueue,
 		UpdateFunc: func(_, obj interface{}) { nc.enqueue(obj) },
 		DeleteFunc: nc.enqueue,
+	}); err != nil {
+		return nil, err
+	}
+	// A replica of this node that goes may leave its data behind (its
+	// instance manager was unreachable): report it as orphaned now.
+	if _, err := ds.Replicas.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		DeleteFunc: func(obj interface{}) {
+			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = tomb.Obj
+			}
+			if r, ok := obj.(*v1beta1.Replica); ok && r.Spec.NodeID == controllerID {
+				nc.queue.Add(ds.Namespace + "/" + controllerID)
+			}
+		},
 	}); err != nil {
 		return nil, err
 	}

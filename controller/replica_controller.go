@@ -92,6 +92,27 @@ func (c *ReplicaController) driveReplica(ctx context.Context, r *v1beta1.Replica
 	return nil
 }
 
+// deleteReplicaData stops the replica's instance and deletes its directory.
+func (c *ReplicaController) deleteReplicaData(ctx context.Context, r *v1beta1.Replica) error {
+	if _, found, _ := c.instances.Get(r.Name); found {
+		if err := c.deleteInstance(ctx, r.Name); err != nil {
+			return err
+		}
+	}
+	if r.Spec.DataDirectoryName == "" {
+		return nil
+	}
+	client, err := c.client()
+	if err != nil {
+		return err
+	}
+	if err := client.ReplicaDataDelete(ctx, ReplicaDataPath(r)); err != nil {
+		return fmt.Errorf("deleting data of replica %s: %w", r.Name, err)
+	}
+	c.recorder.Eventf(r, corev1.EventTypeNormal, EventReasonReplicaDataDeleted, "deleted %s on %s", ReplicaDataPath(r), r.Spec.NodeID)
+	return nil
+}
+
 func (c *instanceController) deleteInstance(ctx context.Context, name string) error {
 	client, err := c.client()
 	if err != nil {
@@ -104,34 +125,28 @@ func (c *instanceController) deleteInstance(ctx context.Context, name string) er
 }
 
 // cleanupReplica stops the instance and deletes the replica's data before
-// the CR goes. A replica on a node that is down cannot be cleaned: its data
-// stays there, said loudly, rather than holding the volume's deletion
-// forever.
+// the CR goes. A replica whose node is down, or whose node's instance
+// manager is unreachable, cannot be cleaned now: its data stays on the disk,
+// said loudly, rather than holding the volume's deletion forever. The node's
+// manager lists such directories as orphaned in the disk's status and
+// deletes them once the instance manager answers again (node_orphans.go).
 func (c *ReplicaController) cleanupReplica(ctx context.Context, r *v1beta1.Replica) error {
 	if !slices.Contains(r.Finalizers, types.FinalizerName) {
 		return nil
 	}
 	switch {
-	case c.local(r.Spec.NodeID):
-		if _, found, synced := c.instances.Get(r.Name); !synced {
-			return fmt.Errorf("replica %s: no live view of the instance manager yet", r.Name)
-		} else if found {
-			if err := c.deleteInstance(ctx, r.Name); err != nil {
-				return err
-			}
+	case c.local(r.Spec.NodeID) && c.instances.Synced():
+		if err := c.deleteReplicaData(ctx, r); err != nil {
+			return err
 		}
-		if r.Spec.DataDirectoryName != "" {
-			client, err := c.client()
-			if err != nil {
-				return err
-			}
-			if err := client.ReplicaDataDelete(ctx, ReplicaDataPath(r)); err != nil {
-				return fmt.Errorf("deleting data of replica %s: %w", r.Name, err)
-			}
-			c.recorder.Eventf(r, corev1.EventTypeNormal, EventReasonReplicaDataDeleted, "deleted %s on %s", ReplicaDataPath(r), r.Spec.NodeID)
-		}
+	case c.local(r.Spec.NodeID) && c.instances.Starting():
+		return fmt.Errorf("replica %s: no live view of the instance manager yet", r.Name)
 	case r.Spec.NodeID != "" && r.Spec.DataDirectoryName != "":
-		msg := fmt.Sprintf("node %s is down: data directory %s is left there", r.Spec.NodeID, ReplicaDataPath(r))
+		why := "node " + r.Spec.NodeID + " is down"
+		if c.local(r.Spec.NodeID) {
+			why = "the instance manager of node " + r.Spec.NodeID + " is unreachable"
+		}
+		msg := fmt.Sprintf("%s: data directory %s is left there, to be deleted once it is back", why, ReplicaDataPath(r))
 		c.logger.WithField("replica", r.Name).Warn(msg)
 		c.recorder.Event(r, corev1.EventTypeWarning, EventReasonReplicaDataLeft, msg)
 	}

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"github.com/sirupsen/logrus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
@@ -48,6 +49,9 @@ func NewVolumeController(logger logrus.FieldLogger, ds *datastore.DataStore, rec
 	}); err != nil {
 		return nil, err
 	}
+	if err := c.onInstanceManagerStateChange(c.enqueueVolumesConcerning); err != nil {
+		return nil, err
+	}
 	return c, c.requeueOnNodeReadyChange(func() {
 		for _, key := range ds.Volumes.Informer().GetStore().ListKeys() {
 			c.queue.Add(key)
@@ -70,5 +74,31 @@ func (c *VolumeController) enqueueVolumeOf(obj interface{}) {
 	}
 	if volume != "" {
 		c.queue.Add(c.ds.Namespace + "/" + volume)
+	}
+}
+
+// enqueueVolumesConcerning adds the volumes a change of node's data plane
+// affects: those with a replica or an engine there, and those waiting for a
+// node to place a replica on.
+func (c *VolumeController) enqueueVolumesConcerning(node string) {
+	for _, informer := range []cache.SharedIndexInformer{c.ds.Replicas.Informer(), c.ds.Engines.Informer()} {
+		objs, err := informer.GetIndexer().ByIndex(datastore.IndexByNode, node)
+		if err != nil {
+			c.logger.WithError(err).WithField("node", node).Warn("Cannot list the node's objects")
+			continue
+		}
+		for _, obj := range objs {
+			c.enqueueVolumeOf(obj)
+		}
+	}
+	volumes, err := c.ds.Volumes.ListRO(nil)
+	if err != nil {
+		c.logger.WithError(err).Warn("Cannot list volumes")
+		return
+	}
+	for _, v := range volumes {
+		if cond := findCondition(v.Status.Conditions, VolumeConditionScheduled); cond != nil && cond.Status == metav1.ConditionFalse {
+			c.queue.Add(c.ds.Namespace + "/" + v.Name)
+		}
 	}
 }

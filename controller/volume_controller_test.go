@@ -235,6 +235,27 @@ func TestVolumeControllerSync(t *testing.T) {
 			wantWrites: nil,
 		},
 		{
+			name: "the only free node's instance manager is down: no replica there, Scheduled=False names it",
+			me:   "node-2",
+			objects: []runtime.Object{vcVolume(attachedOn("node-2"), func(v *v1beta1.Volume) {
+				v.Status.Robustness = v1beta1.VolumeRobustnessDegraded
+			}), vcEngine(engineRunningOn("node-2", map[string]v1beta1.ReplicaMode{"r2": v1beta1.ReplicaModeRW, "r3": v1beta1.ReplicaModeRW})),
+				vcReplica("r1", "node-1", failedAgo(2*time.Minute)), vcReplica("r2", "node-2", replicaRunning), vcReplica("r3", "node-3", replicaRunning),
+				&v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: testNS},
+					Spec:   v1beta1.InstanceManagerSpec{NodeID: "node-1"},
+					Status: v1beta1.InstanceManagerStatus{CurrentState: v1beta1.InstanceStateError}}},
+			wantWrites: []string{"delete replicas r1", "update volumes/status v1"},
+			wantEvents: []string{"Warning ReplicaUnschedulable"},
+			checks: []check{func(t *testing.T, env *dstest.Env) {
+				v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v1", metav1.GetOptions{})
+				require.NoError(t, err)
+				c := findCondition(v.Status.Conditions, VolumeConditionScheduled)
+				require.NotNil(t, c)
+				assert.Equal(t, metav1.ConditionFalse, c.Status)
+				assert.Contains(t, c.Message, "node-1: instance manager im-node-1 is error")
+			}},
+		},
+		{
 			name: "failed replica past the wait interval is replaced by a new one that starts",
 			me:   "node-2",
 			objects: []runtime.Object{vcVolume(attachedOn("node-2"), func(v *v1beta1.Volume) {

@@ -216,6 +216,9 @@ func (s *volumeSync) scheduleReplica(start bool) error {
 	opts.SoftAntiAffinity, _ = s.ds.GetSettingBool(types.SettingReplicaSoftAntiAffinity)
 	opts.OverProvisioningPercentage, _ = s.ds.GetSettingInt(types.SettingStorageOverProvisioningPercentage)
 	opts.MinimalAvailablePercentage, _ = s.ds.GetSettingInt(types.SettingStorageMinimalAvailablePercentage)
+	if opts.InstanceManagerDown, err = s.instanceManagersDown(); err != nil {
+		return err
+	}
 	opts.ScheduledBytes = map[string]int64{}
 	for _, n := range nodes {
 		for _, st := range n.Status.DiskStatus {
@@ -269,6 +272,28 @@ func (s *volumeSync) scheduleReplica(start bool) error {
 	s.setCondition(VolumeConditionScheduled, true, "ReplicasScheduled", "every replica has a node and disk")
 	s.recorder.Eventf(s.v, corev1.EventTypeNormal, EventReasonReplicaScheduled, "replica %s on %s disk %s", created.Name, p.NodeID, p.DiskName)
 	return nil
+}
+
+// instanceManagersDown says, per node, why its instance manager cannot take
+// a replica now. A node without an InstanceManager CR (a manager started
+// without a data plane address) is left to the other rules.
+func (s *volumeSync) instanceManagersDown() (map[string]string, error) {
+	ims, err := s.ds.InstanceManagers.ListRO(nil)
+	if err != nil {
+		return nil, err
+	}
+	down := map[string]string{}
+	for _, im := range ims {
+		if im.Spec.NodeID == "" || im.Status.CurrentState == v1beta1.InstanceStateRunning {
+			continue
+		}
+		why := fmt.Sprintf("instance manager %s is %s", im.Name, orUnknown(string(im.Status.CurrentState)))
+		if c := findCondition(im.Status.Conditions, v1beta1.ConditionTypeReady); c != nil && c.Message != "" {
+			why += " (" + c.Message + ")"
+		}
+		down[im.Spec.NodeID] = why
+	}
+	return down, nil
 }
 
 // salvage makes a faulted, fully detached volume usable again: the failed

@@ -7,7 +7,8 @@
 // The rules follow Longhorn's replica scheduler, simplified:
 //
 //   - A node is a candidate when its manager is alive (holds its heartbeat),
-//     its Ready condition is True and spec.allowScheduling is set.
+//     its Ready condition is True, spec.allowScheduling is set and its
+//     instance manager is running.
 //   - A disk is a candidate when spec.allowScheduling is set, its status has a
 //     DiskUUID, its Schedulable condition (if any) is True, it holds no replica
 //     of the volume (failed ones included), and the volume fits: the scheduled
@@ -58,6 +59,10 @@ type Options struct {
 	// would otherwise all see the same free space and pile onto one node.
 	// The larger of the two counts.
 	ScheduledBytes map[string]int64
+	// InstanceManagerDown says, per node, why its data plane cannot run a
+	// replica now (its InstanceManager is not running). A replica placed
+	// there would never start, and the volume would stay degraded.
+	InstanceManagerDown map[string]string
 }
 
 // Placement is where the new replica goes.
@@ -223,6 +228,9 @@ func nodeRejection(node *v1beta1.Node, opts Options) string {
 	}
 	if !node.Spec.AllowScheduling {
 		return "scheduling is disabled on the node"
+	}
+	if why, down := opts.InstanceManagerDown[node.Name]; down {
+		return why
 	}
 	return ""
 }

@@ -128,6 +128,14 @@ func opts(alive ...string) Options {
 	return o
 }
 
+func imDown(o Options, nodes ...string) Options {
+	o.InstanceManagerDown = map[string]string{}
+	for _, n := range nodes {
+		o.InstanceManagerDown[n] = "instance manager im-" + n + " is error"
+	}
+	return o
+}
+
 func soft(o Options) Options {
 	o.SoftAntiAffinity = true
 	return o
@@ -188,6 +196,16 @@ func TestScheduleReplica(t *testing.T) {
 			name:  "dead node is skipped",
 			nodes: three(), opts: opts("n2", "n3"),
 			want: place("n2", "d1"),
+		},
+		{
+			name:  "node whose instance manager is not running is skipped",
+			nodes: three(), opts: imDown(opts("n1", "n2", "n3"), "n1"),
+			want: place("n2", "d1"),
+		},
+		{
+			name:  "no node has a running instance manager: the reason is in the message",
+			nodes: three(), opts: imDown(opts("n1", "n2", "n3"), "n1", "n2", "n3"),
+			wantErr: []string{"n1: instance manager im-n1 is error", "n2: instance manager im-n2 is error", "n3: instance manager im-n3 is error"},
 		},
 		{
 			name:  "unready node is skipped",

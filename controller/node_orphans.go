@@ -1,0 +1,188 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/engineapi/impb"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+// Event reasons of orphan cleanup.
+const (
+	EventReasonOrphanedDataDeleted     = "OrphanedDataDeleted"
+	EventReasonOrphanedInstanceStopped = "OrphanedInstanceStopped"
+)
+
+// replicasDir is the directory of a disk that holds one directory per replica.
+func replicasDir(diskPath string) string { return filepath.Join(diskPath, "replicas") }
+
+// orphanedDirectories lists the replica directories on a disk that no
+// Replica of this node names: their replica went while the data plane could
+// not delete them (node or instance manager down). Sorted, so the status is
+// stable.
+func (nc *NodeController) orphanedDirectories(nodeName, diskPath string) []string {
+	entries, err := os.ReadDir(replicasDir(diskPath))
+	if err != nil || len(entries) == 0 {
+		return nil
+	}
+	named := nc.namedDirectories(nodeName)
+	var orphans []string
+	for _, e := range entries {
+		if e.IsDir() && !named[e.Name()] {
+			orphans = append(orphans, e.Name())
+		}
+	}
+	slices.Sort(orphans)
+	return orphans
+}
+
+// namedDirectories is the set of data directories this node's replicas name
+// in the cache. The instance manager creates a directory only for a replica
+// this manager's cache holds, so a directory absent here was named by a
+// replica that has gone.
+func (nc *NodeController) namedDirectories(nodeName string) map[string]bool {
+	named := map[string]bool{}
+	replicas, err := nc.ds.Replicas.ListByIndexRO(datastore.IndexByNode, nodeName)
+	if err != nil {
+		return named
+	}
+	for _, r := range replicas {
+		if r.Spec.DataDirectoryName != "" {
+			named[r.Spec.DataDirectoryName] = true
+		}
+	}
+	return named
+}
+
+// cleanupOrphans stops instances no Engine or Replica names any more and
+// deletes the orphaned directories the node's status lists. It acts only on
+// a live view of the instance manager, and confirms each orphan against the
+// API server rather than the cache before deleting anything.
+func (nc *NodeController) cleanupOrphans(ctx context.Context, node *v1beta1.Node) error {
+	if nc.instances == nil || !nc.instances.Synced() {
+		return nil // the instance cache's sync enqueues the node again
+	}
+	stale := nc.staleInstances()
+	orphans := map[string]string{} // path -> disk name
+	for name, st := range node.Status.DiskStatus {
+		for _, dir := range st.OrphanedReplicaDirectories {
+			orphans[filepath.Join(replicasDir(node.Spec.Disks[name].Path), dir)] = name
+		}
+	}
+	if len(stale) == 0 && len(orphans) == 0 {
+		return nil
+	}
+	client, err := nc.imClient()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, inst := range stale {
+		errs = append(errs, nc.stopStaleInstance(ctx, client, node, inst))
+	}
+	if len(orphans) > 0 {
+		live, err := nc.liveDirectories(ctx, node.Name)
+		if err != nil {
+			return errors.Join(append(errs, err)...)
+		}
+		for _, path := range slices.Sorted(maps.Keys(orphans)) {
+			if live[filepath.Base(path)] {
+				continue // named again meanwhile: not an orphan
+			}
+			if err := client.ReplicaDataDelete(ctx, path); err != nil {
+				errs = append(errs, fmt.Errorf("deleting orphaned replica data %s: %w", path, err))
+				continue
+			}
+			nc.logger.WithField("path", path).Info("Deleted orphaned replica data")
+			nc.recorder.Eventf(node, corev1.EventTypeNormal, EventReasonOrphanedDataDeleted,
+				"deleted orphaned replica data %s on disk %s: no replica names it", path, orphans[path])
+		}
+		// The status drops them at once rather than at the next disk check.
+		nc.queue.Add(nc.ds.Namespace + "/" + nc.controllerID)
+	}
+	return errors.Join(errs...)
+}
+
+// staleInstances are the instances the cache knows whose Engine or Replica
+// is not in the cache: left running when their CR went while the instance
+// manager was unreachable, or reopened from disk by a restarted one.
+func (nc *NodeController) staleInstances() []*impb.Instance {
+	var stale []*impb.Instance
+	for _, inst := range nc.instances.List() {
+		var err error
+		switch inst.GetType() {
+		case impb.InstanceType_INSTANCE_TYPE_REPLICA:
+			_, err = nc.ds.Replicas.GetRO(inst.GetName())
+		case impb.InstanceType_INSTANCE_TYPE_ENGINE:
+			_, err = nc.ds.Engines.GetRO(inst.GetName())
+		default:
+			continue
+		}
+		if apierrors.IsNotFound(err) {
+			stale = append(stale, inst)
+		}
+	}
+	return stale
+}
+
+// stopStaleInstance deletes an instance once the API server confirms its
+// CR is gone (the cache may lag behind a create).
+func (nc *NodeController) stopStaleInstance(ctx context.Context, client *engineapi.Client, node *v1beta1.Node, inst *impb.Instance) error {
+	var err error
+	if inst.GetType() == impb.InstanceType_INSTANCE_TYPE_REPLICA {
+		_, err = nc.ds.StrataClient.StrataV1beta1().Replicas(nc.ds.Namespace).Get(ctx, inst.GetName(), metav1.GetOptions{})
+	} else {
+		_, err = nc.ds.StrataClient.StrataV1beta1().Engines(nc.ds.Namespace).Get(ctx, inst.GetName(), metav1.GetOptions{})
+	}
+	if err == nil {
+		return nil
+	}
+	if !apierrors.IsNotFound(err) {
+		return err
+	}
+	if _, err := client.InstanceDelete(ctx, inst.GetName()); err != nil && !errors.Is(err, engineapi.ErrNotFound) {
+		return fmt.Errorf("stopping orphaned instance %s: %w", inst.GetName(), err)
+	}
+	nc.logger.WithField("instance", inst.GetName()).Info("Stopped an instance whose Engine or Replica is gone")
+	nc.recorder.Eventf(node, corev1.EventTypeNormal, EventReasonOrphanedInstanceStopped,
+		"stopped instance %s: its %s is gone", inst.GetName(), instanceKind(inst))
+	return nil
+}
+
+func instanceKind(inst *impb.Instance) string {
+	if inst.GetType() == impb.InstanceType_INSTANCE_TYPE_REPLICA {
+		return "Replica"
+	}
+	return "Engine"
+}
+
+// liveDirectories lists, from the API server, the data directories the
+// node's replicas name: deleting data is the one step that must not trust a
+// cache that could be behind.
+func (nc *NodeController) liveDirectories(ctx context.Context, nodeName string) (map[string]bool, error) {
+	// Every replica, not only those labelled with this node: a directory
+	// any replica names is never an orphan.
+	list, err := nc.ds.StrataClient.StrataV1beta1().Replicas(nc.ds.Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing replicas to confirm orphans on node %s: %w", nodeName, err)
+	}
+	live := map[string]bool{}
+	for _, r := range list.Items {
+		if r.Spec.DataDirectoryName != "" {
+			live[r.Spec.DataDirectoryName] = true
+		}
+	}
+	return live, nil
+}

@@ -1,0 +1,172 @@
+package controller
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/strata-storage/strata/datastore/dstest"
+	"github.com/strata-storage/strata/engineapi/impb"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+// mkReplicaDirs creates <disk>/replicas/<name> for each name.
+func mkReplicaDirs(t *testing.T, disk string, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		require.NoError(t, os.MkdirAll(filepath.Join(disk, "replicas", n), 0o755))
+	}
+}
+
+func TestOrphanedDirectories(t *testing.T) {
+	tests := []struct {
+		name     string
+		dirs     []string
+		replicas []*v1beta1.Replica
+		want     []string
+	}{
+		{name: "no replicas directory", want: nil},
+		{name: "every directory named", dirs: []string{"a", "b"},
+			replicas: []*v1beta1.Replica{testReplicaCR("a", "/d"), testReplicaCR("b", "/d")}, want: nil},
+		{name: "unnamed directories are orphans, sorted", dirs: []string{"c", "a", "b"},
+			replicas: []*v1beta1.Replica{testReplicaCR("b", "/d")}, want: []string{"a", "c"}},
+		{name: "a replica being deleted still names its directory", dirs: []string{"a"},
+			replicas: []*v1beta1.Replica{testReplicaCR("a", "/d", func(r *v1beta1.Replica) {
+				r.DeletionTimestamp = &metav1.Time{Time: dstest.Now}
+			})}, want: nil},
+		{name: "another node's replica does not name this node's directory", dirs: []string{"a"},
+			replicas: []*v1beta1.Replica{testReplicaCR("a", "/d", func(r *v1beta1.Replica) { r.Spec.NodeID = "node-2" })},
+			want:     []string{"a"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			disk := t.TempDir()
+			mkReplicaDirs(t, disk, tc.dirs...)
+			var objs []runtime.Object
+			for _, r := range tc.replicas {
+				objs = append(objs, r)
+			}
+			env := dstest.New(t, objs, nil)
+			nc, err := NewNodeController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", nil, NodeControllerOptions{})
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, nc.orphanedDirectories("node-1", disk))
+		})
+	}
+}
+
+// TestOrphanCleanupAgainstRealInstanceManager: a replica directory and a
+// running instance left behind by a replica that went while the instance
+// manager was unreachable are reported, then removed once the view is live;
+// a directory a replica names is never touched.
+func TestOrphanCleanupAgainstRealInstanceManager(t *testing.T) {
+	im := startRealIM(t)
+	disk := t.TempDir()
+	ctx := context.Background()
+	client, err := im.pool.Get(im.addr)
+	require.NoError(t, err)
+	// "gone" runs in the instance manager (reopened after a restart, say)
+	// though no Replica names it any more; "kept" is a live replica's.
+	_, err = client.InstanceCreate(ctx, &impb.InstanceCreateRequest{Name: "gone", Type: impb.InstanceType_INSTANCE_TYPE_REPLICA,
+		VolumeName: "v1", Size: 4 << 20, DataDir: filepath.Join(disk, "replicas", "gone")})
+	require.NoError(t, err)
+	im.waitInstance(t, "gone", true, impb.InstanceState_INSTANCE_STATE_RUNNING)
+	mkReplicaDirs(t, disk, "kept", "stray")
+
+	node := testNode("node-1", map[string]string{"disk-1": disk}, readyTrue())
+	env := dstest.New(t, []runtime.Object{node, zeroMinAvailable(), testReplicaCR("kept", disk)}, nil)
+	rec := record.NewFakeRecorder(20)
+	nc, err := NewNodeController(logrus.New(), env.DS, rec, "node-1", nil,
+		NodeControllerOptions{Instances: im.instances(), IMAddress: im.addr, Pool: im.pool})
+	require.NoError(t, err)
+
+	key := testNS + "/node-1"
+	require.NoError(t, nc.syncNode(ctx, key))
+	got, err := env.Strata.StrataV1beta1().Nodes(testNS).Get(ctx, "node-1", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"gone", "stray"}, got.Status.DiskStatus["disk-1"].OrphanedReplicaDirectories, "reported in the status")
+
+	im.waitInstance(t, "gone", false, 0)
+	assert.NoDirExists(t, filepath.Join(disk, "replicas", "gone"))
+	assert.NoDirExists(t, filepath.Join(disk, "replicas", "stray"))
+	assert.DirExists(t, filepath.Join(disk, "replicas", "kept"))
+	assertEvents(t, []string{"Normal OrphanedInstanceStopped", "Normal OrphanedDataDeleted", "Normal OrphanedDataDeleted"}, rec)
+
+	// The next pass finds nothing left and clears the status.
+	require.Eventually(t, func() bool {
+		n, _ := env.DS.Nodes.GetRO("node-1")
+		return n != nil && len(n.Status.DiskStatus["disk-1"].OrphanedReplicaDirectories) == 2
+	}, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, nc.syncNode(ctx, key))
+	got, err = env.Strata.StrataV1beta1().Nodes(testNS).Get(ctx, "node-1", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Empty(t, got.Status.DiskStatus["disk-1"].OrphanedReplicaDirectories)
+}
+
+// TestOrphansKeptWithoutLiveView: with the instance manager unreachable the
+// orphans are reported and nothing is deleted.
+func TestOrphansKeptWithoutLiveView(t *testing.T) {
+	disk := t.TempDir()
+	mkReplicaDirs(t, disk, "stray")
+	cache := NewInstanceCache()
+	cache.streamLost()
+	env := dstest.New(t, []runtime.Object{testNode("node-1", map[string]string{"disk-1": disk}, readyTrue()), zeroMinAvailable()}, nil)
+	nc, err := NewNodeController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", nil,
+		NodeControllerOptions{Instances: cache, IMAddress: "127.0.0.1:1"})
+	require.NoError(t, err)
+	require.NoError(t, nc.syncNode(context.Background(), testNS+"/node-1"))
+	got, err := env.Strata.StrataV1beta1().Nodes(testNS).Get(context.Background(), "node-1", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"stray"}, got.Status.DiskStatus["disk-1"].OrphanedReplicaDirectories)
+	assert.DirExists(t, filepath.Join(disk, "replicas", "stray"))
+}
+
+// TestReplicaCleanupWithUnreachableInstanceManager: a deleted replica whose
+// instance manager cannot be reached leaves its data (said by an event) and
+// lets its CR go; before the first view of the instance manager it waits.
+func TestReplicaCleanupWithUnreachableInstanceManager(t *testing.T) {
+	tests := []struct {
+		name          string
+		cache         func() *InstanceCache
+		wantErr       bool
+		wantFinalizer bool
+		wantEvents    []string
+	}{
+		{name: "stream failed: the CR goes, the data is left", cache: func() *InstanceCache {
+			c := NewInstanceCache()
+			c.streamLost()
+			return c
+		}, wantEvents: []string{"Warning DataLeftOnNode"}},
+		{name: "no stream yet: wait", cache: NewInstanceCache, wantErr: true, wantFinalizer: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			disk := t.TempDir()
+			mkReplicaDirs(t, disk, "r1")
+			r := testReplicaCR("r1", disk, func(r *v1beta1.Replica) { r.DeletionTimestamp = &metav1.Time{Time: dstest.Now} })
+			env := dstest.New(t, []runtime.Object{r, schedNode("node-1")}, []runtime.Object{testLease("node-1", 0)})
+			rec := record.NewFakeRecorder(10)
+			c, err := NewReplicaController(logrus.New(), env.DS, rec, "node-1", "127.0.0.1:1", nil, tc.cache())
+			require.NoError(t, err)
+			err = c.syncReplica(context.Background(), testNS+"/r1")
+			if tc.wantErr {
+				require.Error(t, err)
+			} else {
+				require.NoError(t, err)
+			}
+			got, err := env.Strata.StrataV1beta1().Replicas(testNS).Get(context.Background(), "r1", metav1.GetOptions{})
+			require.NoError(t, err)
+			assert.Equal(t, tc.wantFinalizer, len(got.Finalizers) > 0)
+			assert.DirExists(t, filepath.Join(disk, "replicas", "r1"), "data is never deleted without the instance manager")
+			assertEvents(t, tc.wantEvents, rec)
+		})
+	}
+}
