@@ -10,9 +10,12 @@ const DefaultResourceQuotaName = "default-resource-quota"
 
 // SnapshotLimit caps the total snapshot size in a namespace and per VM.
 type SnapshotLimit struct {
+	// The rule skips a value that is no quantity: the schema's pattern
+	// refuses it already, and quantity() would add a second, confusing error.
+
 	// NamespaceTotalSnapshotSizeQuota caps the size of all snapshots of the
 	// namespace's volumes, for example 100Gi; unset means no cap.
-	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isLessThan(quantity('0'))",message="must not be negative"
+	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || !quantity(string(self)).isLessThan(quantity('0'))",message="must not be negative"
 	NamespaceTotalSnapshotSizeQuota *resource.Quantity `json:"namespaceTotalSnapshotSizeQuota,omitempty"`
 	// VMTotalSnapshotSizeQuota caps the size of each VM's snapshots, keyed by VM name.
 	VMTotalSnapshotSizeQuota map[string]resource.Quantity `json:"vmTotalSnapshotSizeQuota,omitempty"`

@@ -45,9 +45,13 @@ const (
 
 // VolumeSpec is the desired state of a volume.
 type VolumeSpec struct {
+	// The quantity rules skip a value that is no quantity (size: abc): the
+	// schema's pattern refuses it already, and quantity() would add a
+	// second, confusing error.
+
 	// Size is the volume's capacity, for example 1Gi. It must be greater than zero.
 	// +kubebuilder:validation:Required
-	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="must be greater than 0"
+	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || quantity(string(self)).isGreaterThan(quantity('0'))",message="must be greater than 0"
 	Size resource.Quantity `json:"size"`
 	// NumberOfReplicas is how many copies of the data are kept, each on a
 	// different node. When unset, the default-replica-count setting applies.
@@ -84,7 +88,7 @@ type VolumeSpec struct {
 	// +kubebuilder:validation:Maximum=250
 	SnapshotMaxCount int32 `json:"snapshotMaxCount,omitempty"`
 	// SnapshotMaxSize caps the total size of the volume's snapshots; 0 means no cap.
-	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isLessThan(quantity('0'))",message="must not be negative"
+	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || !quantity(string(self)).isLessThan(quantity('0'))",message="must not be negative"
 	SnapshotMaxSize resource.Quantity `json:"snapshotMaxSize,omitempty"`
 }
 
