@@ -9,6 +9,9 @@ type ReplicaSpec struct {
 	EngineName string `json:"engineName,omitempty"`
 	// DiskID is the UUID of the disk holding the replica's data.
 	DiskID string `json:"diskID,omitempty"`
+	// DiskName is that disk's name in its node's spec.disks, as it was when
+	// the replica was placed there.
+	DiskName string `json:"diskName,omitempty"`
 	// DiskPath is the path of that disk on its node.
 	DiskPath string `json:"diskPath,omitempty"`
 	// DataDirectoryName is the replica's directory under DiskPath.
@@ -38,7 +41,8 @@ type ReplicaStatus struct {
 // +kubebuilder:printcolumn:name="Volume",type=string,JSONPath=`.spec.volumeName`
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.currentState`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.nodeID`
-// +kubebuilder:printcolumn:name="Disk",type=string,JSONPath=`.spec.diskID`
+// +kubebuilder:printcolumn:name="Disk",type=string,JSONPath=`.spec.diskName`
+// +kubebuilder:printcolumn:name="DiskID",type=string,JSONPath=`.spec.diskID`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Replica struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -119,10 +119,18 @@ type VolumeAttachmentSpec struct {
 	Volume string `json:"volume"`
 }
 
-// VolumeAttachmentStatus holds a status per ticket.
+// VolumeAttachmentStatus holds a status per ticket, and a summary of them for
+// kubectl get va.
 type VolumeAttachmentStatus struct {
 	// AttachmentTicketStatuses are keyed by ticket ID.
 	AttachmentTicketStatuses map[string]*AttachmentTicketStatus `json:"attachmentTicketStatuses"`
+	// CurrentNodeID is the node the volume is attached to (the volume's
+	// status.currentNodeID); empty while it is detached.
+	CurrentNodeID string `json:"currentNodeID,omitempty"`
+	// Tickets counts the tickets the statuses are for.
+	Tickets int32 `json:"tickets"`
+	// SatisfiedTickets counts the tickets that are satisfied.
+	SatisfiedTickets int32 `json:"satisfiedTickets"`
 }
 
 // VolumeAttachment collects every request to attach one volume; there is one
@@ -134,6 +142,9 @@ type VolumeAttachmentStatus struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=va,categories=strata
 // +kubebuilder:printcolumn:name="Volume",type=string,JSONPath=`.spec.volume`
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.currentNodeID`
+// +kubebuilder:printcolumn:name="Tickets",type=integer,JSONPath=`.status.tickets`
+// +kubebuilder:printcolumn:name="Satisfied",type=integer,JSONPath=`.status.satisfiedTickets`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type VolumeAttachment struct {
 	metav1.TypeMeta   `json:",inline"`
