@@ -66,10 +66,11 @@ func (v *validator) Update(_ *admission.Request, oldObj, newObj runtime.Object) 
 	return errs.Err()
 }
 
-// validTickets checks every ticket's shape; a ticket's node and the CSI
-// ticket rule are checked only for tickets that are new or changed since old
-// (nil on create), so that a node leaving the cluster does not freeze the
-// attachments that name it.
+// validTickets checks every ticket's shape; a ticket's node, its
+// disableFrontend parameter and the CSI ticket rule are checked only for
+// tickets that are new or changed since old (nil on create), so that a node
+// leaving the cluster, or a value stored before a rule existed, does not
+// freeze the attachments that name it.
 func (v *validator) validTickets(va, old *v1beta1.VolumeAttachment) []*admission.FieldError {
 	var errs []*admission.FieldError
 	var csi []*v1beta1.AttachmentTicket
@@ -88,7 +89,7 @@ func (v *validator) validTickets(va, old *v1beta1.VolumeAttachment) []*admission
 		}
 		errs = append(errs, validTicketShape(path, key, t)...)
 		if changed {
-			errs = append(errs, v.validTicketNode(path, t))
+			errs = append(errs, v.validTicketNode(path, t), validDisableFrontend(path, t))
 		}
 		if t.Type == v1beta1.AttacherTypeCSIAttacher {
 			csi = append(csi, t)
@@ -121,6 +122,22 @@ func validTicketShape(path *field.Path, key string, t *v1beta1.AttachmentTicket)
 		}
 	}
 	return errs
+}
+
+// disableFrontendValues are what the disableFrontend parameter may say: the
+// volume's frontend off, on, or either (system tickets that only read or
+// copy data).
+var disableFrontendValues = []string{v1beta1.TrueValue, v1beta1.FalseValue, v1beta1.AnyValue}
+
+// validDisableFrontend: any other value would be read as "any" by the
+// controller, silently attaching with whatever frontend the volume has.
+func validDisableFrontend(path *field.Path, t *v1beta1.AttachmentTicket) *admission.FieldError {
+	value, ok := t.Parameters[v1beta1.AttachmentParameterDisableFrontend]
+	if !ok || slices.Contains(disableFrontendValues, value) {
+		return nil
+	}
+	return admission.Invalid(path.Child("parameters").Key(v1beta1.AttachmentParameterDisableFrontend),
+		"must be %q, %q or %q, got %q", v1beta1.TrueValue, v1beta1.FalseValue, v1beta1.AnyValue, value)
 }
 
 func (v *validator) validTicketNode(path *field.Path, t *v1beta1.AttachmentTicket) *admission.FieldError {

@@ -338,3 +338,48 @@ func TestValidatorUpdate(t *testing.T) {
 		})
 	}
 }
+
+func TestValidatorDisableFrontendParameter(t *testing.T) {
+	withFrontend := func(tk *v1beta1.AttachmentTicket, value string) *v1beta1.AttachmentTicket {
+		tk.Parameters = map[string]string{v1beta1.AttachmentParameterDisableFrontend: value}
+		return tk
+	}
+	const badMaybe = `spec.attachmentTickets[a].parameters[disableFrontend]: must be "true", "false" or "any", got "maybe"`
+	tests := []struct {
+		name    string
+		old     *v1beta1.VolumeAttachment // nil: create
+		obj     *v1beta1.VolumeAttachment
+		wantMsg string
+	}{
+		{name: "true", obj: va("v1", withFrontend(ticket("a", api, "n1", 1), "true"))},
+		{name: "false", obj: va("v1", withFrontend(ticket("a", api, "n1", 1), "false"))},
+		{name: "any, as the snapshot controller asks", obj: va("v1", withFrontend(ticket("a", snap, "n1", 1), "any"))},
+		{name: "no parameter", obj: va("v1", ticket("a", api, "n1", 1))},
+		{name: "maybe", obj: va("v1", withFrontend(ticket("a", api, "n1", 1), "maybe")), wantMsg: badMaybe},
+		{name: "empty",
+			obj:     va("v1", withFrontend(ticket("a", api, "n1", 1), "")),
+			wantMsg: `spec.attachmentTickets[a].parameters[disableFrontend]: must be "true", "false" or "any", got ""`},
+		{name: "upper case",
+			obj:     va("v1", withFrontend(ticket("a", api, "n1", 1), "True")),
+			wantMsg: `spec.attachmentTickets[a].parameters[disableFrontend]: must be "true", "false" or "any", got "True"`},
+		{name: "a ticket changed to maybe",
+			old:     va("v1", withFrontend(ticket("a", api, "n1", 1), "true")),
+			obj:     va("v1", withFrontend(ticket("a", api, "n1", 1), "maybe")),
+			wantMsg: badMaybe},
+		{name: "a ticket stored with maybe before the rule does not block other changes",
+			old: va("v1", withFrontend(ticket("a", api, "n1", 1), "maybe")),
+			obj: va("v1", withFrontend(ticket("a", api, "n1", 1), "maybe"), ticket("b", snap, "n2", 1))},
+	}
+	env := dstest.New(t, objects(), nil)
+	h := admissiontest.NewHandler(t, nil, NewValidator(env.DS))
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var old runtime.Object
+			if tc.old != nil {
+				old = tc.old
+			}
+			resp := h.Validate(admissiontest.Request(Resource, admissiontest.Admin, old, tc.obj))
+			assert.Equal(t, tc.wantMsg, admissiontest.Denial(resp))
+		})
+	}
+}
