@@ -4,12 +4,15 @@
 package volume
 
 import (
+	"math"
 	"slices"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/engine/blockdev"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 	"github.com/strata-storage/strata/webhook/admission"
@@ -33,11 +36,12 @@ func NewMutator(ds *datastore.DataStore) admission.Mutator { return &mutator{ds:
 func (m *mutator) Resource() admission.Resource { return Resource }
 
 // Create adds the cleanup finalizer, so the volume controller tears down
-// engines and replicas before the Volume goes, and fills the defaults: the
-// default-replica-count setting for an unset replica count, and the NBD
-// frontend for an unset frontend.
+// engines and replicas before the Volume goes, rounds the size up to whole
+// blocks, and fills the defaults: the default-replica-count setting for an
+// unset replica count, and the NBD frontend for an unset frontend.
 func (m *mutator) Create(_ *admission.Request, obj runtime.Object) error {
 	v := obj.(*v1beta1.Volume)
+	roundSizeUp(v)
 	if !slices.Contains(v.Finalizers, types.FinalizerName) {
 		v.Finalizers = append(v.Finalizers, types.FinalizerName)
 	}
@@ -55,5 +59,26 @@ func (m *mutator) Create(_ *admission.Request, obj runtime.Object) error {
 	return nil
 }
 
-// Update changes nothing: the finalizer is the volume controller's to remove.
-func (m *mutator) Update(*admission.Request, runtime.Object, runtime.Object) error { return nil }
+// Update rounds a changed size (an expansion) up to whole blocks, and
+// changes nothing else: the finalizer is the volume controller's to remove.
+// An unchanged size is left as stored, even one from before rounding: the
+// data plane rounded it the same way.
+func (m *mutator) Update(_ *admission.Request, oldObj, newObj runtime.Object) error {
+	old, v := oldObj.(*v1beta1.Volume), newObj.(*v1beta1.Volume)
+	if v.Spec.Size.Cmp(old.Spec.Size) != 0 {
+		roundSizeUp(v)
+	}
+	return nil
+}
+
+// roundSizeUp rounds spec.size up to a multiple of the data plane's 4 KiB
+// block, in the notation the writer used: the device serves whole blocks
+// (1000 bytes become 4096), and spec.size must say what it holds. A size
+// that is not positive is left for the validator to refuse.
+func roundSizeUp(v *v1beta1.Volume) {
+	n := v.Spec.Size.Value() // a fraction of a byte counts as a byte
+	if n <= 0 || n%blockdev.BlockSize == 0 || n > math.MaxInt64-blockdev.BlockSize {
+		return
+	}
+	v.Spec.Size = *resource.NewQuantity((n/blockdev.BlockSize+1)*blockdev.BlockSize, v.Spec.Size.Format)
+}

@@ -49,7 +49,8 @@ type VolumeSpec struct {
 	// schema's pattern refuses it already, and quantity() would add a
 	// second, confusing error.
 
-	// Size is the volume's capacity, for example 1Gi. It must be greater than zero.
+	// Size is the volume's capacity, for example 1Gi. It must be greater than
+	// zero, and is rounded up to a multiple of 4096 bytes (the data plane's block).
 	// +kubebuilder:validation:Required
 	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || quantity(string(self)).isGreaterThan(quantity('0'))",message="must be greater than 0"
 	Size resource.Quantity `json:"size"`
