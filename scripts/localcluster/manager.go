@@ -21,6 +21,8 @@ type ManagerOptions struct {
 	// WithInstanceManager starts an instance manager for each node too, and
 	// points the node's manager at it.
 	WithInstanceManager bool
+	// MaxRetryDelay is the managers' --max-retry-delay (0: their default).
+	MaxRetryDelay time.Duration
 }
 
 // Manager is one simulated node's strata-manager process, and its instance
@@ -129,6 +131,9 @@ func startManagerProcess(opts ManagerOptions, node string, im *InstanceManager) 
 	}
 	if im != nil {
 		args = append(args, "--instance-manager-address", im.GRPCAddr)
+	}
+	if opts.MaxRetryDelay > 0 {
+		args = append(args, "--max-retry-delay", opts.MaxRetryDelay.String())
 	}
 	// Appending to the same log keeps a node's history across restarts.
 	p, err := StartProcess("manager "+node, filepath.Join(opts.RunDir, "logs", "manager-"+node+".log"), opts.Bin, args...)

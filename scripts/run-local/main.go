@@ -101,7 +101,7 @@ func run(log *logrus.Logger, managerBin, runDir string, nodes int) error {
 	}
 
 	managers, err := startManagers(log, bin, runDir, kubeconfig, nodes)
-	defer stopManagers(log, managers)
+	defer func() { stopManagers(log, managers) }()
 	if err != nil {
 		return err
 	}
@@ -127,22 +127,25 @@ Press Ctrl-C to stop everything.
 
 `, nodes, filepath.Join(runDir, "logs"), cluster.AdminKubeconfig)
 
-	var wg sync.WaitGroup
+	// Crashed processes come back as the kubelet would bring back a
+	// DaemonSet's Pods; restarts are logged here and in the process's log.
+	opts := managerOptions(bin, runDir, kubeconfig)
+	supervisors := make([]*localcluster.Supervisor, 0, len(managers))
 	for _, m := range managers {
-		wg.Go(func() { watchManager(ctx, log, m) })
+		supervisors = append(supervisors, localcluster.Supervise(log, opts, m))
 	}
 	<-ctx.Done()
 	stop() // a second Ctrl-C now kills us at once; Pdeathsig takes the children along
 	log.Info("stopping")
-	wg.Wait()
+	stopSupervised(log, supervisors)
+	managers = nil // stopped with their supervisors
 	return nil
 }
 
 // startManagers starts one manager per node, each with its own disk
 // directory and metrics port, authenticated as the manager ServiceAccount.
 func startManagers(log logrus.FieldLogger, bin, runDir, kubeconfig string, nodes int) ([]*localcluster.Manager, error) {
-	opts := localcluster.ManagerOptions{Bin: bin, Kubeconfig: kubeconfig, Namespace: systemNamespace,
-		RunDir: runDir, LeaseDuration: 10 * time.Second, WithInstanceManager: true}
+	opts := managerOptions(bin, runDir, kubeconfig)
 	var managers []*localcluster.Manager
 	for i := 1; i <= nodes; i++ {
 		m, err := localcluster.StartManager(opts, "node-"+strconv.Itoa(i))
@@ -156,17 +159,23 @@ func startManagers(log logrus.FieldLogger, bin, runDir, kubeconfig string, nodes
 	return managers, nil
 }
 
-// watchManager reports a manager that exits before we asked it to. The rest
-// keeps running: a node going down is a case Strata must handle anyway.
-func watchManager(ctx context.Context, log logrus.FieldLogger, m *localcluster.Manager) {
-	select {
-	case <-ctx.Done():
-	case <-m.Done():
-		log.WithFields(logrus.Fields{"process": m.Name, "pid": m.Pid(), "exit": fmt.Sprint(m.Err()), "log": m.LogPath}).
-			Error("manager exited unexpectedly; the others keep running")
-		// Printed as is: the log formatter would escape the newlines.
-		fmt.Fprintf(os.Stderr, "--- last lines of %s:\n%s\n---\n", m.LogPath, m.LogTail(20))
+func managerOptions(bin, runDir, kubeconfig string) localcluster.ManagerOptions {
+	return localcluster.ManagerOptions{Bin: bin, Kubeconfig: kubeconfig, Namespace: systemNamespace,
+		RunDir: runDir, LeaseDuration: 10 * time.Second, WithInstanceManager: true}
+}
+
+// stopSupervised ends supervision and stops every node at once.
+func stopSupervised(log logrus.FieldLogger, supervisors []*localcluster.Supervisor) {
+	var wg sync.WaitGroup
+	for _, s := range supervisors {
+		wg.Go(func() {
+			if err := s.StopAll(managerStopTimeout); err != nil {
+				log.WithError(err).WithField("node", s.Manager().Node).Error("stopping node")
+			}
+		})
 	}
+	wg.Wait()
+	log.WithField("managers", len(supervisors)).Info("managers stopped")
 }
 
 // stopManagers stops all managers at once, so shutdown takes one timeout at most.

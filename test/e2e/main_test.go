@@ -26,6 +26,9 @@ import (
 // leaseDuration is short so a dead manager is noticed within seconds.
 const leaseDuration = 3 * time.Second
 
+// maxRetryDelay caps the managers' retry backoff.
+const maxRetryDelay = 2 * time.Second
+
 var nodeNames = []string{"node-1", "node-2", "node-3"}
 
 // env is the shared cluster of the package's tests.
@@ -98,7 +101,9 @@ func run(m *testing.M) (int, error) {
 	env.adminStrata = versioned.NewForConfigOrDie(cluster.AdminConfig)
 
 	env.managerOpts = localcluster.ManagerOptions{Bin: bin, Kubeconfig: env.managerKubeconfig,
-		Namespace: types.DefaultNamespace, RunDir: runDir, LeaseDuration: leaseDuration, WithInstanceManager: true}
+		Namespace: types.DefaultNamespace, RunDir: runDir, LeaseDuration: leaseDuration, WithInstanceManager: true,
+		// Short, so a test can see a key fail many times and then converge.
+		MaxRetryDelay: maxRetryDelay}
 	env.managers = map[string]*localcluster.Manager{}
 	defer func() {
 		for _, mgr := range env.managers {

@@ -41,8 +41,29 @@ func createVolume(t *testing.T, name, size string, replicas int32, mut ...func(*
 		}
 		return err == nil
 	}, 30*time.Second, 500*time.Millisecond)
-	t.Cleanup(func() { deleteVolume(t, name) })
+	t.Cleanup(func() {
+		releaseWorkloadTickets(t, name)
+		deleteVolume(t, name)
+	})
 	return created
+}
+
+// releaseWorkloadTickets removes the csi-attacher and strata-api tickets of
+// a volume, which the webhook requires before the volume may be deleted.
+func releaseWorkloadTickets(t *testing.T, volume string) {
+	va, err := env.adminStrata.StrataV1beta1().VolumeAttachments(ns).Get(context.Background(), volume, metav1.GetOptions{})
+	if err != nil {
+		return
+	}
+	var ids []string
+	for id, tk := range va.Spec.AttachmentTickets {
+		if tk != nil && (tk.Type == v1beta1.AttacherTypeCSIAttacher || tk.Type == v1beta1.AttacherTypeStrataAPI) {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) > 0 {
+		updateTickets(t, volume, removeTicket(ids...))
+	}
 }
 
 func deleteVolume(t *testing.T, name string) {

@@ -361,7 +361,11 @@ func TestVolumeDeleteRemovesReplicaData(t *testing.T) {
 		dirs = append(dirs, dir)
 	}
 	require.Len(t, dirs, 3)
-	deleteVolume(t, "e2e-del") // attached: the engine is stopped on the way
+	// Deleting needs the workload ticket gone (the webhook refuses
+	// otherwise); the volume is still attached when the delete lands, so
+	// the engine is stopped on the way.
+	updateTickets(t, "e2e-del", removeTicket("admin"))
+	deleteVolume(t, "e2e-del")
 	for _, d := range dirs {
 		assert.NoDirExists(t, d)
 	}

@@ -1,0 +1,301 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/scripts/localcluster"
+	stypes "github.com/strata-storage/strata/types"
+)
+
+// killIM kills a node's instance manager and waits until its manager reports
+// it in error. The returned function starts it again (same addresses) and
+// waits for running; it is also called when the test ends, if not before.
+func killIM(t *testing.T, node string) (restart func()) {
+	t.Helper()
+	mgr := env.managers[node]
+	require.NoError(t, mgr.IM.Kill())
+	require.Eventually(t, func() bool {
+		st, _ := imState(t, node)
+		return st == v1beta1.InstanceStateError
+	}, time.Minute, 100*time.Millisecond, "im-%s in error after the kill", node)
+	restarted := false
+	restart = func() {
+		if restarted {
+			return
+		}
+		restarted = true
+		im, err := localcluster.StartInstanceManager(env.managerOpts, node, mgr.IM)
+		require.NoError(t, err)
+		mgr.IM = im
+		require.Eventually(t, func() bool {
+			st, _ := imState(t, node)
+			return st == v1beta1.InstanceStateRunning
+		}, time.Minute, 100*time.Millisecond, "im-%s running again", node)
+	}
+	t.Cleanup(restart)
+	return restart
+}
+
+func holdersOf(t *testing.T, volume string) []string {
+	var nodes []string
+	for _, r := range replicasOf(t, volume) {
+		if r.DeletionTimestamp == nil && r.Spec.FailedAt == "" {
+			nodes = append(nodes, r.Spec.NodeID)
+		}
+	}
+	slices.Sort(nodes)
+	return nodes
+}
+
+func otherNode(exclude ...string) string {
+	for _, n := range nodeNames {
+		if !slices.Contains(exclude, n) {
+			return n
+		}
+	}
+	return ""
+}
+
+// A node's instance manager dies and stays dead (its manager runs on): a
+// 2-replica volume is rebuilt on the third node and healthy again; a
+// 3-replica volume has no node left, and its Scheduled condition names the
+// dead instance manager until it is back; the failed replica's data left on
+// the dead node is removed once its instance manager returns.
+func TestLostInstanceManagerVolumeRebuiltElsewhere(t *testing.T) {
+	defer setSetting(t, stypes.SettingReplicaReplenishmentWaitInterval, "1")()
+	createVolume(t, "e2e-imloss", "32Mi", 2)
+	createVolume(t, "e2e-imloss3", "16Mi", 3)
+	waitVolume(t, "e2e-imloss", time.Minute, "detached", isDetached)
+	waitVolume(t, "e2e-imloss3", time.Minute, "detached", isDetached)
+	holders := holdersOf(t, "e2e-imloss")
+	require.Len(t, holders, 2)
+	attachNode, victim := holders[0], holders[1]
+	third := otherNode(holders...)
+
+	updateTickets(t, "e2e-imloss", addTicket("admin", v1beta1.AttacherTypeStrataAPI, attachNode))
+	updateTickets(t, "e2e-imloss3", addTicket("admin", v1beta1.AttacherTypeStrataAPI, attachNode))
+	v := waitVolume(t, "e2e-imloss", time.Minute, "attached", attachedTo(attachNode))
+	v3 := waitVolume(t, "e2e-imloss3", time.Minute, "attached", attachedTo(attachNode))
+	qemuIO(t, v.Status.FrontendEndpoint, "write -P 0x5a 0 8M")
+	qemuIO(t, v3.Status.FrontendEndpoint, "write -P 0x5b 0 4M")
+	var lostDir string
+	for _, r := range replicasOf(t, "e2e-imloss") {
+		if r.Spec.NodeID == victim {
+			lostDir = filepath.Join(env.managers[victim].DiskDir, "replicas", r.Spec.DataDirectoryName)
+		}
+	}
+	require.DirExists(t, lostDir)
+
+	restart := killIM(t, victim)
+	// Writes make the engines notice the lost replica.
+	qemuIO(t, v.Status.FrontendEndpoint, "write -P 0x5c 8M 1M")
+	qemuIO(t, v3.Status.FrontendEndpoint, "write -P 0x5d 4M 1M")
+
+	v = waitVolume(t, "e2e-imloss", 2*time.Minute, "healthy again with a replica on "+third, func(v *v1beta1.Volume) bool {
+		return v.Status.Robustness == v1beta1.VolumeRobustnessHealthy && slices.Equal(holdersOf(t, "e2e-imloss"), sorted(attachNode, third))
+	})
+	qemuIO(t, v.Status.FrontendEndpoint, "read -P 0x5a 0 8M", "read -P 0x5c 8M 1M")
+
+	v3 = waitVolume(t, "e2e-imloss3", time.Minute, "Scheduled=False naming the dead instance manager", func(v *v1beta1.Volume) bool {
+		c := meta.FindStatusCondition(v.Status.Conditions, "Scheduled")
+		return c != nil && c.Status == metav1.ConditionFalse && strings.Contains(c.Message, "instance manager im-"+victim)
+	})
+	assert.Equal(t, v1beta1.VolumeRobustnessDegraded, v3.Status.Robustness)
+
+	restart()
+	waitVolume(t, "e2e-imloss3", 2*time.Minute, "healthy with a replica on "+victim+" again", func(v *v1beta1.Volume) bool {
+		return v.Status.Robustness == v1beta1.VolumeRobustnessHealthy && len(holdersOf(t, "e2e-imloss3")) == 3 &&
+			meta.IsStatusConditionTrue(v.Status.Conditions, "Scheduled")
+	})
+	qemuIO(t, v3.Status.FrontendEndpoint, "read -P 0x5b 0 4M", "read -P 0x5d 4M 1M")
+	require.Eventually(t, func() bool {
+		_, err := os.Stat(lostDir)
+		return os.IsNotExist(err)
+	}, time.Minute, 200*time.Millisecond, "the lost replica's data %s is removed once its instance manager is back", lostDir)
+	waitNoOrphans(t, victim)
+}
+
+func sorted(s ...string) []string {
+	slices.Sort(s)
+	return s
+}
+
+func waitNoOrphans(t *testing.T, node string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		for _, st := range getNode(t, node).Status.DiskStatus {
+			if len(st.OrphanedReplicaDirectories) > 0 {
+				return false
+			}
+		}
+		return true
+	}, time.Minute, 200*time.Millisecond, "node %s lists no orphaned replica data", node)
+}
+
+// Deleting a volume while one node's instance manager is dead (and nothing
+// restarts it) finishes within a minute; the data left on that node is
+// listed as orphaned, and removed once the instance manager is back.
+func TestVolumeDeleteWithDeadInstanceManager(t *testing.T) {
+	createVolume(t, "e2e-deldead", "16Mi", 3)
+	waitVolume(t, "e2e-deldead", time.Minute, "detached", isDetached)
+	updateTickets(t, "e2e-deldead", addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-1"))
+	v := waitVolume(t, "e2e-deldead", time.Minute, "attached", attachedTo("node-1"))
+	qemuIO(t, v.Status.FrontendEndpoint, "write -P 0x42 0 1M")
+	updateTickets(t, "e2e-deldead", removeTicket("admin"))
+	waitVolume(t, "e2e-deldead", time.Minute, "detached", isDetached)
+
+	victim := "node-3"
+	var deadDir string
+	for _, r := range replicasOf(t, "e2e-deldead") {
+		if r.Spec.NodeID == victim {
+			deadDir = filepath.Join(env.managers[victim].DiskDir, "replicas", r.Spec.DataDirectoryName)
+		}
+	}
+	require.DirExists(t, deadDir)
+	restart := killIM(t, victim)
+
+	start := time.Now()
+	deleteVolume(t, "e2e-deldead") // fails the test if the volume is not gone within a minute
+	t.Logf("volume deleted in %s with im-%s down", time.Since(start).Round(time.Millisecond), victim)
+	require.Eventually(t, func() bool {
+		_, err := env.adminStrata.StrataV1beta1().VolumeAttachments(ns).Get(context.Background(), "e2e-deldead", metav1.GetOptions{})
+		return err != nil
+	}, time.Minute, 200*time.Millisecond, "the VolumeAttachment goes with the volume")
+	require.DirExists(t, deadDir, "nothing deletes data without the instance manager")
+	require.Eventually(t, func() bool {
+		for _, st := range getNode(t, victim).Status.DiskStatus {
+			if slices.Contains(st.OrphanedReplicaDirectories, filepath.Base(deadDir)) {
+				return true
+			}
+		}
+		return false
+	}, time.Minute, 200*time.Millisecond, "node %s lists %s as orphaned", victim, deadDir)
+
+	restart()
+	require.Eventually(t, func() bool {
+		_, err := os.Stat(deadDir)
+		return os.IsNotExist(err)
+	}, time.Minute, 200*time.Millisecond, "orphaned %s removed once im-%s is back", deadDir, victim)
+	waitNoOrphans(t, victim)
+}
+
+// The supervisor `make run` uses brings a killed instance manager back, and
+// notes the restart in its log.
+func TestSupervisorRestartsKilledInstanceManager(t *testing.T) {
+	node := "node-2"
+	sup := localcluster.Supervise(logrus.New(), env.managerOpts, env.managers[node])
+	defer func() { env.managers[node] = sup.Release() }()
+	oldPid := sup.Manager().IM.Pid()
+	require.NoError(t, sup.Manager().IM.Kill())
+	require.Eventually(t, func() bool { return sup.Restarts("instance-manager") == 1 }, time.Minute, 100*time.Millisecond)
+	im := sup.Manager().IM
+	assert.NotEqual(t, oldPid, im.Pid())
+	require.Eventually(t, func() bool {
+		st, _ := imState(t, node)
+		return st == v1beta1.InstanceStateRunning && !im.Exited()
+	}, time.Minute, 100*time.Millisecond, "im-%s running again", node)
+	assert.Contains(t, im.LogTail(200), fmt.Sprintf("(pid %d) exited", oldPid), "the restart is noted in the log")
+	assert.Equal(t, 0, sup.Restarts("manager"))
+}
+
+// A key that fails many times in a row (the API server forbids the volume's
+// status writes for a while) is still retried, and the volume converges
+// once the fault clears: no controller drops a key.
+func TestFailingKeyConvergesAfterTheFaultClears(t *testing.T) {
+	ctx := context.Background()
+	roles := env.adminKube.RbacV1().ClusterRoles()
+	orig, err := roles.Get(ctx, stypes.ManagerServiceAccount, metav1.GetOptions{})
+	require.NoError(t, err)
+	restore := func() {
+		require.NoError(t, retryOnConflict(func() error {
+			cur, err := roles.Get(ctx, orig.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			cur.Rules = orig.Rules
+			_, err = roles.Update(ctx, cur, metav1.UpdateOptions{})
+			return err
+		}))
+	}
+	defer restore()
+	forbidVolumeStatusWrites(t)
+
+	before := sumMetric(t, `workqueue_retries_total{name="strata-volume"}`)
+	createVolume(t, "e2e-retry", "16Mi", 1)
+	require.Eventually(t, func() bool {
+		return sumMetric(t, `workqueue_retries_total{name="strata-volume"}`)-before > 20
+	}, 2*time.Minute, 500*time.Millisecond, "the volume's key fails more than 20 times")
+	assert.Empty(t, getVolume(t, "e2e-retry").Status.State, "no status could be written")
+
+	restore()
+	waitVolume(t, "e2e-retry", time.Minute, "detached once the fault cleared", isDetached)
+}
+
+// forbidVolumeStatusWrites replaces the manager role's wildcard on strata.io
+// with the same permissions spelt out per resource, less update and patch of
+// volumes/status.
+func forbidVolumeStatusWrites(t *testing.T) {
+	ctx := context.Background()
+	list, err := env.adminKube.Discovery().ServerResourcesForGroupVersion(v1beta1.SchemeGroupVersion.String())
+	require.NoError(t, err)
+	var writable []string
+	for _, r := range list.APIResources {
+		if r.Name != "volumes/status" {
+			writable = append(writable, r.Name)
+		}
+	}
+	roles := env.adminKube.RbacV1().ClusterRoles()
+	require.NoError(t, retryOnConflict(func() error {
+		role, err := roles.Get(ctx, stypes.ManagerServiceAccount, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for i, rule := range role.Rules {
+			if slices.Contains(rule.APIGroups, v1beta1.SchemeGroupVersion.Group) && slices.Contains(rule.Resources, "*") {
+				role.Rules[i].Resources = writable
+			}
+		}
+		_, err = roles.Update(ctx, role, metav1.UpdateOptions{})
+		return err
+	}))
+}
+
+// sumMetric adds up one metric series over every manager's /metrics.
+func sumMetric(t *testing.T, series string) float64 {
+	t.Helper()
+	var total float64
+	for _, mgr := range env.managers {
+		resp, err := http.Get("http://" + mgr.MetricsAddr + "/metrics")
+		if err != nil {
+			continue // a manager being restarted by another test's leftovers
+		}
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			if rest, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
+				if v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64); err == nil {
+					total += v
+				}
+			}
+		}
+		resp.Body.Close()
+	}
+	return total
+}
