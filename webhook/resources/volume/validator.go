@@ -47,6 +47,9 @@ func (v *validator) Create(req *admission.Request, obj runtime.Object) error {
 	vol := obj.(*v1beta1.Volume)
 	var errs admission.FieldErrors
 	errs.Add(validSize(vol), v.validReplicas(vol.Spec.NumberOfReplicas))
+	if vol.Spec.DataSource != "" {
+		errs.Add(v.existingDataSource(vol.Spec.DataSource), cloningNotAvailable())
+	}
 	if req.Username() != v.manager {
 		if vol.Spec.NodeID != "" {
 			errs.Add(attachmentFieldForbidden(nodeIDPath))
