@@ -64,21 +64,22 @@ func (t target) clientConfig(path string, caBundle []byte) *admissionac.WebhookC
 		WithNamespace(t.namespace).WithName(ServiceName).WithPort(ServicePort).WithPath(path))
 }
 
-// rules match CREATE and UPDATE of each resource, never a subresource: the
+// rules match the handled operations of each resource (CREATE and UPDATE;
+// DELETE where a validator judges it), never a subresource: the
 // controllers' status writes and other kinds (Node, Setting,
 // InstanceManager) are never held up by the webhook.
-func rules(resources []admission.Resource) []*admissionac.RuleWithOperationsApplyConfiguration {
+func rules(resources []admission.Rule) []*admissionac.RuleWithOperationsApplyConfiguration {
 	var out []*admissionac.RuleWithOperationsApplyConfiguration
 	for _, r := range resources {
 		out = append(out, admissionac.RuleWithOperations().
-			WithOperations(admissionregistrationv1.Create, admissionregistrationv1.Update).
-			WithAPIGroups(r.Group).WithAPIVersions(r.Version).WithResources(r.Resource).
+			WithOperations(r.Operations...).
+			WithAPIGroups(r.Group).WithAPIVersions(r.Version).WithResources(r.GroupResource.Resource).
 			WithScope(admissionregistrationv1.NamespacedScope))
 	}
 	return out
 }
 
-func desiredMutating(t target, caBundle []byte, resources []admission.Resource) *admissionac.MutatingWebhookConfigurationApplyConfiguration {
+func desiredMutating(t target, caBundle []byte, resources []admission.Rule) *admissionac.MutatingWebhookConfigurationApplyConfiguration {
 	return admissionac.MutatingWebhookConfiguration(MutatorConfigName).
 		WithLabels(map[string]string{types.LabelComponent: ComponentWebhook}).
 		WithWebhooks(admissionac.MutatingWebhook().
@@ -93,7 +94,7 @@ func desiredMutating(t target, caBundle []byte, resources []admission.Resource) 
 			WithReinvocationPolicy(admissionregistrationv1.NeverReinvocationPolicy))
 }
 
-func desiredValidating(t target, caBundle []byte, resources []admission.Resource) *admissionac.ValidatingWebhookConfigurationApplyConfiguration {
+func desiredValidating(t target, caBundle []byte, resources []admission.Rule) *admissionac.ValidatingWebhookConfigurationApplyConfiguration {
 	return admissionac.ValidatingWebhookConfiguration(ValidatorConfigName).
 		WithLabels(map[string]string{types.LabelComponent: ComponentWebhook}).
 		WithWebhooks(admissionac.ValidatingWebhook().

@@ -106,9 +106,8 @@ func (s *Server) reconcileAsLeader(ctx context.Context, st *leaderState) (time.D
 	}
 
 	bundle := state.bundlePEM()
-	resources := s.handler.Resources(true)
-	mutating := desiredMutating(s.target, bundle, resources)
-	validating := desiredValidating(s.target, bundle, s.handler.Resources(false))
+	mutating := desiredMutating(s.target, bundle, s.handler.Rules(true))
+	validating := desiredValidating(s.target, bundle, s.handler.Rules(false))
 	desired, err := json.Marshal([]any{mutating, validating})
 	if err != nil {
 		return 0, err

@@ -152,6 +152,8 @@ func TestLeaderAppliesConfigurations(t *testing.T) {
 					Scope: ptr(admissionregistrationv1.NamespacedScope)}},
 			}
 			assert.Equal(t, wantRules, m.Rules)
+			// Deleting a volume is judged too (one a workload holds is refused).
+			wantRules[2].Operations = append(wantRules[2].Operations, "DELETE")
 			assert.Equal(t, wantRules, v.Rules)
 			assert.Equal(t, admissionregistrationv1.Fail, *m.FailurePolicy)
 			assert.Equal(t, admissionregistrationv1.Fail, *v.FailurePolicy)

@@ -10,6 +10,7 @@ package admission
 
 import (
 	admissionv1 "k8s.io/api/admission/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
@@ -51,4 +52,19 @@ type Validator interface {
 	Resource() Resource
 	Create(req *Request, obj runtime.Object) error
 	Update(req *Request, oldObj, newObj runtime.Object) error
+}
+
+// DeleteValidator is a Validator that also decides whether an object may be
+// deleted; its resource's validating rule then matches DELETE too. Delete
+// sees the object as stored (the request's oldObject) and returns nil to
+// allow, or a FieldError or Conflict to deny.
+type DeleteValidator interface {
+	Validator
+	Delete(req *Request, obj runtime.Object) error
+}
+
+// Rule is what a webhook configuration matches for one resource.
+type Rule struct {
+	Resource
+	Operations []admissionregistrationv1.OperationType
 }

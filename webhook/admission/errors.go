@@ -33,6 +33,20 @@ func Forbidden(path *field.Path, format string, args ...any) *FieldError {
 	return &FieldError{Field: path.String(), Message: fmt.Sprintf(format, args...), Forbidden: true}
 }
 
+// ConflictError denies a request that the object's current state forbids,
+// such as deleting a volume a workload holds attached: 409 Conflict, with a
+// message that names what holds the object and how to release it.
+type ConflictError struct {
+	Message string
+}
+
+func (e *ConflictError) Error() string { return e.Message }
+
+// Conflict is a ConflictError.
+func Conflict(format string, args ...any) *ConflictError {
+	return &ConflictError{Message: fmt.Sprintf(format, args...)}
+}
+
 // FieldErrors collects every reason a request is denied, so that one answer
 // names them all.
 type FieldErrors []*FieldError
@@ -64,11 +78,16 @@ func (e FieldErrors) Err() error {
 
 // deniedStatus turns a handler's error into the status of the denial:
 // FieldErrors are 422 Invalid (403 Forbidden when any field is forbidden)
-// with one cause per field; anything else is an internal error.
+// with one cause per field, a ConflictError is 409 Conflict; anything else
+// is an internal error.
 func deniedStatus(err error, res Resource, name string) *metav1.Status {
 	var fes FieldErrors
 	var fe *FieldError
+	var ce *ConflictError
 	switch {
+	case errors.As(err, &ce):
+		return &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusConflict, Reason: metav1.StatusReasonConflict,
+			Message: ce.Message, Details: &metav1.StatusDetails{Name: name, Group: res.Group, Kind: res.Kind}}
 	case errors.As(err, &fes):
 	case errors.As(err, &fe):
 		fes = FieldErrors{fe}

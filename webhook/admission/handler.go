@@ -10,6 +10,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 	admissionv1 "k8s.io/api/admission/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
@@ -26,7 +27,8 @@ const maxRequestBytes = 8 << 20
 
 // Handler dispatches admission requests to the mutators and validators of
 // the requested resource. Requests for a resource nobody handles, and
-// operations other than CREATE and UPDATE, are allowed unchanged.
+// operations other than CREATE and UPDATE (and DELETE, for a
+// DeleteValidator), are allowed unchanged.
 type Handler struct {
 	log        logrus.FieldLogger
 	namespace  string
@@ -60,17 +62,24 @@ func NewHandler(log logrus.FieldLogger, namespace string, mutators []Mutator, va
 	return h, nil
 }
 
-// Resources lists, sorted by group and name, the resources that have a
-// mutator (mutating) or a validator: what the webhook configurations match.
-func (h *Handler) Resources(mutating bool) []Resource {
-	var out []Resource
+// Rules lists, sorted by group and name, the resources that have a mutator
+// (mutating) or a validator, with the operations handled: what the webhook
+// configurations match. DELETE is matched only for a DeleteValidator, so
+// deleting other kinds never waits for the webhook.
+func (h *Handler) Rules(mutating bool) []Rule {
+	createUpdate := []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}
+	var out []Rule
 	if mutating {
 		for _, m := range h.mutators {
-			out = append(out, m.Resource())
+			out = append(out, Rule{Resource: m.Resource(), Operations: createUpdate})
 		}
 	} else {
 		for _, v := range h.validators {
-			out = append(out, v.Resource())
+			ops := createUpdate
+			if _, ok := v.(DeleteValidator); ok {
+				ops = append(ops[:len(ops):len(ops)], admissionregistrationv1.Delete)
+			}
+			out = append(out, Rule{Resource: v.Resource(), Operations: ops})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
@@ -128,7 +137,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request,
 // Mutate answers one request with the patch of the resource's mutator.
 func (h *Handler) Mutate(ar *admissionv1.AdmissionRequest) (resp *admissionv1.AdmissionResponse) {
 	m, ok := h.mutators[schema.GroupResource{Group: ar.Resource.Group, Resource: ar.Resource.Resource}]
-	if !ok || ar.SubResource != "" || !handledOperation(ar.Operation) {
+	if !ok || ar.SubResource != "" || (ar.Operation != admissionv1.Create && ar.Operation != admissionv1.Update) {
 		return allowed()
 	}
 	res := m.Resource()
@@ -180,7 +189,7 @@ func (h *Handler) Mutate(ar *admissionv1.AdmissionRequest) (resp *admissionv1.Ad
 // Validate answers one request with the verdict of the resource's validator.
 func (h *Handler) Validate(ar *admissionv1.AdmissionRequest) (resp *admissionv1.AdmissionResponse) {
 	v, ok := h.validators[schema.GroupResource{Group: ar.Resource.Group, Resource: ar.Resource.Resource}]
-	if !ok || ar.SubResource != "" || !handledOperation(ar.Operation) {
+	if !ok || ar.SubResource != "" || !validatedOperation(v, ar.Operation) {
 		return allowed()
 	}
 	res := v.Resource()
@@ -188,6 +197,18 @@ func (h *Handler) Validate(ar *admissionv1.AdmissionRequest) (resp *admissionv1.
 	defer h.recoverInto(&resp, log, res, ar.Name)
 
 	req := &Request{AdmissionRequest: ar}
+	if ar.Operation == admissionv1.Delete {
+		// A DELETE carries no new object, only the stored one.
+		old := res.NewObject()
+		if err := json.Unmarshal(ar.OldObject.Raw, old); err != nil {
+			return denied(fmt.Errorf("decoding the stored %s: %w", res.Kind, err), res, ar.Name)
+		}
+		if err := v.(DeleteValidator).Delete(req, old); err != nil {
+			log.WithError(err).Info("Denied")
+			return denied(err, res, ar.Name)
+		}
+		return allowed()
+	}
 	obj := res.NewObject()
 	if err := json.Unmarshal(ar.Object.Raw, obj); err != nil {
 		return denied(fmt.Errorf("decoding the %s: %w", res.Kind, err), res, ar.Name)
@@ -229,7 +250,11 @@ func (h *Handler) requestLog(ar *admissionv1.AdmissionRequest, what string) logr
 		"resource": ar.Resource.Resource, "name": ar.Name, "user": ar.UserInfo.Username})
 }
 
-func handledOperation(op admissionv1.Operation) bool {
+func validatedOperation(v Validator, op admissionv1.Operation) bool {
+	if op == admissionv1.Delete {
+		_, ok := v.(DeleteValidator)
+		return ok
+	}
 	return op == admissionv1.Create || op == admissionv1.Update
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -222,9 +223,73 @@ func TestNewHandlerRefusesTwoHandlersForOneResource(t *testing.T) {
 	assert.EqualError(t, err, "two validators for volumes.strata.io")
 	h, err := admission.NewHandler(nil, "ns", []admission.Mutator{m}, nil)
 	require.NoError(t, err)
-	require.Len(t, h.Resources(true), 1)
-	assert.Equal(t, "volumes.strata.io", h.Resources(true)[0].String())
-	assert.Empty(t, h.Resources(false))
+	require.Len(t, h.Rules(true), 1)
+	assert.Equal(t, "volumes.strata.io", h.Rules(true)[0].String())
+	assert.Empty(t, h.Rules(false))
+}
+
+// deleteFuncs is a validator that also judges deletions.
+type deleteFuncs struct {
+	funcs
+	del func(*admission.Request, runtime.Object) error
+}
+
+func (f deleteFuncs) Delete(r *admission.Request, obj runtime.Object) error { return f.del(r, obj) }
+
+func TestRulesMatchDeleteOnlyForDeleteValidators(t *testing.T) {
+	plain := onCreate(nil)
+	createUpdate := []admissionregistrationv1.OperationType{"CREATE", "UPDATE"}
+	h, err := admission.NewHandler(nil, "ns", []admission.Mutator{plain}, []admission.Validator{deleteFuncs{funcs: plain}})
+	require.NoError(t, err)
+	assert.Equal(t, createUpdate, h.Rules(true)[0].Operations, "mutators never see DELETE")
+	assert.Equal(t, []admissionregistrationv1.OperationType{"CREATE", "UPDATE", "DELETE"}, h.Rules(false)[0].Operations)
+
+	h, err = admission.NewHandler(nil, "ns", nil, []admission.Validator{plain})
+	require.NoError(t, err)
+	assert.Equal(t, createUpdate, h.Rules(false)[0].Operations)
+}
+
+func TestDeleteValidator(t *testing.T) {
+	var seen *v1beta1.Volume
+	judge := func(err error) deleteFuncs {
+		return deleteFuncs{funcs: onCreate(func(*admission.Request, runtime.Object) error { return nil }),
+			del: func(_ *admission.Request, obj runtime.Object) error { seen = obj.(*v1beta1.Volume); return err }}
+	}
+	deleteReq := func() *admissionv1.AdmissionRequest {
+		// As the API server sends it: the stored object in oldObject, no object.
+		r := admissiontest.Request(volumes, admissiontest.Admin, testVolume(), testVolume())
+		r.Operation, r.Object = admissionv1.Delete, runtime.RawExtension{}
+		return r
+	}
+
+	t.Run("allowed", func(t *testing.T) {
+		seen = nil
+		h := admissiontest.NewHandler(t, nil, judge(nil))
+		assert.True(t, h.Validate(deleteReq()).Allowed)
+		require.NotNil(t, seen, "Delete ran")
+		assert.Equal(t, "1Gi", seen.Spec.Size.String(), "Delete sees the stored object")
+	})
+	t.Run("a conflict is 409 with the message as it is", func(t *testing.T) {
+		h := admissiontest.NewHandler(t, nil, judge(admission.Conflict("volume %s is in use", "v1")))
+		resp := h.Validate(deleteReq())
+		require.False(t, resp.Allowed)
+		assert.EqualValues(t, http.StatusConflict, resp.Result.Code)
+		assert.Equal(t, metav1.StatusReasonConflict, resp.Result.Reason)
+		assert.Equal(t, "volume v1 is in use", resp.Result.Message)
+		assert.Equal(t, "Volume", resp.Result.Details.Kind)
+	})
+	t.Run("a delete outside the namespace is judged by the validator alone", func(t *testing.T) {
+		h := admissiontest.NewHandler(t, nil, judge(nil))
+		r := deleteReq()
+		r.Namespace = "elsewhere"
+		assert.True(t, h.Validate(r).Allowed)
+	})
+	t.Run("mutators are not asked", func(t *testing.T) {
+		h := admissiontest.NewHandler(t, onCreate(func(*admission.Request, runtime.Object) error {
+			return errors.New("must not run")
+		}), nil)
+		assert.True(t, h.Mutate(deleteReq()).Allowed)
+	})
 }
 
 func TestServeHTTP(t *testing.T) {

@@ -31,8 +31,8 @@ type validator struct {
 	manager string
 }
 
-// NewValidator returns the Volume validator.
-func NewValidator(ds *datastore.DataStore) admission.Validator {
+// NewValidator returns the Volume validator, which judges deletions too.
+func NewValidator(ds *datastore.DataStore) admission.DeleteValidator {
 	return &validator{ds: ds, manager: ManagerUsername(ds.Namespace)}
 }
 
