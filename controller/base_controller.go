@@ -175,12 +175,16 @@ func (c *baseController) onInstanceManagerStateChange(fn func(node string)) erro
 
 // enqueueByNode adds every object of informer placed on node (by-node index).
 func (c *baseController) enqueueByNode(informer cache.SharedIndexInformer, node string) {
+	for _, obj := range c.onNode(informer, node) {
+		c.enqueue(obj)
+	}
+}
+
+// onNode lists the cached objects of informer placed on node (by-node index).
+func (c *baseController) onNode(informer cache.SharedIndexInformer, node string) []interface{} {
 	objs, err := informer.GetIndexer().ByIndex(datastore.IndexByNode, node)
 	if err != nil {
 		c.logger.WithError(err).WithField("node", node).Warn("Cannot list the node's objects")
-		return
 	}
-	for _, obj := range objs {
-		c.enqueue(obj)
-	}
+	return objs
 }

@@ -82,12 +82,7 @@ func (c *VolumeController) enqueueVolumeOf(obj interface{}) {
 // node to place a replica on.
 func (c *VolumeController) enqueueVolumesConcerning(node string) {
 	for _, informer := range []cache.SharedIndexInformer{c.ds.Replicas.Informer(), c.ds.Engines.Informer()} {
-		objs, err := informer.GetIndexer().ByIndex(datastore.IndexByNode, node)
-		if err != nil {
-			c.logger.WithError(err).WithField("node", node).Warn("Cannot list the node's objects")
-			continue
-		}
-		for _, obj := range objs {
+		for _, obj := range c.onNode(informer, node) {
 			c.enqueueVolumeOf(obj)
 		}
 	}

@@ -125,11 +125,17 @@ func TestLostInstanceManagerVolumeRebuiltElsewhere(t *testing.T) {
 			meta.IsStatusConditionTrue(v.Status.Conditions, "Scheduled")
 	})
 	qemuIO(t, v3.Status.FrontendEndpoint, "read -P 0x5b 0 4M", "read -P 0x5d 4M 1M")
-	require.Eventually(t, func() bool {
-		_, err := os.Stat(lostDir)
-		return os.IsNotExist(err)
-	}, time.Minute, 200*time.Millisecond, "the lost replica's data %s is removed once its instance manager is back", lostDir)
+	waitGone(t, lostDir, "the lost replica's data is removed once its instance manager is back")
 	waitNoOrphans(t, victim)
+}
+
+// waitGone waits until path no longer exists.
+func waitGone(t *testing.T, path, what string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		_, err := os.Stat(path)
+		return os.IsNotExist(err)
+	}, time.Minute, 200*time.Millisecond, "%s: %s", path, what)
 }
 
 func sorted(s ...string) []string {
@@ -189,10 +195,7 @@ func TestVolumeDeleteWithDeadInstanceManager(t *testing.T) {
 	}, time.Minute, 200*time.Millisecond, "node %s lists %s as orphaned", victim, deadDir)
 
 	restart()
-	require.Eventually(t, func() bool {
-		_, err := os.Stat(deadDir)
-		return os.IsNotExist(err)
-	}, time.Minute, 200*time.Millisecond, "orphaned %s removed once im-%s is back", deadDir, victim)
+	waitGone(t, deadDir, "orphaned data is removed once im-"+victim+" is back")
 	waitNoOrphans(t, victim)
 }
 
