@@ -38,14 +38,27 @@ type realIM struct {
 
 func startRealIM(t *testing.T) *realIM {
 	t.Helper()
+	return startRealIMWith(t, realIMOptions{sizeReportInterval: -1})
+}
+
+// realIMOptions tunes startRealIMWith: how often the instance manager
+// re-reads its engines' chains and follows purges (negative: never), and
+// gRPC server options such as an interceptor that injects faults.
+type realIMOptions struct {
+	sizeReportInterval time.Duration
+	serverOptions      []grpc.ServerOption
+}
+
+func startRealIMWith(t *testing.T, o realIMOptions) *realIM {
+	t.Helper()
 	log := logrus.New()
 	log.SetOutput(io.Discard)
 	srv, err := imserver.New(imserver.Options{StateDir: t.TempDir(), DataHost: "127.0.0.1", NBDAddress: "127.0.0.1:10809",
-		Log: log, SizeReportInterval: -1})
+		Log: log, SizeReportInterval: o.sizeReportInterval})
 	require.NoError(t, err)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(o.serverOptions...)
 	impb.RegisterInstanceManagerServer(gs, srv)
 	go func() { _ = gs.Serve(l) }()
 	im := &realIM{addr: l.Addr().String(), pool: engineapi.NewPool(10 * time.Second), cache: NewInstanceCache()}

@@ -118,8 +118,9 @@ func testVA(tickets ...*v1beta1.AttachmentTicket) *v1beta1.VolumeAttachment {
 }
 
 // TestSnapshotControllerSync covers the paths that make no gRPC call (a
-// detached volume, status mirroring, lost snapshots, releases); taking and
-// removing snapshots on a running engine is shown end to end.
+// detached volume, status mirroring, lost snapshots, releases); taking,
+// removing and purging on a running engine are in
+// TestSnapshotControllerActionsAgainstRealInstanceManager.
 func TestSnapshotControllerSync(t *testing.T) {
 	stoppedEngine := func(snaps map[string]*v1beta1.SnapshotInfo) *v1beta1.Engine { return engineWith("stopped", snaps) }
 	snapTicket := &v1beta1.AttachmentTicket{ID: "snapshot-s1", Type: v1beta1.AttacherTypeSnapshotController, NodeID: "node-1"}
