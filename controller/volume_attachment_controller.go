@@ -89,21 +89,24 @@ func (c *VolumeAttachmentController) applyAttachmentDecision(ctx context.Context
 	return updated, nil
 }
 
-// updateTicketStatuses writes va.status.attachmentTicketStatuses when they
-// changed: one status per ticket, none for tickets that are gone.
+// updateTicketStatuses writes va.status when it changed: one status per
+// ticket, none for tickets that are gone, and the summary kubectl get va
+// shows.
 func (c *VolumeAttachmentController) updateTicketStatuses(ctx context.Context, vol *v1beta1.Volume,
 	va *v1beta1.VolumeAttachment, unwatched map[string]string) error {
 	now := metav1.NewTime(c.ds.Clock.Now())
 	statuses := ticketStatuses(vol, va, now)
 	markUnwatchedOwners(statuses, unwatched, now)
+	want := attachmentSummary(vol, statuses)
+	want.AttachmentTicketStatuses = statuses
 	if len(statuses) == 0 && len(va.Status.AttachmentTicketStatuses) == 0 {
-		return nil
+		want.AttachmentTicketStatuses = va.Status.AttachmentTicketStatuses // nil and empty say the same
 	}
-	if equality.Semantic.DeepEqual(statuses, va.Status.AttachmentTicketStatuses) {
+	if equality.Semantic.DeepEqual(want, va.Status) {
 		return nil
 	}
 	cp := va.DeepCopy()
-	cp.Status.AttachmentTicketStatuses = statuses
+	cp.Status = want
 	_, err := c.ds.VolumeAttachments.UpdateStatus(ctx, cp)
 	return err
 }

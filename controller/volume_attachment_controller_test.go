@@ -58,7 +58,9 @@ func adVA(ts ...*v1beta1.AttachmentTicket) *v1beta1.VolumeAttachment {
 // adWithStatuses sets the statuses the controller would compute for vol, so
 // a case starts from a settled VolumeAttachment.
 func adWithStatuses(va *v1beta1.VolumeAttachment, vol *v1beta1.Volume) *v1beta1.VolumeAttachment {
-	va.Status.AttachmentTicketStatuses = ticketStatuses(vol, va, metav1.NewTime(dstest.Now.Add(-time.Hour)))
+	statuses := ticketStatuses(vol, va, metav1.NewTime(dstest.Now.Add(-time.Hour)))
+	va.Status = attachmentSummary(vol, statuses)
+	va.Status.AttachmentTicketStatuses = statuses
 	return va
 }
 
@@ -278,7 +280,7 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 			name:       "both tickets going rolls back and detaches",
 			vol:        migrating,
 			va:         adVA(),
-			wantWrites: []string{"update volumes v1"},
+			wantWrites: []string{"update volumes v1", "update volumeattachments/status v1"}, // the attached node, until detached
 			wantEvents: []string{"Normal MigrationRollback", "Normal Detach"},
 			wantSpec:   &adSpec{},
 		},
@@ -297,7 +299,7 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 			vol:         attached1,
 			va:          adVA(ownedBy(ticket("snap-1", snapCtl, "node-1"), "strata.io/v1beta1", "Snapshot", "", "snap-1", "old-uid")),
 			strata:      []runtime.Object{adSnapshot("snap-1", "new-uid")},
-			wantWrites:  []string{"update volumeattachments v1", "update volumes v1"},
+			wantWrites:  []string{"update volumeattachments v1", "update volumes v1", "update volumeattachments/status v1"},
 			wantEvents:  []string{"Normal TicketRemoved", "Normal Detach"},
 			wantTickets: []string{},
 			wantSpec:    &adSpec{},

@@ -199,3 +199,15 @@ func orUnknown(s string) string {
 	}
 	return s
 }
+
+// attachmentSummary is what kubectl get va shows: the node the volume is
+// attached to, and how many tickets there are and are satisfied.
+func attachmentSummary(vol *v1beta1.Volume, statuses map[string]*v1beta1.AttachmentTicketStatus) v1beta1.VolumeAttachmentStatus {
+	s := v1beta1.VolumeAttachmentStatus{CurrentNodeID: vol.Status.CurrentNodeID, Tickets: int32(len(statuses))}
+	for _, st := range statuses {
+		if st.Satisfied {
+			s.SatisfiedTickets++
+		}
+	}
+	return s
+}

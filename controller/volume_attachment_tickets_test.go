@@ -216,3 +216,24 @@ func TestTicketStatusesKeepTransitionTimes(t *testing.T) {
 		meta.FindStatusCondition(va.Status.AttachmentTicketStatuses["pod"].Conditions, v1beta1.AttachmentStatusConditionTypeSatisfied).Status,
 		"the previous statuses are not mutated")
 }
+
+func TestAttachmentSummary(t *testing.T) {
+	statuses := map[string]*v1beta1.AttachmentTicketStatus{
+		"a": {ID: "a", Satisfied: true}, "b": {ID: "b"}, "c": {ID: "c", Satisfied: true}}
+	tests := []struct {
+		name     string
+		node     string
+		statuses map[string]*v1beta1.AttachmentTicketStatus
+		want     v1beta1.VolumeAttachmentStatus
+	}{
+		{"attached, two of three satisfied", "node-1", statuses,
+			v1beta1.VolumeAttachmentStatus{CurrentNodeID: "node-1", Tickets: 3, SatisfiedTickets: 2}},
+		{"detached, none", "", nil, v1beta1.VolumeAttachmentStatus{}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			vol := &v1beta1.Volume{Status: v1beta1.VolumeStatus{CurrentNodeID: tc.node}}
+			assert.Equal(t, tc.want, attachmentSummary(vol, tc.statuses))
+		})
+	}
+}

@@ -259,7 +259,7 @@ func (s *volumeSync) scheduleReplica(start bool) error {
 		Spec: v1beta1.ReplicaSpec{
 			InstanceSpec: v1beta1.InstanceSpec{VolumeName: s.v.Name, VolumeSize: s.v.Status.CurrentSize, NodeID: p.NodeID,
 				DesireState: desire, BackingImage: s.v.Spec.BackingImage},
-			EngineName: eng.Name, DiskID: p.DiskUUID, DiskPath: p.DiskPath, DataDirectoryName: s.v.Name + "-" + suffix,
+			EngineName: eng.Name, DiskID: p.DiskUUID, DiskName: p.DiskName, DiskPath: p.DiskPath, DataDirectoryName: s.v.Name + "-" + suffix,
 		},
 	}
 	r.Labels[types.LabelNode] = p.NodeID

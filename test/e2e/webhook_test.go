@@ -49,6 +49,7 @@ func cleanupWebhookObjects(t *testing.T, names ...string) {
 		ctx := context.Background()
 		c := env.adminStrata.StrataV1beta1()
 		for _, n := range names {
+			releaseWorkloadTickets(t, n) // the webhook refuses to delete a volume they hold
 			_ = c.Volumes(types.DefaultNamespace).Delete(ctx, n, metav1.DeleteOptions{})
 		}
 		remaining := func() []*v1beta1.Volume {
@@ -210,21 +211,26 @@ func TestWebhookConfigurationsMatchOnlyVolumesAttachmentsAndSnapshots(t *testing
 	require.NoError(t, err)
 	mc, err := admission.MutatingWebhookConfigurations().Get(ctx, webhook.MutatorConfigName, metav1.GetOptions{})
 	require.NoError(t, err)
-	for _, rules := range [][]string{ruleResources(t, vc.Webhooks[0].Rules), ruleResources(t, mc.Webhooks[0].Rules)} {
+	// Deleting a volume is validated too: one a workload holds is refused.
+	for _, rules := range [][]string{ruleResources(t, vc.Webhooks[0].Rules, "strata.io/volumes"),
+		ruleResources(t, mc.Webhooks[0].Rules, "")} {
 		assert.ElementsMatch(t, []string{"strata.io/snapshots", "strata.io/volumeattachments", "strata.io/volumes"}, rules)
 	}
 	assert.NotEmpty(t, vc.Webhooks[0].ClientConfig.CABundle)
 }
 
 // ruleResources lists group/resource for every rule, and checks the
-// operations on the way: CREATE and UPDATE only.
-func ruleResources(t *testing.T, rules []admissionregistrationv1.RuleWithOperations) []string {
+// operations on the way: CREATE and UPDATE, and DELETE for withDelete only.
+func ruleResources(t *testing.T, rules []admissionregistrationv1.RuleWithOperations, withDelete string) []string {
 	var out []string
 	for _, r := range rules {
-		assert.ElementsMatch(t, []admissionregistrationv1.OperationType{admissionregistrationv1.Create,
-			admissionregistrationv1.Update}, r.Operations)
 		for _, g := range r.APIGroups {
 			for _, res := range r.Resources {
+				want := []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}
+				if g+"/"+res == withDelete {
+					want = append(want, admissionregistrationv1.Delete)
+				}
+				assert.ElementsMatch(t, want, r.Operations, "%s/%s", g, res)
 				out = append(out, g+"/"+res)
 			}
 		}
