@@ -1,11 +1,14 @@
 package dataplane
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -39,34 +42,66 @@ var wroteRE = regexp.MustCompile(`wrote \d+/\d+ bytes at offset (\d+)`)
 // middle of a write stream. Every write qemu-io saw acknowledged must be on
 // every replica afterwards, the killed node's replica included, and that
 // replica's chain must open when its instance manager restarts.
+//
+// qemu-io reads its commands from a pipe and is kept a few writes ahead of
+// the acknowledgements read back, so the kill lands once killAfter writes
+// are acknowledged, while later ones are queued or in flight, and before
+// the stream could have ended; no clock decides when.
 func TestInstanceManagerKilledDuringWrites(t *testing.T) {
+	const window, killAfter = 4, 32
 	nodes := threeNodes(t)
 	v := createVolume(t, "crashw", nodes)
 	v.snapshot(t, "before")
 
 	slots := volSize / crashChunk
-	args := []string{"-f", "raw"}
-	for i := 0; i < slots; i++ {
-		args = append(args, "-c", fmt.Sprintf("write -P %d %d %d", crashPattern(i), i*crashChunk, crashChunk))
-	}
-	cmd := exec.Command("qemu-io", append(args, v.endpoint)...)
-	outc := make(chan []byte, 1)
-	go func() {
-		out, _ := cmd.CombinedOutput() // fails once its server is gone
-		outc <- out
-	}()
-	time.Sleep(300 * time.Millisecond)
-	require.NoError(t, nodes[0].proc.Kill(), "kill -9 the engine's instance manager")
-	out := <-outc
+	path, err := exec.LookPath("qemu-io")
+	require.NoError(t, err, "apt-get install qemu-utils")
+	cmd := exec.Command(path, "-f", "raw", v.endpoint)
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	out, w, err := os.Pipe()
+	require.NoError(t, err)
+	cmd.Stdout, cmd.Stderr = w, w
+	require.NoError(t, cmd.Start())
+	w.Close()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
 
+	sent := 0
+	send := func() {
+		_, err := fmt.Fprintf(stdin, "write -P %d %d %d\n", crashPattern(sent), sent*crashChunk, crashChunk)
+		require.NoError(t, err)
+		sent++
+	}
+	for range window {
+		send()
+	}
 	var acked []int
-	for _, m := range wroteRE.FindAllStringSubmatch(string(out), -1) {
+	var transcript []string
+	killed := false
+	lines := bufio.NewScanner(out)
+	for lines.Scan() { // ends when qemu-io exits: stdin closed, its server gone
+		transcript = append(transcript, lines.Text())
+		m := wroteRE.FindStringSubmatch(lines.Text())
+		if m == nil {
+			continue
+		}
 		off, _ := strconv.Atoi(m[1])
 		acked = append(acked, off/crashChunk)
+		switch {
+		case killed:
+		case len(acked) == killAfter:
+			require.NoError(t, nodes[0].proc.Kill(), "kill -9 the engine's instance manager")
+			killed = true
+			require.NoError(t, stdin.Close())
+		default:
+			send()
+		}
 	}
-	t.Logf("%d of %d writes acknowledged before the kill", len(acked), slots)
-	require.NotEmpty(t, acked, "the kill came after some writes")
-	require.Less(t, len(acked), slots, "the kill came before the stream ended")
+	require.NoError(t, lines.Err())
+	_ = cmd.Wait() // fails once its server is gone
+	require.True(t, killed, "only %d writes acknowledged before qemu-io ended:\n%s", len(acked),
+		strings.Join(transcript, "\n"))
+	t.Logf("%d of %d writes acknowledged, %d sent, when the kill took effect", len(acked), slots, sent)
 
 	nodes[0].start(t)
 	list, err := nodes[0].client(t).InstanceList(context.Background())
@@ -93,13 +128,31 @@ func TestInstanceManagerKilledDuringWrites(t *testing.T) {
 }
 
 // Kill -9 an instance manager while its replica purges a large removed
-// snapshot, several times at different moments: the replica always reopens
-// and reads what the volume held, and its remaining snapshot is intact.
+// snapshot, at several moments told by the purge itself: as soon as it has
+// started, once the victim's replica reports progress, and once it reports
+// it complete. The replica always reopens and reads what the volume held,
+// and its remaining snapshot is intact.
 func TestInstanceManagerKilledDuringPurge(t *testing.T) {
 	nodes := threeNodes(t)
 	ctx := context.Background()
-	for round, delay := range []time.Duration{0, 5 * time.Millisecond, 20 * time.Millisecond, 60 * time.Millisecond} {
-		t.Run(fmt.Sprintf("after-%s", delay), func(t *testing.T) {
+	// victimPurge is the purge status of the replica on nodes[1].
+	victimPurge := func(t *testing.T, v *volume) *impb.PurgeStatus {
+		st, err := v.im(t).SnapshotPurgeStatus(ctx, v.engine)
+		if err != nil {
+			t.Logf("purge status: %v", err)
+		}
+		return st[v.name+"-r2"]
+	}
+	moments := []struct {
+		name    string
+		reached func(*impb.PurgeStatus) bool // nil: at once
+	}{
+		{"started", nil},
+		{"progressing", func(p *impb.PurgeStatus) bool { return p.GetProgress() > 0 || p.GetState() == "complete" }},
+		{"complete", func(p *impb.PurgeStatus) bool { return !p.GetIsPurging() && p.GetState() == "complete" }},
+	}
+	for round, moment := range moments {
+		t.Run(moment.name, func(t *testing.T) {
 			v := createVolume(t, fmt.Sprintf("crashp%d", round), nodes)
 			base := []string{"write -P 0x41 0 40M"}
 			over := []string{"write -P 0x42 8M 8M", "write -P 0x43 50M 4M"}
@@ -113,7 +166,12 @@ func TestInstanceManagerKilledDuringPurge(t *testing.T) {
 			// 40 MiB into "keep".
 			require.NoError(t, v.im(t).SnapshotRemove(ctx, v.engine, "old"))
 			require.NoError(t, v.im(t).SnapshotPurge(ctx, v.engine))
-			time.Sleep(delay)
+			if moment.reached != nil {
+				require.Eventually(t, func() bool { return moment.reached(victimPurge(t, v)) },
+					time.Minute, time.Millisecond, "the victim's purge %s", moment.name)
+				last := victimPurge(t, v)
+				t.Logf("killing at purge progress %d%% (%s)", last.GetProgress(), last.GetState())
+			}
 			victim := nodes[1]
 			require.NoError(t, victim.proc.Kill())
 			victim.start(t)
