@@ -187,7 +187,7 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	}
 	nodeController, err := controller.NewNodeController(log, ds, recorder, cfg.nodeName, cfg.disks,
 		controller.NodeControllerOptions{LeaseDuration: cfg.leaseDuration, DiskCheckInterval: cfg.diskCheckInterval,
-			Instances: instances, IMAddress: cfg.imAddress, Pool: imPool})
+			Instances: instances, IMAddress: cfg.imAddress, DataPlane: imPool})
 	if err != nil {
 		return err
 	}

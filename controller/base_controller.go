@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 
@@ -72,6 +73,9 @@ type baseController struct {
 	recorder     record.EventRecorder
 	queue        workqueue.TypedRateLimitingInterface[string]
 	sync         func(ctx context.Context, key string) error
+	// dataPlane reaches instance managers, for controllers that act
+	// through the data plane (nil for the others).
+	dataPlane engineapi.Connector
 }
 
 func newBaseController(name, controllerID string, logger logrus.FieldLogger, ds *datastore.DataStore,

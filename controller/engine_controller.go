@@ -12,7 +12,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/strata-storage/strata/engineapi"
-	"github.com/strata-storage/strata/engineapi/impb"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 )
@@ -65,7 +64,7 @@ func (c *EngineController) syncEngine(ctx context.Context, key string) error {
 
 // observeEngine is the engine monitor's write: everything in engine.status
 // comes from the last Watch event of the instance.
-func observeEngine(e *v1beta1.Engine, inst *impb.Instance, found, synced bool, imName string) {
+func observeEngine(e *v1beta1.Engine, inst *engineapi.Instance, found, synced bool, imName string) {
 	observeInstance(&e.Status.InstanceStatus, inst, found, synced, imName)
 	if !synced {
 		return
@@ -74,11 +73,11 @@ func observeEngine(e *v1beta1.Engine, inst *impb.Instance, found, synced bool, i
 		clearEngineRuntime(&e.Status)
 		return
 	}
-	e.Status.Endpoint = inst.GetFrontendEndpoint()
-	e.Status.CurrentSize = inst.GetSize()
+	e.Status.Endpoint = inst.FrontendEndpoint
+	e.Status.CurrentSize = inst.Size
 	modes := map[string]v1beta1.ReplicaMode{}
-	for r, m := range inst.GetReplicaModes() {
-		modes[r] = replicaMode(m)
+	for r, m := range inst.ReplicaModes {
+		modes[r] = v1beta1.ReplicaMode(m)
 	}
 	e.Status.ReplicaModeMap = nilIfEmpty(modes)
 	current := map[string]string{}
@@ -90,20 +89,20 @@ func observeEngine(e *v1beta1.Engine, inst *impb.Instance, found, synced bool, i
 		}
 	}
 	e.Status.CurrentReplicaAddressMap = nilIfEmpty(current)
-	e.Status.Snapshots = snapshotInfos(inst.GetSnapshots())
+	e.Status.Snapshots = snapshotInfos(inst.Snapshots)
 	e.Status.PurgeStatus = nil
-	if ps := inst.GetPurgeStatus(); len(ps) > 0 {
+	if ps := inst.PurgeStatus; len(ps) > 0 {
 		e.Status.PurgeStatus = map[string]*v1beta1.PurgeStatus{}
 		for r, p := range ps {
-			e.Status.PurgeStatus[r] = &v1beta1.PurgeStatus{IsPurging: p.GetIsPurging(), Progress: p.GetProgress(), State: p.GetState(), Error: p.GetError()}
+			e.Status.PurgeStatus[r] = &v1beta1.PurgeStatus{IsPurging: p.IsPurging, Progress: p.Progress, State: p.State, Error: p.Error}
 		}
 	}
 	e.Status.RebuildStatus = nil
-	if rs := inst.GetRebuildStatus(); len(rs) > 0 {
+	if rs := inst.RebuildStatus; len(rs) > 0 {
 		e.Status.RebuildStatus = map[string]*v1beta1.RebuildStatus{}
 		for r, p := range rs {
-			e.Status.RebuildStatus[r] = &v1beta1.RebuildStatus{IsRebuilding: p.GetIsRebuilding(), Progress: p.GetProgress(),
-				State: p.GetState(), Error: p.GetError(), FromReplica: p.GetFromReplica()}
+			e.Status.RebuildStatus[r] = &v1beta1.RebuildStatus{IsRebuilding: p.IsRebuilding, Progress: p.Progress,
+				State: p.State, Error: p.Error, FromReplica: p.FromReplica}
 		}
 	}
 }
@@ -127,7 +126,7 @@ func nilIfEmpty[V any](m map[string]V) map[string]V {
 
 // driveEngine makes the calls that bring the instance to the spec: create or
 // delete it, add and remove replicas, start or stop the frontend.
-func (c *EngineController) driveEngine(ctx context.Context, e *v1beta1.Engine, inst *impb.Instance, found bool) error {
+func (c *EngineController) driveEngine(ctx context.Context, e *v1beta1.Engine, inst *engineapi.Instance, found bool) error {
 	wantRunning := e.Spec.DesireState == v1beta1.InstanceStateRunning
 	if !wantRunning {
 		if found {
@@ -147,8 +146,8 @@ func (c *EngineController) driveEngine(ctx context.Context, e *v1beta1.Engine, i
 		if e.Spec.DisableFrontend {
 			frontend = ""
 		}
-		_, err := client.InstanceCreate(ctx, &impb.InstanceCreateRequest{
-			Name: e.Name, Type: impb.InstanceType_INSTANCE_TYPE_ENGINE, VolumeName: e.Spec.VolumeName,
+		_, err := client.InstanceCreate(ctx, engineapi.InstanceSpec{
+			Name: e.Name, Type: engineapi.InstanceTypeEngine, VolumeName: e.Spec.VolumeName,
 			Size: e.Spec.VolumeSize, Replicas: e.Spec.ReplicaAddressMap, Frontend: frontend,
 			SnapshotMaxCount: e.Spec.SnapshotMaxCount, SnapshotMaxSize: e.Spec.SnapshotMaxSize,
 		})
@@ -159,7 +158,7 @@ func (c *EngineController) driveEngine(ctx context.Context, e *v1beta1.Engine, i
 		e.Status.CurrentReplicaAddressMap = maps.Clone(e.Spec.ReplicaAddressMap)
 		return nil
 	}
-	if inst.GetState() != impb.InstanceState_INSTANCE_STATE_RUNNING {
+	if inst.State != engineapi.InstanceStateRunning {
 		return nil
 	}
 	return c.reconcileEngineReplicas(ctx, client, e, inst)
@@ -167,11 +166,11 @@ func (c *EngineController) driveEngine(ctx context.Context, e *v1beta1.Engine, i
 
 // reconcileEngineReplicas removes the replicas the spec dropped (or moved to
 // another address) and adds the new ones, which the engine rebuilds.
-func (c *EngineController) reconcileEngineReplicas(ctx context.Context, client *engineapi.Client, e *v1beta1.Engine, inst *impb.Instance) error {
+func (c *EngineController) reconcileEngineReplicas(ctx context.Context, client engineapi.DataPlane, e *v1beta1.Engine, inst *engineapi.Instance) error {
 	if e.Status.CurrentReplicaAddressMap == nil {
 		e.Status.CurrentReplicaAddressMap = map[string]string{}
 	}
-	modes := inst.GetReplicaModes()
+	modes := inst.ReplicaModes
 	for _, r := range slices.Sorted(maps.Keys(modes)) {
 		want, keep := e.Spec.ReplicaAddressMap[r]
 		if cur, ok := e.Status.CurrentReplicaAddressMap[r]; keep && (!ok || cur == want) {

@@ -19,11 +19,12 @@ type EngineController struct {
 // NewEngineController wires the engine controller of node controllerID,
 // whose instance manager is at imAddress (empty when the node runs none).
 func NewEngineController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
-	controllerID, imAddress string, pool *engineapi.Pool, instances *InstanceCache) (*EngineController, error) {
+	controllerID, imAddress string, dataPlane engineapi.Connector, instances *InstanceCache) (*EngineController, error) {
 	c := &EngineController{instanceController: &instanceController{
 		baseController: newBaseController("strata-engine", controllerID, logger, ds, recorder),
-		imAddress:      imAddress, pool: pool, instances: instances,
+		imAddress:      imAddress, instances: instances,
 	}}
+	c.dataPlane = dataPlane
 	c.sync = c.syncEngine
 	return c, c.wireInstanceEvents(ds.Engines.Informer())
 }

@@ -3,7 +3,7 @@ package controller
 import (
 	"sync"
 
-	"github.com/strata-storage/strata/engineapi/impb"
+	"github.com/strata-storage/strata/engineapi"
 )
 
 // InstanceCache is this node's view of its instance manager's instances, fed
@@ -17,7 +17,7 @@ type InstanceCache struct {
 	// then (a manager just started) the cache knows nothing yet, which is
 	// not the same as having lost sight of the instance manager.
 	failed    bool
-	instances map[string]*impb.Instance
+	instances map[string]*engineapi.Instance
 	// seen collects the names replayed since the stream (re)opened; at the
 	// sync marker the instances not replayed are gone.
 	seen      map[string]bool
@@ -30,7 +30,7 @@ type InstanceCache struct {
 
 // NewInstanceCache returns an empty, unsynced cache.
 func NewInstanceCache() *InstanceCache {
-	return &InstanceCache{instances: map[string]*impb.Instance{}}
+	return &InstanceCache{instances: map[string]*engineapi.Instance{}}
 }
 
 // OnChange registers fn to be called with an instance's name whenever what
@@ -52,7 +52,7 @@ func (c *InstanceCache) OnSynced(fn func()) {
 // Get returns the last known state of an instance, whether it is known, and
 // whether the cache is in sync with a live stream. An unsynced cache knows
 // nothing for sure: callers report unknown rather than stopped.
-func (c *InstanceCache) Get(name string) (inst *impb.Instance, found, synced bool) {
+func (c *InstanceCache) Get(name string) (inst *engineapi.Instance, found, synced bool) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	inst, found = c.instances[name]
@@ -60,10 +60,10 @@ func (c *InstanceCache) Get(name string) (inst *impb.Instance, found, synced boo
 }
 
 // List returns every instance the cache knows, in no order.
-func (c *InstanceCache) List() []*impb.Instance {
+func (c *InstanceCache) List() []*engineapi.Instance {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	out := make([]*impb.Instance, 0, len(c.instances))
+	out := make([]*engineapi.Instance, 0, len(c.instances))
 	for _, inst := range c.instances {
 		out = append(out, inst)
 	}
@@ -112,29 +112,29 @@ func (c *InstanceCache) streamLost() {
 }
 
 // apply folds one Watch event into the cache.
-func (c *InstanceCache) apply(ev *impb.WatchEvent) {
+func (c *InstanceCache) apply(ev *engineapi.WatchEvent) {
 	var changed []string
 	becameSynced := false
 	c.mu.Lock()
-	switch ev.GetKind() {
-	case impb.WatchEvent_KIND_UPDATED:
-		inst := ev.GetInstance()
+	switch ev.Kind {
+	case engineapi.WatchUpdated:
+		inst := ev.Instance
 		if c.seen != nil {
-			c.seen[inst.GetName()] = true
+			c.seen[inst.Name] = true
 		}
 		// Revisions only grow within one instance manager's life; a restarted
 		// one starts again from 1, and its replay follows streamOpened.
-		if old, ok := c.instances[inst.GetName()]; !ok || c.seen != nil || old.GetRevision() < inst.GetRevision() {
-			c.instances[inst.GetName()] = inst
-			changed = append(changed, inst.GetName())
+		if old, ok := c.instances[inst.Name]; !ok || c.seen != nil || old.Revision < inst.Revision {
+			c.instances[inst.Name] = inst
+			changed = append(changed, inst.Name)
 		}
-	case impb.WatchEvent_KIND_DELETED:
-		name := ev.GetInstance().GetName()
+	case engineapi.WatchDeleted:
+		name := ev.Instance.Name
 		if _, ok := c.instances[name]; ok {
 			delete(c.instances, name)
 			changed = append(changed, name)
 		}
-	case impb.WatchEvent_KIND_SYNCED:
+	case engineapi.WatchSynced:
 		for name := range c.instances {
 			if c.seen != nil && !c.seen[name] {
 				delete(c.instances, name)

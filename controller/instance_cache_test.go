@@ -6,23 +6,23 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
-	"github.com/strata-storage/strata/engineapi/impb"
+	"github.com/strata-storage/strata/engineapi"
 )
 
-func updated(name string, rev uint64) *impb.WatchEvent {
-	return &impb.WatchEvent{Kind: impb.WatchEvent_KIND_UPDATED, Instance: &impb.Instance{Name: name, Revision: rev}}
+func updated(name string, rev uint64) *engineapi.WatchEvent {
+	return &engineapi.WatchEvent{Kind: engineapi.WatchUpdated, Instance: &engineapi.Instance{Name: name, Revision: rev}}
 }
 
-func deleted(name string) *impb.WatchEvent {
-	return &impb.WatchEvent{Kind: impb.WatchEvent_KIND_DELETED, Instance: &impb.Instance{Name: name}}
+func deleted(name string) *engineapi.WatchEvent {
+	return &engineapi.WatchEvent{Kind: engineapi.WatchDeleted, Instance: &engineapi.Instance{Name: name}}
 }
 
-var synced = &impb.WatchEvent{Kind: impb.WatchEvent_KIND_SYNCED}
+var synced = &engineapi.WatchEvent{Kind: engineapi.WatchSynced}
 
 func TestInstanceCache(t *testing.T) {
 	type step struct {
 		opened, lost bool
-		ev           *impb.WatchEvent
+		ev           *engineapi.WatchEvent
 	}
 	tests := []struct {
 		name         string
@@ -78,7 +78,7 @@ func TestInstanceCache(t *testing.T) {
 				inst, found, syncd := c.Get(tc.wantNames[0])
 				assert.True(t, found)
 				assert.Equal(t, tc.wantSynced, syncd)
-				assert.Equal(t, tc.wantNames[0], inst.GetName())
+				assert.Equal(t, tc.wantNames[0], inst.Name)
 			}
 		})
 	}

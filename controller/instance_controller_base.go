@@ -16,7 +16,6 @@ import (
 type instanceController struct {
 	*baseController
 	imAddress string
-	pool      *engineapi.Pool
 	instances *InstanceCache
 }
 
@@ -78,6 +77,7 @@ func getResponsible[T datastore.Object](c *baseController, store *datastore.Stor
 	return obj, ok, err
 }
 
-func (c *instanceController) client() (*engineapi.Client, error) {
-	return c.pool.Get(c.imAddress)
+// client is this node's instance manager.
+func (c *instanceController) client() (engineapi.DataPlane, error) {
+	return c.dataPlane.DataPlane(c.imAddress)
 }

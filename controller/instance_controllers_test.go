@@ -66,7 +66,7 @@ func startRealIMWith(t *testing.T, o realIMOptions) *realIM {
 	t.Cleanup(func() { cancel(); im.pool.Close(); gs.Stop(); _ = srv.Close() })
 	client, err := im.pool.Get(im.addr)
 	require.NoError(t, err)
-	next, err := client.Watch(ctx)
+	next, err := client.DataPlane().Watch(ctx)
 	require.NoError(t, err)
 	im.cache.streamOpened()
 	go func() {
@@ -84,11 +84,11 @@ func startRealIMWith(t *testing.T, o realIMOptions) *realIM {
 
 // waitInstance waits until the cache shows the instance in the given state
 // (found=false: gone).
-func (im *realIM) waitInstance(t *testing.T, name string, found bool, state impb.InstanceState) {
+func (im *realIM) waitInstance(t *testing.T, name string, found bool, state engineapi.InstanceState) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		inst, ok, _ := im.cache.Get(name)
-		return ok == found && (!found || inst.GetState() == state)
+		return ok == found && (!found || inst.State == state)
 	}, 10*time.Second, 10*time.Millisecond, "instance %s found=%v state=%s", name, found, state)
 }
 
@@ -131,7 +131,7 @@ func TestReplicaControllerAgainstRealInstanceManager(t *testing.T) {
 
 	// desire running: the instance is created in the replica's directory.
 	require.NoError(t, c.syncReplica(ctx, key))
-	im.waitInstance(t, "r1", true, impb.InstanceState_INSTANCE_STATE_RUNNING)
+	im.waitInstance(t, "r1", true, engineapi.InstanceStateRunning)
 	syncAfterCache()
 	r := get()
 	assert.Equal(t, v1beta1.InstanceStateRunning, r.Status.CurrentState)
@@ -146,7 +146,7 @@ func TestReplicaControllerAgainstRealInstanceManager(t *testing.T) {
 	_, err = env.Strata.StrataV1beta1().Replicas(testNS).Update(ctx, r, metav1.UpdateOptions{})
 	require.NoError(t, err)
 	syncAfterCache()
-	im.waitInstance(t, "r1", false, 0)
+	im.waitInstance(t, "r1", false, "")
 	syncAfterCache()
 	assert.Equal(t, v1beta1.InstanceStateStopped, get().Status.CurrentState)
 	assert.Empty(t, get().Status.IP)
@@ -213,7 +213,7 @@ func TestEngineControllerAgainstRealInstanceManager(t *testing.T) {
 	}
 
 	require.NoError(t, c.syncEngine(ctx, key))
-	im.waitInstance(t, "v1-e-0", true, impb.InstanceState_INSTANCE_STATE_RUNNING)
+	im.waitInstance(t, "v1-e-0", true, engineapi.InstanceStateRunning)
 	syncAfterCache()
 	got := get()
 	assert.Equal(t, v1beta1.InstanceStateRunning, got.Status.CurrentState)
@@ -234,7 +234,7 @@ func TestEngineControllerAgainstRealInstanceManager(t *testing.T) {
 	syncAfterCache()
 	require.Eventually(t, func() bool {
 		inst, _, _ := im.cache.Get("v1-e-0")
-		return len(inst.GetReplicaModes()) == 1
+		return len(inst.ReplicaModes) == 1
 	}, 10*time.Second, 10*time.Millisecond)
 	syncAfterCache()
 	assert.Equal(t, map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW}, get().Status.ReplicaModeMap)
@@ -246,7 +246,7 @@ func TestEngineControllerAgainstRealInstanceManager(t *testing.T) {
 	_, err = env.Strata.StrataV1beta1().Engines(testNS).Update(ctx, got, metav1.UpdateOptions{})
 	require.NoError(t, err)
 	syncAfterCache()
-	im.waitInstance(t, "v1-e-0", false, 0)
+	im.waitInstance(t, "v1-e-0", false, "")
 	syncAfterCache()
 	got = get()
 	assert.Equal(t, v1beta1.InstanceStateStopped, got.Status.CurrentState)

@@ -28,9 +28,9 @@ type imConnection struct {
 // idle instance manager costs no polling.
 type InstanceManagerController struct {
 	*baseController
-	address string
-	pool    *engineapi.Pool
-	cache   *InstanceCache
+	address   string
+	dataPlane engineapi.Connector
+	cache     *InstanceCache
 
 	mu   sync.Mutex
 	conn imConnection
@@ -40,10 +40,10 @@ type InstanceManagerController struct {
 // of node controllerID, reachable at address. The events of its Watch stream
 // feed instances, which the engine and replica controllers read.
 func NewInstanceManagerController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
-	controllerID, address string, pool *engineapi.Pool, instances *InstanceCache) (*InstanceManagerController, error) {
+	controllerID, address string, dataPlane engineapi.Connector, instances *InstanceCache) (*InstanceManagerController, error) {
 	c := &InstanceManagerController{
 		baseController: newBaseController("strata-instance-manager", controllerID, logger, ds, recorder),
-		address:        address, pool: pool, cache: instances,
+		address:        address, dataPlane: dataPlane, cache: instances,
 	}
 	c.sync = c.syncInstanceManager
 	_, err := ds.InstanceManagers.Informer().AddEventHandler(cache.FilteringResourceEventHandler{
@@ -101,11 +101,11 @@ func (c *InstanceManagerController) watchInstanceManager(ctx context.Context) {
 }
 
 func (c *InstanceManagerController) watchOnce(ctx context.Context) error {
-	client, err := c.pool.Get(c.address)
+	dp, err := c.dataPlane.DataPlane(c.address)
 	if err != nil {
 		return err
 	}
-	next, err := client.Watch(ctx)
+	next, err := dp.Watch(ctx)
 	if err != nil {
 		return err
 	}

@@ -4,41 +4,23 @@ import (
 	"net"
 	"strconv"
 
-	"github.com/strata-storage/strata/engineapi/impb"
+	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 
-// instanceState maps the data plane's instance state onto the API's.
-func instanceState(s impb.InstanceState) v1beta1.InstanceState {
-	switch s {
-	case impb.InstanceState_INSTANCE_STATE_STARTING:
-		return v1beta1.InstanceStateStarting
-	case impb.InstanceState_INSTANCE_STATE_RUNNING:
-		return v1beta1.InstanceStateRunning
-	case impb.InstanceState_INSTANCE_STATE_STOPPING:
-		return v1beta1.InstanceStateStopping
-	case impb.InstanceState_INSTANCE_STATE_STOPPED:
-		return v1beta1.InstanceStateStopped
-	case impb.InstanceState_INSTANCE_STATE_ERROR:
-		return v1beta1.InstanceStateError
+// instanceState maps the data plane's instance state onto the API's; the
+// data plane spells its states as the API does.
+func instanceState(s engineapi.InstanceState) v1beta1.InstanceState {
+	if s == "" {
+		return v1beta1.InstanceStateUnknown
 	}
-	return v1beta1.InstanceStateUnknown
-}
-
-func replicaMode(m impb.ReplicaMode) v1beta1.ReplicaMode {
-	switch m {
-	case impb.ReplicaMode_REPLICA_MODE_RW:
-		return v1beta1.ReplicaModeRW
-	case impb.ReplicaMode_REPLICA_MODE_WO:
-		return v1beta1.ReplicaModeWO
-	}
-	return v1beta1.ReplicaModeERR
+	return v1beta1.InstanceState(s)
 }
 
 // observeInstance fills the status both engines and replicas share from what
 // the instance cache holds. found=false means the instance manager runs no
 // such instance; synced=false means this manager has no live view of it.
-func observeInstance(st *v1beta1.InstanceStatus, inst *impb.Instance, found, synced bool, imName string) {
+func observeInstance(st *v1beta1.InstanceStatus, inst *engineapi.Instance, found, synced bool, imName string) {
 	st.InstanceManagerName = imName
 	switch {
 	case !synced:
@@ -47,8 +29,8 @@ func observeInstance(st *v1beta1.InstanceStatus, inst *impb.Instance, found, syn
 		st.CurrentState = v1beta1.InstanceStateStopped
 		st.IP, st.Port = "", 0
 	default:
-		st.CurrentState = instanceState(inst.GetState())
-		st.IP, st.Port = splitAddress(inst.GetAddress())
+		st.CurrentState = instanceState(inst.State)
+		st.IP, st.Port = splitAddress(inst.Address)
 		if st.CurrentState == v1beta1.InstanceStateRunning {
 			st.Started = true
 		}
@@ -87,25 +69,25 @@ func instanceAddress(st *v1beta1.InstanceStatus) string {
 	return net.JoinHostPort(st.IP, strconv.Itoa(int(st.Port)))
 }
 
-func snapshotInfos(in map[string]*impb.Snapshot) map[string]*v1beta1.SnapshotInfo {
+func snapshotInfos(in map[string]*engineapi.Snapshot) map[string]*v1beta1.SnapshotInfo {
 	if len(in) == 0 {
 		return nil
 	}
 	out := make(map[string]*v1beta1.SnapshotInfo, len(in))
 	for name, s := range in {
 		var children map[string]bool
-		if len(s.GetChildren()) > 0 {
-			children = make(map[string]bool, len(s.GetChildren()))
-			for _, c := range s.GetChildren() {
+		if len(s.Children) > 0 {
+			children = make(map[string]bool, len(s.Children))
+			for _, c := range s.Children {
 				children[c] = true
 			}
 		}
 		var labels map[string]string
-		if len(s.GetLabels()) > 0 {
-			labels = s.GetLabels()
+		if len(s.Labels) > 0 {
+			labels = s.Labels
 		}
-		out[name] = &v1beta1.SnapshotInfo{Name: name, Parent: s.GetParent(), Children: children, Removed: s.GetRemoved(),
-			UserCreated: s.GetUserCreated(), Created: s.GetCreated(), Size: s.GetSize(), Labels: labels}
+		out[name] = &v1beta1.SnapshotInfo{Name: name, Parent: s.Parent, Children: children, Removed: s.Removed,
+			UserCreated: s.UserCreated, Created: s.Created, Size: s.Size, Labels: labels}
 	}
 	return out
 }

@@ -39,7 +39,7 @@ type NodeControllerOptions struct {
 	// deletes orphaned replica data (node_orphans.go). Nil: no data plane.
 	Instances *InstanceCache
 	IMAddress string
-	Pool      *engineapi.Pool
+	DataPlane engineapi.Connector
 }
 
 // NodeController registers this manager's node and keeps its status (disks,
@@ -52,7 +52,7 @@ type NodeController struct {
 	diskCheckInterval time.Duration
 	heartbeat         lease.Controller
 	instances         *InstanceCache
-	imClient          func() (*engineapi.Client, error)
+	imClient          func() (engineapi.DataPlane, error)
 
 	peerMu     sync.Mutex
 	peerTimers map[string]*time.Timer
@@ -98,7 +98,7 @@ func NewNodeController(logger logrus.FieldLogger, ds *datastore.DataStore, recor
 		leaseDuration:     opts.LeaseDuration,
 		diskCheckInterval: opts.DiskCheckInterval,
 		instances:         opts.Instances,
-		imClient:          func() (*engineapi.Client, error) { return opts.Pool.Get(opts.IMAddress) },
+		imClient:          func() (engineapi.DataPlane, error) { return opts.DataPlane.DataPlane(opts.IMAddress) },
 	}
 	nc.sync = nc.syncNode
 	if nc.instances != nil {

@@ -15,7 +15,6 @@ import (
 
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/engineapi"
-	"github.com/strata-storage/strata/engineapi/impb"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 
@@ -118,15 +117,15 @@ func (nc *NodeController) cleanupOrphans(ctx context.Context, node *v1beta1.Node
 // staleInstances are the instances the cache knows whose Engine or Replica
 // is not in the cache: left running when their CR went while the instance
 // manager was unreachable, or reopened from disk by a restarted one.
-func (nc *NodeController) staleInstances() []*impb.Instance {
-	var stale []*impb.Instance
+func (nc *NodeController) staleInstances() []*engineapi.Instance {
+	var stale []*engineapi.Instance
 	for _, inst := range nc.instances.List() {
 		var err error
-		switch inst.GetType() {
-		case impb.InstanceType_INSTANCE_TYPE_REPLICA:
-			_, err = nc.ds.Replicas.GetRO(inst.GetName())
-		case impb.InstanceType_INSTANCE_TYPE_ENGINE:
-			_, err = nc.ds.Engines.GetRO(inst.GetName())
+		switch inst.Type {
+		case engineapi.InstanceTypeReplica:
+			_, err = nc.ds.Replicas.GetRO(inst.Name)
+		case engineapi.InstanceTypeEngine:
+			_, err = nc.ds.Engines.GetRO(inst.Name)
 		default:
 			continue
 		}
@@ -139,12 +138,12 @@ func (nc *NodeController) staleInstances() []*impb.Instance {
 
 // stopStaleInstance deletes an instance once the API server confirms its
 // CR is gone (the cache may lag behind a create).
-func (nc *NodeController) stopStaleInstance(ctx context.Context, client *engineapi.Client, node *v1beta1.Node, inst *impb.Instance) error {
+func (nc *NodeController) stopStaleInstance(ctx context.Context, client engineapi.DataPlane, node *v1beta1.Node, inst *engineapi.Instance) error {
 	var err error
-	if inst.GetType() == impb.InstanceType_INSTANCE_TYPE_REPLICA {
-		_, err = nc.ds.StrataClient.StrataV1beta1().Replicas(nc.ds.Namespace).Get(ctx, inst.GetName(), metav1.GetOptions{})
+	if inst.Type == engineapi.InstanceTypeReplica {
+		_, err = nc.ds.StrataClient.StrataV1beta1().Replicas(nc.ds.Namespace).Get(ctx, inst.Name, metav1.GetOptions{})
 	} else {
-		_, err = nc.ds.StrataClient.StrataV1beta1().Engines(nc.ds.Namespace).Get(ctx, inst.GetName(), metav1.GetOptions{})
+		_, err = nc.ds.StrataClient.StrataV1beta1().Engines(nc.ds.Namespace).Get(ctx, inst.Name, metav1.GetOptions{})
 	}
 	if err == nil {
 		return nil
@@ -152,17 +151,17 @@ func (nc *NodeController) stopStaleInstance(ctx context.Context, client *enginea
 	if !apierrors.IsNotFound(err) {
 		return err
 	}
-	if _, err := client.InstanceDelete(ctx, inst.GetName()); err != nil && !errors.Is(err, engineapi.ErrNotFound) {
-		return fmt.Errorf("stopping orphaned instance %s: %w", inst.GetName(), err)
+	if err := client.InstanceDelete(ctx, inst.Name); err != nil && !errors.Is(err, engineapi.ErrNotFound) {
+		return fmt.Errorf("stopping orphaned instance %s: %w", inst.Name, err)
 	}
-	nc.logger.WithField("instance", inst.GetName()).Info("Stopped an instance whose Engine or Replica is gone")
+	nc.logger.WithField("instance", inst.Name).Info("Stopped an instance whose Engine or Replica is gone")
 	nc.recorder.Eventf(node, corev1.EventTypeNormal, EventReasonOrphanedInstanceStopped,
-		"stopped instance %s: its %s is gone", inst.GetName(), instanceKind(inst))
+		"stopped instance %s: its %s is gone", inst.Name, instanceKind(inst))
 	return nil
 }
 
-func instanceKind(inst *impb.Instance) string {
-	if inst.GetType() == impb.InstanceType_INSTANCE_TYPE_REPLICA {
+func instanceKind(inst *engineapi.Instance) string {
+	if inst.Type == engineapi.InstanceTypeReplica {
 		return "Replica"
 	}
 	return "Engine"

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/strata-storage/strata/datastore/dstest"
+	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/engineapi/impb"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
@@ -78,14 +79,14 @@ func TestOrphanCleanupAgainstRealInstanceManager(t *testing.T) {
 	_, err = client.InstanceCreate(ctx, &impb.InstanceCreateRequest{Name: "gone", Type: impb.InstanceType_INSTANCE_TYPE_REPLICA,
 		VolumeName: "v1", Size: 4 << 20, DataDir: filepath.Join(disk, "replicas", "gone")})
 	require.NoError(t, err)
-	im.waitInstance(t, "gone", true, impb.InstanceState_INSTANCE_STATE_RUNNING)
+	im.waitInstance(t, "gone", true, engineapi.InstanceStateRunning)
 	mkReplicaDirs(t, disk, "kept", "stray")
 
 	node := testNode("node-1", map[string]string{"disk-1": disk}, readyTrue())
 	env := dstest.New(t, []runtime.Object{node, zeroMinAvailable(), testReplicaCR("kept", disk)}, nil)
 	rec := record.NewFakeRecorder(20)
 	nc, err := NewNodeController(logrus.New(), env.DS, rec, "node-1", nil,
-		NodeControllerOptions{Instances: im.instances(), IMAddress: im.addr, Pool: im.pool})
+		NodeControllerOptions{Instances: im.instances(), IMAddress: im.addr, DataPlane: im.pool})
 	require.NoError(t, err)
 
 	key := testNS + "/node-1"
@@ -94,7 +95,7 @@ func TestOrphanCleanupAgainstRealInstanceManager(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{"gone", "stray"}, got.Status.DiskStatus["disk-1"].OrphanedReplicaDirectories, "reported in the status")
 
-	im.waitInstance(t, "gone", false, 0)
+	im.waitInstance(t, "gone", false, "")
 	assert.NoDirExists(t, filepath.Join(disk, "replicas", "gone"))
 	assert.NoDirExists(t, filepath.Join(disk, "replicas", "stray"))
 	assert.DirExists(t, filepath.Join(disk, "replicas", "kept"))

@@ -12,7 +12,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/strata-storage/strata/engineapi"
-	"github.com/strata-storage/strata/engineapi/impb"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 )
@@ -67,7 +66,7 @@ func (c *ReplicaController) syncReplica(ctx context.Context, key string) error {
 
 // driveReplica makes one call toward the desired state; the instance
 // manager's Watch event brings the result back through the cache.
-func (c *ReplicaController) driveReplica(ctx context.Context, r *v1beta1.Replica, inst *impb.Instance, found bool) error {
+func (c *ReplicaController) driveReplica(ctx context.Context, r *v1beta1.Replica, inst *engineapi.Instance, found bool) error {
 	wantRunning := r.Spec.DesireState == v1beta1.InstanceStateRunning
 	switch {
 	case wantRunning && !found:
@@ -75,8 +74,8 @@ func (c *ReplicaController) driveReplica(ctx context.Context, r *v1beta1.Replica
 		if err != nil {
 			return err
 		}
-		_, err = client.InstanceCreate(ctx, &impb.InstanceCreateRequest{
-			Name: r.Name, Type: impb.InstanceType_INSTANCE_TYPE_REPLICA, VolumeName: r.Spec.VolumeName,
+		_, err = client.InstanceCreate(ctx, engineapi.InstanceSpec{
+			Name: r.Name, Type: engineapi.InstanceTypeReplica, VolumeName: r.Spec.VolumeName,
 			Size: r.Spec.VolumeSize, DataDir: ReplicaDataPath(r),
 		})
 		if err != nil && !errors.Is(err, engineapi.ErrAlreadyExists) {
@@ -85,7 +84,7 @@ func (c *ReplicaController) driveReplica(ctx context.Context, r *v1beta1.Replica
 		}
 	case !wantRunning && found:
 		return c.deleteInstance(ctx, r.Name)
-	case wantRunning && found && inst.GetState() == impb.InstanceState_INSTANCE_STATE_ERROR:
+	case wantRunning && found && inst.State == engineapi.InstanceStateError:
 		// A replica that failed to open stays in error for the volume
 		// controller to see and replace; nothing to retry here.
 	}
@@ -118,7 +117,7 @@ func (c *instanceController) deleteInstance(ctx context.Context, name string) er
 	if err != nil {
 		return err
 	}
-	if _, err := client.InstanceDelete(ctx, name); err != nil && !errors.Is(err, engineapi.ErrNotFound) {
+	if err := client.InstanceDelete(ctx, name); err != nil && !errors.Is(err, engineapi.ErrNotFound) {
 		return fmt.Errorf("stopping instance %s: %w", name, err)
 	}
 	return nil

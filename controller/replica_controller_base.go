@@ -18,11 +18,12 @@ type ReplicaController struct {
 // NewReplicaController wires the replica controller of node controllerID,
 // whose instance manager is at imAddress (empty when the node runs none).
 func NewReplicaController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
-	controllerID, imAddress string, pool *engineapi.Pool, instances *InstanceCache) (*ReplicaController, error) {
+	controllerID, imAddress string, dataPlane engineapi.Connector, instances *InstanceCache) (*ReplicaController, error) {
 	c := &ReplicaController{instanceController: &instanceController{
 		baseController: newBaseController("strata-replica", controllerID, logger, ds, recorder),
-		imAddress:      imAddress, pool: pool, instances: instances,
+		imAddress:      imAddress, instances: instances,
 	}}
+	c.dataPlane = dataPlane
 	c.sync = c.syncReplica
 	return c, c.wireInstanceEvents(ds.Replicas.Informer())
 }

@@ -11,7 +11,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
@@ -30,28 +29,6 @@ const (
 // snapshotTicketID is the attachment ticket a snapshot holds while it needs
 // a detached volume attached (to be taken, or removed).
 func snapshotTicketID(snapshot string) string { return "snapshot-" + snapshot }
-
-// snapshotEngine is the engine whose chain the volume's snapshots mirror:
-// the one serving the volume, else the only one.
-func (c *baseController) snapshotEngine(vol *v1beta1.Volume) (*v1beta1.Engine, error) {
-	engines, err := c.ds.Engines.ListByIndexRO(datastore.IndexByVolume, vol.Name)
-	if err != nil {
-		return nil, err
-	}
-	var fallback *v1beta1.Engine
-	for _, e := range engines {
-		if e.DeletionTimestamp != nil {
-			continue
-		}
-		if vol.Status.CurrentNodeID != "" && e.Spec.NodeID == vol.Status.CurrentNodeID {
-			return e, nil
-		}
-		if fallback == nil || e.Name < fallback.Name {
-			fallback = e
-		}
-	}
-	return fallback, nil
-}
 
 // snapshotView is what one snapshot sync knows.
 type snapshotView struct {
@@ -92,7 +69,7 @@ func (c *SnapshotController) syncSnapshot(ctx context.Context, key string) error
 		return err
 	}
 	view := snapshotView{vol: vol}
-	if view.eng, err = c.snapshotEngine(vol); err != nil {
+	if view.eng, err = c.volumeEngine(vol); err != nil {
 		return err
 	}
 	if view.eng != nil {
@@ -171,7 +148,7 @@ func (c *SnapshotController) takeSnapshot(ctx context.Context, s *v1beta1.Snapsh
 	if !view.running {
 		return c.ensureSnapshotTicket(ctx, s, view.vol)
 	}
-	client, err := c.engineClient(view.eng)
+	client, err := c.engineDataPlane(view.eng)
 	if err != nil {
 		return err
 	}
@@ -233,7 +210,7 @@ func (c *SnapshotController) deleteSnapshot(ctx context.Context, s *v1beta1.Snap
 	if noPurge, _ := c.ds.GetSettingBool(types.SettingDisableSnapshotPurge); noPurge || purging {
 		return nil
 	}
-	client, err := c.engineClient(view.eng)
+	client, err := c.engineDataPlane(view.eng)
 	if err != nil {
 		return err
 	}
@@ -246,7 +223,7 @@ func (c *SnapshotController) deleteSnapshot(ctx context.Context, s *v1beta1.Snap
 // removeFromEngine marks the snapshot removed in the engine; one the engine
 // does not have is fine.
 func (c *SnapshotController) removeFromEngine(ctx context.Context, s *v1beta1.Snapshot, view snapshotView) error {
-	client, err := c.engineClient(view.eng)
+	client, err := c.engineDataPlane(view.eng)
 	if err != nil {
 		return err
 	}
@@ -298,18 +275,6 @@ func (c *SnapshotController) releaseSnapshot(ctx context.Context, s *v1beta1.Sna
 	return err
 }
 
-// engineClient reaches the instance manager running the engine.
-func (c *SnapshotController) engineClient(e *v1beta1.Engine) (*engineapi.Client, error) {
-	im, err := c.ds.InstanceManagers.GetRO(instanceManagerName(e.Spec.NodeID))
-	if err != nil {
-		return nil, fmt.Errorf("instance manager of node %s: %w", e.Spec.NodeID, err)
-	}
-	if im.Status.Endpoint == "" {
-		return nil, fmt.Errorf("instance manager of node %s has no endpoint yet", e.Spec.NodeID)
-	}
-	return c.pool.Get(im.Status.Endpoint)
-}
-
 // syncEngineSnapshots gives every snapshot in an engine's chain a CR
 // (createSnapshot false: the controller only mirrors it). The live head
 // and snapshots already removed get none.
@@ -331,7 +296,7 @@ func (c *SnapshotController) syncEngineSnapshots(ctx context.Context, key string
 	if err != nil || vol.DeletionTimestamp != nil {
 		return err
 	}
-	if primary, err := c.snapshotEngine(vol); err != nil || primary == nil || primary.Name != eRO.Name {
+	if primary, err := c.volumeEngine(vol); err != nil || primary == nil || primary.Name != eRO.Name {
 		return err // a migration engine's chain is the same chain
 	}
 	var errs []error

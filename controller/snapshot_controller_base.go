@@ -28,13 +28,13 @@ const engineKeyPrefix = "engine:"
 // gRPC is used to act, never to read.
 type SnapshotController struct {
 	*baseController
-	pool *engineapi.Pool
 }
 
 // NewSnapshotController wires the snapshot controller of node controllerID.
 func NewSnapshotController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
-	controllerID string, pool *engineapi.Pool) (*SnapshotController, error) {
-	c := &SnapshotController{baseController: newBaseController("strata-snapshot", controllerID, logger, ds, recorder), pool: pool}
+	controllerID string, dataPlane engineapi.Connector) (*SnapshotController, error) {
+	c := &SnapshotController{baseController: newBaseController("strata-snapshot", controllerID, logger, ds, recorder)}
+	c.dataPlane = dataPlane
 	c.sync = c.syncKey
 	if _, err := ds.Snapshots.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueue,

@@ -1,0 +1,179 @@
+package engineapi
+
+import (
+	"context"
+)
+
+// DataPlane is one instance manager as the controllers see it: Strata's own
+// types in and out, typed errors (ErrNotFound, ErrAlreadyExists,
+// ErrLimitExceeded, ErrBusy, ErrInvalid, ErrUnavailable), no wire types.
+// The gRPC client implements it (Client.DataPlane); unit tests use a small
+// in-memory implementation.
+type DataPlane interface {
+	// Address is the instance manager's gRPC address.
+	Address() string
+
+	// InstanceCreate starts an engine or replica; the same spec again returns
+	// the running instance, another spec under the same name ErrAlreadyExists.
+	InstanceCreate(ctx context.Context, spec InstanceSpec) (*Instance, error)
+	// InstanceDelete stops an instance (ErrNotFound when there is none).
+	InstanceDelete(ctx context.Context, name string) error
+	// Watch streams every instance's state, then a Synced event, then changes.
+	Watch(ctx context.Context) (func() (*WatchEvent, error), error)
+
+	// SnapshotCreate takes a snapshot on every replica of an engine at one
+	// point in the write stream and returns its name.
+	SnapshotCreate(ctx context.Context, engine, name string, userCreated bool, labels map[string]string) (string, error)
+	// SnapshotList returns an engine's chain by snapshot name.
+	SnapshotList(ctx context.Context, engine string) (map[string]*Snapshot, error)
+	// SnapshotRemove marks snapshots removed; their data goes at the next purge.
+	SnapshotRemove(ctx context.Context, engine string, names ...string) error
+	// SnapshotPurge starts a purge of removed snapshots (ErrBusy while one runs).
+	SnapshotPurge(ctx context.Context, engine string) error
+	// SnapshotPurgeStatus reports each replica's purge.
+	SnapshotPurgeStatus(ctx context.Context, engine string) (map[string]*PurgeStatus, error)
+	// SnapshotRevert puts a new head on a snapshot of a detached engine.
+	SnapshotRevert(ctx context.Context, engine, name string) error
+	// SnapshotClone fills an engine's volume from a snapshot of another
+	// engine, served by the instance manager at sourceAddress.
+	SnapshotClone(ctx context.Context, engine, sourceAddress, snapshot string) error
+	// SnapshotLimitsSet sets an engine's limits on user snapshots.
+	SnapshotLimitsSet(ctx context.Context, engine string, maxCount int32, maxSize int64) error
+
+	// VolumeExpand grows an engine's volume.
+	VolumeExpand(ctx context.Context, engine string, size int64) error
+	// FrontendStart exposes an engine over NBD; FrontendStop withdraws it.
+	FrontendStart(ctx context.Context, engine, frontend string) error
+	FrontendStop(ctx context.Context, engine string) error
+
+	// ReplicaAdd adds a replica to an engine, rebuilding it from the others
+	// when rebuild is set; ReplicaRemove takes one out.
+	ReplicaAdd(ctx context.Context, engine, replica, address string, rebuild bool) error
+	ReplicaRemove(ctx context.Context, engine, replica string) error
+	// ReplicaRebuildStatus reports the rebuilds an engine runs.
+	ReplicaRebuildStatus(ctx context.Context, engine string) (map[string]*RebuildStatus, error)
+	// ReplicaDataDelete deletes a replica's data directory; refused while an
+	// instance uses it.
+	ReplicaDataDelete(ctx context.Context, dataDir string) error
+}
+
+// Connector hands out the DataPlane of an instance manager by address.
+// Pool implements it.
+type Connector interface {
+	DataPlane(address string) (DataPlane, error)
+}
+
+// InstanceType tells an engine from a replica.
+type InstanceType string
+
+const (
+	InstanceTypeEngine  InstanceType = "engine"
+	InstanceTypeReplica InstanceType = "replica"
+)
+
+// InstanceState is an instance's lifecycle state. The values are those of
+// the API's InstanceState, so controllers copy them as they are.
+type InstanceState string
+
+const (
+	InstanceStateStarting InstanceState = "starting"
+	InstanceStateRunning  InstanceState = "running"
+	InstanceStateStopping InstanceState = "stopping"
+	InstanceStateStopped  InstanceState = "stopped"
+	InstanceStateError    InstanceState = "error"
+	InstanceStateUnknown  InstanceState = "unknown"
+)
+
+// ReplicaMode is a replica's mode in an engine, as the API spells it.
+type ReplicaMode string
+
+const (
+	ReplicaModeRW  ReplicaMode = "RW"
+	ReplicaModeWO  ReplicaMode = "WO"
+	ReplicaModeERR ReplicaMode = "ERR"
+)
+
+// InstanceSpec is what InstanceCreate starts.
+type InstanceSpec struct {
+	Name       string
+	Type       InstanceType
+	VolumeName string
+	Size       int64
+	// DataDir (replica) is the directory of the replica's layers;
+	// BackingFile (replica) the read-only bottom layer, if any.
+	DataDir     string
+	BackingFile string
+	// Replicas (engine) maps replica names to their data addresses.
+	Replicas map[string]string
+	// Frontend (engine) is "nbd" or "" for none.
+	Frontend         string
+	SnapshotMaxCount int32
+	SnapshotMaxSize  int64
+}
+
+// Instance is what the instance manager reports of one instance.
+type Instance struct {
+	Name       string
+	Type       InstanceType
+	VolumeName string
+	Size       int64
+	State      InstanceState
+	Error      string
+	// Address is where a replica serves the data connection.
+	Address string
+	// FrontendEndpoint is where an engine's frontend serves clients.
+	FrontendEndpoint string
+	ReplicaModes     map[string]ReplicaMode
+	Snapshots        map[string]*Snapshot
+	PurgeStatus      map[string]*PurgeStatus
+	RebuildStatus    map[string]*RebuildStatus
+	// Revision grows with every change within one instance manager's life.
+	Revision uint64
+}
+
+// Snapshot is one entry of an engine's chain.
+type Snapshot struct {
+	Name        string
+	Parent      string
+	Children    []string
+	Removed     bool
+	UserCreated bool
+	Created     string
+	Size        int64
+	Labels      map[string]string
+}
+
+// PurgeStatus is one replica's purge.
+type PurgeStatus struct {
+	IsPurging bool
+	Progress  int32
+	State     string
+	Error     string
+}
+
+// RebuildStatus is one replica's rebuild.
+type RebuildStatus struct {
+	IsRebuilding bool
+	Progress     int32
+	State        string
+	Error        string
+	FromReplica  string
+}
+
+// WatchEventKind says what a WatchEvent carries.
+type WatchEventKind int
+
+const (
+	// WatchUpdated carries an instance's current state.
+	WatchUpdated WatchEventKind = iota
+	// WatchDeleted carries the name of an instance that is gone.
+	WatchDeleted
+	// WatchSynced ends the replay of the current state.
+	WatchSynced
+)
+
+// WatchEvent is one event of the Watch stream.
+type WatchEvent struct {
+	Kind     WatchEventKind
+	Instance *Instance
+}
