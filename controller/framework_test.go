@@ -1,14 +1,20 @@
 package controller
 
 import (
+	"cmp"
+	"context"
 	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/runtime"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
+
+	"github.com/strata-storage/strata/datastore/dstest"
+	"github.com/strata-storage/strata/engineapi"
 )
 
 // reactorError makes the fake Strata clientset fail one kind of call, the
@@ -83,4 +89,73 @@ func assertEvents(t *testing.T, want []string, rec *record.FakeRecorder) {
 		return
 	}
 	assert.Equal(t, want, got, "events")
+}
+
+// syncCase is one row of a controller table, as external-snapshotter's
+// framework_test.go runs them: the objects the fake API server starts with,
+// an API error to inject, data-plane errors to inject, and what must come
+// out — the error, the API writes, the data-plane calls, the events.
+type syncCase struct {
+	name    string
+	objects []runtime.Object // Strata objects
+	kube    []runtime.Object // Kubernetes objects; default: live leases of node-1..3
+	me      string           // this manager's node; default node-1
+	key     string           // queue key; default testNS/v1
+	apiErr  *reactorError
+	dpErr   map[string]error // data-plane method -> error
+	wantErr string
+	// wantWrites lists "verb resource[/sub] name" of the Strata API writes.
+	wantWrites []string
+	// wantCalls lists the data-plane calls ("Method arg ..."); nil: none.
+	wantCalls  []string
+	wantEvents []string
+	check      func(t *testing.T, env *dstest.Env)
+}
+
+// syncFunc builds the controller under test over env and returns its sync.
+type syncFunc func(env *dstest.Env, rec record.EventRecorder, me string, dp engineapi.Connector) (func(context.Context, string) error, error)
+
+// runSyncCases runs each case against a fresh fake API server and data plane.
+func runSyncCases(t *testing.T, cases []syncCase, build syncFunc) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			kube := tc.kube
+			if kube == nil {
+				kube = []runtime.Object{testLease("node-1", 0), testLease("node-2", 0), testLease("node-3", 0)}
+			}
+			env := dstest.New(t, tc.objects, kube)
+			if tc.apiErr != nil {
+				tc.apiErr.install(env.Strata)
+			}
+			me := cmp.Or(tc.me, "node-1")
+			dp := newFakeConnector(tc.dpErr)
+			rec := record.NewFakeRecorder(20)
+			sync, err := build(env, rec, me, dp)
+			require.NoError(t, err)
+			env.ClearActions()
+
+			err = sync(context.Background(), cmp.Or(tc.key, testNS+"/v1"))
+			if tc.wantErr != "" {
+				require.ErrorContains(t, err, tc.wantErr)
+			} else {
+				require.NoError(t, err)
+			}
+			assert.Equal(t, tc.wantWrites, trimGeneratedNames(writes(env.Strata.Actions())), "API writes")
+			assert.Equal(t, tc.wantCalls, dp.calls(), "data-plane calls")
+			assertEvents(t, tc.wantEvents, rec)
+			if tc.check != nil {
+				tc.check(t, env)
+			}
+		})
+	}
+}
+
+// allChecks runs several checks of a case in order.
+func allChecks(checks ...func(*testing.T, *dstest.Env)) func(*testing.T, *dstest.Env) {
+	return func(t *testing.T, env *dstest.Env) {
+		for _, c := range checks {
+			c(t, env)
+		}
+	}
 }

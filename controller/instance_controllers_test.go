@@ -92,18 +92,6 @@ func (im *realIM) waitInstance(t *testing.T, name string, found bool, state engi
 	}, 10*time.Second, 10*time.Millisecond, "instance %s found=%v state=%s", name, found, state)
 }
 
-func testReplicaCR(name, disk string, mut ...func(*v1beta1.Replica)) *v1beta1.Replica {
-	r := &v1beta1.Replica{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS, Finalizers: []string{types.FinalizerName}},
-		Spec: v1beta1.ReplicaSpec{InstanceSpec: v1beta1.InstanceSpec{VolumeName: "v1", VolumeSize: 4 << 20, NodeID: "node-1",
-			DesireState: v1beta1.InstanceStateRunning}, DiskPath: disk, DataDirectoryName: name},
-	}
-	for _, m := range mut {
-		m(r)
-	}
-	return r
-}
-
 func TestReplicaControllerAgainstRealInstanceManager(t *testing.T) {
 	im := startRealIM(t)
 	disk := t.TempDir()

@@ -11,60 +11,15 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/utils/ptr"
 
 	"github.com/strata-storage/strata/datastore/dstest"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 )
-
-const testNS = types.DefaultNamespace
-
-func testNode(name string, disks map[string]string, conds ...metav1.Condition) *v1beta1.Node {
-	n := &v1beta1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS},
-		Spec:       v1beta1.NodeSpec{AllowScheduling: true, Disks: map[string]v1beta1.DiskSpec{}},
-		Status:     v1beta1.NodeStatus{Conditions: conds},
-	}
-	for dn, p := range disks {
-		n.Spec.Disks[dn] = v1beta1.DiskSpec{Path: p, AllowScheduling: true}
-	}
-	return n
-}
-
-func testLease(node string, renewedAgo time.Duration) *coordinationv1.Lease {
-	return &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: types.NodeLeaseName(node), Namespace: testNS,
-			Labels: map[string]string{types.LabelComponent: types.ComponentNodeLease, types.LabelNode: node}},
-		Spec: coordinationv1.LeaseSpec{
-			HolderIdentity: ptr.To(node), LeaseDurationSeconds: ptr.To(int32(10)),
-			RenewTime: &metav1.MicroTime{Time: dstest.Now.Add(-renewedAgo)},
-		},
-	}
-}
-
-// Settings that make schedulability independent of the test machine's free space.
-func zeroMinAvailable() *v1beta1.Setting {
-	return &v1beta1.Setting{
-		ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingStorageMinimalAvailablePercentage), Namespace: testNS},
-		Value:      "0",
-	}
-}
-
-func readyDown(msg string) metav1.Condition {
-	return metav1.Condition{Type: v1beta1.ConditionTypeReady, Status: metav1.ConditionFalse,
-		Reason: v1beta1.NodeConditionReasonManagerDown, Message: msg, LastTransitionTime: metav1.NewTime(dstest.Now)}
-}
-
-func readyTrue() metav1.Condition {
-	return metav1.Condition{Type: v1beta1.ConditionTypeReady, Status: metav1.ConditionTrue,
-		Reason: v1beta1.NodeConditionReasonManagerRunning, Message: "x", LastTransitionTime: metav1.NewTime(dstest.Now)}
-}
 
 func TestNodeControllerSync(t *testing.T) {
 	const me = "node-1"

@@ -1,8 +1,10 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"sort"
 	"testing"
 
@@ -93,30 +95,6 @@ func TestEngineSnapshotDiff(t *testing.T) {
 	}
 }
 
-func testSnapshot(name string, create bool, mut ...func(*v1beta1.Snapshot)) *v1beta1.Snapshot {
-	s := &v1beta1.Snapshot{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS, UID: "uid-" + "snap-" + "x",
-			Labels: map[string]string{types.LabelVolume: "v1"}, Finalizers: []string{types.FinalizerName}},
-		Spec:   v1beta1.SnapshotSpec{Volume: "v1", CreateSnapshot: create},
-		Status: v1beta1.SnapshotStatus{OwnerID: "node-1"},
-	}
-	for _, m := range mut {
-		m(s)
-	}
-	return s
-}
-
-func deleting(s *v1beta1.Snapshot) { now := metav1.NewTime(dstest.Now); s.DeletionTimestamp = &now }
-
-func testVA(tickets ...*v1beta1.AttachmentTicket) *v1beta1.VolumeAttachment {
-	va := &v1beta1.VolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: "v1", Namespace: testNS},
-		Spec: v1beta1.VolumeAttachmentSpec{Volume: "v1", AttachmentTickets: map[string]*v1beta1.AttachmentTicket{}}}
-	for _, t := range tickets {
-		va.Spec.AttachmentTickets[t.ID] = t
-	}
-	return va
-}
-
 // TestSnapshotControllerSync covers the paths that make no gRPC call (a
 // detached volume, status mirroring, lost snapshots, releases); taking,
 // removing and purging on a running engine are in
@@ -124,16 +102,7 @@ func testVA(tickets ...*v1beta1.AttachmentTicket) *v1beta1.VolumeAttachment {
 func TestSnapshotControllerSync(t *testing.T) {
 	stoppedEngine := func(snaps map[string]*v1beta1.SnapshotInfo) *v1beta1.Engine { return engineWith("stopped", snaps) }
 	snapTicket := &v1beta1.AttachmentTicket{ID: "snapshot-s1", Type: v1beta1.AttacherTypeSnapshotController, NodeID: "node-1"}
-	tests := []struct {
-		name       string
-		objects    []runtime.Object
-		key        string
-		apiErr     *reactorError
-		wantErr    string
-		wantWrites []string
-		wantEvents []string
-		check      func(t *testing.T, env *dstest.Env)
-	}{
+	tests := []syncCase{
 		{
 			name:       "requested on a detached volume: a ticket owned by the snapshot asks for an attach",
 			objects:    []runtime.Object{vcVolume(), stoppedEngine(chain()), testVA(), testSnapshot("s1", true)},
@@ -236,33 +205,122 @@ func TestSnapshotControllerSync(t *testing.T) {
 			},
 		},
 	}
-	leases := []runtime.Object{testLease("node-1", 0), testLease("node-2", 0), testLease("node-3", 0)}
+	runSnapshotCases(t, tests)
+}
+
+// runSnapshotCases runs snapshot controller cases on three schedulable nodes;
+// the key defaults to snapshot s1.
+func runSnapshotCases(t *testing.T, cases []syncCase) {
+	t.Helper()
 	nodes := []runtime.Object{schedNode("node-1"), schedNode("node-2"), schedNode("node-3")}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			env := dstest.New(t, append(append([]runtime.Object{}, nodes...), tc.objects...), leases)
-			if tc.apiErr != nil {
-				tc.apiErr.install(env.Strata)
-			}
-			rec := record.NewFakeRecorder(20)
-			c, err := NewSnapshotController(logrus.New(), env.DS, rec, "node-1", engineapi.NewPool(0))
-			require.NoError(t, err)
-			env.ClearActions()
-			key := tc.key
-			if key == "" {
-				key = testNS + "/s1"
-			}
-			err = c.syncKey(context.Background(), key)
-			if tc.wantErr != "" {
-				require.ErrorContains(t, err, tc.wantErr)
-			} else {
-				require.NoError(t, err)
-			}
-			assert.Equal(t, tc.wantWrites, writes(env.Strata.Actions()))
-			assertEvents(t, tc.wantEvents, rec)
-			if tc.check != nil {
-				tc.check(t, env)
-			}
-		})
+	for i := range cases {
+		cases[i].objects = append(append([]runtime.Object{}, nodes...), cases[i].objects...)
+		cases[i].key = cmp.Or(cases[i].key, testNS+"/s1")
 	}
+	runSyncCases(t, cases, func(env *dstest.Env, rec record.EventRecorder, me string, dp engineapi.Connector) (func(context.Context, string) error, error) {
+		c, err := NewSnapshotController(logrus.New(), env.DS, rec, me, dp)
+		if err != nil {
+			return nil, err
+		}
+		return c.syncKey, nil
+	})
+}
+
+// TestSnapshotControllerActs drives the paths that act through the data
+// plane — take, remove, purge — against the in-memory data plane, with the
+// errors the instance manager can answer.
+func TestSnapshotControllerActs(t *testing.T) {
+	im := &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: testNS},
+		Spec:   v1beta1.InstanceManagerSpec{NodeID: "node-1"},
+		Status: v1beta1.InstanceManagerStatus{CurrentState: v1beta1.InstanceStateRunning, Endpoint: "im-node-1:8500"}}
+	attached := func() *v1beta1.Volume { return vcVolume(attachedOn("node-1")) }
+	running := func(snaps map[string]*v1beta1.SnapshotInfo) *v1beta1.Engine {
+		return vcEngine(engineRunningOn("node-1", allRW()), func(e *v1beta1.Engine) { e.Status.Snapshots = snaps })
+	}
+	// s1 under s2: a purge coalesces it, so the finalizer waits for that.
+	s1UnderS2 := chain(snapInfo("s1", func(i *v1beta1.SnapshotInfo) { i.Children = map[string]bool{"s2": true} }), snapInfo("s2"))
+	statusError := func(want string) func(*testing.T, *dstest.Env) {
+		return func(t *testing.T, env *dstest.Env) {
+			s, err := env.Strata.StrataV1beta1().Snapshots(testNS).Get(context.Background(), "s1", metav1.GetOptions{})
+			require.NoError(t, err)
+			assert.Contains(t, s.Status.Error, want)
+		}
+	}
+	runSnapshotCases(t, []syncCase{
+		{
+			name:       "requested on an attached volume: the engine takes it",
+			objects:    []runtime.Object{im, attached(), running(chain()), testVA(), testSnapshot("s1", true)},
+			wantCalls:  []string{"SnapshotCreate v1-e-0 s1 true"},
+			wantEvents: []string{"Normal SnapshotCreated"},
+		},
+		{
+			name:       "requested on a detached volume: no call, a ticket asks for an attach",
+			objects:    []runtime.Object{im, vcVolume(), engineWith("stopped", chain()), testVA(), testSnapshot("s1", true)},
+			wantWrites: []string{"update volumeattachments v1"},
+		},
+		{
+			name:      "the engine has it already (a retry): not taken twice, no event",
+			objects:   []runtime.Object{im, attached(), running(chain()), testVA(), testSnapshot("s1", true)},
+			dpErr:     map[string]error{"SnapshotCreate": fmt.Errorf("snapshot s1 exists: %w", engineapi.ErrAlreadyExists)},
+			wantCalls: []string{"SnapshotCreate v1-e-0 s1 true"},
+		},
+		{
+			name:       "over the volume's snapshot limit: the status says why, no retry",
+			objects:    []runtime.Object{im, attached(), running(chain()), testVA(), testSnapshot("s1", true)},
+			dpErr:      map[string]error{"SnapshotCreate": fmt.Errorf("250 user snapshots: %w", engineapi.ErrLimitExceeded)},
+			wantCalls:  []string{"SnapshotCreate v1-e-0 s1 true"},
+			wantWrites: []string{"update snapshots/status s1"},
+			wantEvents: []string{"Warning SnapshotFailed"},
+			check:      statusError("250 user snapshots"),
+		},
+		{
+			name:      "the instance manager fails the take: returned for a retry",
+			objects:   []runtime.Object{im, attached(), running(chain()), testVA(), testSnapshot("s1", true)},
+			dpErr:     map[string]error{"SnapshotCreate": fmt.Errorf("replica r2: %w", engineapi.ErrUnavailable)},
+			wantErr:   "taking snapshot s1",
+			wantCalls: []string{"SnapshotCreate v1-e-0 s1 true"},
+		},
+		{
+			name:       "deleted while in the chain of a running engine: removed, then purged",
+			objects:    []runtime.Object{im, attached(), running(s1UnderS2), testVA(), testSnapshot("s1", true, deleting)},
+			wantCalls:  []string{"SnapshotRemove v1-e-0 s1", "SnapshotPurge v1-e-0"},
+			wantEvents: []string{"Normal SnapshotRemoved"},
+		},
+		{
+			name: "already removed: only the purge",
+			objects: []runtime.Object{im, attached(), running(chain(snapInfo("s1", func(i *v1beta1.SnapshotInfo) {
+				i.Removed, i.Children = true, map[string]bool{"s2": true}
+			}), snapInfo("s2"))), testVA(), testSnapshot("s1", true, deleting)},
+			wantCalls: []string{"SnapshotPurge v1-e-0"},
+		},
+		{
+			name:       "a purge that fails is returned for a retry",
+			objects:    []runtime.Object{im, attached(), running(s1UnderS2), testVA(), testSnapshot("s1", true, deleting)},
+			dpErr:      map[string]error{"SnapshotPurge": errors.New("no space left on device")},
+			wantErr:    "purging volume v1: no space left on device",
+			wantCalls:  []string{"SnapshotRemove v1-e-0 s1", "SnapshotPurge v1-e-0"},
+			wantEvents: []string{"Normal SnapshotRemoved"},
+		},
+		{
+			name:       "busy engine (a purge runs): left to finish, its end enqueues the snapshot",
+			objects:    []runtime.Object{im, attached(), running(s1UnderS2), testVA(), testSnapshot("s1", true, deleting)},
+			dpErr:      map[string]error{"SnapshotPurge": fmt.Errorf("purge running: %w", engineapi.ErrBusy)},
+			wantCalls:  []string{"SnapshotRemove v1-e-0 s1", "SnapshotPurge v1-e-0"},
+			wantEvents: []string{"Normal SnapshotRemoved"},
+		},
+		{
+			name:      "removing fails: no purge, returned for a retry",
+			objects:   []runtime.Object{im, attached(), running(s1UnderS2), testVA(), testSnapshot("s1", true, deleting)},
+			dpErr:     map[string]error{"SnapshotRemove": fmt.Errorf("replica r1: %w", engineapi.ErrUnavailable)},
+			wantErr:   "removing snapshot s1",
+			wantCalls: []string{"SnapshotRemove v1-e-0 s1"},
+		},
+		{
+			name: "purge disabled by the setting: removed, not purged",
+			objects: []runtime.Object{im, attached(), running(s1UnderS2), testVA(), testSnapshot("s1", true, deleting),
+				&v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingDisableSnapshotPurge), Namespace: testNS}, Value: "true"}},
+			wantCalls:  []string{"SnapshotRemove v1-e-0 s1"},
+			wantEvents: []string{"Normal SnapshotRemoved"},
+		},
+	})
 }

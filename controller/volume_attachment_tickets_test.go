@@ -14,14 +14,6 @@ import (
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 
-func ticket(id string, typ v1beta1.AttacherType, node string, params ...string) *v1beta1.AttachmentTicket {
-	t := &v1beta1.AttachmentTicket{ID: id, Type: typ, NodeID: node, Parameters: map[string]string{}, Generation: 1}
-	for i := 0; i+1 < len(params); i += 2 {
-		t.Parameters[params[i]] = params[i+1]
-	}
-	return t
-}
-
 func tickets(ts ...*v1beta1.AttachmentTicket) map[string]*v1beta1.AttachmentTicket {
 	m := map[string]*v1beta1.AttachmentTicket{}
 	for _, t := range ts {

@@ -15,45 +15,10 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/strata-storage/strata/datastore/dstest"
+	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 )
-
-const gib = int64(1) << 30
-
-// schedNode is a Ready node with one schedulable 100 GiB disk.
-func schedNode(name string) *v1beta1.Node {
-	n := testNode(name, map[string]string{"disk-1": "/data/" + name}, readyTrue())
-	n.Status.DiskStatus = map[string]*v1beta1.DiskStatus{"disk-1": {DiskUUID: "uuid-" + name,
-		StorageMaximum: 100 * gib, StorageAvailable: 100 * gib}}
-	return n
-}
-
-func vcVolume(mut ...func(*v1beta1.Volume)) *v1beta1.Volume {
-	v := &v1beta1.Volume{
-		ObjectMeta: metav1.ObjectMeta{Name: "v1", Namespace: testNS, UID: "uid-v1", Finalizers: []string{types.FinalizerName}},
-		Spec:       v1beta1.VolumeSpec{Size: resource.MustParse("1Gi"), NumberOfReplicas: 3, Frontend: v1beta1.VolumeFrontendNBD},
-		Status: v1beta1.VolumeStatus{OwnerID: "node-1", State: v1beta1.VolumeStateDetached, CurrentSize: gib,
-			Robustness: v1beta1.VolumeRobustnessHealthy},
-	}
-	for _, m := range mut {
-		m(v)
-	}
-	return v
-}
-
-func vcEngine(mut ...func(*v1beta1.Engine)) *v1beta1.Engine {
-	e := &v1beta1.Engine{
-		ObjectMeta: metav1.ObjectMeta{Name: "v1-e-0", Namespace: testNS, Finalizers: []string{types.FinalizerName}},
-		Spec: v1beta1.EngineSpec{InstanceSpec: v1beta1.InstanceSpec{VolumeName: "v1", VolumeSize: gib,
-			DesireState: v1beta1.InstanceStateStopped}, Frontend: v1beta1.VolumeFrontendNBD},
-		Status: v1beta1.EngineStatus{InstanceStatus: v1beta1.InstanceStatus{CurrentState: v1beta1.InstanceStateStopped}},
-	}
-	for _, m := range mut {
-		m(e)
-	}
-	return e
-}
 
 // engineRunningOn makes the engine run on node with replicas r1..r3 in mode RW unless overridden.
 func engineRunningOn(node string, modes map[string]v1beta1.ReplicaMode) func(*v1beta1.Engine) {
@@ -69,21 +34,6 @@ func engineRunningOn(node string, modes map[string]v1beta1.ReplicaMode) func(*v1
 		e.Status.CurrentSize = gib
 		e.Status.ReplicaModeMap = modes
 	}
-}
-
-func vcReplica(name, node string, mut ...func(*v1beta1.Replica)) *v1beta1.Replica {
-	r := &v1beta1.Replica{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS, Finalizers: []string{types.FinalizerName},
-			CreationTimestamp: metav1.NewTime(dstest.Now.Add(-time.Hour))},
-		Spec: v1beta1.ReplicaSpec{InstanceSpec: v1beta1.InstanceSpec{VolumeName: "v1", VolumeSize: gib, NodeID: node,
-			DesireState: v1beta1.InstanceStateStopped}, EngineName: "v1-e-0", DiskID: "uuid-" + node,
-			DiskPath: "/data/" + node, DataDirectoryName: name, HealthyAt: dstest.Now.Add(-time.Hour).Format(time.RFC3339)},
-		Status: v1beta1.ReplicaStatus{InstanceStatus: v1beta1.InstanceStatus{CurrentState: v1beta1.InstanceStateStopped}},
-	}
-	for _, m := range mut {
-		m(r)
-	}
-	return r
 }
 
 // attachedOn is a volume fully attached to node, reconciled by that node.
@@ -118,7 +68,7 @@ func TestVolumeControllerSync(t *testing.T) {
 	nodes := []runtime.Object{schedNode("node-1"), schedNode("node-2"), schedNode("node-3"),
 		&v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingReplicaReplenishmentWaitInterval), Namespace: testNS}, Value: "60"}}
 	leases := []runtime.Object{testLease("node-1", 0), testLease("node-2", 0), testLease("node-3", 0)}
-	type check func(t *testing.T, env *dstest.Env)
+	type check = func(t *testing.T, env *dstest.Env)
 	volumeIs := func(state v1beta1.VolumeState, robustness v1beta1.VolumeRobustness, current string) check {
 		return func(t *testing.T, env *dstest.Env) {
 			v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v1", metav1.GetOptions{})
@@ -145,23 +95,14 @@ func TestVolumeControllerSync(t *testing.T) {
 			assert.Equal(t, failed, r.Spec.FailedAt != "", "failed "+name)
 		}
 	}
-	tests := []struct {
-		name       string
-		objects    []runtime.Object
-		me         string
-		apiErr     *reactorError
-		wantErr    string
-		wantWrites []string
-		wantEvents []string
-		checks     []check
-	}{
+	tests := []syncCase{
 		{
 			name:    "new volume gets an engine and three replicas on three nodes",
 			objects: []runtime.Object{vcVolume(func(v *v1beta1.Volume) { v.Status = v1beta1.VolumeStatus{OwnerID: "node-1"} })},
 			wantWrites: []string{"create engines v1-e-", "create replicas v1-r-", "create replicas v1-r-", "create replicas v1-r-",
 				"update volumes/status v1"},
 			wantEvents: []string{"Normal ReplicaScheduled", "Normal ReplicaScheduled", "Normal ReplicaScheduled"},
-			checks: []check{volumeIs(v1beta1.VolumeStateDetached, v1beta1.VolumeRobustnessHealthy, ""),
+			check: allChecks(volumeIs(v1beta1.VolumeStateDetached, v1beta1.VolumeRobustnessHealthy, ""),
 				func(t *testing.T, env *dstest.Env) {
 					reps, err := env.Strata.StrataV1beta1().Replicas(testNS).List(context.Background(), metav1.ListOptions{})
 					require.NoError(t, err)
@@ -172,7 +113,7 @@ func TestVolumeControllerSync(t *testing.T) {
 						assert.Equal(t, "v1", r.Labels[types.LabelVolume])
 					}
 					assert.Len(t, nodes, 3, "replicas on distinct nodes")
-				}},
+				}),
 		},
 		{
 			name:       "volume without the finalizer gets it first",
@@ -190,8 +131,8 @@ func TestVolumeControllerSync(t *testing.T) {
 			objects: append([]runtime.Object{vcVolume(func(v *v1beta1.Volume) { v.Spec.NodeID = "node-2" }), vcEngine()},
 				threeReplicas()...),
 			wantWrites: []string{"update replicas r1", "update replicas r2", "update replicas r3", "update volumes/status v1"},
-			checks: []check{volumeIs(v1beta1.VolumeStateAttaching, v1beta1.VolumeRobustnessHealthy, ""),
-				replicaIs("r1", v1beta1.InstanceStateRunning, false), engineIs("", v1beta1.InstanceStateStopped)},
+			check: allChecks(volumeIs(v1beta1.VolumeStateAttaching, v1beta1.VolumeRobustnessHealthy, ""),
+				replicaIs("r1", v1beta1.InstanceStateRunning, false), engineIs("", v1beta1.InstanceStateStopped)),
 		},
 		{
 			name: "replicas running: engine asked to run on the node with them",
@@ -200,8 +141,8 @@ func TestVolumeControllerSync(t *testing.T) {
 				v.Spec.NodeID, v.Status.State = "node-2", v1beta1.VolumeStateAttaching
 			}), vcEngine()}, threeReplicas(replicaRunning)...),
 			wantWrites: []string{"update engines v1-e-0", "update volumes/status v1"},
-			checks: []check{volumeIs(v1beta1.VolumeStateAttaching, v1beta1.VolumeRobustnessHealthy, ""),
-				engineIs("node-2", v1beta1.InstanceStateRunning, "r1", "r2", "r3")},
+			check: allChecks(volumeIs(v1beta1.VolumeStateAttaching, v1beta1.VolumeRobustnessHealthy, ""),
+				engineIs("node-2", v1beta1.InstanceStateRunning, "r1", "r2", "r3")),
 		},
 		{
 			name: "engine running with its endpoint: attached, currentNodeID set",
@@ -211,7 +152,7 @@ func TestVolumeControllerSync(t *testing.T) {
 			}), vcEngine(engineRunningOn("node-2", allRW()))}, threeReplicas(replicaRunning)...),
 			wantWrites: []string{"update volumes/status v1"},
 			wantEvents: []string{"Normal Attached"},
-			checks:     []check{volumeIs(v1beta1.VolumeStateAttached, v1beta1.VolumeRobustnessHealthy, "node-2")},
+			check:      allChecks(volumeIs(v1beta1.VolumeStateAttached, v1beta1.VolumeRobustnessHealthy, "node-2")),
 		},
 		{
 			name: "engine marks a replica ERR: replica failed and stopped, volume degraded",
@@ -222,8 +163,8 @@ func TestVolumeControllerSync(t *testing.T) {
 				"r2": v1beta1.ReplicaModeRW, "r3": v1beta1.ReplicaModeERR}))}, threeReplicas(replicaRunning)...),
 			wantWrites: []string{"update replicas r3", "update engines v1-e-0", "update volumes/status v1"},
 			wantEvents: []string{"Warning ReplicaFailed", "Warning Degraded"},
-			checks: []check{volumeIs(v1beta1.VolumeStateAttached, v1beta1.VolumeRobustnessDegraded, "node-2"),
-				replicaIs("r3", v1beta1.InstanceStateStopped, true), engineIs("node-2", v1beta1.InstanceStateRunning, "r1", "r2")},
+			check: allChecks(volumeIs(v1beta1.VolumeStateAttached, v1beta1.VolumeRobustnessDegraded, "node-2"),
+				replicaIs("r3", v1beta1.InstanceStateStopped, true), engineIs("node-2", v1beta1.InstanceStateRunning, "r1", "r2")),
 		},
 		{
 			name: "failed replica within the wait interval is not replaced yet",
@@ -246,14 +187,14 @@ func TestVolumeControllerSync(t *testing.T) {
 					Status: v1beta1.InstanceManagerStatus{CurrentState: v1beta1.InstanceStateError}}},
 			wantWrites: []string{"delete replicas r1", "update volumes/status v1"},
 			wantEvents: []string{"Warning ReplicaUnschedulable"},
-			checks: []check{func(t *testing.T, env *dstest.Env) {
+			check: allChecks(func(t *testing.T, env *dstest.Env) {
 				v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v1", metav1.GetOptions{})
 				require.NoError(t, err)
 				c := findCondition(v.Status.Conditions, VolumeConditionScheduled)
 				require.NotNil(t, c)
 				assert.Equal(t, metav1.ConditionFalse, c.Status)
 				assert.Contains(t, c.Message, "node-1: instance manager im-node-1 is error")
-			}},
+			}),
 		},
 		{
 			name: "failed replica past the wait interval is replaced by a new one that starts",
@@ -264,7 +205,7 @@ func TestVolumeControllerSync(t *testing.T) {
 				vcReplica("r1", "node-1", replicaRunning), vcReplica("r2", "node-2", replicaRunning), vcReplica("r3", "node-3", failedAgo(2*time.Minute))},
 			wantWrites: []string{"delete replicas r3", "create replicas v1-r-", "update volumes/status v1"},
 			wantEvents: []string{"Normal ReplicaScheduled"},
-			checks: []check{func(t *testing.T, env *dstest.Env) {
+			check: allChecks(func(t *testing.T, env *dstest.Env) {
 				reps, err := env.Strata.StrataV1beta1().Replicas(testNS).List(context.Background(), metav1.ListOptions{})
 				require.NoError(t, err)
 				for _, r := range reps.Items {
@@ -274,7 +215,7 @@ func TestVolumeControllerSync(t *testing.T) {
 						assert.Empty(t, r.Spec.HealthyAt, "not healthy before its rebuild")
 					}
 				}
-			}},
+			}),
 		},
 		{
 			name: "spec.nodeID cleared: engine stops first, currentNodeID kept while detaching",
@@ -283,8 +224,8 @@ func TestVolumeControllerSync(t *testing.T) {
 				v.Status.State, v.Status.CurrentNodeID, v.Status.OwnerID = v1beta1.VolumeStateAttached, "node-2", "node-2"
 			}), vcEngine(engineRunningOn("node-2", allRW()))}, threeReplicas(replicaRunning)...),
 			wantWrites: []string{"update engines v1-e-0", "update volumes/status v1"},
-			checks: []check{volumeIs(v1beta1.VolumeStateDetaching, v1beta1.VolumeRobustnessHealthy, "node-2"),
-				engineIs("node-2", v1beta1.InstanceStateStopped, "r1", "r2", "r3")},
+			check: allChecks(volumeIs(v1beta1.VolumeStateDetaching, v1beta1.VolumeRobustnessHealthy, "node-2"),
+				engineIs("node-2", v1beta1.InstanceStateStopped, "r1", "r2", "r3")),
 		},
 		{
 			name: "engine and replicas stopped: detached, currentNodeID cleared",
@@ -294,7 +235,7 @@ func TestVolumeControllerSync(t *testing.T) {
 			}), vcEngine(func(e *v1beta1.Engine) { e.Spec.NodeID = "node-2" })}, threeReplicas()...),
 			wantWrites: []string{"update volumes/status v1"},
 			wantEvents: []string{"Normal Detached"},
-			checks:     []check{volumeIs(v1beta1.VolumeStateDetached, v1beta1.VolumeRobustnessHealthy, "")},
+			check:      allChecks(volumeIs(v1beta1.VolumeStateDetached, v1beta1.VolumeRobustnessHealthy, "")),
 		},
 		{
 			name: "every replica failed: faulted, detached, the latest to fail are salvaged",
@@ -304,8 +245,8 @@ func TestVolumeControllerSync(t *testing.T) {
 			// The decision is recorded before the replicas change.
 			wantWrites: []string{"update volumes/status v1", "update replicas r2", "update replicas r3", "update volumes/status v1"},
 			wantEvents: []string{"Warning Salvaged", "Warning Degraded"},
-			checks: []check{replicaIs("r1", v1beta1.InstanceStateStopped, true), replicaIs("r2", v1beta1.InstanceStateStopped, false),
-				replicaIs("r3", v1beta1.InstanceStateStopped, false)},
+			check: allChecks(replicaIs("r1", v1beta1.InstanceStateStopped, true), replicaIs("r2", v1beta1.InstanceStateStopped, false),
+				replicaIs("r3", v1beta1.InstanceStateStopped, false)),
 		},
 		{
 			name: "grown while detached: replicas open at the new size, then the size is recorded",
@@ -313,11 +254,11 @@ func TestVolumeControllerSync(t *testing.T) {
 				threeReplicas(replicaRunning, func(r *v1beta1.Replica) { r.Spec.VolumeSize = 2 * gib })...),
 			wantWrites: []string{"update volumes/status v1"},
 			wantEvents: []string{"Normal Expanded"},
-			checks: []check{func(t *testing.T, env *dstest.Env) {
+			check: allChecks(func(t *testing.T, env *dstest.Env) {
 				v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v1", metav1.GetOptions{})
 				require.NoError(t, err)
 				assert.Equal(t, 2*gib, v.Status.CurrentSize)
-			}},
+			}),
 		},
 		{
 			name: "deleting: engine and replicas are deleted, the finalizer stays until they are gone",
@@ -341,34 +282,17 @@ func TestVolumeControllerSync(t *testing.T) {
 			wantWrites: []string{"create engines v1-e-", "create replicas v1-r-", "update volumes/status v1"},
 		},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			env := dstest.New(t, append(append([]runtime.Object{}, nodes...), tc.objects...), leases)
-			if tc.apiErr != nil {
-				tc.apiErr.install(env.Strata)
-			}
-			me := tc.me
-			if me == "" {
-				me = "node-1"
-			}
-			rec := record.NewFakeRecorder(20)
-			c, err := NewVolumeController(logrus.New(), env.DS, rec, me)
-			require.NoError(t, err)
-			env.ClearActions()
-
-			err = c.syncVolume(context.Background(), testNS+"/v1")
-			if tc.wantErr != "" {
-				require.ErrorContains(t, err, tc.wantErr)
-			} else {
-				require.NoError(t, err)
-			}
-			assert.Equal(t, tc.wantWrites, trimGeneratedNames(writes(env.Strata.Actions())))
-			assertEvents(t, tc.wantEvents, rec)
-			for _, chk := range tc.checks {
-				chk(t, env)
-			}
-		})
+	for i := range tests {
+		tests[i].objects = append(append([]runtime.Object{}, nodes...), tests[i].objects...)
+		tests[i].kube = leases
 	}
+	runSyncCases(t, tests, func(env *dstest.Env, rec record.EventRecorder, me string, _ engineapi.Connector) (func(context.Context, string) error, error) {
+		c, err := NewVolumeController(logrus.New(), env.DS, rec, me)
+		if err != nil {
+			return nil, err
+		}
+		return c.syncVolume, nil
+	})
 }
 
 // trimGeneratedNames cuts the random suffix of created engines and replicas
