@@ -76,6 +76,27 @@ type baseController struct {
 	// dataPlane reaches instance managers, for controllers that act
 	// through the data plane (nil for the others).
 	dataPlane engineapi.Connector
+	// extra are further queues of other kinds of keys, each with its sync
+	// (external-snapshotter keeps one queue per kind rather than prefixed keys).
+	extra []keyQueue
+}
+
+// keyQueue is a queue of one kind of key and the sync for them.
+type keyQueue struct {
+	queue workqueue.TypedRateLimitingInterface[string]
+	sync  func(ctx context.Context, key string) error
+}
+
+// addQueue makes another queue, named name, whose keys sync runs.
+func (c *baseController) addQueue(name string, sync func(ctx context.Context, key string) error) workqueue.TypedRateLimitingInterface[string] {
+	q := newQueue(name)
+	c.extra = append(c.extra, keyQueue{queue: q, sync: sync})
+	return q
+}
+
+func newQueue(name string) workqueue.TypedRateLimitingInterface[string] {
+	return workqueue.NewTypedRateLimitingQueueWithConfig(newRateLimiter(retryBackoff),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: name})
 }
 
 func newBaseController(name, controllerID string, logger logrus.FieldLogger, ds *datastore.DataStore,
@@ -86,52 +107,56 @@ func newBaseController(name, controllerID string, logger logrus.FieldLogger, ds 
 		logger:       logger.WithField("controller", name),
 		ds:           ds,
 		recorder:     recorder,
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			newRateLimiter(retryBackoff),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: name}),
+		queue:        newQueue(name),
 	}
 }
 
-// Run starts workers and blocks until ctx ends, then drains the queue.
+// Run starts workers on every queue and blocks until ctx ends, then shuts
+// the queues down.
 func (c *baseController) Run(ctx context.Context, workers int) {
 	defer utilruntime.HandleCrash()
-	defer c.queue.ShutDown()
+	queues := append([]keyQueue{{queue: c.queue, sync: c.sync}}, c.extra...)
+	for _, q := range queues {
+		defer q.queue.ShutDown()
+	}
 	c.logger.WithField("workers", workers).Info("Starting controller")
-	for i := 0; i < workers; i++ {
-		go wait.UntilWithContext(ctx, c.worker, time.Second)
+	for _, q := range queues {
+		for i := 0; i < workers; i++ {
+			go wait.UntilWithContext(ctx, func(ctx context.Context) { c.worker(ctx, q) }, time.Second)
+		}
 	}
 	<-ctx.Done()
 	c.logger.Info("Stopping controller")
 }
 
-func (c *baseController) worker(ctx context.Context) {
-	for c.processNextWorkItem(ctx) {
+func (c *baseController) worker(ctx context.Context, q keyQueue) {
+	for c.processNextWorkItem(ctx, q) {
 	}
 }
 
-func (c *baseController) processNextWorkItem(ctx context.Context) bool {
-	key, quit := c.queue.Get()
+func (c *baseController) processNextWorkItem(ctx context.Context, q keyQueue) bool {
+	key, quit := q.queue.Get()
 	if quit {
 		return false
 	}
-	defer c.queue.Done(key)
-	c.handleErr(key, c.sync(ctx, key))
+	defer q.queue.Done(key)
+	c.handleErr(q.queue, key, q.sync(ctx, key))
 	return true
 }
 
-func (c *baseController) handleErr(key string, err error) {
+func (c *baseController) handleErr(queue workqueue.TypedRateLimitingInterface[string], key string, err error) {
 	if err == nil {
-		c.queue.Forget(key)
+		queue.Forget(key)
 		return
 	}
-	retries := c.queue.NumRequeues(key)
+	retries := queue.NumRequeues(key)
 	log := c.logger.WithField("key", key).WithField("retries", retries).WithError(err)
 	if retries < loudAfterRetries {
 		log.Warn("Sync failed, will retry")
 	} else {
 		log.Error("Sync keeps failing, will retry")
 	}
-	c.queue.AddRateLimited(key)
+	queue.AddRateLimited(key)
 }
 
 // enqueue adds an informer object's key; tombstones of deleted objects work too.
@@ -142,6 +167,25 @@ func (c *baseController) enqueue(obj interface{}) {
 		return
 	}
 	c.queue.Add(key)
+}
+
+// enqueueOnChange is the handler of a controller's own kind: every add,
+// update and delete enqueues the object's key.
+func (c *baseController) enqueueOnChange() cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.enqueue,
+		UpdateFunc: func(_, obj interface{}) { c.enqueue(obj) },
+		DeleteFunc: c.enqueue,
+	}
+}
+
+// enqueueEveryKey adds the key of every object informer holds.
+func (c *baseController) enqueueEveryKey(informer cache.SharedIndexInformer) func() {
+	return func() {
+		for _, key := range informer.GetStore().ListKeys() {
+			c.queue.Add(key)
+		}
+	}
 }
 
 // nameFromKey strips the namespace: every Strata object the controllers sync

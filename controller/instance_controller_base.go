@@ -1,10 +1,7 @@
 package controller
 
 import (
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/tools/cache"
-
-	"github.com/strata-storage/strata/datastore"
 
 	"github.com/strata-storage/strata/engineapi"
 )
@@ -35,46 +32,16 @@ func (c *instanceController) wireInstanceEvents(informer cache.SharedIndexInform
 	if err := c.onInstanceManagerStateChange(func(node string) { c.enqueueByNode(informer, node) }); err != nil {
 		return err
 	}
-	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    c.enqueue,
-		UpdateFunc: func(_, obj interface{}) { c.enqueue(obj) },
-		DeleteFunc: c.enqueue,
-	}); err != nil {
+	if _, err := informer.AddEventHandler(c.enqueueOnChange()); err != nil {
 		return err
 	}
-	return c.requeueOnNodeReadyChange(func() {
-		for _, key := range informer.GetStore().ListKeys() {
-			c.queue.Add(key)
-		}
-	})
+	return c.requeueOnNodeReadyChange(c.enqueueEveryKey(informer))
 }
 
 // local tells whether an instance on nodeID runs in this manager's instance
 // manager, so this manager can act on it and knows its state.
 func (c *instanceController) local(nodeID string) bool {
 	return nodeID != "" && nodeID == c.controllerID && c.instances != nil
-}
-
-// getResponsible reads the object of a queue key from the cache and says
-// whether this manager reconciles it: its instance's node when that node is
-// alive, else its recorded owner, else the hashing fallback. A missing
-// object (deleted) or another node's object yields ok=false.
-func getResponsible[T datastore.Object](c *baseController, store *datastore.Store[T], key string,
-	ownerAndNode func(T) (ownerID, nodeID string)) (obj T, ok bool, err error) {
-	name, err := nameFromKey(key)
-	if err != nil {
-		return obj, false, err
-	}
-	obj, err = store.GetRO(name)
-	if apierrors.IsNotFound(err) {
-		return obj, false, nil
-	}
-	if err != nil {
-		return obj, false, err
-	}
-	owner, node := ownerAndNode(obj)
-	ok, err = c.isResponsibleFor(key, owner, node)
-	return obj, ok, err
 }
 
 // client is this node's instance manager.

@@ -54,11 +54,7 @@ func NewInstanceManagerController(logger logrus.FieldLogger, ds *datastore.DataS
 			im, ok := obj.(*v1beta1.InstanceManager)
 			return ok && im.Name == instanceManagerName(controllerID)
 		},
-		Handler: cache.ResourceEventHandlerFuncs{
-			AddFunc:    c.enqueue,
-			UpdateFunc: func(_, obj interface{}) { c.enqueue(obj) },
-			DeleteFunc: c.enqueue,
-		},
+		Handler: c.enqueueOnChange(),
 	})
 	return c, err
 }

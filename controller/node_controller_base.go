@@ -112,11 +112,7 @@ func NewNodeController(logger logrus.FieldLogger, ds *datastore.DataStore, recor
 		func() { nc.logger.Warn("Heartbeat lease renewals keep failing") },
 		opts.LeaseDuration/4, types.NodeLeaseName(controllerID), ds.Namespace, labelNodeLease(controllerID))
 
-	if _, err := ds.Nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    nc.enqueue,
-		UpdateFunc: func(_, obj interface{}) { nc.enqueue(obj) },
-		DeleteFunc: nc.enqueue,
-	}); err != nil {
+	if _, err := ds.Nodes.Informer().AddEventHandler(nc.enqueueOnChange()); err != nil {
 		return nil, err
 	}
 	// A replica of this node that goes may leave its data behind (its

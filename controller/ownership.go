@@ -3,10 +3,12 @@ package controller
 import (
 	"hash/fnv"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 
@@ -82,4 +84,26 @@ func readyStatus(n *v1beta1.Node) metav1.ConditionStatus {
 		return c.Status
 	}
 	return metav1.ConditionUnknown
+}
+
+// getResponsible reads the object of a queue key from the cache and says
+// whether this manager reconciles it: its instance's node when that node is
+// alive, else its recorded owner, else the hashing fallback. A missing
+// object (deleted) or another node's object yields ok=false.
+func getResponsible[T datastore.Object](c *baseController, store *datastore.Store[T], key string,
+	ownerAndNode func(T) (ownerID, nodeID string)) (obj T, ok bool, err error) {
+	name, err := nameFromKey(key)
+	if err != nil {
+		return obj, false, err
+	}
+	obj, err = store.GetRO(name)
+	if apierrors.IsNotFound(err) {
+		return obj, false, nil
+	}
+	if err != nil {
+		return obj, false, err
+	}
+	owner, node := ownerAndNode(obj)
+	ok, err = c.isResponsibleFor(key, owner, node)
+	return obj, ok, err
 }

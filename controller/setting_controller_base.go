@@ -19,7 +19,7 @@ func NewSettingController(logger logrus.FieldLogger, ds *datastore.DataStore, re
 	controllerID string) (*SettingController, error) {
 	sc := &SettingController{baseController: newBaseController("strata-setting", controllerID, logger, ds, recorder)}
 	sc.sync = sc.syncSetting
-	if err := sc.requeueOnNodeReadyChange(sc.enqueueAllSettings); err != nil {
+	if err := sc.requeueOnNodeReadyChange(sc.enqueueEveryKey(ds.Settings.Informer())); err != nil {
 		return nil, err
 	}
 	_, err := ds.Settings.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -34,15 +34,4 @@ func NewSettingController(logger logrus.FieldLogger, ds *datastore.DataStore, re
 		},
 	})
 	return sc, err
-}
-
-func (sc *SettingController) enqueueAllSettings() {
-	settings, err := sc.ds.Settings.ListRO(nil)
-	if err != nil {
-		sc.logger.WithError(err).Warn("Cannot list settings")
-		return
-	}
-	for _, s := range settings {
-		sc.enqueue(s)
-	}
 }

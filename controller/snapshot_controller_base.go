@@ -1,13 +1,11 @@
 package controller
 
 import (
-	"context"
-	"strings"
-
 	"github.com/sirupsen/logrus"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
 
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/engineapi"
@@ -17,10 +15,6 @@ import (
 // VolumeHeadName is the live head in an engine's chain; it never gets a CR.
 const VolumeHeadName = "volume-head"
 
-// engineKeyPrefix marks queue keys that name an Engine, not a Snapshot: the
-// engine-monitor half of the controller (CRs for snapshots that have none).
-const engineKeyPrefix = "engine:"
-
 // SnapshotController keeps Snapshot CRs and the engines' snapshot chains in
 // step: it takes the snapshots users ask for, removes and purges the ones
 // they delete, mirrors the chain into each CR's status, and gives every
@@ -28,6 +22,9 @@ const engineKeyPrefix = "engine:"
 // gRPC is used to act, never to read.
 type SnapshotController struct {
 	*baseController
+	// engines queues Engine keys: the engine-monitor half of the
+	// controller (CRs for chain snapshots that have none).
+	engines workqueue.TypedRateLimitingInterface[string]
 }
 
 // NewSnapshotController wires the snapshot controller of node controllerID.
@@ -35,18 +32,15 @@ func NewSnapshotController(logger logrus.FieldLogger, ds *datastore.DataStore, r
 	controllerID string, dataPlane engineapi.Connector) (*SnapshotController, error) {
 	c := &SnapshotController{baseController: newBaseController("strata-snapshot", controllerID, logger, ds, recorder)}
 	c.dataPlane = dataPlane
-	c.sync = c.syncKey
-	if _, err := ds.Snapshots.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    c.enqueue,
-		UpdateFunc: func(_, obj interface{}) { c.enqueue(obj) },
-		DeleteFunc: c.enqueue,
-	}); err != nil {
+	c.sync = c.syncSnapshot
+	c.engines = c.addQueue("strata-snapshot-engines", c.syncEngineSnapshots)
+	if _, err := ds.Snapshots.Informer().AddEventHandler(c.enqueueOnChange()); err != nil {
 		return nil, err
 	}
 	if _, err := ds.Engines.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj interface{}) {
 			if e, ok := obj.(*v1beta1.Engine); ok {
-				c.queue.Add(engineKeyPrefix + e.Namespace + "/" + e.Name)
+				c.engines.Add(e.Namespace + "/" + e.Name)
 			}
 		},
 		UpdateFunc: func(oldObj, newObj interface{}) {
@@ -73,11 +67,7 @@ func NewSnapshotController(logger logrus.FieldLogger, ds *datastore.DataStore, r
 	}); err != nil {
 		return nil, err
 	}
-	return c, c.requeueOnNodeReadyChange(func() {
-		for _, key := range ds.Snapshots.Informer().GetStore().ListKeys() {
-			c.queue.Add(key)
-		}
-	})
+	return c, c.requeueOnNodeReadyChange(c.enqueueEveryKey(ds.Snapshots.Informer()))
 }
 
 // enqueueEngineChange enqueues only what an engine update concerns: the
@@ -96,7 +86,7 @@ func (c *SnapshotController) enqueueEngineChange(old, cur *v1beta1.Engine) {
 		}
 	}
 	if appeared {
-		c.queue.Add(engineKeyPrefix + cur.Namespace + "/" + cur.Name)
+		c.engines.Add(cur.Namespace + "/" + cur.Name)
 	}
 }
 
@@ -134,11 +124,4 @@ func engineSnapshotDiff(old, cur *v1beta1.Engine) (changed []string, all, appear
 		}
 	}
 	return changed, all, appeared
-}
-
-func (c *SnapshotController) syncKey(ctx context.Context, key string) error {
-	if rest, ok := strings.CutPrefix(key, engineKeyPrefix); ok {
-		return c.syncEngineSnapshots(ctx, rest)
-	}
-	return c.syncSnapshot(ctx, key)
 }

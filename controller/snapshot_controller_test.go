@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"testing"
 
 	"github.com/sirupsen/logrus"
@@ -192,7 +193,7 @@ func TestSnapshotControllerSync(t *testing.T) {
 			name: "engine monitor: CRs for snapshots without one, none for the head or removed ones",
 			objects: []runtime.Object{vcVolume(), stoppedEngine(chain(snapInfo("s1"), snapInfo("sys-1", func(i *v1beta1.SnapshotInfo) { i.UserCreated = false }),
 				snapInfo("gone", func(i *v1beta1.SnapshotInfo) { i.Removed = true }))), testVA(), testSnapshot("s1", true)},
-			key:        engineKeyPrefix + testNS + "/v1-e-0",
+			key:        engineKey + testNS + "/v1-e-0",
 			wantWrites: []string{"create snapshots sys-1"},
 			check: func(t *testing.T, env *dstest.Env) {
 				s, err := env.Strata.StrataV1beta1().Snapshots(testNS).Get(context.Background(), "sys-1", metav1.GetOptions{})
@@ -222,9 +223,17 @@ func runSnapshotCases(t *testing.T, cases []syncCase) {
 		if err != nil {
 			return nil, err
 		}
-		return c.syncKey, nil
+		return func(ctx context.Context, key string) error {
+			if engine, ok := strings.CutPrefix(key, engineKey); ok {
+				return c.syncEngineSnapshots(ctx, engine)
+			}
+			return c.syncSnapshot(ctx, key)
+		}, nil
 	})
 }
+
+// engineKey marks a case's key as one of the engine queue's.
+const engineKey = "engine:"
 
 // TestSnapshotControllerActs drives the paths that act through the data
 // plane — take, remove, purge — against the in-memory data plane, with the

@@ -36,14 +36,10 @@ func NewVolumeAttachmentController(logger logrus.FieldLogger, ds *datastore.Data
 	}
 	c.sync = c.syncVolumeAttachment
 	c.lookups = c.ownerLookups()
-	if err := c.requeueOnNodeReadyChange(c.enqueueAllVolumes); err != nil {
+	if err := c.requeueOnNodeReadyChange(c.enqueueEveryKey(ds.Volumes.Informer())); err != nil {
 		return nil, err
 	}
-	if _, err := ds.VolumeAttachments.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    c.enqueue,
-		UpdateFunc: func(_, newObj interface{}) { c.enqueue(newObj) },
-		DeleteFunc: c.enqueue,
-	}); err != nil {
+	if _, err := ds.VolumeAttachments.Informer().AddEventHandler(c.enqueueOnChange()); err != nil {
 		return nil, err
 	}
 
@@ -94,17 +90,4 @@ func volumeChangeMattersForAD(oldObj, newObj interface{}) bool {
 		o.Status.OwnerID != n.Status.OwnerID ||
 		o.Status.Robustness != n.Status.Robustness ||
 		(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
-}
-
-// enqueueAllVolumes enqueues every volume's key (its VolumeAttachment's
-// too): a change of node readiness may make this manager responsible.
-func (c *VolumeAttachmentController) enqueueAllVolumes() {
-	vols, err := c.ds.Volumes.ListRO(nil)
-	if err != nil {
-		c.logger.WithError(err).Warn("Cannot list volumes")
-		return
-	}
-	for _, v := range vols {
-		c.enqueue(v)
-	}
 }

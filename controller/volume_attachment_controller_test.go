@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"testing"
 	"time"
@@ -540,8 +541,15 @@ func TestVolumeAttachmentEnqueue(t *testing.T) {
 	va2.Name, va2.Spec.Volume = "v2", "v2"
 	va3 := adVA(ownedBy(ticket("csi-x", csi, "node-1"), "storage.k8s.io/v1", "VolumeAttachment", "", "csi-x", "x"))
 	va3.Name, va3.Spec.Volume = "v3", "v3"
-	env, c, _ := adEnv(t, []runtime.Object{adVolume(v1beta1.VolumeStateDetached, "", ""), v2, v3, va2, va3,
-		adSnapshot("snap-1", "s1"), adSnapshot("snap-2", "s2")}, []runtime.Object{adStorageVA("csi-x", "x")})
+	// v4's ticket is owned by snap-3, whose delete is a marker on the
+	// snapshot informer.
+	v4 := adVolume(v1beta1.VolumeStateDetached, "", "")
+	v4.Name, v4.UID = "v4", "v4-uid"
+	va4 := adVA(ownedBy(ticket("snap-3", snapCtl, "node-1"), "strata.io/v1beta1", "Snapshot", testNS, "snap-3", "s3"))
+	va4.Name, va4.Spec.Volume = "v4", "v4"
+	env, c, _ := adEnv(t, []runtime.Object{adVolume(v1beta1.VolumeStateDetached, "", ""), v2, v3, v4, va2, va3, va4,
+		adSnapshot("snap-1", "s1"), adSnapshot("snap-2", "s2"), adSnapshot("snap-3", "s3")},
+		[]runtime.Object{adStorageVA("csi-x", "x")})
 
 	drain := func() []string {
 		var keys []string
@@ -553,16 +561,55 @@ func TestVolumeAttachmentEnqueue(t *testing.T) {
 		sort.Strings(keys)
 		return keys
 	}
-	require.Eventually(t, func() bool { return c.queue.Len() == 3 }, 5*time.Second, 10*time.Millisecond, "initial adds")
-	time.Sleep(200 * time.Millisecond) // the handlers were added to running informers: let every initial add land
-	assert.Equal(t, []string{testNS + "/v1", testNS + "/v2", testNS + "/v3"}, drain())
-
+	// drainThrough drains the queue until marker has come out and returns
+	// every key drained. An informer hands events to a handler in order, so
+	// once a marker change made after a step is enqueued, whatever the step
+	// enqueued is in the queue too: a negative is proven by a positive that
+	// must come after it, not by a sleep.
+	drainThrough := func(marker string) []string {
+		t.Helper()
+		var keys []string
+		require.Eventually(t, func() bool {
+			keys = append(keys, drain()...)
+			return slices.Contains(keys, marker)
+		}, 5*time.Second, 10*time.Millisecond, "marker %s enqueued", marker)
+		sort.Strings(keys)
+		return keys
+	}
 	ctx := context.Background()
 	vols := env.Strata.StrataV1beta1().Volumes(testNS)
+	markers := 0
+	// newVolume is a marker on the volume informer: a new volume is enqueued.
+	newVolume := func(t *testing.T) string {
+		markers++
+		v := adVolume(v1beta1.VolumeStateDetached, "", "")
+		v.Name, v.UID = fmt.Sprintf("marker-%d", markers), k8stypes.UID(fmt.Sprintf("marker-%d-uid", markers))
+		_, err := vols.Create(ctx, v, metav1.CreateOptions{})
+		require.NoError(t, err)
+		return testNS + "/" + v.Name
+	}
+
+	// The handlers were added to running informers, which replay their
+	// objects: a new object on each informer that enqueues comes after the
+	// replay.
+	va := adVA()
+	va.Name, va.Spec.Volume = "marker-va", "marker-va"
+	_, err := env.Strata.StrataV1beta1().VolumeAttachments(testNS).Create(ctx, va, metav1.CreateOptions{})
+	require.NoError(t, err)
+	initial := drainThrough(testNS + "/marker-va")
+	initial = append(initial, drainThrough(newVolume(t))...)
+	sort.Strings(initial)
+	initial = slices.Compact(initial) // both informers' replays enqueue v1..v4
+	assert.Equal(t, []string{testNS + "/marker-1", testNS + "/marker-va", testNS + "/v1", testNS + "/v2", testNS + "/v3",
+		testNS + "/v4"}, initial)
+
 	steps := []struct {
 		name string
 		do   func(t *testing.T)
 		want []string
+		// marker, for a step that must enqueue nothing: a later change on
+		// the same informer that enqueues the key it returns.
+		marker func(t *testing.T) string
 	}{
 		{"a volume status change the AD logic does not read", func(t *testing.T) {
 			v, err := vols.Get(ctx, adVolName, metav1.GetOptions{})
@@ -570,32 +617,36 @@ func TestVolumeAttachmentEnqueue(t *testing.T) {
 			v.Status.ActualSize = 99
 			_, err = vols.UpdateStatus(ctx, v, metav1.UpdateOptions{})
 			require.NoError(t, err)
-		}, nil},
+		}, nil, newVolume},
 		{"a volume state change", func(t *testing.T) {
 			v, err := vols.Get(ctx, adVolName, metav1.GetOptions{})
 			require.NoError(t, err)
 			v.Status.State = v1beta1.VolumeStateAttaching
 			_, err = vols.UpdateStatus(ctx, v, metav1.UpdateOptions{})
 			require.NoError(t, err)
-		}, []string{testNS + "/v1"}},
+		}, []string{testNS + "/v1"}, nil},
 		{"deleting a snapshot no ticket names", func(t *testing.T) {
 			require.NoError(t, env.Strata.StrataV1beta1().Snapshots(testNS).Delete(ctx, "snap-2", metav1.DeleteOptions{}))
-		}, nil},
+		}, nil, func(t *testing.T) string {
+			require.NoError(t, env.Strata.StrataV1beta1().Snapshots(testNS).Delete(ctx, "snap-3", metav1.DeleteOptions{}))
+			return testNS + "/v4"
+		}},
 		{"deleting the snapshot a ticket names", func(t *testing.T) {
 			require.NoError(t, env.Strata.StrataV1beta1().Snapshots(testNS).Delete(ctx, "snap-1", metav1.DeleteOptions{}))
-		}, []string{testNS + "/v2"}},
+		}, []string{testNS + "/v2"}, nil},
 		{"deleting the Kubernetes VolumeAttachment a ticket names", func(t *testing.T) {
 			require.NoError(t, env.Kube.StorageV1().VolumeAttachments().Delete(ctx, "csi-x", metav1.DeleteOptions{}))
-		}, []string{testNS + "/v3"}},
+		}, []string{testNS + "/v3"}, nil},
 	}
 	for _, step := range steps {
 		t.Run(step.name, func(t *testing.T) {
 			step.do(t)
-			if step.want != nil {
-				require.Eventually(t, func() bool { return c.queue.Len() == len(step.want) }, 5*time.Second, 10*time.Millisecond)
-			} else {
-				time.Sleep(100 * time.Millisecond) // prove a negative
+			if step.marker != nil {
+				marker := step.marker(t)
+				assert.Equal(t, []string{marker}, drainThrough(marker), "nothing but the marker enqueued")
+				return
 			}
+			require.Eventually(t, func() bool { return c.queue.Len() == len(step.want) }, 5*time.Second, 10*time.Millisecond)
 			assert.Equal(t, step.want, drain())
 		})
 	}

@@ -24,11 +24,7 @@ func NewVolumeController(logger logrus.FieldLogger, ds *datastore.DataStore, rec
 	c := &VolumeController{baseController: newBaseController("strata-volume", controllerID, logger, ds, recorder)}
 	c.sync = c.syncVolume
 
-	if _, err := ds.Volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    c.enqueue,
-		UpdateFunc: func(_, obj interface{}) { c.enqueue(obj) },
-		DeleteFunc: c.enqueue,
-	}); err != nil {
+	if _, err := ds.Volumes.Informer().AddEventHandler(c.enqueueOnChange()); err != nil {
 		return nil, err
 	}
 	// An engine or replica change concerns exactly its volume.
@@ -52,11 +48,7 @@ func NewVolumeController(logger logrus.FieldLogger, ds *datastore.DataStore, rec
 	if err := c.onInstanceManagerStateChange(c.enqueueVolumesConcerning); err != nil {
 		return nil, err
 	}
-	return c, c.requeueOnNodeReadyChange(func() {
-		for _, key := range ds.Volumes.Informer().GetStore().ListKeys() {
-			c.queue.Add(key)
-		}
-	})
+	return c, c.requeueOnNodeReadyChange(c.enqueueEveryKey(ds.Volumes.Informer()))
 }
 
 func (c *VolumeController) enqueueVolumeOf(obj interface{}) {
