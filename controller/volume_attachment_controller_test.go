@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"testing"
@@ -423,7 +424,7 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 			}
 			require.NoError(t, err)
 			if tc.wantTickets != nil {
-				assert.ElementsMatch(t, tc.wantTickets, sortedKeys(va.Spec.AttachmentTickets), "tickets")
+				assert.ElementsMatch(t, tc.wantTickets, slices.Sorted(maps.Keys(va.Spec.AttachmentTickets)), "tickets")
 			}
 			if tc.wantStatuses != nil {
 				assert.ElementsMatch(t, tc.wantStatuses, statusSummary(va.Status.AttachmentTicketStatuses), "ticket statuses")
