@@ -4,7 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -130,7 +131,7 @@ func (nc *NodeController) syncOwnNode(ctx context.Context, nodeRO *v1beta1.Node)
 func (nc *NodeController) diskStatuses(node *v1beta1.Node, minAvailablePct int64, now metav1.Time) map[string]*v1beta1.DiskStatus {
 	out := make(map[string]*v1beta1.DiskStatus, len(node.Spec.Disks))
 	seenUUID := map[string]string{}
-	for _, name := range sortedKeys(node.Spec.Disks) {
+	for _, name := range slices.Sorted(maps.Keys(node.Spec.Disks)) {
 		spec := node.Spec.Disks[name]
 		st := &v1beta1.DiskStatus{}
 		if prev := node.Status.DiskStatus[name]; prev != nil {
@@ -288,17 +289,8 @@ func setCondition(conds *[]metav1.Condition, condType string, status bool, reaso
 
 func diskPaths(node *v1beta1.Node) string {
 	paths := make([]string, 0, len(node.Spec.Disks))
-	for _, name := range sortedKeys(node.Spec.Disks) {
+	for _, name := range slices.Sorted(maps.Keys(node.Spec.Disks)) {
 		paths = append(paths, node.Spec.Disks[name].Path)
 	}
 	return strings.Join(paths, ",")
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
@@ -300,7 +301,7 @@ func (c *SnapshotController) syncEngineSnapshots(ctx context.Context, key string
 		return err // a migration engine's chain is the same chain
 	}
 	var errs []error
-	for _, name := range sortedKeys(eRO.Status.Snapshots) {
+	for _, name := range slices.Sorted(maps.Keys(eRO.Status.Snapshots)) {
 		info := eRO.Status.Snapshots[name]
 		if name == VolumeHeadName || info == nil || info.Removed {
 			continue

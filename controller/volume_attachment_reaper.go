@@ -9,6 +9,8 @@ package controller
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -140,7 +142,7 @@ func (c *VolumeAttachmentController) reapTickets(ctx context.Context,
 	type reaped struct{ id, msg string }
 	var gone []reaped
 	unwatched := map[string]string{}
-	for _, id := range sortedKeys(va.Spec.AttachmentTickets) {
+	for _, id := range slices.Sorted(maps.Keys(va.Spec.AttachmentTickets)) {
 		t := va.Spec.AttachmentTickets[id]
 		if t == nil || t.OwnerRef == nil {
 			continue

@@ -3,6 +3,8 @@ package controller
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -84,7 +86,7 @@ func TestVolumeControllerSync(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, node, e.Spec.NodeID)
 			assert.Equal(t, desire, e.Spec.DesireState)
-			assert.ElementsMatch(t, replicas, sortedKeys(e.Spec.ReplicaAddressMap))
+			assert.ElementsMatch(t, replicas, slices.Sorted(maps.Keys(e.Spec.ReplicaAddressMap)))
 		}
 	}
 	replicaIs := func(name string, desire v1beta1.InstanceState, failed bool) check {
