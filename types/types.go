@@ -1,5 +1,7 @@
 // Package types holds the names Strata's processes share: labels, the
-// finalizer, the namespace, and the catalogue of settings.
+// finalizer, the namespace, the catalogue of settings, and the snapshot-name
+// rule. The data plane (engine/) imports it too, so it must not import
+// Kubernetes packages.
 package types
 
 const (

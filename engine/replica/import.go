@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/strata-storage/strata/types"
 )
 
 // Import: how a rebuild fills a new replica T with the snapshots of a
@@ -140,7 +142,7 @@ func (r *Replica) Importing() bool {
 // len(p) must be block-aligned. Every block written is held by the layer,
 // zeros included: a zero block hides what lower layers hold.
 func (r *Replica) ImportWrite(layer string, p []byte, off int64) error {
-	if err := ValidateSnapshotName(layer); err != nil {
+	if err := types.ValidateSnapshotName(layer); err != nil {
 		return fmt.Errorf("import write: %w", err)
 	}
 	r.mu.RLock()
@@ -425,7 +427,7 @@ func importMetas(layers []ImportLayer, headParent string) (map[string]layerMeta,
 	}
 	metas := make(map[string]layerMeta, len(layers))
 	for _, l := range layers {
-		if err := ValidateSnapshotName(l.Name); err != nil {
+		if err := types.ValidateSnapshotName(l.Name); err != nil {
 			return nil, nil, err
 		}
 		if _, dup := metas[l.Name]; dup {

@@ -8,11 +8,11 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/strata-storage/strata/engine/blockdev"
+	"github.com/strata-storage/strata/types"
 )
 
 // MetaFile is the file that makes a directory a replica: others (the
@@ -34,8 +34,9 @@ const (
 	formatVersion = 1
 
 	// HeadName is how the live writable layer is named in Chain() and in
-	// Extents/ReadLayer, and the name field of the head's .meta.
-	HeadName = "volume-head"
+	// Extents/ReadLayer, and the name field of the head's .meta. The name is
+	// shared with the control plane, so it is defined in types.
+	HeadName = types.VolumeHeadName
 
 	// maxHeadIndex keeps head file names short and the counter far from
 	// overflow; a head is replaced once per snapshot or revert.
@@ -45,20 +46,6 @@ const (
 	// file cannot make it allocate without limit.
 	maxMetaBytes = 1 << 20
 )
-
-var snapshotNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
-
-// ValidateSnapshotName checks that name is usable as a snapshot name: it
-// becomes part of file names, so only a safe character set is allowed.
-func ValidateSnapshotName(name string) error {
-	if !snapshotNameRE.MatchString(name) {
-		return fmt.Errorf("%w: %q must match %s", ErrInvalidName, name, snapshotNameRE)
-	}
-	if name == HeadName {
-		return fmt.Errorf("%w: %q is reserved for the head", ErrInvalidName, name)
-	}
-	return nil
-}
 
 func headFileName(index int) string   { return fmt.Sprintf("%s%03d%s", headPrefix, index, imgSuffix) }
 func snapFileName(name string) string { return snapPrefix + name + imgSuffix }
@@ -101,7 +88,7 @@ func (m *volumeMeta) validate() error {
 	}
 	seen := make(map[string]bool, len(m.Snapshots))
 	for _, s := range m.Snapshots {
-		if err := ValidateSnapshotName(s); err != nil {
+		if err := types.ValidateSnapshotName(s); err != nil {
 			return fmt.Errorf("snapshots: %w", err)
 		}
 		if seen[s] {
@@ -124,12 +111,12 @@ type layerMeta struct {
 
 func (m *layerMeta) validate() error {
 	if m.Name != HeadName {
-		if err := ValidateSnapshotName(m.Name); err != nil {
+		if err := types.ValidateSnapshotName(m.Name); err != nil {
 			return fmt.Errorf("name: %w", err)
 		}
 	}
 	if m.Parent != "" {
-		if err := ValidateSnapshotName(m.Parent); err != nil {
+		if err := types.ValidateSnapshotName(m.Parent); err != nil {
 			return fmt.Errorf("parent: %w", err)
 		}
 		if m.Parent == m.Name {

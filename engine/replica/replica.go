@@ -29,6 +29,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/strata-storage/strata/engine/blockdev"
+	"github.com/strata-storage/strata/types"
 )
 
 const bs = blockdev.BlockSize
@@ -41,8 +42,9 @@ const (
 )
 
 var (
-	// ErrInvalidName: a snapshot name that cannot be used.
-	ErrInvalidName = errors.New("invalid snapshot name")
+	// ErrInvalidName: a snapshot name that cannot be used. It is the error
+	// types.ValidateSnapshotName wraps, so the rule has one definition.
+	ErrInvalidName = types.ErrInvalidSnapshotName
 	// ErrSnapshotExists: a snapshot of that name is already in the chain.
 	ErrSnapshotExists = errors.New("snapshot already exists")
 	// ErrSnapshotNotFound: no snapshot of that name.

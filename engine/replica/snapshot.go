@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/strata-storage/strata/types"
 )
 
 // SnapshotOptions describes a new snapshot.
@@ -166,7 +168,7 @@ func (r *Replica) CheckSnapshot(name string, opts SnapshotOptions) error {
 }
 
 func (r *Replica) snapshotAllowed(name string, opts SnapshotOptions) error {
-	if err := ValidateSnapshotName(name); err != nil {
+	if err := types.ValidateSnapshotName(name); err != nil {
 		return err
 	}
 	if r.closed {

@@ -1,7 +1,8 @@
 package snapshot
 
 import (
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -10,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/strata-storage/strata/datastore"
-	"github.com/strata-storage/strata/engine/replica"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 	"github.com/strata-storage/strata/webhook/admission"
@@ -66,13 +66,13 @@ func (v *validator) Update(_ *admission.Request, oldObj, newObj runtime.Object) 
 	return errs.Err()
 }
 
-// validName mirrors the data plane's rule (replica.ValidateSnapshotName):
-// the name becomes part of the replicas' file names.
+// validName applies the data plane's rule (types.ValidateSnapshotName): the
+// name becomes part of the replicas' file names.
 func validName(name string) *admission.FieldError {
-	if name == replica.HeadName {
+	if name == types.VolumeHeadName {
 		return admission.Invalid(namePath, "%q is reserved for the volume's live head layer", name)
 	}
-	if err := replica.ValidateSnapshotName(name); err != nil {
+	if err := types.ValidateSnapshotName(name); err != nil {
 		return admission.Invalid(namePath, "%q cannot name a snapshot in the engine: at most 63 characters, "+
 			"letters, digits, '.', '_' and '-', starting with a letter or digit", name)
 	}
@@ -99,7 +99,7 @@ func (v *validator) validVolume(name string) *admission.FieldError {
 // the rules of Kubernetes labels.
 func validLabels(labels map[string]string) []*admission.FieldError {
 	var errs []*admission.FieldError
-	for _, k := range sortedKeys(labels) {
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
 		path := labelsPath.Key(k)
 		if msgs := validation.IsQualifiedName(k); len(msgs) > 0 {
 			errs = append(errs, admission.Invalid(path, "invalid key %q: %s", k, strings.Join(msgs, "; ")))
@@ -114,13 +114,13 @@ func validLabels(labels map[string]string) []*admission.FieldError {
 // immutableLabels names every label added, removed or changed; an empty and
 // a missing map are the same.
 func immutableLabels(old, cur map[string]string) []*admission.FieldError {
-	keys := sortedKeys(old)
+	keys := slices.Collect(maps.Keys(old))
 	for k := range cur {
 		if _, ok := old[k]; !ok {
 			keys = append(keys, k)
 		}
 	}
-	sort.Strings(keys)
+	slices.Sort(keys)
 	var errs []*admission.FieldError
 	for _, k := range keys {
 		was, had := old[k]
@@ -152,13 +152,4 @@ func immutableVolumeLabel(old, snap *v1beta1.Snapshot) *admission.FieldError {
 		return admission.Invalid(volumeLabelPath, "%q differs from spec.volume %q", is, snap.Spec.Volume)
 	}
 	return nil
-}
-
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
