@@ -1,9 +1,9 @@
 package volumeattachment
 
 import (
+	"maps"
 	"reflect"
 	"slices"
-	"sort"
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -75,7 +75,7 @@ func (v *validator) validTickets(va, old *v1beta1.VolumeAttachment) []*admission
 	var errs []*admission.FieldError
 	var csi []*v1beta1.AttachmentTicket
 	csiChanged := false
-	for _, key := range sortedKeys(va.Spec.AttachmentTickets) {
+	for _, key := range slices.Sorted(maps.Keys(va.Spec.AttachmentTickets)) {
 		t := va.Spec.AttachmentTickets[key]
 		path := ticketsPath.Key(key)
 		if t == nil {
@@ -178,15 +178,6 @@ func (v *validator) validCSITickets(volume string, csi []*v1beta1.AttachmentTick
 			"volume %q is not migratable", volume)
 	}
 	return nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 func joinTypes(ts []v1beta1.AttacherType) string {
