@@ -170,24 +170,6 @@ func (e *Engine) RemoveReplica(name string) error {
 	return nil
 }
 
-// SetMode changes a replica's mode, for example WO to RW once it is rebuilt.
-func (e *Engine) SetMode(name string, mode Mode) error {
-	e.mu.Lock()
-	r, ok := e.replicas[name]
-	if ok {
-		r.mode = mode
-		if mode != ModeERR {
-			r.err = nil
-		}
-	}
-	e.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("replica %s is not attached", name)
-	}
-	e.onChange()
-	return nil
-}
-
 // Replicas lists the replicas, sorted by name.
 func (e *Engine) Replicas() []ReplicaStatus {
 	e.mu.Lock()
