@@ -19,6 +19,14 @@ import (
 const DefaultTimeout = 30 * time.Second
 
 // Client talks to one instance manager over one gRPC connection.
+//
+// Errors: every call can fail with ErrUnavailable (the instance manager
+// cannot be reached) and, past its timeout or ctx, with
+// context.DeadlineExceeded or context.Canceled. "The engine errors" below
+// are those of calls on an engine: ErrNotFound (no such instance),
+// ErrInvalid (the instance is not an engine) and ErrBusy (the engine is not
+// running). Failures not listed carry no class: errors.Is matches none of
+// the Err values.
 type Client struct {
 	address string
 	conn    *grpc.ClientConn
@@ -45,10 +53,10 @@ func NewClient(address string, timeout time.Duration) (*Client, error) {
 	return &Client{address: address, conn: conn, im: impb.NewInstanceManagerClient(conn), timeout: timeout}, nil
 }
 
-// Address is the instance manager's gRPC address.
+// Address is the instance manager's gRPC address; it makes no call and cannot fail.
 func (c *Client) Address() string { return c.address }
 
-// Close closes the connection.
+// Close closes the connection; its error, if any, is gRPC's (no typed error).
 func (c *Client) Close() error { return c.conn.Close() }
 
 // call runs one unary call with the client's timeout and typed errors.
@@ -59,18 +67,26 @@ func call[Req, Resp any](ctx context.Context, c *Client, fn func(context.Context
 	return resp, FromStatus(err)
 }
 
+// InstanceCreate starts a replica or engine instance, or returns the existing one if its spec is the same (so it
+// can be retried); ErrAlreadyExists if it exists with another spec, ErrInvalid for a bad spec, no replicas or a
+// replica larger than the size asked for, ErrBusy if the data dir is in use or being deleted or the volume is
+// already exported here by another engine.
 func (c *Client) InstanceCreate(ctx context.Context, req *impb.InstanceCreateRequest) (*impb.Instance, error) {
 	return call(ctx, c, c.im.InstanceCreate, req)
 }
 
+// InstanceDelete stops an instance (a replica's data stays on disk) and returns its final state; ErrNotFound if
+// there is no such instance.
 func (c *Client) InstanceDelete(ctx context.Context, name string) (*impb.Instance, error) {
 	return call(ctx, c, c.im.InstanceDelete, &impb.InstanceRef{Name: name})
 }
 
+// InstanceGet returns one instance; ErrNotFound if there is no such instance.
 func (c *Client) InstanceGet(ctx context.Context, name string) (*impb.Instance, error) {
 	return call(ctx, c, c.im.InstanceGet, &impb.InstanceRef{Name: name})
 }
 
+// InstanceList returns every instance, sorted by name; only ErrUnavailable.
 func (c *Client) InstanceList(ctx context.Context) ([]*impb.Instance, error) {
 	resp, err := call(ctx, c, c.im.InstanceList, &impb.InstanceListRequest{})
 	if err != nil {
@@ -80,7 +96,8 @@ func (c *Client) InstanceList(ctx context.Context) ([]*impb.Instance, error) {
 }
 
 // Watch streams instance changes until ctx ends or the connection breaks;
-// the first events are the current state of every instance.
+// the first events are the current state of every instance. Both Watch and
+// the function it returns fail only with ErrUnavailable or ctx's error.
 func (c *Client) Watch(ctx context.Context) (func() (*impb.WatchEvent, error), error) {
 	stream, err := c.im.Watch(ctx, &impb.WatchRequest{})
 	if err != nil {
@@ -92,6 +109,9 @@ func (c *Client) Watch(ctx context.Context) (func() (*impb.WatchEvent, error), e
 	}, nil
 }
 
+// SnapshotCreate takes a snapshot on every replica and returns its name (generated if name is empty);
+// ErrAlreadyExists if the name is taken, ErrInvalid if the replicas refuse the name, ErrLimitExceeded past the
+// snapshot limits, ErrBusy while a clone or a rebuild runs, and the engine errors.
 func (c *Client) SnapshotCreate(ctx context.Context, engine, name string, userCreated bool, labels map[string]string) (string, error) {
 	resp, err := call(ctx, c, c.im.SnapshotCreate, &impb.SnapshotCreateRequest{Engine: engine, Name: name,
 		UserCreated: userCreated, Labels: labels})
@@ -101,6 +121,8 @@ func (c *Client) SnapshotCreate(ctx context.Context, engine, name string, userCr
 	return resp.Name, nil
 }
 
+// SnapshotList returns the engine's snapshot chain keyed by name, the live head (types.VolumeHeadName)
+// included; the engine errors.
 func (c *Client) SnapshotList(ctx context.Context, engine string) (map[string]*impb.Snapshot, error) {
 	resp, err := call(ctx, c, c.im.SnapshotList, &impb.InstanceRef{Name: engine})
 	if err != nil {
@@ -109,16 +131,21 @@ func (c *Client) SnapshotList(ctx context.Context, engine string) (map[string]*i
 	return resp.Snapshots, nil
 }
 
+// SnapshotRemove marks the snapshots removed, in order, stopping at the first failure (SnapshotPurge frees their
+// data); ErrNotFound for a missing snapshot or the head, ErrBusy while a rebuild runs, and the engine errors.
 func (c *Client) SnapshotRemove(ctx context.Context, engine string, names ...string) error {
 	_, err := call(ctx, c, c.im.SnapshotRemove, &impb.SnapshotRemoveRequest{Engine: engine, Names: names})
 	return err
 }
 
+// SnapshotPurge starts a purge of the removed snapshots on every replica and returns (SnapshotPurgeStatus
+// follows it); ErrBusy while a rebuild runs, and the engine errors.
 func (c *Client) SnapshotPurge(ctx context.Context, engine string) error {
 	_, err := call(ctx, c, c.im.SnapshotPurge, &impb.InstanceRef{Name: engine})
 	return err
 }
 
+// SnapshotPurgeStatus returns each replica's purge progress, keyed by replica name; the engine errors.
 func (c *Client) SnapshotPurgeStatus(ctx context.Context, engine string) (map[string]*impb.PurgeStatus, error) {
 	resp, err := call(ctx, c, c.im.SnapshotPurgeStatus, &impb.InstanceRef{Name: engine})
 	if err != nil {
@@ -127,6 +154,9 @@ func (c *Client) SnapshotPurgeStatus(ctx context.Context, engine string) (map[st
 	return resp.Status, nil
 }
 
+// SnapshotRevert puts a new empty head on the snapshot on every replica; ErrNotFound for a missing snapshot,
+// ErrInvalid for one marked removed, ErrBusy while the frontend is up or a clone or rebuild runs, and the engine
+// errors.
 func (c *Client) SnapshotRevert(ctx context.Context, engine, name string) error {
 	_, err := call(ctx, c, c.im.SnapshotRevert, &impb.SnapshotRevertRequest{Engine: engine, Name: name})
 	return err
@@ -138,7 +168,12 @@ func (c *Client) SnapshotRevert(ctx context.Context, engine, name string) error 
 // done and flushed, which takes as long as the data needs: it is bounded by
 // ctx only, not by the client's unary timeout, so give ctx a deadline that
 // fits the volume. Cancelling ctx stops the clone and leaves the target
-// partly filled; calling again starts over.
+// partly filled; calling again starts over. Errors: ErrInvalid for an
+// empty argument, a target with snapshots or smaller than the source, the
+// head or a removed snapshot; ErrNotFound for a missing snapshot; ErrBusy
+// while the target's frontend is up, another clone into it runs or a purge
+// runs on the source replica; and the engine errors. An unreachable source
+// is untyped.
 func (c *Client) SnapshotClone(ctx context.Context, engine, sourceAddress, snapshot string) error {
 	_, err := c.im.SnapshotClone(ctx, &impb.SnapshotCloneRequest{Engine: engine, SourceAddress: sourceAddress,
 		Snapshot: snapshot})
@@ -152,7 +187,10 @@ func (c *Client) SnapshotClone(ctx context.Context, engine, sourceAddress, snaps
 // the order received: a later chunk overrides an earlier one at the same
 // offsets, and bytes no chunk covers are zero. Each chunk holds at most
 // 1 MiB. If SnapshotExport returns an error the image is incomplete. Like
-// Watch, it is bounded by ctx, not by the client's unary timeout.
+// Watch, it is bounded by ctx, not by the client's unary timeout. Errors:
+// ErrInvalid for an empty name, the head or a removed snapshot; ErrNotFound
+// for a missing snapshot; ErrBusy while a clone into the engine or a purge
+// on the replica read runs; the engine errors; and whatever fn returns.
 func (c *Client) SnapshotExport(ctx context.Context, engine, snapshot string, fn func(*impb.ExportChunk) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -174,34 +212,46 @@ func (c *Client) SnapshotExport(ctx context.Context, engine, snapshot string, fn
 	}
 }
 
+// SnapshotLimitsSet sets the limits on user snapshots (count, bytes; 0 is no limit) on every replica; ErrInvalid
+// for a negative limit, and the engine errors.
 func (c *Client) SnapshotLimitsSet(ctx context.Context, engine string, maxCount int32, maxSize int64) error {
 	_, err := call(ctx, c, c.im.SnapshotLimitsSet, &impb.SnapshotLimitsRequest{Engine: engine, MaxCount: maxCount, MaxSize: maxSize})
 	return err
 }
 
+// VolumeExpand grows the volume to size bytes on every replica; ErrInvalid if size is not a multiple of 4096,
+// ErrBusy while the frontend is up or a rebuild runs, and the engine errors (a size not larger is untyped).
 func (c *Client) VolumeExpand(ctx context.Context, engine string, size int64) error {
 	_, err := call(ctx, c, c.im.VolumeExpand, &impb.VolumeExpandRequest{Engine: engine, Size: size})
 	return err
 }
 
+// FrontendStart serves the engine over NBD (a no-op if it already does) and returns the instance; ErrInvalid if
+// frontend is not "nbd", ErrBusy while a clone runs or another engine exports the volume here, and the engine errors.
 func (c *Client) FrontendStart(ctx context.Context, engine, frontend string) (*impb.Instance, error) {
 	return call(ctx, c, c.im.FrontendStart, &impb.FrontendStartRequest{Engine: engine, Frontend: frontend})
 }
 
+// FrontendStop stops serving the engine, closing its clients, and returns the instance; the engine errors.
 func (c *Client) FrontendStop(ctx context.Context, engine string) (*impb.Instance, error) {
 	return call(ctx, c, c.im.FrontendStop, &impb.InstanceRef{Name: engine})
 }
 
+// ReplicaAdd attaches a replica: one holding the volume's data at once (RW), or with rebuild a new empty one that
+// is filled in the background; with rebuild, ErrInvalid for a missing name or address or a non-empty replica,
+// ErrAlreadyExists if it is attached, ErrBusy while a rebuild or purge runs; the engine errors either way.
 func (c *Client) ReplicaAdd(ctx context.Context, engine, replica, address string, rebuild bool) error {
 	_, err := call(ctx, c, c.im.ReplicaAdd, &impb.ReplicaAddRequest{Engine: engine, Replica: replica, Address: address, Rebuild: rebuild})
 	return err
 }
 
+// ReplicaRemove detaches a replica from the engine; ErrNotFound if it has no such replica, and the engine errors.
 func (c *Client) ReplicaRemove(ctx context.Context, engine, replica string) error {
 	_, err := call(ctx, c, c.im.ReplicaRemove, &impb.ReplicaRemoveRequest{Engine: engine, Replica: replica})
 	return err
 }
 
+// ReplicaRebuildStatus returns the engine's rebuilds keyed by replica name; the engine errors.
 func (c *Client) ReplicaRebuildStatus(ctx context.Context, engine string) (map[string]*impb.RebuildStatus, error) {
 	resp, err := call(ctx, c, c.im.ReplicaRebuildStatus, &impb.InstanceRef{Name: engine})
 	if err != nil {
@@ -234,7 +284,8 @@ func NewPool(timeout time.Duration) *Pool {
 	return &Pool{timeout: timeout, clients: map[string]*Client{}}
 }
 
-// Get returns the pooled client for an address, creating it on first use.
+// Get returns the pooled client for an address, creating it on first use;
+// it fails (untyped) only for an address gRPC cannot parse, as it dials lazily.
 func (p *Pool) Get(address string) (*Client, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -249,7 +300,7 @@ func (p *Pool) Get(address string) (*Client, error) {
 	return c, nil
 }
 
-// Forget closes and drops the client of an address that went away.
+// Forget closes and drops the client of an address that went away; it cannot fail.
 func (p *Pool) Forget(address string) {
 	p.mu.Lock()
 	c, ok := p.clients[address]
@@ -260,7 +311,7 @@ func (p *Pool) Forget(address string) {
 	}
 }
 
-// Close closes every client.
+// Close closes every client and empties the pool; it cannot fail.
 func (p *Pool) Close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
