@@ -35,7 +35,10 @@ func (c *EngineController) syncEngine(ctx context.Context, key string) error {
 	e.Status.OwnerID = c.controllerID
 
 	if e.DeletionTimestamp != nil {
-		return c.cleanupEngine(ctx, e)
+		if err := c.cleanupEngine(ctx, e); err != nil {
+			return fmt.Errorf("engine %s: cleaning up: %w", e.Name, err)
+		}
+		return nil
 	}
 
 	var actErr error
@@ -53,6 +56,9 @@ func (c *EngineController) syncEngine(ctx context.Context, key string) error {
 		if e.Spec.NodeID == "" || !c.ds.IsNodeAlive(e.Spec.NodeID) {
 			clearEngineRuntime(&e.Status)
 		}
+	}
+	if actErr != nil {
+		actErr = fmt.Errorf("engine %s: driving its instance: %w", e.Name, actErr)
 	}
 	if !equality.Semantic.DeepEqual(eRO.Status, e.Status) {
 		if _, err := c.ds.Engines.UpdateStatus(ctx, e); err != nil {

@@ -40,7 +40,10 @@ func (c *ReplicaController) syncReplica(ctx context.Context, key string) error {
 	r.Status.OwnerID = c.controllerID
 
 	if r.DeletionTimestamp != nil {
-		return c.cleanupReplica(ctx, r)
+		if err := c.cleanupReplica(ctx, r); err != nil {
+			return fmt.Errorf("replica %s: cleaning up: %w", r.Name, err)
+		}
+		return nil
 	}
 
 	var actErr error
@@ -55,6 +58,9 @@ func (c *ReplicaController) syncReplica(ctx context.Context, key string) error {
 		observeInstance(&r.Status.InstanceStatus, inst, found, synced, instanceManagerName(c.controllerID))
 	} else {
 		observeUnreachable(&r.Status.InstanceStatus, r.Spec.NodeID)
+	}
+	if actErr != nil {
+		actErr = fmt.Errorf("replica %s: driving its instance: %w", r.Name, actErr)
 	}
 	if !equality.Semantic.DeepEqual(rRO.Status, r.Status) {
 		if _, err := c.ds.Replicas.UpdateStatus(ctx, r); err != nil {

@@ -81,7 +81,10 @@ func (c *SnapshotController) syncSnapshot(ctx context.Context, key string) error
 	}
 
 	if s.DeletionTimestamp != nil {
-		return c.deleteSnapshot(ctx, s, view)
+		if err := c.deleteSnapshot(ctx, s, view); err != nil {
+			return fmt.Errorf("snapshot %s: deleting: %w", s.Name, err)
+		}
+		return nil
 	}
 	mirrorSnapshot(s, view)
 	if view.info == nil && view.known && (!s.Spec.CreateSnapshot || s.Status.CreationTime != "") {
@@ -265,9 +268,6 @@ func isPurging(e *v1beta1.Engine) bool {
 func (c *SnapshotController) releaseSnapshot(ctx context.Context, s *v1beta1.Snapshot) error {
 	if err := c.removeTicket(ctx, s.Spec.Volume, snapshotTicketID(s.Name)); err != nil {
 		return err
-	}
-	if !slices.Contains(s.Finalizers, types.FinalizerName) {
-		return nil
 	}
 	_, err := c.ds.Snapshots.RemoveFinalizer(ctx, s, types.FinalizerName)
 	if apierrors.IsNotFound(err) {

@@ -4,7 +4,6 @@ import (
 	"maps"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
@@ -92,7 +91,7 @@ func (s *volumeSync) detach(faulted bool) error {
 		}
 		if e != primary {
 			// A migration engine goes with the detach.
-			if err := s.ds.Engines.Delete(s.ctx, e.Name); err != nil && !apierrors.IsNotFound(err) {
+			if err := s.ds.Engines.Delete(s.ctx, e.Name); err != nil {
 				return err
 			}
 			enginesDown = false
@@ -289,7 +288,7 @@ func (s *volumeSync) reconcileMigration(primary *v1beta1.Engine) error {
 			mig = e
 			continue
 		}
-		if err := s.ds.Engines.Delete(s.ctx, e.Name); err != nil && !apierrors.IsNotFound(err) {
+		if err := s.ds.Engines.Delete(s.ctx, e.Name); err != nil {
 			return err
 		}
 	}
@@ -343,7 +342,7 @@ func (s *volumeSync) confirmMigration() error {
 		return nil
 	}
 	if old != nil {
-		if err := s.ds.Engines.Delete(s.ctx, old.Name); err != nil && !apierrors.IsNotFound(err) {
+		if err := s.ds.Engines.Delete(s.ctx, old.Name); err != nil {
 			return err
 		}
 	}

@@ -59,12 +59,15 @@ func (c *VolumeAttachmentController) syncVolumeAttachment(ctx context.Context, k
 
 	va, unwatched, err := c.reapTickets(ctx, va)
 	if err != nil {
-		return err
+		return fmt.Errorf("volume attachment %s: removing tickets of owners that are gone: %w", name, err)
 	}
 	if vol, err = c.applyAttachmentDecision(ctx, vol, va); err != nil {
-		return err
+		return fmt.Errorf("volume attachment %s: applying the tickets to the volume: %w", name, err)
 	}
-	return c.updateTicketStatuses(ctx, vol, va, unwatched)
+	if err := c.updateTicketStatuses(ctx, vol, va, unwatched); err != nil {
+		return fmt.Errorf("volume attachment %s: writing ticket statuses: %w", name, err)
+	}
+	return nil
 }
 
 // applyAttachmentDecision writes the volume's attachment fields when the

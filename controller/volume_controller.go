@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -85,8 +86,11 @@ func (c *VolumeController) syncVolume(ctx context.Context, key string) error {
 
 	if vRO.DeletionTimestamp != nil {
 		done, err := s.deleteVolume()
-		if done || err != nil {
-			return err
+		if err != nil {
+			return fmt.Errorf("volume %s: deleting: %w", name, err)
+		}
+		if done {
+			return nil
 		}
 		return s.writeStatus()
 	}
@@ -119,13 +123,13 @@ func (s *volumeSync) reconcile() error {
 		v.Status.State = v1beta1.VolumeStateCreating
 	}
 	if err := s.ensureEngine(); err != nil {
-		return err
+		return fmt.Errorf("volume %s: ensuring its engine: %w", v.Name, err)
 	}
 	if err := s.reconcileReplicas(); err != nil {
-		return err
+		return fmt.Errorf("volume %s: reconciling its replicas: %w", v.Name, err)
 	}
 	if err := s.reconcileAttachment(); err != nil {
-		return err
+		return fmt.Errorf("volume %s: attaching or detaching: %w", v.Name, err)
 	}
 	s.updateRobustness()
 	return nil
@@ -196,7 +200,7 @@ func (s *volumeSync) deleteVolume() (done bool, err error) {
 	}
 	for _, snap := range snaps {
 		if snap.DeletionTimestamp == nil {
-			if err := s.ds.Snapshots.Delete(s.ctx, snap.Name); err != nil && !apierrors.IsNotFound(err) {
+			if err := s.ds.Snapshots.Delete(s.ctx, snap.Name); err != nil {
 				return false, err
 			}
 		}
@@ -206,14 +210,14 @@ func (s *volumeSync) deleteVolume() (done bool, err error) {
 	}
 	for _, e := range s.engines {
 		if e.DeletionTimestamp == nil {
-			if err := s.ds.Engines.Delete(s.ctx, e.Name); err != nil && !apierrors.IsNotFound(err) {
+			if err := s.ds.Engines.Delete(s.ctx, e.Name); err != nil {
 				return false, err
 			}
 		}
 	}
 	for _, r := range s.replicas {
 		if r.DeletionTimestamp == nil {
-			if err := s.ds.Replicas.Delete(s.ctx, r.Name); err != nil && !apierrors.IsNotFound(err) {
+			if err := s.ds.Replicas.Delete(s.ctx, r.Name); err != nil {
 				return false, err
 			}
 		}

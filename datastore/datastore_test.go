@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
 	"github.com/strata-storage/strata/datastore"
@@ -234,4 +235,49 @@ func TestSettingWithBadStoredValueIsAnError(t *testing.T) {
 	env := dstest.New(t, []runtime.Object{bad}, nil)
 	_, err := env.DS.GetSettingInt(types.SettingDefaultReplicaCount)
 	require.EqualError(t, err, `setting default-replica-count: value "many" is not an integer`)
+}
+
+// TestWriteErrorsNameTheCallAndKeepTheStatus: a failed write says which
+// call on which object failed, and the API status still reads through it.
+func TestWriteErrorsNameTheCallAndKeepTheStatus(t *testing.T) {
+	gr := v1beta1.Resource("volumes")
+	tests := []struct {
+		name    string
+		verb    string
+		apiErr  error
+		write   func(*datastore.DataStore) error
+		wantMsg string
+		is      func(error) bool
+	}{
+		{name: "update conflict", verb: "update", apiErr: apierrors.NewConflict(gr, "v1", nil),
+			write: func(ds *datastore.DataStore) error {
+				_, err := ds.Volumes.Update(context.Background(), &v1beta1.Volume{ObjectMeta: meta("v1")})
+				return err
+			}, wantMsg: "updating volumes v1: ", is: apierrors.IsConflict},
+		{name: "status update forbidden", verb: "update", apiErr: apierrors.NewForbidden(gr, "v1", nil),
+			write: func(ds *datastore.DataStore) error {
+				_, err := ds.Volumes.UpdateStatus(context.Background(), &v1beta1.Volume{ObjectMeta: meta("v1")})
+				return err
+			}, wantMsg: "updating the status of volumes v1: ", is: apierrors.IsForbidden},
+		{name: "create exists", verb: "create", apiErr: apierrors.NewAlreadyExists(gr, "v2"),
+			write: func(ds *datastore.DataStore) error {
+				_, err := ds.Volumes.Create(context.Background(), &v1beta1.Volume{ObjectMeta: meta("v2")})
+				return err
+			}, wantMsg: "creating volumes v2: ", is: apierrors.IsAlreadyExists},
+		{name: "delete failing", verb: "delete", apiErr: apierrors.NewServiceUnavailable("etcd is down"),
+			write:   func(ds *datastore.DataStore) error { return ds.Volumes.Delete(context.Background(), "v1") },
+			wantMsg: "deleting volumes v1: etcd is down", is: apierrors.IsServiceUnavailable},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			env := dstest.New(t, []runtime.Object{&v1beta1.Volume{ObjectMeta: meta("v1")}}, nil)
+			env.Strata.PrependReactor(tc.verb, "volumes", func(k8stesting.Action) (bool, runtime.Object, error) {
+				return true, nil, tc.apiErr
+			})
+			err := tc.write(env.DS)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.wantMsg)
+			assert.True(t, tc.is(err), "the API status reads through the wrapping: %v", err)
+		})
+	}
 }

@@ -126,19 +126,31 @@ func (s *Store[T]) clientFor(obj T) objectClient[T] {
 	return s.client(ns)
 }
 
+// Writes return errors that name the call and the object, wrapped with %w
+// so apierrors.IsConflict and friends still see the API status.
+func (s *Store[T]) wrap(verb, name string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s %s %s: %w", verb, s.resource.Resource, name, err)
+}
+
 // Create writes a new object; an empty namespace means the store's namespace.
 func (s *Store[T]) Create(ctx context.Context, obj T) (T, error) {
-	return s.clientFor(obj).Create(ctx, obj, metav1.CreateOptions{})
+	out, err := s.clientFor(obj).Create(ctx, obj, metav1.CreateOptions{})
+	return out, s.wrap("creating", obj.GetName(), err)
 }
 
 // Update writes the object's metadata and spec.
 func (s *Store[T]) Update(ctx context.Context, obj T) (T, error) {
-	return s.clientFor(obj).Update(ctx, obj, metav1.UpdateOptions{})
+	out, err := s.clientFor(obj).Update(ctx, obj, metav1.UpdateOptions{})
+	return out, s.wrap("updating", obj.GetName(), err)
 }
 
 // UpdateStatus writes the object's status subresource.
 func (s *Store[T]) UpdateStatus(ctx context.Context, obj T) (T, error) {
-	return s.clientFor(obj).UpdateStatus(ctx, obj, metav1.UpdateOptions{})
+	out, err := s.clientFor(obj).UpdateStatus(ctx, obj, metav1.UpdateOptions{})
+	return out, s.wrap("updating the status of", obj.GetName(), err)
 }
 
 // Delete deletes the named object in the store's namespace. Deleting an
@@ -148,7 +160,7 @@ func (s *Store[T]) Delete(ctx context.Context, name string) error {
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
-	return err
+	return s.wrap("deleting", name, err)
 }
 
 // AddFinalizer adds finalizer to a copy of obj and writes it if it was missing.
