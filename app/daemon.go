@@ -166,11 +166,6 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	defer broadcaster.Shutdown()
 	controller.SetRetryBackoff(controller.RetryBackoff{BaseDelay: controller.DefaultRetryBackoff.BaseDelay, MaxDelay: cfg.maxRetryDelay})
 
-	settingController, err := controller.NewSettingController(log, ds, recorder, cfg.nodeName)
-	if err != nil {
-		return err
-	}
-
 	// One pooled gRPC connection per instance manager, shared by every
 	// controller that reaches the data plane.
 	imPool := engineapi.NewPool(engineapi.DefaultTimeout)
@@ -178,39 +173,24 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	// The instance cache is this node's view of its instance manager, fed
 	// by the InstanceManager controller's Watch stream; nil without one.
 	var instances *controller.InstanceCache
-	var imController *controller.InstanceManagerController
+	// Every controller is registered by one line; they start once the
+	// caches have synced (app/controllers.go).
+	controllers := &controllerSet{workers: cfg.workers}
 	if cfg.imAddress != "" {
 		instances = controller.NewInstanceCache()
-		if imController, err = controller.NewInstanceManagerController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances); err != nil {
-			return err
-		}
+		controllers.single(controller.NewInstanceManagerController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances))
 	}
-	nodeController, err := controller.NewNodeController(log, ds, recorder, cfg.nodeName, cfg.disks,
+	controllers.add(controller.NewNodeController(log, ds, recorder, cfg.nodeName, cfg.disks,
 		controller.NodeControllerOptions{LeaseDuration: cfg.leaseDuration, DiskCheckInterval: cfg.diskCheckInterval,
-			Instances: instances, IMAddress: cfg.imAddress, DataPlane: imPool})
-	if err != nil {
-		return err
-	}
-
-	volumeController, err := controller.NewVolumeController(log, ds, recorder, cfg.nodeName)
-	if err != nil {
-		return err
-	}
-	attachmentController, err := controller.NewVolumeAttachmentController(log, ds, recorder, cfg.nodeName)
-	if err != nil {
-		return err
-	}
-	snapshotController, err := controller.NewSnapshotController(log, ds, recorder, cfg.nodeName, imPool)
-	if err != nil {
-		return err
-	}
-	engineController, err := controller.NewEngineController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances)
-	if err != nil {
-		return err
-	}
-	replicaController, err := controller.NewReplicaController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances)
-	if err != nil {
-		return err
+			Instances: instances, IMAddress: cfg.imAddress, DataPlane: imPool}))
+	controllers.single(controller.NewSettingController(log, ds, recorder, cfg.nodeName))
+	controllers.add(controller.NewVolumeController(log, ds, recorder, cfg.nodeName))
+	controllers.add(controller.NewVolumeAttachmentController(log, ds, recorder, cfg.nodeName))
+	controllers.add(controller.NewSnapshotController(log, ds, recorder, cfg.nodeName, imPool))
+	controllers.add(controller.NewEngineController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances))
+	controllers.add(controller.NewReplicaController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances))
+	if controllers.err != nil {
+		return controllers.err
 	}
 
 	ready := make(chan struct{})
@@ -234,16 +214,7 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	if err := startWebhook(ctx, &wg, log, ds, kubeClient, cfg); err != nil {
 		return err
 	}
-	wg.Go(func() { nodeController.Run(ctx, cfg.workers) })
-	wg.Go(func() { settingController.Run(ctx, 1) })
-	if imController != nil {
-		wg.Go(func() { imController.Run(ctx, 1) })
-	}
-	wg.Go(func() { volumeController.Run(ctx, cfg.workers) })
-	wg.Go(func() { attachmentController.Run(ctx, cfg.workers) })
-	wg.Go(func() { snapshotController.Run(ctx, cfg.workers) })
-	wg.Go(func() { engineController.Run(ctx, cfg.workers) })
-	wg.Go(func() { replicaController.Run(ctx, cfg.workers) })
+	controllers.run(ctx, &wg)
 	log.Info("strata-manager is running")
 
 	select {
