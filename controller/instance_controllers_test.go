@@ -165,16 +165,8 @@ func TestReplicaControllerAgainstRealInstanceManager(t *testing.T) {
 func TestEngineControllerAgainstRealInstanceManager(t *testing.T) {
 	im := startRealIM(t)
 	disk := t.TempDir()
-	client, err := im.pool.Get(im.addr)
-	require.NoError(t, err)
 	ctx := context.Background()
-	addrs := map[string]string{}
-	for _, name := range []string{"r1", "r2"} {
-		inst, err := client.InstanceCreate(ctx, &impb.InstanceCreateRequest{Name: name, Type: impb.InstanceType_INSTANCE_TYPE_REPLICA,
-			VolumeName: "v1", Size: 4 << 20, DataDir: filepath.Join(disk, name)})
-		require.NoError(t, err)
-		addrs[name] = inst.GetAddress()
-	}
+	addrs := im.startReplicas(t, disk, "r1", "r2")
 	e := &v1beta1.Engine{
 		ObjectMeta: metav1.ObjectMeta{Name: "v1-e-0", Namespace: testNS, Finalizers: []string{types.FinalizerName}},
 		Spec: v1beta1.EngineSpec{InstanceSpec: v1beta1.InstanceSpec{VolumeName: "v1", VolumeSize: 4 << 20, NodeID: "node-1",
@@ -243,3 +235,19 @@ func TestEngineControllerAgainstRealInstanceManager(t *testing.T) {
 }
 
 func (im *realIM) instances() *InstanceCache { return im.cache }
+
+// startReplicas starts 4 MiB replicas of volume v1 with their data in disk
+// and returns their data addresses by name.
+func (im *realIM) startReplicas(t *testing.T, disk string, names ...string) map[string]string {
+	t.Helper()
+	dp, err := im.pool.DataPlane(im.addr)
+	require.NoError(t, err)
+	addrs := map[string]string{}
+	for _, name := range names {
+		inst, err := dp.InstanceCreate(context.Background(), engineapi.InstanceSpec{Name: name, Type: engineapi.InstanceTypeReplica,
+			VolumeName: "v1", Size: 4 << 20, DataDir: filepath.Join(disk, name)})
+		require.NoError(t, err)
+		addrs[name] = inst.Address
+	}
+	return addrs
+}

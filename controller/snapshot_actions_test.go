@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"path"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -26,7 +25,6 @@ import (
 
 	"github.com/strata-storage/strata/datastore/dstest"
 	"github.com/strata-storage/strata/engineapi"
-	"github.com/strata-storage/strata/engineapi/impb"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 )
@@ -98,13 +96,7 @@ func startSnapshotRig(t *testing.T) *snapshotRig {
 	t.Cleanup(cancel)
 
 	disk := t.TempDir()
-	addrs := map[string]string{}
-	for _, name := range []string{"r1", "r2"} {
-		inst, err := client.InstanceCreate(ctx, &impb.InstanceCreateRequest{Name: name, Type: impb.InstanceType_INSTANCE_TYPE_REPLICA,
-			VolumeName: "v1", Size: 4 << 20, DataDir: filepath.Join(disk, name)})
-		require.NoError(t, err)
-		addrs[name] = inst.GetAddress()
-	}
+	addrs := im.startReplicas(t, disk, "r1", "r2")
 	vol := vcVolume(func(v *v1beta1.Volume) {
 		v.Spec.NodeID, v.Spec.NumberOfReplicas = "node-1", 2
 		v.Status.State, v.Status.CurrentNodeID, v.Status.CurrentSize = v1beta1.VolumeStateAttached, "node-1", 4<<20
