@@ -155,7 +155,7 @@ func (r *snapshotRig) chain() map[string]bool {
 	require.NoError(r.t, err)
 	out := map[string]bool{}
 	for name, s := range snaps {
-		if name != VolumeHeadName {
+		if name != types.VolumeHeadName {
 			out[name] = s.GetRemoved()
 		}
 	}

@@ -250,7 +250,7 @@ func purgeDrops(info *v1beta1.SnapshotInfo) bool {
 	case 0:
 		return true
 	case 1:
-		return !info.Children[VolumeHeadName]
+		return !info.Children[types.VolumeHeadName]
 	}
 	return false
 }
@@ -303,7 +303,7 @@ func (c *SnapshotController) syncEngineSnapshots(ctx context.Context, key string
 	var errs []error
 	for _, name := range slices.Sorted(maps.Keys(eRO.Status.Snapshots)) {
 		info := eRO.Status.Snapshots[name]
-		if name == VolumeHeadName || info == nil || info.Removed {
+		if name == types.VolumeHeadName || info == nil || info.Removed {
 			continue
 		}
 		if _, err := c.ds.Snapshots.GetRO(name); err == nil || !apierrors.IsNotFound(err) {

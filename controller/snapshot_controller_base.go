@@ -10,10 +10,8 @@ import (
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
 )
-
-// VolumeHeadName is the live head in an engine's chain; it never gets a CR.
-const VolumeHeadName = "volume-head"
 
 // SnapshotController keeps Snapshot CRs and the engines' snapshot chains in
 // step: it takes the snapshots users ask for, removes and purges the ones
@@ -107,7 +105,7 @@ func engineSnapshotDiff(old, cur *v1beta1.Engine) (changed []string, all, appear
 	all = old.Status.CurrentState != cur.Status.CurrentState || old.Spec.NodeID != cur.Spec.NodeID ||
 		!equality.Semantic.DeepEqual(old.Status.PurgeStatus, cur.Status.PurgeStatus)
 	for name, n := range cur.Status.Snapshots {
-		if name == VolumeHeadName {
+		if name == types.VolumeHeadName {
 			continue
 		}
 		o, ok := old.Status.Snapshots[name]
@@ -119,7 +117,7 @@ func engineSnapshotDiff(old, cur *v1beta1.Engine) (changed []string, all, appear
 		}
 	}
 	for name := range old.Status.Snapshots {
-		if _, ok := cur.Status.Snapshots[name]; !ok && name != VolumeHeadName {
+		if _, ok := cur.Status.Snapshots[name]; !ok && name != types.VolumeHeadName {
 			changed = append(changed, name)
 		}
 	}

@@ -23,7 +23,7 @@ import (
 )
 
 func chain(entries ...*v1beta1.SnapshotInfo) map[string]*v1beta1.SnapshotInfo {
-	m := map[string]*v1beta1.SnapshotInfo{VolumeHeadName: {Name: VolumeHeadName, Size: 4096}}
+	m := map[string]*v1beta1.SnapshotInfo{types.VolumeHeadName: {Name: types.VolumeHeadName, Size: 4096}}
 	for _, e := range entries {
 		m[e.Name] = e
 	}
@@ -32,7 +32,7 @@ func chain(entries ...*v1beta1.SnapshotInfo) map[string]*v1beta1.SnapshotInfo {
 
 func snapInfo(name string, mut ...func(*v1beta1.SnapshotInfo)) *v1beta1.SnapshotInfo {
 	i := &v1beta1.SnapshotInfo{Name: name, UserCreated: true, Created: "2026-11-21T11:00:00Z", Size: 8192,
-		Children: map[string]bool{VolumeHeadName: true}}
+		Children: map[string]bool{types.VolumeHeadName: true}}
 	for _, m := range mut {
 		m(i)
 	}
@@ -60,7 +60,7 @@ func TestEngineSnapshotDiff(t *testing.T) {
 			old: engineWith("running", base),
 			cur: engineWith("running", func() map[string]*v1beta1.SnapshotInfo {
 				m := chain(snapInfo("s1"), snapInfo("s2"))
-				m[VolumeHeadName].Size = 1 << 20
+				m[types.VolumeHeadName].Size = 1 << 20
 				return m
 			}())},
 		{name: "one entry changed: only that snapshot",
@@ -131,13 +131,13 @@ func TestSnapshotControllerSync(t *testing.T) {
 				assert.Equal(t, "2026-11-21T11:00:00Z", s.Status.CreationTime)
 				assert.Equal(t, int64(8192), s.Status.Size)
 				assert.Equal(t, gib, s.Status.RestoreSize)
-				assert.Equal(t, map[string]bool{VolumeHeadName: true}, s.Status.Children)
+				assert.Equal(t, map[string]bool{types.VolumeHeadName: true}, s.Status.Children)
 			},
 		},
 		{
 			name: "mirrored status unchanged: no write",
 			objects: []runtime.Object{vcVolume(), stoppedEngine(chain(snapInfo("s1"))), testVA(), testSnapshot("s1", true, func(s *v1beta1.Snapshot) {
-				s.Status = v1beta1.SnapshotStatus{OwnerID: "node-1", Children: map[string]bool{VolumeHeadName: true}, UserCreated: true,
+				s.Status = v1beta1.SnapshotStatus{OwnerID: "node-1", Children: map[string]bool{types.VolumeHeadName: true}, UserCreated: true,
 					CreationTime: "2026-11-21T11:00:00Z", Size: 8192, RestoreSize: gib, ReadyToUse: true}
 			})},
 		},

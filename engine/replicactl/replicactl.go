@@ -9,6 +9,8 @@ import (
 	"encoding/json"
 	"errors"
 	"time"
+
+	"github.com/strata-storage/strata/types"
 )
 
 // Control methods.
@@ -142,7 +144,7 @@ type ChainReply struct {
 }
 
 // HeadName is the name the live head goes by in a chain.
-const HeadName = "volume-head"
+const HeadName = types.VolumeHeadName
 
 // PurgeStatusReply is a replica's purge progress.
 type PurgeStatusReply struct {
