@@ -289,13 +289,32 @@ func (r *Replica) coalesce(ctx context.Context, rem, c *layer, frac func(float64
 	return r.dropSnapshot(rem, intoChild)
 }
 
-// copyExtents copies exts from src to dst in 1 MiB pieces.
+// copyPiece is copyExtents' unit; copyBehind is how many written pieces
+// may still be cached before the oldest is waited for and dropped.
+const (
+	copyPiece  = 1 << 20
+	copyBehind = 8
+)
+
+// copyExtents copies exts from src to dst in copyPiece pieces.
+//
+// It keeps to a few pieces of page cache: a piece's source pages are
+// dropped once read (src is garbage after the merge), its writeback starts
+// once it is written, and copyBehind pieces later that writeback is waited
+// for and its pages dropped; the next pieces reuse the pages freed. A copy
+// that kept everything cached would take as many new pages as it copies,
+// and in a VM that hands freed memory back to the host (free page
+// reporting) each costs a fault: purge ran at a quarter of cp's speed.
+// Durability is unchanged: the caller's fdatasync still commits the data;
+// this only writes it back sooner. The merged blocks are not left cached.
 func copyExtents(ctx context.Context, src, dst *layer, exts []Extent, frac func(float64)) error {
 	total := extentBytes(exts)
 	if total == 0 {
 		return nil
 	}
-	buf := make([]byte, min(total, 1<<20))
+	buf := make([]byte, min(total, copyPiece))
+	srcFd, dstFd := int(src.f.Fd()), int(dst.f.Fd())
+	var cached []Extent // pieces of dst written and maybe still in the page cache
 	var done int64
 	for _, e := range exts {
 		for pos := e.Offset; pos < e.End(); {
@@ -308,6 +327,21 @@ func copyExtents(ctx context.Context, src, dst *layer, exts []Extent, frac func(
 			}
 			if _, err := dst.f.WriteAt(buf[:n], pos); err != nil {
 				return fmt.Errorf("coalesce: write %s at %d: %w", dst.file, pos, err)
+			}
+			_ = unix.Fadvise(srcFd, pos, n, unix.FADV_DONTNEED) // advice: an error costs only memory
+			if err := unix.SyncFileRange(dstFd, pos, n, unix.SYNC_FILE_RANGE_WRITE); err != nil {
+				return fmt.Errorf("coalesce: write back %s at %d: %w", dst.file, pos, err)
+			}
+			cached = append(cached, Extent{Offset: pos, Length: n})
+			if len(cached) > copyBehind {
+				old := cached[0]
+				cached = cached[1:]
+				err := unix.SyncFileRange(dstFd, old.Offset, old.Length,
+					unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER)
+				if err != nil {
+					return fmt.Errorf("coalesce: write back %s at %d: %w", dst.file, old.Offset, err)
+				}
+				_ = unix.Fadvise(dstFd, old.Offset, old.Length, unix.FADV_DONTNEED)
 			}
 			pos += n
 			done += n
