@@ -116,12 +116,16 @@ func TestKilledManagerMarksNodeDownThenBackUp(t *testing.T) {
 		}
 	})
 
-	// The lease runs out leaseDuration after its last renewal; the peers
-	// look again one second after that.
-	deadline := leaseDuration + 2*time.Second + 3*time.Second // + scheduling slack on a loaded machine
+	// The lease runs out leaseDuration after its last renewal, and renewals
+	// come four times per lease duration: a peer may mark the node down no
+	// sooner than 3/4 of a lease duration after the kill. How much later
+	// depends on the machine's load; the wait is only bounded so that a
+	// broken run ends.
 	require.Eventually(t, func() bool { return nodeReady(t, victim) == metav1.ConditionFalse },
-		deadline, 50*time.Millisecond, "node turns not Ready within the lease timeout")
-	t.Logf("node %s not Ready %.1fs after its manager was killed (lease %s)", victim, time.Since(killed).Seconds(), leaseDuration)
+		2*time.Minute, 50*time.Millisecond, "node turns not Ready once its lease has expired")
+	down := time.Since(killed)
+	t.Logf("node %s not Ready %.1fs after its manager was killed (lease %s)", victim, down.Seconds(), leaseDuration)
+	assert.GreaterOrEqual(t, down, leaseDuration*3/4, "not marked down before its lease could have expired")
 	c := meta.FindStatusCondition(getNode(t, victim).Status.Conditions, v1beta1.ConditionTypeReady)
 	assert.Equal(t, v1beta1.NodeConditionReasonManagerDown, c.Reason)
 	assert.Contains(t, c.Message, "heartbeat lease expired")

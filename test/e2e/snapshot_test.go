@@ -183,7 +183,11 @@ func TestEngineSnapshotsGetCRsAndLostOnesGo(t *testing.T) {
 
 // A manager killed with SIGKILL in the middle of 200 mixed snapshot creates
 // and deletes, then restarted: no CR stays stuck with its finalizer, every
-// snapshot in the chain has a CR, and every CR has its snapshot.
+// snapshot in the chain has a CR, and every CR has its snapshot. The kill
+// follows a burst of creates at once, and the operations it interrupted are
+// counted right after it (before any other manager may take over): CRs
+// asked for and not ready, CRs deleted and still held by the finalizer.
+// There must be some, or the kill tested nothing.
 func TestSnapshotsConsistentAfterManagerKill(t *testing.T) {
 	ctx := context.Background()
 	createVolume(t, "e2e-kill", "16Mi", 2)
@@ -192,14 +196,45 @@ func TestSnapshotsConsistentAfterManagerKill(t *testing.T) {
 	waitVolume(t, "e2e-kill", time.Minute, "attached", attachedTo("node-3"))
 
 	var created []string
+	const burst = 10
 	for i := 0; i < 200; i++ {
 		if i == 100 {
+			// A burst of creates at once, and the kill as soon as the API
+			// server has them all.
+			var wg sync.WaitGroup
+			errs := make(chan error, burst)
+			for j := 0; j < burst; j++ {
+				name := fmt.Sprintf("e2e-kill-%03d", i+j)
+				created = append(created, name)
+				wg.Go(func() {
+					_, err := env.adminStrata.StrataV1beta1().Snapshots(ns).Create(ctx, &v1beta1.Snapshot{
+						ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+						Spec:       v1beta1.SnapshotSpec{Volume: "e2e-kill", CreateSnapshot: true},
+					}, metav1.CreateOptions{})
+					errs <- err
+				})
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				require.NoError(t, err)
+			}
 			owner := getVolume(t, "e2e-kill").Status.OwnerID
 			mgr := env.managers[owner]
 			require.NoError(t, mgr.Kill())
+			inFlight := 0
+			for _, s := range snapshotsOf(t, "e2e-kill") {
+				if s.DeletionTimestamp != nil || !s.Status.ReadyToUse {
+					inFlight++
+				}
+			}
+			t.Logf("%d snapshot operations in flight when %s's manager was killed", inFlight, owner)
+			require.Positive(t, inFlight, "the kill interrupted snapshot operations")
 			restarted, err := mgr.Restart(env.managerOpts)
 			require.NoError(t, err)
 			env.managers[owner] = restarted
+			i += burst - 1
+			continue
 		}
 		if i%3 == 2 && len(created) > 0 {
 			victim := created[len(created)/2]

@@ -6,6 +6,10 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,7 +18,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 
+	"github.com/strata-storage/strata/engine/replica"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/scripts/localcluster"
 	stypes "github.com/strata-storage/strata/types"
@@ -103,62 +110,236 @@ func TestTicketPriorities(t *testing.T) {
 	waitVolume(t, "e2e-prio", time.Minute, "detached", isDetached)
 }
 
-// Seed story 1: reattach requests and CSI attach/detach racing each other
-// never leave the volume where the controllers cannot bring it back.
+// Seed story 1: ticket changes racing each other never leave the volume
+// where the controllers cannot bring it back, and the volume ends where the
+// ticket rules say.
+//
+// Each round pins the volume on a node with a strata-api ticket, "hold".
+// Then five goroutines change their own tickets at once (add, move to
+// another node or type, remove; 100 changes over the rounds) while the
+// pinned volume must stay where it is; the attachment must end with each
+// goroutine's last write. Then the hold goes, and the volume must end on the
+// hold's node if a remaining ticket keeps it there, else on the node of the
+// ticket the selection rules pick from a detached volume (highest priority,
+// then the smallest ticket ID), else detached.
+//
+// The racers' choices are seeded, so each round's last tickets are known
+// whatever the interleaving; in even rounds they avoid the hold's node, so
+// the volume must choose again. With this seed the rounds cover a tie of
+// the highest priority decided by ID (twice), a ticket that keeps the
+// volume, priority beating a smaller ID, and a snapshot ticket yielding to
+// a workload ticket elsewhere.
 func TestTicketRacesAlwaysResolve(t *testing.T) {
-	createVolume(t, "e2e-race", "16Mi", 2)
-	waitVolume(t, "e2e-race", time.Minute, "detached", isDetached)
-	rng := rand.New(rand.NewSource(1))
-	for i := 0; i < 100; i++ {
-		node := nodeNames[rng.Intn(len(nodeNames))]
-		switch rng.Intn(4) {
-		case 0:
-			updateTickets(t, "e2e-race", addTicket("csi", v1beta1.AttacherTypeCSIAttacher, node))
-		case 1:
-			updateTickets(t, "e2e-race", removeTicket("csi"))
-		case 2:
-			updateTickets(t, "e2e-race", addTicket("reattach", v1beta1.AttacherTypeStrataAPI, node))
-		case 3:
-			updateTickets(t, "e2e-race", removeTicket("reattach"))
+	const vol, rounds, racers, changes = "e2e-race", 4, 5, 5 // 4 x 5 x 5 = 100 changes
+	const seed = 25
+	createVolume(t, vol, "16Mi", 2)
+	waitVolume(t, vol, time.Minute, "detached", isDetached)
+	types := []v1beta1.AttacherType{v1beta1.AttacherTypeStrataAPI, v1beta1.AttacherTypeSnapshotController,
+		v1beta1.AttacherTypeVolumeRestoreController}
+	for round := 0; round < rounds; round++ {
+		hold := nodeNames[round%len(nodeNames)]
+		updateTickets(t, vol, func(m map[string]*v1beta1.AttachmentTicket) {
+			clear(m)
+			addTicket("hold", v1beta1.AttacherTypeStrataAPI, hold)(m)
+		})
+		waitTicketsJudged(t, vol, "hold")
+		waitVolume(t, vol, 2*time.Minute, fmt.Sprintf("round %d: pinned on %s", round, hold), attachedTo(hold))
+
+		// Each racer owns one ticket ID: "csi" (the one CSI ticket a volume
+		// that is not migratable may have) or t1..t4, whose type changes.
+		final := make([]*v1beta1.AttachmentTicket, racers)
+		errs := make(chan error, racers)
+		var wg sync.WaitGroup
+		for g := 0; g < racers; g++ {
+			wg.Go(func() {
+				rng := rand.New(rand.NewSource(seed*100 + int64(round*racers+g)))
+				choices := nodeNames
+				if round%2 == 0 {
+					choices = slices.DeleteFunc(slices.Clone(nodeNames), func(n string) bool { return n == hold })
+				}
+				id := fmt.Sprintf("t%d", g)
+				if g == 0 {
+					id = "csi"
+				}
+				var last *v1beta1.AttachmentTicket
+				for c := 0; c < changes; c++ {
+					last = nil
+					if rng.Intn(4) > 0 {
+						typ := v1beta1.AttacherTypeCSIAttacher
+						if g > 0 {
+							typ = types[rng.Intn(len(types))]
+						}
+						last = &v1beta1.AttachmentTicket{ID: id, Type: typ, NodeID: choices[rng.Intn(len(choices))],
+							Parameters: map[string]string{}}
+					}
+					if err := setTicket(vol, id, last); err != nil {
+						errs <- fmt.Errorf("racer %d, change %d: %w", g, c, err)
+						return
+					}
+				}
+				final[g] = last
+			})
 		}
-		if i%25 == 24 {
-			// Settle: whatever the tickets say now is where the volume ends.
-			va := getVA(t, "e2e-race")
-			want := ""
-			if tk := va.Spec.AttachmentTickets["reattach"]; tk != nil {
-				want = tk.NodeID
-			} else if tk := va.Spec.AttachmentTickets["csi"]; tk != nil {
-				want = tk.NodeID
-			}
-			if want == "" {
-				waitVolume(t, "e2e-race", 2*time.Minute, fmt.Sprintf("detached after %d racing changes", i+1), isDetached)
-			} else {
-				waitVolume(t, "e2e-race", 2*time.Minute, fmt.Sprintf("on %s after %d racing changes", want, i+1), func(v *v1beta1.Volume) bool {
-					// A strata-api ticket wins only from detached; the volume
-					// ends on one of the tickets' nodes.
-					return v.Status.State == v1beta1.VolumeStateAttached && ticketWants(va, v.Status.CurrentNodeID)
-				})
-			}
-		} else {
-			time.Sleep(time.Duration(rng.Intn(50)) * time.Millisecond)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
 		}
+		want := map[string]*v1beta1.AttachmentTicket{}
+		for _, tk := range final {
+			if tk != nil {
+				want[tk.ID] = tk
+			}
+		}
+		got := getVA(t, vol).Spec.AttachmentTickets
+		require.Contains(t, got, "hold")
+		for id, tk := range got {
+			if id == "hold" {
+				continue
+			}
+			if assert.Contains(t, want, id, "round %d: ticket %s survived its racer's removal", round, id) {
+				assert.Equal(t, []string{string(want[id].Type), want[id].NodeID}, []string{string(tk.Type), tk.NodeID},
+					"round %d: ticket %s is its racer's last write", round, id)
+			}
+		}
+		assert.Len(t, got, len(want)+1, "round %d: every racer's last write is there", round)
+		v := getVolume(t, vol)
+		require.Equal(t, hold, v.Spec.NodeID, "round %d: the hold kept the volume on %s", round, hold)
+
+		// The hold goes: where must the volume end?
+		expect, why := ruleNode(want, hold)
+		t.Logf("round %d: tickets %s; expect %q: %s", round, describeTickets(want), expect, why)
+		updateTickets(t, vol, removeTicket("hold"))
+		v = waitSettled(t, vol, "hold", len(want) > 0)
+		assert.Equal(t, expect, v.Status.CurrentNodeID, "round %d: %s", round, why)
 	}
-	updateTickets(t, "e2e-race", removeTicket("csi", "reattach"))
-	waitVolume(t, "e2e-race", 2*time.Minute, "detached at the end", isDetached)
+	updateTickets(t, vol, func(m map[string]*v1beta1.AttachmentTicket) { clear(m) })
+	waitVolume(t, vol, 2*time.Minute, "detached at the end", isDetached)
 }
 
-func ticketWants(va *v1beta1.VolumeAttachment, node string) bool {
-	for _, tk := range va.Spec.AttachmentTickets {
-		if tk.NodeID == node {
-			return true
+// setTicket writes one ticket (nil: removes it), retrying on conflicts only
+// (racers and controllers write the same object): safe from any goroutine.
+func setTicket(volume, id string, tk *v1beta1.AttachmentTicket) error {
+	ctx := context.Background()
+	vas := env.adminStrata.StrataV1beta1().VolumeAttachments(ns)
+	backoff := wait.Backoff{Duration: 10 * time.Millisecond, Factor: 1.5, Jitter: 1, Steps: 30, Cap: time.Second}
+	return retry.RetryOnConflict(backoff, func() error {
+		va, err := vas.Get(ctx, volume, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if va.Spec.AttachmentTickets == nil {
+			va.Spec.AttachmentTickets = map[string]*v1beta1.AttachmentTicket{}
+		}
+		if tk == nil {
+			delete(va.Spec.AttachmentTickets, id)
+		} else {
+			va.Spec.AttachmentTickets[id] = tk.DeepCopy()
+		}
+		_, err = vas.Update(ctx, va, metav1.UpdateOptions{})
+		return err
+	})
+}
+
+// The ticket rules as the volume-attachment proposal states them, written
+// out again here so that a controller that strays from them fails.
+var ticketRank = map[v1beta1.AttacherType]int{
+	v1beta1.AttacherTypeVolumeRestoreController: v1beta1.AttacherPriorityLevelVolumeRestoreController,
+	v1beta1.AttacherTypeStrataAPI:               v1beta1.AttacherPriorityLevelStrataAPI,
+	v1beta1.AttacherTypeCSIAttacher:             v1beta1.AttacherPriorityLevelCSIAttacher,
+	v1beta1.AttacherTypeSnapshotController:      v1beta1.AttacherPriorityLevelSnapshotController,
+}
+
+// ruleNode is where a volume attached to node, whose tickets become
+// tickets, ends: it stays while a ticket keeps it there (one that is not
+// interruptible, or an interruptible one with no workload ticket on another
+// node); else it detaches and attaches for the best ticket, highest priority
+// first, then the smallest ID; with no ticket it stays detached.
+func ruleNode(tickets map[string]*v1beta1.AttachmentTicket, node string) (string, string) {
+	here, interruptibleOnly, workloadElsewhere := false, true, false
+	for _, tk := range tickets {
+		switch {
+		case tk.NodeID == node:
+			here = true
+			interruptibleOnly = interruptibleOnly && tk.Type == v1beta1.AttacherTypeSnapshotController
+		case tk.Type == v1beta1.AttacherTypeCSIAttacher || tk.Type == v1beta1.AttacherTypeStrataAPI:
+			workloadElsewhere = true
 		}
 	}
-	return false
+	if here && !(interruptibleOnly && workloadElsewhere) {
+		return node, "a ticket keeps it on " + node
+	}
+	var best *v1beta1.AttachmentTicket
+	for _, tk := range tickets {
+		if best == nil || ticketRank[tk.Type] > ticketRank[best.Type] ||
+			(ticketRank[tk.Type] == ticketRank[best.Type] && tk.ID < best.ID) {
+			best = tk
+		}
+	}
+	if best == nil {
+		return "", "no ticket left"
+	}
+	return best.NodeID, fmt.Sprintf("detached from %s, attached for the best ticket %s (%s) on %s",
+		node, best.ID, best.Type, best.NodeID)
+}
+
+func describeTickets(tickets map[string]*v1beta1.AttachmentTicket) string {
+	var out []string
+	for id, tk := range tickets {
+		out = append(out, fmt.Sprintf("%s=%s@%s", id, tk.Type, tk.NodeID))
+	}
+	sort.Strings(out)
+	return strings.Join(out, " ")
+}
+
+// waitTicketsJudged waits until the AD controller has judged the tickets
+// as they are now: their statuses are written in the sync that decides on
+// the volume, after the decision.
+func waitTicketsJudged(t *testing.T, volume string, want ...string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		va := getVA(t, volume)
+		if len(va.Status.AttachmentTicketStatuses) != len(va.Spec.AttachmentTickets) {
+			return false
+		}
+		for id, tk := range va.Spec.AttachmentTickets {
+			st := va.Status.AttachmentTicketStatuses[id]
+			if st == nil || st.Generation != tk.Generation {
+				return false
+			}
+		}
+		for _, id := range want {
+			if va.Spec.AttachmentTickets[id] == nil {
+				return false
+			}
+		}
+		return true
+	}, time.Minute, 100*time.Millisecond, "the tickets of %s judged", volume)
+}
+
+// waitSettled waits until the AD controller has seen ticket gone's removal
+// and the volume has come to rest: attached where its spec says (attached
+// true) or detached and asked nowhere.
+func waitSettled(t *testing.T, volume, gone string, attached bool) *v1beta1.Volume {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		_, ok := getVA(t, volume).Status.AttachmentTicketStatuses[gone]
+		return !ok
+	}, time.Minute, 100*time.Millisecond, "the removal of ticket %s judged", gone)
+	return waitVolume(t, volume, 2*time.Minute, "at rest", func(v *v1beta1.Volume) bool {
+		if attached {
+			return v.Status.State == v1beta1.VolumeStateAttached && v.Spec.NodeID == v.Status.CurrentNodeID
+		}
+		return isDetached(v) && v.Spec.NodeID == ""
+	})
 }
 
 // Killing the instance manager that holds one replica while data is being
 // written: the volume goes degraded, a new replica replaces the lost one and
-// is rebuilt, the volume is healthy again, and every byte reads back.
+// is rebuilt, the volume is healthy again, and every byte reads back. Reads
+// through the engine may come from any replica, so the rebuilt replica's
+// own files are read once the volume is detached: it must hold every write,
+// those from before the loss, those during it and those after the rebuild.
 func TestReplicaLossIsRebuilt(t *testing.T) {
 	defer setSetting(t, stypes.SettingReplicaReplenishmentWaitInterval, "1")()
 	createVolume(t, "e2e-rebuild", "64Mi", 3)
@@ -169,28 +350,34 @@ func TestReplicaLossIsRebuilt(t *testing.T) {
 	qemuIO(t, ep, "write -P 0x11 0 16M")
 
 	victim := ""
+	before := map[string]bool{}
 	for _, r := range replicasOf(t, "e2e-rebuild") {
-		if r.Spec.NodeID != "node-1" {
+		before[r.Name] = true
+		if victim == "" && r.Spec.NodeID != "node-1" {
 			victim = r.Spec.NodeID
-			break
 		}
 	}
 	require.NotEmpty(t, victim)
 	mgr := env.managers[victim]
-	done := make(chan error, 1)
+	// Writes go on while the replica is lost: half before the kill, half
+	// after it, ordered by the kill itself rather than by sleeps.
+	halfway, killed, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
 	go func() {
-		// Writes keep coming while the replica is lost.
 		for i := 0; i < 8; i++ {
+			if i == 4 {
+				close(halfway)
+				<-killed
+			}
 			if _, err := runQemuIO(ep, fmt.Sprintf("write -P 0x22 %dM 2M", 16+2*i)); err != nil {
 				done <- err
 				return
 			}
-			time.Sleep(50 * time.Millisecond)
 		}
 		done <- nil
 	}()
-	time.Sleep(100 * time.Millisecond)
+	<-halfway
 	require.NoError(t, mgr.IM.Kill())
+	close(killed)
 	require.NoError(t, <-done, "writes go on while a replica is lost")
 	waitVolume(t, "e2e-rebuild", time.Minute, "degraded", func(v *v1beta1.Volume) bool {
 		return v.Status.Robustness == v1beta1.VolumeRobustnessDegraded
@@ -201,23 +388,68 @@ func TestReplicaLossIsRebuilt(t *testing.T) {
 	waitVolume(t, "e2e-rebuild", 2*time.Minute, "healthy after the rebuild", func(v *v1beta1.Volume) bool {
 		return v.Status.Robustness == v1beta1.VolumeRobustnessHealthy && v.Status.State == v1beta1.VolumeStateAttached
 	})
-	reps := replicasOf(t, "e2e-rebuild")
+	var rebuilt []v1beta1.Replica
 	live := 0
-	for _, r := range reps {
+	for _, r := range replicasOf(t, "e2e-rebuild") {
 		if r.DeletionTimestamp == nil && r.Spec.FailedAt == "" {
 			live++
+			if !before[r.Name] {
+				rebuilt = append(rebuilt, r)
+			}
 		}
 	}
 	assert.Equal(t, 3, live, "three healthy replicas")
+	require.Len(t, rebuilt, 1, "one new replica replaced the lost one")
+	assert.NotEmpty(t, rebuilt[0].Spec.HealthyAt, "the engine reported the new replica RW")
 	qemuIO(t, ep, "read -P 0x11 0 16M", "read -P 0x22 16M 16M")
+	// A write once the new replica is RW reaches it too.
+	qemuIO(t, ep, "write -P 0x33 32M 4M")
 
-	// The rebuilt replica holds the data too: detach, attach on its node... each
-	// replica alone must read back the same, so check by reattaching.
 	updateTickets(t, "e2e-rebuild", removeTicket("admin"))
 	waitVolume(t, "e2e-rebuild", time.Minute, "detached", isDetached)
-	updateTickets(t, "e2e-rebuild", addTicket("admin", v1beta1.AttacherTypeStrataAPI, victim))
-	v = waitVolume(t, "e2e-rebuild", time.Minute, "attached to "+victim, attachedTo(victim))
-	qemuIO(t, v.Status.FrontendEndpoint, "read -P 0x11 0 16M", "read -P 0x22 16M 16M")
+	r := rebuilt[0]
+	require.Eventually(t, func() bool {
+		for _, cur := range replicasOf(t, "e2e-rebuild") {
+			if cur.Name == r.Name {
+				return cur.Status.CurrentState == v1beta1.InstanceStateStopped
+			}
+		}
+		return false
+	}, time.Minute, 100*time.Millisecond, "replica %s stopped: its files are quiet", r.Name)
+	disk := r.Spec.DiskPath
+	if disk == "" {
+		disk = env.managers[r.Spec.NodeID].DiskDir
+	}
+	assertReplicaHolds(t, filepath.Join(disk, "replicas", r.Spec.DataDirectoryName), []patternRange{
+		{0x11, 0, 16 << 20}, {0x22, 16 << 20, 16 << 20}, {0x33, 32 << 20, 4 << 20}, {0, 36 << 20, 28 << 20}})
+}
+
+// patternRange is length bytes at off, each equal to b.
+type patternRange struct {
+	b           byte
+	off, length int64
+}
+
+// assertReplicaHolds opens a stopped replica's directory, as its instance
+// manager would, and checks its data, 1 MiB at a time.
+func assertReplicaHolds(t *testing.T, dir string, want []patternRange) {
+	t.Helper()
+	rep, err := replica.Open(dir)
+	require.NoError(t, err, "open the replica in %s", dir)
+	defer rep.Close()
+	buf := make([]byte, 1<<20)
+	for _, w := range want {
+		for off := w.off; off < w.off+w.length; off += int64(len(buf)) {
+			p := buf[:min(int64(len(buf)), w.off+w.length-off)]
+			_, err := rep.ReadAt(p, off)
+			require.NoError(t, err)
+			for i, got := range p {
+				if got != w.b {
+					require.Failf(t, "replica data differs", "%s: byte %d is %#x, want %#x", dir, off+int64(i), got, w.b)
+				}
+			}
+		}
+	}
 }
 
 // Upgrade path: a volume without a VolumeAttachment gets one; an attached
@@ -236,11 +468,21 @@ func TestVolumeAttachmentUpgradePath(t *testing.T) {
 		va, err := env.adminStrata.StrataV1beta1().VolumeAttachments(ns).Get(ctx, "e2e-upg", metav1.GetOptions{})
 		return err == nil && va.UID != old.UID && len(va.Spec.AttachmentTickets) == 1
 	}, 30*time.Second, 100*time.Millisecond, "a new VolumeAttachment with a ticket")
-	for _, tk := range getVA(t, "e2e-upg").Spec.AttachmentTickets {
+	var upgradeID string
+	for id, tk := range getVA(t, "e2e-upg").Spec.AttachmentTickets {
 		assert.Equal(t, "node-3", tk.NodeID)
+		upgradeID = id
 	}
-	time.Sleep(2 * time.Second)
-	assert.True(t, attachedTo("node-3")(getVolume(t, "e2e-upg")), "the volume stayed attached")
+	// The AD controller writes a ticket's status in the sync that decides on
+	// the volume, after that decision: once the new ticket's status is
+	// there, a detach would already be in the volume's spec.
+	require.Eventually(t, func() bool {
+		return getVA(t, "e2e-upg").Status.AttachmentTicketStatuses[upgradeID] != nil
+	}, 30*time.Second, 100*time.Millisecond, "the AD controller judged the new VolumeAttachment")
+	v := getVolume(t, "e2e-upg")
+	assert.Equal(t, "node-3", v.Spec.NodeID, "the volume is not being detached")
+	assert.True(t, attachedTo("node-3")(v), "the volume stayed attached")
+	assert.True(t, getVA(t, "e2e-upg").Status.AttachmentTicketStatuses[upgradeID].Satisfied, "the upgrade ticket is satisfied")
 
 	// A detached volume without one gets an empty VolumeAttachment.
 	createVolume(t, "e2e-upg2", "16Mi", 1)
