@@ -207,6 +207,20 @@ func startWriters(e *Engine, m *volumeModel, n int, seed int64) *writers {
 	return w
 }
 
+// waitMore waits until the writers have completed n more operations from
+// now: writes happen in a phase of the test because they are seen to, not
+// because time passed.
+func (w *writers) waitMore(t *testing.T, n int64) {
+	t.Helper()
+	want := w.count.Load() + n
+	require.Eventually(t, func() bool {
+		if err, _ := w.err.Load().(error); err != nil {
+			return true // halt reports it
+		}
+		return w.count.Load() >= want
+	}, time.Minute, time.Millisecond, "%d more writer operations", n)
+}
+
 func (w *writers) halt(t *testing.T) {
 	close(w.stop)
 	w.wg.Wait()
@@ -272,7 +286,7 @@ func TestRebuildUnderWrites(t *testing.T) {
 	snaps := buildChain(t, e, m)
 
 	w := startWriters(e, m, 2, 7)
-	time.Sleep(50 * time.Millisecond)
+	w.waitMore(t, 20)
 
 	// Hold the copy after its first chunk, to look at the engine meanwhile.
 	firstRead := make(chan struct{})
@@ -310,7 +324,7 @@ func TestRebuildUnderWrites(t *testing.T) {
 	_, err = e.StartRebuild(ctx, RebuildOptions{Replica: other.name, Address: other.addr,
 		Target: dialT(t, other.addr), Dial: dialBackend})
 	assert.ErrorIs(t, err, ErrBusy, "one rebuild at a time")
-	time.Sleep(100 * time.Millisecond) // writes keep flowing meanwhile
+	w.waitMore(t, 20) // writes keep flowing meanwhile, to the new replica too
 	close(release)
 
 	require.NoError(t, <-done)
@@ -319,7 +333,7 @@ func TestRebuildUnderWrites(t *testing.T) {
 	assert.Equal(t, RebuildStatus{Progress: 100, State: RebuildComplete, FromReplica: sources[0].name}, st)
 	_, mode, _ = e.Backend(target.name)
 	require.Equal(t, ModeRW, mode)
-	time.Sleep(100 * time.Millisecond)
+	w.waitMore(t, 20)
 	w.halt(t)
 	t.Logf("rebuild took %v; %d operations ran concurrently", elapsed, w.count.Load())
 	for _, r := range e.Replicas() {
@@ -379,7 +393,7 @@ func TestRebuildFailureLeavesERR(t *testing.T) {
 	assert.False(t, target.rep.Importing(), "the import was aborted")
 
 	// The volume goes on, and structural changes are allowed again.
-	time.Sleep(20 * time.Millisecond)
+	w.waitMore(t, 5)
 	w.halt(t)
 	require.NoError(t, e.StartPurge(ctx))
 	require.Eventually(t, func() bool {
