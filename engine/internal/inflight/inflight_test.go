@@ -1,12 +1,28 @@
 package inflight
 
 import (
+	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
+
+// parkedInAcquire tells whether a goroutine waits on the condition inside
+// Limiter.Acquire.
+func parkedInAcquire() bool {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "sync.(*Cond).Wait") && strings.Contains(g, "inflight.(*Limiter).Acquire") {
+			return true
+		}
+	}
+	return false
+}
 
 func TestLimiterBoundsOpsAndBytes(t *testing.T) {
 	tests := []struct {
@@ -32,12 +48,20 @@ func TestLimiterBoundsOpsAndBytes(t *testing.T) {
 			}
 			var got atomic.Bool
 			go func() { l.Acquire(tc.next); got.Store(true) }()
-			time.Sleep(30 * time.Millisecond)
-			assert.Equal(t, !tc.wantBlocked, got.Load())
+			if tc.wantBlocked {
+				// Parked in Acquire's wait, the waiter can only be woken by
+				// a Release: seeing it there proves it blocked, no sleep
+				// needed. Admitted by mistake, it never parks.
+				require.Eventually(t, func() bool { return got.Load() || parkedInAcquire() },
+					time.Minute, time.Millisecond)
+				require.False(t, got.Load(), "admitted while the limiter was full")
+			} else {
+				require.Eventually(t, got.Load, time.Minute, time.Millisecond, "admitted at once")
+			}
 			for _, h := range tc.held {
 				l.Release(h)
 			}
-			assert.Eventually(t, got.Load, time.Second, time.Millisecond, "released capacity admits the waiter")
+			assert.Eventually(t, got.Load, time.Minute, time.Millisecond, "released capacity admits the waiter")
 		})
 	}
 }
