@@ -83,6 +83,28 @@ func setHook(c *Client, hook func(*call)) {
 	c.mu.Unlock()
 }
 
+// hangGuard bounds waits for something that must happen but, when broken,
+// would never happen: far beyond any honest delay on a loaded machine, it
+// turns a hang into a failure and says nothing about speed.
+const hangGuard = time.Minute
+
+// noHang runs fn and fails the test if it has not returned within
+// hangGuard. fn must not call t's Fail methods (it runs on another
+// goroutine); it records what to check afterwards.
+func noHang(t *testing.T, what string, fn func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn()
+	}()
+	select {
+	case <-done:
+	case <-time.After(hangGuard):
+		t.Fatalf("%s: still blocked after %v", what, hangGuard)
+	}
+}
+
 // checkGoroutines fails the test if goroutines started during it are still
 // running at the end. Call it first, so its cleanup runs last.
 func checkGoroutines(t *testing.T) {
@@ -144,7 +166,18 @@ type gateDev struct {
 	gate    chan struct{}
 	mu      sync.Mutex
 	waiting int
+	opened  sync.Once
 }
+
+// newGateDev returns a gated device. Register t.Cleanup(dev.open) after
+// starting its server: cleanups run last first, so a failing test does not
+// leave the server's Close waiting for device calls forever.
+func newGateDev() *gateDev {
+	return &gateDev{Device: blockdev.NewMem(1 << 20), gate: make(chan struct{})}
+}
+
+// open lets the waiting writes through; idempotent.
+func (d *gateDev) open() { d.opened.Do(func() { close(d.gate) }) }
 
 func (d *gateDev) WriteAt(p []byte, off int64) (int, error) {
 	d.mu.Lock()
