@@ -375,7 +375,11 @@ func TestReplicaLossIsRebuilt(t *testing.T) {
 		}
 		done <- nil
 	}()
-	<-halfway
+	select {
+	case <-halfway:
+	case err := <-done:
+		require.NoError(t, err, "writes before the loss")
+	}
 	require.NoError(t, mgr.IM.Kill())
 	close(killed)
 	require.NoError(t, <-done, "writes go on while a replica is lost")
