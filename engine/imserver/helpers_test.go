@@ -182,17 +182,3 @@ func (w *watcher) until(t *testing.T, name, what string, timeout time.Duration, 
 		}
 	}
 }
-
-// collect returns the events that arrive within d.
-func (w *watcher) collect(d time.Duration) []*impb.WatchEvent {
-	var out []*impb.WatchEvent
-	deadline := time.After(d)
-	for {
-		select {
-		case ev := <-w.events:
-			out = append(out, ev)
-		case <-deadline:
-			return out
-		}
-	}
-}
