@@ -2,13 +2,16 @@ package volume
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
@@ -38,19 +41,26 @@ func (v *validator) Delete(_ *admission.Request, obj runtime.Object) error {
 	if err != nil {
 		return fmt.Errorf("looking up the VolumeAttachment of volume %s: %w", vol.Name, err)
 	}
-	if va.Spec.Volume != vol.Name {
-		return nil // not this volume's: the controller ignores it too
+	if len(workloadTickets(va, vol.Name)) == 0 {
+		return nil
 	}
-	var ids, held []string
-	for id, t := range va.Spec.AttachmentTickets {
-		if t != nil && slices.Contains(workloadAttachers, t.Type) {
-			ids = append(ids, id)
-		}
+	// The cache may not have seen a detach the user made a moment ago
+	// (remove the ticket, then delete): refuse only on what the API server
+	// holds now.
+	ctx, cancel := context.WithTimeout(context.Background(), liveReadTimeout)
+	defer cancel()
+	va, err = v.ds.StrataClient.StrataV1beta1().VolumeAttachments(va.Namespace).Get(ctx, va.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
 	}
+	if err != nil {
+		return fmt.Errorf("reading the VolumeAttachment of volume %s: %w", vol.Name, err)
+	}
+	ids := workloadTickets(va, vol.Name)
 	if len(ids) == 0 {
 		return nil
 	}
-	sort.Strings(ids)
+	var held []string
 	for _, id := range ids {
 		t := va.Spec.AttachmentTickets[id]
 		held = append(held, fmt.Sprintf("%q (%s on %s)", id, t.Type, t.NodeID))
@@ -62,6 +72,26 @@ func (v *validator) Delete(_ *admission.Request, obj runtime.Object) error {
 	return admission.Conflict("volume %s is in use: VolumeAttachment %s holds workload %s %s in spec.attachmentTickets; "+
 		"detach it before deleting the volume by removing the %s: %s",
 		vol.Name, va.Name, noun, strings.Join(held, ", "), noun, removeTicketsCommand(va.Namespace, va.Name, ids))
+}
+
+// liveReadTimeout bounds the one API read a refusal costs; the API server
+// gives the webhook itself a few seconds.
+const liveReadTimeout = 3 * time.Second
+
+// workloadTickets lists the IDs of va's workload tickets, sorted; none when
+// va is not volume's (the controller ignores such an attachment too).
+func workloadTickets(va *v1beta1.VolumeAttachment, volume string) []string {
+	if va.Spec.Volume != volume {
+		return nil
+	}
+	var ids []string
+	for id, t := range va.Spec.AttachmentTickets {
+		if t != nil && slices.Contains(workloadAttachers, t.Type) {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	return ids
 }
 
 // removeTicketsCommand is the kubectl command that removes the tickets ids

@@ -9,6 +9,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/strata-storage/strata/datastore/dstest"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
@@ -102,6 +103,35 @@ func TestValidatorDelete(t *testing.T) {
 				require.NotNil(t, resp.Result)
 				assert.EqualValues(t, http.StatusConflict, resp.Result.Code)
 			}
+		})
+	}
+}
+
+// TestValidatorDeleteReadsTheLiveAttachment: the cache still shows a
+// ticket the user has just removed; the API server's copy decides, so
+// "remove the ticket, then delete" is not refused.
+func TestValidatorDeleteReadsTheLiveAttachment(t *testing.T) {
+	tests := []struct {
+		name    string
+		live    *v1beta1.VolumeAttachment
+		wantMsg string
+	}{
+		{name: "ticket removed, cache behind: allowed", live: attachment("held")},
+		{name: "ticket still there: refused",
+			live: attachment("held", ticket("me", v1beta1.AttacherTypeStrataAPI, "node-2")),
+			wantMsg: `volume held is in use: VolumeAttachment held holds workload ticket "me" (strata-api on node-2) ` +
+				`in spec.attachmentTickets; detach it before deleting the volume by removing the ticket: ` +
+				`kubectl -n strata-system patch va held --type json -p '[{"op":"remove","path":"/spec/attachmentTickets/me"}]'`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			env := dstest.New(t, append(threeNodes(), attachment("held", ticket("me", v1beta1.AttacherTypeStrataAPI, "node-2"))), nil)
+			env.Strata.PrependReactor("get", "volumeattachments", func(k8stesting.Action) (bool, runtime.Object, error) {
+				return true, tc.live, nil
+			})
+			h := admissiontest.NewHandler(t, nil, NewValidator(env.DS))
+			resp := h.Validate(deleteRequest(vol(func(v *v1beta1.Volume) { v.Name = "held" })))
+			assert.Equal(t, tc.wantMsg, admissiontest.Denial(resp))
 		})
 	}
 }
