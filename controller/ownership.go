@@ -68,15 +68,21 @@ func (c *baseController) isResponsibleFor(key, ownerID, preferred string) (bool,
 func (c *baseController) requeueOnNodeReadyChange(enqueueAll func()) error {
 	_, err := c.ds.Nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		UpdateFunc: func(oldObj, newObj interface{}) {
-			o, ok1 := oldObj.(*v1beta1.Node)
-			n, ok2 := newObj.(*v1beta1.Node)
-			if ok1 && ok2 && readyStatus(o) != readyStatus(n) {
+			if readyFlipped(oldObj, newObj) {
 				enqueueAll()
 			}
 		},
 		DeleteFunc: func(interface{}) { enqueueAll() },
 	})
 	return err
+}
+
+// readyFlipped tells a Node update whose Ready condition changed status:
+// the only update that can move ownership. Pure, so it is table-tested.
+func readyFlipped(oldObj, newObj interface{}) bool {
+	o, ok1 := oldObj.(*v1beta1.Node)
+	n, ok2 := newObj.(*v1beta1.Node)
+	return ok1 && ok2 && readyStatus(o) != readyStatus(n)
 }
 
 func readyStatus(n *v1beta1.Node) metav1.ConditionStatus {

@@ -39,18 +39,18 @@ func TestRequeueOnNodeReadyChange(t *testing.T) {
 
 	nodes := env.Strata.StrataV1beta1().Nodes(testNS)
 	ctx := context.Background()
+	// Updates that keep Ready enqueue nothing: TestReadyFlipped proves
+	// that on the filter itself rather than by waiting for no event.
 	steps := []struct {
-		name    string
-		mutate  func(*v1beta1.Node)
-		requeue bool
+		name   string
+		mutate func(*v1beta1.Node)
 	}{
-		{"status change that keeps Ready enqueues nothing", func(n *v1beta1.Node) { n.Status.DiskPaths = "/x" }, false},
 		{"Ready flipping to False enqueues every setting", func(n *v1beta1.Node) {
 			n.Status.Conditions = []metav1.Condition{readyDown("gone")}
-		}, true},
+		}},
 		{"Ready flipping back enqueues every setting", func(n *v1beta1.Node) {
 			n.Status.Conditions = []metav1.Condition{readyTrue()}
-		}, true},
+		}},
 	}
 	for _, step := range steps {
 		t.Run(step.name, func(t *testing.T) {
@@ -63,18 +63,34 @@ func TestRequeueOnNodeReadyChange(t *testing.T) {
 				c, _ := env.DS.Nodes.GetRO("node-2")
 				return c.ResourceVersion == updated.ResourceVersion
 			}, 5*time.Second, 10*time.Millisecond)
-			if step.requeue {
-				require.Eventually(t, func() bool { return sc.queue.Len() == 2 }, 5*time.Second, 10*time.Millisecond)
-			} else {
-				// Handlers run just after the cache update; give them a moment to
-				// prove a negative.
-				time.Sleep(100 * time.Millisecond)
-			}
-			want := 0
-			if step.requeue {
-				want = 2
-			}
-			assert.Equal(t, want, drain())
+			require.Eventually(t, func() bool { return sc.queue.Len() == 2 }, 5*time.Second, 10*time.Millisecond)
+			assert.Equal(t, 2, drain())
+		})
+	}
+}
+
+func TestReadyFlipped(t *testing.T) {
+	node := func(conds ...metav1.Condition) *v1beta1.Node {
+		n := testNode("node-2", nil, conds...)
+		return n
+	}
+	renewed := node(readyTrue())
+	renewed.Status.DiskPaths = "/x"
+	tests := []struct {
+		name     string
+		old, cur interface{}
+		want     bool
+	}{
+		{"a status change that keeps Ready", node(readyTrue()), renewed, false},
+		{"Ready True -> False", node(readyTrue()), node(readyDown("gone")), true},
+		{"Ready False -> True", node(readyDown("gone")), node(readyTrue()), true},
+		{"no condition -> True", node(), node(readyTrue()), true},
+		{"False with another message", node(readyDown("gone")), node(readyDown("still gone")), false},
+		{"not a Node", "x", node(readyTrue()), false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, readyFlipped(tc.old, tc.cur))
 		})
 	}
 }
