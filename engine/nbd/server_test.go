@@ -385,12 +385,17 @@ func TestBadRequestMagicDisconnects(t *testing.T) {
 func TestDiscCompletesInflight(t *testing.T) {
 	mem := blockdev.NewMem(testSize)
 	srv, addr, _ := testServer(t, Options{})
-	require.NoError(t, srv.AddExport("disk", &countingDev{Device: mem, delay: 50 * time.Millisecond}))
+	dev := newGateDev(mem)
+	t.Cleanup(dev.release)
+	require.NoError(t, srv.AddExport("disk", dev))
 	c := connect(t, addr, "disk")
 	data := pattern(64<<10, 9)
 	w := c.send(CmdWrite, 0, 0, uint32(len(data)), data)
 	r := c.send(CmdRead, 0, 8192, 4096, nil)
+	// Both requests are inside the device, held there, when DISC arrives.
+	dev.waitEntered(t, 2)
 	c.send(CmdDisc, 0, 0, 0, nil)
+	dev.release()
 	seen := map[uint64]bool{}
 	for range 2 {
 		errno, cookie, _, err := c.recv(func(ck uint64) uint32 {
@@ -408,6 +413,49 @@ func TestDiscCompletesInflight(t *testing.T) {
 	got := make([]byte, len(data))
 	must(mem.ReadAt(got, 0))
 	assert.Equal(t, data, got)
+}
+
+// gateDev holds every read and write inside the device until release, and
+// counts the requests that entered, so a test knows they are in flight.
+type gateDev struct {
+	blockdev.Device
+	entered chan struct{}
+	gate    chan struct{}
+	once    sync.Once
+}
+
+func newGateDev(d blockdev.Device) *gateDev {
+	return &gateDev{Device: d, entered: make(chan struct{}, 64), gate: make(chan struct{})}
+}
+
+func (d *gateDev) hold() {
+	d.entered <- struct{}{}
+	<-d.gate
+}
+
+func (d *gateDev) ReadAt(p []byte, off int64) (int, error) {
+	d.hold()
+	return d.Device.ReadAt(p, off)
+}
+
+func (d *gateDev) WriteAt(p []byte, off int64) (int, error) {
+	d.hold()
+	return d.Device.WriteAt(p, off)
+}
+
+func (d *gateDev) release() { d.once.Do(func() { close(d.gate) }) }
+
+// waitEntered waits until n requests are inside the device (a minute is
+// only a hang guard).
+func (d *gateDev) waitEntered(t *testing.T, n int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		select {
+		case <-d.entered:
+		case <-time.After(time.Minute):
+			require.FailNow(t, "requests did not reach the device", "%d of %d entered", i, n)
+		}
+	}
 }
 
 // rendezvousDev holds every read until n reads are inside it at once, so a
