@@ -8,9 +8,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -279,7 +281,10 @@ func TestImportUnderWrites(t *testing.T) {
 				stop := make(chan struct{})
 				var wg sync.WaitGroup
 				var werr error
+				var ops atomic.Int64
+				exited := make(chan struct{})
 				wg.Go(func() {
+					defer close(exited)
 					rng := rand.New(rand.NewPCG(seed, 8))
 					buf := make([]byte, 64<<10)
 					for {
@@ -291,11 +296,25 @@ func TestImportUnderWrites(t *testing.T) {
 						if werr = both(s, tr, randImportOp(rng, size-reserved), buf); werr != nil {
 							return
 						}
+						ops.Add(1)
 					}
 				})
-				time.Sleep(2 * time.Millisecond)
+				// Writes land before and after the commit, counted rather
+				// than timed, so a loaded machine still tests the overlap.
+				waitOps := func(n int64) {
+					for ops.Load() < n {
+						select {
+						case <-exited: // failed: werr says why
+							return
+						default:
+							runtime.Gosched()
+						}
+					}
+				}
+				waitOps(5)
+				before := ops.Load()
 				err = tr.CommitImport(layers, "rebuild-x")
-				time.Sleep(2 * time.Millisecond)
+				waitOps(before + 5)
 				close(stop)
 				wg.Wait()
 				require.NoError(t, err)
