@@ -281,3 +281,35 @@ func TestWriteErrorsNameTheCallAndKeepTheStatus(t *testing.T) {
 		})
 	}
 }
+
+// TestGetROOrLiveReadsThroughAMissFromTheCache: an object the cache has not
+// seen yet (created a moment ago) is read from the API server; one that
+// exists nowhere stays NotFound.
+func TestGetROOrLiveReadsThroughAMissFromTheCache(t *testing.T) {
+	env := dstest.New(t, []runtime.Object{&v1beta1.Volume{ObjectMeta: meta("cached")}}, nil)
+	env.Strata.PrependReactor("get", "volumes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.GetAction).GetName() == "fresh" {
+			return true, &v1beta1.Volume{ObjectMeta: meta("fresh")}, nil
+		}
+		return false, nil, nil
+	})
+	tests := []struct {
+		name, volume string
+		wantNotFound bool
+	}{
+		{name: "in the cache", volume: "cached"},
+		{name: "not in the cache yet, on the API server", volume: "fresh"},
+		{name: "nowhere", volume: "missing", wantNotFound: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			v, err := env.DS.Volumes.GetROOrLive(context.Background(), tc.volume)
+			if tc.wantNotFound {
+				assert.True(t, apierrors.IsNotFound(err), "got %v", err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.volume, v.Name)
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -26,6 +27,7 @@ type objectClient[T Object] interface {
 	Update(ctx context.Context, obj T, opts metav1.UpdateOptions) (T, error)
 	UpdateStatus(ctx context.Context, obj T, opts metav1.UpdateOptions) (T, error)
 	Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (T, error)
 }
 
 // Store is the cached view of one kind plus its typed writes. Reads come from
@@ -78,6 +80,26 @@ func (s *Store[T]) GetInNamespaceRO(namespace, name string) (T, error) {
 	}
 	return obj, nil
 }
+
+// GetROOrLive returns the cached object or, when the cache has none, the
+// API server's. For a caller about to refuse because an object is missing:
+// the cache may be a moment behind a create the user just made.
+func (s *Store[T]) GetROOrLive(ctx context.Context, name string) (T, error) {
+	obj, err := s.GetRO(name)
+	if !apierrors.IsNotFound(err) {
+		return obj, err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, liveReadTimeout)
+		defer cancel()
+	}
+	return s.client(s.namespace).Get(ctx, name, metav1.GetOptions{})
+}
+
+// liveReadTimeout bounds a live read that has no deadline of its own: an
+// admission webhook has a few seconds in all.
+const liveReadTimeout = 3 * time.Second
 
 // Get returns a deep copy of the cached object, safe to change and write back.
 func (s *Store[T]) Get(name string) (T, error) {

@@ -5,6 +5,7 @@
 package snapshot
 
 import (
+	"context"
 	"slices"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -49,7 +50,7 @@ func (m *mutator) Create(_ *admission.Request, obj runtime.Object) error {
 	if !slices.Contains(snap.Finalizers, types.FinalizerName) {
 		snap.Finalizers = append(snap.Finalizers, types.FinalizerName)
 	}
-	if vol, err := m.ds.Volumes.GetRO(name); err == nil {
+	if vol, err := m.ds.Volumes.GetROOrLive(context.Background(), name); err == nil {
 		volumeref.Own(snap, vol)
 	} // no such volume: the validator denies it
 	return nil

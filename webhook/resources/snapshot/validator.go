@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"context"
 	"maps"
 	"slices"
 	"strings"
@@ -83,7 +84,7 @@ func (v *validator) validVolume(name string) *admission.FieldError {
 	if name == "" {
 		return admission.Invalid(volumePath, "required: the name of the volume to snapshot")
 	}
-	vol, err := v.ds.Volumes.GetRO(name)
+	vol, err := v.ds.Volumes.GetROOrLive(context.Background(), name)
 	if apierrors.IsNotFound(err) {
 		return admission.Invalid(volumePath, "volume %q not found", name)
 	} else if err != nil {

@@ -1,6 +1,7 @@
 package volume
 
 import (
+	"context"
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -40,13 +41,15 @@ func parseDataSource(s string) (dataSource, bool) {
 // from: malformed, missing, or on its way out. This rule stays when cloning
 // arrives.
 func (v *validator) existingDataSource(s string) *admission.FieldError {
+	ctx, cancel := context.WithTimeout(context.Background(), liveReadTimeout)
+	defer cancel()
 	src, ok := parseDataSource(s)
 	if !ok {
 		return admission.Invalid(dataSourcePath, "%q is not a data source: expected %s<volume>/<snapshot> or %s<volume>",
 			s, snapshotSourcePrefix, volumeSourcePrefix)
 	}
 	if src.snapshot != "" {
-		snap, err := v.ds.Snapshots.GetRO(src.snapshot)
+		snap, err := v.ds.Snapshots.GetROOrLive(ctx, src.snapshot)
 		switch {
 		case apierrors.IsNotFound(err):
 			return admission.Invalid(dataSourcePath, "snapshot %q of volume %q does not exist", src.snapshot, src.volume)
@@ -60,7 +63,7 @@ func (v *validator) existingDataSource(s string) *admission.FieldError {
 		}
 		return nil
 	}
-	vol, err := v.ds.Volumes.GetRO(src.volume)
+	vol, err := v.ds.Volumes.GetROOrLive(ctx, src.volume)
 	switch {
 	case apierrors.IsNotFound(err):
 		return admission.Invalid(dataSourcePath, "volume %q does not exist", src.volume)

@@ -5,6 +5,7 @@
 package volumeattachment
 
 import (
+	"context"
 	"maps"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -84,7 +85,7 @@ func (m *mutator) labelAndOwn(va *v1beta1.VolumeAttachment) {
 		return // the validator denies it
 	}
 	volumeref.Label(va, name)
-	if vol, err := m.ds.Volumes.GetRO(name); err == nil {
+	if vol, err := m.ds.Volumes.GetROOrLive(context.Background(), name); err == nil {
 		volumeref.Own(va, vol)
 	} // no volume yet: it becomes the owner on a later update
 }

@@ -1,6 +1,7 @@
 package volumeattachment
 
 import (
+	"context"
 	"maps"
 	"reflect"
 	"slices"
@@ -144,7 +145,7 @@ func (v *validator) validTicketNode(path *field.Path, t *v1beta1.AttachmentTicke
 	if t.NodeID == "" {
 		return admission.Invalid(path.Child("nodeID"), "required: the node the ticket asks the volume to be attached to")
 	}
-	if _, err := v.ds.Nodes.GetRO(t.NodeID); apierrors.IsNotFound(err) {
+	if _, err := v.ds.Nodes.GetROOrLive(context.Background(), t.NodeID); apierrors.IsNotFound(err) {
 		return admission.Invalid(path.Child("nodeID"), "%q is not a Strata node (there is no nodes.strata.io %s)",
 			t.NodeID, t.NodeID)
 	} else if err != nil {
@@ -166,7 +167,7 @@ func (v *validator) validCSITickets(volume string, csi []*v1beta1.AttachmentTick
 		return admission.Invalid(ticketsPath, "the two csi-attacher tickets %q and %q must name different nodes; both name %q",
 			csi[0].ID, csi[1].ID, csi[0].NodeID)
 	}
-	vol, err := v.ds.Volumes.GetRO(volume)
+	vol, err := v.ds.Volumes.GetROOrLive(context.Background(), volume)
 	if apierrors.IsNotFound(err) {
 		return admission.Invalid(ticketsPath, "two csi-attacher tickets need a migratable volume, and volume %q does not exist",
 			volume)
