@@ -213,11 +213,13 @@ func (c *EngineController) cleanupEngine(ctx context.Context, e *v1beta1.Engine)
 	if !slices.Contains(e.Finalizers, types.FinalizerName) {
 		return nil
 	}
-	// With the instance manager unreachable (not merely not yet connected)
-	// the engine cannot be stopped now; the CR goes anyway, and an instance
-	// left running is stopped when the stream is back (node_orphans.go).
-	if c.local(e.Spec.NodeID) && c.instances.Starting() {
-		return fmt.Errorf("engine %s: no live view of the instance manager yet", e.Name)
+	// With the instance manager unreachable the engine cannot be stopped
+	// now. When its volume is going, the CR goes anyway and an instance
+	// left running is stopped once the stream is back (node_orphans.go).
+	// Otherwise (a migration's engine, say) a stale engine could still
+	// write to the replicas: wait for the instance manager.
+	if c.local(e.Spec.NodeID) && !c.instances.Synced() && (c.instances.Starting() || !c.volumeGoing(e.Spec.VolumeName)) {
+		return fmt.Errorf("engine %s: no live view of the instance manager to stop it", e.Name)
 	}
 	if c.local(e.Spec.NodeID) {
 		if _, found, _ := c.instances.Get(e.Name); found && c.instances.Synced() {
@@ -231,4 +233,10 @@ func (c *EngineController) cleanupEngine(ctx context.Context, e *v1beta1.Engine)
 		return nil
 	}
 	return err
+}
+
+// volumeGoing tells a volume that is deleted or being deleted.
+func (c *EngineController) volumeGoing(name string) bool {
+	v, err := c.ds.Volumes.GetRO(name)
+	return apierrors.IsNotFound(err) || (err == nil && v.DeletionTimestamp != nil)
 }

@@ -113,6 +113,9 @@ func (c *InstanceCache) streamLost() {
 
 // apply folds one Watch event into the cache.
 func (c *InstanceCache) apply(ev *engineapi.WatchEvent) {
+	if ev.Kind == engineapi.WatchUnknown || (ev.Kind != engineapi.WatchSynced && ev.Instance == nil) {
+		return // nothing this cache can use; the stream goes on
+	}
 	var changed []string
 	becameSynced := false
 	c.mu.Lock()

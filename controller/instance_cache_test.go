@@ -97,3 +97,29 @@ func TestInstanceCacheStarting(t *testing.T) {
 	assert.False(t, c.Starting())
 	assert.False(t, c.Synced())
 }
+
+// TestInstanceCacheSkipsEventsItCannotUse: an event of an unknown kind, or
+// without an instance, changes nothing and does not stop the stream's reader.
+func TestInstanceCacheSkipsEventsItCannotUse(t *testing.T) {
+	tests := []struct {
+		name string
+		ev   *engineapi.WatchEvent
+	}{
+		{"unknown kind", &engineapi.WatchEvent{Kind: engineapi.WatchUnknown, Instance: &engineapi.Instance{Name: "x"}}},
+		{"update without an instance", &engineapi.WatchEvent{Kind: engineapi.WatchUpdated}},
+		{"delete without an instance", &engineapi.WatchEvent{Kind: engineapi.WatchDeleted}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := NewInstanceCache()
+			c.streamOpened()
+			c.apply(updated("a", 1))
+			assert.NotPanics(t, func() { c.apply(tc.ev) })
+			c.apply(synced)
+			_, found, ok := c.Get("a")
+			assert.True(t, found && ok)
+			_, found, _ = c.Get("x")
+			assert.False(t, found)
+		})
+	}
+}

@@ -152,6 +152,7 @@ func (nc *NodeController) diskStatuses(node *v1beta1.Node, minAvailablePct int64
 				reason = de.reason
 			}
 			st.StorageMaximum, st.StorageAvailable = 0, 0
+			st.OrphanedReplicaDirectories = nil // unknown while the disk is not readable
 			setCondition(&st.Conditions, v1beta1.ConditionTypeReady, false, reason, err.Error(), now)
 			setCondition(&st.Conditions, v1beta1.ConditionTypeSchedulable, false, reason, "disk is not ready", now)
 			out[name] = st
@@ -161,7 +162,7 @@ func (nc *NodeController) diskStatuses(node *v1beta1.Node, minAvailablePct int64
 		st.StorageMaximum = info.Total
 		st.StorageAvailable = stableAvailable(st.StorageAvailable, info.Available, info.Total)
 		st.ScheduledReplica, st.StorageScheduled = nc.scheduledReplicas(node.Name, info.UUID)
-		st.OrphanedReplicaDirectories = nc.orphanedDirectories(node.Name, spec.Path)
+		st.OrphanedReplicaDirectories = nc.orphanedDirectories(spec.Path)
 		setCondition(&st.Conditions, v1beta1.ConditionTypeReady, true, v1beta1.DiskConditionReasonReady, "disk is ready", now)
 		ok, reason, msg := diskSchedulable(node, spec, st, minAvailablePct)
 		setCondition(&st.Conditions, v1beta1.ConditionTypeSchedulable, ok, reason, msg, now)

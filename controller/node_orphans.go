@@ -11,11 +11,13 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
 )
 
 // Event reasons of orphan cleanup.
@@ -28,41 +30,29 @@ const (
 func replicasDir(diskPath string) string { return filepath.Join(diskPath, "replicas") }
 
 // orphanedDirectories lists the replica directories on a disk that no
-// Replica of this node names: their replica went while the data plane could
-// not delete them (node or instance manager down). Sorted, so the status is
-// stable.
-func (nc *NodeController) orphanedDirectories(nodeName, diskPath string) []string {
+// Replica names: their replica went while the data plane could not delete
+// them (node or instance manager down). The rule is the one the deletion
+// checks against the API server — any replica, of any node — so a
+// directory is never listed that cleanup would keep. Sorted, so the status
+// is stable.
+func (nc *NodeController) orphanedDirectories(diskPath string) []string {
 	entries, err := os.ReadDir(replicasDir(diskPath))
 	if err != nil || len(entries) == 0 {
 		return nil
 	}
-	named := nc.namedDirectories(nodeName)
 	var orphans []string
 	for _, e := range entries {
-		if e.IsDir() && !named[e.Name()] {
+		if !e.IsDir() {
+			continue
+		}
+		// The instance manager creates a directory only for a replica this
+		// manager's cache holds, so one the cache lacks has gone.
+		if named, err := nc.ds.Replicas.ListByIndexRO(datastore.IndexByDataDirectory, e.Name()); err == nil && len(named) == 0 {
 			orphans = append(orphans, e.Name())
 		}
 	}
 	slices.Sort(orphans)
 	return orphans
-}
-
-// namedDirectories is the set of data directories this node's replicas name
-// in the cache. The instance manager creates a directory only for a replica
-// this manager's cache holds, so a directory absent here was named by a
-// replica that has gone.
-func (nc *NodeController) namedDirectories(nodeName string) map[string]bool {
-	named := map[string]bool{}
-	replicas, err := nc.ds.Replicas.ListByIndexRO(datastore.IndexByNode, nodeName)
-	if err != nil {
-		return named
-	}
-	for _, r := range replicas {
-		if r.Spec.DataDirectoryName != "" {
-			named[r.Spec.DataDirectoryName] = true
-		}
-	}
-	return named
 }
 
 // cleanupOrphans stops instances no Engine or Replica names any more and
@@ -75,9 +65,15 @@ func (nc *NodeController) cleanupOrphans(ctx context.Context, node *v1beta1.Node
 	}
 	stale := nc.staleInstances()
 	orphans := map[string]string{} // path -> disk name
-	for name, st := range node.Status.DiskStatus {
-		for _, dir := range st.OrphanedReplicaDirectories {
-			orphans[filepath.Join(replicasDir(node.Spec.Disks[name].Path), dir)] = name
+	if autoDelete, err := nc.ds.GetSettingBool(types.SettingOrphanedDataAutoDeletion); err == nil && autoDelete {
+		for name, st := range node.Status.DiskStatus {
+			spec, ok := node.Spec.Disks[name]
+			if !ok || !meta.IsStatusConditionTrue(st.Conditions, v1beta1.ConditionTypeReady) {
+				continue // the path may not be this disk now
+			}
+			for _, dir := range st.OrphanedReplicaDirectories {
+				orphans[filepath.Join(replicasDir(spec.Path), dir)] = name
+			}
 		}
 	}
 	if len(stale) == 0 && len(orphans) == 0 {
@@ -96,6 +92,7 @@ func (nc *NodeController) cleanupOrphans(ctx context.Context, node *v1beta1.Node
 		if err != nil {
 			return errors.Join(append(errs, err)...)
 		}
+		deleted := 0
 		for _, path := range slices.Sorted(maps.Keys(orphans)) {
 			if live[filepath.Base(path)] {
 				continue // named again meanwhile: not an orphan
@@ -104,12 +101,17 @@ func (nc *NodeController) cleanupOrphans(ctx context.Context, node *v1beta1.Node
 				errs = append(errs, fmt.Errorf("deleting orphaned replica data %s: %w", path, err))
 				continue
 			}
+			deleted++
 			nc.logger.WithField("path", path).Info("Deleted orphaned replica data")
 			nc.recorder.Eventf(node, corev1.EventTypeNormal, EventReasonOrphanedDataDeleted,
 				"deleted orphaned replica data %s on disk %s: no replica names it", path, orphans[path])
 		}
-		// The status drops them at once rather than at the next disk check.
-		nc.queue.Add(nc.ds.Namespace + "/" + nc.controllerID)
+		if deleted > 0 {
+			// The status drops them at once rather than at the next disk
+			// check. Only after progress: a directory that cannot go is
+			// retried with the queue's backoff, not in a loop.
+			nc.queue.Add(nc.ds.Namespace + "/" + nc.controllerID)
+		}
 	}
 	return errors.Join(errs...)
 }

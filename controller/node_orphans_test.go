@@ -18,6 +18,7 @@ import (
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/engineapi/impb"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
 )
 
 // mkReplicaDirs creates <disk>/replicas/<name> for each name.
@@ -44,9 +45,9 @@ func TestOrphanedDirectories(t *testing.T) {
 			replicas: []*v1beta1.Replica{testReplicaCR("a", "/d", func(r *v1beta1.Replica) {
 				r.DeletionTimestamp = &metav1.Time{Time: dstest.Now}
 			})}, want: nil},
-		{name: "another node's replica does not name this node's directory", dirs: []string{"a"},
+		{name: "a directory any replica names is not an orphan, whatever its node (the deletion's rule)", dirs: []string{"a"},
 			replicas: []*v1beta1.Replica{testReplicaCR("a", "/d", func(r *v1beta1.Replica) { r.Spec.NodeID = "node-2" })},
-			want:     []string{"a"}},
+			want:     nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -59,7 +60,7 @@ func TestOrphanedDirectories(t *testing.T) {
 			env := dstest.New(t, objs, nil)
 			nc, err := NewNodeController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", nil, NodeControllerOptions{})
 			require.NoError(t, err)
-			assert.Equal(t, tc.want, nc.orphanedDirectories("node-1", disk))
+			assert.Equal(t, tc.want, nc.orphanedDirectories(disk))
 		})
 	}
 }
@@ -168,6 +169,74 @@ func TestReplicaCleanupWithUnreachableInstanceManager(t *testing.T) {
 			assert.Equal(t, tc.wantFinalizer, len(got.Finalizers) > 0)
 			assert.DirExists(t, filepath.Join(disk, "replicas", "r1"), "data is never deleted without the instance manager")
 			assertEvents(t, tc.wantEvents, rec)
+		})
+	}
+}
+
+// TestOrphansKeptWhenAutoDeletionIsOff: with orphaned-data-auto-deletion
+// false the data stays, listed, for an admin to recover.
+func TestOrphansKeptWhenAutoDeletionIsOff(t *testing.T) {
+	im := startRealIM(t)
+	disk := t.TempDir()
+	mkReplicaDirs(t, disk, "stray")
+	off := &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingOrphanedDataAutoDeletion), Namespace: testNS}, Value: "false"}
+	env := dstest.New(t, []runtime.Object{testNode("node-1", map[string]string{"disk-1": disk}, readyTrue()), zeroMinAvailable(), off}, nil)
+	nc, err := NewNodeController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", nil,
+		NodeControllerOptions{Instances: im.instances(), IMAddress: im.addr, DataPlane: im.pool})
+	require.NoError(t, err)
+	require.NoError(t, nc.syncNode(context.Background(), testNS+"/node-1"))
+	got, err := env.Strata.StrataV1beta1().Nodes(testNS).Get(context.Background(), "node-1", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"stray"}, got.Status.DiskStatus["disk-1"].OrphanedReplicaDirectories)
+	assert.DirExists(t, filepath.Join(disk, "replicas", "stray"))
+}
+
+// TestEngineCleanupWithUnreachableInstanceManager: an engine whose instance
+// manager cannot be reached lets its CR go only when its volume is going
+// too; otherwise (a migration's engine) a stale engine could still write,
+// so it waits.
+func TestEngineCleanupWithUnreachableInstanceManager(t *testing.T) {
+	lost := func() *InstanceCache {
+		c := NewInstanceCache()
+		c.streamLost()
+		return c
+	}
+	deletedEngine := vcEngine(func(e *v1beta1.Engine) {
+		e.Spec.NodeID = "node-1"
+		e.DeletionTimestamp = &metav1.Time{Time: dstest.Now}
+	})
+	tests := []struct {
+		name          string
+		volume        *v1beta1.Volume
+		cache         func() *InstanceCache
+		wantErr       bool
+		wantFinalizer bool
+	}{
+		{name: "volume being deleted: the CR goes", cache: lost,
+			volume: vcVolume(func(v *v1beta1.Volume) { v.DeletionTimestamp = &metav1.Time{Time: dstest.Now} })},
+		{name: "volume gone: the CR goes", cache: lost},
+		{name: "volume live (a migration's engine): wait", cache: lost, volume: vcVolume(), wantErr: true, wantFinalizer: true},
+		{name: "no stream yet: wait", cache: NewInstanceCache, wantErr: true, wantFinalizer: true,
+			volume: vcVolume(func(v *v1beta1.Volume) { v.DeletionTimestamp = &metav1.Time{Time: dstest.Now} })},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := []runtime.Object{deletedEngine.DeepCopy(), schedNode("node-1")}
+			if tc.volume != nil {
+				objs = append(objs, tc.volume)
+			}
+			env := dstest.New(t, objs, []runtime.Object{testLease("node-1", 0)})
+			c, err := NewEngineController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", "127.0.0.1:1", nil, tc.cache())
+			require.NoError(t, err)
+			err = c.syncEngine(context.Background(), testNS+"/v1-e-0")
+			if tc.wantErr {
+				require.Error(t, err)
+			} else {
+				require.NoError(t, err)
+			}
+			got, err := env.Strata.StrataV1beta1().Engines(testNS).Get(context.Background(), "v1-e-0", metav1.GetOptions{})
+			require.NoError(t, err)
+			assert.Equal(t, tc.wantFinalizer, len(got.Finalizers) > 0)
 		})
 	}
 }

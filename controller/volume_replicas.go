@@ -287,11 +287,11 @@ func (s *volumeSync) instanceManagersDown() (map[string]string, error) {
 		if im.Spec.NodeID == "" || im.Status.CurrentState == v1beta1.InstanceStateRunning {
 			continue
 		}
-		why := fmt.Sprintf("instance manager %s is %s", im.Name, orUnknown(string(im.Status.CurrentState)))
-		if c := findCondition(im.Status.Conditions, v1beta1.ConditionTypeReady); c != nil && c.Message != "" {
-			why += " (" + c.Message + ")"
-		}
-		down[im.Spec.NodeID] = why
+		// The InstanceManager's Ready condition has the details; its
+		// changing error text is left out so the volumes' conditions (and
+		// events) change only when the state does.
+		down[im.Spec.NodeID] = fmt.Sprintf("instance manager %s is %s (kubectl -n %s describe im %s)",
+			im.Name, orUnknown(string(im.Status.CurrentState)), im.Namespace, im.Name)
 	}
 	return down, nil
 }

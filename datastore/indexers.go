@@ -10,10 +10,12 @@ import (
 // Index names. Every by-volume, by-node, by-disk and by-backing-image lookup
 // goes through one of these, never through a scan of a whole kind.
 const (
-	IndexByVolume       = "by-volume"
-	IndexByNode         = "by-node"
-	IndexByDisk         = "by-disk"
-	IndexByBackingImage = "by-backing-image"
+	IndexByVolume = "by-volume"
+	IndexByNode   = "by-node"
+	IndexByDisk   = "by-disk"
+	// IndexByDataDirectory finds the replica that names a data directory.
+	IndexByDataDirectory = "by-data-directory"
+	IndexByBackingImage  = "by-backing-image"
 	// IndexByTicketOwner maps TicketOwnerKey values to the VolumeAttachments
 	// holding a ticket owned by that object.
 	IndexByTicketOwner = "by-ticket-owner"
@@ -44,10 +46,11 @@ var (
 		IndexByNode:   indexOn(func(e *v1beta1.Engine) string { return e.Spec.NodeID }),
 	}
 	replicaIndexers = cache.Indexers{
-		IndexByVolume:       indexOn(func(r *v1beta1.Replica) string { return r.Spec.VolumeName }),
-		IndexByNode:         indexOn(func(r *v1beta1.Replica) string { return r.Spec.NodeID }),
-		IndexByDisk:         indexOn(func(r *v1beta1.Replica) string { return r.Spec.DiskID }),
-		IndexByBackingImage: indexOn(func(r *v1beta1.Replica) string { return r.Spec.BackingImage }),
+		IndexByVolume:        indexOn(func(r *v1beta1.Replica) string { return r.Spec.VolumeName }),
+		IndexByNode:          indexOn(func(r *v1beta1.Replica) string { return r.Spec.NodeID }),
+		IndexByDisk:          indexOn(func(r *v1beta1.Replica) string { return r.Spec.DiskID }),
+		IndexByBackingImage:  indexOn(func(r *v1beta1.Replica) string { return r.Spec.BackingImage }),
+		IndexByDataDirectory: indexOn(func(r *v1beta1.Replica) string { return r.Spec.DataDirectoryName }),
 	}
 	snapshotIndexers = cache.Indexers{
 		IndexByVolume: indexOn(func(s *v1beta1.Snapshot) string { return s.Spec.Volume }),

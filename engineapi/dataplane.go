@@ -170,6 +170,9 @@ const (
 	WatchDeleted
 	// WatchSynced ends the replay of the current state.
 	WatchSynced
+	// WatchUnknown is a kind this client does not know (a newer instance
+	// manager); readers skip it.
+	WatchUnknown
 )
 
 // WatchEvent is one event of the Watch stream.

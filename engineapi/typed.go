@@ -158,12 +158,14 @@ func InstanceFromWire(in *impb.Instance) *Instance {
 func WatchEventFromWire(ev *impb.WatchEvent) *WatchEvent {
 	out := &WatchEvent{Instance: InstanceFromWire(ev.GetInstance())}
 	switch ev.GetKind() {
+	case impb.WatchEvent_KIND_UPDATED:
+		out.Kind = WatchUpdated
 	case impb.WatchEvent_KIND_DELETED:
 		out.Kind = WatchDeleted
 	case impb.WatchEvent_KIND_SYNCED:
 		out.Kind = WatchSynced
 	default:
-		out.Kind = WatchUpdated
+		out.Kind = WatchUnknown
 	}
 	return out
 }

@@ -19,6 +19,7 @@ const (
 	SettingReplicaSoftAntiAffinity           SettingName = "replica-soft-anti-affinity"
 	SettingStorageOverProvisioningPercentage SettingName = "storage-over-provisioning-percentage"
 	SettingStorageMinimalAvailablePercentage SettingName = "storage-minimal-available-percentage"
+	SettingOrphanedDataAutoDeletion          SettingName = "orphaned-data-auto-deletion"
 )
 
 // SettingType says how a setting's value string is parsed.
@@ -76,6 +77,11 @@ var SettingDefinitions = map[SettingName]SettingDefinition{
 	SettingStorageMinimalAvailablePercentage: {
 		Description: "A disk with less free space than this percent takes no new replica.",
 		Type:        SettingTypeInt, Default: "25", Min: 0, Max: 100,
+	},
+	SettingOrphanedDataAutoDeletion: {
+		Description: "Deletes replica data no replica names any more (left while its node or instance manager was down) " +
+			"once the instance manager is back; false keeps it, listed in the node's disk status, for manual recovery.",
+		Type: SettingTypeBool, Default: "true",
 	},
 }
 

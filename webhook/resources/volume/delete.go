@@ -34,22 +34,12 @@ func (v *validator) Delete(_ *admission.Request, obj runtime.Object) error {
 	if vol.DeletionTimestamp != nil {
 		return nil
 	}
-	va, err := v.ds.VolumeAttachments.GetRO(vol.Name)
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("looking up the VolumeAttachment of volume %s: %w", vol.Name, err)
-	}
-	if len(workloadTickets(va, vol.Name)) == 0 {
-		return nil
-	}
-	// The cache may not have seen a detach the user made a moment ago
-	// (remove the ticket, then delete): refuse only on what the API server
-	// holds now.
+	// The API server's copy, not the cache's: the cache may not have seen a
+	// ticket added or removed a moment ago (detach, then delete). Deletes
+	// are rare; one read is cheap.
 	ctx, cancel := context.WithTimeout(context.Background(), liveReadTimeout)
 	defer cancel()
-	va, err = v.ds.StrataClient.StrataV1beta1().VolumeAttachments(va.Namespace).Get(ctx, va.Name, metav1.GetOptions{})
+	va, err := v.ds.StrataClient.StrataV1beta1().VolumeAttachments(vol.Namespace).Get(ctx, vol.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
