@@ -113,24 +113,6 @@ func TestOrphanCleanupAgainstRealInstanceManager(t *testing.T) {
 	assert.Empty(t, got.Status.DiskStatus["disk-1"].OrphanedReplicaDirectories)
 }
 
-// TestOrphansKeptWithoutLiveView: with the instance manager unreachable the
-// orphans are reported and nothing is deleted.
-func TestOrphansKeptWithoutLiveView(t *testing.T) {
-	disk := t.TempDir()
-	mkReplicaDirs(t, disk, "stray")
-	cache := NewInstanceCache()
-	cache.streamLost()
-	env := dstest.New(t, []runtime.Object{testNode("node-1", map[string]string{"disk-1": disk}, readyTrue()), zeroMinAvailable()}, nil)
-	nc, err := NewNodeController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", nil,
-		NodeControllerOptions{Instances: cache, IMAddress: "127.0.0.1:1"})
-	require.NoError(t, err)
-	require.NoError(t, nc.syncNode(context.Background(), testNS+"/node-1"))
-	got, err := env.Strata.StrataV1beta1().Nodes(testNS).Get(context.Background(), "node-1", metav1.GetOptions{})
-	require.NoError(t, err)
-	assert.Equal(t, []string{"stray"}, got.Status.DiskStatus["disk-1"].OrphanedReplicaDirectories)
-	assert.DirExists(t, filepath.Join(disk, "replicas", "stray"))
-}
-
 // TestReplicaCleanupWithUnreachableInstanceManager: a deleted replica whose
 // instance manager cannot be reached leaves its data (said by an event) and
 // lets its CR go; before the first view of the instance manager it waits.
@@ -142,11 +124,7 @@ func TestReplicaCleanupWithUnreachableInstanceManager(t *testing.T) {
 		wantFinalizer bool
 		wantEvents    []string
 	}{
-		{name: "stream failed: the CR goes, the data is left", cache: func() *InstanceCache {
-			c := NewInstanceCache()
-			c.streamLost()
-			return c
-		}, wantEvents: []string{"Warning DataLeftOnNode"}},
+		{name: "stream failed: the CR goes, the data is left", cache: lostStream, wantEvents: []string{"Warning DataLeftOnNode"}},
 		{name: "no stream yet: wait", cache: NewInstanceCache, wantErr: true, wantFinalizer: true},
 	}
 	for _, tc := range tests {
@@ -173,34 +151,12 @@ func TestReplicaCleanupWithUnreachableInstanceManager(t *testing.T) {
 	}
 }
 
-// TestOrphansKeptWhenAutoDeletionIsOff: with orphaned-data-auto-deletion
-// false the data stays, listed, for an admin to recover.
-func TestOrphansKeptWhenAutoDeletionIsOff(t *testing.T) {
-	im := startRealIM(t)
-	disk := t.TempDir()
-	mkReplicaDirs(t, disk, "stray")
-	off := &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingOrphanedDataAutoDeletion), Namespace: testNS}, Value: "false"}
-	env := dstest.New(t, []runtime.Object{testNode("node-1", map[string]string{"disk-1": disk}, readyTrue()), zeroMinAvailable(), off}, nil)
-	nc, err := NewNodeController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", nil,
-		NodeControllerOptions{Instances: im.instances(), IMAddress: im.addr, DataPlane: im.pool})
-	require.NoError(t, err)
-	require.NoError(t, nc.syncNode(context.Background(), testNS+"/node-1"))
-	got, err := env.Strata.StrataV1beta1().Nodes(testNS).Get(context.Background(), "node-1", metav1.GetOptions{})
-	require.NoError(t, err)
-	assert.Equal(t, []string{"stray"}, got.Status.DiskStatus["disk-1"].OrphanedReplicaDirectories)
-	assert.DirExists(t, filepath.Join(disk, "replicas", "stray"))
-}
-
 // TestEngineCleanupWithUnreachableInstanceManager: an engine whose instance
 // manager cannot be reached lets its CR go only when its volume is going
 // too; otherwise (a migration's engine) a stale engine could still write,
 // so it waits.
 func TestEngineCleanupWithUnreachableInstanceManager(t *testing.T) {
-	lost := func() *InstanceCache {
-		c := NewInstanceCache()
-		c.streamLost()
-		return c
-	}
+	lost := lostStream
 	deletedEngine := vcEngine(func(e *v1beta1.Engine) {
 		e.Spec.NodeID = "node-1"
 		e.DeletionTimestamp = &metav1.Time{Time: dstest.Now}
@@ -237,6 +193,48 @@ func TestEngineCleanupWithUnreachableInstanceManager(t *testing.T) {
 			got, err := env.Strata.StrataV1beta1().Engines(testNS).Get(context.Background(), "v1-e-0", metav1.GetOptions{})
 			require.NoError(t, err)
 			assert.Equal(t, tc.wantFinalizer, len(got.Finalizers) > 0)
+		})
+	}
+}
+
+// lostStream is an instance cache whose stream has failed: the instance
+// manager is unreachable.
+func lostStream() *InstanceCache {
+	c := NewInstanceCache()
+	c.streamLost()
+	return c
+}
+
+// TestOrphansKept: orphans are reported and kept without a live view of the
+// instance manager, and when orphaned-data-auto-deletion is false.
+func TestOrphansKept(t *testing.T) {
+	off := &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingOrphanedDataAutoDeletion), Namespace: testNS}, Value: "false"}
+	tests := []struct {
+		name    string
+		setting []runtime.Object
+		live    bool
+	}{
+		{name: "instance manager unreachable"},
+		{name: "auto-deletion off", setting: []runtime.Object{off}, live: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := NodeControllerOptions{Instances: lostStream(), IMAddress: "127.0.0.1:1"}
+			if tc.live {
+				im := startRealIM(t)
+				opts = NodeControllerOptions{Instances: im.instances(), IMAddress: im.addr, DataPlane: im.pool}
+			}
+			disk := t.TempDir()
+			mkReplicaDirs(t, disk, "stray")
+			objs := append([]runtime.Object{testNode("node-1", map[string]string{"disk-1": disk}, readyTrue()), zeroMinAvailable()}, tc.setting...)
+			env := dstest.New(t, objs, nil)
+			nc, err := NewNodeController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", nil, opts)
+			require.NoError(t, err)
+			require.NoError(t, nc.syncNode(context.Background(), testNS+"/node-1"))
+			got, err := env.Strata.StrataV1beta1().Nodes(testNS).Get(context.Background(), "node-1", metav1.GetOptions{})
+			require.NoError(t, err)
+			assert.Equal(t, []string{"stray"}, got.Status.DiskStatus["disk-1"].OrphanedReplicaDirectories)
+			assert.DirExists(t, filepath.Join(disk, "replicas", "stray"))
 		})
 	}
 }
