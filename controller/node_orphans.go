@@ -143,9 +143,9 @@ func (nc *NodeController) staleInstances() []*engineapi.Instance {
 func (nc *NodeController) stopStaleInstance(ctx context.Context, client engineapi.DataPlane, node *v1beta1.Node, inst *engineapi.Instance) error {
 	var err error
 	if inst.Type == engineapi.InstanceTypeReplica {
-		_, err = nc.ds.StrataClient.StrataV1beta1().Replicas(nc.ds.Namespace).Get(ctx, inst.Name, metav1.GetOptions{})
+		_, err = nc.ds.Replicas.GetLive(ctx, inst.Name)
 	} else {
-		_, err = nc.ds.StrataClient.StrataV1beta1().Engines(nc.ds.Namespace).Get(ctx, inst.Name, metav1.GetOptions{})
+		_, err = nc.ds.Engines.GetLive(ctx, inst.Name)
 	}
 	if err == nil {
 		return nil

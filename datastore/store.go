@@ -89,6 +89,14 @@ func (s *Store[T]) GetROOrLive(ctx context.Context, name string) (T, error) {
 	if !apierrors.IsNotFound(err) {
 		return obj, err
 	}
+	return s.GetLive(ctx, name)
+}
+
+// GetLive reads the object from the API server, not the cache, for the few
+// decisions that must not act on a cache a moment behind (refusing a
+// request, deleting data). Do not mutate the result in place of a Get copy
+// either: it is the caller's.
+func (s *Store[T]) GetLive(ctx context.Context, name string) (T, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, liveReadTimeout)

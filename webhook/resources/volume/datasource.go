@@ -41,8 +41,7 @@ func parseDataSource(s string) (dataSource, bool) {
 // from: malformed, missing, or on its way out. This rule stays when cloning
 // arrives.
 func (v *validator) existingDataSource(s string) *admission.FieldError {
-	ctx, cancel := context.WithTimeout(context.Background(), liveReadTimeout)
-	defer cancel()
+	ctx := context.Background() // GetROOrLive bounds its own read
 	src, ok := parseDataSource(s)
 	if !ok {
 		return admission.Invalid(dataSourcePath, "%q is not a data source: expected %s<volume>/<snapshot> or %s<volume>",

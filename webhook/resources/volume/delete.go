@@ -8,10 +8,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
@@ -37,9 +35,7 @@ func (v *validator) Delete(_ *admission.Request, obj runtime.Object) error {
 	// The API server's copy, not the cache's: the cache may not have seen a
 	// ticket added or removed a moment ago (detach, then delete). Deletes
 	// are rare; one read is cheap.
-	ctx, cancel := context.WithTimeout(context.Background(), liveReadTimeout)
-	defer cancel()
-	va, err := v.ds.StrataClient.StrataV1beta1().VolumeAttachments(vol.Namespace).Get(ctx, vol.Name, metav1.GetOptions{})
+	va, err := v.ds.VolumeAttachments.GetLive(context.Background(), vol.Name)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
@@ -63,10 +59,6 @@ func (v *validator) Delete(_ *admission.Request, obj runtime.Object) error {
 		"detach it before deleting the volume by removing the %s: %s",
 		vol.Name, va.Name, noun, strings.Join(held, ", "), noun, removeTicketsCommand(va.Namespace, va.Name, ids))
 }
-
-// liveReadTimeout bounds the one API read a refusal costs; the API server
-// gives the webhook itself a few seconds.
-const liveReadTimeout = 3 * time.Second
 
 // workloadTickets lists the IDs of va's workload tickets, sorted; none when
 // va is not volume's (the controller ignores such an attachment too).
