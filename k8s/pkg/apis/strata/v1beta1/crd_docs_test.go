@@ -18,27 +18,14 @@ const crdDir = "../../../../crds"
 // Every bounded field says its bound in the text `kubectl explain` shows:
 // the schema enforces it, and an admin should read it before being refused.
 func TestCRDDescriptionsStateTheBounds(t *testing.T) {
-	files, err := filepath.Glob(filepath.Join(crdDir, "*.yaml"))
-	require.NoError(t, err)
-	require.NotEmpty(t, files)
 	checked := 0
-	for _, f := range files {
-		raw, err := os.ReadFile(f)
-		require.NoError(t, err)
-		var crd map[string]any
-		require.NoError(t, yaml.Unmarshal(raw, &crd))
-		kind := dig(crd, "spec", "names", "kind").(string)
-		for _, v := range dig(crd, "spec", "versions").([]any) {
-			schema := dig(v.(map[string]any), "schema", "openAPIV3Schema").(map[string]any)
-			walkSchema(kind, schema, func(path string, s map[string]any) {
-				for _, want := range wantedBoundTexts(s) {
-					checked++
-					desc, _ := s["description"].(string)
-					assert.Contains(t, desc, want, "%s: the description should state the bound", path)
-				}
-			})
+	walkCRDSchemas(t, func(path string, s map[string]any) {
+		for _, want := range wantedBoundTexts(s) {
+			checked++
+			desc, _ := s["description"].(string)
+			assert.Contains(t, desc, want, "%s: the description should state the bound", path)
 		}
-	}
+	})
 	assert.Greater(t, checked, 20, "bounded fields found")
 }
 
@@ -84,6 +71,25 @@ func wantedBoundTexts(s map[string]any) []string {
 // walkSchema calls fn on every schema under s: properties, map values and
 // list items. metadata and conditions (metav1.Condition) are upstream's
 // types, documented there.
+// walkCRDSchemas calls fn for every schema node of every version of every
+// CRD in crdDir, with its path from the kind.
+func walkCRDSchemas(t *testing.T, fn func(path string, s map[string]any)) {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(crdDir, "*.yaml"))
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	for _, f := range files {
+		raw, err := os.ReadFile(f)
+		require.NoError(t, err)
+		var crd map[string]any
+		require.NoError(t, yaml.Unmarshal(raw, &crd))
+		kind := dig(crd, "spec", "names", "kind").(string)
+		for _, v := range dig(crd, "spec", "versions").([]any) {
+			walkSchema(kind, dig(v.(map[string]any), "schema", "openAPIV3Schema").(map[string]any), fn)
+		}
+	}
+}
+
 func walkSchema(path string, s map[string]any, fn func(string, map[string]any)) {
 	fn(path, s)
 	if props, ok := s["properties"].(map[string]any); ok {
