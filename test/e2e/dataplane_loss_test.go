@@ -161,11 +161,7 @@ func waitNoOrphans(t *testing.T, node string) {
 func TestVolumeDeleteWithDeadInstanceManager(t *testing.T) {
 	createVolume(t, "e2e-deldead", "16Mi", 3)
 	waitVolume(t, "e2e-deldead", time.Minute, "detached", isDetached)
-	updateTickets(t, "e2e-deldead", addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-1"))
-	v := waitVolume(t, "e2e-deldead", time.Minute, "attached", attachedTo("node-1"))
-	qemuIO(t, v.Status.FrontendEndpoint, "write -P 0x42 0 1M")
-	updateTickets(t, "e2e-deldead", removeTicket("admin"))
-	waitVolume(t, "e2e-deldead", time.Minute, "detached", isDetached)
+	useOn(t, "e2e-deldead", "node-1", "write -P 0x42 0 1M")
 
 	victim := "node-3"
 	var deadDir string

@@ -142,6 +142,17 @@ func updateTickets(t *testing.T, volume string, edit func(map[string]*v1beta1.At
 	}, 30*time.Second, 100*time.Millisecond, "tickets of %s updated", volume)
 }
 
+// useOn attaches a detached volume to node through an "admin" strata-api
+// ticket, runs qemu-io commands on it, and detaches it again.
+func useOn(t *testing.T, volume, node string, cmds ...string) {
+	t.Helper()
+	updateTickets(t, volume, addTicket("admin", v1beta1.AttacherTypeStrataAPI, node))
+	v := waitVolume(t, volume, time.Minute, "attached to "+node, attachedTo(node))
+	qemuIO(t, v.Status.FrontendEndpoint, cmds...)
+	updateTickets(t, volume, removeTicket("admin"))
+	waitVolume(t, volume, time.Minute, "detached", isDetached)
+}
+
 func addTicket(id string, typ v1beta1.AttacherType, node string) func(map[string]*v1beta1.AttachmentTicket) {
 	return func(m map[string]*v1beta1.AttachmentTicket) {
 		m[id] = &v1beta1.AttachmentTicket{ID: id, Type: typ, NodeID: node, Parameters: map[string]string{}}

@@ -67,11 +67,7 @@ spec: {size: 64Mi, numberOfReplicas: 3}
 	waitVolume(t, "e2e-v1", time.Minute, "detached after the ticket went", isDetached)
 
 	// Attached again elsewhere, the data is there.
-	updateTickets(t, "e2e-v1", addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-3"))
-	v = waitVolume(t, "e2e-v1", time.Minute, "attached to node-3", attachedTo("node-3"))
-	qemuIO(t, v.Status.FrontendEndpoint, "read -P 0x5a 0 4M")
-	updateTickets(t, "e2e-v1", removeTicket("admin"))
-	waitVolume(t, "e2e-v1", time.Minute, "detached", isDetached)
+	useOn(t, "e2e-v1", "node-3", "read -P 0x5a 0 4M")
 }
 
 // A snapshot ticket yields to a CSI ticket on another node, and the ticket
@@ -570,11 +566,7 @@ func TestOfflineExpansion(t *testing.T) {
 	ctx := context.Background()
 	createVolume(t, "e2e-grow", "16Mi", 2)
 	waitVolume(t, "e2e-grow", time.Minute, "detached", isDetached)
-	updateTickets(t, "e2e-grow", addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-1"))
-	v := waitVolume(t, "e2e-grow", time.Minute, "attached", attachedTo("node-1"))
-	qemuIO(t, v.Status.FrontendEndpoint, "write -P 0x44 0 16M")
-	updateTickets(t, "e2e-grow", removeTicket("admin"))
-	waitVolume(t, "e2e-grow", time.Minute, "detached", isDetached)
+	useOn(t, "e2e-grow", "node-1", "write -P 0x44 0 16M")
 
 	require.NoError(t, retryOnConflict(func() error {
 		v := getVolume(t, "e2e-grow")
@@ -585,11 +577,7 @@ func TestOfflineExpansion(t *testing.T) {
 	waitVolume(t, "e2e-grow", time.Minute, "expanded while detached", func(v *v1beta1.Volume) bool {
 		return isDetached(v) && v.Status.CurrentSize == 48<<20
 	})
-	updateTickets(t, "e2e-grow", addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-2"))
-	v = waitVolume(t, "e2e-grow", time.Minute, "attached", attachedTo("node-2"))
-	qemuIO(t, v.Status.FrontendEndpoint, "read -P 0x44 0 16M", "write -P 0x55 40M 8M", "read -P 0x55 40M 8M")
-	updateTickets(t, "e2e-grow", removeTicket("admin"))
-	waitVolume(t, "e2e-grow", time.Minute, "detached", isDetached)
+	useOn(t, "e2e-grow", "node-2", "read -P 0x44 0 16M", "write -P 0x55 40M 8M", "read -P 0x55 40M 8M")
 }
 
 // Deleting a volume deletes its engine, its replicas and their data
