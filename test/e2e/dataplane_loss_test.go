@@ -95,13 +95,7 @@ func TestLostInstanceManagerVolumeRebuiltElsewhere(t *testing.T) {
 	v3 := waitVolume(t, "e2e-imloss3", time.Minute, "attached", attachedTo(attachNode))
 	qemuIO(t, v.Status.FrontendEndpoint, "write -P 0x5a 0 8M")
 	qemuIO(t, v3.Status.FrontendEndpoint, "write -P 0x5b 0 4M")
-	var lostDir string
-	for _, r := range replicasOf(t, "e2e-imloss") {
-		if r.Spec.NodeID == victim {
-			lostDir = filepath.Join(env.managers[victim].DiskDir, "replicas", r.Spec.DataDirectoryName)
-		}
-	}
-	require.DirExists(t, lostDir)
+	lostDir := replicaDirOn(t, "e2e-imloss", victim)
 
 	restart := killIM(t, victim)
 	// Writes make the engines notice the lost replica.
@@ -127,6 +121,21 @@ func TestLostInstanceManagerVolumeRebuiltElsewhere(t *testing.T) {
 	qemuIO(t, v3.Status.FrontendEndpoint, "read -P 0x5b 0 4M", "read -P 0x5d 4M 1M")
 	waitGone(t, lostDir, "the lost replica's data is removed once its instance manager is back")
 	waitNoOrphans(t, victim)
+}
+
+// replicaDirOn is the data directory of volume's replica on node, which
+// must exist.
+func replicaDirOn(t *testing.T, volume, node string) string {
+	t.Helper()
+	for _, r := range replicasOf(t, volume) {
+		if r.Spec.NodeID == node {
+			dir := filepath.Join(env.managers[node].DiskDir, "replicas", r.Spec.DataDirectoryName)
+			require.DirExists(t, dir)
+			return dir
+		}
+	}
+	require.FailNow(t, "no replica on the node", "volume %s has no replica on %s", volume, node)
+	return ""
 }
 
 // waitGone waits until path no longer exists.
@@ -164,13 +173,7 @@ func TestVolumeDeleteWithDeadInstanceManager(t *testing.T) {
 	useOn(t, "e2e-deldead", "node-1", "write -P 0x42 0 1M")
 
 	victim := "node-3"
-	var deadDir string
-	for _, r := range replicasOf(t, "e2e-deldead") {
-		if r.Spec.NodeID == victim {
-			deadDir = filepath.Join(env.managers[victim].DiskDir, "replicas", r.Spec.DataDirectoryName)
-		}
-	}
-	require.DirExists(t, deadDir)
+	deadDir := replicaDirOn(t, "e2e-deldead", victim)
 	restart := killIM(t, victim)
 
 	start := time.Now()
