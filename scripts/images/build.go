@@ -25,7 +25,7 @@ const (
 
 // keyVersion goes into every cache key: bump it when this package changes
 // what it writes for the same inputs, so old tarballs are not reused.
-const keyVersion = "strata-images/1"
+const keyVersion = "strata-images/2" // 2: Cmd rather than Entrypoint
 
 // Image is a built image: Tar imports as Ref with `ctr images import`.
 type Image struct{ Ref, Tar string }
@@ -56,7 +56,7 @@ type Options struct {
 
 // BuildAll builds, or finds in the cache, the pause, workload and strata
 // images, in that order. An image is rebuilt only when one of its inputs
-// (file contents, reference, entrypoint) changed, so a second call costs a
+// (file contents, reference, cmd) changed, so a second call costs a
 // few stats and hashes.
 func BuildAll(ctx context.Context, opts Options) ([]Image, error) {
 	opts, err := opts.withDefaults()
@@ -155,7 +155,7 @@ func build(ctx context.Context, dir string, s *spec, out string) error {
 			return err
 		}
 	}
-	return WriteImage(ctx, stage, s.ref, s.entrypoint, out)
+	return WriteImage(ctx, stage, s.ref, s.cmd, out)
 }
 
 // pruneAge is how long a tarball of an older version of an image is kept
@@ -205,10 +205,10 @@ type file struct {
 
 // spec is everything an image is made from.
 type spec struct {
-	name       string // tarball name prefix in the cache
-	ref        string
-	entrypoint []string
-	files      map[string]file
+	name  string // tarball name prefix in the cache
+	ref   string
+	cmd   []string
+	files map[string]file
 	// keyExtra is further input for the cache key: the sources of what
 	// build makes.
 	keyExtra []byte
@@ -216,8 +216,8 @@ type spec struct {
 	build func(ctx context.Context, rootfs string) error
 }
 
-func newSpec(name, ref string, entrypoint ...string) *spec {
-	return &spec{name: name, ref: ref, entrypoint: entrypoint, files: map[string]file{}}
+func newSpec(name, ref string, cmd ...string) *spec {
+	return &spec{name: name, ref: ref, cmd: cmd, files: map[string]file{}}
 }
 
 // add records f; the same path twice must mean the same file (two tools
@@ -257,7 +257,7 @@ func (s *spec) sorted() []file {
 }
 
 // key is the sha256 of everything the image is made from: reference,
-// entrypoint, every file's path, mode, link target and content, and
+// cmd, every file's path, mode, link target and content, and
 // keyExtra. Host mtimes are left out on purpose: reinstalling the same
 // package must not cause a rebuild.
 func (s *spec) key() (string, error) {
@@ -265,8 +265,8 @@ func (s *spec) key() (string, error) {
 	field := func(v string) { fmt.Fprintf(h, "%d:%s;", len(v), v) } // length-prefixed: no two inputs collide
 	field(keyVersion)
 	field(s.ref)
-	field(fmt.Sprint(len(s.entrypoint)))
-	for _, arg := range s.entrypoint {
+	field(fmt.Sprint(len(s.cmd)))
+	for _, arg := range s.cmd {
 		field(arg)
 	}
 	for _, f := range s.sorted() {

@@ -50,7 +50,7 @@ func TestWriteImageLayerAndConfig(t *testing.T) {
 	assert.Equal(t, []string{testRef}, img.repoTags)
 	assert.Equal(t, "amd64", img.config.Architecture)
 	assert.Equal(t, "linux", img.config.OS)
-	assert.Equal(t, []string{"/bin/tool", "--flag"}, img.config.Config.Entrypoint)
+	assert.Equal(t, []string{"/bin/tool", "--flag"}, img.config.Config.Cmd)
 	assert.Equal(t, imageEnv, img.config.Config.Env)
 	// Lexical order, directories before what they hold.
 	assert.Equal(t, []string{"bin/", "bin/link", "bin/tool", "etc/", "etc/conf", "tmp/",
@@ -159,7 +159,7 @@ func TestSpecKey(t *testing.T) {
 		}, true},
 		{"new file", func(s *spec) { require.NoError(t, s.dir("/tmp", 0o777|os.ModeSticky)) }, true},
 		{"ref", func(s *spec) { s.ref = "localhost/strata/test:v2" }, true},
-		{"entrypoint split", func(s *spec) { s.entrypoint = []string{"/bin/prog run"} }, true},
+		{"cmd split", func(s *spec) { s.cmd = []string{"/bin/prog run"} }, true},
 		{"extra input", func(s *spec) { s.keyExtra = []byte("go1.99") }, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -251,7 +251,7 @@ func TestBuildAllCaches(t *testing.T) {
 	}
 	checkWorkload(t, readImage(t, first[1].Tar))
 	strata := readImage(t, first[2].Tar)
-	assert.Equal(t, []string{managerPath}, strata.config.Config.Entrypoint)
+	assert.Equal(t, []string{managerPath}, strata.config.Config.Cmd)
 	assert.Contains(t, strata.entries, "usr/bin/qemu-img")
 
 	before := stats(t, first)
@@ -280,7 +280,7 @@ func TestBuildAllCaches(t *testing.T) {
 }
 
 func checkWorkload(t *testing.T, img *image) {
-	assert.Equal(t, []string{"/bin/sh"}, img.config.Config.Entrypoint)
+	assert.Equal(t, []string{"/bin/sh"}, img.config.Config.Cmd)
 	assert.Equal(t, "busybox", img.entries["bin/sh"].Linkname)
 	assert.Equal(t, int64(0o1777), img.entries["tmp/"].Mode)
 	assert.Contains(t, img.contents["etc/passwd"], "root:x:0:0:")

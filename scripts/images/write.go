@@ -37,12 +37,14 @@ var epoch = time.Unix(0, 0).UTC()
 var imageEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 
 // WriteImage writes the directory rootfsDir as a single-layer linux/amd64
-// image with the given entrypoint to out, a docker-archive tarball naming
+// image whose default command is cmd (a Pod's command or args, or
+// `kubectl run -- ARGS`, replace it, as with Docker's busybox image) to
+// out, a docker-archive tarball naming
 // ref (for example localhost/strata/pause:v1). Files, directories and
 // symlinks keep their paths and modes; owners become root and mtimes the
 // epoch, so equal trees give byte-identical tarballs. out appears only once
 // complete.
-func WriteImage(ctx context.Context, rootfsDir, ref string, entrypoint []string, out string) error {
+func WriteImage(ctx context.Context, rootfsDir, ref string, cmd []string, out string) error {
 	// StrictValidation: an explicit tag, so ctr imports exactly ref rather
 	// than a ":latest" it made up.
 	tag, err := name.NewTag(ref, name.StrictValidation)
@@ -61,7 +63,7 @@ func WriteImage(ctx context.Context, rootfsDir, ref string, entrypoint []string,
 	if err := layerFile.Close(); err != nil {
 		return err
 	}
-	img, err := imageFromLayer(layerFile.Name(), entrypoint)
+	img, err := imageFromLayer(layerFile.Name(), cmd)
 	if err != nil {
 		return err
 	}
@@ -69,7 +71,7 @@ func WriteImage(ctx context.Context, rootfsDir, ref string, entrypoint []string,
 }
 
 // imageFromLayer wraps a gzipped layer in a linux/amd64 image config.
-func imageFromLayer(layerPath string, entrypoint []string) (v1.Image, error) {
+func imageFromLayer(layerPath string, cmd []string) (v1.Image, error) {
 	// The layer is already gzipped, so tarball keeps its bytes as they are
 	// (and with them the digest we made deterministic).
 	layer, err := tarball.LayerFromFile(layerPath)
@@ -80,7 +82,7 @@ func imageFromLayer(layerPath string, entrypoint []string) (v1.Image, error) {
 		Architecture: "amd64",
 		OS:           "linux",
 		Created:      v1.Time{Time: epoch},
-		Config:       v1.Config{Entrypoint: entrypoint, Env: imageEnv, WorkingDir: "/"},
+		Config:       v1.Config{Cmd: cmd, Env: imageEnv, WorkingDir: "/"},
 		RootFS:       v1.RootFS{Type: "layers"},
 	})
 	if err != nil {

@@ -1,7 +1,9 @@
 // Package localcluster runs a real Kubernetes control plane (etcd,
-// kube-apiserver, kube-controller-manager) as local processes on loopback, for
-// integration tests and `make run`. There is no kubelet or scheduler: Strata's
-// managers run as plain processes and reach the API server with a kubeconfig.
+// kube-apiserver, kube-controller-manager, kube-scheduler) as local processes
+// on loopback, for integration tests and `make run`, and on request real
+// kubelet nodes beside it (StartNodes: kubelet + containerd + runc, one per
+// loopback address). Strata's managers still run as plain processes and reach
+// the API server with a kubeconfig.
 package localcluster
 
 import (
@@ -49,8 +51,13 @@ type Cluster struct {
 
 	namespace string     // of the admin kubeconfig
 	procs     []*Process // in start order
-	log       logrus.FieldLogger
-	readyz    rest.Interface
+	nodes     []*Node    // kubelet nodes, stopped before the control plane
+	ca        *certAuthority
+	// kernel settings as they were before the first kubelet changed them
+	kernelTunables kernelTunables
+	saKey          string // service account signing key
+	log            logrus.FieldLogger
+	readyz         rest.Interface
 }
 
 const (
@@ -80,7 +87,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			return nil, err
 		}
 	}
-	for _, name := range []string{"etcd", "kube-apiserver", "kube-controller-manager"} {
+	for _, name := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
 		if _, err := os.Stat(filepath.Join(binDir, name)); err != nil {
 			return nil, fmt.Errorf("control plane binary: %w", err)
 		}
@@ -119,14 +126,23 @@ func (c *Cluster) start(ctx context.Context) error {
 	if err := os.MkdirAll(logs, 0o755); err != nil {
 		return err
 	}
-	ports, err := FreePorts(4)
+	ports, err := FreePorts(5)
 	if err != nil {
 		return err
 	}
-	etcdClient, etcdPeer, apiPort, kcmPort := ports[0], ports[1], ports[2], ports[3]
+	etcdClient, etcdPeer, apiPort, kcmPort, schedulerPort := ports[0], ports[1], ports[2], ports[3], ports[4]
 
-	saKey := filepath.Join(pki, "service-account.key")
-	if err := writeServiceAccountKey(saKey); err != nil {
+	c.saKey = filepath.Join(pki, "service-account.key")
+	if err := writeServiceAccountKey(c.saKey); err != nil {
+		return err
+	}
+	if c.ca, err = newCertAuthority(pki); err != nil {
+		return err
+	}
+	kubeletClient := filepath.Join(pki, "apiserver-kubelet-client")
+	// system:masters: the API server may do anything on a kubelet (logs, exec).
+	if _, _, err := c.ca.issue(kubeletClient, certRequest{CommonName: "kube-apiserver-kubelet-client",
+		Groups: []string{"system:masters"}}); err != nil {
 		return err
 	}
 	tokenFile := filepath.Join(pki, "tokens.csv")
@@ -161,11 +177,20 @@ func (c *Cluster) start(ctx context.Context) error {
 		"--advertise-address=127.0.0.1",
 		"--service-cluster-ip-range=10.0.0.0/24",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-account-key-file="+saKey,
-		"--service-account-signing-key-file="+saKey,
+		"--service-account-key-file="+c.saKey,
+		"--service-account-signing-key-file="+c.saKey,
 		"--service-account-max-token-expiration="+maxTokenTTL.String(),
 		"--token-auth-file="+tokenFile,
-		"--authorization-mode=RBAC",
+		// Kubelets authenticate with certificates from our CA; the Node
+		// authorizer and NodeRestriction limit each to its own Node and Pods.
+		"--client-ca-file="+filepath.Join(pki, "ca.crt"),
+		"--authorization-mode=Node,RBAC",
+		"--enable-admission-plugins=NodeRestriction",
+		"--allow-privileged=true", // Strata's node Pods are privileged
+		"--kubelet-client-certificate="+kubeletClient+".crt",
+		"--kubelet-client-key="+kubeletClient+".key",
+		"--kubelet-certificate-authority="+filepath.Join(pki, "ca.crt"),
+		"--kubelet-preferred-address-types=InternalIP,Hostname",
 		// The default reconciler publishes 127.0.0.1 as the kubernetes
 		// Service's endpoint, which validation rejects every 10s.
 		"--endpoint-reconciler-type=none",
@@ -185,11 +210,14 @@ func (c *Cluster) start(ctx context.Context) error {
 
 	if err := c.run("kube-controller-manager",
 		"--kubeconfig="+c.AdminKubeconfig,
-		// Only what the managers rely on: ownerReference cascading deletion
-		// and emptying a namespace that is being deleted.
-		"--controllers=garbage-collector-controller,namespace-controller",
+		// Every default controller (DaemonSets, ReplicaSets, the service
+		// account token and root CA publishers Pods need), each under its own
+		// service account as in a real cluster.
+		"--controllers=*",
+		"--use-service-account-credentials=true",
+		"--service-account-private-key-file="+c.saKey,
+		"--root-ca-file="+filepath.Join(pki, "apiserver.crt"),
 		"--leader-elect=false",
-		"--use-service-account-credentials=false",
 		"--bind-address=127.0.0.1",
 		fmt.Sprintf("--secure-port=%d", kcmPort),
 		"--cert-dir="+kcmCerts,
@@ -197,10 +225,24 @@ func (c *Cluster) start(ctx context.Context) error {
 	); err != nil {
 		return err
 	}
-	kcmHealthz := fmt.Sprintf("https://127.0.0.1:%d/healthz", kcmPort)
-	return c.waitFor(ctx, "kube-controller-manager /healthz", kcmReadyTimeout, func(ctx context.Context) error {
-		return httpOK(ctx, kcmHealthz)
-	})
+	if err := c.run("kube-scheduler",
+		"--kubeconfig="+c.AdminKubeconfig,
+		"--leader-elect=false",
+		"--bind-address=127.0.0.1",
+		fmt.Sprintf("--secure-port=%d", schedulerPort),
+		"--profiling=false",
+	); err != nil {
+		return err
+	}
+	for name, port := range map[string]int{"kube-controller-manager": kcmPort, "kube-scheduler": schedulerPort} {
+		healthz := fmt.Sprintf("https://127.0.0.1:%d/healthz", port)
+		if err := c.waitFor(ctx, name+" /healthz", kcmReadyTimeout, func(ctx context.Context) error {
+			return httpOK(ctx, healthz)
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // apiServerReady reads the CA the API server generated for itself (it is
@@ -261,13 +303,22 @@ func (c *Cluster) run(name string, args ...string) error {
 // waitFor polls check until it succeeds, fails if timeout or ctx ends first,
 // and fails at once, with the tail of its log, if a started process exits.
 func (c *Cluster) waitFor(ctx context.Context, what string, timeout time.Duration, check func(context.Context) error) error {
+	return waitUntil(ctx, what, timeout, c.procs, check)
+}
+
+// waitForProcess is waitFor that also fails at once if p exits.
+func (c *Cluster) waitForProcess(ctx context.Context, p *Process, what string, timeout time.Duration, check func(context.Context) error) error {
+	return waitUntil(ctx, what, timeout, append(c.Processes(), p), check)
+}
+
+func waitUntil(ctx context.Context, what string, timeout time.Duration, procs []*Process, check func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	var lastErr error
 	for {
-		for _, p := range c.procs {
+		for _, p := range procs {
 			if p.Exited() {
 				tail := p.LogTail(30)
 				err := fmt.Errorf("%s exited early (%v); last lines of %s:\n%s", p.Name, p.Err(), p.LogPath, tail)
@@ -291,10 +342,11 @@ func (c *Cluster) waitFor(ctx context.Context, what string, timeout time.Duratio
 	}
 }
 
-// Stop ends every process Start started, newest first (SIGTERM, then SIGKILL
-// after a timeout). It is safe to call more than once.
+// Stop tears down every kubelet node (their Pods, mounts and cgroups
+// included), then ends every process Start started, newest first (SIGTERM,
+// then SIGKILL after a timeout). It is safe to call more than once.
 func (c *Cluster) Stop() error {
-	var errs []error
+	errs := []error{c.StopNodes()}
 	for i := len(c.procs) - 1; i >= 0; i-- {
 		if err := c.procs[i].Stop(stopTimeout); err != nil {
 			errs = append(errs, err)

@@ -1,6 +1,8 @@
 // Command run-local is `make run`: a local control plane with Strata's
-// manifests installed and one strata-manager per simulated node, all as
-// processes of this program, until SIGINT or SIGTERM.
+// manifests installed, a real kubelet node per loopback address (kubelet +
+// containerd + runc, images imported without a registry) and one
+// strata-manager per simulated node, all as processes of this program, until
+// SIGINT or SIGTERM; then it tears everything down, Pods and mounts included.
 //
 //	go run ./scripts/run-local --manager-bin bin/strata-manager
 package main
@@ -20,6 +22,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/strata-storage/strata/scripts/images"
 	"github.com/strata-storage/strata/scripts/localcluster"
 )
 
@@ -31,7 +34,8 @@ const (
 
 func main() {
 	managerBin := flag.String("manager-bin", "", "path to the strata-manager binary (required)")
-	nodes := flag.Int("nodes", 3, "number of simulated nodes, one manager each")
+	nodes := flag.Int("nodes", 3, "number of simulated nodes, one manager and one kubelet each")
+	kubelets := flag.Bool("kubelets", true, "start a real kubelet node beside each manager (127.0.0.1, .2, …)")
 	runDir := flag.String("run-dir", "", "run directory, wiped at start (default <repo>/.run)")
 	verbose := flag.Bool("v", false, "debug logging")
 	flag.Parse()
@@ -45,13 +49,17 @@ func main() {
 		flag.Usage()
 		os.Exit(2)
 	}
-	if err := run(log, *managerBin, *runDir, *nodes); err != nil {
+	if *kubelets && *nodes > 254 {
+		log.Error("--nodes: at most 254 kubelet nodes (one loopback address each)")
+		os.Exit(2)
+	}
+	if err := run(log, *managerBin, *runDir, *nodes, *kubelets); err != nil {
 		log.WithError(err).Error("run-local failed")
 		os.Exit(1)
 	}
 }
 
-func run(log *logrus.Logger, managerBin, runDir string, nodes int) error {
+func run(log *logrus.Logger, managerBin, runDir string, nodes int, kubelets bool) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
@@ -77,6 +85,11 @@ func run(log *logrus.Logger, managerBin, runDir string, nodes int) error {
 		return err
 	}
 	defer unlock()
+	// A run killed with -9 leaves Pods running and mounts under its node
+	// directories; they go before the directory is emptied.
+	if err := localcluster.TeardownNodes(runDir, log); err != nil {
+		return fmt.Errorf("cleaning up the previous run's nodes: %w", err)
+	}
 	if err := wipe(runDir); err != nil {
 		return err
 	}
@@ -100,6 +113,13 @@ func run(log *logrus.Logger, managerBin, runDir string, nodes int) error {
 		return err
 	}
 
+	var kubeletNodes []string
+	if kubelets {
+		if kubeletNodes, err = startKubeletNodes(ctx, log, cluster, bin, nodes); err != nil {
+			return err
+		}
+	}
+
 	managers, err := startManagers(log, bin, runDir, kubeconfig, nodes)
 	defer func() { stopManagers(log, managers) }()
 	if err != nil {
@@ -114,18 +134,7 @@ func run(log *logrus.Logger, managerBin, runDir string, nodes int) error {
 	}
 	log.WithField("took", time.Since(start).Round(time.Millisecond)).Info("local Strata is up")
 
-	fmt.Printf(`
-Strata runs locally: control plane + %d nodes (logs in %s).
-In another shell:
-
-    export KUBECONFIG=%s
-    kubectl get nodes.strata.io
-    kubectl get instancemanagers.strata.io
-    kubectl get strata
-
-Press Ctrl-C to stop everything.
-
-`, nodes, filepath.Join(runDir, "logs"), cluster.AdminKubeconfig)
+	printUsage(cluster, runDir, nodes, kubeletNodes)
 
 	// Crashed processes come back as the kubelet would bring back a
 	// DaemonSet's Pods; restarts are logged here and in the process's log.
@@ -140,6 +149,47 @@ Press Ctrl-C to stop everything.
 	stopSupervised(log, supervisors)
 	managers = nil // stopped with their supervisors
 	return nil
+}
+
+// startKubeletNodes builds (or finds cached) the node images and starts a
+// kubelet node per loopback address.
+func startKubeletNodes(ctx context.Context, log logrus.FieldLogger, cluster *localcluster.Cluster, managerBin string,
+	count int) ([]string, error) {
+	imgs, err := images.BuildAll(ctx, images.Options{ManagerBin: managerBin, Log: log})
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, count)
+	for i := 1; i <= count; i++ {
+		names = append(names, fmt.Sprintf("127.0.0.%d", i))
+	}
+	if _, err := cluster.StartNodes(ctx, localcluster.NodeOptions{Names: names, ImageTars: images.Tars(imgs)}); err != nil {
+		return nil, err
+	}
+	return names, nil
+}
+
+func printUsage(cluster *localcluster.Cluster, runDir string, nodes int, kubeletNodes []string) {
+	fmt.Printf(`
+Strata runs locally: control plane + %d nodes (logs in %s).
+In another shell:
+
+    export KUBECONFIG=%s
+    kubectl get nodes.strata.io
+    kubectl get instancemanagers.strata.io
+    kubectl get strata
+`, nodes, filepath.Join(runDir, "logs"), cluster.AdminKubeconfig)
+	if len(kubeletNodes) > 0 {
+		fmt.Printf(`
+Kubernetes nodes %v run real Pods (images: %s, %s):
+
+    kubectl get nodes -o wide
+    kubectl run hello --image=%s --restart=Never -- sh -c 'echo hello from $(hostname); sleep 3600'
+    kubectl logs hello; kubectl exec hello -- ls /
+    kubectl delete pod hello --grace-period=1
+`, kubeletNodes, images.WorkloadRef, images.StrataRef, images.WorkloadRef)
+	}
+	fmt.Print("\nPress Ctrl-C to stop everything.\n\n")
 }
 
 // startManagers starts one manager per node, each with its own disk

@@ -1,7 +1,9 @@
 // Package e2e runs Strata end to end: a real control plane (etcd,
-// kube-apiserver, kube-controller-manager), Strata's CRDs and shipped RBAC,
-// and one real strata-manager process per simulated node, authenticated as
-// the manager ServiceAccount. One cluster serves every test in the package.
+// kube-apiserver, kube-controller-manager, kube-scheduler), three real
+// kubelet nodes (containerd + runc), Strata's CRDs and shipped RBAC, and one
+// real strata-manager process per simulated node, authenticated as the
+// manager ServiceAccount. One cluster serves every test in the package; when
+// it stops, nothing it made may be left on the host.
 package e2e
 
 import (
@@ -10,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,6 +22,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
+	"github.com/strata-storage/strata/scripts/images"
 	"github.com/strata-storage/strata/scripts/localcluster"
 	"github.com/strata-storage/strata/types"
 )
@@ -80,13 +84,23 @@ func run(m *testing.M) (int, error) {
 		return 0, fmt.Errorf("building strata-manager: %w", err)
 	}
 
-	cluster, err := localcluster.Start(ctx, localcluster.Options{Dir: filepath.Join(runDir, "cluster"),
+	clusterDir := filepath.Join(runDir, "cluster")
+	staleSockets := localcluster.StaleShimSockets()
+	cluster, err := localcluster.Start(ctx, localcluster.Options{Dir: clusterDir,
 		Namespace: types.DefaultNamespace, Log: log})
 	if err != nil {
 		return 0, err
 	}
 	env.cluster = cluster
 	defer cluster.Stop()
+	imgs, err := images.BuildAll(ctx, images.Options{ManagerBin: bin, Log: log})
+	if err != nil {
+		return 0, err
+	}
+	if _, err := cluster.StartNodes(ctx, localcluster.NodeOptions{Names: localcluster.DefaultNodeNames,
+		ImageTars: images.Tars(imgs)}); err != nil {
+		return 0, err
+	}
 	if err := cluster.Install(ctx, root); err != nil {
 		return 0, err
 	}
@@ -136,6 +150,18 @@ func run(m *testing.M) (int, error) {
 	}
 
 	code := m.Run()
+	for _, mgr := range env.managers {
+		_ = mgr.StopAll(10 * time.Second)
+	}
+	if err := cluster.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stopping the cluster:", err)
+		code = 1
+	}
+	// Nothing the kubelet nodes made may outlive the suite.
+	if residue := localcluster.HostResidue(clusterDir, staleSockets); len(residue) > 0 {
+		fmt.Fprintf(os.Stderr, "left on the host after the cluster stopped:\n  %s\n", strings.Join(residue, "\n  "))
+		code = 1
+	}
 	if code != 0 {
 		keep = true
 		fmt.Fprintf(os.Stderr, "e2e failed; logs kept in %s\n", filepath.Join(runDir, "logs"))

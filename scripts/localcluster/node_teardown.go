@@ -1,0 +1,352 @@
+package localcluster
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+)
+
+const (
+	teardownWait = 15 * time.Second // for killed processes to go and cgroups to empty
+	// shimSocketDir is where containerd 2 puts its shims' sockets, whatever
+	// its configuration says.
+	shimSocketDir = "/run/containerd/s"
+)
+
+// teardown removes everything the node made, including what an earlier run
+// in the same directory left (its processes found by their command lines).
+// Kubelet would leave Pods running and volumes mounted when stopped, so this
+// does not ask it to drain: it ends every process, then undoes the mounts,
+// cgroups, loop devices and log links. Logs under Dir/logs are kept.
+func (n *Node) teardown() error {
+	if n.kubelet != nil {
+		_ = n.kubelet.Stop(kubeletStopTimeout)
+	}
+	shimSockets := n.shimSockets()
+	var errs []error
+	if err := n.killAll(); err != nil {
+		errs = append(errs, err)
+	}
+	if n.containerd != nil {
+		_ = n.containerd.Stop(stopTimeout)
+	}
+	for _, s := range shimSockets {
+		if err := os.Remove(s); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	removeIfEmpty(shimSocketDir)
+	removeIfEmpty(filepath.Dir(shimSocketDir))
+	errs = append(errs, unmountUnder(n.Dir), n.detachLoopDevices(), n.removeCgroups(), n.removeLogLinks())
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	// Container images and Pod data go; logs stay for whoever debugs the run.
+	entries, _ := os.ReadDir(n.Dir)
+	for _, e := range entries {
+		if e.Name() != "logs" {
+			if err := os.RemoveAll(n.path(e.Name())); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	n.log.Debug("node torn down")
+	return errors.Join(errs...)
+}
+
+// nodeProcesses lists the processes that belong to the node: those in its
+// cgroups (containers) and those whose command line names its directory
+// (kubelet, containerd, shims — also an earlier run's).
+func (n *Node) nodeProcesses() []int {
+	pids := map[int]bool{}
+	hierarchies, _ := cgroupHierarchies()
+	for _, h := range hierarchies {
+		_ = filepath.WalkDir(filepath.Join(h, n.cgroupRoot), func(path string, d fs.DirEntry, err error) error {
+			if err != nil || !d.IsDir() {
+				return nil
+			}
+			for _, pid := range readPids(filepath.Join(path, "cgroup.procs")) {
+				pids[pid] = true
+			}
+			return nil
+		})
+	}
+	for pid, cmdline := range processCmdlines() {
+		if strings.Contains(cmdline, n.Dir+"/") {
+			pids[pid] = true
+		}
+	}
+	delete(pids, os.Getpid())
+	out := make([]int, 0, len(pids))
+	for pid := range pids {
+		out = append(out, pid)
+	}
+	sort.Ints(out)
+	return out
+}
+
+// killAll sends SIGKILL to the node's processes until none is left.
+func (n *Node) killAll() error {
+	deadline := time.Now().Add(teardownWait)
+	for {
+		pids := n.nodeProcesses()
+		if len(pids) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("processes still running after SIGKILL: %v", pids)
+		}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// shimSockets finds the sockets the node's shims listen on, by matching the
+// socket inodes the shims hold against /proc/net/unix. A shim removes its own
+// socket when it exits cleanly, but teardown kills it.
+func (n *Node) shimSockets() []string {
+	byInode := map[string]string{}
+	f, err := os.Open("/proc/net/unix")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) >= 8 && strings.HasPrefix(fields[7], shimSocketDir+"/") {
+			byInode[fields[6]] = fields[7]
+		}
+	}
+	var out []string
+	for pid, cmdline := range processCmdlines() {
+		if !strings.Contains(cmdline, "containerd-shim") || !strings.Contains(cmdline, n.Dir+"/") {
+			continue
+		}
+		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		for _, fd := range fds {
+			target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+			if err != nil || !strings.HasPrefix(target, "socket:[") {
+				continue
+			}
+			if path, ok := byInode[strings.Trim(target, "socket:[]")]; ok {
+				out = append(out, path)
+			}
+		}
+	}
+	return out
+}
+
+// unmountUnder detaches every mount at or below dir, deepest first, until
+// none is left (kubelet bind-mounts its root onto itself, so a path can
+// carry more than one mount).
+func unmountUnder(dir string) error {
+	for range 10 {
+		mounts := MountsUnder(dir)
+		if len(mounts) == 0 {
+			return nil
+		}
+		sort.Slice(mounts, func(i, j int) bool { return len(mounts[i]) > len(mounts[j]) })
+		for _, m := range mounts {
+			if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
+				logrus.WithError(err).WithField("mount", m).Warn("unmount failed")
+			}
+		}
+	}
+	if left := MountsUnder(dir); len(left) > 0 {
+		return fmt.Errorf("mounts left under %s: %v", dir, left)
+	}
+	return nil
+}
+
+// MountsUnder lists the mount points at or below dir, from mountinfo.
+func MountsUnder(dir string) []string {
+	var out []string
+	for _, m := range MountPoints() {
+		if m == dir || strings.HasPrefix(m, dir+"/") {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// MountPoints lists this mount namespace's mount points.
+func MountPoints() []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if fields := strings.Fields(sc.Text()); len(fields) > 4 {
+			out = append(out, unescapeMountPath(fields[4]))
+		}
+	}
+	return out
+}
+
+// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMountPath(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// LoopDevices maps each attached loop device to its backing file.
+func LoopDevices() map[string]string {
+	out := map[string]string{}
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err == nil {
+			out["/dev/"+filepath.Base(filepath.Dir(filepath.Dir(f)))] = strings.TrimSpace(string(b))
+		}
+	}
+	return out
+}
+
+// detachLoopDevices detaches loop devices whose backing file is the node's
+// (raw block volumes are attached to Pods through loop devices).
+func (n *Node) detachLoopDevices() error {
+	var errs []error
+	for dev, file := range LoopDevices() {
+		if strings.HasPrefix(file, n.Dir+"/") {
+			if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
+				errs = append(errs, fmt.Errorf("losetup -d %s: %w: %s", dev, err, out))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// removeCgroups removes the node's cgroup subtree in every hierarchy,
+// deepest first. A cgroup whose last process just died may stay busy a
+// moment, so it is retried.
+func (n *Node) removeCgroups() error {
+	hierarchies, err := cgroupHierarchies()
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(teardownWait)
+	for _, h := range hierarchies {
+		root := filepath.Join(h, n.cgroupRoot)
+		for {
+			err := removeCgroupTree(root)
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				return err
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+func removeCgroupTree(root string) error {
+	var dirs []string
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return fs.SkipAll
+			}
+			return err
+		}
+		if d.IsDir() {
+			dirs = append(dirs, path)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for i := len(dirs) - 1; i >= 0; i-- { // children before parents
+		if err := syscall.Rmdir(dirs[i]); err != nil && !errors.Is(err, syscall.ENOENT) {
+			return fmt.Errorf("rmdir %s: %w", dirs[i], err)
+		}
+	}
+	return nil
+}
+
+// kubeletLogLinkDir is where kubelet links every container's log, a path
+// fixed in kubelet whatever its root or podLogsDir.
+const kubeletLogLinkDir = "/var/log/containers"
+
+// removeLogLinks removes the links kubelet made in /var/log/containers to
+// this node's Pod logs; kubelet removes them only when it removes the
+// container, which a teardown does not wait for.
+func (n *Node) removeLogLinks() error {
+	entries, err := os.ReadDir(kubeletLogLinkDir)
+	if err != nil {
+		return nil // kubelet never made it
+	}
+	var errs []error
+	for _, e := range entries {
+		link := filepath.Join(kubeletLogLinkDir, e.Name())
+		if target, err := os.Readlink(link); err == nil && strings.HasPrefix(target, n.path("pod-logs")+"/") {
+			if err := os.Remove(link); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func removeIfEmpty(dir string) { _ = syscall.Rmdir(dir) }
+
+func readPids(path string) []int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// processCmdlines maps every live process to its command line (NULs as spaces).
+func processCmdlines() map[int]string {
+	out := map[int]string{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline")); err == nil && len(b) > 0 {
+			out[pid] = strings.ReplaceAll(string(b), "\x00", " ")
+		}
+	}
+	return out
+}

@@ -1,0 +1,119 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/strata-storage/strata/scripts/images"
+	"github.com/strata-storage/strata/scripts/localcluster"
+)
+
+const upTimeout = 5 * time.Minute // a cold image build is part of the first start
+
+// `make run` leaves nothing on the host when stopped with Ctrl-C, and a run
+// killed with -9 in the middle (its Pods running, their volumes mounted) is
+// cleaned up by the next start in the same directory.
+func TestRunLocalLeavesNothingBehind(t *testing.T) {
+	root, err := localcluster.RepoRoot()
+	require.NoError(t, err)
+	binDir := t.TempDir()
+	for _, b := range []struct{ out, pkg string }{{"strata-manager", "."}, {"run-local", "./scripts/run-local"}} {
+		build := exec.Command("go", "build", "-o", filepath.Join(binDir, b.out), b.pkg)
+		build.Dir = root
+		out, err := build.CombinedOutput()
+		require.NoError(t, err, "go build %s: %s", b.pkg, out)
+	}
+	runDir := filepath.Join(t.TempDir(), "run")
+	staleSockets := localcluster.StaleShimSockets()
+
+	// First run: a Pod is running when run-local is killed with -9.
+	first := startRunLocal(t, binDir, runDir)
+	runPod(t, runDir, "before-crash")
+	require.NoError(t, first.Process.Signal(syscall.SIGKILL))
+	_ = first.Wait()
+	require.NotEmpty(t, localcluster.HostResidue(runDir, staleSockets),
+		"a run killed with -9 leaves its Pods (the point of the second run)")
+
+	// Second run in the same directory: starts clean, then Ctrl-C.
+	second := startRunLocal(t, binDir, runDir)
+	runPod(t, runDir, "before-ctrl-c")
+	require.NoError(t, second.Process.Signal(syscall.SIGINT))
+	done := make(chan error, 1)
+	go func() { done <- second.Wait() }()
+	select {
+	case err := <-done:
+		assert.NoError(t, err, "run-local exits cleanly on Ctrl-C")
+	case <-time.After(2 * time.Minute):
+		_ = second.Process.Kill()
+		t.Fatal("run-local did not stop within 2 minutes of Ctrl-C")
+	}
+	assert.Empty(t, localcluster.HostResidue(runDir, staleSockets), "left on the host after Ctrl-C")
+}
+
+// startRunLocal starts run-local with two nodes and waits until it says the
+// cluster is up. The process is killed when the test ends, whatever happens.
+func startRunLocal(t *testing.T, binDir, runDir string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(binDir, "run-local"), "--manager-bin", filepath.Join(binDir, "strata-manager"),
+		"--run-dir", runDir, "--nodes", "2")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = cmd.Stdout // logrus writes to stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGINT)
+		_ = localcluster.TeardownNodes(runDir, nil)
+	})
+	up := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(out)
+		closed := false
+		for sc.Scan() {
+			t.Log(sc.Text())
+			if !closed && strings.Contains(sc.Text(), "Press Ctrl-C to stop everything") {
+				close(up)
+				closed = true
+			}
+		}
+		_, _ = io.Copy(io.Discard, out)
+	}()
+	select {
+	case <-up:
+	case <-time.After(upTimeout):
+		t.Fatalf("run-local not up within %s", upTimeout)
+	}
+	return cmd
+}
+
+// runPod starts a Pod of the workload image with the printed example's
+// kubectl and waits until it runs.
+func runPod(t *testing.T, runDir, name string) {
+	t.Helper()
+	kubeconfig := filepath.Join(runDir, "admin.kubeconfig")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	kubectl := func(args ...string) string {
+		cmd := exec.CommandContext(ctx, "kubectl", append([]string{"--kubeconfig", kubeconfig}, args...)...)
+		b, err := cmd.CombinedOutput()
+		require.NoError(t, err, "kubectl %s: %s", strings.Join(args, " "), b)
+		return string(b)
+	}
+	kubectl("run", name, "--image="+images.WorkloadRef, "--image-pull-policy=Never", "--restart=Never",
+		"--", "sh", "-c", "echo hello; sleep 3600")
+	kubectl("wait", "--for=condition=Ready", "pod/"+name, "--timeout=90s")
+	assert.Equal(t, "hello", strings.TrimSpace(kubectl("logs", name)))
+	_, err := os.Stat(kubeconfig)
+	require.NoError(t, err)
+}
