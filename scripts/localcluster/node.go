@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -284,8 +285,25 @@ func (n *Node) KillKubelet() error {
 	return n.kubelet.Kill()
 }
 
-// WaitReady waits until the Node reports Ready=True.
+// WaitReady waits until this kubelet serves (healthz and its API port, so
+// logs and exec reach it) and the Node reports Ready=True. After a restart the
+// Node's Ready condition is still the old kubelet's, so it alone says little.
 func (n *Node) WaitReady(ctx context.Context) error {
+	healthz := fmt.Sprintf("http://127.0.0.1:%d/healthz", n.healthPort)
+	serving := net.JoinHostPort(n.Name, strconv.Itoa(n.KubeletPort))
+	if err := n.cluster.waitForProcess(ctx, n.kubelet, "kubelet "+n.Name+" serving", nodeReadyTimeout,
+		func(ctx context.Context) error {
+			if err := httpOK(ctx, healthz); err != nil {
+				return err
+			}
+			conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", serving)
+			if err != nil {
+				return err
+			}
+			return conn.Close()
+		}); err != nil {
+		return err
+	}
 	return n.cluster.waitNodesReady(ctx, []string{n.Name})
 }
 

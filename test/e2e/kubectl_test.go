@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -14,11 +15,22 @@ import (
 // kubectl is how admins use Strata; these are the commands the README shows.
 func kubectl(t *testing.T, args ...string) string {
 	t.Helper()
+	out, err := tryKubectl(t, args...)
+	require.NoError(t, err)
+	return out
+}
+
+// tryKubectl runs kubectl and returns its error (with its output) instead
+// of failing the test, for commands that may need a retry.
+func tryKubectl(t *testing.T, args ...string) (string, error) {
+	t.Helper()
 	path, err := exec.LookPath("kubectl")
 	require.NoError(t, err, "kubectl must be installed (.ci/run installs it)")
 	out, err := exec.Command(path, append([]string{"--kubeconfig", env.cluster.AdminKubeconfig}, args...)...).CombinedOutput()
-	require.NoError(t, err, "kubectl %s: %s", strings.Join(args, " "), out)
-	return string(out)
+	if err != nil {
+		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
 }
 
 func TestKubectl(t *testing.T) {

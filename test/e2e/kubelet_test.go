@@ -117,10 +117,13 @@ func TestDaemonSetRunsOnEveryNode(t *testing.T) {
 // container, no restart, exec still works.
 func TestKubeletKilledKeepsItsPods(t *testing.T) {
 	node := nodeByName(t, "127.0.0.3")
-	pod := workloadPod("survivor", node.Name, "echo $$ > /tmp/pid; sleep 3600")
+	// A token the container writes once at start: the same token after the
+	// restart means the same process kept running.
+	pod := workloadPod("survivor", node.Name, "cat /proc/sys/kernel/random/uuid > /tmp/token; sleep 3600")
 	createPod(t, pod)
 	waitPodRunning(t, pod.Name)
 	before := getPod(t, pod.Name).Status.ContainerStatuses[0]
+	token := kubectl(t, "-n", podNamespace, "exec", pod.Name, "--", "cat", "/tmp/token")
 
 	require.NoError(t, node.KillKubelet())
 	require.NoError(t, node.StartKubelet())
@@ -135,8 +138,15 @@ func TestKubeletKilledKeepsItsPods(t *testing.T) {
 	after := getPod(t, pod.Name).Status.ContainerStatuses[0]
 	assert.Equal(t, before.ContainerID, after.ContainerID, "the same container runs")
 	assert.Zero(t, after.RestartCount)
-	assert.Equal(t, "1", strings.TrimSpace(kubectl(t, "-n", podNamespace, "exec", pod.Name, "--", "cat", "/tmp/pid")),
-		"the container's first process is still the one that started")
+	// The new kubelet serves exec once it has read the Pod back from the API
+	// server, a moment after it is Ready.
+	var out string
+	var err error
+	require.Eventually(t, func() bool {
+		out, err = tryKubectl(t, "-n", podNamespace, "exec", pod.Name, "--", "cat", "/tmp/token")
+		return err == nil
+	}, 30*time.Second, 200*time.Millisecond, "exec after the restart: %v", err)
+	assert.Equal(t, token, out, "the container that started before the kill still runs")
 }
 
 // workloadPod is a Pod of the workload image running script with sh.
