@@ -1,7 +1,9 @@
 package localcluster
 
 import (
+	"encoding/json"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 )
@@ -18,13 +20,25 @@ var kubeletKernelTunables = []string{
 	"kernel/keys/root_maxbytes",
 }
 
-type kernelTunables map[string][]byte
+// kernelTunables maps a /proc/sys path to its value before any kubelet of
+// the cluster started.
+type kernelTunables map[string]string
+
+// kernelTunablesFile keeps the record on disk, so that the teardown after a
+// run killed with -9 still knows the machine's own values rather than the
+// ones its kubelets left.
+func (c *Cluster) kernelTunablesFile() string { return c.path("nodes", "kernel-tunables.json") }
 
 // saveKernelTunables records the machine's values before the first kubelet
-// starts; later nodes of the same cluster keep the first record.
+// starts. A record an earlier, crashed run left is kept: it holds the values
+// from before that run.
 func (c *Cluster) saveKernelTunables() error {
 	if c.kernelTunables != nil {
 		return nil
+	}
+	if saved, err := c.loadKernelTunables(); err != nil || saved != nil {
+		c.kernelTunables = saved
+		return err
 	}
 	saved := kernelTunables{}
 	for _, name := range kubeletKernelTunables {
@@ -32,22 +46,58 @@ func (c *Cluster) saveKernelTunables() error {
 		if err != nil {
 			continue // not in this kernel: kubelet will not set it either
 		}
-		saved[name] = v
+		saved[name] = string(v)
+	}
+	b, err := json.Marshal(saved)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(c.kernelTunablesFile()), 0o755); err != nil {
+		return err
 	}
 	c.kernelTunables = saved
-	return nil
+	return os.WriteFile(c.kernelTunablesFile(), b, 0o644)
 }
 
-func (t kernelTunables) restore() error {
+// loadKernelTunables reads the record; nil without error when there is none.
+func (c *Cluster) loadKernelTunables() (kernelTunables, error) {
+	b, err := os.ReadFile(c.kernelTunablesFile())
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	saved := kernelTunables{}
+	return saved, json.Unmarshal(b, &saved)
+}
+
+// restoreKernelTunables writes the recorded values back once every kubelet
+// is gone, then drops the record.
+func (c *Cluster) restoreKernelTunables() error {
+	saved := c.kernelTunables
+	if saved == nil {
+		var err error
+		if saved, err = c.loadKernelTunables(); err != nil || saved == nil {
+			return err
+		}
+	}
 	var errs []error
-	for name, v := range t {
+	for name, v := range saved {
 		path := filepath.Join("/proc/sys", name)
-		if cur, err := os.ReadFile(path); err == nil && string(cur) == string(v) {
+		if cur, err := os.ReadFile(path); err == nil && string(cur) == v {
 			continue
 		}
-		if err := os.WriteFile(path, v, 0o644); err != nil {
+		if err := os.WriteFile(path, []byte(v), 0o644); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	c.kernelTunables = nil
+	if err := os.Remove(c.kernelTunablesFile()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
 }

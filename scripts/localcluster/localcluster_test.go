@@ -75,7 +75,7 @@ func TestLocalCluster(t *testing.T) {
 
 	t.Run("stop leaves no process", func(t *testing.T) {
 		procs := c.Processes()
-		require.Len(t, procs, 3)
+		require.Len(t, procs, 4) // etcd, kube-apiserver, kube-controller-manager, kube-scheduler
 		stopped := time.Now()
 		require.NoError(t, c.Stop())
 		t.Logf("cluster stopped in %s", time.Since(stopped).Round(time.Millisecond))
@@ -106,7 +106,8 @@ func TestStartReportsEarlyExit(t *testing.T) {
 			writeFile(t, filepath.Join(bin, "etcd"), "#!/bin/sh\nexec sleep 600\n")
 			writeFile(t, filepath.Join(bin, "kube-apiserver"), "#!/bin/sh\necho x >> "+attempts+"\n"+tc.apiserver+"\n")
 			writeFile(t, filepath.Join(bin, "kube-controller-manager"), "#!/bin/sh\nexit 1\n")
-			for _, name := range []string{"etcd", "kube-apiserver", "kube-controller-manager"} {
+			writeFile(t, filepath.Join(bin, "kube-scheduler"), "#!/bin/sh\nexit 1\n")
+			for _, name := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
 				require.NoError(t, os.Chmod(filepath.Join(bin, name), 0o755))
 			}
 			log := logrus.New()

@@ -118,11 +118,7 @@ func (c *Cluster) StopNodes() error {
 		}
 	}
 	c.nodes = nil
-	if c.kernelTunables != nil {
-		errs = append(errs, c.kernelTunables.restore())
-		c.kernelTunables = nil
-	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, c.restoreKernelTunables())...)
 }
 
 // TeardownNodes tears down the kubelet nodes a cluster in dir left behind
@@ -151,7 +147,7 @@ func TeardownNodes(dir string, log logrus.FieldLogger) error {
 			errs = append(errs, c.newNode(e.Name()).teardown())
 		}
 	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, c.restoreKernelTunables())...)
 }
 
 func (c *Cluster) newNode(name string) *Node {

@@ -36,6 +36,7 @@ func TestRunLocalLeavesNothingBehind(t *testing.T) {
 	}
 	runDir := filepath.Join(t.TempDir(), "run")
 	staleSockets := localcluster.StaleShimSockets()
+	panicBefore := kernelPanicNotKubelets(t)
 
 	// First run: a Pod is running when run-local is killed with -9.
 	first := startRunLocal(t, binDir, runDir)
@@ -59,6 +60,26 @@ func TestRunLocalLeavesNothingBehind(t *testing.T) {
 		t.Fatal("run-local did not stop within 2 minutes of Ctrl-C")
 	}
 	assert.Empty(t, localcluster.HostResidue(runDir, staleSockets), "left on the host after Ctrl-C")
+	after, err := os.ReadFile(kernelPanic)
+	require.NoError(t, err)
+	assert.Equal(t, panicBefore, string(after), "kernel.panic as it was before the first kubelet set it")
+}
+
+// kernelPanic is one of the sysctls kubelet sets (to 10) at start.
+const kernelPanic = "/proc/sys/kernel/panic"
+
+// kernelPanicNotKubelets makes sure kernel.panic differs from kubelet's
+// value, so the test sees whether teardown puts it back; the machine's value
+// is restored at the end.
+func kernelPanicNotKubelets(t *testing.T) string {
+	orig, err := os.ReadFile(kernelPanic)
+	require.NoError(t, err)
+	if strings.TrimSpace(string(orig)) != "10" {
+		return string(orig)
+	}
+	require.NoError(t, os.WriteFile(kernelPanic, []byte("0\n"), 0o644))
+	t.Cleanup(func() { _ = os.WriteFile(kernelPanic, orig, 0o644) })
+	return "0\n"
 }
 
 // startRunLocal starts run-local with two nodes and waits until it says the
