@@ -94,12 +94,13 @@ func (c *Cluster) StartNodes(ctx context.Context, opts NodeOptions) ([]*Node, er
 			return nil, fmt.Errorf("node %s: %w", name, err)
 		}
 	}
+	kubeletsStarted := time.Now()
 	if err := c.waitNodesReady(ctx, opts.Names); err != nil {
 		_ = c.StopNodes()
 		return nil, err
 	}
-	c.log.WithFields(logrus.Fields{"nodes": opts.Names, "took": time.Since(started).Round(time.Millisecond)}).
-		Info("kubelet nodes are Ready")
+	c.log.WithFields(logrus.Fields{"nodes": opts.Names, "took": time.Since(started).Round(time.Millisecond),
+		"lastKubeletToReady": time.Since(kubeletsStarted).Round(time.Millisecond)}).Info("kubelet nodes are Ready")
 	return nodes, nil
 }
 
@@ -200,9 +201,12 @@ func (n *Node) start(ctx context.Context, imageTars []string) error {
 	if err := n.startContainerd(ctx); err != nil {
 		return err
 	}
+	imported := time.Now()
 	if err := n.importImages(ctx, imageTars); err != nil {
 		return err
 	}
+	n.log.WithFields(logrus.Fields{"images": len(imageTars), "took": time.Since(imported).Round(time.Millisecond)}).
+		Info("images imported into containerd")
 	if err := n.writeKubeletFiles(); err != nil {
 		return err
 	}
