@@ -185,15 +185,9 @@ func MountsUnder(dir string) []string {
 
 // MountPoints lists this mount namespace's mount points.
 func MountPoints() []string {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
 	var out []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if fields := strings.Fields(sc.Text()); len(fields) > 4 {
+	for _, line := range mountinfoLines() {
+		if fields := strings.Fields(line); len(fields) > 4 {
 			out = append(out, unescapeMountPath(fields[4]))
 		}
 	}
