@@ -217,6 +217,8 @@ func (c *Cluster) start(ctx context.Context) error {
 		"--use-service-account-credentials=true",
 		"--service-account-private-key-file="+c.saKey,
 		"--root-ca-file="+filepath.Join(pki, "apiserver.crt"),
+		// Not the default under /usr/libexec, which it would create.
+		"--flex-volume-plugin-dir="+kcmCerts,
 		"--leader-elect=false",
 		"--bind-address=127.0.0.1",
 		fmt.Sprintf("--secure-port=%d", kcmPort),

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -12,13 +13,16 @@ import (
 // HostResidue lists what a cluster in dir has on the host outside its
 // processes' memory: mounts and loop devices on its files, processes that
 // name its directory or run in its cgroups, its cgroup directories, kubelet
-// log links into it, and shim sockets nobody listens on. After Stop it must
-// be empty; tests check exactly that. Everything is attributed to dir (paths
-// under it, or its cgroup prefix), so clusters of other test packages running
-// at the same time are not counted, with one exception: a stale shim socket
-// cannot be traced back to its cluster, so any stale socket that was not in
-// before is counted (pass the list StaleShimSockets gave before the start).
-func HostResidue(dir string, staleSocketsBefore []string) []string {
+// log links and cached CNI results that point into it, shim sockets nobody
+// listens on, and the paths kubelet and containerd create outside their
+// directories (/var/lib/kubelet, /var/lib/cni, /var/log/containers,
+// /run/containerd). After Stop it must be empty; tests check exactly that.
+// What can be attributed to dir (paths under it, its cgroup prefix) is, so
+// clusters of other test packages running at the same time are not counted;
+// a stale shim socket cannot be traced back to its cluster, so any that is
+// not in before counts, and a shared path counts when it is not in before and
+// no kubelet runs on the machine.
+func HostResidue(dir string, before HostBaseline) []string {
 	dir, _ = filepath.Abs(dir)
 	var out []string
 	for _, line := range mountinfoLines() {
@@ -53,17 +57,52 @@ func HostResidue(dir string, staleSocketsBefore []string) []string {
 			out = append(out, "log link: "+l.Name()+" -> "+target)
 		}
 	}
-	before := map[string]bool{}
-	for _, s := range staleSocketsBefore {
-		before[s] = true
+	results, _ := os.ReadDir(cniResultDir)
+	for _, r := range results {
+		if b, err := os.ReadFile(filepath.Join(cniResultDir, r.Name())); err == nil && strings.Contains(string(b), dir+"/") {
+			out = append(out, "CNI result: "+r.Name())
+		}
 	}
 	for _, s := range StaleShimSockets() {
-		if !before[s] {
+		if !slices.Contains(before.staleSockets, s) {
 			out = append(out, "stale shim socket: "+s)
+		}
+	}
+	// Paths that kubelet and containerd fix whatever their configuration;
+	// while another cluster's kubelet runs they may be its own.
+	if !kubeletRunning() {
+		for _, path := range sharedNodePaths {
+			if _, err := os.Lstat(path); err == nil && !slices.Contains(before.sharedPaths, path) {
+				out = append(out, "shared path: "+path)
+			}
 		}
 	}
 	sort.Strings(out)
 	return out
+}
+
+// sharedNodePaths are the places outside a node directory that a kubelet or
+// containerd creates; teardown removes them once they are empty.
+var sharedNodePaths = []string{filepath.Dir(shimSocketDir), kubeletLogLinkDir, filepath.Dir(cniResultDir),
+	filepath.Dir(filepath.Dir(kubeletDevicePluginSocket))}
+
+// HostBaseline is what was on the host before a cluster started, for
+// HostResidue to tell apart.
+type HostBaseline struct {
+	staleSockets []string
+	sharedPaths  []string
+}
+
+// TakeHostBaseline records the stale shim sockets and the shared paths that
+// exist before a cluster starts.
+func TakeHostBaseline() HostBaseline {
+	b := HostBaseline{staleSockets: StaleShimSockets()}
+	for _, path := range sharedNodePaths {
+		if _, err := os.Lstat(path); err == nil {
+			b.sharedPaths = append(b.sharedPaths, path)
+		}
+	}
+	return b
 }
 
 // StaleShimSockets lists the sockets in containerd's shim directory that no

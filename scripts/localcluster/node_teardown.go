@@ -48,7 +48,8 @@ func (n *Node) teardown() error {
 	}
 	removeIfEmpty(shimSocketDir)
 	removeIfEmpty(filepath.Dir(shimSocketDir))
-	errs = append(errs, unmountUnder(n.Dir), n.detachLoopDevices(), n.removeCgroups(), n.removeLogLinks())
+	errs = append(errs, unmountUnder(n.Dir), n.detachLoopDevices(), n.removeCgroups(), n.removeLogLinks(),
+		n.removeCNIResults(), removeSharedKubeletFiles())
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
@@ -311,6 +312,61 @@ func (n *Node) removeLogLinks() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// cniResultDir is where the CNI library caches each ADD's result, a path
+// fixed in it; the entry goes with the DEL that a teardown never sends.
+const cniResultDir = "/var/lib/cni/results"
+
+// removeCNIResults removes the cached CNI results of this node's Pods,
+// recognised by their network namespace path, which is under the node
+// directory.
+func (n *Node) removeCNIResults() error {
+	entries, err := os.ReadDir(cniResultDir)
+	if err != nil {
+		return nil
+	}
+	var errs []error
+	for _, e := range entries {
+		path := filepath.Join(cniResultDir, e.Name())
+		if b, err := os.ReadFile(path); err == nil && strings.Contains(string(b), n.Dir+"/") {
+			if err := os.Remove(path); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	removeIfEmpty(cniResultDir)
+	removeIfEmpty(filepath.Dir(cniResultDir))
+	return errors.Join(errs...)
+}
+
+// kubeletDevicePluginSocket is the device manager's socket, at a path fixed
+// in kubelet whatever its root: every kubelet on the machine binds it in
+// turn. No Strata node uses device plugins, so it is only removed, once no
+// kubelet is left running (another cluster's may be).
+const kubeletDevicePluginSocket = "/var/lib/kubelet/device-plugins/kubelet.sock"
+
+func removeSharedKubeletFiles() error {
+	if kubeletRunning() {
+		return nil
+	}
+	if err := os.Remove(kubeletDevicePluginSocket); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	removeIfEmpty(filepath.Dir(kubeletDevicePluginSocket))
+	removeIfEmpty(filepath.Dir(filepath.Dir(kubeletDevicePluginSocket)))
+	removeIfEmpty(kubeletLogLinkDir)
+	return nil
+}
+
+// kubeletRunning reports whether any kubelet runs on the machine.
+func kubeletRunning() bool {
+	for _, cmdline := range processCmdlines() {
+		if bin, _, _ := strings.Cut(cmdline, " "); filepath.Base(bin) == "kubelet" {
+			return true
+		}
+	}
+	return false
 }
 
 func removeIfEmpty(dir string) { _ = syscall.Rmdir(dir) }

@@ -35,7 +35,7 @@ func TestRunLocalLeavesNothingBehind(t *testing.T) {
 		require.NoError(t, err, "go build %s: %s", b.pkg, out)
 	}
 	runDir := filepath.Join(t.TempDir(), "run")
-	staleSockets := localcluster.StaleShimSockets()
+	baseline := localcluster.TakeHostBaseline()
 	panicBefore := kernelPanicNotKubelets(t)
 
 	// First run: a Pod is running when run-local is killed with -9.
@@ -43,7 +43,7 @@ func TestRunLocalLeavesNothingBehind(t *testing.T) {
 	runPod(t, runDir, "before-crash")
 	require.NoError(t, first.Process.Signal(syscall.SIGKILL))
 	_ = first.Wait()
-	require.NotEmpty(t, localcluster.HostResidue(runDir, staleSockets),
+	require.NotEmpty(t, localcluster.HostResidue(runDir, baseline),
 		"a run killed with -9 leaves its Pods (the point of the second run)")
 
 	// Second run in the same directory: starts clean, then Ctrl-C.
@@ -59,7 +59,7 @@ func TestRunLocalLeavesNothingBehind(t *testing.T) {
 		_ = second.Process.Kill()
 		t.Fatal("run-local did not stop within 2 minutes of Ctrl-C")
 	}
-	assert.Empty(t, localcluster.HostResidue(runDir, staleSockets), "left on the host after Ctrl-C")
+	assert.Empty(t, localcluster.HostResidue(runDir, baseline), "left on the host after Ctrl-C")
 	after, err := os.ReadFile(kernelPanic)
 	require.NoError(t, err)
 	assert.Equal(t, panicBefore, string(after), "kernel.panic as it was before the first kubelet set it")

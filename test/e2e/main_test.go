@@ -85,7 +85,7 @@ func run(m *testing.M) (int, error) {
 	}
 
 	clusterDir := filepath.Join(runDir, "cluster")
-	staleSockets := localcluster.StaleShimSockets()
+	baseline := localcluster.TakeHostBaseline()
 	cluster, err := localcluster.Start(ctx, localcluster.Options{Dir: clusterDir,
 		Namespace: types.DefaultNamespace, Log: log})
 	if err != nil {
@@ -158,7 +158,7 @@ func run(m *testing.M) (int, error) {
 		code = 1
 	}
 	// Nothing the kubelet nodes made may outlive the suite.
-	if residue := localcluster.HostResidue(clusterDir, staleSockets); len(residue) > 0 {
+	if residue := localcluster.HostResidue(clusterDir, baseline); len(residue) > 0 {
 		fmt.Fprintf(os.Stderr, "left on the host after the cluster stopped:\n  %s\n", strings.Join(residue, "\n  "))
 		code = 1
 	}
