@@ -27,7 +27,7 @@ type kernelTunables map[string]string
 // kernelTunablesFile keeps the record on disk, so that the teardown after a
 // run killed with -9 still knows the machine's own values rather than the
 // ones its kubelets left.
-func (c *Cluster) kernelTunablesFile() string { return c.path("nodes", "kernel-tunables.json") }
+func (c *Cluster) kernelTunablesFile() string { return c.path(kubeletNodesDir, "kernel-tunables.json") }
 
 // saveKernelTunables records the machine's values before the first kubelet
 // starts. A record an earlier, crashed run left is kept: it holds the values

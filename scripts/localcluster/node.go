@@ -58,6 +58,10 @@ const (
 	containerdSocketName = "containerd.sock"
 )
 
+// kubeletNodesDir holds a directory per kubelet node, apart from the
+// process nodes' directories (<run>/nodes/node-N) of the managers.
+const kubeletNodesDir = "kubelets"
+
 // DefaultNodeNames are the loopback addresses `make run` and the tests use.
 var DefaultNodeNames = []string{"127.0.0.1", "127.0.0.2", "127.0.0.3"}
 
@@ -135,7 +139,7 @@ func TeardownNodes(dir string, log logrus.FieldLogger) error {
 		return err
 	}
 	c := &Cluster{Dir: dir, log: log}
-	entries, err := os.ReadDir(c.path("nodes"))
+	entries, err := os.ReadDir(c.path(kubeletNodesDir))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -144,7 +148,7 @@ func TeardownNodes(dir string, log logrus.FieldLogger) error {
 	}
 	var errs []error
 	for _, e := range entries {
-		if e.IsDir() {
+		if e.IsDir() && net.ParseIP(e.Name()) != nil {
 			errs = append(errs, c.newNode(e.Name()).teardown())
 		}
 	}
@@ -152,7 +156,7 @@ func TeardownNodes(dir string, log logrus.FieldLogger) error {
 }
 
 func (c *Cluster) newNode(name string) *Node {
-	return &Node{Name: name, Dir: c.path("nodes", name), cluster: c,
+	return &Node{Name: name, Dir: c.path(kubeletNodesDir, name), cluster: c,
 		cgroupRoot: "/" + cgroupPrefix(c.Dir) + strings.ReplaceAll(name, ".", "-"),
 		log:        c.log.WithField("node", name)}
 }
