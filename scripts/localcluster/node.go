@@ -55,7 +55,10 @@ const (
 	nodeReadyTimeout     = 2 * time.Minute
 	containerdUpTimeout  = time.Minute
 	kubeletStopTimeout   = 10 * time.Second
-	containerdSocketName = "containerd.sock"
+	// Short: containerd refuses socket paths over 104 bytes (its ttrpc
+	// socket is this one plus ".ttrpc"), and the node directory may be deep.
+	containerdSocketName = "ctrd.sock"
+	maxSocketPath        = 104
 )
 
 // kubeletNodesDir holds a directory per kubelet node, apart from the
@@ -88,6 +91,10 @@ func (c *Cluster) StartNodes(ctx context.Context, opts NodeOptions) ([]*Node, er
 			return nil, fmt.Errorf("node name %q: must be an IPv4 loopback address such as 127.0.0.2", name)
 		}
 		n := c.newNode(name)
+		if longest := n.ContainerdSocket() + ".ttrpc"; len(longest) > maxSocketPath {
+			return nil, fmt.Errorf("node %s: socket path %s is %d bytes, over the %d a unix socket may have: use a shorter cluster directory",
+				name, longest, len(longest), maxSocketPath)
+		}
 		if err := n.teardown(); err != nil {
 			return nil, fmt.Errorf("node %s: cleaning up an earlier run: %w", name, err)
 		}
@@ -174,7 +181,7 @@ func (n *Node) path(elem ...string) string {
 }
 
 // ContainerdSocket is the node's containerd endpoint (for ctr and CRI clients).
-func (n *Node) ContainerdSocket() string { return n.path("containerd", containerdSocketName) }
+func (n *Node) ContainerdSocket() string { return n.path(containerdSocketName) }
 
 // KubeletRoot is the kubelet's --root-dir: pods, volumes, plugins, plugin
 // registration sockets.

@@ -120,4 +120,9 @@ func TestStartNodesRejectsNonLoopbackNames(t *testing.T) {
 		assert.Contains(t, err.Error(), "must be an IPv4 loopback address")
 	}
 	assert.Empty(t, c.Nodes(), "nothing started")
+
+	deep := &Cluster{Dir: filepath.Join(t.TempDir(), strings.Repeat("d", 80)), BinDir: bin, log: logrus.New()}
+	_, err := deep.StartNodes(t.Context(), NodeOptions{Names: []string{"127.0.0.1"}})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "use a shorter cluster directory")
 }

@@ -34,7 +34,11 @@ func TestRunLocalLeavesNothingBehind(t *testing.T) {
 		out, err := build.CombinedOutput()
 		require.NoError(t, err, "go build %s: %s", b.pkg, out)
 	}
-	runDir := filepath.Join(t.TempDir(), "run")
+	// Not under t.TempDir(): its path, named after the test, is long for
+	// the unix sockets inside.
+	runDir, err := os.MkdirTemp("", "run-local-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(runDir) })
 	baseline := localcluster.TakeHostBaseline()
 	panicBefore := kernelPanicNotKubelets(t)
 
