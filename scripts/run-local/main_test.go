@@ -101,8 +101,9 @@ func startRunLocal(t *testing.T, binDir, runDir string) *exec.Cmd {
 		_ = cmd.Process.Signal(syscall.SIGINT)
 		_ = localcluster.TeardownNodes(runDir, nil)
 	})
-	up := make(chan struct{})
+	up, ended := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(ended) // output ends when run-local exits
 		sc := bufio.NewScanner(out)
 		closed := false
 		for sc.Scan() {
@@ -116,6 +117,8 @@ func startRunLocal(t *testing.T, binDir, runDir string) *exec.Cmd {
 	}()
 	select {
 	case <-up:
+	case <-ended:
+		t.Fatal("run-local exited before it was up (its output is above)")
 	case <-time.After(upTimeout):
 		t.Fatalf("run-local not up within %s", upTimeout)
 	}
