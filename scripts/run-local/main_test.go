@@ -97,11 +97,17 @@ func startRunLocal(t *testing.T, binDir, runDir string) *exec.Cmd {
 	require.NoError(t, err)
 	cmd.Stderr = cmd.Stdout // logrus writes to stderr
 	require.NoError(t, cmd.Start())
+	up, ended := make(chan struct{}), make(chan struct{})
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGINT)
+		select { // t.Log must not run after the test
+		case <-ended:
+		case <-time.After(2 * time.Minute):
+			_ = cmd.Process.Kill()
+			<-ended
+		}
 		_ = localcluster.TeardownNodes(runDir, nil)
 	})
-	up, ended := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(ended) // output ends when run-local exits
 		sc := bufio.NewScanner(out)
