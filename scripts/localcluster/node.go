@@ -84,17 +84,13 @@ func (c *Cluster) StartNodes(ctx context.Context, opts NodeOptions) ([]*Node, er
 	if _, err := exec.LookPath("runc"); err != nil {
 		return nil, fmt.Errorf("runc: %w (apt-get install runc)", err)
 	}
+	if err := c.checkNodeNames(opts.Names); err != nil {
+		return nil, err
+	}
 	started := time.Now()
 	var nodes []*Node
 	for _, name := range opts.Names {
-		if ip := net.ParseIP(name); ip == nil || !ip.IsLoopback() || ip.To4() == nil {
-			return nil, fmt.Errorf("node name %q: must be an IPv4 loopback address such as 127.0.0.2", name)
-		}
 		n := c.newNode(name)
-		if longest := n.ContainerdSocket() + ".ttrpc"; len(longest) > maxSocketPath {
-			return nil, fmt.Errorf("node %s: socket path %s is %d bytes, over the %d a unix socket may have: use a shorter cluster directory",
-				name, longest, len(longest), maxSocketPath)
-		}
 		if err := n.teardown(); err != nil {
 			return nil, fmt.Errorf("node %s: cleaning up an earlier run: %w", name, err)
 		}
@@ -113,6 +109,30 @@ func (c *Cluster) StartNodes(ctx context.Context, opts NodeOptions) ([]*Node, er
 	c.log.WithFields(logrus.Fields{"nodes": opts.Names, "took": time.Since(started).Round(time.Millisecond),
 		"lastKubeletToReady": time.Since(kubeletsStarted).Round(time.Millisecond)}).Info("kubelet nodes are Ready")
 	return nodes, nil
+}
+
+// checkNodeNames refuses, before anything starts, a name that is not a
+// loopback address, one given twice or already running, and a cluster
+// directory too deep for the nodes' unix sockets.
+func (c *Cluster) checkNodeNames(names []string) error {
+	seen := map[string]bool{}
+	for _, n := range c.nodes {
+		seen[n.Name] = true
+	}
+	for _, name := range names {
+		if ip := net.ParseIP(name); ip == nil || !ip.IsLoopback() || ip.To4() == nil {
+			return fmt.Errorf("node name %q: must be an IPv4 loopback address such as 127.0.0.2", name)
+		}
+		if seen[name] {
+			return fmt.Errorf("node name %q: given twice or already started", name)
+		}
+		seen[name] = true
+		if longest := c.newNode(name).ContainerdSocket() + ".ttrpc"; len(longest) > maxSocketPath {
+			return fmt.Errorf("node %s: socket path %s is %d bytes, over the %d a unix socket may have: use a shorter cluster directory",
+				name, longest, len(longest), maxSocketPath)
+		}
+	}
+	return nil
 }
 
 // Nodes returns the kubelet nodes StartNodes started.

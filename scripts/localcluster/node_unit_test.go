@@ -114,10 +114,19 @@ func TestStartNodesRejectsNonLoopbackNames(t *testing.T) {
 		writeFile(t, filepath.Join(bin, name), "#!/bin/sh\nexit 1\n")
 	}
 	c := &Cluster{Dir: t.TempDir(), BinDir: bin, log: logrus.New()}
-	for _, name := range []string{"node-1", "10.0.0.1", "::1"} {
-		_, err := c.StartNodes(t.Context(), NodeOptions{Names: []string{name}})
-		require.Error(t, err, name)
-		assert.Contains(t, err.Error(), "must be an IPv4 loopback address")
+	tests := []struct {
+		names   []string
+		wantErr string
+	}{
+		{[]string{"node-1"}, "must be an IPv4 loopback address"},
+		{[]string{"127.0.0.1", "10.0.0.1"}, "must be an IPv4 loopback address"},
+		{[]string{"::1"}, "must be an IPv4 loopback address"},
+		{[]string{"127.0.0.2", "127.0.0.2"}, "given twice"},
+	}
+	for _, tc := range tests {
+		_, err := c.StartNodes(t.Context(), NodeOptions{Names: tc.names})
+		require.Error(t, err, "%v", tc.names)
+		assert.Contains(t, err.Error(), tc.wantErr, "%v", tc.names)
 	}
 	assert.Empty(t, c.Nodes(), "nothing started")
 
