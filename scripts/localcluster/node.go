@@ -31,7 +31,7 @@ type NodeOptions struct {
 	Names []string
 	// ImageTars are image tarballs (scripts/images builds them) imported into
 	// every node's containerd before its kubelet starts: there is no
-	// registry. PauseImage must be among them.
+	// registry. images.PauseRef, the Pods' sandbox image, must be among them.
 	ImageTars []string
 }
 

@@ -12,11 +12,10 @@ import (
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
+
+	"github.com/strata-storage/strata/scripts/images"
 )
 
-// PauseImage is the sandbox image every node's containerd is told to use;
-// scripts/images builds it (there is no registry to pull one from).
-const PauseImage = "localhost/strata/pause:v1"
 
 // containerdConfig is containerd 2's configuration for this node. Every
 // path containerd, its shims and runc write to is under the node directory
@@ -72,7 +71,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
   stream_server_address = '127.0.0.1'
   stream_server_port = '0'
 `, filepath.Join(d, "root"), filepath.Join(d, "state"), n.ContainerdSocket(), n.ContainerdSocket()+".ttrpc",
-		filepath.Join(d, "opt"), PauseImage, runc, n.path("runc"), n.path("cni-bin"), n.path("cni-conf"))
+		filepath.Join(d, "opt"), images.PauseRef, runc, n.path("runc"), n.path("cni-bin"), n.path("cni-conf"))
 }
 
 // nullCNIPlugin wires nothing: a Pod without host networking keeps its own
