@@ -52,9 +52,9 @@ type Node struct {
 }
 
 const (
-	nodeReadyTimeout     = 2 * time.Minute
-	containerdUpTimeout  = time.Minute
-	kubeletStopTimeout   = 10 * time.Second
+	nodeReadyTimeout    = 2 * time.Minute
+	containerdUpTimeout = time.Minute
+	kubeletStopTimeout  = 10 * time.Second
 	// Short: containerd refuses socket paths over 104 bytes (its ttrpc
 	// socket is this one plus ".ttrpc"), and the node directory may be deep.
 	containerdSocketName = "ctrd.sock"

@@ -16,7 +16,6 @@ import (
 	"github.com/strata-storage/strata/scripts/images"
 )
 
-
 // containerdConfig is containerd 2's configuration for this node. Every
 // path containerd, its shims and runc write to is under the node directory
 // (the shims' own sockets excepted: containerd puts those in
