@@ -1,0 +1,103 @@
+package app
+
+import (
+	"context"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/urfave/cli/v3"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/strata-storage/strata/csi"
+	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
+	"github.com/strata-storage/strata/types"
+)
+
+// CSICommand is `strata-manager csi`: the CSI driver driver.strata.io.
+func CSICommand() *cli.Command {
+	return &cli.Command{
+		Name:  "csi",
+		Usage: "run the CSI driver " + csi.DriverName + " (controller and/or node services)",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "csi-address", Value: "/csi/csi.sock", Usage: "unix socket the sidecars and the kubelet dial"},
+			&cli.StringFlag{Name: "mode", Value: string(csi.ModeBoth), Usage: "controller, node or both"},
+			&cli.StringFlag{Name: "node-name", Usage: "the Strata node this plugin runs on (node mode)", Sources: cli.EnvVars("NODE_NAME")},
+			&cli.StringFlag{Name: "kubelet-root", Value: "/var/lib/kubelet",
+				Usage: "the kubelet's --root-dir; the node plugin registers in its plugins_registry/"},
+			&cli.StringFlag{Name: "kubeconfig", Usage: "kubeconfig file; empty means in-cluster", Sources: cli.EnvVars("KUBECONFIG")},
+			&cli.StringFlag{Name: "namespace", Value: types.DefaultNamespace, Usage: "namespace of Strata's objects",
+				Sources: cli.EnvVars("STRATA_NAMESPACE")},
+		},
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			mode, err := csi.ParseMode(cmd.String("mode"))
+			if err != nil {
+				return err
+			}
+			return runCSI(ctx, csiConfig{mode: mode, address: cmd.String("csi-address"), nodeName: cmd.String("node-name"),
+				kubeletRoot: cmd.String("kubelet-root"), kubeconfig: cmd.String("kubeconfig"), namespace: cmd.String("namespace")})
+		},
+	}
+}
+
+type csiConfig struct {
+	mode                                                  csi.Mode
+	address, nodeName, kubeletRoot, kubeconfig, namespace string
+}
+
+func runCSI(parent context.Context, cfg csiConfig) error {
+	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	log := logrus.WithField("node", cfg.nodeName)
+	driver, err := csi.NewDriver(csi.Options{NodeID: cfg.nodeName, Mode: cfg.mode, Version: Version, Log: log})
+	if err != nil {
+		return err
+	}
+	restCfg, err := restConfig(cfg.kubeconfig)
+	if err != nil {
+		return err
+	}
+	restCfg.UserAgent = "strata-csi/" + Version
+	kubeClient, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+	strataClient, err := versioned.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+	ds, err := datastore.New(cfg.namespace, strataClient, kubeClient)
+	if err != nil {
+		return err
+	}
+
+	// The socket is served at once (the sidecars wait on Probe); calls are
+	// answered from the caches once they have synced.
+	errc := make(chan error, 2)
+	var wg sync.WaitGroup
+	wg.Go(func() { errc <- driver.Serve(ctx, cfg.address) })
+	if cfg.mode != csi.ModeController {
+		registrar := csi.NewRegistrar(cfg.address, log)
+		wg.Go(func() { errc <- registrar.Serve(ctx, csi.RegistrationSocket(cfg.kubeletRoot)) })
+	}
+	start := time.Now()
+	ds.Start(ctx)
+	if err := ds.WaitForCacheSync(ctx); err != nil {
+		stop()
+		wg.Wait()
+		return err
+	}
+	driver.SetReady(true)
+	log.WithField("elapsed", time.Since(start).Round(time.Millisecond)).Info("CSI driver ready")
+
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+		stop()
+	}
+	wg.Wait()
+	return err
+}

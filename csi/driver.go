@@ -1,0 +1,146 @@
+// Package csi is Strata's CSI driver (driver.strata.io): the identity,
+// controller and node services on one gRPC server on a unix socket, and the
+// node plugin's registration with its kubelet. It is run by
+// `strata-manager csi`.
+package csi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/sirupsen/logrus"
+	"google.golang.org/grpc"
+)
+
+// DriverName is the CSI driver name: StorageClasses' provisioner, CSIDriver
+// object, PersistentVolumes' spec.csi.driver.
+const DriverName = "driver.strata.io"
+
+// TopologyNodeKey is the topology segment a volume's node reachability is
+// expressed in: the Strata node name.
+const TopologyNodeKey = "topology.strata.io/node"
+
+// Mode says which CSI services a plugin process serves.
+type Mode string
+
+const (
+	ModeController Mode = "controller"
+	ModeNode       Mode = "node"
+	ModeBoth       Mode = "both"
+)
+
+// ParseMode checks a --mode value.
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(s); m {
+	case ModeController, ModeNode, ModeBoth:
+		return m, nil
+	}
+	return "", fmt.Errorf("--mode %q: must be controller, node or both", s)
+}
+
+func (m Mode) node() bool       { return m == ModeNode || m == ModeBoth }
+func (m Mode) controller() bool { return m == ModeController || m == ModeBoth }
+
+// Options configures a Driver.
+type Options struct {
+	NodeID  string // the Strata node this plugin runs on (node mode)
+	Mode    Mode
+	Version string // vendor_version; must not be empty
+	Log     logrus.FieldLogger
+}
+
+// Driver serves the CSI services.
+type Driver struct {
+	csi.UnimplementedIdentityServer
+	csi.UnimplementedNodeServer
+
+	opts  Options
+	log   logrus.FieldLogger
+	ready atomic.Bool // Probe answers ready once the caches have synced
+}
+
+// NewDriver checks opts and returns a Driver that is not ready yet.
+func NewDriver(opts Options) (*Driver, error) {
+	if opts.Version == "" {
+		return nil, errors.New("CSI driver: an empty vendor version is not allowed")
+	}
+	if opts.Mode.node() && opts.NodeID == "" {
+		return nil, errors.New("CSI driver: node mode needs the node name (--node-name)")
+	}
+	if opts.Log == nil {
+		opts.Log = logrus.StandardLogger()
+	}
+	return &Driver{opts: opts, log: opts.Log.WithFields(logrus.Fields{"component": "csi", "mode": opts.Mode})}, nil
+}
+
+// SetReady flips what Probe answers.
+func (d *Driver) SetReady(ready bool) { d.ready.Store(ready) }
+
+// Serve serves the driver's services on the unix socket at path until ctx
+// ends. A socket left by an earlier, killed process is replaced.
+func (d *Driver) Serve(ctx context.Context, path string) error {
+	l, err := listenUnix(path)
+	if err != nil {
+		return err
+	}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(d.logCalls))
+	csi.RegisterIdentityServer(srv, d)
+	if d.opts.Mode.node() {
+		csi.RegisterNodeServer(srv, d)
+	}
+	d.log.WithField("socket", path).Info("Serving CSI")
+	return serveUntilDone(ctx, srv, l)
+}
+
+// listenUnix listens on a unix socket, replacing a stale socket file (one
+// nothing answers on) and refusing to replace anything else.
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return nil, err
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("%s exists and is not a socket", path)
+		}
+		if conn, err := net.Dial("unix", path); err == nil {
+			conn.Close()
+			return nil, fmt.Errorf("%s: another process serves this socket", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, err
+		}
+	}
+	return net.Listen("unix", path)
+}
+
+// serveUntilDone serves until ctx ends, then stops gracefully.
+func serveUntilDone(ctx context.Context, srv *grpc.Server, l net.Listener) error {
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(l) }()
+	select {
+	case <-ctx.Done():
+		srv.GracefulStop()
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
+// logCalls logs every CSI call with its outcome: the sidecars retry, and
+// the log is where an admin sees why.
+func (d *Driver) logCalls(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	resp, err := handler(ctx, req)
+	entry := d.log.WithField("method", info.FullMethod)
+	if err != nil {
+		entry.WithError(err).Warn("CSI call failed")
+	} else {
+		entry.Debug("CSI call")
+	}
+	return resp, err
+}
