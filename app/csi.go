@@ -52,10 +52,6 @@ func runCSI(parent context.Context, cfg csiConfig) error {
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	log := logrus.WithField("node", cfg.nodeName)
-	driver, err := csi.NewDriver(csi.Options{NodeID: cfg.nodeName, Mode: cfg.mode, Version: Version, Log: log})
-	if err != nil {
-		return err
-	}
 	restCfg, err := restConfig(cfg.kubeconfig)
 	if err != nil {
 		return err
@@ -70,6 +66,10 @@ func runCSI(parent context.Context, cfg csiConfig) error {
 		return err
 	}
 	ds, err := datastore.New(cfg.namespace, strataClient, kubeClient)
+	if err != nil {
+		return err
+	}
+	driver, err := csi.NewDriver(csi.Options{NodeID: cfg.nodeName, Mode: cfg.mode, Version: Version, Store: ds, Log: log})
 	if err != nil {
 		return err
 	}

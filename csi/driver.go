@@ -16,6 +16,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/sirupsen/logrus"
 	"google.golang.org/grpc"
+
+	"github.com/strata-storage/strata/datastore"
 )
 
 // DriverName is the CSI driver name: StorageClasses' provisioner, CSIDriver
@@ -52,15 +54,20 @@ type Options struct {
 	NodeID  string // the Strata node this plugin runs on (node mode)
 	Mode    Mode
 	Version string // vendor_version; must not be empty
-	Log     logrus.FieldLogger
+	// Store is the cache the services read and the client they write
+	// through; required in controller mode.
+	Store *datastore.DataStore
+	Log   logrus.FieldLogger
 }
 
 // Driver serves the CSI services.
 type Driver struct {
 	csi.UnimplementedIdentityServer
+	csi.UnimplementedControllerServer
 	csi.UnimplementedNodeServer
 
 	opts  Options
+	ds    *datastore.DataStore
 	log   logrus.FieldLogger
 	ready atomic.Bool // Probe answers ready once the caches have synced
 }
@@ -73,10 +80,13 @@ func NewDriver(opts Options) (*Driver, error) {
 	if opts.Mode.node() && opts.NodeID == "" {
 		return nil, errors.New("CSI driver: node mode needs the node name (--node-name)")
 	}
+	if opts.Mode.controller() && opts.Store == nil {
+		return nil, errors.New("CSI driver: controller mode needs a datastore")
+	}
 	if opts.Log == nil {
 		opts.Log = logrus.StandardLogger()
 	}
-	return &Driver{opts: opts, log: opts.Log.WithFields(logrus.Fields{"component": "csi", "mode": opts.Mode})}, nil
+	return &Driver{opts: opts, ds: opts.Store, log: opts.Log.WithFields(logrus.Fields{"component": "csi", "mode": opts.Mode})}, nil
 }
 
 // SetReady flips what Probe answers.
@@ -91,6 +101,9 @@ func (d *Driver) Serve(ctx context.Context, path string) error {
 	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(d.logCalls))
 	csi.RegisterIdentityServer(srv, d)
+	if d.opts.Mode.controller() {
+		csi.RegisterControllerServer(srv, d)
+	}
 	if d.opts.Mode.node() {
 		csi.RegisterNodeServer(srv, d)
 	}

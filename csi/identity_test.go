@@ -20,7 +20,8 @@ func TestNewDriverChecksOptions(t *testing.T) {
 		opts    Options
 		wantErr string
 	}{
-		{"controller needs no node", Options{Mode: ModeController, Version: "v1"}, ""},
+		{"node needs no datastore", Options{Mode: ModeNode, NodeID: "n1", Version: "v1"}, ""},
+		{"controller needs a datastore", Options{Mode: ModeController, Version: "v1"}, "needs a datastore"},
 		{"node needs its name", Options{Mode: ModeNode, Version: "v1"}, "needs the node name"},
 		{"empty vendor version", Options{Mode: ModeBoth, NodeID: "n1"}, "empty vendor version"},
 	}

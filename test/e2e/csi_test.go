@@ -7,8 +7,13 @@ import (
 	"testing"
 	"time"
 
+	csispec "github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -43,4 +48,55 @@ func TestCSINodePluginRegistersWithKubelet(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, strataNode, k8sNode.Labels[csi.TopologyNodeKey], "the Node carries the topology label")
 	}
+}
+
+// The controller service against the real managers: CreateVolume returns a
+// scheduled, detached volume and is idempotent by name; an impossible size is
+// refused with the scheduler's reason and leaves no volume; DeleteVolume is
+// idempotent.
+func TestCSIControllerCreatesAndDeletesVolumes(t *testing.T) {
+	socket := filepath.Join(env.runDir, "csi-controller.sock")
+	p, err := localcluster.StartProcess("csi-controller", filepath.Join(env.runDir, "logs", "csi-controller.log"),
+		env.managerOpts.Bin, "csi", "--mode", "controller", "--csi-address", socket, "--kubeconfig", env.managerKubeconfig)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Stop(10 * time.Second) })
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	require.Eventually(t, func() bool {
+		probe, err := csispec.NewIdentityClient(conn).Probe(ctx, &csispec.ProbeRequest{})
+		return err == nil && probe.GetReady().GetValue()
+	}, time.Minute, 200*time.Millisecond, "the driver becomes ready (log: %s)", p.LogTail(10))
+	controller := csispec.NewControllerClient(conn)
+
+	rwo := []*csispec.VolumeCapability{{AccessType: &csispec.VolumeCapability_Mount{Mount: &csispec.VolumeCapability_MountVolume{}},
+		AccessMode: &csispec.VolumeCapability_AccessMode{Mode: csispec.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}}
+	req := &csispec.CreateVolumeRequest{Name: "pvc-e2e-create", VolumeCapabilities: rwo,
+		CapacityRange: &csispec.CapacityRange{RequiredBytes: 10 << 20}, Parameters: map[string]string{"numberOfReplicas": "2"}}
+	created, err := controller.CreateVolume(ctx, req)
+	require.NoError(t, err)
+	assert.Equal(t, int64(10<<20), created.Volume.CapacityBytes)
+	again, err := controller.CreateVolume(ctx, req)
+	require.NoError(t, err, "the same request again is answered with the same volume")
+	assert.Equal(t, created.Volume.VolumeId, again.Volume.VolumeId)
+	vol := getVolume(t, "pvc-e2e-create")
+	assert.Equal(t, int32(2), vol.Spec.NumberOfReplicas)
+	assert.Len(t, replicasOf(t, "pvc-e2e-create"), 2, "replicas placed")
+
+	huge := &csispec.CreateVolumeRequest{Name: "pvc-e2e-huge", VolumeCapabilities: rwo,
+		CapacityRange: &csispec.CapacityRange{RequiredBytes: 1 << 50}}
+	_, err = controller.CreateVolume(ctx, huge)
+	require.Error(t, err)
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	t.Logf("a size beyond every disk: %v", err)
+	waitVolumeGone(t, "pvc-e2e-huge") // not left behind
+
+	for range 2 {
+		_, err = controller.DeleteVolume(ctx, &csispec.DeleteVolumeRequest{VolumeId: "pvc-e2e-create"})
+		require.NoError(t, err, "DeleteVolume is idempotent")
+	}
+	waitVolumeGone(t, "pvc-e2e-create")
 }

@@ -73,8 +73,15 @@ func deleteVolume(t *testing.T, name string) {
 		return
 	}
 	require.NoError(t, err)
+	waitVolumeGone(t, name)
+}
+
+// waitVolumeGone waits until the volume's CR is gone (its engine and
+// replicas go first).
+func waitVolumeGone(t *testing.T, name string) {
+	t.Helper()
 	require.Eventually(t, func() bool {
-		_, err := env.adminStrata.StrataV1beta1().Volumes(ns).Get(ctx, name, metav1.GetOptions{})
+		_, err := env.adminStrata.StrataV1beta1().Volumes(ns).Get(context.Background(), name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	}, time.Minute, 200*time.Millisecond, "volume %s is deleted with its engine and replicas", name)
 }
@@ -194,27 +201,24 @@ func replicasOf(t *testing.T, volume string) []v1beta1.Replica {
 func setSetting(t *testing.T, name types.SettingName, value string) (restore func()) {
 	t.Helper()
 	ctx := context.Background()
-	var old string
-	require.NoError(t, retryOnConflict(func() error {
+	s, err := env.adminStrata.StrataV1beta1().Settings(ns).Get(ctx, string(name), metav1.GetOptions{})
+	require.NoError(t, err)
+	old := s.Value
+	require.NoError(t, setSettingValue(ctx, name, value))
+	return func() { _ = setSettingValue(ctx, name, old) }
+}
+
+// setSettingValue sets a Setting's value, retrying on write conflicts.
+func setSettingValue(ctx context.Context, name types.SettingName, value string) error {
+	return retryOnConflict(func() error {
 		s, err := env.adminStrata.StrataV1beta1().Settings(ns).Get(ctx, string(name), metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		old, s.Value = s.Value, value
+		s.Value = value
 		_, err = env.adminStrata.StrataV1beta1().Settings(ns).Update(ctx, s, metav1.UpdateOptions{})
 		return err
-	}))
-	return func() {
-		_ = retryOnConflict(func() error {
-			s, err := env.adminStrata.StrataV1beta1().Settings(ns).Get(ctx, string(name), metav1.GetOptions{})
-			if err != nil {
-				return err
-			}
-			s.Value = old
-			_, err = env.adminStrata.StrataV1beta1().Settings(ns).Update(ctx, s, metav1.UpdateOptions{})
-			return err
-		})
-	}
+	})
 }
 
 func runQemuIO(endpoint string, cmds ...string) (string, error) {

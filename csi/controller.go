@@ -1,0 +1,296 @@
+package csi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/strata-storage/strata/engine/blockdev"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+// StorageClass parameters CreateVolume understands. The external-provisioner
+// adds the csi.storage.k8s.io/* ones itself (PVC and PV names with
+// --extra-create-metadata); the claim's name and namespace are kept as
+// annotations, so `kubectl get vol -o yaml` says whose volume it is.
+const (
+	ParamNumberOfReplicas  = "numberOfReplicas"
+	provisionerPrefix      = "csi.storage.k8s.io/"
+	paramPVCName           = "csi.storage.k8s.io/pvc/name"
+	paramPVCNamespace      = "csi.storage.k8s.io/pvc/namespace"
+	AnnotationPVCName      = "strata.io/pvc-name"
+	AnnotationPVCNamespace = "strata.io/pvc-namespace"
+)
+
+// maxReplicas mirrors the Volume CRD's bound on spec.numberOfReplicas.
+const maxReplicas = 20
+
+// createWait bounds how long CreateVolume waits for the volume to be
+// scheduled; the provisioner retries after it, and a retry with the same
+// name picks up the same volume.
+var createWait = 30 * time.Second
+
+func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
+	var caps []*csi.ControllerServiceCapability
+	for _, t := range []csi.ControllerServiceCapability_RPC_Type{
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
+	} {
+		caps = append(caps, &csi.ControllerServiceCapability{
+			Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}}})
+	}
+	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+// volumeRequest is a CreateVolume request checked and turned into a spec.
+type volumeRequest struct {
+	name        string
+	size        int64
+	replicas    int32 // 0: the default-replica-count setting applies
+	annotations map[string]string
+}
+
+func parseCreateVolume(req *csi.CreateVolumeRequest) (*volumeRequest, error) {
+	if req.GetName() == "" {
+		return nil, status.Error(codes.InvalidArgument, "name: required")
+	}
+	if errs := validation.IsDNS1123Subdomain(req.GetName()); len(errs) > 0 || len(req.GetName()) > 63 {
+		return nil, status.Errorf(codes.InvalidArgument, "name %q: not usable as a volume name (%s)", req.GetName(),
+			strings.Join(append(errs, "at most 63 characters"), "; "))
+	}
+	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
+		return nil, err
+	}
+	if req.GetVolumeContentSource() != nil {
+		return nil, status.Error(codes.InvalidArgument,
+			"volume_content_source: creating a volume from a snapshot or another volume is not available yet")
+	}
+	size, err := volumeSize(req.GetCapacityRange())
+	if err != nil {
+		return nil, err
+	}
+	v := &volumeRequest{name: req.GetName(), size: size, annotations: map[string]string{}}
+	for key, value := range req.GetParameters() {
+		switch {
+		case key == ParamNumberOfReplicas:
+			n, err := strconv.Atoi(value)
+			if err != nil || n < 1 || n > maxReplicas {
+				return nil, status.Errorf(codes.InvalidArgument, "parameter %s=%q: must be a whole number from 1 to %d",
+					key, value, maxReplicas)
+			}
+			v.replicas = int32(n)
+		case key == paramPVCName:
+			v.annotations[AnnotationPVCName] = value
+		case key == paramPVCNamespace:
+			v.annotations[AnnotationPVCNamespace] = value
+		case strings.HasPrefix(key, provisionerPrefix):
+			// other provisioner metadata (the PV name): nothing to keep
+		default:
+			return nil, status.Errorf(codes.InvalidArgument, "parameter %q: unknown (known: %s)", key, ParamNumberOfReplicas)
+		}
+	}
+	return v, nil
+}
+
+// volumeSize is the smallest size the data plane serves that meets the
+// request: a whole number of blocks, at least one.
+func volumeSize(r *csi.CapacityRange) (int64, error) {
+	required, limit := r.GetRequiredBytes(), r.GetLimitBytes()
+	if required < 0 || limit < 0 {
+		return 0, status.Errorf(codes.InvalidArgument, "capacity_range: negative bytes (required %d, limit %d)", required, limit)
+	}
+	size := max(required, blockdev.BlockSize)
+	if rem := size % blockdev.BlockSize; rem != 0 {
+		size += blockdev.BlockSize - rem
+	}
+	if limit > 0 && size > limit {
+		return 0, status.Errorf(codes.OutOfRange,
+			"capacity_range: %d bytes rounded up to the %d-byte block is %d, above limit_bytes %d",
+			required, blockdev.BlockSize, size, limit)
+	}
+	return size, nil
+}
+
+// checkCapabilities accepts single-node access in mount or block mode; a
+// volume is attached to one node at a time until shared volumes exist.
+func checkCapabilities(caps []*csi.VolumeCapability) error {
+	if len(caps) == 0 {
+		return status.Error(codes.InvalidArgument, "volume_capabilities: required")
+	}
+	for _, c := range caps {
+		if c.GetBlock() == nil && c.GetMount() == nil {
+			return status.Error(codes.InvalidArgument, "volume_capabilities: access_type must be block or mount")
+		}
+		switch mode := c.GetAccessMode().GetMode(); mode {
+		case csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER,
+			csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY,
+			csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER,
+			csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER:
+		default:
+			return status.Errorf(codes.InvalidArgument,
+				"volume_capabilities: access mode %s is not supported: a Strata volume is attached to one node at a time", mode)
+		}
+		if fs := c.GetMount().GetFsType(); fs != "" && fs != "ext4" && fs != "xfs" {
+			return status.Errorf(codes.InvalidArgument, "volume_capabilities: fs_type %q is not supported (ext4 or xfs)", fs)
+		}
+	}
+	return nil
+}
+
+func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	want, err := parseCreateVolume(req)
+	if err != nil {
+		return nil, err
+	}
+	vol, err := d.ensureVolume(ctx, want)
+	if err != nil {
+		return nil, err
+	}
+	if vol, err = d.waitScheduled(ctx, vol.Name); err != nil {
+		return nil, err
+	}
+	return &csi.CreateVolumeResponse{Volume: &csi.Volume{VolumeId: vol.Name, CapacityBytes: vol.Spec.Size.Value()}}, nil
+}
+
+// ensureVolume creates the volume, or returns the one an earlier call with
+// the same name created when it matches the request.
+func (d *Driver) ensureVolume(ctx context.Context, want *volumeRequest) (*v1beta1.Volume, error) {
+	existing, err := d.ds.Volumes.GetROOrLive(ctx, want.name)
+	switch {
+	case err == nil:
+		if got := existing.Spec.Size.Value(); got != want.size {
+			return nil, status.Errorf(codes.AlreadyExists, "volume %s exists with size %d bytes, requested %d", want.name, got, want.size)
+		}
+		if want.replicas != 0 && existing.Spec.NumberOfReplicas != want.replicas {
+			return nil, status.Errorf(codes.AlreadyExists, "volume %s exists with %d replicas, requested %d",
+				want.name, existing.Spec.NumberOfReplicas, want.replicas)
+		}
+		if existing.DeletionTimestamp != nil {
+			return nil, status.Errorf(codes.Aborted, "volume %s is being deleted; retry once it is gone", want.name)
+		}
+		return existing, nil
+	case !apierrors.IsNotFound(err):
+		return nil, apiStatus(err, "reading volume "+want.name)
+	}
+	vol := &v1beta1.Volume{
+		ObjectMeta: metav1.ObjectMeta{Name: want.name, Namespace: d.ds.Namespace, Annotations: want.annotations},
+		Spec: v1beta1.VolumeSpec{Size: *resource.NewQuantity(want.size, resource.BinarySI),
+			NumberOfReplicas: want.replicas, Frontend: v1beta1.VolumeFrontendNBD},
+	}
+	created, err := d.ds.Volumes.Create(ctx, vol)
+	if apierrors.IsAlreadyExists(err) { // a concurrent call won: judge its volume
+		return d.ensureVolume(ctx, want)
+	}
+	if err != nil {
+		return nil, apiStatus(err, "creating volume "+want.name)
+	}
+	d.log.WithFields(map[string]any{"volume": want.name, "size": want.size, "replicas": want.replicas}).Info("Created volume")
+	return created, nil
+}
+
+// waitScheduled waits until the volume has left the creating state. A volume
+// whose replicas cannot be placed is deleted again and the reason returned,
+// so that the provisioner's retry starts afresh rather than finding it.
+func (d *Driver) waitScheduled(ctx context.Context, name string) (*v1beta1.Volume, error) {
+	var vol *v1beta1.Volume
+	var unschedulable string
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, createWait, true, func(context.Context) (bool, error) {
+		v, err := d.ds.Volumes.GetRO(name)
+		if err != nil {
+			return false, nil // the cache has not seen it yet
+		}
+		vol = v
+		if c := findCondition(v.Status.Conditions, "Scheduled"); c != nil && c.Status == metav1.ConditionFalse {
+			unschedulable = c.Message
+			return true, nil
+		}
+		return v.Status.State != "" && v.Status.State != v1beta1.VolumeStateCreating, nil
+	})
+	if unschedulable != "" {
+		if err := d.ds.Volumes.Delete(ctx, name); err != nil && !apierrors.IsNotFound(err) {
+			d.log.WithError(err).WithField("volume", name).Warn("Could not delete an unschedulable volume")
+		}
+		return nil, status.Errorf(codes.ResourceExhausted, "volume %s: replicas cannot be placed: %s", name, unschedulable)
+	}
+	if err != nil {
+		return nil, status.Errorf(codes.DeadlineExceeded, "volume %s: not created within %s (state %q); retry",
+			name, createWait, stateOf(vol))
+	}
+	return vol, nil
+}
+
+func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume_id: required")
+	}
+	err := d.ds.Volumes.Delete(ctx, req.GetVolumeId())
+	if apierrors.IsConflict(err) { // the webhook's refusal of a volume still attached for a workload
+		return nil, status.Errorf(codes.FailedPrecondition, "deleting volume %s: %v", req.GetVolumeId(), err)
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		return nil, apiStatus(err, "deleting volume "+req.GetVolumeId())
+	}
+	return &csi.DeleteVolumeResponse{}, nil
+}
+
+func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume_id: required")
+	}
+	if _, err := d.ds.Volumes.GetROOrLive(ctx, req.GetVolumeId()); err != nil {
+		return nil, apiStatus(err, "volume "+req.GetVolumeId())
+	}
+	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
+		if status.Code(err) == codes.InvalidArgument && len(req.GetVolumeCapabilities()) > 0 {
+			return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
+		}
+		return nil, err
+	}
+	return &csi.ValidateVolumeCapabilitiesResponse{Confirmed: &csi.ValidateVolumeCapabilitiesResponse_Confirmed{
+		VolumeContext: req.GetVolumeContext(), VolumeCapabilities: req.GetVolumeCapabilities(), Parameters: req.GetParameters()}}, nil
+}
+
+// apiStatus maps an API server error to the CSI code a sidecar acts on.
+func apiStatus(err error, what string) error {
+	code := codes.Internal
+	switch {
+	case apierrors.IsNotFound(err):
+		code = codes.NotFound
+	case apierrors.IsAlreadyExists(err), apierrors.IsConflict(err):
+		code = codes.Aborted
+	case apierrors.IsForbidden(err), apierrors.IsInvalid(err), apierrors.IsBadRequest(err):
+		// The admission webhooks refuse with a reason the user must act on.
+		code = codes.FailedPrecondition
+	case apierrors.IsTimeout(err), apierrors.IsServerTimeout(err), apierrors.IsTooManyRequests(err),
+		errors.Is(err, context.DeadlineExceeded):
+		code = codes.Unavailable
+	}
+	return status.Errorf(code, "%s: %v", what, err)
+}
+
+func findCondition(conds []metav1.Condition, t string) *metav1.Condition {
+	for i := range conds {
+		if conds[i].Type == t {
+			return &conds[i]
+		}
+	}
+	return nil
+}
+
+func stateOf(v *v1beta1.Volume) string {
+	if v == nil {
+		return "not seen yet"
+	}
+	return fmt.Sprint(v.Status.State)
+}
