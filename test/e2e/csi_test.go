@@ -94,6 +94,29 @@ func TestCSIControllerCreatesAndDeletesVolumes(t *testing.T) {
 	t.Logf("a size beyond every disk: %v", err)
 	waitVolumeGone(t, "pvc-e2e-huge") // not left behind
 
+	// Publish attaches through a csi-attacher ticket and hands out the
+	// endpoint; a repeat is a no-op; unpublish detaches.
+	publish := &csispec.ControllerPublishVolumeRequest{VolumeId: "pvc-e2e-create", NodeId: "node-2", VolumeCapability: rwo[0]}
+	published, err := controller.ControllerPublishVolume(ctx, publish)
+	require.NoError(t, err)
+	endpoint := published.PublishContext[csi.PublishContextEndpoint]
+	require.NotEmpty(t, endpoint)
+	assert.Equal(t, "node-2", getVolume(t, "pvc-e2e-create").Status.CurrentNodeID)
+	qemuIO(t, endpoint, "write -P 0x5a 0 1M")
+	assert.Contains(t, qemuIO(t, endpoint, "read -P 0x5a 0 1M"), "read 1048576/1048576")
+	again2, err := controller.ControllerPublishVolume(ctx, publish)
+	require.NoError(t, err)
+	assert.Equal(t, endpoint, again2.PublishContext[csi.PublishContextEndpoint])
+	assert.Contains(t, getVA(t, "pvc-e2e-create").Spec.AttachmentTickets, "csi-node-2")
+	for range 2 {
+		_, err = controller.ControllerUnpublishVolume(ctx, &csispec.ControllerUnpublishVolumeRequest{VolumeId: "pvc-e2e-create", NodeId: "node-2"})
+		require.NoError(t, err, "ControllerUnpublishVolume is idempotent")
+	}
+	assert.True(t, isDetached(getVolume(t, "pvc-e2e-create")), "unpublished: detached")
+	_, err = controller.ControllerPublishVolume(ctx, &csispec.ControllerPublishVolumeRequest{VolumeId: "pvc-e2e-create",
+		NodeId: "node-9", VolumeCapability: rwo[0]})
+	assert.Equal(t, codes.NotFound, status.Code(err), "an unknown node: %v", err)
+
 	for range 2 {
 		_, err = controller.DeleteVolume(ctx, &csispec.DeleteVolumeRequest{VolumeId: "pvc-e2e-create"})
 		require.NoError(t, err, "DeleteVolume is idempotent")
