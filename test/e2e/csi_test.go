@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/strata-storage/strata/csi"
@@ -116,6 +117,30 @@ func TestCSIControllerCreatesAndDeletesVolumes(t *testing.T) {
 	_, err = controller.ControllerPublishVolume(ctx, &csispec.ControllerPublishVolumeRequest{VolumeId: "pvc-e2e-create",
 		NodeId: "node-9", VolumeCapability: rwo[0]})
 	assert.Equal(t, codes.NotFound, status.Code(err), "an unknown node: %v", err)
+
+	// A snapshot of the detached volume: ready once the Snapshot controller
+	// has taken it (the sidecar polls CreateSnapshot the same way).
+	snapReq := &csispec.CreateSnapshotRequest{Name: "snapshot-e2e-1", SourceVolumeId: "pvc-e2e-create"}
+	require.Eventually(t, func() bool {
+		resp, err := controller.CreateSnapshot(ctx, snapReq)
+		require.NoError(t, err)
+		return resp.Snapshot.ReadyToUse
+	}, time.Minute, 300*time.Millisecond, "the snapshot becomes ready to use")
+	listed, err := controller.ListSnapshots(ctx, &csispec.ListSnapshotsRequest{SourceVolumeId: "pvc-e2e-create"})
+	require.NoError(t, err)
+	require.Len(t, listed.Entries, 1)
+	assert.Equal(t, "snapshot-e2e-1", listed.Entries[0].Snapshot.SnapshotId)
+	assert.Equal(t, int64(10<<20), listed.Entries[0].Snapshot.SizeBytes)
+	_, err = controller.CreateSnapshot(ctx, &csispec.CreateSnapshotRequest{Name: "snapshot-e2e-2", SourceVolumeId: "pvc-missing"})
+	assert.Equal(t, codes.NotFound, status.Code(err), "a snapshot of a missing volume: %v", err)
+	for range 2 {
+		_, err = controller.DeleteSnapshot(ctx, &csispec.DeleteSnapshotRequest{SnapshotId: "snapshot-e2e-1"})
+		require.NoError(t, err, "DeleteSnapshot is idempotent")
+	}
+	require.Eventually(t, func() bool {
+		_, err := env.adminStrata.StrataV1beta1().Snapshots(ns).Get(ctx, "snapshot-e2e-1", metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	}, time.Minute, 200*time.Millisecond, "the Snapshot CR goes")
 
 	for range 2 {
 		_, err = controller.DeleteVolume(ctx, &csispec.DeleteVolumeRequest{VolumeId: "pvc-e2e-create"})

@@ -1,0 +1,157 @@
+package csi
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
+)
+
+// A CSI snapshot is a Strata Snapshot CR with createSnapshot: true; its id
+// is the CR's name, which is also the snapshot's name in the volume's chain.
+// The Snapshot controller takes it (attaching a detached volume for the
+// moment it needs) and reports readyToUse, size and creation time.
+
+func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequest) (*csi.CreateSnapshotResponse, error) {
+	name, volume := req.GetName(), req.GetSourceVolumeId()
+	if name == "" {
+		return nil, status.Error(codes.InvalidArgument, "name: required")
+	}
+	if err := types.ValidateSnapshotName(name); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "name: %v", err)
+	}
+	if volume == "" {
+		return nil, status.Error(codes.InvalidArgument, "source_volume_id: required")
+	}
+	for key := range req.GetParameters() {
+		if !strings.HasPrefix(key, provisionerPrefix) { // the snapshotter's own metadata
+			return nil, status.Errorf(codes.InvalidArgument, "parameter %q: unknown (a VolumeSnapshotClass takes none)", key)
+		}
+	}
+	snap, err := d.ensureSnapshot(ctx, name, volume)
+	if err != nil {
+		return nil, err
+	}
+	if snap.Status.Error != "" {
+		return nil, status.Errorf(codes.Internal, "snapshot %s of volume %s failed: %s", name, volume, snap.Status.Error)
+	}
+	return &csi.CreateSnapshotResponse{Snapshot: d.csiSnapshot(snap)}, nil
+}
+
+func (d *Driver) ensureSnapshot(ctx context.Context, name, volume string) (*v1beta1.Snapshot, error) {
+	existing, err := d.ds.Snapshots.GetROOrLive(ctx, name)
+	switch {
+	case err == nil:
+		if existing.Spec.Volume != volume {
+			return nil, status.Errorf(codes.AlreadyExists, "snapshot %s exists of volume %s, requested of %s",
+				name, existing.Spec.Volume, volume)
+		}
+		return existing, nil
+	case !apierrors.IsNotFound(err):
+		return nil, apiStatus(err, "reading snapshot "+name)
+	}
+	if _, err := d.ds.Volumes.GetROOrLive(ctx, volume); err != nil {
+		return nil, apiStatus(err, "source volume "+volume)
+	}
+	snap := &v1beta1.Snapshot{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: d.ds.Namespace},
+		Spec:       v1beta1.SnapshotSpec{Volume: volume, CreateSnapshot: true},
+	}
+	created, err := d.ds.Snapshots.Create(ctx, snap)
+	if apierrors.IsAlreadyExists(err) {
+		return d.ensureSnapshot(ctx, name, volume)
+	}
+	if err != nil {
+		return nil, apiStatus(err, "creating snapshot "+name)
+	}
+	d.log.WithFields(map[string]any{"snapshot": name, "volume": volume}).Info("Created snapshot")
+	return created, nil
+}
+
+func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequest) (*csi.DeleteSnapshotResponse, error) {
+	if req.GetSnapshotId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "snapshot_id: required")
+	}
+	if err := d.ds.Snapshots.Delete(ctx, req.GetSnapshotId()); err != nil && !apierrors.IsNotFound(err) {
+		return nil, apiStatus(err, "deleting snapshot "+req.GetSnapshotId())
+	}
+	return &csi.DeleteSnapshotResponse{}, nil
+}
+
+// ListSnapshots lists by id, by source volume or all, in name order. The
+// page token is the position of the next entry.
+func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
+	snaps, err := d.snapshotsFor(req.GetSnapshotId(), req.GetSourceVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(snaps, func(a, b *v1beta1.Snapshot) int { return strings.Compare(a.Name, b.Name) })
+	start := 0
+	if tok := req.GetStartingToken(); tok != "" {
+		if start, err = strconv.Atoi(tok); err != nil || start < 0 || start > len(snaps) {
+			return nil, status.Errorf(codes.Aborted, "starting_token %q: not a token this driver gave", tok)
+		}
+	}
+	end := len(snaps)
+	if n := int(req.GetMaxEntries()); n > 0 && start+n < end {
+		end = start + n
+	}
+	resp := &csi.ListSnapshotsResponse{}
+	for _, s := range snaps[start:end] {
+		resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: d.csiSnapshot(s)})
+	}
+	if end < len(snaps) {
+		resp.NextToken = strconv.Itoa(end)
+	}
+	return resp, nil
+}
+
+// snapshotsFor lists the CSI-made snapshots (createSnapshot: true) asked
+// for; an unknown id or volume lists none.
+func (d *Driver) snapshotsFor(id, volume string) ([]*v1beta1.Snapshot, error) {
+	var snaps []*v1beta1.Snapshot
+	var err error
+	switch {
+	case id != "":
+		s, getErr := d.ds.Snapshots.GetRO(id)
+		if getErr == nil && (volume == "" || s.Spec.Volume == volume) {
+			snaps = []*v1beta1.Snapshot{s}
+		}
+	case volume != "":
+		snaps, err = d.ds.Snapshots.ListByIndexRO(datastore.IndexByVolume, volume)
+	default:
+		snaps, err = d.ds.Snapshots.ListRO(labels.Everything())
+	}
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "listing snapshots: %v", err)
+	}
+	return slices.DeleteFunc(snaps, func(s *v1beta1.Snapshot) bool { return !s.Spec.CreateSnapshot }), nil
+}
+
+func (d *Driver) csiSnapshot(s *v1beta1.Snapshot) *csi.Snapshot {
+	created := s.CreationTimestamp.Time
+	if t, err := time.Parse(time.RFC3339Nano, s.Status.CreationTime); err == nil {
+		created = t
+	}
+	size := s.Status.RestoreSize
+	if size == 0 {
+		if v, err := d.ds.Volumes.GetRO(s.Spec.Volume); err == nil {
+			size = v.Spec.Size.Value()
+		}
+	}
+	return &csi.Snapshot{SnapshotId: s.Name, SourceVolumeId: s.Spec.Volume, SizeBytes: size,
+		CreationTime: timestamppb.New(created), ReadyToUse: s.Status.ReadyToUse}
+}
