@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/strata-storage/strata/csi"
+	"github.com/strata-storage/strata/csi/nbddev"
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
 	"github.com/strata-storage/strata/types"
@@ -28,6 +29,8 @@ func CSICommand() *cli.Command {
 			&cli.StringFlag{Name: "node-name", Usage: "the Strata node this plugin runs on (node mode)", Sources: cli.EnvVars("NODE_NAME")},
 			&cli.StringFlag{Name: "kubelet-root", Value: "/var/lib/kubelet",
 				Usage: "the kubelet's --root-dir; the node plugin registers in its plugins_registry/"},
+			&cli.StringFlag{Name: "state-dir", Value: "/var/lib/strata-csi",
+				Usage: "node mode: where the NBD connections' records and FUSE mount points live (a host path that survives restarts)"},
 			&cli.StringFlag{Name: "kubeconfig", Usage: "kubeconfig file; empty means in-cluster", Sources: cli.EnvVars("KUBECONFIG")},
 			&cli.StringFlag{Name: "namespace", Value: types.DefaultNamespace, Usage: "namespace of Strata's objects",
 				Sources: cli.EnvVars("STRATA_NAMESPACE")},
@@ -38,14 +41,15 @@ func CSICommand() *cli.Command {
 				return err
 			}
 			return runCSI(ctx, csiConfig{mode: mode, address: cmd.String("csi-address"), nodeName: cmd.String("node-name"),
-				kubeletRoot: cmd.String("kubelet-root"), kubeconfig: cmd.String("kubeconfig"), namespace: cmd.String("namespace")})
+				kubeletRoot: cmd.String("kubelet-root"), kubeconfig: cmd.String("kubeconfig"), namespace: cmd.String("namespace"),
+				stateDir: cmd.String("state-dir")})
 		},
 	}
 }
 
 type csiConfig struct {
-	mode                                                  csi.Mode
-	address, nodeName, kubeletRoot, kubeconfig, namespace string
+	mode                                                            csi.Mode
+	address, nodeName, kubeletRoot, kubeconfig, namespace, stateDir string
 }
 
 func runCSI(parent context.Context, cfg csiConfig) error {
@@ -69,7 +73,14 @@ func runCSI(parent context.Context, cfg csiConfig) error {
 	if err != nil {
 		return err
 	}
-	driver, err := csi.NewDriver(csi.Options{NodeID: cfg.nodeName, Mode: cfg.mode, Version: Version, Store: ds, Log: log})
+	var connector nbddev.Connector
+	if cfg.mode != csi.ModeController {
+		if connector, err = nbddev.New(cfg.stateDir, log); err != nil {
+			return err
+		}
+	}
+	driver, err := csi.NewDriver(csi.Options{NodeID: cfg.nodeName, Mode: cfg.mode, Version: Version, Store: ds,
+		Connector: connector, Log: log})
 	if err != nil {
 		return err
 	}

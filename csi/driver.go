@@ -17,6 +17,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"google.golang.org/grpc"
 
+	"github.com/strata-storage/strata/csi/nbddev"
 	"github.com/strata-storage/strata/datastore"
 )
 
@@ -57,7 +58,9 @@ type Options struct {
 	// Store is the cache the services read and the client they write
 	// through; required in controller mode.
 	Store *datastore.DataStore
-	Log   logrus.FieldLogger
+	// Connector turns NBD exports into block devices; required in node mode.
+	Connector nbddev.Connector
+	Log       logrus.FieldLogger
 }
 
 // Driver serves the CSI services.
@@ -68,6 +71,7 @@ type Driver struct {
 
 	opts  Options
 	ds    *datastore.DataStore
+	node  *nodeService
 	log   logrus.FieldLogger
 	ready atomic.Bool // Probe answers ready once the caches have synced
 }
@@ -83,10 +87,17 @@ func NewDriver(opts Options) (*Driver, error) {
 	if opts.Mode.controller() && opts.Store == nil {
 		return nil, errors.New("CSI driver: controller mode needs a datastore")
 	}
+	if opts.Mode.node() && opts.Connector == nil {
+		return nil, errors.New("CSI driver: node mode needs a block-device connector")
+	}
 	if opts.Log == nil {
 		opts.Log = logrus.StandardLogger()
 	}
-	return &Driver{opts: opts, ds: opts.Store, log: opts.Log.WithFields(logrus.Fields{"component": "csi", "mode": opts.Mode})}, nil
+	d := &Driver{opts: opts, ds: opts.Store, log: opts.Log.WithFields(logrus.Fields{"component": "csi", "mode": opts.Mode})}
+	if opts.Mode.node() {
+		d.node = newNodeService(opts.Connector)
+	}
+	return d, nil
 }
 
 // SetReady flips what Probe answers.

@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/strata-storage/strata/csi/nbddev"
 )
 
 func TestNewDriverChecksOptions(t *testing.T) {
@@ -20,7 +22,8 @@ func TestNewDriverChecksOptions(t *testing.T) {
 		opts    Options
 		wantErr string
 	}{
-		{"node needs no datastore", Options{Mode: ModeNode, NodeID: "n1", Version: "v1"}, ""},
+		{"node needs no datastore", Options{Mode: ModeNode, NodeID: "n1", Version: "v1", Connector: &nbddev.FUSELoop{}}, ""},
+		{"node needs a connector", Options{Mode: ModeNode, NodeID: "n1", Version: "v1"}, "needs a block-device connector"},
 		{"controller needs a datastore", Options{Mode: ModeController, Version: "v1"}, "needs a datastore"},
 		{"node needs its name", Options{Mode: ModeNode, Version: "v1"}, "needs the node name"},
 		{"empty vendor version", Options{Mode: ModeBoth, NodeID: "n1"}, "empty vendor version"},
@@ -52,7 +55,7 @@ func TestParseMode(t *testing.T) {
 // The identity and node-info calls over the real socket, as a sidecar or
 // the kubelet makes them.
 func TestIdentityAndNodeInfoOverTheSocket(t *testing.T) {
-	d, err := NewDriver(Options{Mode: ModeNode, NodeID: "node-2", Version: "v9", Log: logrus.New()})
+	d, err := NewDriver(Options{Mode: ModeNode, NodeID: "node-2", Version: "v9", Log: logrus.New(), Connector: &nbddev.FUSELoop{}})
 	require.NoError(t, err)
 	socket := filepath.Join(t.TempDir(), "csi.sock")
 	conn := serveForTest(t, socket, d.Serve)

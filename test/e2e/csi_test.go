@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -29,14 +30,10 @@ func TestCSINodePluginRegistersWithKubelet(t *testing.T) {
 	ctx := context.Background()
 	for i, node := range env.cluster.Nodes() {
 		strataNode := nodeNames[i]
-		csiSocket := filepath.Join(node.KubeletRoot(), "plugins", csi.DriverName, "csi.sock")
-		p, err := localcluster.StartProcess("csi-"+strataNode, filepath.Join(env.runDir, "logs", "csi-"+strataNode+".log"),
-			env.managerOpts.Bin, "csi", "--mode", "node", "--node-name", strataNode, "--csi-address", csiSocket,
-			"--kubelet-root", node.KubeletRoot(), "--kubeconfig", env.managerKubeconfig)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = p.Stop(10 * time.Second) })
+		p, _ := startCSINodePlugin(t, strataNode, node)
 
 		var csiNode *storagev1.CSINode
+		var err error
 		require.Eventually(t, func() bool {
 			csiNode, err = env.adminKube.StorageV1().CSINodes().Get(ctx, node.Name, metav1.GetOptions{})
 			return err == nil && len(csiNode.Spec.Drivers) == 1
@@ -56,22 +53,9 @@ func TestCSINodePluginRegistersWithKubelet(t *testing.T) {
 // refused with the scheduler's reason and leaves no volume; DeleteVolume is
 // idempotent.
 func TestCSIControllerCreatesAndDeletesVolumes(t *testing.T) {
-	socket := filepath.Join(env.runDir, "csi-controller.sock")
-	p, err := localcluster.StartProcess("csi-controller", filepath.Join(env.runDir, "logs", "csi-controller.log"),
-		env.managerOpts.Bin, "csi", "--mode", "controller", "--csi-address", socket, "--kubeconfig", env.managerKubeconfig)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = p.Stop(10 * time.Second) })
-	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	require.Eventually(t, func() bool {
-		probe, err := csispec.NewIdentityClient(conn).Probe(ctx, &csispec.ProbeRequest{})
-		return err == nil && probe.GetReady().GetValue()
-	}, time.Minute, 200*time.Millisecond, "the driver becomes ready (log: %s)", p.LogTail(10))
-	controller := csispec.NewControllerClient(conn)
+	controller := csispec.NewControllerClient(startCSIController(t))
 
 	rwo := []*csispec.VolumeCapability{{AccessType: &csispec.VolumeCapability_Mount{Mount: &csispec.VolumeCapability_MountVolume{}},
 		AccessMode: &csispec.VolumeCapability_AccessMode{Mode: csispec.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}}
@@ -147,4 +131,41 @@ func TestCSIControllerCreatesAndDeletesVolumes(t *testing.T) {
 		require.NoError(t, err, "DeleteVolume is idempotent")
 	}
 	waitVolumeGone(t, "pvc-e2e-create")
+}
+
+// startCSIController runs `strata-manager csi --mode controller` for the
+// test and returns a connection once it is ready.
+func startCSIController(t *testing.T) *grpc.ClientConn {
+	socket := filepath.Join(env.runDir, "csi-controller-"+strings.ToLower(t.Name())+".sock")
+	if len(socket) > 100 {
+		socket = filepath.Join(env.runDir, "csi-controller.sock")
+	}
+	_, conn := startCSIPlugin(t, "csi-controller", socket, "--mode", "controller")
+	return conn
+}
+
+// startCSINodePlugin runs the node plugin of a Strata node beside its
+// kubelet node, registering with that kubelet, with its NBD connection
+// records in the run directory.
+func startCSINodePlugin(t *testing.T, strataNode string, node *localcluster.Node) (*localcluster.Process, *grpc.ClientConn) {
+	socket := filepath.Join(node.KubeletRoot(), "plugins", csi.DriverName, "csi.sock")
+	return startCSIPlugin(t, "csi-"+strataNode, socket, "--mode", "node", "--node-name", strataNode,
+		"--kubelet-root", node.KubeletRoot(), "--state-dir", filepath.Join(env.runDir, "csi-state", strataNode))
+}
+
+func startCSIPlugin(t *testing.T, name, socket string, args ...string) (*localcluster.Process, *grpc.ClientConn) {
+	t.Helper()
+	p, err := localcluster.StartProcess(name, filepath.Join(env.runDir, "logs", name+".log"), env.managerOpts.Bin,
+		append([]string{"csi", "--csi-address", socket, "--kubeconfig", env.managerKubeconfig}, args...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Stop(10 * time.Second) })
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	require.Eventually(t, func() bool {
+		probe, err := csispec.NewIdentityClient(conn).Probe(context.Background(), &csispec.ProbeRequest{})
+		return err == nil && probe.GetReady().GetValue()
+	}, time.Minute, 200*time.Millisecond, "%s becomes ready (log: %s)", name, p.LogTail(10))
+	return p, conn
 }
