@@ -136,6 +136,18 @@ func NewNodeController(logger logrus.FieldLogger, ds *datastore.DataStore, recor
 	}); err != nil {
 		return nil, err
 	}
+	// The disks' schedulability is judged against a setting: a change of it
+	// shows at once, not at the next disk check.
+	if _, err := ds.Settings.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(oldObj, newObj interface{}) {
+			o, n := oldObj.(*v1beta1.Setting), newObj.(*v1beta1.Setting)
+			if n.Name == string(types.SettingStorageMinimalAvailablePercentage) && o.Value != n.Value {
+				nc.queue.Add(ds.Namespace + "/" + nc.controllerID)
+			}
+		},
+	}); err != nil {
+		return nil, err
+	}
 	return nc, nil
 }
 

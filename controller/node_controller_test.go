@@ -272,3 +272,30 @@ func TestStableAvailable(t *testing.T) {
 		})
 	}
 }
+
+// A change of the minimal-free-space setting re-judges this node's disks at
+// once; other settings, and a write that keeps the value, enqueue nothing.
+func TestNodeRequeuedOnMinimalAvailableChange(t *testing.T) {
+	other := &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingDefaultReplicaCount), Namespace: testNS}, Value: "3"}
+	env := dstest.New(t, []runtime.Object{zeroMinAvailable(), other}, nil)
+	nc, err := NewNodeController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", nil, NodeControllerOptions{})
+	require.NoError(t, err)
+	for nc.queue.Len() > 0 { // the initial adds
+		key, _ := nc.queue.Get()
+		nc.queue.Done(key)
+	}
+	update := func(s *v1beta1.Setting, value string) {
+		s = s.DeepCopy()
+		s.Value = value
+		_, err := env.Strata.StrataV1beta1().Settings(testNS).Update(context.Background(), s, metav1.UpdateOptions{})
+		require.NoError(t, err)
+	}
+	update(other, "2")
+	update(zeroMinAvailable(), "0")
+	time.Sleep(200 * time.Millisecond)
+	assert.Zero(t, nc.queue.Len(), "nothing that changes the disks' verdict")
+	update(zeroMinAvailable(), "10")
+	require.Eventually(t, func() bool { return nc.queue.Len() == 1 }, 5*time.Second, 10*time.Millisecond)
+	key, _ := nc.queue.Get()
+	assert.Equal(t, testNS+"/node-1", key)
+}

@@ -2,6 +2,8 @@ package csi
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -26,11 +28,14 @@ import (
 // --extra-create-metadata); the claim's name and namespace are kept as
 // annotations, so `kubectl get vol -o yaml` says whose volume it is.
 const (
-	ParamNumberOfReplicas  = "numberOfReplicas"
-	provisionerPrefix      = "csi.storage.k8s.io/"
-	paramPVCName           = "csi.storage.k8s.io/pvc/name"
-	paramPVCNamespace      = "csi.storage.k8s.io/pvc/namespace"
-	AnnotationPVCName      = "strata.io/pvc-name"
+	ParamNumberOfReplicas = "numberOfReplicas"
+	provisionerPrefix     = "csi.storage.k8s.io/"
+	paramPVCName          = "csi.storage.k8s.io/pvc/name"
+	paramPVCNamespace     = "csi.storage.k8s.io/pvc/namespace"
+	AnnotationPVCName     = "strata.io/pvc-name"
+	// AnnotationCSIName is the name CreateVolume/CreateSnapshot was called
+	// with, when it could not be the object's name as it is.
+	AnnotationCSIName      = "strata.io/csi-name"
 	AnnotationPVCNamespace = "strata.io/pvc-namespace"
 )
 
@@ -68,22 +73,16 @@ func parseCreateVolume(req *csi.CreateVolumeRequest) (*volumeRequest, error) {
 	if req.GetName() == "" {
 		return nil, status.Error(codes.InvalidArgument, "name: required")
 	}
-	if errs := validation.IsDNS1123Subdomain(req.GetName()); len(errs) > 0 || len(req.GetName()) > 63 {
-		return nil, status.Errorf(codes.InvalidArgument, "name %q: not usable as a volume name (%s)", req.GetName(),
-			strings.Join(append(errs, "at most 63 characters"), "; "))
-	}
 	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
 		return nil, err
 	}
-	if req.GetVolumeContentSource() != nil {
-		return nil, status.Error(codes.InvalidArgument,
-			"volume_content_source: creating a volume from a snapshot or another volume is not available yet")
-	}
+
 	size, err := volumeSize(req.GetCapacityRange())
 	if err != nil {
 		return nil, err
 	}
-	v := &volumeRequest{name: req.GetName(), size: size, annotations: map[string]string{}}
+	v := &volumeRequest{name: volumeIDFor(req.GetName()), size: size,
+		annotations: map[string]string{AnnotationCSIName: req.GetName()}}
 	for key, value := range req.GetParameters() {
 		switch {
 		case key == ParamNumberOfReplicas:
@@ -104,6 +103,23 @@ func parseCreateVolume(req *csi.CreateVolumeRequest) (*volumeRequest, error) {
 		}
 	}
 	return v, nil
+}
+
+// volumeIDFor is the volume a CreateVolume name stands for: the name itself
+// when it is a valid volume name (the external-provisioner's pvc-<uid> is),
+// else a name derived from its hash, so that the same name always finds the
+// same volume. CSI names may be any string of up to 128 characters.
+func volumeIDFor(name string) string {
+	if len(name) <= 63 && len(validation.IsDNS1123Label(name)) == 0 {
+		return name
+	}
+	return derivedName("vol", name)
+}
+
+// derivedName is prefix-<hash of name>, a valid object and snapshot name.
+func derivedName(prefix, name string) string {
+	sum := sha256.Sum256([]byte(name))
+	return prefix + "-" + hex.EncodeToString(sum[:12])
 }
 
 // volumeSize is the smallest size the data plane serves that meets the
@@ -156,6 +172,9 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if err != nil {
 		return nil, err
 	}
+	if err := d.checkContentSource(ctx, req.GetVolumeContentSource()); err != nil {
+		return nil, err
+	}
 	vol, err := d.ensureVolume(ctx, want)
 	if err != nil {
 		return nil, err
@@ -164,6 +183,26 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		return nil, err
 	}
 	return &csi.CreateVolumeResponse{Volume: &csi.Volume{VolumeId: vol.Name, CapacityBytes: vol.Spec.Size.Value()}}, nil
+}
+
+// checkContentSource refuses a content source: cloning and restoring are not
+// built yet. A source that does not exist is NotFound, as the spec asks.
+func (d *Driver) checkContentSource(ctx context.Context, src *csi.VolumeContentSource) error {
+	if src == nil {
+		return nil
+	}
+	var err error
+	switch {
+	case src.GetSnapshot() != nil:
+		_, err = d.ds.Snapshots.GetROOrLive(ctx, src.GetSnapshot().GetSnapshotId())
+	case src.GetVolume() != nil:
+		_, err = d.ds.Volumes.GetROOrLive(ctx, src.GetVolume().GetVolumeId())
+	}
+	if apierrors.IsNotFound(err) {
+		return status.Errorf(codes.NotFound, "volume_content_source: %v", err)
+	}
+	return status.Error(codes.InvalidArgument,
+		"volume_content_source: creating a volume from a snapshot or another volume is not available yet")
 }
 
 // ensureVolume creates the volume, or returns the one an earlier call with

@@ -62,6 +62,7 @@ func TestCreateVolume(t *testing.T) {
 		wantCode codes.Code
 		wantMsg  string
 		wantSize int64
+		wantID   string // "": the request's name
 		// the writes expected, as "verb resource"
 		wantWrites []string
 	}{
@@ -84,10 +85,15 @@ func TestCreateVolume(t *testing.T) {
 		{name: "no capabilities", req: &csi.CreateVolumeRequest{Name: "pvc-1"}, wantCode: codes.InvalidArgument, wantMsg: "volume_capabilities: required"},
 		{name: "limit below the rounded size", req: &csi.CreateVolumeRequest{Name: "pvc-1", VolumeCapabilities: []*csi.VolumeCapability{rwo},
 			CapacityRange: &csi.CapacityRange{RequiredBytes: 5000, LimitBytes: 6000}}, wantCode: codes.OutOfRange, wantMsg: "above limit_bytes 6000"},
-		{name: "not a volume name", req: createReq("PVC_1", 1<<20, nil), wantCode: codes.InvalidArgument, wantMsg: `name "PVC_1"`},
-		{name: "content source", req: &csi.CreateVolumeRequest{Name: "pvc-1", VolumeCapabilities: []*csi.VolumeCapability{rwo},
-			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: "src"}}}},
+		{name: "a name that cannot be a volume's: a name derived from it", react: func(e *dstest.Env) { onCreate(e, detachedOnCreate) },
+			req: createReq("PVC_1", 1<<20, nil), wantID: volumeIDFor("PVC_1"), wantSize: 1 << 20, wantWrites: []string{"create volumes"}},
+		{name: "content source: not built yet", existing: []runtime.Object{existingVolume("src", 1<<20, 1)},
+			req: &csi.CreateVolumeRequest{Name: "pvc-1", VolumeCapabilities: []*csi.VolumeCapability{rwo},
+				VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: "src"}}}},
 			wantCode: codes.InvalidArgument, wantMsg: "not available yet"},
+		{name: "content source missing", req: &csi.CreateVolumeRequest{Name: "pvc-1", VolumeCapabilities: []*csi.VolumeCapability{rwo},
+			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: "snap-x"}}}},
+			wantCode: codes.NotFound, wantMsg: `"snap-x" not found`},
 		{name: "replicas cannot be placed: volume deleted again, reason returned",
 			react: func(e *dstest.Env) {
 				onCreate(e, func(v *v1beta1.Volume) {
@@ -127,13 +133,20 @@ func TestCreateVolume(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			assert.Equal(t, tc.req.Name, resp.Volume.VolumeId)
+			wantID := tc.wantID
+			if wantID == "" {
+				wantID = tc.req.Name
+			}
+			assert.Equal(t, wantID, resp.Volume.VolumeId)
 			assert.Equal(t, tc.wantSize, resp.Volume.CapacityBytes)
-			vol, err := env.Strata.StrataV1beta1().Volumes(types.DefaultNamespace).Get(t.Context(), tc.req.Name, metav1.GetOptions{})
+			vol, err := env.Strata.StrataV1beta1().Volumes(types.DefaultNamespace).Get(t.Context(), wantID, metav1.GetOptions{})
 			require.NoError(t, err)
 			assert.Equal(t, tc.wantSize, vol.Spec.Size.Value())
-			if claim := tc.req.Parameters["csi.storage.k8s.io/pvc/name"]; claim != "" && len(tc.existing) == 0 {
-				assert.Equal(t, claim, vol.Annotations[AnnotationPVCName], "the claim is named on the volume")
+			if len(tc.existing) == 0 {
+				assert.Equal(t, tc.req.Name, vol.Annotations[AnnotationCSIName], "the CSI name is kept on the volume")
+				if claim := tc.req.Parameters["csi.storage.k8s.io/pvc/name"]; claim != "" {
+					assert.Equal(t, claim, vol.Annotations[AnnotationPVCName], "the claim is named on the volume")
+				}
 			}
 		})
 	}

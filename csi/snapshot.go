@@ -13,9 +13,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 )
@@ -30,8 +29,11 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	if name == "" {
 		return nil, status.Error(codes.InvalidArgument, "name: required")
 	}
-	if err := types.ValidateSnapshotName(name); err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "name: %v", err)
+	csiName := name
+	// The snapshot is named as asked when that is a valid snapshot and object
+	// name, else after the hash of the name (same name, same snapshot).
+	if types.ValidateSnapshotName(name) != nil || len(validation.IsDNS1123Subdomain(name)) > 0 {
+		name = derivedName("snap", name)
 	}
 	if volume == "" {
 		return nil, status.Error(codes.InvalidArgument, "source_volume_id: required")
@@ -41,7 +43,7 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 			return nil, status.Errorf(codes.InvalidArgument, "parameter %q: unknown (a VolumeSnapshotClass takes none)", key)
 		}
 	}
-	snap, err := d.ensureSnapshot(ctx, name, volume)
+	snap, err := d.ensureSnapshot(ctx, name, csiName, volume)
 	if err != nil {
 		return nil, err
 	}
@@ -51,7 +53,7 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	return &csi.CreateSnapshotResponse{Snapshot: d.csiSnapshot(snap)}, nil
 }
 
-func (d *Driver) ensureSnapshot(ctx context.Context, name, volume string) (*v1beta1.Snapshot, error) {
+func (d *Driver) ensureSnapshot(ctx context.Context, name, csiName, volume string) (*v1beta1.Snapshot, error) {
 	existing, err := d.ds.Snapshots.GetROOrLive(ctx, name)
 	switch {
 	case err == nil:
@@ -67,12 +69,12 @@ func (d *Driver) ensureSnapshot(ctx context.Context, name, volume string) (*v1be
 		return nil, apiStatus(err, "source volume "+volume)
 	}
 	snap := &v1beta1.Snapshot{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: d.ds.Namespace},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: d.ds.Namespace, Annotations: map[string]string{AnnotationCSIName: csiName}},
 		Spec:       v1beta1.SnapshotSpec{Volume: volume, CreateSnapshot: true},
 	}
 	created, err := d.ds.Snapshots.Create(ctx, snap)
 	if apierrors.IsAlreadyExists(err) {
-		return d.ensureSnapshot(ctx, name, volume)
+		return d.ensureSnapshot(ctx, name, csiName, volume)
 	}
 	if err != nil {
 		return nil, apiStatus(err, "creating snapshot "+name)
@@ -94,7 +96,7 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 // ListSnapshots lists by id, by source volume or all, in name order. The
 // page token is the position of the next entry.
 func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
-	snaps, err := d.snapshotsFor(req.GetSnapshotId(), req.GetSourceVolumeId())
+	snaps, err := d.snapshotsFor(ctx, req.GetSnapshotId(), req.GetSourceVolumeId())
 	if err != nil {
 		return nil, err
 	}
@@ -119,26 +121,32 @@ func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsReques
 	return resp, nil
 }
 
-// snapshotsFor lists the CSI-made snapshots (createSnapshot: true) asked
-// for; an unknown id or volume lists none.
-func (d *Driver) snapshotsFor(id, volume string) ([]*v1beta1.Snapshot, error) {
+// snapshotsFor lists the CSI-made snapshots (createSnapshot: true, not being
+// deleted) asked for; an unknown id or volume lists none. It reads the API
+// server, not the cache: a snapshot created or deleted a moment ago must be
+// listed as such, and the call is rare (the snapshotter does not poll it).
+func (d *Driver) snapshotsFor(ctx context.Context, id, volume string) ([]*v1beta1.Snapshot, error) {
 	var snaps []*v1beta1.Snapshot
-	var err error
-	switch {
-	case id != "":
-		s, getErr := d.ds.Snapshots.GetRO(id)
-		if getErr == nil && (volume == "" || s.Spec.Volume == volume) {
+	if id != "" {
+		s, err := d.ds.Snapshots.GetROOrLive(ctx, id)
+		if err != nil && !apierrors.IsNotFound(err) {
+			return nil, apiStatus(err, "reading snapshot "+id)
+		}
+		if err == nil && (volume == "" || s.Spec.Volume == volume) {
 			snaps = []*v1beta1.Snapshot{s}
 		}
-	case volume != "":
-		snaps, err = d.ds.Snapshots.ListByIndexRO(datastore.IndexByVolume, volume)
-	default:
-		snaps, err = d.ds.Snapshots.ListRO(labels.Everything())
+	} else {
+		list, err := d.ds.StrataClient.StrataV1beta1().Snapshots(d.ds.Namespace).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return nil, apiStatus(err, "listing snapshots")
+		}
+		for i := range list.Items {
+			if s := &list.Items[i]; volume == "" || s.Spec.Volume == volume {
+				snaps = append(snaps, s)
+			}
+		}
 	}
-	if err != nil {
-		return nil, status.Errorf(codes.Internal, "listing snapshots: %v", err)
-	}
-	return slices.DeleteFunc(snaps, func(s *v1beta1.Snapshot) bool { return !s.Spec.CreateSnapshot }), nil
+	return slices.DeleteFunc(snaps, func(s *v1beta1.Snapshot) bool { return !s.Spec.CreateSnapshot || s.DeletionTimestamp != nil }), nil
 }
 
 func (d *Driver) csiSnapshot(s *v1beta1.Snapshot) *csi.Snapshot {

@@ -1,6 +1,7 @@
 package csi
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -38,6 +39,7 @@ func TestCreateSnapshot(t *testing.T) {
 		wantMsg   string
 		wantReady bool
 		wantWrite bool
+		wantID    string // "": the request's name
 	}{
 		{name: "new snapshot: not ready yet", existing: []runtime.Object{vol},
 			req: &csi.CreateSnapshotRequest{Name: "snapshot-1", SourceVolumeId: "pvc-1"}, wantWrite: true},
@@ -49,8 +51,10 @@ func TestCreateSnapshot(t *testing.T) {
 			wantCode: codes.NotFound, wantMsg: "source volume pvc-1"},
 		{name: "failed in the data plane", existing: []runtime.Object{vol, snapshotCR("snapshot-1", "pvc-1", func(s *v1beta1.Snapshot) { s.Status.Error = "replica lost" })},
 			req: &csi.CreateSnapshotRequest{Name: "snapshot-1", SourceVolumeId: "pvc-1"}, wantCode: codes.Internal, wantMsg: "replica lost"},
-		{name: "the head's name", existing: []runtime.Object{vol}, req: &csi.CreateSnapshotRequest{Name: types.VolumeHeadName, SourceVolumeId: "pvc-1"},
-			wantCode: codes.InvalidArgument, wantMsg: "reserved"},
+		{name: "the head's name: a name derived from it", existing: []runtime.Object{vol},
+			req: &csi.CreateSnapshotRequest{Name: types.VolumeHeadName, SourceVolumeId: "pvc-1"}, wantID: derivedName("snap", types.VolumeHeadName), wantWrite: true},
+		{name: "a 128-character name", existing: []runtime.Object{vol},
+			req: &csi.CreateSnapshotRequest{Name: strings.Repeat("S", 128), SourceVolumeId: "pvc-1"}, wantID: derivedName("snap", strings.Repeat("S", 128)), wantWrite: true},
 		{name: "unknown parameter", existing: []runtime.Object{vol},
 			req:      &csi.CreateSnapshotRequest{Name: "snapshot-1", SourceVolumeId: "pvc-1", Parameters: map[string]string{"type": "bak"}},
 			wantCode: codes.InvalidArgument, wantMsg: `parameter "type": unknown`},
@@ -72,7 +76,11 @@ func TestCreateSnapshot(t *testing.T) {
 			}
 			require.NoError(t, err)
 			s := resp.Snapshot
-			assert.Equal(t, tc.req.Name, s.SnapshotId)
+			wantID := tc.wantID
+			if wantID == "" {
+				wantID = tc.req.Name
+			}
+			assert.Equal(t, wantID, s.SnapshotId)
 			assert.Equal(t, "pvc-1", s.SourceVolumeId)
 			assert.Equal(t, tc.wantReady, s.ReadyToUse)
 			assert.Equal(t, int64(1<<20), s.SizeBytes)

@@ -17,6 +17,9 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -154,6 +157,9 @@ func run(m *testing.M) (int, error) {
 	if err := setSettingValue(ctx, types.SettingStorageMinimalAvailablePercentage, "1"); err != nil {
 		return 0, err
 	}
+	if err := waitDisksSchedulable(ctx); err != nil {
+		return 0, err
+	}
 
 	code := m.Run()
 	for _, mgr := range env.managers {
@@ -176,4 +182,20 @@ func run(m *testing.M) (int, error) {
 		}
 	}
 	return code, nil
+}
+
+// waitDisksSchedulable waits until every node says a disk can take replicas.
+func waitDisksSchedulable(ctx context.Context) error {
+	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		nodes, err := env.adminStrata.StrataV1beta1().Nodes(types.DefaultNamespace).List(ctx, metav1.ListOptions{})
+		if err != nil || len(nodes.Items) < len(nodeNames) {
+			return false, nil
+		}
+		for _, n := range nodes.Items {
+			if !meta.IsStatusConditionTrue(n.Status.Conditions, "Schedulable") {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
 }
