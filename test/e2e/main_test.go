@@ -154,8 +154,10 @@ func run(m *testing.M) (int, error) {
 	// The disks are directories on the machine's shared filesystem, whose
 	// free share moves with everything else on it (seen at 25% here); the
 	// tests' volumes are tiny, so only a really full disk may stop them.
-	if err := setSettingValue(ctx, types.SettingStorageMinimalAvailablePercentage, "1"); err != nil {
-		return 0, err
+	for name, value := range suiteSettings {
+		if err := setSettingValue(ctx, name, value); err != nil {
+			return 0, err
+		}
 	}
 	if err := waitDisksSchedulable(ctx); err != nil {
 		return 0, err
@@ -183,6 +185,9 @@ func run(m *testing.M) (int, error) {
 	}
 	return code, nil
 }
+
+// suiteSettings are the settings the suite runs with instead of defaults.
+var suiteSettings = map[types.SettingName]string{types.SettingStorageMinimalAvailablePercentage: "1"}
 
 // waitDisksSchedulable waits until every node says a disk can take replicas.
 func waitDisksSchedulable(ctx context.Context) error {

@@ -70,10 +70,14 @@ func TestDefaultSettingsExistAndAreChecked(t *testing.T) {
 	settings := env.adminStrata.StrataV1beta1().Settings(types.DefaultNamespace)
 	ctx := context.Background()
 	for _, name := range types.SettingNames() {
+		want, ok := suiteSettings[name]
+		if !ok {
+			want = types.SettingDefinitions[name].Default
+		}
 		require.Eventually(t, func() bool {
 			s, err := settings.Get(ctx, string(name), metav1.GetOptions{})
-			return err == nil && s.Value == types.SettingDefinitions[name].Default && s.Status.Applied
-		}, 30*time.Second, 100*time.Millisecond, "setting %s exists with its default and is applied", name)
+			return err == nil && s.Value == want && s.Status.Applied
+		}, 30*time.Second, 100*time.Millisecond, "setting %s exists with its default (or the suite's value) and is applied", name)
 	}
 
 	name := string(types.SettingDefaultReplicaCount)
