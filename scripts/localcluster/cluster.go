@@ -52,6 +52,7 @@ type Cluster struct {
 	namespace string     // of the admin kubeconfig
 	procs     []*Process // in start order
 	nodes     []*Node    // kubelet nodes, stopped before the control plane
+	csiProcs  []*Process // CSI plugins and sidecars, stopped before the nodes
 	ca        *certAuthority
 	// kernel settings as they were before the first kubelet changed them
 	kernelTunables kernelTunables
@@ -348,7 +349,12 @@ func waitUntil(ctx context.Context, what string, timeout time.Duration, procs []
 // included), then ends every process Start started, newest first (SIGTERM,
 // then SIGKILL after a timeout). It is safe to call more than once.
 func (c *Cluster) Stop() error {
-	errs := []error{c.StopNodes()}
+	var errs []error
+	// The node plugins first: their volumes' mounts go with the nodes'.
+	for i := len(c.csiProcs) - 1; i >= 0; i-- {
+		errs = append(errs, c.csiProcs[i].Stop(stopTimeout))
+	}
+	errs = append(errs, c.StopNodes())
 	for i := len(c.procs) - 1; i >= 0; i-- {
 		if err := c.procs[i].Stop(stopTimeout); err != nil {
 			errs = append(errs, err)
@@ -384,14 +390,14 @@ func RepoRoot() (string, error) {
 }
 
 // BuildTools runs scripts/build-tools.sh, which builds the control plane
-// binaries once per machine (minutes) and otherwise just prints where they
-// are. Its progress is logged line by line.
-func BuildTools(ctx context.Context, log logrus.FieldLogger) (string, error) {
+// binaries (or the named tools) once per machine (minutes) and otherwise just
+// prints where they are. Its progress is logged line by line.
+func BuildTools(ctx context.Context, log logrus.FieldLogger, names ...string) (string, error) {
 	root, err := RepoRoot()
 	if err != nil {
 		return "", err
 	}
-	cmd := exec.CommandContext(ctx, "bash", filepath.Join(root, "scripts", "build-tools.sh"))
+	cmd := exec.CommandContext(ctx, "bash", append([]string{filepath.Join(root, "scripts", "build-tools.sh")}, names...)...)
 	cmd.Dir = root
 	// Cancelling must also stop the `go build` the script runs.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -15,6 +15,8 @@ import (
 	csispec "github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/strata-storage/strata/scripts/localcluster"
 )
@@ -28,13 +30,16 @@ type csiNodeClient struct {
 	publishRoots string
 }
 
+// newCSINodeClient talks to the node plugin the cluster runs beside the
+// index-th kubelet, as that kubelet does.
 func newCSINodeClient(t *testing.T, index int) csiNodeClient {
-	strataNode := nodeNames[index]
-	_, conn := startCSINodePlugin(t, strataNode, env.cluster.Nodes()[index])
+	strataNode, node := nodeNames[index], env.cluster.Nodes()[index]
+	conn, err := grpc.NewClient("unix://"+node.CSISocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
 	dir := filepath.Join(env.runDir, "csi-paths", strataNode)
 	return csiNodeClient{node: strataNode, client: csispec.NewNodeClient(conn),
-		stateDir: filepath.Join(env.runDir, "csi-state", strataNode), stagingRoot: filepath.Join(dir, "staging"),
-		publishRoots: filepath.Join(dir, "pods")}
+		stateDir: node.CSIStateDir(), stagingRoot: filepath.Join(dir, "staging"), publishRoots: filepath.Join(dir, "pods")}
 }
 
 // use stages and publishes the volume on the node as the kubelet would,

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -23,21 +22,19 @@ import (
 	"github.com/strata-storage/strata/scripts/localcluster"
 )
 
-// The node plugin registers itself with each kubelet (no
-// node-driver-registrar): the kubelet fills CSINode with the Strata node
+// The node plugins the cluster runs (localcluster.StartCSI) register
+// themselves with each kubelet (no node-driver-registrar): the kubelet fills CSINode with the Strata node
 // name as the driver's node id and labels the Node with its topology.
 func TestCSINodePluginRegistersWithKubelet(t *testing.T) {
 	ctx := context.Background()
 	for i, node := range env.cluster.Nodes() {
 		strataNode := nodeNames[i]
-		p, _ := startCSINodePlugin(t, strataNode, node)
-
 		var csiNode *storagev1.CSINode
 		var err error
 		require.Eventually(t, func() bool {
 			csiNode, err = env.adminKube.StorageV1().CSINodes().Get(ctx, node.Name, metav1.GetOptions{})
 			return err == nil && len(csiNode.Spec.Drivers) == 1
-		}, time.Minute, 200*time.Millisecond, "CSINode %s lists the driver (plugin log: %s)", node.Name, fmt.Sprint(p.LogTail(10)))
+		}, time.Minute, 200*time.Millisecond, "CSINode %s lists the driver", node.Name)
 		driver := csiNode.Spec.Drivers[0]
 		assert.Equal(t, csi.DriverName, driver.Name)
 		assert.Equal(t, strataNode, driver.NodeID, "the Strata node is the driver's node id")
@@ -142,15 +139,6 @@ func startCSIController(t *testing.T) *grpc.ClientConn {
 	}
 	_, conn := startCSIPlugin(t, "csi-controller", socket, "--mode", "controller")
 	return conn
-}
-
-// startCSINodePlugin runs the node plugin of a Strata node beside its
-// kubelet node, registering with that kubelet, with its NBD connection
-// records in the run directory.
-func startCSINodePlugin(t *testing.T, strataNode string, node *localcluster.Node) (*localcluster.Process, *grpc.ClientConn) {
-	socket := filepath.Join(node.KubeletRoot(), "plugins", csi.DriverName, "csi.sock")
-	return startCSIPlugin(t, "csi-"+strataNode, socket, "--mode", "node", "--node-name", strataNode,
-		"--kubelet-root", node.KubeletRoot(), "--state-dir", filepath.Join(env.runDir, "csi-state", strataNode))
 }
 
 func startCSIPlugin(t *testing.T, name, socket string, args ...string) (*localcluster.Process, *grpc.ClientConn) {

@@ -154,6 +154,10 @@ func run(m *testing.M) (int, error) {
 	// The disks are directories on the machine's shared filesystem, whose
 	// free share moves with everything else on it (seen at 25% here); the
 	// tests' volumes are tiny, so only a really full disk may stop them.
+	if err := cluster.StartCSI(ctx, localcluster.CSIOptions{ManagerBin: bin, ManagerKubeconfig: env.managerKubeconfig,
+		StrataNodes: nodeNames, RepoRoot: root}); err != nil {
+		return 0, err
+	}
 	for name, value := range suiteSettings {
 		if err := setSettingValue(ctx, name, value); err != nil {
 			return 0, err

@@ -1,0 +1,92 @@
+package localcluster
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+
+	"github.com/sirupsen/logrus"
+)
+
+// CSIOptions configures StartCSI.
+type CSIOptions struct {
+	ManagerBin        string // strata-manager
+	ManagerKubeconfig string // the manager ServiceAccount's kubeconfig, for the plugins
+	// StrataNodes pairs each kubelet node (in StartNodes order) with the
+	// Strata node its plugin serves.
+	StrataNodes []string
+	RepoRoot    string
+}
+
+// CSISidecars are the upstream sidecars StartCSI runs beside the controller
+// plugin; scripts/build-tools.sh builds them on demand.
+var CSISidecars = []string{"csi-provisioner", "csi-attacher", "csi-snapshotter", "snapshot-controller"}
+
+// StartCSI runs Strata's CSI driver as a cluster would: the controller
+// plugin with the upstream sidecars (csi-provisioner, csi-attacher,
+// csi-snapshotter) and the snapshot-controller, and a node plugin beside each
+// kubelet, registering with it. It installs the snapshot CRDs and
+// package/csi (CSIDriver, StorageClass strata, VolumeSnapshotClass strata).
+// Everything stops with the cluster.
+func (c *Cluster) StartCSI(ctx context.Context, opts CSIOptions) error {
+	if len(opts.StrataNodes) != len(c.nodes) {
+		return fmt.Errorf("StartCSI: %d Strata nodes for %d kubelet nodes", len(opts.StrataNodes), len(c.nodes))
+	}
+	binDir, err := BuildTools(ctx, c.log, CSISidecars...)
+	if err != nil {
+		return err
+	}
+	crds, err := BuildTools(ctx, c.log, "snapshot-crds")
+	if err != nil {
+		return err
+	}
+	if err := c.ApplyManifests(ctx, crds, filepath.Join(opts.RepoRoot, "package", "csi")); err != nil {
+		return err
+	}
+	socket := c.path("csi", "controller.sock")
+	if err := c.runCSI("csi-controller", opts.ManagerBin, "csi", "--mode", "controller", "--csi-address", socket,
+		"--kubeconfig", opts.ManagerKubeconfig); err != nil {
+		return err
+	}
+	common := []string{"--kubeconfig=" + c.AdminKubeconfig, "--leader-election=false"}
+	withSocket := append([]string{"--csi-address=" + socket}, common...)
+	sidecars := map[string][]string{
+		"csi-provisioner":     append([]string{"--extra-create-metadata", "--timeout=60s"}, withSocket...),
+		"csi-attacher":        append([]string{"--timeout=120s"}, withSocket...),
+		"csi-snapshotter":     append([]string{"--extra-create-metadata", "--timeout=60s"}, withSocket...),
+		"snapshot-controller": common,
+	}
+	for _, name := range CSISidecars {
+		if err := c.runCSI(name, filepath.Join(binDir, name), sidecars[name]...); err != nil {
+			return err
+		}
+	}
+	for i, n := range c.nodes {
+		strataNode := opts.StrataNodes[i]
+		if err := c.runCSI("csi-node-"+strataNode, opts.ManagerBin, "csi", "--mode", "node", "--node-name", strataNode,
+			"--csi-address", n.CSISocket(), "--kubelet-root", n.KubeletRoot(), "--state-dir", n.CSIStateDir(),
+			"--kubeconfig", opts.ManagerKubeconfig); err != nil {
+			return err
+		}
+	}
+	c.log.WithFields(logrus.Fields{"sidecars": CSISidecars, "nodes": opts.StrataNodes}).Info("CSI driver and sidecars started")
+	return nil
+}
+
+// runCSI starts a CSI process that stops with the cluster.
+func (c *Cluster) runCSI(name, bin string, args ...string) error {
+	p, err := StartProcess(name, c.path("logs", name+".log"), bin, args...)
+	if err != nil {
+		return err
+	}
+	c.csiProcs = append(c.csiProcs, p)
+	return nil
+}
+
+// CSISocket is where the node's CSI plugin serves (and the kubelet dials).
+func (n *Node) CSISocket() string {
+	return filepath.Join(n.KubeletRoot(), "plugins", "driver.strata.io", "csi.sock")
+}
+
+// CSIStateDir holds the node plugin's NBD connection records and FUSE mounts.
+func (n *Node) CSIStateDir() string { return n.path("csi-state") }
