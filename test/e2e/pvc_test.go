@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -64,6 +66,30 @@ func TestPVCUsedByPodsOnTwoNodes(t *testing.T) {
 	assert.Equal(t, token, strings.TrimSpace(kubectl(t, "-n", podNamespace, "exec", reader.Name, "--", "cat", "/data/token")),
 		"the data written on the other node")
 	assert.Equal(t, "node-3", getVolume(t, volume).Status.CurrentNodeID)
+
+	// A VolumeSnapshot of the claim in use: csi-snapshotter makes it a
+	// Strata snapshot; deleting it (Delete policy) removes that snapshot.
+	start = time.Now()
+	kubectlApply(t, `apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: data-snap, namespace: default}
+spec: {volumeSnapshotClassName: strata, source: {persistentVolumeClaimName: data}}`)
+	require.Eventually(t, func() bool {
+		out, err := tryKubectl(t, "-n", podNamespace, "get", "volumesnapshot", "data-snap", "-o", "jsonpath={.status.readyToUse}")
+		return err == nil && out == "true"
+	}, 2*time.Minute, 200*time.Millisecond, "VolumeSnapshot readyToUse")
+	t.Logf("VolumeSnapshot create→readyToUse: %s", time.Since(start).Round(time.Millisecond))
+	handle := kubectl(t, "get", "volumesnapshotcontent", "-o",
+		"jsonpath={.items[?(@.spec.volumeSnapshotRef.name==\"data-snap\")].status.snapshotHandle}")
+	require.NotEmpty(t, handle)
+	snap, err := env.adminStrata.StrataV1beta1().Snapshots(ns).Get(ctx, handle, metav1.GetOptions{})
+	require.NoError(t, err, "the Strata snapshot behind the VolumeSnapshot")
+	assert.Equal(t, volume, snap.Spec.Volume)
+	kubectl(t, "-n", podNamespace, "delete", "volumesnapshot", "data-snap", "--wait=true", "--timeout=60s")
+	require.Eventually(t, func() bool {
+		_, err := env.adminStrata.StrataV1beta1().Snapshots(ns).Get(ctx, handle, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	}, time.Minute, 200*time.Millisecond, "the Strata snapshot goes with the VolumeSnapshot (Delete policy)")
 	deletePod(t, reader.Name)
 
 	require.NoError(t, env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Delete(ctx, pvc.Name, metav1.DeleteOptions{}))
@@ -81,4 +107,11 @@ func podWithClaim(name, node, claim, script string) *corev1.Pod {
 	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}
 	pod.Spec.TerminationGracePeriodSeconds = ptr.To(int64(1))
 	return pod
+}
+
+func kubectlApply(t *testing.T, manifest string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "manifest.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(manifest), 0o644))
+	kubectl(t, "apply", "-f", path)
 }
