@@ -6,12 +6,28 @@
 #     kube-controller-manager, kube-scheduler, kubelet (and kubectl on demand),
 #     stamped with the Kubernetes version so nodes report v1.36.3;
 #   - containerd, its runc shim and ctr at $containerd_version, built from
-#     containerd's own module (kubelet 1.36 prefers containerd 2; Debian ships 1.6).
+#     containerd's own module (kubelet 1.36 prefers containerd 2; Debian ships 1.6);
+#   - on demand only, by name, the upstream CSI sidecars: csi-provisioner,
+#     csi-attacher, csi-resizer, csi-snapshotter and snapshot-controller, each
+#     from its own module at the version pinned in $sidecars (about 2.5-3 min
+#     each with an empty build cache on 2 cores, 11 min for all five;
+#     snapshot-controller takes seconds after csi-snapshotter). `go install
+#     pkg@version` refuses their replace directives, so each module is copied
+#     to a writable temp dir, its replaces to local paths dropped, and built
+#     there with -mod=mod.
+# Binaries built outside the tools module carry <name>.version beside them
+# and are rebuilt when their pinned version changes.
 # Prints the bin directory on stdout; progress goes to stderr.
 #
 #   scripts/build-tools.sh            # everything the local cluster runs
 #   scripts/build-tools.sh kubectl    # only the names given (kubectl: for
 #                                     # machines that lack one)
+#   scripts/build-tools.sh csi-provisioner csi-attacher csi-resizer \
+#     csi-snapshotter snapshot-controller
+#   scripts/build-tools.sh snapshot-crds
+#                  # prints instead a directory with the v1 VolumeSnapshot,
+#                  # VolumeSnapshotContent and VolumeSnapshotClass CRD YAMLs of
+#                  # external-snapshotter's client module (asked for alone)
 #
 # Code generators are not built here: they are `tool` lines in go.mod and run
 # with `go tool`, which caches them in the Go build cache.
@@ -21,6 +37,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${STRATA_CACHE:-$HOME/.cache/strata}
 mod="$root/scripts/tools/controlplane"
 containerd_version=v2.2.9
+snapshotter_version=v8.7.0
+snapshotter=github.com/kubernetes-csi/external-snapshotter
 
 key=$(cat "$mod/go.mod" "$mod/go.sum" <(go version) | sha256sum | cut -c1-16)
 bin="$cache/controlplane-$key/bin"
@@ -36,11 +54,58 @@ declare -A pkgs=(
   [containerd-shim-runc-v2]=github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$containerd_version
   [ctr]=github.com/containerd/containerd/v2/cmd/ctr@$containerd_version
 )
+# CSI sidecars: name -> module@version; the command is the module's ./cmd/<name>.
+declare -A sidecars=(
+  [csi-provisioner]=github.com/kubernetes-csi/external-provisioner/v6@v6.3.0
+  [csi-attacher]=github.com/kubernetes-csi/external-attacher/v4@v4.13.0
+  [csi-resizer]=github.com/kubernetes-csi/external-resizer/v2@v2.3.0
+  [csi-snapshotter]=$snapshotter/v8@$snapshotter_version
+  [snapshot-controller]=$snapshotter/v8@$snapshotter_version
+)
+# Requirements that replace the dropped local replaces: external-snapshotter
+# points client/v8 at ./client, which its module zip does not contain.
+declare -A requires=(
+  [$snapshotter/v8@$snapshotter_version]=$snapshotter/client/v8@$snapshotter_version
+)
+for name in "${!sidecars[@]}"; do
+  m=${sidecars[$name]}
+  pkgs[$name]=${m%@*}/cmd/$name@${m##*@}
+done
+
+temps=()   # removed on exit, built or not
+trap 'rm -rf "${temps[@]}"' EXIT
+
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet
   containerd containerd-shim-runc-v2 ctr)
+if [ "${names[*]}" = snapshot-crds ]; then
+  crds="$cache/snapshot-crds-$snapshotter_version"
+  if [ ! -d "$crds" ]; then
+    mkdir -p "$cache"
+    exec 9>"$cache/controlplane-$key.lock"
+    flock 9
+  fi
+  if [ ! -d "$crds" ]; then
+    json=$(cd / && go mod download -json "$snapshotter/client/v8@$snapshotter_version") ||
+      { echo "$json" >&2; exit 1; }
+    src=$(echo "$json" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+    tmp=$(mktemp -d "$cache/.snapshot-crds.XXXX")
+    temps+=("$tmp")
+    # Only the snapshot.storage.k8s.io CRDs (v1 served and stored, v1beta1
+    # listed but not served); the group-snapshot CRDs are files of their own.
+    for kind in volumesnapshots volumesnapshotcontents volumesnapshotclasses; do
+      cp "$src/config/crd/snapshot.storage.k8s.io_$kind.yaml" "$tmp/"
+    done
+    chmod 755 "$tmp"; chmod 644 "$tmp"/*.yaml
+    mv "$tmp" "$crds"   # atomic: a half-filled directory is never found
+    echo "snapshot CRDs copied into $crds" >&2
+  fi
+  echo "$crds"
+  exit 0
+fi
 for name in "${names[@]}"; do
-  [ -n "${pkgs[$name]:-}" ] || { echo "unknown tool: $name (known: ${!pkgs[*]})" >&2; exit 2; }
+  [ "$name" != snapshot-crds ] || { echo "snapshot-crds prints its own directory: ask for it alone" >&2; exit 2; }
+  [ -n "${pkgs[$name]:-}" ] || { echo "unknown tool: $name (known: ${!pkgs[*]} snapshot-crds)" >&2; exit 2; }
 done
 
 # The Kubernetes module's own version, so `kubectl get nodes` shows it.
@@ -49,12 +114,34 @@ k8s_minor=$(echo "$k8s_version" | cut -d. -f2)
 version_pkg=k8s.io/component-base/version
 k8s_ldflags="-s -w -X $version_pkg.gitVersion=$k8s_version -X $version_pkg.gitMajor=1 -X $version_pkg.gitMinor=$k8s_minor"
 
-# A containerd built at another version than the pinned one is rebuilt.
+# A binary built at another version than the pinned one is rebuilt.
 built() {
   [ -x "$bin/$1" ] || return 1
   case "${pkgs[$1]}" in
-    *@*) [ "$(cat "$bin/$1.version" 2>/dev/null)" = "$containerd_version" ] ;;
+    *@*) [ "$(cat "$bin/$1.version" 2>/dev/null)" = "${pkgs[$1]##*@}" ] ;;
   esac
+}
+
+# copy_module module@version: a writable copy of the downloaded module with
+# its replaces to local paths dropped (and $requires added); one per module
+# per run (in $copies), so external-snapshotter's two commands share it.
+declare -A copies=()
+copy_module() {
+  local json src dst old
+  json=$(cd / && go mod download -json "$1") || { echo "$json" >&2; return 1; }
+  src=$(echo "$json" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+  dst=$(mktemp -d "$cache/.src.XXXX")
+  temps+=("$dst")
+  cp -r "$src/." "$dst/"
+  chmod -R u+w "$dst"
+  # `replace a [v] => ./dir` (single or in a block) -> a[@v]
+  while read -r old; do
+    (cd "$dst" && go mod edit -dropreplace="$old")
+  done < <(awk '{sub(/^replace[ \t]+/, "")} /=>[ \t]*(\.|\/)/ {print ($2 == "=>" ? $1 : $1 "@" $2)}' "$dst/go.mod")
+  if [ -n "${requires[$1]:-}" ]; then
+    (cd "$dst" && go mod edit -require="${requires[$1]}")
+  fi
+  copies[$1]=$dst
 }
 
 missing=0
@@ -70,16 +157,26 @@ if [ "$missing" = 1 ]; then
     echo "building $name (${pkgs[$name]}) into $bin; the first build takes several minutes" >&2
     start=$(date +%s)
     mkdir -p "$bin"
-    case "${pkgs[$name]}" in
-      *@*) # outside the tools module: containerd's own go.mod decides its dependencies
-        tmp=$(mktemp -d "$bin/.gobin.XXXX")
-        GOBIN="$tmp" go install -trimpath -ldflags='-s -w' -tags no_btrfs "${pkgs[$name]}"
-        mv "$tmp/$name" "$bin/$name.tmp"; rm -rf "$tmp"
-        echo "$containerd_version" >"$bin/$name.version" ;;
-      *)
-        (cd "$mod" && go build -trimpath -ldflags="$k8s_ldflags" -o "$bin/$name.tmp" "${pkgs[$name]}") ;;
-    esac
+    if [ -n "${sidecars[$name]:-}" ]; then
+      # outside the tools module, from a copy of the sidecar's own module
+      m=${sidecars[$name]}
+      if [ -z "${copies[$m]:-}" ]; then copy_module "$m"; fi   # not in ||: keep set -e inside
+      (cd "${copies[$m]}" && go build -mod=mod -trimpath -ldflags="-s -w -X main.version=${m##*@}" \
+        -o "$bin/$name.tmp" "./cmd/$name")
+    else
+      case "${pkgs[$name]}" in
+        *@*) # outside the tools module: containerd's own go.mod decides its dependencies
+          tmp=$(mktemp -d "$bin/.gobin.XXXX")
+          GOBIN="$tmp" go install -trimpath -ldflags='-s -w' -tags no_btrfs "${pkgs[$name]}"
+          mv "$tmp/$name" "$bin/$name.tmp"; rm -rf "$tmp" ;;
+        *)
+          (cd "$mod" && go build -trimpath -ldflags="$k8s_ldflags" -o "$bin/$name.tmp" "${pkgs[$name]}") ;;
+      esac
+    fi
     mv "$bin/$name.tmp" "$bin/$name"   # atomic: a half-written binary is never found
+    # stamped after the move: an interruption between the two costs a rebuild,
+    # never an old binary taken for the pinned version
+    case "${pkgs[$name]}" in *@*) echo "${pkgs[$name]##*@}" >"$bin/$name.version" ;; esac
     echo "  $name built in $(( $(date +%s) - start ))s" >&2
   done
 fi
