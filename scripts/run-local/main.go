@@ -21,9 +21,13 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 
+	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
 	"github.com/strata-storage/strata/scripts/images"
 	"github.com/strata-storage/strata/scripts/localcluster"
+	"github.com/strata-storage/strata/types"
 )
 
 const (
@@ -132,6 +136,16 @@ func run(log *logrus.Logger, managerBin, runDir string, nodes int, kubelets bool
 	if err := cluster.WaitForWebhooks(ctx, systemNamespace, time.Minute); err != nil {
 		return err
 	}
+	if err := setLocalSettings(ctx, log, cluster); err != nil {
+		return err
+	}
+	if kubelets {
+		// PVCs and VolumeSnapshots: the CSI driver and the upstream sidecars.
+		if err := cluster.StartCSI(ctx, localcluster.CSIOptions{ManagerBin: bin, ManagerKubeconfig: kubeconfig,
+			StrataNodes: nodeNames(managers), RepoRoot: root}); err != nil {
+			return err
+		}
+	}
 	log.WithField("took", time.Since(start).Round(time.Millisecond)).Info("local Strata is up")
 
 	printUsage(cluster, runDir, nodes, kubeletNodes)
@@ -187,7 +201,26 @@ Kubernetes nodes %v run real Pods (images: %s, %s):
     kubectl run hello --image=%s --restart=Never -- sh -c 'echo hello from $(hostname); sleep 3600'
     kubectl logs hello; kubectl exec hello -- ls /
     kubectl delete pod hello --grace-period=1
-`, kubeletNodes, images.WorkloadRef, images.StrataRef, images.WorkloadRef)
+
+A PVC of the default StorageClass strata, used by a Pod (see README.md for
+VolumeSnapshots):
+
+    kubectl apply -f - <<EOF
+    apiVersion: v1
+    kind: PersistentVolumeClaim
+    metadata: {name: data}
+    spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 64Mi}}}
+    ---
+    apiVersion: v1
+    kind: Pod
+    metadata: {name: app}
+    spec:
+      containers: [{name: app, image: %s, command: [sh, -c, 'date > /data/hello; sleep 3600'],
+                    volumeMounts: [{name: data, mountPath: /data}]}]
+      volumes: [{name: data, persistentVolumeClaim: {claimName: data}}]
+    EOF
+    kubectl get pvc,pod; kubectl exec app -- cat /data/hello
+`, kubeletNodes, images.WorkloadRef, images.StrataRef, images.WorkloadRef, images.WorkloadRef)
 	}
 	fmt.Print("\nPress Ctrl-C to stop everything.\n\n")
 }
@@ -284,4 +317,30 @@ func nodeNames(managers []*localcluster.Manager) []string {
 		names = append(names, m.Node)
 	}
 	return names
+}
+
+// localSettings differ from the defaults for a cluster whose disks are
+// directories on the developer's own filesystem: keeping 25% of that
+// filesystem free for Strata says nothing about Strata, and a busy laptop
+// disk would refuse every replica.
+var localSettings = map[types.SettingName]string{types.SettingStorageMinimalAvailablePercentage: "1"}
+
+func setLocalSettings(ctx context.Context, log logrus.FieldLogger, cluster *localcluster.Cluster) error {
+	settings := versioned.NewForConfigOrDie(cluster.AdminConfig).StrataV1beta1().Settings(systemNamespace)
+	for name, value := range localSettings {
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			s, err := settings.Get(ctx, string(name), metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			s.Value = value
+			_, err = settings.Update(ctx, s, metav1.UpdateOptions{})
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("setting %s: %w", name, err)
+		}
+		log.WithFields(logrus.Fields{"setting": name, "value": value}).Info("local setting applied (disks are directories on this machine's filesystem)")
+	}
+	return nil
 }

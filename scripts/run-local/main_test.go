@@ -131,8 +131,8 @@ func startRunLocal(t *testing.T, binDir, runDir string) *exec.Cmd {
 	return cmd
 }
 
-// runPod starts a Pod of the workload image with the printed example's
-// kubectl and waits until it runs.
+// runPod starts a Pod of the workload image with a PVC, as the printed
+// example does, and waits until it runs.
 func runPod(t *testing.T, runDir, name string) {
 	t.Helper()
 	kubeconfig := filepath.Join(runDir, "admin.kubeconfig")
@@ -144,10 +144,28 @@ func runPod(t *testing.T, runDir, name string) {
 		require.NoError(t, err, "kubectl %s: %s", strings.Join(args, " "), b)
 		return string(b)
 	}
-	kubectl("run", name, "--image="+images.WorkloadRef, "--image-pull-policy=Never", "--restart=Never",
-		"--", "sh", "-c", "echo hello; sleep 3600")
+	// A Pod with a PVC, so the run has a volume staged and mounted through
+	// nbdfuse and a loop device when it is stopped or killed.
+	manifest := filepath.Join(t.TempDir(), "pod.yaml")
+	require.NoError(t, os.WriteFile(manifest, []byte(`apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: `+name+`}
+spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 16Mi}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: `+name+`}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers: [{name: main, image: `+images.WorkloadRef+`, imagePullPolicy: Never,
+                command: [sh, -c, 'echo hello | tee /data/hello; sleep 3600'],
+                volumeMounts: [{name: data, mountPath: /data}]}]
+  volumes: [{name: data, persistentVolumeClaim: {claimName: `+name+`}}]
+`), 0o644))
+	kubectl("apply", "-f", manifest)
 	kubectl("wait", "--for=condition=Ready", "pod/"+name, "--timeout=90s")
 	assert.Equal(t, "hello", strings.TrimSpace(kubectl("logs", name)))
+	assert.Equal(t, "hello", strings.TrimSpace(kubectl("exec", name, "--", "cat", "/data/hello")))
 	_, err := os.Stat(kubeconfig)
 	require.NoError(t, err)
 }
