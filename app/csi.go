@@ -9,12 +9,10 @@ import (
 
 	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v3"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/strata-storage/strata/csi"
 	"github.com/strata-storage/strata/csi/nbddev"
 	"github.com/strata-storage/strata/datastore"
-	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
 	"github.com/strata-storage/strata/types"
 )
 
@@ -56,16 +54,7 @@ func runCSI(parent context.Context, cfg csiConfig) error {
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	log := logrus.WithField("node", cfg.nodeName)
-	restCfg, err := restConfig(cfg.kubeconfig)
-	if err != nil {
-		return err
-	}
-	restCfg.UserAgent = "strata-csi/" + Version
-	kubeClient, err := kubernetes.NewForConfig(restCfg)
-	if err != nil {
-		return err
-	}
-	strataClient, err := versioned.NewForConfig(restCfg)
+	kubeClient, strataClient, err := newClients(cfg.kubeconfig, "strata-csi")
 	if err != nil {
 		return err
 	}

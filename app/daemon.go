@@ -119,7 +119,9 @@ func parseDisks(values []string) ([]controller.DiskConfig, error) {
 	return disks, nil
 }
 
-func restConfig(kubeconfig string) (*rest.Config, error) {
+// newClients builds the Kubernetes and Strata clients of one process from a
+// kubeconfig file (empty: in-cluster), naming the process in the user agent.
+func newClients(kubeconfig, component string) (kubernetes.Interface, versioned.Interface, error) {
 	var cfg *rest.Config
 	var err error
 	if kubeconfig == "" {
@@ -128,12 +130,20 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("kubeconfig: %w", err)
+		return nil, nil, fmt.Errorf("kubeconfig: %w", err)
 	}
 	// The default 5 QPS throttles start-up on a node with many objects.
 	cfg.QPS, cfg.Burst = 50, 100
-	cfg.UserAgent = "strata-manager/" + Version
-	return cfg, nil
+	cfg.UserAgent = component + "/" + Version
+	kubeClient, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	strataClient, err := versioned.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return kubeClient, strataClient, nil
 }
 
 func runDaemon(parent context.Context, cfg daemonConfig) error {
@@ -141,15 +151,7 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	defer stop()
 	log := logrus.WithField("node", cfg.nodeName)
 
-	restCfg, err := restConfig(cfg.kubeconfig)
-	if err != nil {
-		return err
-	}
-	kubeClient, err := kubernetes.NewForConfig(restCfg)
-	if err != nil {
-		return err
-	}
-	strataClient, err := versioned.NewForConfig(restCfg)
+	kubeClient, strataClient, err := newClients(cfg.kubeconfig, "strata-manager")
 	if err != nil {
 		return err
 	}

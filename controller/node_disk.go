@@ -1,6 +1,8 @@
 package controller
 
 import (
+	"github.com/strata-storage/strata/internal/atomicfile"
+
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -81,40 +83,10 @@ func readOrCreateDiskUUID(dir string) (string, error) {
 	}
 	cfg := diskConfigFile{DiskUUID: uuid.NewString()}
 	data, _ = json.Marshal(cfg)
-	if err := writeFileAtomic(file, data); err != nil {
+	if err := atomicfile.WriteFile(file, data); err != nil {
 		return "", fmt.Errorf("writing disk config: %w", err)
 	}
 	return cfg.DiskUUID, nil
-}
-
-// writeFileAtomic writes a temp file, syncs it, renames it over the target
-// and syncs the directory, so a crash leaves either the old or the new file.
-func writeFileAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // stableAvailable keeps the reported free space unless it moved by more than

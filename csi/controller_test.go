@@ -126,13 +126,9 @@ func TestCreateVolume(t *testing.T) {
 
 			resp, err := d.CreateVolume(t.Context(), tc.req)
 			assert.Equal(t, tc.wantWrites, writeActions(env), "API writes")
-			if tc.wantCode != codes.OK {
-				require.Error(t, err)
-				assert.Equal(t, tc.wantCode, status.Code(err), "code of %v", err)
-				assert.Contains(t, status.Convert(err).Message(), tc.wantMsg)
+			if !wantResult(t, err, tc.wantCode, tc.wantMsg) {
 				return
 			}
-			require.NoError(t, err)
 			wantID := tc.wantID
 			if wantID == "" {
 				wantID = tc.req.Name
@@ -210,4 +206,19 @@ func writeActions(env *dstest.Env) []string {
 		}
 	}
 	return out
+}
+
+// wantResult checks a call's outcome against the expected code (OK: no
+// error) and message; it reports whether the call succeeded, so the caller
+// goes on to check the response.
+func wantResult(t *testing.T, err error, code codes.Code, msg string) bool {
+	t.Helper()
+	if code == codes.OK {
+		require.NoError(t, err)
+		return true
+	}
+	require.Error(t, err)
+	assert.Equal(t, code, status.Code(err), "code of %v", err)
+	assert.Contains(t, status.Convert(err).Message(), msg)
+	return false
 }

@@ -1,6 +1,8 @@
 package nbddev
 
 import (
+	"github.com/strata-storage/strata/internal/atomicfile"
+
 	"context"
 	"fmt"
 	"os"
@@ -221,7 +223,7 @@ func (c *FUSELoop) startNBDFUSE(ctx context.Context, log logrus.FieldLogger, vol
 		return fmt.Errorf("volume %s: %w", volumeID, err)
 	}
 	// Before the daemon starts: every live daemon then has its record.
-	if err := writeFileAtomic(c.endpointFile(volumeID), []byte(endpoint+"\n")); err != nil {
+	if err := atomicfile.WriteFile(c.endpointFile(volumeID), []byte(endpoint+"\n")); err != nil {
 		return fmt.Errorf("volume %s: recording the endpoint: %w", volumeID, err)
 	}
 	c.crash(stepEndpointRecorded)

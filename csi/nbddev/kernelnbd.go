@@ -8,6 +8,8 @@ package nbddev
 // --connect (by serving it again, which needs no module).
 
 import (
+	"github.com/strata-storage/strata/internal/atomicfile"
+
 	"context"
 	"fmt"
 	"os/exec"
@@ -238,10 +240,10 @@ func (c *KernelNBD) existing(volumeID, endpoint string) (string, bool, error) {
 // returns once the device is ready; its own session keeps that daemon clear
 // of our process group.
 func (c *KernelNBD) connectDevice(ctx context.Context, volumeID, endpoint, dev string) error {
-	if err := writeFileAtomic(c.endpointFile(volumeID), []byte(endpoint+"\n")); err != nil {
+	if err := atomicfile.WriteFile(c.endpointFile(volumeID), []byte(endpoint+"\n")); err != nil {
 		return err
 	}
-	if err := writeFileAtomic(c.deviceFile(volumeID), []byte(dev+"\n")); err != nil {
+	if err := atomicfile.WriteFile(c.deviceFile(volumeID), []byte(dev+"\n")); err != nil {
 		return err
 	}
 	args := append([]string{"--connect=" + dev}, qemuNBDImageArgs(endpoint)...)

@@ -4,6 +4,8 @@ package nbddev
 // these tests cover what does not need the module.
 
 import (
+	"github.com/strata-storage/strata/internal/atomicfile"
+
 	"fmt"
 	"os"
 	"os/exec"
@@ -118,8 +120,8 @@ func TestKernelNBDRecordNeedsALiveConnection(t *testing.T) {
 	})
 	c := &KernelNBD{stateDir: t.TempDir(), sysRoot: sysRoot, devRoot: "/dev", log: testLogger(t)}
 	for id, dev := range map[string]string{"v0": "/dev/nbd0", "v1": "/dev/nbd1"} {
-		require.NoError(t, writeFileAtomic(c.deviceFile(id), []byte(dev+"\n")))
-		require.NoError(t, writeFileAtomic(c.endpointFile(id), []byte("nbd://127.0.0.1:1/"+id+"\n")))
+		require.NoError(t, atomicfile.WriteFile(c.deviceFile(id), []byte(dev+"\n")))
+		require.NoError(t, atomicfile.WriteFile(c.endpointFile(id), []byte("nbd://127.0.0.1:1/"+id+"\n")))
 		_, ok, err := c.Device(id)
 		require.NoError(t, err)
 		require.False(t, ok, "%s on %s is not connected", id, dev)

@@ -27,38 +27,6 @@ func run(ctx context.Context, name string, args ...string) (string, error) {
 	return text, nil
 }
 
-// writeFileAtomic replaces path with data so that a crash leaves either the
-// old or the new content, never a torn file: temp file, fsync, rename, fsync
-// of the directory. The temp name starts with a dot, which no volume ID does.
-func writeFileAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+"-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // no-op after the rename
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
-
 // readRecord reads a one-line state file; a missing file is "".
 func readRecord(path string) (string, error) {
 	b, err := os.ReadFile(path)
