@@ -53,7 +53,9 @@ type Cluster struct {
 	procs     []*Process // in start order
 	nodes     []*Node    // kubelet nodes, stopped before the control plane
 	csiProcs  []*Process // CSI plugins and sidecars, stopped before the nodes
-	ca        *certAuthority
+	// csiCommands is each CSI process's command line, for RestartCSI.
+	csiCommands map[string][]string
+	ca          *certAuthority
 	// kernel settings as they were before the first kubelet changed them
 	kernelTunables kernelTunables
 	saKey          string // service account signing key

@@ -73,14 +73,43 @@ func (c *Cluster) StartCSI(ctx context.Context, opts CSIOptions) error {
 	return nil
 }
 
-// runCSI starts a CSI process that stops with the cluster.
+// runCSI starts a CSI process that stops with the cluster; RestartCSI
+// starts it again with the same arguments.
 func (c *Cluster) runCSI(name, bin string, args ...string) error {
 	p, err := StartProcess(name, c.path("logs", name+".log"), bin, args...)
 	if err != nil {
 		return err
 	}
 	c.csiProcs = append(c.csiProcs, p)
+	if c.csiCommands == nil {
+		c.csiCommands = map[string][]string{}
+	}
+	c.csiCommands[name] = append([]string{bin}, args...)
 	return nil
+}
+
+// CSIProcess is the running CSI process of that name (csi-controller,
+// csi-node-<strata node>, or a sidecar), nil if none.
+func (c *Cluster) CSIProcess(name string) *Process {
+	for i := len(c.csiProcs) - 1; i >= 0; i-- {
+		if p := c.csiProcs[i]; p.Name == name && !p.Exited() {
+			return p
+		}
+	}
+	return nil
+}
+
+// RestartCSI starts the named CSI process again, as a DaemonSet would after
+// a crash; the earlier one must have exited (KillCSI or a crash).
+func (c *Cluster) RestartCSI(name string) error {
+	cmd, ok := c.csiCommands[name]
+	if !ok {
+		return fmt.Errorf("no CSI process %s", name)
+	}
+	if c.CSIProcess(name) != nil {
+		return fmt.Errorf("CSI process %s is running", name)
+	}
+	return c.runCSI(name, cmd[0], cmd[1:]...)
 }
 
 // CSISocket is where the node's CSI plugin serves (and the kubelet dials).

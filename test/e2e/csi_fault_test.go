@@ -1,0 +1,56 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/strata-storage/strata/scripts/localcluster"
+)
+
+// The node plugin killed with -9 while a Pod uses its volume: the Pod keeps
+// its filesystem (nbdfuse and the loop device outlive the plugin); the
+// restarted plugin unpublishes and unstages it from the mount table when the
+// Pod goes, leaving no mount, loop device or nbdfuse process.
+func TestCSINodePluginKilledWhileVolumeInUse(t *testing.T) {
+	ctx := context.Background()
+	node := nodeByName(t, "127.0.0.2")
+	plugin := "csi-node-node-2"
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "survives-plugin", Namespace: podNamespace},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("32Mi")}}},
+	}
+	_, err := env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Create(ctx, pvc, metav1.CreateOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Delete(ctx, pvc.Name, metav1.DeleteOptions{})
+	})
+	pod := podWithClaim("uses-volume", node.Name, pvc.Name, "echo before > /data/f; sleep 3600")
+	createPod(t, pod)
+	waitPodRunning(t, pod.Name)
+
+	p := env.cluster.CSIProcess(plugin)
+	require.NotNil(t, p)
+	require.NoError(t, p.Kill())
+	kubectl(t, "-n", podNamespace, "exec", pod.Name, "--", "sh", "-c", "echo after >> /data/f; sync")
+	assert.Equal(t, "before\nafter", strings.TrimSpace(kubectl(t, "-n", podNamespace, "exec", pod.Name, "--", "cat", "/data/f")),
+		"the Pod's volume works while its plugin is down")
+	require.NotEmpty(t, localcluster.MountsUnder(node.CSIStateDir()), "the NBD connection outlives the plugin")
+
+	require.NoError(t, env.cluster.RestartCSI(plugin))
+	deletePod(t, pod.Name)
+	require.Eventually(t, func() bool { return len(localcluster.MountsUnder(node.CSIStateDir())) == 0 }, time.Minute,
+		200*time.Millisecond, "the restarted plugin unstages the volume")
+	assert.Empty(t, localcluster.MountsUnder(node.KubeletRoot()+"/plugins/kubernetes.io/csi"), "no staging or publish mount left")
+	for dev, file := range localcluster.LoopDevices() {
+		assert.False(t, strings.HasPrefix(file, node.CSIStateDir()+"/"), "loop device %s on %s", dev, file)
+	}
+}
