@@ -33,6 +33,12 @@ func HostResidue(dir string, before HostBaseline) []string {
 	for dev, file := range LoopDevices() {
 		if strings.HasPrefix(file, dir+"/") {
 			out = append(out, fmt.Sprintf("loop device: %s on %s", dev, file))
+		} else if !strings.HasPrefix(file, "/") || !fileExists(file) {
+			// Its file's mount is gone (a FUSE export detached under it):
+			// whoever made it, it is left over, unless it was there before.
+			if !slices.Contains(before.loopDevices, dev) {
+				out = append(out, fmt.Sprintf("orphaned loop device: %s on %s", dev, file))
+			}
 		}
 	}
 	prefix := cgroupPrefix(dir)
@@ -91,12 +97,16 @@ var sharedNodePaths = []string{filepath.Dir(shimSocketDir), kubeletLogLinkDir, f
 type HostBaseline struct {
 	staleSockets []string
 	sharedPaths  []string
+	loopDevices  []string
 }
 
 // TakeHostBaseline records the stale shim sockets and the shared paths that
 // exist before a cluster starts.
 func TakeHostBaseline() HostBaseline {
 	b := HostBaseline{staleSockets: StaleShimSockets()}
+	for dev := range LoopDevices() {
+		b.loopDevices = append(b.loopDevices, dev)
+	}
 	for _, path := range sharedNodePaths {
 		if _, err := os.Lstat(path); err == nil {
 			b.sharedPaths = append(b.sharedPaths, path)
@@ -137,4 +147,9 @@ func mountinfoLines() []string {
 		return nil
 	}
 	return strings.Split(strings.TrimSpace(string(b)), "\n")
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

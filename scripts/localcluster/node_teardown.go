@@ -34,6 +34,10 @@ func (n *Node) teardown() error {
 		_ = n.kubelet.Stop(kubeletStopTimeout)
 	}
 	shimSockets := n.shimSockets()
+	// Recorded before the mounts go: a loop device on a file inside a FUSE
+	// mount (a CSI volume's NBD export) shows a dangling path once that
+	// mount is detached.
+	loops := n.loopDevices()
 	var errs []error
 	if err := n.killAll(); err != nil {
 		errs = append(errs, err)
@@ -48,7 +52,7 @@ func (n *Node) teardown() error {
 	}
 	removeIfEmpty(shimSocketDir)
 	removeIfEmpty(filepath.Dir(shimSocketDir))
-	errs = append(errs, unmountUnder(n.Dir), n.detachLoopDevices(), n.removeCgroups(), n.removeLogLinks(),
+	errs = append(errs, unmountUnder(n.Dir), detachLoopDevices(loops), n.removeCgroups(), n.removeLogLinks(),
 		n.removeCNIResults(), removeSharedKubeletFiles())
 	if err := errors.Join(errs...); err != nil {
 		return err
@@ -226,15 +230,28 @@ func LoopDevices() map[string]string {
 	return out
 }
 
-// detachLoopDevices detaches loop devices whose backing file is the node's
-// (raw block volumes are attached to Pods through loop devices).
-func (n *Node) detachLoopDevices() error {
-	var errs []error
+// loopDevices lists the loop devices on the node's files (raw block volumes
+// and the CSI plugin's NBD exports are attached through loop devices).
+func (n *Node) loopDevices() []string {
+	var out []string
 	for dev, file := range LoopDevices() {
 		if strings.HasPrefix(file, n.Dir+"/") {
-			if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
-				errs = append(errs, fmt.Errorf("losetup -d %s: %w: %s", dev, err, out))
-			}
+			out = append(out, dev)
+		}
+	}
+	return out
+}
+
+// detachLoopDevices detaches the given loop devices, once whatever was
+// mounted from them is gone.
+func detachLoopDevices(devices []string) error {
+	var errs []error
+	for _, dev := range devices {
+		if _, err := os.Stat("/sys/block/" + filepath.Base(dev) + "/loop"); err != nil {
+			continue // detached already (autoclear)
+		}
+		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("losetup -d %s: %w: %s", dev, err, out))
 		}
 	}
 	return errors.Join(errs...)
