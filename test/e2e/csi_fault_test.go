@@ -1,16 +1,12 @@
 package e2e
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/strata-storage/strata/scripts/localcluster"
 )
@@ -20,19 +16,9 @@ import (
 // restarted plugin unpublishes and unstages it from the mount table when the
 // Pod goes, leaving no mount, loop device or nbdfuse process.
 func TestCSINodePluginKilledWhileVolumeInUse(t *testing.T) {
-	ctx := context.Background()
 	node := nodeByName(t, "127.0.0.2")
 	plugin := "csi-node-node-2"
-	pvc := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: "survives-plugin", Namespace: podNamespace},
-		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("32Mi")}}},
-	}
-	_, err := env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Create(ctx, pvc, metav1.CreateOptions{})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Delete(ctx, pvc.Name, metav1.DeleteOptions{})
-	})
+	pvc := createPVC(t, "survives-plugin", "32Mi")
 	pod := podWithClaim("uses-volume", node.Name, pvc.Name, "echo before > /data/f; sleep 3600")
 	createPod(t, pod)
 	waitPodRunning(t, pod.Name)

@@ -25,17 +25,10 @@ import (
 // deletes the volume.
 func TestPVCUsedByPodsOnTwoNodes(t *testing.T) {
 	ctx := context.Background()
-	pvc := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: "data", Namespace: podNamespace},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("64Mi")}},
-		},
-	}
 	start := time.Now()
-	_, err := env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Create(ctx, pvc, metav1.CreateOptions{})
-	require.NoError(t, err)
+	pvc := createPVC(t, "data", "64Mi")
 	var bound *corev1.PersistentVolumeClaim
+	var err error
 	require.Eventually(t, func() bool {
 		bound, err = env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Get(ctx, pvc.Name, metav1.GetOptions{})
 		return err == nil && bound.Status.Phase == corev1.ClaimBound
@@ -45,7 +38,7 @@ func TestPVCUsedByPodsOnTwoNodes(t *testing.T) {
 	require.NoError(t, err)
 	volume := pv.Spec.CSI.VolumeHandle
 	assert.Equal(t, "data", getVolume(t, volume).Annotations["strata.io/pvc-name"], "the volume names its claim")
-	t.Cleanup(func() {
+	t.Cleanup(func() { // before createPVC's cleanup: the claim goes first
 		_ = env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Delete(ctx, pvc.Name, metav1.DeleteOptions{})
 		waitVolumeGone(t, volume)
 	})
@@ -114,4 +107,23 @@ func kubectlApply(t *testing.T, manifest string) {
 	path := filepath.Join(t.TempDir(), "manifest.yaml")
 	require.NoError(t, os.WriteFile(path, []byte(manifest), 0o644))
 	kubectl(t, "apply", "-f", path)
+}
+
+// createPVC creates a claim of the default StorageClass, deleted when the
+// test ends.
+func createPVC(t *testing.T, name, size string) *corev1.PersistentVolumeClaim {
+	t.Helper()
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: podNamespace},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}},
+		},
+	}
+	_, err := env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Create(context.Background(), pvc, metav1.CreateOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+	return pvc
 }
