@@ -139,11 +139,8 @@ func nbdfuseURI(args []string, dir string) string {
 }
 
 func (c *FUSELoop) Connect(ctx context.Context, volumeID, endpoint string) (string, error) {
-	if err := validateVolumeID(volumeID); err != nil {
+	if err := validateConnect(volumeID, endpoint); err != nil {
 		return "", err
-	}
-	if err := validateEndpoint(endpoint); err != nil {
-		return "", fmt.Errorf("volume %s: %w", volumeID, err)
 	}
 	defer c.locks.lock(volumeID)()
 	log := c.log.WithFields(logrus.Fields{"volume": volumeID, "endpoint": endpoint})

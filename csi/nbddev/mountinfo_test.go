@@ -6,24 +6,18 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/strata-storage/strata/internal/mountinfo"
 )
 
-func TestParseMountInfo(t *testing.T) {
-	table := strings.Join([]string{
+func TestFuseMountAt(t *testing.T) {
+	entries, err := mountinfo.Parse(strings.NewReader(strings.Join([]string{
 		`22 1 254:1 / / rw,relatime shared:1 - ext4 /dev/vda rw`,
 		`45 22 0:39 / /tmp/state/vol1 rw,nosuid,nodev,relatime shared:5 master:2 - fuse /dev/fuse rw,user_id=0,group_id=0`,
 		`56 22 7:0 / /var/lib/kubelet/a\040b rw,relatime - ext4 /dev/loop0 rw`,
-		`57 22 0:5 /loop0 /var/lib/kubelet/block/pvc rw - devtmpfs udev rw,size=1k`,
 		`58 22 0:40 / /mnt/sshfs rw - fuse.sshfs host:/x rw`,
-		``,
-	}, "\n")
-	entries, err := parseMountInfo(strings.NewReader(table))
+	}, "\n")))
 	require.NoError(t, err)
-	require.Len(t, entries, 5)
-	require.Equal(t, mountEntry{MajorMinor: "0:39", Root: "/", MountPoint: "/tmp/state/vol1", FSType: "fuse", Source: "/dev/fuse"}, entries[1])
-	require.Equal(t, "/var/lib/kubelet/a b", entries[2].MountPoint, "octal escapes decoded")
-	require.Equal(t, "/loop0", entries[3].Root)
-
 	fuse, ok := fuseMountAt(entries, "/tmp/state/vol1")
 	require.True(t, ok)
 	require.Equal(t, "0:39", fuse.MajorMinor)
@@ -31,22 +25,6 @@ func TestParseMountInfo(t *testing.T) {
 	require.False(t, ok, "an ext4 mount is not a FUSE mount")
 	_, ok = fuseMountAt(entries, "/mnt/sshfs")
 	require.True(t, ok, "fuse.<subtype> counts too")
-
-	_, err = parseMountInfo(strings.NewReader("1 2 3\n"))
-	require.ErrorContains(t, err, "malformed")
-}
-
-func TestUnescapeMountPath(t *testing.T) {
-	for in, want := range map[string]string{
-		`/plain`:         `/plain`,
-		`/a\040b`:        `/a b`,
-		`/tab\011x\012y`: "/tab\tx\ny",
-		`/back\134slash`: `/back\slash`,
-		`/short\04`:      `/short\04`,
-		`/not\999octal`:  `/not\999octal`,
-	} {
-		require.Equal(t, want, unescapeMountPath(in), in)
-	}
 }
 
 // TestMountPointsUsing runs against the real /dev/null node: a filesystem

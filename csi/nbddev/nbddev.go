@@ -151,3 +151,15 @@ func (v *volumeLocks) lock(volumeID string) (unlock func()) {
 	l.Lock()
 	return l.Unlock
 }
+
+// validateConnect checks Connect's arguments, naming the volume for a bad
+// endpoint.
+func validateConnect(volumeID, endpoint string) error {
+	if err := validateVolumeID(volumeID); err != nil {
+		return err
+	}
+	if err := validateEndpoint(endpoint); err != nil {
+		return fmt.Errorf("volume %s: %w", volumeID, err)
+	}
+	return nil
+}

@@ -21,6 +21,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/strata-storage/strata/internal/atomicfile"
+
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
@@ -67,7 +69,7 @@ func WriteImage(ctx context.Context, rootfsDir, ref string, cmd []string, out st
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(out, func(w io.Writer) error { return tarball.Write(tag, img, w) })
+	return atomicfile.WriteFunc(out, 0o644, func(w io.Writer) error { return tarball.Write(tag, img, w) })
 }
 
 // imageFromLayer wraps a gzipped layer in a linux/amd64 image config.
@@ -188,32 +190,4 @@ func tarMode(m fs.FileMode) int64 {
 // rename is atomic), hidden, so a glob for finished files never sees it.
 func createTemp(path, what string) (*os.File, error) {
 	return os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"."+what+"-*")
-}
-
-// writeFileAtomic writes path through a synced temporary file and a rename,
-// so a crash or error never leaves a half-written file under path's name.
-func writeFileAtomic(path string, write func(io.Writer) error) (err error) {
-	f, err := createTemp(path, "tmp")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
-		}
-	}()
-	if err = write(f); err != nil {
-		return err
-	}
-	if err = f.Chmod(0o644); err != nil {
-		return err
-	}
-	if err = f.Sync(); err != nil {
-		return err
-	}
-	if err = f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
 }

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/strata-storage/strata/internal/mountinfo"
+
 	"github.com/sirupsen/logrus"
 )
 
@@ -190,32 +192,15 @@ func MountsUnder(dir string) []string {
 
 // MountPoints lists this mount namespace's mount points.
 func MountPoints() []string {
-	var out []string
-	for _, line := range mountinfoLines() {
-		if fields := strings.Fields(line); len(fields) > 4 {
-			out = append(out, unescapeMountPath(fields[4]))
-		}
+	entries, err := mountinfo.Read()
+	if err != nil {
+		return nil
+	}
+	out := make([]string, 0, len(entries))
+	for _, e := range entries {
+		out = append(out, e.MountPoint)
 	}
 	return out
-}
-
-// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMountPath(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // LoopDevices maps each attached loop device to its backing file.

@@ -96,18 +96,6 @@ func TestNodeConfigsStayInTheNodeDirectory(t *testing.T) {
 		"another cluster's node of the same name gets other cgroups")
 }
 
-func TestUnescapeMountPath(t *testing.T) {
-	tests := []struct{ in, want string }{
-		{"/plain/path", "/plain/path"},
-		{`/with\040space`, "/with space"},
-		{`/tab\011and\134backslash`, "/tab\tand\\backslash"},
-		{`/trailing\04`, `/trailing\04`},
-	}
-	for _, tc := range tests {
-		assert.Equal(t, tc.want, unescapeMountPath(tc.in), tc.in)
-	}
-}
-
 func TestStartNodesRejectsNonLoopbackNames(t *testing.T) {
 	bin := t.TempDir()
 	for _, name := range []string{"kubelet", "containerd", "containerd-shim-runc-v2", "ctr"} {
