@@ -189,6 +189,7 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	controllers.add(controller.NewVolumeController(log, ds, recorder, cfg.nodeName))
 	controllers.add(controller.NewVolumeAttachmentController(log, ds, recorder, cfg.nodeName))
 	controllers.add(controller.NewSnapshotController(log, ds, recorder, cfg.nodeName, imPool))
+	controllers.add(controller.NewVolumeCloneController(log, ds, recorder, cfg.nodeName, imPool))
 	controllers.add(controller.NewEngineController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances))
 	controllers.add(controller.NewReplicaController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances))
 	if controllers.err != nil {

@@ -111,6 +111,10 @@ func observeEngine(e *v1beta1.Engine, inst *engineapi.Instance, found, synced bo
 				State: p.State, Error: p.Error, FromReplica: p.FromReplica}
 		}
 	}
+	e.Status.CloneStatus = nil
+	if cs := inst.CloneStatus; cs != nil {
+		e.Status.CloneStatus = &v1beta1.EngineCloneStatus{Snapshot: cs.Snapshot, SourceAddress: cs.SourceAddress, Progress: cs.Progress}
+	}
 }
 
 // clearEngineRuntime forgets what only a running engine knows. The snapshot
@@ -121,6 +125,7 @@ func clearEngineRuntime(st *v1beta1.EngineStatus) {
 	st.CurrentReplicaAddressMap = nil
 	st.PurgeStatus = nil
 	st.RebuildStatus = nil
+	st.CloneStatus = nil
 }
 
 func nilIfEmpty[V any](m map[string]V) map[string]V {

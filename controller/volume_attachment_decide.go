@@ -59,6 +59,8 @@ func decideAttachment(vol *v1beta1.Volume, tickets map[string]*v1beta1.Attachmen
 	if vol.DeletionTimestamp != nil || vol.Status.State == v1beta1.VolumeStateDeleting {
 		return s, nil
 	}
+	// A volume being filled from its data source serves nobody else yet.
+	tickets = eligibleTickets(vol, tickets)
 	var actions []adAction
 
 	if s.MigrationNodeID != "" {

@@ -27,6 +27,13 @@ func TestVolumeAttachmentDecide(t *testing.T) {
 	}
 	detached := vol(v1beta1.VolumeStateDetached, "", "")
 	attached1 := vol(v1beta1.VolumeStateAttached, "node-1", "node-1")
+	cloning := func(state v1beta1.VolumeCloneState) func(*v1beta1.Volume) {
+		return func(v *v1beta1.Volume) {
+			v.Spec.DataSource = "snap://src/s1"
+			v.Status.CloneStatus = &v1beta1.VolumeCloneStatus{State: state}
+		}
+	}
+	cloneCtl := v1beta1.AttacherTypeVolumeCloneController
 
 	tests := []struct {
 		name    string
@@ -41,6 +48,21 @@ func TestVolumeAttachmentDecide(t *testing.T) {
 			adSpec{NodeID: "node-2", DisableFrontend: true, LastAttachedBy: string(api)}, []string{EventReasonADAttach}},
 		{"disableFrontend any attaches with the frontend", detached, tickets(ticket("snap", snapCtl, "node-1", disableF, "any")),
 			adSpec{NodeID: "node-1", LastAttachedBy: string(snapCtl)}, []string{EventReasonADAttach}},
+		{"clone not done: a workload ticket waits", vol(v1beta1.VolumeStateDetached, "", "", cloning(v1beta1.VolumeCloneStateCopying)),
+			tickets(ticket("pod", csi, "node-1")), adSpec{}, nil},
+		{"clone not done: attached for the clone only, frontend off",
+			vol(v1beta1.VolumeStateDetached, "", "", cloning(v1beta1.VolumeCloneStatePending)),
+			tickets(ticket("pod", csi, "node-2"), ticket("clone-v", cloneCtl, "node-1", disableF, "true")),
+			adSpec{NodeID: "node-1", DisableFrontend: true, LastAttachedBy: string(cloneCtl)}, []string{EventReasonADAttach}},
+		{"clone not done: a workload ticket elsewhere does not interrupt it",
+			vol(v1beta1.VolumeStateAttached, "node-1", "node-1", cloning(v1beta1.VolumeCloneStateCopying),
+				func(v *v1beta1.Volume) { v.Spec.DisableFrontend = true }),
+			tickets(ticket("pod", csi, "node-2"), ticket("clone-v", cloneCtl, "node-1", disableF, "true")),
+			adSpec{NodeID: "node-1", DisableFrontend: true}, nil},
+		{"clone failed: still nobody else", vol(v1beta1.VolumeStateDetached, "", "", cloning(v1beta1.VolumeCloneStateFailed)),
+			tickets(ticket("pod", csi, "node-1")), adSpec{}, nil},
+		{"clone completed: the workload ticket wins", vol(v1beta1.VolumeStateDetached, "", "", cloning(v1beta1.VolumeCloneStateCompleted)),
+			tickets(ticket("pod", csi, "node-1")), adSpec{NodeID: "node-1", LastAttachedBy: string(csi)}, []string{EventReasonADAttach}},
 		{"detaching: wait", vol(v1beta1.VolumeStateDetaching, "", ""), tickets(ticket("pod", csi, "node-1")), adSpec{}, nil},
 		{"detached in status but current node not yet cleared: wait", vol(v1beta1.VolumeStateDetached, "", "node-1"),
 			tickets(ticket("pod", csi, "node-1")), adSpec{}, nil},

@@ -22,6 +22,7 @@ const (
 	TicketReasonOtherNodeWins    = "AttachedToAnotherNode"
 	TicketReasonVolumeNotHealthy = "VolumeNotAttachable"
 	TicketReasonWaitingMigration = "WaitingForMigration"
+	TicketReasonWaitingForClone  = "WaitingForClone"
 )
 
 var attacherPriorities = map[v1beta1.AttacherType]int{
@@ -100,6 +101,41 @@ func parametersCompatible(disableFrontend bool, t *v1beta1.AttachmentTicket) boo
 	return true
 }
 
+// cloneIncomplete tells a volume whose data source has not been copied in
+// yet: until it is, only the clone controller may attach it, so no workload
+// ever reads a half-filled volume.
+func cloneIncomplete(vol *v1beta1.Volume) bool {
+	return vol.Spec.DataSource != "" &&
+		(vol.Status.CloneStatus == nil || vol.Status.CloneStatus.State != v1beta1.VolumeCloneStateCompleted)
+}
+
+// eligibleTickets are the tickets the volume may be attached for now.
+func eligibleTickets(vol *v1beta1.Volume, tickets map[string]*v1beta1.AttachmentTicket) map[string]*v1beta1.AttachmentTicket {
+	if !cloneIncomplete(vol) {
+		return tickets
+	}
+	out := map[string]*v1beta1.AttachmentTicket{}
+	for id, t := range tickets {
+		if t != nil && t.Type == v1beta1.AttacherTypeVolumeCloneController {
+			out[id] = t
+		}
+	}
+	return out
+}
+
+func cloneWaitMessage(vol *v1beta1.Volume) string {
+	cs := vol.Status.CloneStatus
+	if cs == nil {
+		return fmt.Sprintf("the volume is filled from %s first; the clone has not started", vol.Spec.DataSource)
+	}
+	msg := fmt.Sprintf("the volume is filled from %s first; the clone is %s (%d%%)",
+		vol.Spec.DataSource, orUnknown(string(cs.State)), cs.Progress)
+	if cs.Message != "" {
+		msg += ": " + cs.Message
+	}
+	return msg
+}
+
 // detachDecision says whether the AD controller clears vol.Spec.NodeID, and
 // why. A migrating volume is never detached here: migrationDecision first
 // confirms or rolls the migration back.
@@ -163,6 +199,8 @@ func ticketStatuses(vol *v1beta1.Volume, va *v1beta1.VolumeAttachment, now metav
 		var ok bool
 		var reason, msg string
 		switch {
+		case cloneIncomplete(vol) && t.Type != v1beta1.AttacherTypeVolumeCloneController:
+			reason, msg = TicketReasonWaitingForClone, cloneWaitMessage(vol)
 		case attached && vol.Status.CurrentNodeID == t.NodeID && parametersCompatible(vol.Spec.DisableFrontend, t):
 			ok, reason, msg = true, TicketReasonAttached, "the volume is attached to node "+t.NodeID
 		case attached && vol.Status.CurrentNodeID == t.NodeID:

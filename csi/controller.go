@@ -21,6 +21,7 @@ import (
 
 	"github.com/strata-storage/strata/engine/blockdev"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
 )
 
 // StorageClass parameters CreateVolume understands. The external-provisioner
@@ -54,6 +55,13 @@ func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 		csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME,
 		csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
 		csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
+		csi.ControllerServiceCapability_RPC_CLONE_VOLUME,
+		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
+		csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
+		csi.ControllerServiceCapability_RPC_LIST_VOLUMES_PUBLISHED_NODES,
+		csi.ControllerServiceCapability_RPC_GET_VOLUME,
+		csi.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH,
+		csi.ControllerServiceCapability_RPC_LIST_VOLUME_HEALTH,
 	} {
 		caps = append(caps, &csi.ControllerServiceCapability{
 			Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}}})
@@ -67,6 +75,9 @@ type volumeRequest struct {
 	size        int64
 	replicas    int32 // 0: the default-replica-count setting applies
 	annotations map[string]string
+	dataSource  string // spec.dataSource: "" or the content source's snap:// or vol:// form
+	// sizeGiven: the request named a capacity; else a content source's size applies.
+	sizeGiven bool
 }
 
 func parseCreateVolume(req *csi.CreateVolumeRequest) (*volumeRequest, error) {
@@ -81,7 +92,7 @@ func parseCreateVolume(req *csi.CreateVolumeRequest) (*volumeRequest, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := &volumeRequest{name: volumeIDFor(req.GetName()), size: size,
+	v := &volumeRequest{name: volumeIDFor(req.GetName()), size: size, sizeGiven: req.GetCapacityRange().GetRequiredBytes() > 0,
 		annotations: map[string]string{AnnotationCSIName: req.GetName()}}
 	for key, value := range req.GetParameters() {
 		switch {
@@ -172,7 +183,7 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if err != nil {
 		return nil, err
 	}
-	if err := d.checkContentSource(ctx, req.GetVolumeContentSource()); err != nil {
+	if err := d.resolveContentSource(ctx, req.GetVolumeContentSource(), req.GetCapacityRange(), want); err != nil {
 		return nil, err
 	}
 	vol, err := d.ensureVolume(ctx, want)
@@ -182,27 +193,62 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if vol, err = d.waitScheduled(ctx, vol.Name); err != nil {
 		return nil, err
 	}
-	return &csi.CreateVolumeResponse{Volume: &csi.Volume{VolumeId: vol.Name, CapacityBytes: vol.Spec.Size.Value()}}, nil
+	return &csi.CreateVolumeResponse{Volume: &csi.Volume{VolumeId: vol.Name, CapacityBytes: vol.Spec.Size.Value(),
+		ContentSource: req.GetVolumeContentSource()}}, nil
 }
 
-// checkContentSource refuses a content source: cloning and restoring are not
-// built yet. A source that does not exist is NotFound, as the spec asks.
-func (d *Driver) checkContentSource(ctx context.Context, src *csi.VolumeContentSource) error {
+// resolveContentSource turns a content source into the volume's data
+// source: a snapshot (the Snapshot CR the snapshot id names) or a whole
+// volume, which the clone controller copies in. A source that does not
+// exist is NotFound, one larger than the requested capacity OutOfRange; with
+// no capacity requested the volume takes the source's size.
+func (d *Driver) resolveContentSource(ctx context.Context, src *csi.VolumeContentSource, r *csi.CapacityRange, want *volumeRequest) error {
 	if src == nil {
 		return nil
 	}
-	var err error
+	var sourceSize int64
+	var what string
 	switch {
 	case src.GetSnapshot() != nil:
-		_, err = d.ds.Snapshots.GetROOrLive(ctx, src.GetSnapshot().GetSnapshotId())
+		id := src.GetSnapshot().GetSnapshotId()
+		snap, err := d.ds.Snapshots.GetROOrLive(ctx, id)
+		if err != nil {
+			return apiStatus(err, "volume_content_source: snapshot "+id)
+		}
+		if snap.DeletionTimestamp != nil {
+			return status.Errorf(codes.NotFound, "volume_content_source: snapshot %s is being deleted", id)
+		}
+		if !snap.Status.ReadyToUse {
+			return status.Errorf(codes.Unavailable, "volume_content_source: snapshot %s is not ready to use yet", id)
+		}
+		want.dataSource = types.DataSource{Volume: snap.Spec.Volume, Snapshot: snap.Name}.String()
+		sourceSize, what = snap.Status.RestoreSize, "snapshot "+id
 	case src.GetVolume() != nil:
-		_, err = d.ds.Volumes.GetROOrLive(ctx, src.GetVolume().GetVolumeId())
+		id := src.GetVolume().GetVolumeId()
+		vol, err := d.ds.Volumes.GetROOrLive(ctx, id)
+		if err != nil {
+			return apiStatus(err, "volume_content_source: volume "+id)
+		}
+		if vol.DeletionTimestamp != nil {
+			return status.Errorf(codes.NotFound, "volume_content_source: volume %s is being deleted", id)
+		}
+		want.dataSource = types.DataSource{Volume: vol.Name}.String()
+		sourceSize, what = max(vol.Spec.Size.Value(), vol.Status.CurrentSize), "volume "+id
+	default:
+		return status.Error(codes.InvalidArgument, "volume_content_source: neither a snapshot nor a volume")
 	}
-	if apierrors.IsNotFound(err) {
-		return status.Errorf(codes.NotFound, "volume_content_source: %v", err)
+	switch {
+	case !want.sizeGiven && sourceSize > want.size:
+		want.size = sourceSize
+	case sourceSize > want.size:
+		return status.Errorf(codes.OutOfRange, "capacity_range: %d bytes is smaller than the content source (%s has %d bytes)",
+			want.size, what, sourceSize)
 	}
-	return status.Error(codes.InvalidArgument,
-		"volume_content_source: creating a volume from a snapshot or another volume is not available yet")
+	if limit := r.GetLimitBytes(); limit > 0 && want.size > limit {
+		return status.Errorf(codes.OutOfRange, "capacity_range: the content source (%s) has %d bytes, above limit_bytes %d",
+			what, sourceSize, limit)
+	}
+	return nil
 }
 
 // ensureVolume creates the volume, or returns the one an earlier call with
@@ -218,6 +264,10 @@ func (d *Driver) ensureVolume(ctx context.Context, want *volumeRequest) (*v1beta
 			return nil, status.Errorf(codes.AlreadyExists, "volume %s exists with %d replicas, requested %d",
 				want.name, existing.Spec.NumberOfReplicas, want.replicas)
 		}
+		if existing.Spec.DataSource != want.dataSource {
+			return nil, status.Errorf(codes.AlreadyExists, "volume %s exists with data source %q, requested %q",
+				want.name, existing.Spec.DataSource, want.dataSource)
+		}
 		if existing.DeletionTimestamp != nil {
 			return nil, status.Errorf(codes.Aborted, "volume %s is being deleted; retry once it is gone", want.name)
 		}
@@ -228,7 +278,7 @@ func (d *Driver) ensureVolume(ctx context.Context, want *volumeRequest) (*v1beta
 	vol := &v1beta1.Volume{
 		ObjectMeta: metav1.ObjectMeta{Name: want.name, Namespace: d.ds.Namespace, Annotations: want.annotations},
 		Spec: v1beta1.VolumeSpec{Size: *resource.NewQuantity(want.size, resource.BinarySI),
-			NumberOfReplicas: want.replicas, Frontend: v1beta1.VolumeFrontendNBD},
+			NumberOfReplicas: want.replicas, Frontend: v1beta1.VolumeFrontendNBD, DataSource: want.dataSource},
 	}
 	created, err := d.ds.Volumes.Create(ctx, vol)
 	if apierrors.IsAlreadyExists(err) { // a concurrent call won: judge its volume
@@ -237,7 +287,8 @@ func (d *Driver) ensureVolume(ctx context.Context, want *volumeRequest) (*v1beta
 	if err != nil {
 		return nil, apiStatus(err, "creating volume "+want.name)
 	}
-	d.log.WithFields(map[string]any{"volume": want.name, "size": want.size, "replicas": want.replicas}).Info("Created volume")
+	d.log.WithFields(map[string]any{"volume": want.name, "size": want.size, "replicas": want.replicas,
+		"dataSource": want.dataSource}).Info("Created volume")
 	return created, nil
 }
 

@@ -51,6 +51,27 @@ func onCreate(env *dstest.Env, edit func(*v1beta1.Volume)) {
 	})
 }
 
+func fromSource(name string, required int64, src *csi.VolumeContentSource) *csi.CreateVolumeRequest {
+	r := createReq(name, required, nil)
+	r.VolumeContentSource = src
+	return r
+}
+
+func volumeSource(id string) *csi.VolumeContentSource {
+	return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: id}}}
+}
+
+func snapshotSource(id string) *csi.VolumeContentSource {
+	return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: id}}}
+}
+
+// readySnapshot is a snapshot of volume; a restore size of 0 means not ready yet.
+func readySnapshot(name, volume string, restoreSize int64) *v1beta1.Snapshot {
+	return &v1beta1.Snapshot{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: types.DefaultNamespace},
+		Spec:   v1beta1.SnapshotSpec{Volume: volume, CreateSnapshot: true},
+		Status: v1beta1.SnapshotStatus{ReadyToUse: restoreSize > 0, RestoreSize: restoreSize}}
+}
+
 func detachedOnCreate(v *v1beta1.Volume) { v.Status.State = v1beta1.VolumeStateDetached }
 
 func TestCreateVolume(t *testing.T) {
@@ -63,6 +84,8 @@ func TestCreateVolume(t *testing.T) {
 		wantMsg  string
 		wantSize int64
 		wantID   string // "": the request's name
+		// the volume's spec.dataSource
+		wantSource string
 		// the writes expected, as "verb resource"
 		wantWrites []string
 	}{
@@ -87,10 +110,21 @@ func TestCreateVolume(t *testing.T) {
 			CapacityRange: &csi.CapacityRange{RequiredBytes: 5000, LimitBytes: 6000}}, wantCode: codes.OutOfRange, wantMsg: "above limit_bytes 6000"},
 		{name: "a name that cannot be a volume's: a name derived from it", react: func(e *dstest.Env) { onCreate(e, detachedOnCreate) },
 			req: createReq("PVC_1", 1<<20, nil), wantID: volumeIDFor("PVC_1"), wantSize: 1 << 20, wantWrites: []string{"create volumes"}},
-		{name: "content source: not built yet", existing: []runtime.Object{existingVolume("src", 1<<20, 1)},
-			req: &csi.CreateVolumeRequest{Name: "pvc-1", VolumeCapabilities: []*csi.VolumeCapability{rwo},
-				VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: "src"}}}},
-			wantCode: codes.InvalidArgument, wantMsg: "not available yet"},
+		{name: "content source: a volume, size taken from it", existing: []runtime.Object{existingVolume("src", 1<<20, 1)},
+			react: func(e *dstest.Env) { onCreate(e, detachedOnCreate) },
+			req:   fromSource("pvc-1", 0, volumeSource("src")), wantSize: 1 << 20, wantSource: "vol://src",
+			wantWrites: []string{"create volumes"}},
+		{name: "content source: a ready snapshot", existing: []runtime.Object{existingVolume("src", 1<<20, 1), readySnapshot("snap-1", "src", 1<<20)},
+			react: func(e *dstest.Env) { onCreate(e, detachedOnCreate) },
+			req:   fromSource("pvc-1", 2<<20, snapshotSource("snap-1")), wantSize: 2 << 20, wantSource: "snap://src/snap-1",
+			wantWrites: []string{"create volumes"}},
+		{name: "content source: same name, other source",
+			existing: []runtime.Object{existingVolume("src", 1<<20, 1), existingVolume("pvc-1", 1<<20, 1)},
+			req:      fromSource("pvc-1", 1<<20, volumeSource("src")), wantCode: codes.AlreadyExists, wantMsg: `data source "", requested "vol://src"`},
+		{name: "content source larger than the capacity", existing: []runtime.Object{existingVolume("src", 2<<20, 1)},
+			req: fromSource("pvc-1", 1<<20, volumeSource("src")), wantCode: codes.OutOfRange, wantMsg: "smaller than the content source (volume src has 2097152 bytes)"},
+		{name: "content source: a snapshot not ready yet", existing: []runtime.Object{existingVolume("src", 1<<20, 1), readySnapshot("snap-1", "src", 0)},
+			req: fromSource("pvc-1", 1<<20, snapshotSource("snap-1")), wantCode: codes.Unavailable, wantMsg: "not ready to use yet"},
 		{name: "content source missing", req: &csi.CreateVolumeRequest{Name: "pvc-1", VolumeCapabilities: []*csi.VolumeCapability{rwo},
 			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: "snap-x"}}}},
 			wantCode: codes.NotFound, wantMsg: `"snap-x" not found`},
@@ -138,6 +172,8 @@ func TestCreateVolume(t *testing.T) {
 			vol, err := env.Strata.StrataV1beta1().Volumes(types.DefaultNamespace).Get(t.Context(), wantID, metav1.GetOptions{})
 			require.NoError(t, err)
 			assert.Equal(t, tc.wantSize, vol.Spec.Size.Value())
+			assert.Equal(t, tc.wantSource, vol.Spec.DataSource)
+			assert.Equal(t, tc.req.VolumeContentSource, resp.Volume.ContentSource)
 			if len(tc.existing) == 0 {
 				assert.Equal(t, tc.req.Name, vol.Annotations[AnnotationCSIName], "the CSI name is kept on the volume")
 				if claim := tc.req.Parameters["csi.storage.k8s.io/pvc/name"]; claim != "" {

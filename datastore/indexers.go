@@ -19,6 +19,9 @@ const (
 	// IndexByTicketOwner maps TicketOwnerKey values to the VolumeAttachments
 	// holding a ticket owned by that object.
 	IndexByTicketOwner = "by-ticket-owner"
+	// IndexByCloneSource maps a volume to the volumes filled from it
+	// (spec.dataSource, either form).
+	IndexByCloneSource = "by-clone-source"
 )
 
 // indexOn builds an index function from a typed key extractor; objects of
@@ -40,6 +43,10 @@ func indexOn[T any](key func(T) string) cache.IndexFunc {
 var (
 	volumeIndexers = cache.Indexers{
 		IndexByBackingImage: indexOn(func(v *v1beta1.Volume) string { return v.Spec.BackingImage }),
+		IndexByCloneSource: indexOn(func(v *v1beta1.Volume) string {
+			src, _ := types.ParseDataSource(v.Spec.DataSource)
+			return src.Volume
+		}),
 	}
 	engineIndexers = cache.Indexers{
 		IndexByVolume: indexOn(func(e *v1beta1.Engine) string { return e.Spec.VolumeName }),

@@ -127,6 +127,8 @@ type Instance struct {
 	Snapshots        map[string]*Snapshot
 	PurgeStatus      map[string]*PurgeStatus
 	RebuildStatus    map[string]*RebuildStatus
+	// CloneStatus is the snapshot clone filling an engine, while one runs.
+	CloneStatus *CloneStatus
 	// Revision grows with every change within one instance manager's life.
 	Revision uint64
 }
@@ -158,6 +160,13 @@ type RebuildStatus struct {
 	State        string
 	Error        string
 	FromReplica  string
+}
+
+// CloneStatus is a running snapshot clone.
+type CloneStatus struct {
+	Snapshot      string
+	SourceAddress string
+	Progress      int32
 }
 
 // WatchEventKind says what a WatchEvent carries.

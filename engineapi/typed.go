@@ -144,6 +144,7 @@ func InstanceFromWire(in *impb.Instance) *Instance {
 		Snapshots:     convertMap(in.GetSnapshots(), snapshotFromWire),
 		PurgeStatus:   convertMap(in.GetPurgeStatus(), purgeStatusFromWire),
 		RebuildStatus: convertMap(in.GetRebuildStatus(), rebuildStatusFromWire),
+		CloneStatus:   cloneStatusFromWire(in.GetCloneStatus()),
 	}
 	if modes := in.GetReplicaModes(); len(modes) > 0 {
 		out.ReplicaModes = make(map[string]ReplicaMode, len(modes))
@@ -197,6 +198,13 @@ func snapshotFromWire(s *impb.Snapshot) *Snapshot {
 
 func purgeStatusFromWire(p *impb.PurgeStatus) *PurgeStatus {
 	return &PurgeStatus{IsPurging: p.GetIsPurging(), Progress: p.GetProgress(), State: p.GetState(), Error: p.GetError()}
+}
+
+func cloneStatusFromWire(c *impb.CloneStatus) *CloneStatus {
+	if c == nil {
+		return nil
+	}
+	return &CloneStatus{Snapshot: c.GetSnapshot(), SourceAddress: c.GetSourceAddress(), Progress: c.GetProgress()}
 }
 
 func rebuildStatusFromWire(r *impb.RebuildStatus) *RebuildStatus {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/sirupsen/logrus"
 
@@ -14,13 +15,44 @@ import (
 	"github.com/strata-storage/strata/engineapi/impb"
 )
 
-// startClone marks eng as being filled by a clone; false if one already is.
-func (s *Server) startClone(eng *replication.Engine) bool {
-	_, running := s.clones.LoadOrStore(eng, struct{}{})
-	return !running
+// cloneProgress is what Watch tells about a clone while it runs.
+type cloneProgress struct {
+	snapshot, source string
+	done, total      atomic.Int64
+}
+
+// percent is the share of the snapshot's data copied so far.
+func (p *cloneProgress) percent() int32 {
+	total := p.total.Load()
+	if total <= 0 {
+		return 0
+	}
+	return int32(min(p.done.Load()*100/total, 100))
+}
+
+func (p *cloneProgress) proto() *impb.CloneStatus {
+	return &impb.CloneStatus{Snapshot: p.snapshot, SourceAddress: p.source, Progress: p.percent(),
+		BytesDone: p.done.Load(), BytesTotal: p.total.Load()}
+}
+
+// startClone marks eng as being filled by a clone; nil if one already is.
+func (s *Server) startClone(eng *replication.Engine, req *impb.SnapshotCloneRequest) *cloneProgress {
+	p := &cloneProgress{snapshot: req.Snapshot, source: req.SourceAddress}
+	if _, running := s.clones.LoadOrStore(eng, p); running {
+		return nil
+	}
+	return p
 }
 
 func (s *Server) endClone(eng *replication.Engine) { s.clones.Delete(eng) }
+
+// cloneStatus is the progress of the clone filling eng, nil when none runs.
+func (s *Server) cloneStatus(eng *replication.Engine) *impb.CloneStatus {
+	if p, ok := s.clones.Load(eng); ok {
+		return p.(*cloneProgress).proto()
+	}
+	return nil
+}
 
 // cloneRunning reports whether a clone is filling eng. Operations that must
 // not see a half-cloned volume (starting the frontend, snapshot, revert)
@@ -69,13 +101,14 @@ func (s *Server) SnapshotClone(ctx context.Context, req *impb.SnapshotCloneReque
 	if serving {
 		return nil, engineapi.ToStatus(fmt.Errorf("engine %s: stop the frontend before cloning into it: %w", req.Engine, engineapi.ErrBusy))
 	}
-	if !s.startClone(eng) {
+	progress := s.startClone(eng, req)
+	if progress == nil {
 		return nil, engineapi.ToStatus(fmt.Errorf("engine %s: a clone into it is already running: %w", req.Engine, engineapi.ErrBusy))
 	}
-	defer s.endClone(eng)
 
 	log := s.log.WithFields(logrus.Fields{"engine": req.Engine, "source": req.SourceAddress, "snapshot": req.Snapshot})
-	err = s.clone(ctx, eng, req, log)
+	err = s.clone(ctx, inst, eng, req, progress, log)
+	s.endClone(eng)
 	// Tell watchers about the new head size (and whatever a failure did).
 	inst.mu.Lock()
 	if inst.eng == eng {
@@ -91,7 +124,8 @@ func (s *Server) SnapshotClone(ctx context.Context, req *impb.SnapshotCloneReque
 	return &impb.Empty{}, nil
 }
 
-func (s *Server) clone(ctx context.Context, eng *replication.Engine, req *impb.SnapshotCloneRequest, log logrus.FieldLogger) error {
+func (s *Server) clone(ctx context.Context, inst *instance, eng *replication.Engine, req *impb.SnapshotCloneRequest,
+	status *cloneProgress, log logrus.FieldLogger) error {
 	target, err := eng.Chain(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the target's chain: %w", err)
@@ -126,6 +160,9 @@ func (s *Server) clone(ctx context.Context, eng *replication.Engine, req *impb.S
 
 	log.WithFields(logrus.Fields{"layers": len(plan.path), "bytes": plan.bytes}).Info("Snapshot clone started")
 	progress := newProgressLog(log, "Snapshot clone", plan.bytes)
+	status.total.Store(plan.bytes)
+	s.publishClone(inst, eng)
+	lastPct := int32(0)
 	var written int64
 	err = readPieces(ctx, srcs, plan.pieces, func(p piece, data []byte) error {
 		err := splitZeroRuns(data, func(rel int, run []byte, zero bool) error {
@@ -148,6 +185,13 @@ func (s *Server) clone(ctx context.Context, eng *replication.Engine, req *impb.S
 			return nil
 		})
 		progress.add(p.length)
+		status.done.Add(p.length)
+		if pct := status.percent(); pct != lastPct {
+			// Watchers (the clone controller's progress column) hear of
+			// every whole percent, at most 100 events a clone.
+			lastPct = pct
+			s.publishClone(inst, eng)
+		}
 		return err
 	})
 	if err != nil {
@@ -165,6 +209,15 @@ func (s *Server) clone(ctx context.Context, eng *replication.Engine, req *impb.S
 		}
 	}
 	return nil
+}
+
+// publishClone tells watchers the clone's progress.
+func (s *Server) publishClone(inst *instance, eng *replication.Engine) {
+	inst.mu.Lock()
+	defer inst.mu.Unlock()
+	if inst.eng == eng {
+		s.publishLocked(inst)
+	}
 }
 
 var zeroBlock [blockdev.BlockSize]byte

@@ -392,6 +392,7 @@ func (s *Server) render(inst *instance) *impb.Instance {
 			out.Snapshots[name] = proto.Clone(snap).(*impb.Snapshot)
 		}
 		out.RebuildStatus = rebuildStatusProto(inst.eng)
+		out.CloneStatus = s.cloneStatus(inst.eng)
 		if len(inst.purge) > 0 {
 			out.PurgeStatus = map[string]*impb.PurgeStatus{}
 			for name, st := range inst.purge {

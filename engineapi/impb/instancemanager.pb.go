@@ -235,7 +235,7 @@ func (x WatchEvent_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchEvent_Kind.Descriptor instead.
 func (WatchEvent_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{7, 0}
+	return file_instancemanager_proto_rawDescGZIP(), []int{8, 0}
 }
 
 type Empty struct {
@@ -464,7 +464,9 @@ type Instance struct {
 	PurgeStatus   map[string]*PurgeStatus   `protobuf:"bytes,11,rep,name=purge_status,json=purgeStatus,proto3" json:"purge_status,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	RebuildStatus map[string]*RebuildStatus `protobuf:"bytes,12,rep,name=rebuild_status,json=rebuildStatus,proto3" json:"rebuild_status,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Bumped on every change, so a watcher can drop stale events.
-	Revision      uint64 `protobuf:"varint,13,opt,name=revision,proto3" json:"revision,omitempty"`
+	Revision uint64 `protobuf:"varint,13,opt,name=revision,proto3" json:"revision,omitempty"`
+	// Engine: the SnapshotClone filling it, while one runs.
+	CloneStatus   *CloneStatus `protobuf:"bytes,14,opt,name=clone_status,json=cloneStatus,proto3" json:"clone_status,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -590,6 +592,89 @@ func (x *Instance) GetRevision() uint64 {
 	return 0
 }
 
+func (x *Instance) GetCloneStatus() *CloneStatus {
+	if x != nil {
+		return x.CloneStatus
+	}
+	return nil
+}
+
+type CloneStatus struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Snapshot      string                 `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	SourceAddress string                 `protobuf:"bytes,2,opt,name=source_address,json=sourceAddress,proto3" json:"source_address,omitempty"`
+	Progress      int32                  `protobuf:"varint,3,opt,name=progress,proto3" json:"progress,omitempty"`
+	BytesDone     int64                  `protobuf:"varint,4,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
+	BytesTotal    int64                  `protobuf:"varint,5,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CloneStatus) Reset() {
+	*x = CloneStatus{}
+	mi := &file_instancemanager_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloneStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloneStatus) ProtoMessage() {}
+
+func (x *CloneStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_instancemanager_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloneStatus.ProtoReflect.Descriptor instead.
+func (*CloneStatus) Descriptor() ([]byte, []int) {
+	return file_instancemanager_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *CloneStatus) GetSnapshot() string {
+	if x != nil {
+		return x.Snapshot
+	}
+	return ""
+}
+
+func (x *CloneStatus) GetSourceAddress() string {
+	if x != nil {
+		return x.SourceAddress
+	}
+	return ""
+}
+
+func (x *CloneStatus) GetProgress() int32 {
+	if x != nil {
+		return x.Progress
+	}
+	return 0
+}
+
+func (x *CloneStatus) GetBytesDone() int64 {
+	if x != nil {
+		return x.BytesDone
+	}
+	return 0
+}
+
+func (x *CloneStatus) GetBytesTotal() int64 {
+	if x != nil {
+		return x.BytesTotal
+	}
+	return 0
+}
+
 type InstanceListRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -598,7 +683,7 @@ type InstanceListRequest struct {
 
 func (x *InstanceListRequest) Reset() {
 	*x = InstanceListRequest{}
-	mi := &file_instancemanager_proto_msgTypes[4]
+	mi := &file_instancemanager_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -610,7 +695,7 @@ func (x *InstanceListRequest) String() string {
 func (*InstanceListRequest) ProtoMessage() {}
 
 func (x *InstanceListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[4]
+	mi := &file_instancemanager_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -623,7 +708,7 @@ func (x *InstanceListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceListRequest.ProtoReflect.Descriptor instead.
 func (*InstanceListRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{4}
+	return file_instancemanager_proto_rawDescGZIP(), []int{5}
 }
 
 type InstanceListResponse struct {
@@ -635,7 +720,7 @@ type InstanceListResponse struct {
 
 func (x *InstanceListResponse) Reset() {
 	*x = InstanceListResponse{}
-	mi := &file_instancemanager_proto_msgTypes[5]
+	mi := &file_instancemanager_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -647,7 +732,7 @@ func (x *InstanceListResponse) String() string {
 func (*InstanceListResponse) ProtoMessage() {}
 
 func (x *InstanceListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[5]
+	mi := &file_instancemanager_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -660,7 +745,7 @@ func (x *InstanceListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceListResponse.ProtoReflect.Descriptor instead.
 func (*InstanceListResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{5}
+	return file_instancemanager_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *InstanceListResponse) GetInstances() []*Instance {
@@ -678,7 +763,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_instancemanager_proto_msgTypes[6]
+	mi := &file_instancemanager_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -690,7 +775,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[6]
+	mi := &file_instancemanager_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -703,7 +788,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{6}
+	return file_instancemanager_proto_rawDescGZIP(), []int{7}
 }
 
 type WatchEvent struct {
@@ -716,7 +801,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_instancemanager_proto_msgTypes[7]
+	mi := &file_instancemanager_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -728,7 +813,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[7]
+	mi := &file_instancemanager_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -741,7 +826,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{7}
+	return file_instancemanager_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WatchEvent) GetKind() WatchEvent_Kind {
@@ -774,7 +859,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_instancemanager_proto_msgTypes[8]
+	mi := &file_instancemanager_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -786,7 +871,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[8]
+	mi := &file_instancemanager_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -799,7 +884,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{8}
+	return file_instancemanager_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Snapshot) GetName() string {
@@ -870,7 +955,7 @@ type SnapshotCreateRequest struct {
 
 func (x *SnapshotCreateRequest) Reset() {
 	*x = SnapshotCreateRequest{}
-	mi := &file_instancemanager_proto_msgTypes[9]
+	mi := &file_instancemanager_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -882,7 +967,7 @@ func (x *SnapshotCreateRequest) String() string {
 func (*SnapshotCreateRequest) ProtoMessage() {}
 
 func (x *SnapshotCreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[9]
+	mi := &file_instancemanager_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -895,7 +980,7 @@ func (x *SnapshotCreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCreateRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotCreateRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{9}
+	return file_instancemanager_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SnapshotCreateRequest) GetEngine() string {
@@ -935,7 +1020,7 @@ type SnapshotCreateResponse struct {
 
 func (x *SnapshotCreateResponse) Reset() {
 	*x = SnapshotCreateResponse{}
-	mi := &file_instancemanager_proto_msgTypes[10]
+	mi := &file_instancemanager_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -947,7 +1032,7 @@ func (x *SnapshotCreateResponse) String() string {
 func (*SnapshotCreateResponse) ProtoMessage() {}
 
 func (x *SnapshotCreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[10]
+	mi := &file_instancemanager_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -960,7 +1045,7 @@ func (x *SnapshotCreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCreateResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotCreateResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{10}
+	return file_instancemanager_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SnapshotCreateResponse) GetName() string {
@@ -979,7 +1064,7 @@ type SnapshotListResponse struct {
 
 func (x *SnapshotListResponse) Reset() {
 	*x = SnapshotListResponse{}
-	mi := &file_instancemanager_proto_msgTypes[11]
+	mi := &file_instancemanager_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -991,7 +1076,7 @@ func (x *SnapshotListResponse) String() string {
 func (*SnapshotListResponse) ProtoMessage() {}
 
 func (x *SnapshotListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[11]
+	mi := &file_instancemanager_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1004,7 +1089,7 @@ func (x *SnapshotListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotListResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotListResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{11}
+	return file_instancemanager_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SnapshotListResponse) GetSnapshots() map[string]*Snapshot {
@@ -1024,7 +1109,7 @@ type SnapshotRemoveRequest struct {
 
 func (x *SnapshotRemoveRequest) Reset() {
 	*x = SnapshotRemoveRequest{}
-	mi := &file_instancemanager_proto_msgTypes[12]
+	mi := &file_instancemanager_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1036,7 +1121,7 @@ func (x *SnapshotRemoveRequest) String() string {
 func (*SnapshotRemoveRequest) ProtoMessage() {}
 
 func (x *SnapshotRemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[12]
+	mi := &file_instancemanager_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1049,7 +1134,7 @@ func (x *SnapshotRemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRemoveRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRemoveRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{12}
+	return file_instancemanager_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SnapshotRemoveRequest) GetEngine() string {
@@ -1078,7 +1163,7 @@ type PurgeStatus struct {
 
 func (x *PurgeStatus) Reset() {
 	*x = PurgeStatus{}
-	mi := &file_instancemanager_proto_msgTypes[13]
+	mi := &file_instancemanager_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1090,7 +1175,7 @@ func (x *PurgeStatus) String() string {
 func (*PurgeStatus) ProtoMessage() {}
 
 func (x *PurgeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[13]
+	mi := &file_instancemanager_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1103,7 +1188,7 @@ func (x *PurgeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeStatus.ProtoReflect.Descriptor instead.
 func (*PurgeStatus) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{13}
+	return file_instancemanager_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PurgeStatus) GetIsPurging() bool {
@@ -1143,7 +1228,7 @@ type PurgeStatusResponse struct {
 
 func (x *PurgeStatusResponse) Reset() {
 	*x = PurgeStatusResponse{}
-	mi := &file_instancemanager_proto_msgTypes[14]
+	mi := &file_instancemanager_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1155,7 +1240,7 @@ func (x *PurgeStatusResponse) String() string {
 func (*PurgeStatusResponse) ProtoMessage() {}
 
 func (x *PurgeStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[14]
+	mi := &file_instancemanager_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1168,7 +1253,7 @@ func (x *PurgeStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeStatusResponse.ProtoReflect.Descriptor instead.
 func (*PurgeStatusResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{14}
+	return file_instancemanager_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PurgeStatusResponse) GetStatus() map[string]*PurgeStatus {
@@ -1188,7 +1273,7 @@ type SnapshotRevertRequest struct {
 
 func (x *SnapshotRevertRequest) Reset() {
 	*x = SnapshotRevertRequest{}
-	mi := &file_instancemanager_proto_msgTypes[15]
+	mi := &file_instancemanager_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1200,7 +1285,7 @@ func (x *SnapshotRevertRequest) String() string {
 func (*SnapshotRevertRequest) ProtoMessage() {}
 
 func (x *SnapshotRevertRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[15]
+	mi := &file_instancemanager_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1213,7 +1298,7 @@ func (x *SnapshotRevertRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRevertRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRevertRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{15}
+	return file_instancemanager_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SnapshotRevertRequest) GetEngine() string {
@@ -1242,7 +1327,7 @@ type SnapshotCloneRequest struct {
 
 func (x *SnapshotCloneRequest) Reset() {
 	*x = SnapshotCloneRequest{}
-	mi := &file_instancemanager_proto_msgTypes[16]
+	mi := &file_instancemanager_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1254,7 +1339,7 @@ func (x *SnapshotCloneRequest) String() string {
 func (*SnapshotCloneRequest) ProtoMessage() {}
 
 func (x *SnapshotCloneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[16]
+	mi := &file_instancemanager_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1267,7 +1352,7 @@ func (x *SnapshotCloneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCloneRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotCloneRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{16}
+	return file_instancemanager_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SnapshotCloneRequest) GetEngine() string {
@@ -1301,7 +1386,7 @@ type SnapshotExportRequest struct {
 
 func (x *SnapshotExportRequest) Reset() {
 	*x = SnapshotExportRequest{}
-	mi := &file_instancemanager_proto_msgTypes[17]
+	mi := &file_instancemanager_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1313,7 +1398,7 @@ func (x *SnapshotExportRequest) String() string {
 func (*SnapshotExportRequest) ProtoMessage() {}
 
 func (x *SnapshotExportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[17]
+	mi := &file_instancemanager_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1326,7 +1411,7 @@ func (x *SnapshotExportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotExportRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotExportRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{17}
+	return file_instancemanager_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SnapshotExportRequest) GetEngine() string {
@@ -1355,7 +1440,7 @@ type ExportChunk struct {
 
 func (x *ExportChunk) Reset() {
 	*x = ExportChunk{}
-	mi := &file_instancemanager_proto_msgTypes[18]
+	mi := &file_instancemanager_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1367,7 +1452,7 @@ func (x *ExportChunk) String() string {
 func (*ExportChunk) ProtoMessage() {}
 
 func (x *ExportChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[18]
+	mi := &file_instancemanager_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1380,7 +1465,7 @@ func (x *ExportChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportChunk.ProtoReflect.Descriptor instead.
 func (*ExportChunk) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{18}
+	return file_instancemanager_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ExportChunk) GetOffset() int64 {
@@ -1415,7 +1500,7 @@ type SnapshotLimitsRequest struct {
 
 func (x *SnapshotLimitsRequest) Reset() {
 	*x = SnapshotLimitsRequest{}
-	mi := &file_instancemanager_proto_msgTypes[19]
+	mi := &file_instancemanager_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1427,7 +1512,7 @@ func (x *SnapshotLimitsRequest) String() string {
 func (*SnapshotLimitsRequest) ProtoMessage() {}
 
 func (x *SnapshotLimitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[19]
+	mi := &file_instancemanager_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1440,7 +1525,7 @@ func (x *SnapshotLimitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotLimitsRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotLimitsRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{19}
+	return file_instancemanager_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SnapshotLimitsRequest) GetEngine() string {
@@ -1474,7 +1559,7 @@ type VolumeExpandRequest struct {
 
 func (x *VolumeExpandRequest) Reset() {
 	*x = VolumeExpandRequest{}
-	mi := &file_instancemanager_proto_msgTypes[20]
+	mi := &file_instancemanager_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1486,7 +1571,7 @@ func (x *VolumeExpandRequest) String() string {
 func (*VolumeExpandRequest) ProtoMessage() {}
 
 func (x *VolumeExpandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[20]
+	mi := &file_instancemanager_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1499,7 +1584,7 @@ func (x *VolumeExpandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeExpandRequest.ProtoReflect.Descriptor instead.
 func (*VolumeExpandRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{20}
+	return file_instancemanager_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *VolumeExpandRequest) GetEngine() string {
@@ -1526,7 +1611,7 @@ type FrontendStartRequest struct {
 
 func (x *FrontendStartRequest) Reset() {
 	*x = FrontendStartRequest{}
-	mi := &file_instancemanager_proto_msgTypes[21]
+	mi := &file_instancemanager_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1538,7 +1623,7 @@ func (x *FrontendStartRequest) String() string {
 func (*FrontendStartRequest) ProtoMessage() {}
 
 func (x *FrontendStartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[21]
+	mi := &file_instancemanager_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1551,7 +1636,7 @@ func (x *FrontendStartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FrontendStartRequest.ProtoReflect.Descriptor instead.
 func (*FrontendStartRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{21}
+	return file_instancemanager_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *FrontendStartRequest) GetEngine() string {
@@ -1581,7 +1666,7 @@ type ReplicaAddRequest struct {
 
 func (x *ReplicaAddRequest) Reset() {
 	*x = ReplicaAddRequest{}
-	mi := &file_instancemanager_proto_msgTypes[22]
+	mi := &file_instancemanager_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1593,7 +1678,7 @@ func (x *ReplicaAddRequest) String() string {
 func (*ReplicaAddRequest) ProtoMessage() {}
 
 func (x *ReplicaAddRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[22]
+	mi := &file_instancemanager_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1606,7 +1691,7 @@ func (x *ReplicaAddRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaAddRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaAddRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{22}
+	return file_instancemanager_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReplicaAddRequest) GetEngine() string {
@@ -1647,7 +1732,7 @@ type ReplicaRemoveRequest struct {
 
 func (x *ReplicaRemoveRequest) Reset() {
 	*x = ReplicaRemoveRequest{}
-	mi := &file_instancemanager_proto_msgTypes[23]
+	mi := &file_instancemanager_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1659,7 +1744,7 @@ func (x *ReplicaRemoveRequest) String() string {
 func (*ReplicaRemoveRequest) ProtoMessage() {}
 
 func (x *ReplicaRemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[23]
+	mi := &file_instancemanager_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1672,7 +1757,7 @@ func (x *ReplicaRemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaRemoveRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaRemoveRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{23}
+	return file_instancemanager_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReplicaRemoveRequest) GetEngine() string {
@@ -1702,7 +1787,7 @@ type RebuildStatus struct {
 
 func (x *RebuildStatus) Reset() {
 	*x = RebuildStatus{}
-	mi := &file_instancemanager_proto_msgTypes[24]
+	mi := &file_instancemanager_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1714,7 +1799,7 @@ func (x *RebuildStatus) String() string {
 func (*RebuildStatus) ProtoMessage() {}
 
 func (x *RebuildStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[24]
+	mi := &file_instancemanager_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1727,7 +1812,7 @@ func (x *RebuildStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebuildStatus.ProtoReflect.Descriptor instead.
 func (*RebuildStatus) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{24}
+	return file_instancemanager_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RebuildStatus) GetIsRebuilding() bool {
@@ -1774,7 +1859,7 @@ type ReplicaDataDeleteRequest struct {
 
 func (x *ReplicaDataDeleteRequest) Reset() {
 	*x = ReplicaDataDeleteRequest{}
-	mi := &file_instancemanager_proto_msgTypes[25]
+	mi := &file_instancemanager_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1786,7 +1871,7 @@ func (x *ReplicaDataDeleteRequest) String() string {
 func (*ReplicaDataDeleteRequest) ProtoMessage() {}
 
 func (x *ReplicaDataDeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[25]
+	mi := &file_instancemanager_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1799,7 +1884,7 @@ func (x *ReplicaDataDeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaDataDeleteRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaDataDeleteRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{25}
+	return file_instancemanager_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReplicaDataDeleteRequest) GetDataDir() string {
@@ -1818,7 +1903,7 @@ type RebuildStatusResponse struct {
 
 func (x *RebuildStatusResponse) Reset() {
 	*x = RebuildStatusResponse{}
-	mi := &file_instancemanager_proto_msgTypes[26]
+	mi := &file_instancemanager_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1830,7 +1915,7 @@ func (x *RebuildStatusResponse) String() string {
 func (*RebuildStatusResponse) ProtoMessage() {}
 
 func (x *RebuildStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[26]
+	mi := &file_instancemanager_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1843,7 +1928,7 @@ func (x *RebuildStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebuildStatusResponse.ProtoReflect.Descriptor instead.
 func (*RebuildStatusResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{26}
+	return file_instancemanager_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RebuildStatusResponse) GetStatus() map[string]*RebuildStatus {
@@ -1876,7 +1961,7 @@ const file_instancemanager_proto_rawDesc = "" +
 	" \x01(\x03R\x0fsnapshotMaxSize\x1a;\n" +
 	"\rReplicasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcf\b\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9a\t\n" +
 	"\bInstance\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12;\n" +
 	"\x04type\x18\x02 \x01(\x0e2'.strata.instancemanager.v1.InstanceTypeR\x04type\x12\x1f\n" +
@@ -1892,7 +1977,8 @@ const file_instancemanager_proto_rawDesc = "" +
 	" \x03(\v22.strata.instancemanager.v1.Instance.SnapshotsEntryR\tsnapshots\x12W\n" +
 	"\fpurge_status\x18\v \x03(\v24.strata.instancemanager.v1.Instance.PurgeStatusEntryR\vpurgeStatus\x12]\n" +
 	"\x0erebuild_status\x18\f \x03(\v26.strata.instancemanager.v1.Instance.RebuildStatusEntryR\rrebuildStatus\x12\x1a\n" +
-	"\brevision\x18\r \x01(\x04R\brevision\x1ag\n" +
+	"\brevision\x18\r \x01(\x04R\brevision\x12I\n" +
+	"\fclone_status\x18\x0e \x01(\v2&.strata.instancemanager.v1.CloneStatusR\vcloneStatus\x1ag\n" +
 	"\x11ReplicaModesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12<\n" +
 	"\x05value\x18\x02 \x01(\x0e2&.strata.instancemanager.v1.ReplicaModeR\x05value:\x028\x01\x1aa\n" +
@@ -1904,7 +1990,15 @@ const file_instancemanager_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2&.strata.instancemanager.v1.PurgeStatusR\x05value:\x028\x01\x1aj\n" +
 	"\x12RebuildStatusEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12>\n" +
-	"\x05value\x18\x02 \x01(\v2(.strata.instancemanager.v1.RebuildStatusR\x05value:\x028\x01\"\x15\n" +
+	"\x05value\x18\x02 \x01(\v2(.strata.instancemanager.v1.RebuildStatusR\x05value:\x028\x01\"\xac\x01\n" +
+	"\vCloneStatus\x12\x1a\n" +
+	"\bsnapshot\x18\x01 \x01(\tR\bsnapshot\x12%\n" +
+	"\x0esource_address\x18\x02 \x01(\tR\rsourceAddress\x12\x1a\n" +
+	"\bprogress\x18\x03 \x01(\x05R\bprogress\x12\x1d\n" +
+	"\n" +
+	"bytes_done\x18\x04 \x01(\x03R\tbytesDone\x12\x1f\n" +
+	"\vbytes_total\x18\x05 \x01(\x03R\n" +
+	"bytesTotal\"\x15\n" +
 	"\x13InstanceListRequest\"Y\n" +
 	"\x14InstanceListResponse\x12A\n" +
 	"\tinstances\x18\x01 \x03(\v2#.strata.instancemanager.v1.InstanceR\tinstances\"\x0e\n" +
@@ -2058,7 +2152,7 @@ func file_instancemanager_proto_rawDescGZIP() []byte {
 }
 
 var file_instancemanager_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_instancemanager_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_instancemanager_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_instancemanager_proto_goTypes = []any{
 	(InstanceType)(0),                // 0: strata.instancemanager.v1.InstanceType
 	(InstanceState)(0),               // 1: strata.instancemanager.v1.InstanceState
@@ -2068,111 +2162,113 @@ var file_instancemanager_proto_goTypes = []any{
 	(*InstanceRef)(nil),              // 5: strata.instancemanager.v1.InstanceRef
 	(*InstanceCreateRequest)(nil),    // 6: strata.instancemanager.v1.InstanceCreateRequest
 	(*Instance)(nil),                 // 7: strata.instancemanager.v1.Instance
-	(*InstanceListRequest)(nil),      // 8: strata.instancemanager.v1.InstanceListRequest
-	(*InstanceListResponse)(nil),     // 9: strata.instancemanager.v1.InstanceListResponse
-	(*WatchRequest)(nil),             // 10: strata.instancemanager.v1.WatchRequest
-	(*WatchEvent)(nil),               // 11: strata.instancemanager.v1.WatchEvent
-	(*Snapshot)(nil),                 // 12: strata.instancemanager.v1.Snapshot
-	(*SnapshotCreateRequest)(nil),    // 13: strata.instancemanager.v1.SnapshotCreateRequest
-	(*SnapshotCreateResponse)(nil),   // 14: strata.instancemanager.v1.SnapshotCreateResponse
-	(*SnapshotListResponse)(nil),     // 15: strata.instancemanager.v1.SnapshotListResponse
-	(*SnapshotRemoveRequest)(nil),    // 16: strata.instancemanager.v1.SnapshotRemoveRequest
-	(*PurgeStatus)(nil),              // 17: strata.instancemanager.v1.PurgeStatus
-	(*PurgeStatusResponse)(nil),      // 18: strata.instancemanager.v1.PurgeStatusResponse
-	(*SnapshotRevertRequest)(nil),    // 19: strata.instancemanager.v1.SnapshotRevertRequest
-	(*SnapshotCloneRequest)(nil),     // 20: strata.instancemanager.v1.SnapshotCloneRequest
-	(*SnapshotExportRequest)(nil),    // 21: strata.instancemanager.v1.SnapshotExportRequest
-	(*ExportChunk)(nil),              // 22: strata.instancemanager.v1.ExportChunk
-	(*SnapshotLimitsRequest)(nil),    // 23: strata.instancemanager.v1.SnapshotLimitsRequest
-	(*VolumeExpandRequest)(nil),      // 24: strata.instancemanager.v1.VolumeExpandRequest
-	(*FrontendStartRequest)(nil),     // 25: strata.instancemanager.v1.FrontendStartRequest
-	(*ReplicaAddRequest)(nil),        // 26: strata.instancemanager.v1.ReplicaAddRequest
-	(*ReplicaRemoveRequest)(nil),     // 27: strata.instancemanager.v1.ReplicaRemoveRequest
-	(*RebuildStatus)(nil),            // 28: strata.instancemanager.v1.RebuildStatus
-	(*ReplicaDataDeleteRequest)(nil), // 29: strata.instancemanager.v1.ReplicaDataDeleteRequest
-	(*RebuildStatusResponse)(nil),    // 30: strata.instancemanager.v1.RebuildStatusResponse
-	nil,                              // 31: strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
-	nil,                              // 32: strata.instancemanager.v1.Instance.ReplicaModesEntry
-	nil,                              // 33: strata.instancemanager.v1.Instance.SnapshotsEntry
-	nil,                              // 34: strata.instancemanager.v1.Instance.PurgeStatusEntry
-	nil,                              // 35: strata.instancemanager.v1.Instance.RebuildStatusEntry
-	nil,                              // 36: strata.instancemanager.v1.Snapshot.LabelsEntry
-	nil,                              // 37: strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
-	nil,                              // 38: strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
-	nil,                              // 39: strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
-	nil,                              // 40: strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
+	(*CloneStatus)(nil),              // 8: strata.instancemanager.v1.CloneStatus
+	(*InstanceListRequest)(nil),      // 9: strata.instancemanager.v1.InstanceListRequest
+	(*InstanceListResponse)(nil),     // 10: strata.instancemanager.v1.InstanceListResponse
+	(*WatchRequest)(nil),             // 11: strata.instancemanager.v1.WatchRequest
+	(*WatchEvent)(nil),               // 12: strata.instancemanager.v1.WatchEvent
+	(*Snapshot)(nil),                 // 13: strata.instancemanager.v1.Snapshot
+	(*SnapshotCreateRequest)(nil),    // 14: strata.instancemanager.v1.SnapshotCreateRequest
+	(*SnapshotCreateResponse)(nil),   // 15: strata.instancemanager.v1.SnapshotCreateResponse
+	(*SnapshotListResponse)(nil),     // 16: strata.instancemanager.v1.SnapshotListResponse
+	(*SnapshotRemoveRequest)(nil),    // 17: strata.instancemanager.v1.SnapshotRemoveRequest
+	(*PurgeStatus)(nil),              // 18: strata.instancemanager.v1.PurgeStatus
+	(*PurgeStatusResponse)(nil),      // 19: strata.instancemanager.v1.PurgeStatusResponse
+	(*SnapshotRevertRequest)(nil),    // 20: strata.instancemanager.v1.SnapshotRevertRequest
+	(*SnapshotCloneRequest)(nil),     // 21: strata.instancemanager.v1.SnapshotCloneRequest
+	(*SnapshotExportRequest)(nil),    // 22: strata.instancemanager.v1.SnapshotExportRequest
+	(*ExportChunk)(nil),              // 23: strata.instancemanager.v1.ExportChunk
+	(*SnapshotLimitsRequest)(nil),    // 24: strata.instancemanager.v1.SnapshotLimitsRequest
+	(*VolumeExpandRequest)(nil),      // 25: strata.instancemanager.v1.VolumeExpandRequest
+	(*FrontendStartRequest)(nil),     // 26: strata.instancemanager.v1.FrontendStartRequest
+	(*ReplicaAddRequest)(nil),        // 27: strata.instancemanager.v1.ReplicaAddRequest
+	(*ReplicaRemoveRequest)(nil),     // 28: strata.instancemanager.v1.ReplicaRemoveRequest
+	(*RebuildStatus)(nil),            // 29: strata.instancemanager.v1.RebuildStatus
+	(*ReplicaDataDeleteRequest)(nil), // 30: strata.instancemanager.v1.ReplicaDataDeleteRequest
+	(*RebuildStatusResponse)(nil),    // 31: strata.instancemanager.v1.RebuildStatusResponse
+	nil,                              // 32: strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
+	nil,                              // 33: strata.instancemanager.v1.Instance.ReplicaModesEntry
+	nil,                              // 34: strata.instancemanager.v1.Instance.SnapshotsEntry
+	nil,                              // 35: strata.instancemanager.v1.Instance.PurgeStatusEntry
+	nil,                              // 36: strata.instancemanager.v1.Instance.RebuildStatusEntry
+	nil,                              // 37: strata.instancemanager.v1.Snapshot.LabelsEntry
+	nil,                              // 38: strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
+	nil,                              // 39: strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
+	nil,                              // 40: strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
+	nil,                              // 41: strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
 }
 var file_instancemanager_proto_depIdxs = []int32{
 	0,  // 0: strata.instancemanager.v1.InstanceCreateRequest.type:type_name -> strata.instancemanager.v1.InstanceType
-	31, // 1: strata.instancemanager.v1.InstanceCreateRequest.replicas:type_name -> strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
+	32, // 1: strata.instancemanager.v1.InstanceCreateRequest.replicas:type_name -> strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
 	0,  // 2: strata.instancemanager.v1.Instance.type:type_name -> strata.instancemanager.v1.InstanceType
 	1,  // 3: strata.instancemanager.v1.Instance.state:type_name -> strata.instancemanager.v1.InstanceState
-	32, // 4: strata.instancemanager.v1.Instance.replica_modes:type_name -> strata.instancemanager.v1.Instance.ReplicaModesEntry
-	33, // 5: strata.instancemanager.v1.Instance.snapshots:type_name -> strata.instancemanager.v1.Instance.SnapshotsEntry
-	34, // 6: strata.instancemanager.v1.Instance.purge_status:type_name -> strata.instancemanager.v1.Instance.PurgeStatusEntry
-	35, // 7: strata.instancemanager.v1.Instance.rebuild_status:type_name -> strata.instancemanager.v1.Instance.RebuildStatusEntry
-	7,  // 8: strata.instancemanager.v1.InstanceListResponse.instances:type_name -> strata.instancemanager.v1.Instance
-	3,  // 9: strata.instancemanager.v1.WatchEvent.kind:type_name -> strata.instancemanager.v1.WatchEvent.Kind
-	7,  // 10: strata.instancemanager.v1.WatchEvent.instance:type_name -> strata.instancemanager.v1.Instance
-	36, // 11: strata.instancemanager.v1.Snapshot.labels:type_name -> strata.instancemanager.v1.Snapshot.LabelsEntry
-	37, // 12: strata.instancemanager.v1.SnapshotCreateRequest.labels:type_name -> strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
-	38, // 13: strata.instancemanager.v1.SnapshotListResponse.snapshots:type_name -> strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
-	39, // 14: strata.instancemanager.v1.PurgeStatusResponse.status:type_name -> strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
-	40, // 15: strata.instancemanager.v1.RebuildStatusResponse.status:type_name -> strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
-	2,  // 16: strata.instancemanager.v1.Instance.ReplicaModesEntry.value:type_name -> strata.instancemanager.v1.ReplicaMode
-	12, // 17: strata.instancemanager.v1.Instance.SnapshotsEntry.value:type_name -> strata.instancemanager.v1.Snapshot
-	17, // 18: strata.instancemanager.v1.Instance.PurgeStatusEntry.value:type_name -> strata.instancemanager.v1.PurgeStatus
-	28, // 19: strata.instancemanager.v1.Instance.RebuildStatusEntry.value:type_name -> strata.instancemanager.v1.RebuildStatus
-	12, // 20: strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry.value:type_name -> strata.instancemanager.v1.Snapshot
-	17, // 21: strata.instancemanager.v1.PurgeStatusResponse.StatusEntry.value:type_name -> strata.instancemanager.v1.PurgeStatus
-	28, // 22: strata.instancemanager.v1.RebuildStatusResponse.StatusEntry.value:type_name -> strata.instancemanager.v1.RebuildStatus
-	6,  // 23: strata.instancemanager.v1.InstanceManager.InstanceCreate:input_type -> strata.instancemanager.v1.InstanceCreateRequest
-	5,  // 24: strata.instancemanager.v1.InstanceManager.InstanceDelete:input_type -> strata.instancemanager.v1.InstanceRef
-	5,  // 25: strata.instancemanager.v1.InstanceManager.InstanceGet:input_type -> strata.instancemanager.v1.InstanceRef
-	8,  // 26: strata.instancemanager.v1.InstanceManager.InstanceList:input_type -> strata.instancemanager.v1.InstanceListRequest
-	10, // 27: strata.instancemanager.v1.InstanceManager.Watch:input_type -> strata.instancemanager.v1.WatchRequest
-	13, // 28: strata.instancemanager.v1.InstanceManager.SnapshotCreate:input_type -> strata.instancemanager.v1.SnapshotCreateRequest
-	5,  // 29: strata.instancemanager.v1.InstanceManager.SnapshotList:input_type -> strata.instancemanager.v1.InstanceRef
-	16, // 30: strata.instancemanager.v1.InstanceManager.SnapshotRemove:input_type -> strata.instancemanager.v1.SnapshotRemoveRequest
-	5,  // 31: strata.instancemanager.v1.InstanceManager.SnapshotPurge:input_type -> strata.instancemanager.v1.InstanceRef
-	5,  // 32: strata.instancemanager.v1.InstanceManager.SnapshotPurgeStatus:input_type -> strata.instancemanager.v1.InstanceRef
-	19, // 33: strata.instancemanager.v1.InstanceManager.SnapshotRevert:input_type -> strata.instancemanager.v1.SnapshotRevertRequest
-	20, // 34: strata.instancemanager.v1.InstanceManager.SnapshotClone:input_type -> strata.instancemanager.v1.SnapshotCloneRequest
-	21, // 35: strata.instancemanager.v1.InstanceManager.SnapshotExport:input_type -> strata.instancemanager.v1.SnapshotExportRequest
-	23, // 36: strata.instancemanager.v1.InstanceManager.SnapshotLimitsSet:input_type -> strata.instancemanager.v1.SnapshotLimitsRequest
-	24, // 37: strata.instancemanager.v1.InstanceManager.VolumeExpand:input_type -> strata.instancemanager.v1.VolumeExpandRequest
-	25, // 38: strata.instancemanager.v1.InstanceManager.FrontendStart:input_type -> strata.instancemanager.v1.FrontendStartRequest
-	5,  // 39: strata.instancemanager.v1.InstanceManager.FrontendStop:input_type -> strata.instancemanager.v1.InstanceRef
-	26, // 40: strata.instancemanager.v1.InstanceManager.ReplicaAdd:input_type -> strata.instancemanager.v1.ReplicaAddRequest
-	27, // 41: strata.instancemanager.v1.InstanceManager.ReplicaRemove:input_type -> strata.instancemanager.v1.ReplicaRemoveRequest
-	5,  // 42: strata.instancemanager.v1.InstanceManager.ReplicaRebuildStatus:input_type -> strata.instancemanager.v1.InstanceRef
-	29, // 43: strata.instancemanager.v1.InstanceManager.ReplicaDataDelete:input_type -> strata.instancemanager.v1.ReplicaDataDeleteRequest
-	7,  // 44: strata.instancemanager.v1.InstanceManager.InstanceCreate:output_type -> strata.instancemanager.v1.Instance
-	7,  // 45: strata.instancemanager.v1.InstanceManager.InstanceDelete:output_type -> strata.instancemanager.v1.Instance
-	7,  // 46: strata.instancemanager.v1.InstanceManager.InstanceGet:output_type -> strata.instancemanager.v1.Instance
-	9,  // 47: strata.instancemanager.v1.InstanceManager.InstanceList:output_type -> strata.instancemanager.v1.InstanceListResponse
-	11, // 48: strata.instancemanager.v1.InstanceManager.Watch:output_type -> strata.instancemanager.v1.WatchEvent
-	14, // 49: strata.instancemanager.v1.InstanceManager.SnapshotCreate:output_type -> strata.instancemanager.v1.SnapshotCreateResponse
-	15, // 50: strata.instancemanager.v1.InstanceManager.SnapshotList:output_type -> strata.instancemanager.v1.SnapshotListResponse
-	4,  // 51: strata.instancemanager.v1.InstanceManager.SnapshotRemove:output_type -> strata.instancemanager.v1.Empty
-	4,  // 52: strata.instancemanager.v1.InstanceManager.SnapshotPurge:output_type -> strata.instancemanager.v1.Empty
-	18, // 53: strata.instancemanager.v1.InstanceManager.SnapshotPurgeStatus:output_type -> strata.instancemanager.v1.PurgeStatusResponse
-	4,  // 54: strata.instancemanager.v1.InstanceManager.SnapshotRevert:output_type -> strata.instancemanager.v1.Empty
-	4,  // 55: strata.instancemanager.v1.InstanceManager.SnapshotClone:output_type -> strata.instancemanager.v1.Empty
-	22, // 56: strata.instancemanager.v1.InstanceManager.SnapshotExport:output_type -> strata.instancemanager.v1.ExportChunk
-	4,  // 57: strata.instancemanager.v1.InstanceManager.SnapshotLimitsSet:output_type -> strata.instancemanager.v1.Empty
-	4,  // 58: strata.instancemanager.v1.InstanceManager.VolumeExpand:output_type -> strata.instancemanager.v1.Empty
-	7,  // 59: strata.instancemanager.v1.InstanceManager.FrontendStart:output_type -> strata.instancemanager.v1.Instance
-	7,  // 60: strata.instancemanager.v1.InstanceManager.FrontendStop:output_type -> strata.instancemanager.v1.Instance
-	4,  // 61: strata.instancemanager.v1.InstanceManager.ReplicaAdd:output_type -> strata.instancemanager.v1.Empty
-	4,  // 62: strata.instancemanager.v1.InstanceManager.ReplicaRemove:output_type -> strata.instancemanager.v1.Empty
-	30, // 63: strata.instancemanager.v1.InstanceManager.ReplicaRebuildStatus:output_type -> strata.instancemanager.v1.RebuildStatusResponse
-	4,  // 64: strata.instancemanager.v1.InstanceManager.ReplicaDataDelete:output_type -> strata.instancemanager.v1.Empty
-	44, // [44:65] is the sub-list for method output_type
-	23, // [23:44] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	33, // 4: strata.instancemanager.v1.Instance.replica_modes:type_name -> strata.instancemanager.v1.Instance.ReplicaModesEntry
+	34, // 5: strata.instancemanager.v1.Instance.snapshots:type_name -> strata.instancemanager.v1.Instance.SnapshotsEntry
+	35, // 6: strata.instancemanager.v1.Instance.purge_status:type_name -> strata.instancemanager.v1.Instance.PurgeStatusEntry
+	36, // 7: strata.instancemanager.v1.Instance.rebuild_status:type_name -> strata.instancemanager.v1.Instance.RebuildStatusEntry
+	8,  // 8: strata.instancemanager.v1.Instance.clone_status:type_name -> strata.instancemanager.v1.CloneStatus
+	7,  // 9: strata.instancemanager.v1.InstanceListResponse.instances:type_name -> strata.instancemanager.v1.Instance
+	3,  // 10: strata.instancemanager.v1.WatchEvent.kind:type_name -> strata.instancemanager.v1.WatchEvent.Kind
+	7,  // 11: strata.instancemanager.v1.WatchEvent.instance:type_name -> strata.instancemanager.v1.Instance
+	37, // 12: strata.instancemanager.v1.Snapshot.labels:type_name -> strata.instancemanager.v1.Snapshot.LabelsEntry
+	38, // 13: strata.instancemanager.v1.SnapshotCreateRequest.labels:type_name -> strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
+	39, // 14: strata.instancemanager.v1.SnapshotListResponse.snapshots:type_name -> strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
+	40, // 15: strata.instancemanager.v1.PurgeStatusResponse.status:type_name -> strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
+	41, // 16: strata.instancemanager.v1.RebuildStatusResponse.status:type_name -> strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
+	2,  // 17: strata.instancemanager.v1.Instance.ReplicaModesEntry.value:type_name -> strata.instancemanager.v1.ReplicaMode
+	13, // 18: strata.instancemanager.v1.Instance.SnapshotsEntry.value:type_name -> strata.instancemanager.v1.Snapshot
+	18, // 19: strata.instancemanager.v1.Instance.PurgeStatusEntry.value:type_name -> strata.instancemanager.v1.PurgeStatus
+	29, // 20: strata.instancemanager.v1.Instance.RebuildStatusEntry.value:type_name -> strata.instancemanager.v1.RebuildStatus
+	13, // 21: strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry.value:type_name -> strata.instancemanager.v1.Snapshot
+	18, // 22: strata.instancemanager.v1.PurgeStatusResponse.StatusEntry.value:type_name -> strata.instancemanager.v1.PurgeStatus
+	29, // 23: strata.instancemanager.v1.RebuildStatusResponse.StatusEntry.value:type_name -> strata.instancemanager.v1.RebuildStatus
+	6,  // 24: strata.instancemanager.v1.InstanceManager.InstanceCreate:input_type -> strata.instancemanager.v1.InstanceCreateRequest
+	5,  // 25: strata.instancemanager.v1.InstanceManager.InstanceDelete:input_type -> strata.instancemanager.v1.InstanceRef
+	5,  // 26: strata.instancemanager.v1.InstanceManager.InstanceGet:input_type -> strata.instancemanager.v1.InstanceRef
+	9,  // 27: strata.instancemanager.v1.InstanceManager.InstanceList:input_type -> strata.instancemanager.v1.InstanceListRequest
+	11, // 28: strata.instancemanager.v1.InstanceManager.Watch:input_type -> strata.instancemanager.v1.WatchRequest
+	14, // 29: strata.instancemanager.v1.InstanceManager.SnapshotCreate:input_type -> strata.instancemanager.v1.SnapshotCreateRequest
+	5,  // 30: strata.instancemanager.v1.InstanceManager.SnapshotList:input_type -> strata.instancemanager.v1.InstanceRef
+	17, // 31: strata.instancemanager.v1.InstanceManager.SnapshotRemove:input_type -> strata.instancemanager.v1.SnapshotRemoveRequest
+	5,  // 32: strata.instancemanager.v1.InstanceManager.SnapshotPurge:input_type -> strata.instancemanager.v1.InstanceRef
+	5,  // 33: strata.instancemanager.v1.InstanceManager.SnapshotPurgeStatus:input_type -> strata.instancemanager.v1.InstanceRef
+	20, // 34: strata.instancemanager.v1.InstanceManager.SnapshotRevert:input_type -> strata.instancemanager.v1.SnapshotRevertRequest
+	21, // 35: strata.instancemanager.v1.InstanceManager.SnapshotClone:input_type -> strata.instancemanager.v1.SnapshotCloneRequest
+	22, // 36: strata.instancemanager.v1.InstanceManager.SnapshotExport:input_type -> strata.instancemanager.v1.SnapshotExportRequest
+	24, // 37: strata.instancemanager.v1.InstanceManager.SnapshotLimitsSet:input_type -> strata.instancemanager.v1.SnapshotLimitsRequest
+	25, // 38: strata.instancemanager.v1.InstanceManager.VolumeExpand:input_type -> strata.instancemanager.v1.VolumeExpandRequest
+	26, // 39: strata.instancemanager.v1.InstanceManager.FrontendStart:input_type -> strata.instancemanager.v1.FrontendStartRequest
+	5,  // 40: strata.instancemanager.v1.InstanceManager.FrontendStop:input_type -> strata.instancemanager.v1.InstanceRef
+	27, // 41: strata.instancemanager.v1.InstanceManager.ReplicaAdd:input_type -> strata.instancemanager.v1.ReplicaAddRequest
+	28, // 42: strata.instancemanager.v1.InstanceManager.ReplicaRemove:input_type -> strata.instancemanager.v1.ReplicaRemoveRequest
+	5,  // 43: strata.instancemanager.v1.InstanceManager.ReplicaRebuildStatus:input_type -> strata.instancemanager.v1.InstanceRef
+	30, // 44: strata.instancemanager.v1.InstanceManager.ReplicaDataDelete:input_type -> strata.instancemanager.v1.ReplicaDataDeleteRequest
+	7,  // 45: strata.instancemanager.v1.InstanceManager.InstanceCreate:output_type -> strata.instancemanager.v1.Instance
+	7,  // 46: strata.instancemanager.v1.InstanceManager.InstanceDelete:output_type -> strata.instancemanager.v1.Instance
+	7,  // 47: strata.instancemanager.v1.InstanceManager.InstanceGet:output_type -> strata.instancemanager.v1.Instance
+	10, // 48: strata.instancemanager.v1.InstanceManager.InstanceList:output_type -> strata.instancemanager.v1.InstanceListResponse
+	12, // 49: strata.instancemanager.v1.InstanceManager.Watch:output_type -> strata.instancemanager.v1.WatchEvent
+	15, // 50: strata.instancemanager.v1.InstanceManager.SnapshotCreate:output_type -> strata.instancemanager.v1.SnapshotCreateResponse
+	16, // 51: strata.instancemanager.v1.InstanceManager.SnapshotList:output_type -> strata.instancemanager.v1.SnapshotListResponse
+	4,  // 52: strata.instancemanager.v1.InstanceManager.SnapshotRemove:output_type -> strata.instancemanager.v1.Empty
+	4,  // 53: strata.instancemanager.v1.InstanceManager.SnapshotPurge:output_type -> strata.instancemanager.v1.Empty
+	19, // 54: strata.instancemanager.v1.InstanceManager.SnapshotPurgeStatus:output_type -> strata.instancemanager.v1.PurgeStatusResponse
+	4,  // 55: strata.instancemanager.v1.InstanceManager.SnapshotRevert:output_type -> strata.instancemanager.v1.Empty
+	4,  // 56: strata.instancemanager.v1.InstanceManager.SnapshotClone:output_type -> strata.instancemanager.v1.Empty
+	23, // 57: strata.instancemanager.v1.InstanceManager.SnapshotExport:output_type -> strata.instancemanager.v1.ExportChunk
+	4,  // 58: strata.instancemanager.v1.InstanceManager.SnapshotLimitsSet:output_type -> strata.instancemanager.v1.Empty
+	4,  // 59: strata.instancemanager.v1.InstanceManager.VolumeExpand:output_type -> strata.instancemanager.v1.Empty
+	7,  // 60: strata.instancemanager.v1.InstanceManager.FrontendStart:output_type -> strata.instancemanager.v1.Instance
+	7,  // 61: strata.instancemanager.v1.InstanceManager.FrontendStop:output_type -> strata.instancemanager.v1.Instance
+	4,  // 62: strata.instancemanager.v1.InstanceManager.ReplicaAdd:output_type -> strata.instancemanager.v1.Empty
+	4,  // 63: strata.instancemanager.v1.InstanceManager.ReplicaRemove:output_type -> strata.instancemanager.v1.Empty
+	31, // 64: strata.instancemanager.v1.InstanceManager.ReplicaRebuildStatus:output_type -> strata.instancemanager.v1.RebuildStatusResponse
+	4,  // 65: strata.instancemanager.v1.InstanceManager.ReplicaDataDelete:output_type -> strata.instancemanager.v1.Empty
+	45, // [45:66] is the sub-list for method output_type
+	24, // [24:45] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_instancemanager_proto_init() }
@@ -2186,7 +2282,7 @@ func file_instancemanager_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_instancemanager_proto_rawDesc), len(file_instancemanager_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   37,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -66,6 +66,26 @@ func exportTo(t *testing.T, v *volume, snapshot string) string {
 	return path
 }
 
+// cloneProgressSeen collects the clone statuses Watch reports for engine
+// until an event shows the clone gone again.
+func cloneProgressSeen(next func() (*impb.WatchEvent, error), engine string) []*impb.CloneStatus {
+	var seen []*impb.CloneStatus
+	for {
+		ev, err := next()
+		if err != nil {
+			return seen
+		}
+		if ev.Instance.GetName() != engine {
+			continue
+		}
+		if st := ev.Instance.GetCloneStatus(); st != nil {
+			seen = append(seen, st)
+		} else if len(seen) > 0 {
+			return seen
+		}
+	}
+}
+
 func clone(v *volume, t *testing.T, source, snapshot string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -107,7 +127,26 @@ func TestSnapshotExportAndClone(t *testing.T) {
 	assert.ErrorIs(t, clone(b, t, src, "s1"), engineapi.ErrBusy, "clone needs the frontend stopped")
 	_, err := b.im(t).FrontendStop(ctx, b.engine)
 	require.NoError(t, err)
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	next, err := b.im(t).Watch(watchCtx)
+	require.NoError(t, err)
+	progress := make(chan []*impb.CloneStatus, 1)
+	go func() { progress <- cloneProgressSeen(next, b.engine) }()
 	require.NoError(t, clone(b, t, src, "s1"))
+	seen := <-progress
+	require.NotEmpty(t, seen, "Watch reported the clone's progress")
+	for i, st := range seen {
+		assert.Equal(t, "s1", st.Snapshot)
+		assert.Equal(t, src, st.SourceAddress)
+		if i > 0 {
+			assert.GreaterOrEqual(t, st.Progress, seen[i-1].Progress, "progress never goes back")
+		}
+	}
+	last := seen[len(seen)-1]
+	assert.Equal(t, int32(100), last.Progress, "the last report before the end is 100%%")
+	assert.Positive(t, last.BytesTotal)
+	assert.Equal(t, last.BytesTotal, last.BytesDone)
 	inst, err := b.im(t).FrontendStart(ctx, b.engine, "nbd")
 	require.NoError(t, err)
 	b.endpoint = inst.FrontendEndpoint

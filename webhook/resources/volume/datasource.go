@@ -2,51 +2,25 @@ package volume
 
 import (
 	"context"
-	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
 	"github.com/strata-storage/strata/webhook/admission"
 )
 
-// Data source forms of spec.dataSource (the CRD's pattern checks the
-// characters; this reads the parts).
-const (
-	snapshotSourcePrefix = "snap://" // snap://<volume>/<snapshot>
-	volumeSourcePrefix   = "vol://"  // vol://<volume>
-)
-
-// dataSource is a parsed spec.dataSource: a volume, or one of its snapshots.
-type dataSource struct {
-	volume   string
-	snapshot string // empty for a whole volume
-}
-
-// parseDataSource reads "snap://<volume>/<snapshot>" or "vol://<volume>".
-func parseDataSource(s string) (dataSource, bool) {
-	if rest, ok := strings.CutPrefix(s, snapshotSourcePrefix); ok {
-		volume, snapshot, ok := strings.Cut(rest, "/")
-		if !ok || volume == "" || snapshot == "" || strings.Contains(snapshot, "/") {
-			return dataSource{}, false
-		}
-		return dataSource{volume: volume, snapshot: snapshot}, true
-	}
-	if volume, ok := strings.CutPrefix(s, volumeSourcePrefix); ok && volume != "" && !strings.Contains(volume, "/") {
-		return dataSource{volume: volume}, true
-	}
-	return dataSource{}, false
-}
-
-// existingDataSource refuses a source the new volume could not be filled
-// from: malformed, missing, or on its way out. This rule stays when cloning
-// arrives.
-func (v *validator) existingDataSource(s string) *admission.FieldError {
+// validDataSource refuses a source the new volume could not be filled
+// from: malformed, missing, on its way out, or larger than the volume.
+func (v *validator) validDataSource(target *v1beta1.Volume) *admission.FieldError {
 	ctx := context.Background() // GetROOrLive bounds its own read
-	src, ok := parseDataSource(s)
+	s := target.Spec.DataSource
+	parsed, ok := types.ParseDataSource(s)
 	if !ok {
 		return admission.Invalid(dataSourcePath, "%q is not a data source: expected %s<volume>/<snapshot> or %s<volume>",
-			s, snapshotSourcePrefix, volumeSourcePrefix)
+			s, types.SnapshotSourcePrefix, types.VolumeSourcePrefix)
 	}
+	src := dataSource{volume: parsed.Volume, snapshot: parsed.Snapshot}
 	if src.snapshot != "" {
 		snap, err := v.ds.Snapshots.GetROOrLive(ctx, src.snapshot)
 		switch {
@@ -60,7 +34,7 @@ func (v *validator) existingDataSource(s string) *admission.FieldError {
 		case snap.DeletionTimestamp != nil:
 			return admission.Invalid(dataSourcePath, "snapshot %q of volume %q is being deleted", src.snapshot, src.volume)
 		}
-		return nil
+		return sourceFits(target, snap.Status.RestoreSize, "snapshot "+src.snapshot)
 	}
 	vol, err := v.ds.Volumes.GetROOrLive(ctx, src.volume)
 	switch {
@@ -71,12 +45,21 @@ func (v *validator) existingDataSource(s string) *admission.FieldError {
 	case vol.DeletionTimestamp != nil:
 		return admission.Invalid(dataSourcePath, "volume %q is being deleted", src.volume)
 	}
+	return sourceFits(target, max(vol.Spec.Size.Value(), vol.Status.CurrentSize), "volume "+src.volume)
+}
+
+// dataSource names the parts of a parsed source for the messages.
+type dataSource struct {
+	volume   string
+	snapshot string
+}
+
+// sourceFits refuses a volume smaller than its source: a clone copies every
+// byte of it. A size not known yet (0) passes; the copy refuses it later.
+func sourceFits(target *v1beta1.Volume, sourceSize int64, what string) *admission.FieldError {
+	if size := target.Spec.Size.Value(); sourceSize > 0 && size < sourceSize {
+		return admission.Invalid(sizePath, "%d bytes is smaller than the data source (%s has %d bytes)", size, what, sourceSize)
+	}
 	return nil
 }
 
-// cloningNotAvailable refuses every data source while no controller fills a
-// volume from one: the volume would be created empty, its source ignored.
-// Remove this rule, and only this one, with the clone controller's arrival.
-func cloningNotAvailable() *admission.FieldError {
-	return admission.Invalid(dataSourcePath, "cloning is not available yet; create the volume without a data source")
-}

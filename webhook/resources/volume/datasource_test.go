@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/strata-storage/strata/datastore/dstest"
@@ -15,38 +16,9 @@ func snapshot(name, volume string) *v1beta1.Snapshot {
 	return &v1beta1.Snapshot{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: v1beta1.SnapshotSpec{Volume: volume}}
 }
 
-func TestParseDataSource(t *testing.T) {
-	tests := []struct {
-		in       string
-		want     dataSource
-		wantOK   bool
-		wantText string
-	}{
-		{in: "snap://v1/s1", want: dataSource{volume: "v1", snapshot: "s1"}, wantOK: true},
-		{in: "vol://v1", want: dataSource{volume: "v1"}, wantOK: true},
-		{in: "snap://v1"},
-		{in: "snap://v1/"},
-		{in: "snap:///s1"},
-		{in: "snap://v1/s1/x"},
-		{in: "vol://"},
-		{in: "vol://v1/s1"},
-		{in: "http://x"},
-		{in: "v1"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.in, func(t *testing.T) {
-			got, ok := parseDataSource(tc.in)
-			assert.Equal(t, tc.wantOK, ok)
-			assert.Equal(t, tc.want, got)
-		})
-	}
-}
-
-// Until the clone controller exists, every data source is refused as not
-// available; a source that does not exist is refused also, by a rule that
-// stays when cloning arrives.
+// A volume can be filled from an existing snapshot or volume no larger than
+// itself; a source that is missing or going is refused.
 func TestValidatorDataSource(t *testing.T) {
-	const notYet = "spec.dataSource: cloning is not available yet; create the volume without a data source"
 	deleting := snapshot("going", "src")
 	deleting.DeletionTimestamp = &metav1.Time{Time: dstest.Now}
 	deleting.Finalizers = []string{"strata.io/cleanup"}
@@ -55,8 +27,11 @@ func TestValidatorDataSource(t *testing.T) {
 		v.DeletionTimestamp = &metav1.Time{Time: dstest.Now}
 		v.Finalizers = []string{"strata.io/cleanup"}
 	})
+	big := snapshot("big", "src")
+	big.Status.RestoreSize = 2 << 30
 	objects := append(threeNodes(), vol(func(v *v1beta1.Volume) { v.Name = "src" }), goingVol,
-		snapshot("s1", "src"), snapshot("theirs", "other"), deleting)
+		vol(func(v *v1beta1.Volume) { v.Name = "src-2g"; v.Spec.Size = resource.MustParse("2Gi") }),
+		snapshot("s1", "src"), snapshot("theirs", "other"), deleting, big)
 	withSource := func(src string) *v1beta1.Volume {
 		return vol(func(v *v1beta1.Volume) { v.Name = "clone"; v.Spec.DataSource = src })
 	}
@@ -66,27 +41,32 @@ func TestValidatorDataSource(t *testing.T) {
 		wantMsg string
 	}{
 		{name: "no data source", obj: withSource("")},
-		{name: "an existing snapshot", obj: withSource("snap://src/s1"), wantMsg: notYet},
-		{name: "an existing volume", obj: withSource("vol://src"), wantMsg: notYet},
+		{name: "an existing snapshot", obj: withSource("snap://src/s1")},
+		{name: "an existing volume", obj: withSource("vol://src")},
 		{name: "a snapshot that does not exist",
 			obj:     withSource("snap://src/nope"),
-			wantMsg: `spec.dataSource: snapshot "nope" of volume "src" does not exist; ` + notYet},
+			wantMsg: `spec.dataSource: snapshot "nope" of volume "src" does not exist`},
 		{name: "a snapshot of another volume",
 			obj:     withSource("snap://src/theirs"),
-			wantMsg: `spec.dataSource: snapshot "theirs" belongs to volume "other", not "src"; ` + notYet},
+			wantMsg: `spec.dataSource: snapshot "theirs" belongs to volume "other", not "src"`},
 		{name: "a snapshot being deleted",
 			obj:     withSource("snap://src/going"),
-			wantMsg: `spec.dataSource: snapshot "going" of volume "src" is being deleted; ` + notYet},
+			wantMsg: `spec.dataSource: snapshot "going" of volume "src" is being deleted`},
 		{name: "a volume that does not exist",
 			obj:     withSource("vol://nope"),
-			wantMsg: `spec.dataSource: volume "nope" does not exist; ` + notYet},
+			wantMsg: `spec.dataSource: volume "nope" does not exist`},
 		{name: "a volume being deleted",
 			obj:     withSource("vol://going-vol"),
-			wantMsg: `spec.dataSource: volume "going-vol" is being deleted; ` + notYet},
+			wantMsg: `spec.dataSource: volume "going-vol" is being deleted`},
+		{name: "a volume larger than the clone",
+			obj:     withSource("vol://src-2g"),
+			wantMsg: `spec.size: 1073741824 bytes is smaller than the data source (volume src-2g has 2147483648 bytes)`},
+		{name: "a snapshot larger than the clone",
+			obj:     withSource("snap://src/big"),
+			wantMsg: `spec.size: 1073741824 bytes is smaller than the data source (snapshot big has 2147483648 bytes)`},
 		{name: "not a data source",
 			obj: withSource("http://x"),
-			wantMsg: `spec.dataSource: "http://x" is not a data source: expected snap://<volume>/<snapshot> or vol://<volume>; ` +
-				notYet},
+			wantMsg: `spec.dataSource: "http://x" is not a data source: expected snap://<volume>/<snapshot> or vol://<volume>`},
 	}
 	env := dstest.New(t, objects, nil)
 	h := admissiontest.NewHandler(t, nil, NewValidator(env.DS))

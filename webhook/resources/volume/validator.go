@@ -48,7 +48,7 @@ func (v *validator) Create(req *admission.Request, obj runtime.Object) error {
 	var errs admission.FieldErrors
 	errs.Add(validSize(vol), v.validReplicas(vol.Spec.NumberOfReplicas))
 	if vol.Spec.DataSource != "" {
-		errs.Add(v.existingDataSource(vol.Spec.DataSource), cloningNotAvailable())
+		errs.Add(v.validDataSource(vol))
 	}
 	if req.Username() != v.manager {
 		if vol.Spec.NodeID != "" {

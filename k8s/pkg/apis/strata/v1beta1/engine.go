@@ -53,6 +53,16 @@ type RebuildStatus struct {
 	FromReplica  string `json:"fromReplica,omitempty"`
 }
 
+// EngineCloneStatus is the progress of a snapshot clone filling the engine's volume.
+type EngineCloneStatus struct {
+	// Snapshot is the snapshot being copied.
+	Snapshot string `json:"snapshot,omitempty"`
+	// SourceAddress is the source replica's data address.
+	SourceAddress string `json:"sourceAddress,omitempty"`
+	// Progress is the percentage of the snapshot's data copied.
+	Progress int32 `json:"progress,omitempty"`
+}
+
 // EngineSpec is the desired state of a volume's engine.
 type EngineSpec struct {
 	InstanceSpec `json:",inline"`
@@ -93,6 +103,8 @@ type EngineStatus struct {
 	// RebuildStatus is the rebuild progress per replica being rebuilt.
 	// +nullable
 	RebuildStatus map[string]*RebuildStatus `json:"rebuildStatus,omitempty"`
+	// CloneStatus is the snapshot clone filling the volume, while one runs.
+	CloneStatus *EngineCloneStatus `json:"cloneStatus,omitempty"`
 }
 
 // Engine is the single writer of a volume: it fans writes out to the replicas

@@ -43,6 +43,38 @@ const (
 	VolumeRobustnessUnknown  VolumeRobustness = "unknown"
 )
 
+// VolumeCloneState is where filling a volume from its data source stands.
+// One of "", "pending", "copying", "completed", "failed".
+// +kubebuilder:validation:Enum="";pending;copying;completed;failed
+type VolumeCloneState string
+
+const (
+	VolumeCloneStateNone      VolumeCloneState = ""
+	VolumeCloneStatePending   VolumeCloneState = "pending"
+	VolumeCloneStateCopying   VolumeCloneState = "copying"
+	VolumeCloneStateCompleted VolumeCloneState = "completed"
+	VolumeCloneStateFailed    VolumeCloneState = "failed"
+)
+
+// VolumeCloneStatus tells how filling the volume from spec.dataSource goes.
+type VolumeCloneStatus struct {
+	// SourceVolume is the volume the data comes from.
+	SourceVolume string `json:"sourceVolume,omitempty"`
+	// Snapshot is the source volume's snapshot being copied; for a vol://
+	// source, a snapshot taken for the clone.
+	Snapshot string `json:"snapshot,omitempty"`
+	// State is where the clone stands: pending (waiting for the snapshot
+	// and both volumes to attach), copying, completed or failed.
+	// One of "", "pending", "copying", "completed", "failed".
+	State VolumeCloneState `json:"state,omitempty"`
+	// Progress is the percentage of the snapshot's data copied.
+	Progress int32 `json:"progress,omitempty"`
+	// Attempts counts the copies started; a failed copy is retried.
+	Attempts int32 `json:"attempts,omitempty"`
+	// Message says why the clone waits or failed.
+	Message string `json:"message,omitempty"`
+}
+
 // VolumeSpec is the desired state of a volume.
 type VolumeSpec struct {
 	// The quantity rules skip a value that is no quantity (size: abc): the
@@ -115,6 +147,9 @@ type VolumeStatus struct {
 	ActualSize int64 `json:"actualSize,omitempty"`
 	// FrontendEndpoint is where the attached volume is served, for example nbd://127.0.0.1:10809/v1.
 	FrontendEndpoint string `json:"frontendEndpoint,omitempty"`
+	// CloneStatus tells how filling the volume from spec.dataSource goes.
+	// The volume serves no workload before the clone is completed.
+	CloneStatus *VolumeCloneStatus `json:"cloneStatus,omitempty"`
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -133,6 +168,8 @@ type VolumeStatus struct {
 // +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.spec.numberOfReplicas`
 // +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.spec.size`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.currentNodeID`
+// +kubebuilder:printcolumn:name="Clone",type=string,JSONPath=`.status.cloneStatus.state`
+// +kubebuilder:printcolumn:name="Clone%",type=integer,JSONPath=`.status.cloneStatus.progress`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Volume struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -1,0 +1,311 @@
+package controller
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
+)
+
+// Event reasons and the condition of the clone controller.
+const (
+	EventReasonCloneStarted   = "CloneStarted"
+	EventReasonCloneCompleted = "CloneCompleted"
+	EventReasonCloneFailed    = "CloneFailed"
+
+	// VolumeConditionCloned is true once the data source is copied in.
+	VolumeConditionCloned = "Cloned"
+
+	// cloneTimeout bounds one SnapshotClone call; a copy that takes longer
+	// is cancelled and started over (the instance manager zeroes first).
+	cloneTimeout = 6 * time.Hour
+)
+
+// cloneTicketID is the ticket a clone target holds on itself and on its source.
+func cloneTicketID(target string) string { return "clone-" + target }
+
+// cloneSnapshotName is the snapshot taken of a whole source volume for the
+// clone target: one name per target, so a retried sync finds it.
+func cloneSnapshotName(target string) string {
+	if name := "clone-" + target; len(name) <= 63 {
+		return name
+	}
+	sum := sha256.Sum256([]byte(target))
+	return "clone-" + hex.EncodeToString(sum[:12])
+}
+
+// cloneSync is what one sync of a clone target knows.
+type cloneSync struct {
+	target *v1beta1.Volume // a copy; its status is written at the end
+	status *v1beta1.VolumeCloneStatus
+	source types.DataSource
+	snap   string // the snapshot copied
+}
+
+func (c *VolumeCloneController) syncClone(ctx context.Context, key string) error {
+	vRO, ok, err := getResponsible(c.baseController, c.ds.Volumes, key, func(v *v1beta1.Volume) (string, string) {
+		return v.Status.OwnerID, v.Status.OwnerID
+	})
+	if err != nil || !ok || vRO.Spec.DataSource == "" {
+		return err
+	}
+	v := vRO.DeepCopy()
+	if v.DeletionTimestamp != nil {
+		c.cancelCopy(v)
+		return c.release(ctx, v)
+	}
+	if v.Status.CloneStatus == nil {
+		v.Status.CloneStatus = &v1beta1.VolumeCloneStatus{State: v1beta1.VolumeCloneStatePending}
+	}
+	s := &cloneSync{target: v, status: v.Status.CloneStatus}
+	actErr := c.reconcileClone(ctx, s)
+	c.setClonedCondition(v)
+	if !equality.Semantic.DeepEqual(vRO.Status, v.Status) {
+		if _, err := c.ds.Volumes.UpdateStatus(ctx, v); err != nil {
+			return errors.Join(actErr, err)
+		}
+	}
+	return actErr
+}
+
+func (c *VolumeCloneController) reconcileClone(ctx context.Context, s *cloneSync) error {
+	switch s.status.State {
+	case v1beta1.VolumeCloneStateCompleted, v1beta1.VolumeCloneStateFailed:
+		return c.release(ctx, s.target)
+	}
+	src, ok := types.ParseDataSource(s.target.Spec.DataSource)
+	if !ok {
+		return c.fail(ctx, s, fmt.Sprintf("spec.dataSource %q is not a data source", s.target.Spec.DataSource))
+	}
+	s.source, s.snap = src, src.Snapshot
+	if s.snap == "" {
+		s.snap = cloneSnapshotName(s.target.Name)
+	}
+	s.status.SourceVolume, s.status.Snapshot = src.Volume, s.snap
+	if done, err := c.takeCopyResult(ctx, s); done || err != nil {
+		return err
+	}
+
+	source, err := c.ds.Volumes.GetRO(src.Volume)
+	if apierrors.IsNotFound(err) || (err == nil && source.DeletionTimestamp != nil) {
+		return c.fail(ctx, s, fmt.Sprintf("source volume %s went away before the clone completed", src.Volume))
+	}
+	if err != nil {
+		return err
+	}
+	if ready, err := c.sourceSnapshotReady(ctx, s); !ready || err != nil {
+		return err
+	}
+	if err := c.ensureCloneTickets(ctx, s, source); err != nil {
+		return err
+	}
+	return c.startCopy(s, source)
+}
+
+// sourceSnapshotReady makes sure the snapshot to copy exists and is ready:
+// for a whole volume it is taken for the clone (a Snapshot CR owned by the
+// target, so it goes with it).
+func (c *VolumeCloneController) sourceSnapshotReady(ctx context.Context, s *cloneSync) (bool, error) {
+	snap, err := c.ds.Snapshots.GetRO(s.snap)
+	switch {
+	case apierrors.IsNotFound(err) && s.source.Snapshot == "":
+		s.status.Message = fmt.Sprintf("taking snapshot %s of volume %s", s.snap, s.source.Volume)
+		return false, c.createCloneSnapshot(ctx, s)
+	case apierrors.IsNotFound(err) || (err == nil && snap.DeletionTimestamp != nil):
+		return false, c.fail(ctx, s, fmt.Sprintf("source snapshot %s of volume %s went away before the clone completed",
+			s.snap, s.source.Volume))
+	case err != nil:
+		return false, err
+	case snap.Spec.Volume != s.source.Volume:
+		return false, c.fail(ctx, s, fmt.Sprintf("snapshot %s belongs to volume %s, not %s", s.snap, snap.Spec.Volume, s.source.Volume))
+	case snap.Status.Error != "" && !snap.Status.ReadyToUse:
+		return false, c.fail(ctx, s, fmt.Sprintf("source snapshot %s: %s", s.snap, snap.Status.Error))
+	case !snap.Status.ReadyToUse:
+		s.status.Message = fmt.Sprintf("waiting for snapshot %s of volume %s to be ready", s.snap, s.source.Volume)
+		return false, nil
+	}
+	return true, nil
+}
+
+func (c *VolumeCloneController) createCloneSnapshot(ctx context.Context, s *cloneSync) error {
+	t := s.target
+	snap := &v1beta1.Snapshot{
+		ObjectMeta: metav1.ObjectMeta{Name: s.snap, Namespace: t.Namespace,
+			Labels: map[string]string{types.LabelVolume: s.source.Volume},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: v1beta1.SchemeGroupVersion.String(), Kind: "Volume",
+				Name: t.Name, UID: t.UID}}},
+		Spec: v1beta1.SnapshotSpec{Volume: s.source.Volume, CreateSnapshot: true,
+			Labels: map[string]string{"strata.io/clone-target": t.Name}},
+	}
+	_, err := c.ds.Snapshots.Create(ctx, snap)
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return err
+}
+
+// ensureCloneTickets attaches the target (frontend off: nothing may read it
+// yet) and the source (any frontend: a workload may be using it) through
+// tickets owned by the target. The source stays where it is attached.
+func (c *VolumeCloneController) ensureCloneTickets(ctx context.Context, s *cloneSync, source *v1beta1.Volume) error {
+	t := s.target
+	owner := &v1beta1.TicketOwnerReference{APIVersion: v1beta1.SchemeGroupVersion.String(), Kind: "Volume",
+		Namespace: t.Namespace, Name: t.Name, UID: string(t.UID)}
+	node := t.Spec.NodeID
+	if node == "" {
+		node = c.controllerID
+	}
+	sourceNode := source.Spec.NodeID
+	if sourceNode == "" {
+		sourceNode = node
+	}
+	return errors.Join(
+		c.ensureTicket(ctx, t.Name, &v1beta1.AttachmentTicket{ID: cloneTicketID(t.Name),
+			Type: v1beta1.AttacherTypeVolumeCloneController, NodeID: node, OwnerRef: owner,
+			Parameters: map[string]string{v1beta1.AttachmentParameterDisableFrontend: v1beta1.TrueValue}}),
+		c.ensureTicket(ctx, source.Name, &v1beta1.AttachmentTicket{ID: cloneTicketID(t.Name),
+			Type: v1beta1.AttacherTypeVolumeCloneController, NodeID: sourceNode, OwnerRef: owner,
+			Parameters: map[string]string{v1beta1.AttachmentParameterDisableFrontend: v1beta1.AnyValue}}))
+}
+
+// startCopy starts the data plane's copy once the target's engine runs
+// without a frontend and the source has a healthy replica to read from;
+// while it runs it mirrors the engine's progress.
+func (c *VolumeCloneController) startCopy(s *cloneSync, source *v1beta1.Volume) error {
+	targetEng, ok, why, err := c.cloneTargetEngine(s.target)
+	if err != nil || !ok {
+		s.status.State, s.status.Message = v1beta1.VolumeCloneStatePending, why
+		return err
+	}
+	sourceAddr, why, err := c.cloneSourceAddress(source)
+	if err != nil || sourceAddr == "" {
+		s.status.State, s.status.Message = v1beta1.VolumeCloneStatePending, why
+		return err
+	}
+	if c.copyRunning(s.target) {
+		if cs := targetEng.Status.CloneStatus; cs != nil && cs.Snapshot == s.snap {
+			s.status.Progress = cs.Progress
+		}
+		s.status.State, s.status.Message = v1beta1.VolumeCloneStateCopying, ""
+		return nil
+	}
+	client, err := c.engineDataPlane(targetEng)
+	if err != nil {
+		return err
+	}
+	s.status.State, s.status.Message, s.status.Progress = v1beta1.VolumeCloneStateCopying, "", 0
+	s.status.Attempts++
+	c.runCopy(s.target, client, targetEng.Name, sourceAddr, s.snap)
+	c.recorder.Eventf(s.target, corev1.EventTypeNormal, EventReasonCloneStarted,
+		"copying snapshot %s of volume %s (attempt %d)", s.snap, source.Name, s.status.Attempts)
+	return nil
+}
+
+// cloneTargetEngine is the target's engine once it runs attached with its
+// frontend off, or why not yet.
+func (c *VolumeCloneController) cloneTargetEngine(t *v1beta1.Volume) (*v1beta1.Engine, bool, string, error) {
+	e, err := c.volumeEngine(t)
+	if err != nil {
+		return nil, false, "", err
+	}
+	if t.Status.State != v1beta1.VolumeStateAttached || e == nil || !engineRunning(e) ||
+		t.Status.CurrentNodeID != e.Spec.NodeID {
+		return nil, false, fmt.Sprintf("waiting for volume %s to attach for the clone (now %s)", t.Name, orUnknown(string(t.Status.State))), nil
+	}
+	if e.Status.Endpoint != "" {
+		return nil, false, fmt.Sprintf("waiting for volume %s's frontend to stop", t.Name), nil
+	}
+	return e, true, "", nil
+}
+
+// cloneSourceAddress is the data address of a healthy replica of the
+// attached source, or why there is none yet.
+func (c *VolumeCloneController) cloneSourceAddress(source *v1beta1.Volume) (string, string, error) {
+	e, err := c.volumeEngine(source)
+	if err != nil {
+		return "", "", err
+	}
+	if source.Status.State != v1beta1.VolumeStateAttached || e == nil || !engineRunning(e) {
+		return "", fmt.Sprintf("waiting for source volume %s to attach (now %s)", source.Name, orUnknown(string(source.Status.State))), nil
+	}
+	for _, r := range slices.Sorted(maps.Keys(e.Status.ReplicaModeMap)) {
+		if e.Status.ReplicaModeMap[r] == v1beta1.ReplicaModeRW && e.Status.CurrentReplicaAddressMap[r] != "" {
+			return e.Status.CurrentReplicaAddressMap[r], "", nil
+		}
+	}
+	return "", fmt.Sprintf("source volume %s has no healthy replica to read from", source.Name), nil
+}
+
+// takeCopyResult applies how a finished copy ended: completed, failed for
+// good (the source cannot be copied into this volume), or retried.
+func (c *VolumeCloneController) takeCopyResult(ctx context.Context, s *cloneSync) (bool, error) {
+	err, finished := c.copyResult(s.target)
+	switch {
+	case !finished:
+		return false, nil
+	case err == nil:
+		s.status.State, s.status.Progress, s.status.Message = v1beta1.VolumeCloneStateCompleted, 100, ""
+		c.recorder.Eventf(s.target, corev1.EventTypeNormal, EventReasonCloneCompleted,
+			"copied snapshot %s of volume %s", s.snap, s.source.Volume)
+		return true, c.release(ctx, s.target)
+	case errors.Is(err, engineapi.ErrInvalid) || errors.Is(err, engineapi.ErrNotFound):
+		return true, c.fail(ctx, s, err.Error())
+	}
+	s.status.State, s.status.Message = v1beta1.VolumeCloneStatePending, "the last copy failed and is retried: "+err.Error()
+	c.recorder.Event(s.target, corev1.EventTypeWarning, EventReasonCloneFailed, s.status.Message)
+	return true, fmt.Errorf("clone into %s: %w", s.target.Name, err)
+}
+
+// fail ends the clone for good: the volume stays unattachable for workloads
+// and says why; deleting it is the way out.
+func (c *VolumeCloneController) fail(ctx context.Context, s *cloneSync, msg string) error {
+	if s.status.State != v1beta1.VolumeCloneStateFailed {
+		c.recorder.Event(s.target, corev1.EventTypeWarning, EventReasonCloneFailed, msg)
+	}
+	s.status.State, s.status.Message = v1beta1.VolumeCloneStateFailed, msg
+	return c.release(ctx, s.target)
+}
+
+// release drops the clone's tickets and the snapshot taken for it.
+func (c *VolumeCloneController) release(ctx context.Context, t *v1beta1.Volume) error {
+	var errs []error
+	errs = append(errs, c.removeTicket(ctx, t.Name, cloneTicketID(t.Name)))
+	if src, ok := types.ParseDataSource(t.Spec.DataSource); ok {
+		errs = append(errs, c.removeTicket(ctx, src.Volume, cloneTicketID(t.Name)))
+		if _, err := c.ds.Snapshots.GetRO(cloneSnapshotName(t.Name)); src.Snapshot == "" && err == nil {
+			err := c.ds.Snapshots.Delete(ctx, cloneSnapshotName(t.Name))
+			if err != nil && !apierrors.IsNotFound(err) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (c *VolumeCloneController) setClonedCondition(v *v1beta1.Volume) {
+	cs := v.Status.CloneStatus
+	now := metav1.NewTime(time.Now())
+	switch cs.State {
+	case v1beta1.VolumeCloneStateCompleted:
+		setCondition(&v.Status.Conditions, VolumeConditionCloned, true, "CloneCompleted",
+			fmt.Sprintf("filled from %s", v.Spec.DataSource), now)
+	case v1beta1.VolumeCloneStateFailed:
+		setCondition(&v.Status.Conditions, VolumeConditionCloned, false, "CloneFailed", cs.Message, now)
+	default:
+		setCondition(&v.Status.Conditions, VolumeConditionCloned, false, "CloneInProgress",
+			fmt.Sprintf("filling from %s: %s", v.Spec.DataSource, orUnknown(string(cs.State))), now)
+	}
+}

@@ -1,0 +1,213 @@
+package controller
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/strata-storage/strata/datastore/dstest"
+	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+// cloneTarget is volume v2, filled from source (v1 or one of its snapshots).
+func cloneTarget(source string, mut ...func(*v1beta1.Volume)) *v1beta1.Volume {
+	v := vcVolume(func(v *v1beta1.Volume) {
+		v.Name, v.UID, v.Spec.DataSource = "v2", "uid-v2", source
+	})
+	for _, m := range mut {
+		m(v)
+	}
+	return v
+}
+
+func cloneState(state v1beta1.VolumeCloneState) func(*v1beta1.Volume) {
+	return func(v *v1beta1.Volume) {
+		v.Status.CloneStatus = &v1beta1.VolumeCloneStatus{SourceVolume: "v1", Snapshot: "s1", State: state}
+	}
+}
+
+func vaFor(volume string, tickets ...*v1beta1.AttachmentTicket) *v1beta1.VolumeAttachment {
+	va := testVA(tickets...)
+	va.Name, va.Spec.Volume = volume, volume
+	return va
+}
+
+// withNodes adds the schedulable nodes node-1 and node-2 to objects.
+func withNodes(objects ...runtime.Object) []runtime.Object {
+	return append([]runtime.Object{schedNode("node-1"), schedNode("node-2")}, objects...)
+}
+
+func readySnap(name string) *v1beta1.Snapshot {
+	return testSnapshot(name, true, func(s *v1beta1.Snapshot) { s.Status.ReadyToUse = true })
+}
+
+// runningEngine is volume's engine on node-1, frontend off, replica r1 RW.
+func runningEngine(volume string) *v1beta1.Engine {
+	return vcEngine(func(e *v1beta1.Engine) {
+		e.Name, e.Spec.VolumeName, e.Spec.NodeID = volume+"-e-0", volume, "node-1"
+		e.Spec.DesireState, e.Status.CurrentState = v1beta1.InstanceStateRunning, v1beta1.InstanceStateRunning
+		e.Status.ReplicaModeMap = map[string]v1beta1.ReplicaMode{volume + "-r1": v1beta1.ReplicaModeRW}
+		e.Status.CurrentReplicaAddressMap = map[string]string{volume + "-r1": "10.0.0.1:" + volume}
+	})
+}
+
+func cloneStatusOf(t *testing.T, env *dstest.Env) *v1beta1.VolumeCloneStatus {
+	t.Helper()
+	v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v2", metav1.GetOptions{})
+	require.NoError(t, err)
+	require.NotNil(t, v.Status.CloneStatus)
+	return v.Status.CloneStatus
+}
+
+func wantCloneStatus(state v1beta1.VolumeCloneState, message string) func(*testing.T, *dstest.Env) {
+	return func(t *testing.T, env *dstest.Env) {
+		cs := cloneStatusOf(t, env)
+		assert.Equal(t, state, cs.State)
+		assert.Contains(t, cs.Message, message)
+	}
+}
+
+func wantTickets(volume string, ids ...string) func(*testing.T, *dstest.Env) {
+	return func(t *testing.T, env *dstest.Env) {
+		va, err := env.Strata.StrataV1beta1().VolumeAttachments(testNS).Get(context.Background(), volume, metav1.GetOptions{})
+		require.NoError(t, err)
+		var got []string
+		for id := range va.Spec.AttachmentTickets {
+			got = append(got, id)
+		}
+		assert.ElementsMatch(t, ids, got, "tickets of %s", volume)
+	}
+}
+
+func cloneSyncFunc(env *dstest.Env, rec record.EventRecorder, me string, dp engineapi.Connector) (func(context.Context, string) error, error) {
+	c, err := NewVolumeCloneController(logrus.New(), env.DS, rec, me, dp)
+	if err != nil {
+		return nil, err
+	}
+	return c.syncClone, nil
+}
+
+// TestVolumeCloneControllerSync covers every step short of the copy, which
+// TestVolumeCloneControllerCopies runs.
+func TestVolumeCloneControllerSync(t *testing.T) {
+	cloneTicket := ticket("clone-v2", v1beta1.AttacherTypeVolumeCloneController, "node-1")
+	key := testNS + "/v2"
+	cases := []syncCase{
+		{name: "a ready snapshot, both detached: tickets on both volumes, pending",
+			objects: withNodes(vcVolume(), cloneTarget("snap://v1/s1"), readySnap("s1"), testVA(), vaFor("v2")), key: key,
+			wantWrites: []string{"update volumeattachments v2", "update volumeattachments v1", "update volumes/status v2"},
+			check: allChecks(wantCloneStatus(v1beta1.VolumeCloneStatePending, "waiting for volume v2 to attach"),
+				wantTickets("v1", "clone-v2"), wantTickets("v2", "clone-v2"),
+				func(t *testing.T, env *dstest.Env) {
+					va, err := env.Strata.StrataV1beta1().VolumeAttachments(testNS).Get(context.Background(), "v2", metav1.GetOptions{})
+					require.NoError(t, err)
+					assert.Equal(t, v1beta1.TrueValue, va.Spec.AttachmentTickets["clone-v2"].Parameters[v1beta1.AttachmentParameterDisableFrontend],
+						"nothing reads the target before the copy is done")
+					assert.Equal(t, "Volume", va.Spec.AttachmentTickets["clone-v2"].OwnerRef.Kind)
+				})},
+		{name: "a snapshot not ready yet: waits, no ticket",
+			objects: withNodes(vcVolume(), cloneTarget("snap://v1/s1"), testSnapshot("s1", true), testVA(), vaFor("v2")), key: key,
+			wantWrites: []string{"update volumes/status v2"},
+			check:      wantCloneStatus(v1beta1.VolumeCloneStatePending, "waiting for snapshot s1 of volume v1 to be ready")},
+		{name: "a whole volume: a snapshot is taken for the clone",
+			objects: withNodes(vcVolume(), cloneTarget("vol://v1"), testVA(), vaFor("v2")), key: key,
+			wantWrites: []string{"create snapshots clone-v2", "update volumes/status v2"},
+			check: func(t *testing.T, env *dstest.Env) {
+				s, err := env.Strata.StrataV1beta1().Snapshots(testNS).Get(context.Background(), "clone-v2", metav1.GetOptions{})
+				require.NoError(t, err)
+				assert.Equal(t, "v1", s.Spec.Volume)
+				assert.True(t, s.Spec.CreateSnapshot)
+				require.Len(t, s.OwnerReferences, 1, "the snapshot goes with the clone")
+				assert.Equal(t, "v2", s.OwnerReferences[0].Name)
+			}},
+		{name: "the source snapshot is gone: failed for good",
+			objects: withNodes(vcVolume(), cloneTarget("snap://v1/s1"), testVA(), vaFor("v2")), key: key,
+			wantWrites: []string{"update volumes/status v2"}, wantEvents: []string{"Warning CloneFailed"},
+			check: allChecks(wantCloneStatus(v1beta1.VolumeCloneStateFailed, "source snapshot s1 of volume v1 went away"),
+				func(t *testing.T, env *dstest.Env) {
+					v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v2", metav1.GetOptions{})
+					require.NoError(t, err)
+					c := findCondition(v.Status.Conditions, VolumeConditionCloned)
+					require.NotNil(t, c)
+					assert.Equal(t, metav1.ConditionFalse, c.Status)
+					assert.Equal(t, "CloneFailed", c.Reason)
+				})},
+		{name: "the source volume is gone mid-way: failed, the target's ticket released",
+			objects: withNodes(cloneTarget("vol://v1", cloneState(v1beta1.VolumeCloneStatePending)), vaFor("v2", cloneTicket)), key: key,
+			wantWrites: []string{"update volumeattachments v2", "update volumes/status v2"}, wantEvents: []string{"Warning CloneFailed"},
+			check:      allChecks(wantCloneStatus(v1beta1.VolumeCloneStateFailed, "source volume v1 went away"), wantTickets("v2"))},
+		{name: "completed: the tickets are released, nothing else",
+			objects: withNodes(vcVolume(), cloneTarget("snap://v1/s1", cloneState(v1beta1.VolumeCloneStateCompleted)),
+				readySnap("s1"), testVA(cloneTicket), vaFor("v2", cloneTicket)), key: key,
+			wantWrites: []string{"update volumeattachments v2", "update volumeattachments v1", "update volumes/status v2"},
+			check:      allChecks(wantTickets("v1"), wantTickets("v2"))},
+		{name: "another node's clone is left alone", me: "node-2",
+			objects: withNodes(vcVolume(), cloneTarget("snap://v1/s1"), readySnap("s1"), testVA(), vaFor("v2")), key: key},
+		{name: "a volume without a data source: nothing", objects: withNodes(vcVolume(), testVA())},
+		{name: "API error writing a ticket: retried",
+			objects: withNodes(vcVolume(), cloneTarget("snap://v1/s1"), readySnap("s1"), testVA(), vaFor("v2")), key: key,
+			apiErr:  &reactorError{verb: "update", resource: "volumeattachments", err: assert.AnError}, wantErr: assert.AnError.Error(),
+			wantWrites: []string{"update volumeattachments v2", "update volumeattachments v1", "update volumes/status v2"}},
+	}
+	runSyncCases(t, cases, cloneSyncFunc)
+}
+
+// TestVolumeCloneControllerCopies starts the copy once both volumes run,
+// then takes its outcome: completed, or failed for good on a refusal.
+func TestVolumeCloneControllerCopies(t *testing.T) {
+	im := &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: testNS},
+		Status: v1beta1.InstanceManagerStatus{OwnerID: "node-1", CurrentState: v1beta1.InstanceStateRunning, Endpoint: "im-1:8500"}}
+	tests := []struct {
+		name       string
+		cloneErr   error
+		wantState  v1beta1.VolumeCloneState
+		wantEvents []string
+	}{
+		{name: "the copy succeeds", wantState: v1beta1.VolumeCloneStateCompleted,
+			wantEvents: []string{"Normal CloneStarted", "Normal CloneCompleted"}},
+		{name: "the data plane refuses: failed", cloneErr: engineapi.ErrInvalid, wantState: v1beta1.VolumeCloneStateFailed,
+			wantEvents: []string{"Normal CloneStarted", "Warning CloneFailed"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cloneTicket := ticket("clone-v2", v1beta1.AttacherTypeVolumeCloneController, "node-1")
+			env := dstest.New(t, withNodes(vcVolume(attachedOn("node-1")), runningEngine("v1"),
+				cloneTarget("snap://v1/s1", attachedOn("node-1")), runningEngine("v2"), readySnap("s1"), im,
+				testVA(cloneTicket), vaFor("v2", cloneTicket)), []runtime.Object{testLease("node-1", 0)})
+			dp := newFakeConnector(map[string]error{"SnapshotClone": tc.cloneErr})
+			rec := record.NewFakeRecorder(20)
+			c, err := NewVolumeCloneController(logrus.New(), env.DS, rec, "node-1", dp)
+			require.NoError(t, err)
+
+			require.NoError(t, c.syncClone(context.Background(), testNS+"/v2"))
+			cs := cloneStatusOf(t, env)
+			assert.Equal(t, v1beta1.VolumeCloneStateCopying, cs.State)
+			assert.Equal(t, int32(1), cs.Attempts)
+			require.Eventually(t, func() bool {
+				c.mu.Lock()
+				defer c.mu.Unlock()
+				_, done := c.results["uid-v2"]
+				return done
+			}, 5*time.Second, 10*time.Millisecond, "the copy ends")
+			assert.Equal(t, []string{"SnapshotClone v2-e-0 10.0.0.1:v1 s1"}, dp.calls())
+
+			require.Eventually(t, func() bool { // the next sync reads the copying state from the cache
+				v, err := env.DS.Volumes.GetRO("v2")
+				return err == nil && v.Status.CloneStatus != nil
+			}, 5*time.Second, 10*time.Millisecond)
+			require.NoError(t, c.syncClone(context.Background(), testNS+"/v2"))
+			assert.Equal(t, tc.wantState, cloneStatusOf(t, env).State)
+			wantTickets("v1")(t, env)
+			wantTickets("v2")(t, env)
+			assertEvents(t, tc.wantEvents, rec)
+		})
+	}
+}

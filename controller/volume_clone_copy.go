@@ -1,0 +1,68 @@
+package controller
+
+import (
+	"context"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+// The copy itself is one SnapshotClone call that lasts as long as the data
+// takes, so it runs beside the workers, not in one: a worker would be held
+// for minutes. Its outcome is handed back to the next sync of the target.
+// A manager restarted mid-copy forgets it (the instance manager cancels the
+// call with the connection); the next sync starts it over, and the data
+// plane zeroes the half-filled target first.
+
+// runCopy starts the copy into engine of target t in the background.
+func (c *VolumeCloneController) runCopy(t *v1beta1.Volume, client engineapi.DataPlane, engine, sourceAddr, snapshot string) {
+	c.mu.Lock()
+	ctx, cancel := context.WithTimeout(c.runCtx, cloneTimeout)
+	c.copies[t.UID] = cancel
+	c.mu.Unlock()
+	key := t.Namespace + "/" + t.Name
+	log := c.logger.WithFields(logrus.Fields{"volume": t.Name, "engine": engine, "source": sourceAddr, "snapshot": snapshot})
+	log.Info("Clone copy started")
+	go func() {
+		defer cancel()
+		err := client.SnapshotClone(ctx, engine, sourceAddr, snapshot)
+		if err != nil {
+			log.WithError(err).Warn("Clone copy failed")
+		} else {
+			log.Info("Clone copy completed")
+		}
+		c.mu.Lock()
+		delete(c.copies, t.UID)
+		c.results[t.UID] = err
+		c.mu.Unlock()
+		c.queue.Add(key)
+	}()
+}
+
+func (c *VolumeCloneController) copyRunning(t *v1beta1.Volume) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.copies[t.UID]
+	return ok
+}
+
+// copyResult hands out a finished copy's outcome once.
+func (c *VolumeCloneController) copyResult(t *v1beta1.Volume) (err error, finished bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	err, finished = c.results[t.UID]
+	delete(c.results, t.UID)
+	return err, finished
+}
+
+// cancelCopy stops a copy into a volume being deleted.
+func (c *VolumeCloneController) cancelCopy(t *v1beta1.Volume) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cancel, ok := c.copies[t.UID]; ok {
+		cancel()
+	}
+	delete(c.results, t.UID)
+}
