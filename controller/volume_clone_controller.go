@@ -53,6 +53,9 @@ type cloneSync struct {
 	status *v1beta1.VolumeCloneStatus
 	source types.DataSource
 	snap   string // the snapshot copied
+	// tookResult: this sync applied a finished copy's outcome, which is
+	// forgotten once the status saying so is written.
+	tookResult bool
 }
 
 func (c *VolumeCloneController) syncClone(ctx context.Context, key string) error {
@@ -75,8 +78,13 @@ func (c *VolumeCloneController) syncClone(ctx context.Context, key string) error
 	c.setClonedCondition(v)
 	if !equality.Semantic.DeepEqual(vRO.Status, v.Status) {
 		if _, err := c.ds.Volumes.UpdateStatus(ctx, v); err != nil {
+			// A copy's outcome stays for the retry: losing it would start
+			// the copy over.
 			return errors.Join(actErr, err)
 		}
+	}
+	if s.tookResult {
+		c.forgetResult(v)
 	}
 	return actErr
 }
@@ -253,14 +261,18 @@ func (c *VolumeCloneController) cloneSourceAddress(source *v1beta1.Volume) (stri
 // good (the source cannot be copied into this volume), or retried.
 func (c *VolumeCloneController) takeCopyResult(ctx context.Context, s *cloneSync) (bool, error) {
 	err, finished := c.copyResult(s.target)
-	switch {
-	case !finished:
+	if !finished {
 		return false, nil
+	}
+	s.tookResult = true
+	switch {
 	case err == nil:
+		// The tickets go on the next sync, once this state is stored: the
+		// volume must not detach while its status still says copying.
 		s.status.State, s.status.Progress, s.status.Message = v1beta1.VolumeCloneStateCompleted, 100, ""
 		c.recorder.Eventf(s.target, corev1.EventTypeNormal, EventReasonCloneCompleted,
 			"copied snapshot %s of volume %s", s.snap, s.source.Volume)
-		return true, c.release(ctx, s.target)
+		return true, nil
 	case errors.Is(err, engineapi.ErrInvalid) || errors.Is(err, engineapi.ErrNotFound):
 		return true, c.fail(ctx, s, err.Error())
 	}
@@ -270,13 +282,14 @@ func (c *VolumeCloneController) takeCopyResult(ctx context.Context, s *cloneSync
 }
 
 // fail ends the clone for good: the volume stays unattachable for workloads
-// and says why; deleting it is the way out.
-func (c *VolumeCloneController) fail(ctx context.Context, s *cloneSync, msg string) error {
+// and says why; deleting it is the way out. The tickets go on the next sync,
+// once the state is stored.
+func (c *VolumeCloneController) fail(_ context.Context, s *cloneSync, msg string) error {
 	if s.status.State != v1beta1.VolumeCloneStateFailed {
 		c.recorder.Event(s.target, corev1.EventTypeWarning, EventReasonCloneFailed, msg)
 	}
 	s.status.State, s.status.Message = v1beta1.VolumeCloneStateFailed, msg
-	return c.release(ctx, s.target)
+	return nil
 }
 
 // release drops the clone's tickets and the snapshot taken for it.

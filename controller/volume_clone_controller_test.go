@@ -9,7 +9,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/strata-storage/strata/datastore/dstest"
@@ -140,10 +142,13 @@ func TestVolumeCloneControllerSync(t *testing.T) {
 					assert.Equal(t, metav1.ConditionFalse, c.Status)
 					assert.Equal(t, "CloneFailed", c.Reason)
 				})},
-		{name: "the source volume is gone mid-way: failed, the target's ticket released",
+		{name: "the source volume is gone mid-way: failed; the ticket stays until that is stored",
 			objects: withNodes(cloneTarget("vol://v1", cloneState(v1beta1.VolumeCloneStatePending)), vaFor("v2", cloneTicket)), key: key,
-			wantWrites: []string{"update volumeattachments v2", "update volumes/status v2"}, wantEvents: []string{"Warning CloneFailed"},
-			check:      allChecks(wantCloneStatus(v1beta1.VolumeCloneStateFailed, "source volume v1 went away"), wantTickets("v2"))},
+			wantWrites: []string{"update volumes/status v2"}, wantEvents: []string{"Warning CloneFailed"},
+			check:      allChecks(wantCloneStatus(v1beta1.VolumeCloneStateFailed, "source volume v1 went away"), wantTickets("v2", "clone-v2"))},
+		{name: "failed: the tickets are released",
+			objects: withNodes(cloneTarget("vol://v1", cloneState(v1beta1.VolumeCloneStateFailed)), vaFor("v2", cloneTicket)), key: key,
+			wantWrites: []string{"update volumeattachments v2", "update volumes/status v2"}, check: wantTickets("v2")},
 		{name: "completed: the tickets are released, nothing else",
 			objects: withNodes(vcVolume(), cloneTarget("snap://v1/s1", cloneState(v1beta1.VolumeCloneStateCompleted)),
 				readySnap("s1"), testVA(cloneTicket), vaFor("v2", cloneTicket)), key: key,
@@ -161,18 +166,23 @@ func TestVolumeCloneControllerSync(t *testing.T) {
 }
 
 // TestVolumeCloneControllerCopies starts the copy once both volumes run,
-// then takes its outcome: completed, or failed for good on a refusal.
+// then takes its outcome: completed, or failed for good on a refusal; the
+// tickets go on the sync after that state is stored.
 func TestVolumeCloneControllerCopies(t *testing.T) {
 	im := &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: testNS},
 		Status: v1beta1.InstanceManagerStatus{OwnerID: "node-1", CurrentState: v1beta1.InstanceStateRunning, Endpoint: "im-1:8500"}}
 	tests := []struct {
 		name       string
 		cloneErr   error
+		failWrite  bool // the first status write after the copy conflicts
 		wantState  v1beta1.VolumeCloneState
 		wantEvents []string
 	}{
 		{name: "the copy succeeds", wantState: v1beta1.VolumeCloneStateCompleted,
 			wantEvents: []string{"Normal CloneStarted", "Normal CloneCompleted"}},
+		{name: "the copy succeeds, the status write conflicts: the outcome is kept for the retry", failWrite: true,
+			wantState:  v1beta1.VolumeCloneStateCompleted,
+			wantEvents: []string{"Normal CloneStarted", "Normal CloneCompleted", "Normal CloneCompleted"}},
 		{name: "the data plane refuses: failed", cloneErr: engineapi.ErrInvalid, wantState: v1beta1.VolumeCloneStateFailed,
 			wantEvents: []string{"Normal CloneStarted", "Warning CloneFailed"}},
 	}
@@ -203,11 +213,33 @@ func TestVolumeCloneControllerCopies(t *testing.T) {
 				v, err := env.DS.Volumes.GetRO("v2")
 				return err == nil && v.Status.CloneStatus != nil
 			}, 5*time.Second, 10*time.Millisecond)
+			if tc.failWrite {
+				failed := false
+				env.Strata.PrependReactor("update", "volumes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+					if a.GetSubresource() != "status" || failed {
+						return false, nil, nil
+					}
+					failed = true
+					return true, nil, apierrors.NewConflict(v1beta1.Resource("volumes"), "v2", assert.AnError)
+				})
+				require.Error(t, c.syncClone(context.Background(), testNS+"/v2"))
+				assert.Equal(t, v1beta1.VolumeCloneStateCopying, cloneStatusOf(t, env).State)
+			}
 			require.NoError(t, c.syncClone(context.Background(), testNS+"/v2"))
 			assert.Equal(t, tc.wantState, cloneStatusOf(t, env).State)
+			wantTickets("v1", "clone-v2")(t, env) // until the outcome is stored
+			assertEvents(t, tc.wantEvents, rec)
+			c.mu.Lock()
+			assert.Empty(t, c.results, "the outcome is forgotten once stored")
+			c.mu.Unlock()
+
+			require.Eventually(t, func() bool {
+				v, err := env.DS.Volumes.GetRO("v2")
+				return err == nil && v.Status.CloneStatus.State == tc.wantState
+			}, 5*time.Second, 10*time.Millisecond)
+			require.NoError(t, c.syncClone(context.Background(), testNS+"/v2"))
 			wantTickets("v1")(t, env)
 			wantTickets("v2")(t, env)
-			assertEvents(t, tc.wantEvents, rec)
 		})
 	}
 }

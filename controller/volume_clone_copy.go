@@ -48,13 +48,19 @@ func (c *VolumeCloneController) copyRunning(t *v1beta1.Volume) bool {
 	return ok
 }
 
-// copyResult hands out a finished copy's outcome once.
+// copyResult is a finished copy's outcome; it stays until forgetResult.
 func (c *VolumeCloneController) copyResult(t *v1beta1.Volume) (err error, finished bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	err, finished = c.results[t.UID]
-	delete(c.results, t.UID)
 	return err, finished
+}
+
+// forgetResult drops an outcome the volume's status now records.
+func (c *VolumeCloneController) forgetResult(t *v1beta1.Volume) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.results, t.UID)
 }
 
 // cancelCopy stops a copy into a volume being deleted.

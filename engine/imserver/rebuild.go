@@ -30,6 +30,11 @@ func (s *Server) startRebuild(ctx context.Context, inst *instance, req *impb.Rep
 	if _, _, ok := inst.eng.Backend(req.Replica); ok {
 		return fmt.Errorf("engine %s already has replica %s: %w", req.Engine, req.Replica, engineapi.ErrAlreadyExists)
 	}
+	// A rebuild snapshots the volume, and a volume a clone is filling must
+	// have none: the rebuild waits for the clone.
+	if err := s.refuseDuringClone(inst, "rebuild a replica"); err != nil {
+		return err
+	}
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	target, err := dataconn.Dial(dctx, req.Address, dataconn.Options{Timeout: 30 * time.Second, Log: s.log})

@@ -15,11 +15,9 @@ import (
 // notYetPassing lists, by exact name, the csi-sanity specs the driver does
 // not pass yet, each with the reason. It only shrinks: issue 12 is done when
 // it is empty. (Specs for capabilities the driver does not advertise yet —
-// expansion, cloning, GetCapacity, ListVolumes — are skipped by csi-sanity
-// itself and show in its "Skipped" count.)
-var notYetPassing = map[string]string{
-	"should create volume from an existing source snapshot": "restoring a snapshot into a new volume (the clone controller) is not built yet",
-}
+// volume expansion — are skipped by csi-sanity itself and show in its
+// "Skipped" count.)
+var notYetPassing = map[string]string{}
 
 // csi-sanity, the CSI project's conformance suite, against the real driver
 // (controller and node services on one socket, the node being node-2) on

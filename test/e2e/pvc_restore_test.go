@@ -1,0 +1,218 @@
+package e2e
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+// aliceWriter fills the claim with a bulk file, then keeps adding small
+// files to a tree, except while /tmp/pause exists: then it syncs and says
+// so in /tmp/paused (the seed's "Alice pauses her database").
+const aliceWriter = `mkdir -p /data/tree || exit 1
+dd if=/dev/urandom of=/data/bulk bs=1M count=160 2>/dev/null || exit 1
+i=0
+while true; do
+  if [ -f /tmp/pause ]; then
+    if [ ! -f /tmp/paused ]; then sync; touch /tmp/paused; fi
+    sleep 0.1; continue
+  fi
+  rm -f /tmp/paused
+  if [ $i -lt 2000 ]; then # at most 32 MiB of small files: the claim has room
+    i=$((i+1)); mkdir -p /data/tree/d$((i % 8))
+    dd if=/dev/urandom of=/data/tree/d$((i % 8))/f$i bs=4k count=4 2>/dev/null || exit 1
+  fi
+  sleep 0.05
+done`
+
+// treeDigest lists every file under /data with its checksum, in order.
+const treeDigest = `cd /data && find . -type f | sort | xargs sha256sum`
+
+// The seed's user story, through the upstream sidecars and real Pods: Alice's
+// Pod writes a file tree, pauses, a VolumeSnapshot is taken, it resumes and
+// keeps writing. A claim restored from the snapshot, used by a Pod on
+// another node, holds exactly the paused state; a clone of the live claim
+// (dataSource: the PVC) holds what was written up to the clone, on a third
+// node. Neither Pod starts before its volume's copy has completed.
+func TestAliceSnapshotRestoreAndClone(t *testing.T) {
+	ctx := context.Background()
+	src := createPVC(t, "alice", "256Mi")
+	createPod(t, podWithClaim("alice-db", "127.0.0.1", src.Name, aliceWriter))
+	waitPodRunning(t, "alice-db")
+	exec := func(pod, script string) string {
+		return kubectl(t, "-n", podNamespace, "exec", pod, "--", "sh", "-c", script)
+	}
+	require.Eventually(t, func() bool {
+		out, err := tryKubectl(t, "-n", podNamespace, "exec", "alice-db", "--", "sh", "-c", "ls /data/tree/d1 2>/dev/null | wc -l")
+		n, _ := strconv.Atoi(strings.TrimSpace(out))
+		return err == nil && n >= 5
+	}, 2*time.Minute, 500*time.Millisecond, "the writer got going")
+
+	exec("alice-db", "touch /tmp/pause")
+	require.Eventually(t, func() bool {
+		_, err := tryKubectl(t, "-n", podNamespace, "exec", "alice-db", "--", "test", "-f", "/tmp/paused")
+		return err == nil
+	}, time.Minute, 100*time.Millisecond, "the writer paused")
+	paused := exec("alice-db", treeDigest)
+	start := time.Now()
+	kubectlApply(t, `apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: alice-snap, namespace: default}
+spec: {volumeSnapshotClassName: strata, source: {persistentVolumeClaimName: alice}}`)
+	t.Cleanup(func() { _, _ = tryKubectl(t, "-n", podNamespace, "delete", "volumesnapshot", "alice-snap", "--ignore-not-found") })
+	require.Eventually(t, func() bool {
+		out, err := tryKubectl(t, "-n", podNamespace, "get", "volumesnapshot", "alice-snap", "-o", "jsonpath={.status.readyToUse}")
+		return err == nil && out == "true"
+	}, 2*time.Minute, 200*time.Millisecond, "VolumeSnapshot readyToUse")
+	t.Logf("VolumeSnapshot create→readyToUse: %s", time.Since(start).Round(time.Millisecond))
+	exec("alice-db", "rm /tmp/pause")
+	require.Eventually(t, func() bool {
+		return exec("alice-db", treeDigest) != paused
+	}, time.Minute, 200*time.Millisecond, "the writer resumed")
+
+	// Restore on node-2.
+	start = time.Now()
+	restored := createPVCFrom(t, "alice-restored", "256Mi", "snapshot.storage.k8s.io", "VolumeSnapshot", "alice-snap")
+	restoredVol := boundVolume(t, restored)
+	copyTime := waitCloned(t, restoredVol)
+	t.Logf("restore of a 256 MiB volume (160 MiB of data): PVC create→clone completed %s, copy %s (%.0f MiB/s of volume size)",
+		time.Since(start).Round(time.Millisecond), copyTime.Round(time.Millisecond), 256/copyTime.Seconds())
+	createPod(t, podWithClaim("alice-restored", "127.0.0.2", restored.Name, "sleep 3600"))
+	waitPodRunning(t, "alice-restored")
+	assert.Equal(t, paused, exec("alice-restored", treeDigest), "the restored claim holds exactly the paused state")
+	assert.Equal(t, "node-2", getVolume(t, restoredVol).Status.CurrentNodeID)
+
+	// Clone the live claim on node-3: everything written before the clone.
+	exec("alice-db", "touch /tmp/pause")
+	require.Eventually(t, func() bool {
+		_, err := tryKubectl(t, "-n", podNamespace, "exec", "alice-db", "--", "test", "-f", "/tmp/paused")
+		return err == nil
+	}, time.Minute, 100*time.Millisecond, "the writer paused again")
+	beforeClone := exec("alice-db", treeDigest)
+	clone := createPVCFrom(t, "alice-clone", "256Mi", "", "PersistentVolumeClaim", "alice")
+	cloneVol := boundVolume(t, clone)
+	waitCloned(t, cloneVol)
+	exec("alice-db", "rm /tmp/pause")
+	createPod(t, podWithClaim("alice-clone", "127.0.0.3", clone.Name, "sleep 3600"))
+	waitPodRunning(t, "alice-clone")
+	assert.Equal(t, beforeClone, exec("alice-clone", treeDigest), "the clone holds the source as it was when cloned")
+	assert.NotEqual(t, paused, beforeClone, "the clone is newer than the snapshot")
+
+	// The snapshot taken for the clone goes once the copy is done; the
+	// tickets are released.
+	cloneSnap := getVolume(t, cloneVol).Status.CloneStatus.Snapshot
+	require.Eventually(t, func() bool {
+		_, err := env.adminStrata.StrataV1beta1().Snapshots(ns).Get(ctx, cloneSnap, metav1.GetOptions{})
+		return err != nil
+	}, time.Minute, 200*time.Millisecond, "the clone's own snapshot of the source is removed")
+	for _, vol := range []string{restoredVol, cloneVol, getVolumeOfClaim(t, src.Name)} {
+		for id, tk := range getVA(t, vol).Spec.AttachmentTickets {
+			assert.NotEqual(t, v1beta1.AttacherTypeVolumeCloneController, tk.Type, "volume %s keeps clone ticket %s", vol, id)
+		}
+	}
+	deletePod(t, "alice-clone")
+	deletePod(t, "alice-restored")
+	deletePod(t, "alice-db")
+}
+
+// createPVCFrom creates a claim of the default StorageClass filled from a
+// data source (a VolumeSnapshot, or another claim when apiGroup is "").
+func createPVCFrom(t *testing.T, name, size, apiGroup, kind, source string) *corev1.PersistentVolumeClaim {
+	t.Helper()
+	ctx := context.Background()
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: podNamespace},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}},
+			DataSource:  &corev1.TypedLocalObjectReference{Kind: kind, Name: source},
+		},
+	}
+	if apiGroup != "" {
+		pvc.Spec.DataSource.APIGroup = &apiGroup
+	}
+	_, err := env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Create(ctx, pvc, metav1.CreateOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Delete(ctx, name, metav1.DeleteOptions{})
+	})
+	return pvc
+}
+
+// boundVolume waits for the claim to be bound and returns its Strata volume,
+// which is waited gone on cleanup (after the claim's own cleanup ran).
+func boundVolume(t *testing.T, pvc *corev1.PersistentVolumeClaim) string {
+	t.Helper()
+	volume := ""
+	require.Eventually(t, func() bool {
+		volume = getVolumeOfClaimOrEmpty(pvc.Name)
+		return volume != ""
+	}, 2*time.Minute, 200*time.Millisecond, "claim %s bound", pvc.Name)
+	t.Cleanup(func() {
+		_ = env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Delete(context.Background(), pvc.Name, metav1.DeleteOptions{})
+		waitVolumeGone(t, volume)
+	})
+	return volume
+}
+
+func getVolumeOfClaim(t *testing.T, claim string) string {
+	t.Helper()
+	v := getVolumeOfClaimOrEmpty(claim)
+	require.NotEmpty(t, v, "claim %s is bound", claim)
+	return v
+}
+
+func getVolumeOfClaimOrEmpty(claim string) string {
+	ctx := context.Background()
+	pvc, err := env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Get(ctx, claim, metav1.GetOptions{})
+	if err != nil || pvc.Status.Phase != corev1.ClaimBound {
+		return ""
+	}
+	pv, err := env.adminKube.CoreV1().PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{})
+	if err != nil || pv.Spec.CSI == nil {
+		return ""
+	}
+	return pv.Spec.CSI.VolumeHandle
+}
+
+// waitCloned waits for the volume's clone to complete, checks that nothing
+// attached it for a workload before, and returns how long the copy ran.
+func waitCloned(t *testing.T, volume string) time.Duration {
+	t.Helper()
+	var copyStart time.Time
+	var progress []int32
+	v := waitVolume(t, volume, 5*time.Minute, "clone completed", func(v *v1beta1.Volume) bool {
+		cs := v.Status.CloneStatus
+		if cs == nil {
+			return false
+		}
+		if cs.State == v1beta1.VolumeCloneStateCopying && copyStart.IsZero() {
+			copyStart = time.Now()
+		}
+		if cs.State == v1beta1.VolumeCloneStateCopying && (len(progress) == 0 || progress[len(progress)-1] != cs.Progress) {
+			progress = append(progress, cs.Progress)
+		}
+		if v.Status.State == v1beta1.VolumeStateAttached && cs.State != v1beta1.VolumeCloneStateCompleted {
+			assert.True(t, v.Spec.DisableFrontend, "volume %s attached with a frontend before its clone completed", volume)
+			assert.Empty(t, v.Status.FrontendEndpoint, "volume %s served before its clone completed", volume)
+		}
+		require.NotEqual(t, v1beta1.VolumeCloneStateFailed, cs.State, "clone failed: %s", cs.Message)
+		return cs.State == v1beta1.VolumeCloneStateCompleted
+	})
+	t.Logf("volume %s: clone of %s completed after %d attempt(s); progress seen %v",
+		volume, v.Spec.DataSource, v.Status.CloneStatus.Attempts, progress)
+	if copyStart.IsZero() {
+		return time.Millisecond // the copy ran between two polls
+	}
+	return time.Since(copyStart)
+}
