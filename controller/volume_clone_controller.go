@@ -83,15 +83,23 @@ func (c *VolumeCloneController) syncClone(ctx context.Context, key string) error
 			return errors.Join(actErr, err)
 		}
 	}
-	if s.tookResult {
+	if s.tookResult && !finalCloneState(v.Status.CloneStatus.State) {
+		// A retry: the next sync starts a new copy.
 		c.forgetResult(v)
 	}
 	return actErr
 }
 
+// finalCloneState: nothing more to copy. A copy's outcome that led here is
+// kept until the cache shows this state (release forgets it): a sync that
+// read the volume before the write would otherwise start the copy again.
+func finalCloneState(s v1beta1.VolumeCloneState) bool {
+	return s == v1beta1.VolumeCloneStateCompleted || s == v1beta1.VolumeCloneStateFailed
+}
+
 func (c *VolumeCloneController) reconcileClone(ctx context.Context, s *cloneSync) error {
-	switch s.status.State {
-	case v1beta1.VolumeCloneStateCompleted, v1beta1.VolumeCloneStateFailed:
+	if finalCloneState(s.status.State) {
+		c.forgetResult(s.target)
 		return c.release(ctx, s.target)
 	}
 	src, ok := types.ParseDataSource(s.target.Spec.DataSource)
@@ -260,7 +268,7 @@ func (c *VolumeCloneController) cloneSourceAddress(source *v1beta1.Volume) (stri
 // takeCopyResult applies how a finished copy ended: completed, failed for
 // good (the source cannot be copied into this volume), or retried.
 func (c *VolumeCloneController) takeCopyResult(ctx context.Context, s *cloneSync) (bool, error) {
-	err, finished := c.copyResult(s.target)
+	err, finished, seen := c.copyResult(s.target)
 	if !finished {
 		return false, nil
 	}
@@ -270,8 +278,10 @@ func (c *VolumeCloneController) takeCopyResult(ctx context.Context, s *cloneSync
 		// The tickets go on the next sync, once this state is stored: the
 		// volume must not detach while its status still says copying.
 		s.status.State, s.status.Progress, s.status.Message = v1beta1.VolumeCloneStateCompleted, 100, ""
-		c.recorder.Eventf(s.target, corev1.EventTypeNormal, EventReasonCloneCompleted,
-			"copied snapshot %s of volume %s", s.snap, s.source.Volume)
+		if !seen {
+			c.recorder.Eventf(s.target, corev1.EventTypeNormal, EventReasonCloneCompleted,
+				"copied snapshot %s of volume %s", s.snap, s.source.Volume)
+		}
 		return true, nil
 	case errors.Is(err, engineapi.ErrInvalid) || errors.Is(err, engineapi.ErrNotFound):
 		return true, c.fail(ctx, s, err.Error())

@@ -29,7 +29,7 @@ type VolumeCloneController struct {
 	// copies are the SnapshotClone calls this manager runs, by target UID;
 	// results holds how each ended until the next sync reads it.
 	copies  map[k8stypes.UID]context.CancelFunc
-	results map[k8stypes.UID]error
+	results map[k8stypes.UID]copyOutcome
 	// runCtx is the context the copies run under (the controller's Run).
 	runCtx context.Context
 }
@@ -40,7 +40,7 @@ func NewVolumeCloneController(logger logrus.FieldLogger, ds *datastore.DataStore
 	c := &VolumeCloneController{
 		baseController: newBaseController("strata-volume-clone", controllerID, logger, ds, recorder),
 		copies:         map[k8stypes.UID]context.CancelFunc{},
-		results:        map[k8stypes.UID]error{},
+		results:        map[k8stypes.UID]copyOutcome{},
 		runCtx:         context.Background(),
 	}
 	c.dataPlane = dataPlane

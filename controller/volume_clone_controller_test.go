@@ -182,7 +182,7 @@ func TestVolumeCloneControllerCopies(t *testing.T) {
 			wantEvents: []string{"Normal CloneStarted", "Normal CloneCompleted"}},
 		{name: "the copy succeeds, the status write conflicts: the outcome is kept for the retry", failWrite: true,
 			wantState:  v1beta1.VolumeCloneStateCompleted,
-			wantEvents: []string{"Normal CloneStarted", "Normal CloneCompleted", "Normal CloneCompleted"}},
+			wantEvents: []string{"Normal CloneStarted", "Normal CloneCompleted"}},
 		{name: "the data plane refuses: failed", cloneErr: engineapi.ErrInvalid, wantState: v1beta1.VolumeCloneStateFailed,
 			wantEvents: []string{"Normal CloneStarted", "Warning CloneFailed"}},
 	}
@@ -230,7 +230,7 @@ func TestVolumeCloneControllerCopies(t *testing.T) {
 			wantTickets("v1", "clone-v2")(t, env) // until the outcome is stored
 			assertEvents(t, tc.wantEvents, rec)
 			c.mu.Lock()
-			assert.Empty(t, c.results, "the outcome is forgotten once stored")
+			assert.Len(t, c.results, 1, "the outcome is kept until the cache shows it: a sync on a stale copy must not copy again")
 			c.mu.Unlock()
 
 			require.Eventually(t, func() bool {
@@ -240,6 +240,10 @@ func TestVolumeCloneControllerCopies(t *testing.T) {
 			require.NoError(t, c.syncClone(context.Background(), testNS+"/v2"))
 			wantTickets("v1")(t, env)
 			wantTickets("v2")(t, env)
+			c.mu.Lock()
+			assert.Empty(t, c.results, "forgotten once the cache shows the outcome")
+			c.mu.Unlock()
+			assert.Len(t, dp.calls(), 1, "one copy in all")
 		})
 	}
 }

@@ -16,6 +16,12 @@ import (
 // call with the connection); the next sync starts it over, and the data
 // plane zeroes the half-filled target first.
 
+// copyOutcome is how a copy ended.
+type copyOutcome struct {
+	err  error
+	seen bool // a sync has applied it already
+}
+
 // runCopy starts the copy into engine of target t in the background.
 func (c *VolumeCloneController) runCopy(t *v1beta1.Volume, client engineapi.DataPlane, engine, sourceAddr, snapshot string) {
 	c.mu.Lock()
@@ -35,7 +41,7 @@ func (c *VolumeCloneController) runCopy(t *v1beta1.Volume, client engineapi.Data
 		}
 		c.mu.Lock()
 		delete(c.copies, t.UID)
-		c.results[t.UID] = err
+		c.results[t.UID] = copyOutcome{err: err}
 		c.mu.Unlock()
 		c.queue.Add(key)
 	}()
@@ -49,11 +55,18 @@ func (c *VolumeCloneController) copyRunning(t *v1beta1.Volume) bool {
 }
 
 // copyResult is a finished copy's outcome; it stays until forgetResult.
-func (c *VolumeCloneController) copyResult(t *v1beta1.Volume) (err error, finished bool) {
+// seen tells an outcome handed out before (its event is not repeated).
+func (c *VolumeCloneController) copyResult(t *v1beta1.Volume) (err error, finished, seen bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	err, finished = c.results[t.UID]
-	return err, finished
+	r, finished := c.results[t.UID]
+	if !finished {
+		return nil, false, false
+	}
+	seen = r.seen
+	r.seen = true
+	c.results[t.UID] = r
+	return r.err, true, seen
 }
 
 // forgetResult drops an outcome the volume's status now records.
