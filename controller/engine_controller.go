@@ -21,6 +21,8 @@ const (
 	EventReasonEngineStartFailed   = "StartFailed"
 	EventReasonEngineReplicaAdd    = "ReplicaAdded"
 	EventReasonEngineReplicaRemove = "ReplicaRemoved"
+	EventReasonEngineExpanded      = "Expanded"
+	EventReasonEngineExpandFailed  = "ExpandFailed"
 )
 
 // syncEngine drives one engine's instance toward its spec and writes what
@@ -172,7 +174,29 @@ func (c *EngineController) driveEngine(ctx context.Context, e *v1beta1.Engine, i
 	if inst.State != engineapi.InstanceStateRunning {
 		return nil
 	}
-	return c.reconcileEngineReplicas(ctx, client, e, inst)
+	if err := c.reconcileEngineReplicas(ctx, client, e, inst); err != nil {
+		return err
+	}
+	return c.expandEngine(ctx, client, e, inst)
+}
+
+// expandEngine grows a running engine and its replicas to spec.volumeSize
+// while it serves (online expansion). A rebuild or a clone in progress
+// makes the instance manager answer busy: the next event retries.
+func (c *EngineController) expandEngine(ctx context.Context, client engineapi.DataPlane, e *v1beta1.Engine, inst *engineapi.Instance) error {
+	if e.Spec.VolumeSize <= inst.Size {
+		return nil
+	}
+	err := client.VolumeExpand(ctx, e.Name, e.Spec.VolumeSize)
+	switch {
+	case errors.Is(err, engineapi.ErrBusy):
+		return fmt.Errorf("expanding engine %s to %d bytes: %w; retrying", e.Name, e.Spec.VolumeSize, err)
+	case err != nil:
+		c.recorder.Eventf(e, corev1.EventTypeWarning, EventReasonEngineExpandFailed, "expanding to %d bytes: %v", e.Spec.VolumeSize, err)
+		return fmt.Errorf("expanding engine %s to %d bytes: %w", e.Name, e.Spec.VolumeSize, err)
+	}
+	c.recorder.Eventf(e, corev1.EventTypeNormal, EventReasonEngineExpanded, "expanded from %d to %d bytes", inst.Size, e.Spec.VolumeSize)
+	return nil
 }
 
 // reconcileEngineReplicas removes the replicas the spec dropped (or moved to

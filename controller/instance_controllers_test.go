@@ -207,6 +207,27 @@ func TestEngineControllerAgainstRealInstanceManager(t *testing.T) {
 	syncAfterCache()
 	assert.Empty(t, writes(env.Strata.Actions()))
 
+	// A larger spec size while it runs: online expansion of the engine
+	// and its replicas; the status follows from the Watch.
+	got = get()
+	got.Spec.VolumeSize = 8 << 20
+	_, err = env.Strata.StrataV1beta1().Engines(testNS).Update(ctx, got, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	syncAfterCache()
+	require.Eventually(t, func() bool {
+		inst, _, _ := im.cache.Get("v1-e-0")
+		return inst.Size == 8<<20
+	}, 10*time.Second, 10*time.Millisecond)
+	syncAfterCache()
+	assert.Equal(t, int64(8<<20), get().Status.CurrentSize)
+	assertEvents(t, []string{"Normal Expanded"}, rec)
+	for _, r := range []string{"r1", "r2"} { // replicas report their size at the size-report interval
+		require.Eventually(t, func() bool {
+			inst, _, _ := im.cache.Get(r)
+			return inst.Size == 8<<20
+		}, 15*time.Second, 50*time.Millisecond, "replica %s grew", r)
+	}
+
 	// The spec drops r2: the engine removes it and the status follows.
 	got.Spec.ReplicaAddressMap = map[string]string{"r1": addrs["r1"]}
 	_, err = env.Strata.StrataV1beta1().Engines(testNS).Update(ctx, got, metav1.UpdateOptions{})

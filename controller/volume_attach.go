@@ -245,8 +245,10 @@ func (s *volumeSync) attach(want string) error {
 	}
 
 	// The engine runs: hand it every usable running replica (new ones are
-	// rebuilt), drop failed ones.
+	// rebuilt), drop failed ones; a larger size is an online expansion,
+	// which the engine controller asks of the instance manager.
 	after.Spec.ReplicaAddressMap = all
+	after.Spec.VolumeSize = max(after.Spec.VolumeSize, s.specSize())
 	eng, err := s.updateEngine(eng, after)
 	if err != nil {
 		return err
@@ -258,6 +260,10 @@ func (s *volumeSync) attach(want string) error {
 	v.Status.CurrentNodeID = want
 	v.Status.FrontendEndpoint = eng.Status.Endpoint
 	if eng.Status.CurrentSize > 0 {
+		if old := v.Status.CurrentSize; old != 0 && eng.Status.CurrentSize > old {
+			s.recorder.Eventf(v, corev1.EventTypeNormal, EventReasonVolumeExpanded, "expanded online from %d to %d bytes",
+				old, eng.Status.CurrentSize)
+		}
 		v.Status.CurrentSize = eng.Status.CurrentSize
 	}
 	return s.reconcileMigration(eng)

@@ -17,6 +17,7 @@ import (
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/engine/blockdev"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/scheduler"
 	"github.com/strata-storage/strata/types"
 )
 
@@ -141,48 +142,11 @@ func (r capacityRules) diskSpaces(node *v1beta1.Node) []int64 {
 	}
 	var spaces []int64
 	for name, spec := range node.Spec.Disks {
-		st := node.Status.DiskStatus[name]
-		var scheduled int64
-		if st != nil {
-			scheduled = r.scheduled[st.DiskUUID]
-		}
-		spaces = append(spaces, diskSchedulable(spec, st, scheduled, r.overProvisioningPct, r.minimalAvailablePct))
+		spaces = append(spaces, scheduler.DiskSchedulable(node.Name, spec, node.Status.DiskStatus[name], scheduler.Options{
+			OverProvisioningPercentage: r.overProvisioningPct, MinimalAvailablePercentage: r.minimalAvailablePct,
+			ScheduledBytes: r.scheduled}))
 	}
 	return spaces
-}
-
-// diskSchedulable is the largest replica of a new, empty volume the disk
-// takes. It is the scheduler's diskFit (scheduler/scheduler.go) solved for
-// the size, which the scheduler does not export; keep the two in step.
-func diskSchedulable(spec v1beta1.DiskSpec, st *v1beta1.DiskStatus, scheduledBytes, overPct, minPct int64) int64 {
-	if !spec.AllowScheduling || st == nil || st.DiskUUID == "" || st.StorageMaximum <= 0 {
-		return 0
-	}
-	if c := meta.FindStatusCondition(st.Conditions, v1beta1.ConditionTypeSchedulable); c != nil && c.Status != metav1.ConditionTrue {
-		return 0
-	}
-	reserved := spec.StorageReserved.Value()
-	// A new volume has no data yet: the disk takes it while its free space
-	// meets the minimal-available percentage now.
-	if free := st.StorageAvailable - reserved; free <= 0 || free < percentOf(st.StorageMaximum, minPct, true) {
-		return 0
-	}
-	usable := max(st.StorageMaximum-reserved, 0)
-	scheduled := max(st.StorageScheduled, scheduledBytes)
-	return max(percentOf(usable, overPct, false)-scheduled, 0)
-}
-
-// percentOf is v*pct/100 rounded down (or up), without overflowing on v*pct,
-// as the scheduler rounds it.
-func percentOf(v, pct int64, roundUp bool) int64 {
-	if v <= 0 || pct <= 0 {
-		return 0
-	}
-	rest := v % 100 * pct
-	if roundUp {
-		rest += 99
-	}
-	return v/100*pct + rest/100
 }
 
 // volumeTokenPrefix marks the page tokens this driver gives, so that one it

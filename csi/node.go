@@ -52,6 +52,7 @@ func (d *Driver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRe
 	for _, t := range []csi.NodeServiceCapability_RPC_Type{
 		csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
 		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
+		csi.NodeServiceCapability_RPC_EXPAND_VOLUME,
 	} {
 		caps = append(caps, &csi.NodeServiceCapability{Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: t}}})
 	}
@@ -84,12 +85,36 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 	if fsType == "" {
 		fsType = defaultFsType
 	}
+	if grown, err := growExtBeforeMount(ctx, device); err != nil {
+		// The data is intact at its old size: mount it anyway.
+		d.log.WithError(err).WithField("volume", volume).Warn("The filesystem is smaller than the volume and could not grow")
+	} else if grown {
+		d.log.WithFields(map[string]any{"volume": volume, "device": device}).Info("Grew the filesystem to the volume's size before mounting")
+	}
 	if err := d.node.mounter.FormatAndMount(device, staging, fsType, capability.GetMount().GetMountFlags()); err != nil {
 		return nil, status.Errorf(codes.Internal, "volume %s: formatting (if blank) and mounting %s at %s as %s: %v",
 			volume, device, staging, fsType, err)
 	}
 	d.log.WithFields(map[string]any{"volume": volume, "device": device, "staging": staging, "fsType": fsType}).Info("Staged volume")
+	d.growStagedFilesystem(volume, device, staging)
 	return &csi.NodeStageVolumeResponse{}, nil
+}
+
+// growStagedFilesystem grows a filesystem smaller than its device: the
+// volume was expanded while it was not staged here, or an earlier
+// NodeExpandVolume could not grow it online. A failure leaves the volume
+// usable at its old size, so it is logged rather than failing the stage.
+func (d *Driver) growStagedFilesystem(volume, device, staging string) {
+	resizer := mountutils.NewResizeFs(utilexec.New())
+	need, err := resizer.NeedResize(device, staging)
+	if err != nil || !need {
+		return
+	}
+	if _, err := resizer.Resize(device, staging); err != nil {
+		d.log.WithError(err).WithField("volume", volume).Warn("The filesystem is smaller than the volume and could not grow")
+		return
+	}
+	d.log.WithFields(map[string]any{"volume": volume, "device": device}).Info("Grew the filesystem to the volume's size")
 }
 
 // mountedFrom reports whether path is a mount point; one of another device

@@ -111,6 +111,14 @@ type InstanceSpec struct {
 	SnapshotMaxSize  int64
 }
 
+// GrowableExportSuffix names an engine's second NBD export, which follows
+// an online expansion: it advertises MaxVolumeSize and serves the volume's
+// current size (nbd.Growable). The CSI node plugin connects to it.
+const GrowableExportSuffix = "+growable"
+
+// MaxVolumeSize is the largest volume the data plane serves (2^32 blocks).
+const MaxVolumeSize = 16 << 40
+
 // Instance is what the instance manager reports of one instance.
 type Instance struct {
 	Name       string

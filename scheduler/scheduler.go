@@ -235,6 +235,17 @@ func nodeRejection(node *v1beta1.Node, opts Options) string {
 	return ""
 }
 
+// DiskSchedulable is the largest replica of a new, empty volume the disk
+// takes now, by the rules ScheduleReplica applies (0 when it takes none):
+// what the CSI driver reports as capacity.
+func DiskSchedulable(nodeName string, spec v1beta1.DiskSpec, st *v1beta1.DiskStatus, opts Options) int64 {
+	room, why := diskFit(&v1beta1.Volume{}, 0, nodeName, spec, st, nil, opts)
+	if why != "" {
+		return 0
+	}
+	return room
+}
+
 // diskFit checks one disk of a candidate node. It returns the schedulable
 // space the disk keeps after taking the replica, or why it cannot take it.
 func diskFit(vol *v1beta1.Volume, size int64, nodeName string, spec v1beta1.DiskSpec, st *v1beta1.DiskStatus,

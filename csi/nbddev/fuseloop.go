@@ -1,6 +1,8 @@
 package nbddev
 
 import (
+	"strings"
+
 	"github.com/strata-storage/strata/internal/atomicfile"
 
 	"context"
@@ -12,6 +14,8 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/strata-storage/strata/engineapi"
 )
 
 // FUSELoop connects volumes with nbdfuse and a loop device, for nodes
@@ -44,6 +48,11 @@ type FUSELoop struct {
 	// crashPoint, when set, is called after each step of Connect with the
 	// step's name; tests use it to die between steps as a killed plugin would.
 	crashPoint func(step string)
+	// exportSuffix names the export nbdfuse reads, after the endpoint's:
+	// the engine's growable export (engineapi.GrowableExportSuffix), whose
+	// advertised size leaves room for Resize. Tests serving one plain
+	// export (qemu-nbd) clear it.
+	exportSuffix string
 }
 
 // Steps of Connect, as passed to crashPoint.
@@ -58,7 +67,7 @@ var _ Connector = (*FUSELoop)(nil)
 // NewFUSELoop returns the nbdfuse + loop connector. It needs nbdfuse
 // (Debian libnbd-bin), losetup and umount, /dev/fuse and loop devices.
 func NewFUSELoop(stateDir string, log logrus.FieldLogger) (*FUSELoop, error) {
-	for _, tool := range []string{"nbdfuse", "losetup", "umount"} {
+	for _, tool := range []string{"nbdfuse", "nbdinfo", "losetup", "umount"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			return nil, fmt.Errorf("nbddev: %s is needed for nbdfuse + loop devices: %w", tool, err)
 		}
@@ -67,7 +76,8 @@ func NewFUSELoop(stateDir string, log logrus.FieldLogger) (*FUSELoop, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &FUSELoop{stateDir: dir, log: log, readyTimeout: 30 * time.Second, probeTimeout: 5 * time.Second, exitGrace: 10 * time.Second}, nil
+	return &FUSELoop{stateDir: dir, log: log, readyTimeout: 30 * time.Second, probeTimeout: 5 * time.Second, exitGrace: 10 * time.Second,
+		exportSuffix: engineapi.GrowableExportSuffix}, nil
 }
 
 func (c *FUSELoop) mountDir(volumeID string) string { return filepath.Join(c.stateDir, volumeID) }
@@ -123,6 +133,9 @@ func (c *FUSELoop) inspect(volumeID string) (fuseState, error) {
 		// The record is written before nbdfuse starts, so this is only a
 		// lost file; the daemon's own arguments still say it.
 		st.endpoint = nbdfuseURI(st.daemons[0].Args[1:], dir)
+		if c.exportSuffix != "" {
+			st.endpoint = strings.TrimSuffix(st.endpoint, c.exportSuffix)
+		}
 	}
 	return st, nil
 }
@@ -158,7 +171,11 @@ func (c *FUSELoop) Connect(ctx context.Context, volumeID, endpoint string) (stri
 	} else if err := c.startOver(ctx, log, volumeID, endpoint, st); err != nil {
 		return "", err
 	}
-	dev, err := attachLoop(ctx, log, c.backingFile(volumeID))
+	size, err := exportSize(ctx, endpoint)
+	if err != nil {
+		return "", fmt.Errorf("volume %s: %w", volumeID, err)
+	}
+	dev, err := attachLoop(ctx, log, c.backingFile(volumeID), size)
 	if err != nil {
 		return "", fmt.Errorf("volume %s: %w", volumeID, err)
 	}
@@ -230,7 +247,9 @@ func (c *FUSELoop) startNBDFUSE(ctx context.Context, log logrus.FieldLogger, vol
 		return fmt.Errorf("volume %s: %w", volumeID, err)
 	}
 	// Not CommandContext: the daemon must outlive this call and this process.
-	cmd := exec.Command("nbdfuse", dir+"/", endpoint)
+	// The growable export: nbdfuse's file keeps the size it sees at connect,
+	// so it must see the ceiling for the loop device to grow later (Resize).
+	cmd := exec.Command("nbdfuse", dir+"/", endpoint+c.exportSuffix)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Own session: no signal for our process group or terminal reaches it,
 	// and no Pdeathsig, so a plugin restart leaves the device working.

@@ -75,6 +75,7 @@ func TestFilesystemSurvivesReconnect(t *testing.T) {
 
 	c2, err := NewFUSELoop(c.stateDir, testLogger(t))
 	require.NoError(t, err)
+	c2.exportSuffix = c.exportSuffix
 	start = time.Now()
 	dev2, err := c2.Connect(ctx, "vol1", srv.endpoint)
 	require.NoError(t, err)
@@ -174,6 +175,7 @@ func TestHelperProcess(t *testing.T) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
+	c.exportSuffix = "" // qemu-nbd serves one plain export
 	crashAt := os.Getenv(helperCrashAtEnv)
 	c.crashPoint = func(step string) {
 		if step == crashAt {
@@ -374,7 +376,7 @@ func TestThroughput(t *testing.T) {
 	dev, err := c.Connect(t.Context(), "vol1", srv.endpoint)
 	require.NoError(t, err)
 	src := filepath.Join(t.TempDir(), "random")
-	writeRandomFile(t, src, exportSize)
+	writeRandomFile(t, src, testExportSize)
 	rates := []struct {
 		what string
 		cmd  []string
@@ -395,7 +397,7 @@ func TestThroughput(t *testing.T) {
 		if m := qemuIORate.FindStringSubmatch(string(out)); m != nil && strings.Contains(r.what, "one") {
 			own = ", qemu-io's own figure " + m[1] + "/s"
 		}
-		t.Logf("%-36s %7.1f MB/s wall clock (%v)%s", r.what, float64(exportSize)/1e6/elapsed.Seconds(),
+		t.Logf("%-36s %7.1f MB/s wall clock (%v)%s", r.what, float64(testExportSize)/1e6/elapsed.Seconds(),
 			elapsed.Round(time.Millisecond), own)
 	}
 	require.NoError(t, c.Disconnect(t.Context(), "vol1"))
@@ -408,7 +410,7 @@ var qemuIORate = regexp.MustCompile(`\(([0-9.]+ [KMG]iB)/sec`)
 // qemuIOSweep covers the export in 1 MiB requests, one at a time.
 func qemuIOSweep(endpoint, op string) []string {
 	args := []string{"qemu-io", "-f", "raw"}
-	for off := 0; off < exportSize; off += 1 << 20 {
+	for off := 0; off < testExportSize; off += 1 << 20 {
 		args = append(args, "-c", fmt.Sprintf("%s %d 1M", op, off))
 	}
 	return append(args, endpoint)

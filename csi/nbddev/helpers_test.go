@@ -21,9 +21,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// exportSize is the size of the test exports: big enough for ext4 and a
+// testExportSize is the size of the test exports: big enough for ext4 and a
 // throughput figure, small enough to stay quick.
-const exportSize = 64 << 20
+const testExportSize = 64 << 20
 
 // requireSystem skips a test that needs what real connections need: root,
 // FUSE, loop devices and the tools.
@@ -76,7 +76,7 @@ func startNBDServer(t *testing.T, name string) *nbdServer {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), name+".img")
 	require.NoError(t, os.WriteFile(file, nil, 0o600))
-	require.NoError(t, os.Truncate(file, exportSize))
+	require.NoError(t, os.Truncate(file, testExportSize))
 	port := freePort(t)
 	s := &nbdServer{
 		endpoint: fmt.Sprintf("nbd://127.0.0.1:%d/%s", port, name),
@@ -137,6 +137,7 @@ func newTestFUSELoop(t *testing.T) *FUSELoop {
 	c, err := NewFUSELoop(t.TempDir(), testLogger(t))
 	require.NoError(t, err)
 	c.exitGrace = 5 * time.Second
+	c.exportSuffix = "" // qemu-nbd serves one plain export
 	t.Cleanup(func() {
 		assert.Empty(t, leftovers(t, c.stateDir), "left behind under %s", c.stateDir)
 		forceClean(t, c.stateDir)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -55,13 +56,16 @@ func loopDeviceFor(file string) (string, bool, error) {
 // out of the page cache twice (once for the loop device, once for the file
 // on FUSE) and makes a sync on the filesystem reach the export; if the
 // kernel or the file refuses it, the buffered mode still works.
-func attachLoop(ctx context.Context, log logrus.FieldLogger, file string) (string, error) {
-	dev, err := run(ctx, "losetup", "--find", "--show", "--direct-io=on", file)
+//
+// The device ends at size: the file (the growable export) is larger.
+func attachLoop(ctx context.Context, log logrus.FieldLogger, file string, size int64) (string, error) {
+	limit := "--sizelimit=" + strconv.FormatInt(size, 10)
+	dev, err := run(ctx, "losetup", "--find", "--show", "--direct-io=on", limit, file)
 	if err == nil {
 		return dev, nil
 	}
 	log.WithError(err).Warn("nbddev: losetup with direct I/O refused; retrying without")
-	dev, err2 := run(ctx, "losetup", "--find", "--show", file)
+	dev, err2 := run(ctx, "losetup", "--find", "--show", limit, file)
 	if err2 != nil {
 		return "", fmt.Errorf("attaching a loop device to %s: %v; without direct I/O: %w", file, err, err2)
 	}

@@ -37,6 +37,9 @@ type Connector interface {
 	Device(volumeID string) (device string, ok bool, err error)
 	// Connected lists the volumes connected on this node, from system state.
 	Connected() (map[string]string, error) // volumeID -> device
+	// Resize grows a connected volume's block device to the export's size
+	// now (after an online expansion) and returns the device's size in bytes.
+	Resize(ctx context.Context, volumeID string) (int64, error)
 }
 
 // New returns the kernel nbd connector where the nbd module is loaded and

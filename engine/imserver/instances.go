@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/strata-storage/strata/engine/dataconn"
+	"github.com/strata-storage/strata/engine/nbd"
 	"github.com/strata-storage/strata/engine/replica"
 	"github.com/strata-storage/strata/engine/replicaserver"
 	"github.com/strata-storage/strata/engine/replication"
@@ -328,6 +329,13 @@ func (s *Server) startFrontend(inst *instance) error {
 		s.releaseExport(inst)
 		return fmt.Errorf("engine %s: NBD export: %w", inst.spec.Name, err)
 	}
+	// The same volume for clients that follow an online expansion (the CSI
+	// node plugin's nbdfuse + loop device): see nbd.Growable.
+	if err := s.nbd.AddExport(volume+engineapi.GrowableExportSuffix, inst.eng, nbd.Growable(engineapi.MaxVolumeSize)); err != nil {
+		_ = s.nbd.RemoveExport(volume)
+		s.releaseExport(inst)
+		return fmt.Errorf("engine %s: growable NBD export: %w", inst.spec.Name, err)
+	}
 	inst.endpoint = fmt.Sprintf("nbd://%s/%s", s.opts.NBDAddress, volume)
 	return nil
 }
@@ -345,7 +353,8 @@ func (s *Server) stopFrontend(inst *instance) error {
 		return nil
 	}
 	inst.endpoint = ""
-	err := s.nbd.RemoveExport(inst.spec.VolumeName)
+	err := errors.Join(s.nbd.RemoveExport(inst.spec.VolumeName),
+		s.nbd.RemoveExport(inst.spec.VolumeName+engineapi.GrowableExportSuffix))
 	s.releaseExport(inst)
 	return err
 }

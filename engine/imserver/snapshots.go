@@ -176,10 +176,12 @@ func (s *Server) SnapshotLimitsSet(ctx context.Context, req *impb.SnapshotLimits
 
 // VolumeExpand grows the volume on every replica.
 func (s *Server) VolumeExpand(ctx context.Context, req *impb.VolumeExpandRequest) (*impb.Empty, error) {
-	return &impb.Empty{}, s.engineOp(req.Engine, func(inst *instance) error {
-		if inst.endpoint != "" {
-			return fmt.Errorf("engine %s: expansion is offline; stop the frontend first: %w", req.Engine, engineapi.ErrBusy)
-		}
+	volume := ""
+	err := s.engineOp(req.Engine, func(inst *instance) error {
+		// Online too: replicas grow under the I/O (replica.Expand swaps its
+		// maps under the I/O lock) and no client is told of a range before
+		// every replica has it. Connected NBD clients keep the size they
+		// were told, except on the growable export.
 		if req.Size%4096 != 0 {
 			return fmt.Errorf("size %d is not a multiple of 4096: %w", req.Size, engineapi.ErrInvalid)
 		}
@@ -187,8 +189,34 @@ func (s *Server) VolumeExpand(ctx context.Context, req *impb.VolumeExpandRequest
 			return err
 		}
 		inst.spec.Size = req.Size
+		volume = inst.spec.VolumeName
 		return nil
 	})
+	if err != nil {
+		return nil, err
+	}
+	// This instance manager's replicas of the volume grew behind their
+	// instances' backs: tell watchers now rather than at the next size report.
+	s.publishReplicasOf(volume)
+	return &impb.Empty{}, nil
+}
+
+func (s *Server) publishReplicasOf(volume string) {
+	s.mu.Lock()
+	var reps []*instance
+	for _, inst := range s.instances {
+		if inst.spec.Type == impb.InstanceType_INSTANCE_TYPE_REPLICA && inst.spec.VolumeName == volume {
+			reps = append(reps, inst)
+		}
+	}
+	s.mu.Unlock()
+	for _, inst := range reps {
+		inst.mu.Lock()
+		if inst.rep != nil {
+			s.publishLocked(inst)
+		}
+		inst.mu.Unlock()
+	}
 }
 
 // FrontendStart serves the engine over NBD.

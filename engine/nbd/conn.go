@@ -121,7 +121,7 @@ func (c *conn) handshake() (*export, error) {
 				return nil, fmt.Errorf("NBD_OPT_EXPORT_NAME: export %q not found", name)
 			}
 			var b [8 + 2 + 124]byte
-			binary.BigEndian.PutUint64(b[0:8], uint64(e.dev.Size()))
+			binary.BigEndian.PutUint64(b[0:8], uint64(e.advertisedSize()))
 			binary.BigEndian.PutUint16(b[8:10], e.flags())
 			n := len(b)
 			if c.noZeroes {
@@ -223,7 +223,7 @@ func (c *conn) optReply(bw *bufio.Writer, code, typ uint32, msg string) error {
 // sendInfo answers NBD_OPT_INFO / NBD_OPT_GO for an export.
 func (c *conn) sendInfo(bw *bufio.Writer, code uint32, e *export, infos []uint16) error {
 	replies := [][]byte{
-		infoExport(uint64(e.dev.Size()), e.flags()),
+		infoExport(uint64(e.advertisedSize()), e.flags()),
 		// Sent whether asked or not, as the protocol allows.
 		infoBlockSize(MinBlockSize, PreferredBlockSize, MaxPayload),
 	}
@@ -293,7 +293,7 @@ func (c *conn) transmit(e *export) {
 // readLoop reads requests and dispatches them; it returns nil on
 // NBD_CMD_DISC.
 func (c *conn) readLoop(e *export) error {
-	size := e.dev.Size()
+	size := e.advertisedSize()
 	var hdr [RequestHeaderSize]byte
 	for {
 		req, err := ReadRequest(c.br, hdr[:])
@@ -306,7 +306,7 @@ func (c *conn) readLoop(e *export) error {
 		if req.Type == CmdDisc {
 			return nil
 		}
-		if errno, reason := CheckRequest(req, size, e.readOnly); errno != 0 {
+		if errno, reason := CheckRequest(req, e.boundFor(size), e.readOnly); errno != 0 {
 			c.log.WithFields(logrus.Fields{
 				"cmd": CommandName(req.Type), "flags": req.Flags, "offset": req.Offset, "length": req.Length,
 				"errno": errno, "reason": reason,

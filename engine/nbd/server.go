@@ -48,13 +48,40 @@ func Description(d string) ExportOption { return func(e *export) { e.description
 // Default makes the export also answer to the empty (default) export name.
 func Default() ExportOption { return func(e *export) { e.isDefault = true } }
 
+// Growable makes an export for a device that may grow while clients are
+// connected. NBD tells a client the size once, at the handshake, and has no
+// way to tell it of a change; so this export advertises ceiling instead and
+// checks every request against the device's size at that moment. A client
+// that must see growth (a loop device over nbdfuse, whose file size is fixed
+// when nbdfuse connects) limits itself to the real size and raises the limit
+// when the device has grown. Requests beyond the real size fail with EINVAL.
+func Growable(ceiling int64) ExportOption { return func(e *export) { e.growCeiling = ceiling } }
+
 type export struct {
 	name        string
 	dev         blockdev.Device
 	readOnly    bool
 	description string
 	isDefault   bool
+	growCeiling int64 // advertised size of a Growable export; 0 for others
 	conns       map[*conn]struct{}
+}
+
+// advertisedSize is the size told at the handshake.
+func (e *export) advertisedSize() int64 {
+	if e.growCeiling > 0 {
+		return max(e.growCeiling, e.dev.Size())
+	}
+	return e.dev.Size()
+}
+
+// boundFor is the size a request is checked against: the size the client
+// was told, or for a Growable export the device's size now.
+func (e *export) boundFor(told int64) int64 {
+	if e.growCeiling > 0 {
+		return e.dev.Size()
+	}
+	return told
 }
 
 func (e *export) flags() uint16 {

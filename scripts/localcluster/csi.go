@@ -20,11 +20,11 @@ type CSIOptions struct {
 
 // CSISidecars are the upstream sidecars StartCSI runs beside the controller
 // plugin; scripts/build-tools.sh builds them on demand.
-var CSISidecars = []string{"csi-provisioner", "csi-attacher", "csi-snapshotter", "snapshot-controller"}
+var CSISidecars = []string{"csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter", "snapshot-controller"}
 
 // StartCSI runs Strata's CSI driver as a cluster would: the controller
 // plugin with the upstream sidecars (csi-provisioner, csi-attacher,
-// csi-snapshotter) and the snapshot-controller, and a node plugin beside each
+// csi-resizer, csi-snapshotter) and the snapshot-controller, and a node plugin beside each
 // kubelet, registering with it. It installs the snapshot CRDs and
 // package/csi (CSIDriver, StorageClass strata, VolumeSnapshotClass strata).
 // Everything stops with the cluster.
@@ -53,6 +53,7 @@ func (c *Cluster) StartCSI(ctx context.Context, opts CSIOptions) error {
 	sidecars := map[string][]string{
 		"csi-provisioner":     append([]string{"--extra-create-metadata", "--timeout=60s"}, withSocket...),
 		"csi-attacher":        append([]string{"--timeout=120s"}, withSocket...),
+		"csi-resizer":         append([]string{"--timeout=120s"}, withSocket...),
 		"csi-snapshotter":     append([]string{"--extra-create-metadata", "--timeout=60s"}, withSocket...),
 		"snapshot-controller": common,
 	}
