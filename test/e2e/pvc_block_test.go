@@ -1,0 +1,267 @@
+package e2e
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/strata-storage/strata/csi"
+	"github.com/strata-storage/strata/scripts/localcluster"
+)
+
+// blockDevicePath is where the block-mode Pods see their claim.
+const blockDevicePath = "/dev/xvda"
+
+// A claim in volumeMode Block: a Pod on 127.0.0.2 sees a block device at its
+// devicePath, 8 MiB of random data written with O_DIRECT and fsync reads back
+// with the same checksum, and a Pod on 127.0.0.3 reads the same checksum
+// after the volume moved there. Deleting the claim deletes the volume and
+// leaves no mount, loop device or nbdfuse process behind.
+func TestPVCBlockModeOnTwoNodes(t *testing.T) {
+	ctx := context.Background()
+	loopsBefore := localcluster.LoopDevices()
+	pvc := createClaimWith(t, "block-data", "64Mi", func(c *corev1.PersistentVolumeClaim) {
+		c.Spec.VolumeMode = ptr.To(corev1.PersistentVolumeBlock)
+	})
+	volume := boundVolume(t, pvc)
+	bound, err := env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Get(ctx, pvc.Name, metav1.GetOptions{})
+	require.NoError(t, err)
+	pv, err := env.adminKube.CoreV1().PersistentVolumes().Get(ctx, bound.Spec.VolumeName, metav1.GetOptions{})
+	require.NoError(t, err)
+	require.NotNil(t, pv.Spec.VolumeMode)
+	assert.Equal(t, corev1.PersistentVolumeBlock, *pv.Spec.VolumeMode, "the PV is a block volume")
+	assert.Equal(t, pvc.Name, getVolume(t, volume).Annotations[csi.AnnotationPVCName])
+
+	writer := blockPod("block-writer", "127.0.0.2", pvc.Name)
+	created := createPod(t, writer)
+	running := waitPodRunning(t, writer.Name)
+	t.Logf("block Pod create→Running: %s", running.Sub(created).Round(time.Millisecond))
+	exec := func(pod, script string) string {
+		return strings.TrimSpace(kubectl(t, "-n", podNamespace, "exec", pod, "--", "sh", "-c", script))
+	}
+	exec(writer.Name, "test -b "+blockDevicePath) // fails the test unless it is a block device
+	size := exec(writer.Name, "blockdev --getsize64 "+blockDevicePath)
+	assert.Equal(t, "67108864", size, "the device has the claim's size")
+
+	const readBack = "dd if=" + blockDevicePath + " bs=1M count=8 iflag=direct 2>/dev/null | sha256sum | cut -d' ' -f1"
+	written := exec(writer.Name, "dd if=/dev/urandom of=/tmp/data bs=1M count=8 2>/dev/null && "+
+		"dd if=/tmp/data of="+blockDevicePath+" bs=1M oflag=direct conv=fsync 2>/dev/null && sha256sum /tmp/data | cut -d' ' -f1")
+	require.Len(t, written, 64, "a sha256 of the written data: %q", written)
+	zeros := sha256.Sum256(make([]byte, 8<<20))
+	require.NotEqual(t, hex.EncodeToString(zeros[:]), written, "random data was written, not zeros")
+	assert.Equal(t, written, exec(writer.Name, readBack), "the data reads back through the device")
+	assert.Equal(t, "node-2", getVolume(t, volume).Status.CurrentNodeID, "attached where the Pod runs")
+	deletePod(t, writer.Name)
+
+	reader := blockPod("block-reader", "127.0.0.3", pvc.Name)
+	createPod(t, reader)
+	waitPodRunning(t, reader.Name)
+	exec(reader.Name, "test -b "+blockDevicePath)
+	assert.Equal(t, written, exec(reader.Name, readBack), "the data written on the other node")
+	assert.Equal(t, "node-3", getVolume(t, volume).Status.CurrentNodeID)
+	deletePod(t, reader.Name)
+
+	require.NoError(t, env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Delete(ctx, pvc.Name, metav1.DeleteOptions{}))
+	require.Eventually(t, func() bool {
+		_, err := env.adminKube.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	}, 2*time.Minute, 200*time.Millisecond, "the PV is deleted")
+	waitVolumeGone(t, volume)
+	assert.Empty(t, volumesOfClaim(t, pvc.Name), "no volume of the claim is left")
+	for _, i := range []int{1, 2} {
+		assertNoTraceOfVolume(t, env.cluster.Nodes()[i], volume, loopsBefore)
+	}
+}
+
+// A VolumeSnapshotClass with deletionPolicy Retain: deleting the
+// VolumeSnapshot keeps its VolumeSnapshotContent and the Strata snapshot
+// behind it; once an admin switches the content to Delete and deletes it,
+// the Strata snapshot goes.
+func TestVolumeSnapshotRetainPolicy(t *testing.T) {
+	ctx := context.Background()
+	kubectlApply(t, `apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshotClass
+metadata: {name: strata-retain}
+driver: driver.strata.io
+deletionPolicy: Retain`)
+	t.Cleanup(func() { _, _ = tryKubectl(t, "delete", "volumesnapshotclass", "strata-retain", "--ignore-not-found") })
+	pvc := createPVC(t, "retain-src", "32Mi")
+	volume := boundVolume(t, pvc)
+
+	kubectlApply(t, `apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: retain-snap, namespace: default}
+spec: {volumeSnapshotClassName: strata-retain, source: {persistentVolumeClaimName: retain-src}}`)
+	content := ""
+	t.Cleanup(func() { // whatever the test left: the snapshot, then its content as an admin would
+		_, _ = tryKubectl(t, "-n", podNamespace, "delete", "volumesnapshot", "retain-snap", "--ignore-not-found", "--timeout=60s")
+		if content != "" {
+			_, _ = tryKubectl(t, "patch", "volumesnapshotcontent", content, "--type", "merge", "-p", `{"spec":{"deletionPolicy":"Delete"}}`)
+			_, _ = tryKubectl(t, "delete", "volumesnapshotcontent", content, "--ignore-not-found", "--timeout=60s")
+		}
+	})
+	waitVolumeSnapshotReady(t, "retain-snap", 2*time.Minute)
+	content = kubectl(t, "-n", podNamespace, "get", "volumesnapshot", "retain-snap", "-o", "jsonpath={.status.boundVolumeSnapshotContentName}")
+	require.NotEmpty(t, content)
+	assert.Equal(t, "Retain", kubectl(t, "get", "volumesnapshotcontent", content, "-o", "jsonpath={.spec.deletionPolicy}"))
+	handle := kubectl(t, "get", "volumesnapshotcontent", content, "-o", "jsonpath={.status.snapshotHandle}")
+	require.NotEmpty(t, handle)
+	snap, err := env.adminStrata.StrataV1beta1().Snapshots(ns).Get(ctx, handle, metav1.GetOptions{})
+	require.NoError(t, err, "the Strata snapshot behind the VolumeSnapshot")
+	assert.Equal(t, volume, snap.Spec.Volume)
+	assert.True(t, snap.Status.ReadyToUse)
+
+	kubectl(t, "-n", podNamespace, "delete", "volumesnapshot", "retain-snap", "--wait=true", "--timeout=60s")
+	// Retain: the content and the Strata snapshot stay. Nothing announces
+	// that a deletion will not come, so watch for a while.
+	kept := func() bool {
+		if _, err := tryKubectl(t, "get", "volumesnapshotcontent", content); err != nil {
+			return false
+		}
+		s, err := env.adminStrata.StrataV1beta1().Snapshots(ns).Get(ctx, handle, metav1.GetOptions{})
+		return err == nil && s.DeletionTimestamp == nil
+	}
+	require.True(t, kept(), "the content and the Strata snapshot outlive the VolumeSnapshot")
+	assert.Never(t, func() bool { return !kept() }, 10*time.Second, 500*time.Millisecond,
+		"the content %s and Strata snapshot %s are kept (Retain)", content, handle)
+	assert.Contains(t, kubectl(t, "get", "volumesnapshotcontent", content, "-o", "jsonpath={.status.readyToUse}"), "true")
+
+	// The admin releases it.
+	kubectl(t, "patch", "volumesnapshotcontent", content, "--type", "merge", "-p", `{"spec":{"deletionPolicy":"Delete"}}`)
+	kubectl(t, "delete", "volumesnapshotcontent", content, "--wait=true", "--timeout=60s")
+	require.Eventually(t, func() bool {
+		_, err := env.adminStrata.StrataV1beta1().Snapshots(ns).Get(ctx, handle, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	}, time.Minute, 200*time.Millisecond, "the Strata snapshot goes with the content once its policy is Delete")
+	assert.Empty(t, snapshotsOf(t, volume), "no Strata snapshot of the volume is left")
+}
+
+// blockPod is a Pod that uses the claim as a raw block device at
+// blockDevicePath.
+func blockPod(name, node, claim string) *corev1.Pod {
+	pod := workloadPod(name, node, "sleep 3600")
+	pod.Spec.Volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
+		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}}}
+	pod.Spec.Containers[0].VolumeDevices = []corev1.VolumeDevice{{Name: "data", DevicePath: blockDevicePath}}
+	return pod
+}
+
+// createClaimWith creates a ReadWriteOnce claim of the default StorageClass
+// as edit leaves it, deleted when the test ends.
+func createClaimWith(t *testing.T, name, size string, edit func(*corev1.PersistentVolumeClaim)) *corev1.PersistentVolumeClaim {
+	t.Helper()
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: podNamespace},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}},
+		},
+	}
+	if edit != nil {
+		edit(pvc)
+	}
+	_, err := env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Create(context.Background(), pvc, metav1.CreateOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+	return pvc
+}
+
+// volumesOfClaim lists the Strata volumes the CSI driver made for the claim
+// (named in their strata.io/pvc-name annotation).
+func volumesOfClaim(t *testing.T, claim string) []string {
+	t.Helper()
+	list, err := env.adminStrata.StrataV1beta1().Volumes(ns).List(context.Background(), metav1.ListOptions{})
+	require.NoError(t, err)
+	var out []string
+	for _, v := range list.Items {
+		if v.Annotations[csi.AnnotationPVCName] == claim && v.Annotations[csi.AnnotationPVCNamespace] == podNamespace {
+			out = append(out, v.Name)
+		}
+	}
+	return out
+}
+
+func waitVolumeSnapshotReady(t *testing.T, name string, timeout time.Duration) {
+	t.Helper()
+	start := time.Now()
+	var last string
+	for time.Since(start) < timeout {
+		out, err := tryKubectl(t, "-n", podNamespace, "get", "volumesnapshot", name, "-o", "jsonpath={.status}")
+		last = out
+		if err == nil && strings.Contains(out, `"readyToUse":true`) {
+			t.Logf("VolumeSnapshot %s readyToUse after %s", name, time.Since(start).Round(time.Millisecond))
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("VolumeSnapshot %s not readyToUse within %s; last status: %s", name, timeout, last)
+}
+
+// assertNoTraceOfVolume checks the node holds nothing of the volume once it
+// is gone: no mount of its connection or of the kubelet's CSI paths, no
+// nbdfuse serving it, no loop device that was not there before the test.
+func assertNoTraceOfVolume(t *testing.T, node *localcluster.Node, volume string, loopsBefore map[string]string) {
+	t.Helper()
+	stateDir := node.CSIStateDir() + "/" + volume
+	kubeletCSI := node.KubeletRoot() + "/plugins/kubernetes.io/csi"
+	var left []string
+	ok := assert.Eventually(t, func() bool {
+		left = nil
+		for _, dir := range []string{stateDir, kubeletCSI} {
+			for _, m := range localcluster.MountsUnder(dir) {
+				left = append(left, "mount "+m)
+			}
+		}
+		for dev, file := range localcluster.LoopDevices() {
+			if was, ok := loopsBefore[dev]; !ok || was != file {
+				left = append(left, "loop device "+dev+" on "+file)
+			}
+		}
+		for _, p := range nbdfuseProcesses(stateDir) {
+			left = append(left, "nbdfuse "+p)
+		}
+		return len(left) == 0
+	}, 30*time.Second, 250*time.Millisecond, "nothing of volume %s left on %s", volume, node.Name)
+	if !ok {
+		t.Logf("left on %s: %s", node.Name, strings.Join(left, "; "))
+	}
+}
+
+// nbdfuseProcesses lists the command lines of the nbdfuse processes that
+// mount dir.
+func nbdfuseProcesses(dir string) []string {
+	var out []string
+	cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range cmdlines {
+		b, err := os.ReadFile(f)
+		if err != nil || len(b) == 0 {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if filepath.Base(args[0]) != "nbdfuse" {
+			continue
+		}
+		for _, a := range args[1:] {
+			if a == dir || a == dir+"/" {
+				out = append(out, strings.Join(args, " "))
+				break
+			}
+		}
+	}
+	return out
+}
