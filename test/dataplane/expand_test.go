@@ -3,9 +3,9 @@ package dataplane
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"strconv"
 	"strings"
-	"os/exec"
 	"sync/atomic"
 	"testing"
 	"time"
