@@ -153,6 +153,14 @@ func volumeSize(r *csi.CapacityRange) (int64, error) {
 	return size, nil
 }
 
+// kubernetesAccessMode names the PVC access mode a CSI mode comes from, for
+// messages a Kubernetes user reads in the claim's events.
+var kubernetesAccessMode = map[csi.VolumeCapability_AccessMode_Mode]string{
+	csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER:  " (ReadWriteMany)",
+	csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY:   " (ReadOnlyMany)",
+	csi.VolumeCapability_AccessMode_MULTI_NODE_SINGLE_WRITER: " (ReadWriteMany with one writer)",
+}
+
 // checkCapabilities accepts single-node access in mount or block mode; a
 // volume is attached to one node at a time until shared volumes exist.
 func checkCapabilities(caps []*csi.VolumeCapability) error {
@@ -170,7 +178,8 @@ func checkCapabilities(caps []*csi.VolumeCapability) error {
 			csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER:
 		default:
 			return status.Errorf(codes.InvalidArgument,
-				"volume_capabilities: access mode %s is not supported: a Strata volume is attached to one node at a time", mode)
+				"volume_capabilities: access mode %s%s is not supported: a Strata volume is attached to one node at a time",
+				mode, kubernetesAccessMode[mode])
 		}
 		if fs := c.GetMount().GetFsType(); fs != "" && fs != "ext4" && fs != "xfs" {
 			return status.Errorf(codes.InvalidArgument, "volume_capabilities: fs_type %q is not supported (ext4 or xfs)", fs)

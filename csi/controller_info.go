@@ -158,8 +158,8 @@ const volumeTokenPrefix = "after:"
 
 // ListVolumes lists the volumes in name order, with the nodes each is
 // attached to.
-func (d *Driver) ListVolumes(_ context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
-	vols, err := d.listVolumes()
+func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
+	vols, err := d.listVolumes(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -196,8 +196,8 @@ func (d *Driver) ControllerGetVolumeHealth(ctx context.Context, req *csi.Control
 
 // ControllerListVolumeHealth lists the volumes with a health problem, in
 // name order; the spec lists only those.
-func (d *Driver) ControllerListVolumeHealth(_ context.Context, req *csi.ControllerListVolumeHealthRequest) (*csi.ControllerListVolumeHealthResponse, error) {
-	vols, err := d.listVolumes()
+func (d *Driver) ControllerListVolumeHealth(ctx context.Context, req *csi.ControllerListVolumeHealthRequest) (*csi.ControllerListVolumeHealthResponse, error) {
+	vols, err := d.listVolumes(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -213,15 +213,24 @@ func (d *Driver) ControllerListVolumeHealth(_ context.Context, req *csi.Controll
 	return resp, nil
 }
 
-// listVolumes lists the cached volumes that are not being deleted: once
+// listVolumes lists the volumes that are not being deleted: once
 // DeleteVolume has succeeded the volume is gone as far as CSI is concerned,
-// while the volume controller still tears it down.
-func (d *Driver) listVolumes() ([]*v1beta1.Volume, error) {
-	vols, err := d.ds.Volumes.ListRO(nil)
+// while the volume controller still tears it down. It reads the API server,
+// not the cache: a CO that lists right after a create or delete must see
+// it (csi-sanity does), and the sidecars list rarely (csi-attacher's
+// reconcile, once a minute).
+func (d *Driver) listVolumes(ctx context.Context) ([]*v1beta1.Volume, error) {
+	list, err := d.ds.StrataClient.StrataV1beta1().Volumes(d.ds.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "listing volumes: %v", err)
+		return nil, apiStatus(err, "listing volumes")
 	}
-	return slices.DeleteFunc(vols, func(v *v1beta1.Volume) bool { return v.DeletionTimestamp != nil }), nil
+	vols := make([]*v1beta1.Volume, 0, len(list.Items))
+	for i := range list.Items {
+		if list.Items[i].DeletionTimestamp == nil {
+			vols = append(vols, &list.Items[i])
+		}
+	}
+	return vols, nil
 }
 
 // getVolume reads one volume, from the API server when the cache does not

@@ -104,7 +104,7 @@ func TestCreateVolume(t *testing.T) {
 			wantCode: codes.InvalidArgument, wantMsg: "numberOfReplicas=\"0\": must be a whole number from 1 to 20"},
 		{name: "multi-node writer", req: &csi.CreateVolumeRequest{Name: "pvc-1",
 			VolumeCapabilities: []*csi.VolumeCapability{mountCap(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER)}},
-			wantCode: codes.InvalidArgument, wantMsg: "MULTI_NODE_MULTI_WRITER is not supported"},
+			wantCode: codes.InvalidArgument, wantMsg: "MULTI_NODE_MULTI_WRITER (ReadWriteMany) is not supported"},
 		{name: "no capabilities", req: &csi.CreateVolumeRequest{Name: "pvc-1"}, wantCode: codes.InvalidArgument, wantMsg: "volume_capabilities: required"},
 		{name: "limit below the rounded size", req: &csi.CreateVolumeRequest{Name: "pvc-1", VolumeCapabilities: []*csi.VolumeCapability{rwo},
 			CapacityRange: &csi.CapacityRange{RequiredBytes: 5000, LimitBytes: 6000}}, wantCode: codes.OutOfRange, wantMsg: "above limit_bytes 6000"},

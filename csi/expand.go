@@ -3,6 +3,7 @@ package csi
 import (
 	"context"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -100,6 +101,12 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	volume, path := req.GetVolumeId(), req.GetVolumePath()
 	if volume == "" || path == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume_id and volume_path: required")
+	}
+	if _, ok, err := d.node.connector.Device(volume); err != nil || !ok {
+		return nil, status.Errorf(codes.NotFound, "volume %s is not staged on this node (%v)", volume, err)
+	}
+	if _, err := os.Stat(path); err != nil {
+		return nil, status.Errorf(codes.NotFound, "volume_path %s: %v", path, err)
 	}
 	size, err := d.node.connector.Resize(ctx, volume)
 	if err != nil {

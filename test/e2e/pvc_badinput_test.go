@@ -63,7 +63,7 @@ volumeBindingMode: Immediate`)
 				c.Spec.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}
 			}),
 			reason: "ProvisioningFailed",
-			want:   []string{"InvalidArgument", "access mode MULTI_NODE_MULTI_WRITER is not supported"},
+			want:   []string{"InvalidArgument", "access mode MULTI_NODE_MULTI_WRITER (ReadWriteMany) is not supported"},
 		},
 		{
 			// The snapshot-controller refuses it before the driver is asked
