@@ -30,6 +30,7 @@ import (
 // config is the command line.
 type config struct {
 	volumes, snapshots, replicas int
+	clones                       int
 	size                         resource.Quantity
 	workers                      int
 	quiet                        time.Duration
@@ -43,6 +44,7 @@ func main() {
 	flag.IntVar(&cfg.volumes, "volumes", 1000, "number of volumes")
 	flag.IntVar(&cfg.snapshots, "snapshots", 30, "snapshots per volume")
 	flag.IntVar(&cfg.replicas, "replicas", 1, "replicas per volume (1-3)")
+	flag.IntVar(&cfg.clones, "clones", 10, "volumes cloned from a snapshot before the quiet window")
 	flag.StringVar(&size, "size", "4Mi", "volume size")
 	flag.IntVar(&cfg.workers, "workers", 32, "concurrent API writers")
 	flag.DurationVar(&cfg.quiet, "quiet", time.Minute, "length of the quiet window")
@@ -118,6 +120,7 @@ func run(log *logrus.Logger, cfg config) (err error) {
 	}{
 		{"volumes", b.stepVolumes},
 		{"snapshots", b.stepSnapshots},
+		{"clones", b.stepClones},
 		{"quiet window", b.stepQuiet},
 		{"snapshot latency", b.stepLatency},
 		{"memory", b.stepMemory},

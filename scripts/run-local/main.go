@@ -203,7 +203,7 @@ Kubernetes nodes %v run real Pods (images: %s, %s):
     kubectl delete pod hello --grace-period=1
 
 A PVC of the default StorageClass strata, used by a Pod (see README.md for
-VolumeSnapshots):
+a VolumeSnapshot of it and a second Pod on a claim restored from that):
 
     kubectl apply -f - <<EOF
     apiVersion: v1
