@@ -144,9 +144,7 @@ func TestGetCapacity(t *testing.T) {
 
 func infoDriver(t *testing.T, strata, kube []runtime.Object) *Driver {
 	t.Helper()
-	env := dstest.New(t, strata, kube)
-	d, err := NewDriver(Options{Mode: ModeController, Version: "test", Store: env.DS})
-	require.NoError(t, err)
+	d, _ := controllerDriver(t, strata, kube, nil)
 	return d
 }
 

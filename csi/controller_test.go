@@ -72,6 +72,21 @@ func readySnapshot(name, volume string, restoreSize int64) *v1beta1.Snapshot {
 		Status: v1beta1.SnapshotStatus{ReadyToUse: restoreSize > 0, RestoreSize: restoreSize}}
 }
 
+// controllerDriver is a controller-mode driver over fake clientsets seeded
+// with strata and kube objects, react's reactors installed and the seeding
+// calls forgotten, so a test sees only its own call's writes.
+func controllerDriver(t *testing.T, strata, kube []runtime.Object, react func(*dstest.Env)) (*Driver, *dstest.Env) {
+	t.Helper()
+	env := dstest.New(t, strata, kube)
+	if react != nil {
+		react(env)
+	}
+	d, err := NewDriver(Options{Mode: ModeController, Version: "test", Store: env.DS, Log: logrus.New()})
+	require.NoError(t, err)
+	env.ClearActions()
+	return d, env
+}
+
 func detachedOnCreate(v *v1beta1.Volume) { v.Status.State = v1beta1.VolumeStateDetached }
 
 func TestCreateVolume(t *testing.T) {
@@ -150,14 +165,7 @@ func TestCreateVolume(t *testing.T) {
 	createWait = time.Second
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			env := dstest.New(t, tc.existing, nil)
-			if tc.react != nil {
-				tc.react(env)
-			}
-			d, err := NewDriver(Options{Mode: ModeController, Version: "test", Store: env.DS, Log: logrus.New()})
-			require.NoError(t, err)
-			env.ClearActions()
-
+			d, env := controllerDriver(t, tc.existing, nil, tc.react)
 			resp, err := d.CreateVolume(t.Context(), tc.req)
 			assert.Equal(t, tc.wantWrites, writeActions(env), "API writes")
 			if !wantResult(t, err, tc.wantCode, tc.wantMsg) {
@@ -213,9 +221,7 @@ func TestDeleteVolume(t *testing.T) {
 }
 
 func TestValidateVolumeCapabilities(t *testing.T) {
-	env := dstest.New(t, []runtime.Object{existingVolume("pvc-1", 1<<20, 1)}, nil)
-	d, err := NewDriver(Options{Mode: ModeController, Version: "test", Store: env.DS})
-	require.NoError(t, err)
+	d, _ := controllerDriver(t, []runtime.Object{existingVolume("pvc-1", 1<<20, 1)}, nil, nil)
 
 	ok, err := d.ValidateVolumeCapabilities(t.Context(), &csi.ValidateVolumeCapabilitiesRequest{VolumeId: "pvc-1",
 		VolumeCapabilities: []*csi.VolumeCapability{rwo}})

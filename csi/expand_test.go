@@ -5,9 +5,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -66,13 +64,7 @@ func TestControllerExpandVolume(t *testing.T) {
 	expandWait = time.Second
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			env := dstest.New(t, tc.existing, nil)
-			if tc.react != nil {
-				tc.react(env)
-			}
-			d, err := NewDriver(Options{Mode: ModeController, Version: "test", Store: env.DS, Log: logrus.New()})
-			require.NoError(t, err)
-			env.ClearActions()
+			d, env := controllerDriver(t, tc.existing, nil, tc.react)
 			resp, err := d.ControllerExpandVolume(t.Context(), &csi.ControllerExpandVolumeRequest{VolumeId: tc.id,
 				CapacityRange: &csi.CapacityRange{RequiredBytes: tc.required}})
 			assert.Equal(t, tc.wantWrites, writeActions(env), "API writes")

@@ -88,12 +88,7 @@ func TestControllerPublishVolume(t *testing.T) {
 	publishWait = time.Second
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			env := dstest.New(t, tc.strata, tc.kube)
-			if tc.react != nil {
-				tc.react(env)
-			}
-			d, err := NewDriver(Options{Mode: ModeController, Version: "test", Store: env.DS})
-			require.NoError(t, err)
+			d, env := controllerDriver(t, tc.strata, tc.kube, tc.react)
 			resp, err := d.ControllerPublishVolume(t.Context(), tc.req)
 			if !wantResult(t, err, tc.wantCode, tc.wantMsg) {
 				return

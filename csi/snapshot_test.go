@@ -62,10 +62,7 @@ func TestCreateSnapshot(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			env := dstest.New(t, tc.existing, nil)
-			d, err := NewDriver(Options{Mode: ModeController, Version: "test", Store: env.DS})
-			require.NoError(t, err)
-			env.ClearActions()
+			d, env := controllerDriver(t, tc.existing, nil, nil)
 			resp, err := d.CreateSnapshot(t.Context(), tc.req)
 			assert.Equal(t, tc.wantWrite, len(writeActions(env)) > 0, "writes: %v", writeActions(env))
 			if !wantResult(t, err, tc.wantCode, tc.wantMsg) {

@@ -108,6 +108,9 @@ func (b *bench) setup(ctx context.Context) error {
 	if err := b.cluster.WaitForWebhooks(ctx, ns, time.Minute); err != nil {
 		return err
 	}
+	if err := b.cluster.ApplyLocalSettings(ctx, ns); err != nil {
+		return err
+	}
 
 	// The bench's writers must not be throttled by client-go: the figures
 	// are about the managers, not about the bench's client.

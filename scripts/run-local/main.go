@@ -21,13 +21,9 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/retry"
 
-	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
 	"github.com/strata-storage/strata/scripts/images"
 	"github.com/strata-storage/strata/scripts/localcluster"
-	"github.com/strata-storage/strata/types"
 )
 
 const (
@@ -136,7 +132,7 @@ func run(log *logrus.Logger, managerBin, runDir string, nodes int, kubelets bool
 	if err := cluster.WaitForWebhooks(ctx, systemNamespace, time.Minute); err != nil {
 		return err
 	}
-	if err := setLocalSettings(ctx, log, cluster); err != nil {
+	if err := cluster.ApplyLocalSettings(ctx, systemNamespace); err != nil {
 		return err
 	}
 	if kubelets {
@@ -317,30 +313,4 @@ func nodeNames(managers []*localcluster.Manager) []string {
 		names = append(names, m.Node)
 	}
 	return names
-}
-
-// localSettings differ from the defaults for a cluster whose disks are
-// directories on the developer's own filesystem: keeping 25% of that
-// filesystem free for Strata says nothing about Strata, and a busy laptop
-// disk would refuse every replica.
-var localSettings = map[types.SettingName]string{types.SettingStorageMinimalAvailablePercentage: "1"}
-
-func setLocalSettings(ctx context.Context, log logrus.FieldLogger, cluster *localcluster.Cluster) error {
-	settings := versioned.NewForConfigOrDie(cluster.AdminConfig).StrataV1beta1().Settings(systemNamespace)
-	for name, value := range localSettings {
-		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-			s, err := settings.Get(ctx, string(name), metav1.GetOptions{})
-			if err != nil {
-				return err
-			}
-			s.Value = value
-			_, err = settings.Update(ctx, s, metav1.UpdateOptions{})
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("setting %s: %w", name, err)
-		}
-		log.WithFields(logrus.Fields{"setting": name, "value": value}).Info("local setting applied (disks are directories on this machine's filesystem)")
-	}
-	return nil
 }

@@ -158,10 +158,8 @@ func run(m *testing.M) (int, error) {
 		StrataNodes: nodeNames, RepoRoot: root}); err != nil {
 		return 0, err
 	}
-	for name, value := range suiteSettings {
-		if err := setSettingValue(ctx, name, value); err != nil {
-			return 0, err
-		}
+	if err := cluster.ApplyLocalSettings(ctx, types.DefaultNamespace); err != nil {
+		return 0, err
 	}
 	if err := waitDisksSchedulable(ctx); err != nil {
 		return 0, err
@@ -189,9 +187,6 @@ func run(m *testing.M) (int, error) {
 	}
 	return code, nil
 }
-
-// suiteSettings are the settings the suite runs with instead of defaults.
-var suiteSettings = map[types.SettingName]string{types.SettingStorageMinimalAvailablePercentage: "1"}
 
 // waitDisksSchedulable waits until every node says a disk can take replicas.
 func waitDisksSchedulable(ctx context.Context) error {

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/scripts/localcluster"
 	"github.com/strata-storage/strata/types"
 )
 
@@ -70,7 +71,7 @@ func TestDefaultSettingsExistAndAreChecked(t *testing.T) {
 	settings := env.adminStrata.StrataV1beta1().Settings(types.DefaultNamespace)
 	ctx := context.Background()
 	for _, name := range types.SettingNames() {
-		want, ok := suiteSettings[name]
+		want, ok := localcluster.LocalSettings[name]
 		if !ok {
 			want = types.SettingDefinitions[name].Default
 		}

@@ -45,7 +45,7 @@ allowVolumeExpansion: true`)
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			claim := "grow-" + strconv.Itoa(i)
-			pvc := createClassPVC(t, claim, tc.class, tc.before)
+			pvc := createClaimWith(t, claim, tc.before, func(c *corev1.PersistentVolumeClaim) { c.Spec.StorageClassName = &tc.class })
 			volume := boundVolume(t, pvc)
 			pod := podWithClaim(claim, tc.node, claim, "dd if=/dev/urandom of=/data/before bs=1M count=16 && sync && sleep 3600")
 			createPod(t, pod)
@@ -99,23 +99,4 @@ allowVolumeExpansion: true`)
 			kubectl(t, "-n", podNamespace, "exec", checkPod, "--", "sh", "-c", "dd if=/dev/zero of=/data/more bs=1M count="+fill+" && sync")
 		})
 	}
-}
-
-// createClassPVC creates a claim of StorageClass class, deleted when the test ends.
-func createClassPVC(t *testing.T, name, class, size string) *corev1.PersistentVolumeClaim {
-	t.Helper()
-	pvc := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: podNamespace},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			StorageClassName: &class,
-			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}},
-		},
-	}
-	_, err := env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Create(context.Background(), pvc, metav1.CreateOptions{})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Delete(context.Background(), name, metav1.DeleteOptions{})
-	})
-	return pvc
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
@@ -69,7 +68,9 @@ func TestAliceSnapshotRestoreAndClone(t *testing.T) {
 kind: VolumeSnapshot
 metadata: {name: alice-snap, namespace: default}
 spec: {volumeSnapshotClassName: strata, source: {persistentVolumeClaimName: alice}}`)
-	t.Cleanup(func() { _, _ = tryKubectl(t, "-n", podNamespace, "delete", "volumesnapshot", "alice-snap", "--ignore-not-found") })
+	t.Cleanup(func() {
+		_, _ = tryKubectl(t, "-n", podNamespace, "delete", "volumesnapshot", "alice-snap", "--ignore-not-found")
+	})
 	require.Eventually(t, func() bool {
 		out, err := tryKubectl(t, "-n", podNamespace, "get", "volumesnapshot", "alice-snap", "-o", "jsonpath={.status.readyToUse}")
 		return err == nil && out == "true"
@@ -129,24 +130,12 @@ spec: {volumeSnapshotClassName: strata, source: {persistentVolumeClaimName: alic
 // data source (a VolumeSnapshot, or another claim when apiGroup is "").
 func createPVCFrom(t *testing.T, name, size, apiGroup, kind, source string) *corev1.PersistentVolumeClaim {
 	t.Helper()
-	ctx := context.Background()
-	pvc := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: podNamespace},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}},
-			DataSource:  &corev1.TypedLocalObjectReference{Kind: kind, Name: source},
-		},
-	}
-	if apiGroup != "" {
-		pvc.Spec.DataSource.APIGroup = &apiGroup
-	}
-	_, err := env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Create(ctx, pvc, metav1.CreateOptions{})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Delete(ctx, name, metav1.DeleteOptions{})
+	return createClaimWith(t, name, size, func(c *corev1.PersistentVolumeClaim) {
+		c.Spec.DataSource = &corev1.TypedLocalObjectReference{Kind: kind, Name: source}
+		if apiGroup != "" {
+			c.Spec.DataSource.APIGroup = &apiGroup
+		}
 	})
-	return pvc
 }
 
 // boundVolume waits for the claim to be bound and returns its Strata volume,

@@ -113,12 +113,22 @@ func kubectlApply(t *testing.T, manifest string) {
 // test ends.
 func createPVC(t *testing.T, name, size string) *corev1.PersistentVolumeClaim {
 	t.Helper()
+	return createClaimWith(t, name, size, nil)
+}
+
+// createClaimWith creates a ReadWriteOnce claim of the default StorageClass
+// as edit leaves it, deleted when the test ends.
+func createClaimWith(t *testing.T, name, size string, edit func(*corev1.PersistentVolumeClaim)) *corev1.PersistentVolumeClaim {
+	t.Helper()
 	pvc := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: podNamespace},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}},
 		},
+	}
+	if edit != nil {
+		edit(pvc)
 	}
 	_, err := env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Create(context.Background(), pvc, metav1.CreateOptions{})
 	require.NoError(t, err)
