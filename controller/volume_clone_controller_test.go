@@ -8,8 +8,8 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
@@ -145,7 +145,7 @@ func TestVolumeCloneControllerSync(t *testing.T) {
 		{name: "the source volume is gone mid-way: failed; the ticket stays until that is stored",
 			objects: withNodes(cloneTarget("vol://v1", cloneState(v1beta1.VolumeCloneStatePending)), vaFor("v2", cloneTicket)), key: key,
 			wantWrites: []string{"update volumes/status v2"}, wantEvents: []string{"Warning CloneFailed"},
-			check:      allChecks(wantCloneStatus(v1beta1.VolumeCloneStateFailed, "source volume v1 went away"), wantTickets("v2", "clone-v2"))},
+			check: allChecks(wantCloneStatus(v1beta1.VolumeCloneStateFailed, "source volume v1 went away"), wantTickets("v2", "clone-v2"))},
 		{name: "failed: the tickets are released",
 			objects: withNodes(cloneTarget("vol://v1", cloneState(v1beta1.VolumeCloneStateFailed)), vaFor("v2", cloneTicket)), key: key,
 			wantWrites: []string{"update volumeattachments v2", "update volumes/status v2"}, check: wantTickets("v2")},
@@ -159,7 +159,7 @@ func TestVolumeCloneControllerSync(t *testing.T) {
 		{name: "a volume without a data source: nothing", objects: withNodes(vcVolume(), testVA())},
 		{name: "API error writing a ticket: retried",
 			objects: withNodes(vcVolume(), cloneTarget("snap://v1/s1"), readySnap("s1"), testVA(), vaFor("v2")), key: key,
-			apiErr:  &reactorError{verb: "update", resource: "volumeattachments", err: assert.AnError}, wantErr: assert.AnError.Error(),
+			apiErr: &reactorError{verb: "update", resource: "volumeattachments", err: assert.AnError}, wantErr: assert.AnError.Error(),
 			wantWrites: []string{"update volumeattachments v2", "update volumeattachments v1", "update volumes/status v2"}},
 	}
 	runSyncCases(t, cases, cloneSyncFunc)

@@ -62,4 +62,3 @@ func sourceFits(target *v1beta1.Volume, sourceSize int64, what string) *admissio
 	}
 	return nil
 }
-

@@ -65,7 +65,7 @@ func TestValidatorDataSource(t *testing.T) {
 			obj:     withSource("snap://src/big"),
 			wantMsg: `spec.size: 1073741824 bytes is smaller than the data source (snapshot big has 2147483648 bytes)`},
 		{name: "not a data source",
-			obj: withSource("http://x"),
+			obj:     withSource("http://x"),
 			wantMsg: `spec.dataSource: "http://x" is not a data source: expected snap://<volume>/<snapshot> or vol://<volume>`},
 	}
 	env := dstest.New(t, objects, nil)
