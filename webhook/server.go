@@ -30,6 +30,7 @@ import (
 
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/webhook/admission"
+	"github.com/strata-storage/strata/webhook/resources/backingimage"
 	"github.com/strata-storage/strata/webhook/resources/snapshot"
 	"github.com/strata-storage/strata/webhook/resources/volume"
 	"github.com/strata-storage/strata/webhook/resources/volumeattachment"
@@ -110,7 +111,8 @@ func New(log logrus.FieldLogger, ds *datastore.DataStore, kube kubernetes.Interf
 	log = log.WithField("component", "webhook")
 	handler, err := admission.NewHandler(log, opts.Namespace,
 		[]admission.Mutator{volume.NewMutator(ds), volumeattachment.NewMutator(ds), snapshot.NewMutator(ds)},
-		[]admission.Validator{volume.NewValidator(ds), volumeattachment.NewValidator(ds), snapshot.NewValidator(ds)})
+		[]admission.Validator{volume.NewValidator(ds), volumeattachment.NewValidator(ds), snapshot.NewValidator(ds),
+			backingimage.NewValidator(ds)})
 	if err != nil {
 		return nil, err
 	}

@@ -83,3 +83,28 @@ func TestValidatorDataSource(t *testing.T) {
 		assert.Empty(t, admissiontest.Denial(resp))
 	})
 }
+
+// A volume is built on an existing backing image only: its replicas would
+// wait forever for a missing one.
+func TestValidatorBackingImage(t *testing.T) {
+	going := &v1beta1.BackingImage{ObjectMeta: metav1.ObjectMeta{Name: "going", Namespace: ns,
+		DeletionTimestamp: &metav1.Time{Time: dstest.Now}, Finalizers: []string{"strata.io/cleanup"}}}
+	objects := append(threeNodes(), &v1beta1.BackingImage{ObjectMeta: metav1.ObjectMeta{Name: "ubuntu", Namespace: ns}}, going)
+	tests := []struct {
+		name, image, wantMsg string
+	}{
+		{name: "an existing image", image: "ubuntu"},
+		{name: "no image", image: ""},
+		{name: "a missing image", image: "nope", wantMsg: `spec.backingImage: backing image "nope" not found; create it first`},
+		{name: "an image being deleted", image: "going", wantMsg: `spec.backingImage: backing image "going" is being deleted`},
+	}
+	env := dstest.New(t, objects, nil)
+	h := admissiontest.NewHandler(t, nil, NewValidator(env.DS))
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			obj := vol(func(v *v1beta1.Volume) { v.Spec.BackingImage = tc.image })
+			resp := h.Validate(admissiontest.Request(Resource, admissiontest.Admin, nil, obj))
+			assert.Equal(t, tc.wantMsg, admissiontest.Denial(resp))
+		})
+	}
+}

@@ -1,8 +1,10 @@
 package volume
 
 import (
+	"context"
 	"fmt"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
@@ -50,6 +52,9 @@ func (v *validator) Create(req *admission.Request, obj runtime.Object) error {
 	if vol.Spec.DataSource != "" {
 		errs.Add(v.validDataSource(vol))
 	}
+	if vol.Spec.BackingImage != "" {
+		errs.Add(v.existingBackingImage(vol.Spec.BackingImage))
+	}
 	if req.Username() != v.manager {
 		if vol.Spec.NodeID != "" {
 			errs.Add(attachmentFieldForbidden(nodeIDPath))
@@ -96,6 +101,21 @@ func (v *validator) Update(req *admission.Request, oldObj, newObj runtime.Object
 		}
 	}
 	return errs.Err()
+}
+
+// existingBackingImage refuses a volume built on an image that is not there
+// (or going): its replicas would wait for it forever.
+func (v *validator) existingBackingImage(name string) *admission.FieldError {
+	bi, err := v.ds.BackingImages.GetROOrLive(context.Background(), name)
+	switch {
+	case apierrors.IsNotFound(err):
+		return admission.Invalid(backingImagePath, "backing image %q not found; create it first", name)
+	case err != nil:
+		return admission.Invalid(backingImagePath, "cannot look up backing image %q: %v", name, err)
+	case bi.DeletionTimestamp != nil:
+		return admission.Invalid(backingImagePath, "backing image %q is being deleted", name)
+	}
+	return nil
 }
 
 func validSize(vol *v1beta1.Volume) *admission.FieldError {

@@ -3,13 +3,20 @@ package v1beta1
 import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 // BackingImageSourceType is where a backing image's data comes from.
-// One of "download", "export-from-volume".
-// +kubebuilder:validation:Enum=download;export-from-volume
+// One of "download", "upload", "export-from-volume".
+// +kubebuilder:validation:Enum=download;upload;export-from-volume
 type BackingImageSourceType string
 
 const (
 	BackingImageSourceTypeDownload         BackingImageSourceType = "download"
+	BackingImageSourceTypeUpload           BackingImageSourceType = "upload"
 	BackingImageSourceTypeExportFromVolume BackingImageSourceType = "export-from-volume"
+)
+
+// Export types of an export-from-volume source.
+const (
+	BackingImageExportTypeRaw   = "raw"
+	BackingImageExportTypeQCOW2 = "qcow2"
 )
 
 // Source parameter names.
@@ -54,11 +61,13 @@ type BackingImageDiskFileStatus struct {
 // BackingImageSpec is the desired state of a backing image.
 type BackingImageSpec struct {
 	// SourceType is where the data comes from. Immutable.
-	// One of "download", "export-from-volume".
+	// One of "download", "upload", "export-from-volume".
 	// +kubebuilder:validation:Required
 	SourceType BackingImageSourceType `json:"sourceType"`
-	// SourceParameters configure the source: url for download;
-	// volume-name and export-type for export-from-volume.
+	// SourceParameters configure the source: url for download; none for
+	// upload (the bytes arrive through the manager's HTTP endpoint);
+	// volume-name and export-type (raw or qcow2) for export-from-volume.
+	// Immutable.
 	SourceParameters map[string]string `json:"sourceParameters,omitempty"`
 	// Checksum is the expected SHA-512 of the image's raw data, as 128 hex digits.
 	// +kubebuilder:validation:Pattern=`^([a-f0-9]{128})?$`
