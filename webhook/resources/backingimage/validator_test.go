@@ -151,7 +151,9 @@ func TestValidatorDelete(t *testing.T) {
 		req.Operation, req.Object = admissionv1.Delete, runtime.RawExtension{}
 		return req
 	}
-	named := func(name string) *v1beta1.BackingImage { return image(func(bi *v1beta1.BackingImage) { bi.Name = name }) }
+	named := func(name string) *v1beta1.BackingImage {
+		return image(func(bi *v1beta1.BackingImage) { bi.Name = name })
+	}
 	tests := []struct {
 		name    string
 		obj     *v1beta1.BackingImage
