@@ -105,14 +105,17 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	if _, ok, err := d.node.connector.Device(volume); err != nil || !ok {
 		return nil, status.Errorf(codes.NotFound, "volume %s is not staged on this node (%v)", volume, err)
 	}
-	if _, err := os.Stat(path); err != nil {
+	fi, err := os.Stat(path)
+	if err != nil {
 		return nil, status.Errorf(codes.NotFound, "volume_path %s: %v", path, err)
 	}
 	size, err := d.node.connector.Resize(ctx, volume)
 	if err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s: growing the device: %v", volume, err)
 	}
-	if req.GetVolumeCapability().GetBlock() != nil {
+	// A block volume is published as the device node itself (the CO may
+	// leave volume_capability out): nothing more to grow.
+	if req.GetVolumeCapability().GetBlock() != nil || !fi.IsDir() {
 		return &csi.NodeExpandVolumeResponse{CapacityBytes: size}, nil
 	}
 	device, _, err := mountutils.GetDeviceNameFromMount(d.node.mounter, path)
