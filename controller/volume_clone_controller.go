@@ -332,3 +332,34 @@ func (c *VolumeCloneController) setClonedCondition(v *v1beta1.Volume) {
 			fmt.Sprintf("filling from %s: %s", v.Spec.DataSource, orUnknown(string(cs.State))), now)
 	}
 }
+
+// syncCloneSnapshot deletes a snapshot taken for a clone whose target is
+// gone. The target owns it, but the source volume does too (the snapshot
+// webhook makes the volume an owner), so garbage collection alone would
+// keep it as long as the source lives.
+func (c *VolumeCloneController) syncCloneSnapshot(ctx context.Context, key string) error {
+	snap, ok, err := getResponsible(c.baseController, c.ds.Snapshots, key, func(s *v1beta1.Snapshot) (string, string) {
+		return s.Status.OwnerID, ""
+	})
+	if err != nil || !ok || snap.DeletionTimestamp != nil {
+		return err
+	}
+	for _, ref := range snap.OwnerReferences {
+		if ref.Kind != "Volume" || ref.Name == snap.Spec.Volume {
+			continue
+		}
+		target, err := c.ds.Volumes.GetRO(ref.Name)
+		if err == nil && target.UID == ref.UID && target.DeletionTimestamp == nil {
+			return nil // its clone is still being made, or it is done and will delete it
+		}
+		if err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+		err = c.ds.Snapshots.Delete(ctx, snap.Name)
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return err
+	}
+	return nil
+}

@@ -9,10 +9,12 @@ import (
 	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
 
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
 )
 
 // VolumeCloneController fills a new volume from its spec.dataSource (a
@@ -24,6 +26,10 @@ import (
 // controller attaches the volume for no other ticket.
 type VolumeCloneController struct {
 	*baseController
+
+	// snapshots queues the keys of snapshots taken for clones whose target
+	// volume went away before the clone controller saw it go.
+	snapshots workqueue.TypedRateLimitingInterface[string]
 
 	mu sync.Mutex
 	// copies are the SnapshotClone calls this manager runs, by target UID;
@@ -45,6 +51,7 @@ func NewVolumeCloneController(logger logrus.FieldLogger, ds *datastore.DataStore
 	}
 	c.dataPlane = dataPlane
 	c.sync = c.syncClone
+	c.snapshots = c.addQueue("strata-volume-clone-snapshots", c.syncCloneSnapshot)
 	if _, err := ds.Volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj interface{}) {
 			if v, ok := obj.(*v1beta1.Volume); ok && v.Spec.DataSource != "" {
@@ -61,6 +68,9 @@ func NewVolumeCloneController(logger logrus.FieldLogger, ds *datastore.DataStore
 		DeleteFunc: func(obj interface{}) {
 			if v, ok := tombstoneObject(obj).(*v1beta1.Volume); ok {
 				c.enqueueClonesOf(v.Name)
+				if src, ok := types.ParseDataSource(v.Spec.DataSource); ok && src.Snapshot == "" {
+					c.snapshots.Add(v.Namespace + "/" + cloneSnapshotName(v.Name))
+				}
 			}
 		},
 	}); err != nil {

@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	k8stypes "k8s.io/apimachinery/pkg/types"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
 
@@ -246,4 +247,35 @@ func TestVolumeCloneControllerCopies(t *testing.T) {
 			assert.Len(t, dp.calls(), 1, "one copy in all")
 		})
 	}
+}
+
+// The snapshot taken of a whole source for a clone goes when the clone's
+// target is gone, even though the source (its other owner) stays.
+func TestVolumeCloneSnapshotCleanup(t *testing.T) {
+	cloneSnap := func(targetUID string) *v1beta1.Snapshot {
+		return testSnapshot("clone-v2", true, func(s *v1beta1.Snapshot) {
+			s.Finalizers = nil
+			s.OwnerReferences = []metav1.OwnerReference{
+				{APIVersion: "strata.io/v1beta1", Kind: "Volume", Name: "v2", UID: k8stypes.UID(targetUID)},
+				{APIVersion: "strata.io/v1beta1", Kind: "Volume", Name: "v1", UID: "uid-v1"},
+			}
+		})
+	}
+	key := testNS + "/clone-v2"
+	cases := []syncCase{
+		{name: "the target is gone: the snapshot goes", objects: withNodes(vcVolume(), cloneSnap("uid-v2")), key: key,
+			wantWrites: []string{"delete snapshots clone-v2"}},
+		{name: "a new volume of the same name is another target: the snapshot goes",
+			objects: withNodes(vcVolume(), cloneTarget("vol://v1"), cloneSnap("uid-old")), key: key,
+			wantWrites: []string{"delete snapshots clone-v2"}},
+		{name: "the target is there: kept", objects: withNodes(vcVolume(), cloneTarget("vol://v1"), cloneSnap("uid-v2")), key: key},
+		{name: "already gone: nothing", objects: withNodes(vcVolume()), key: key},
+	}
+	runSyncCases(t, cases, func(env *dstest.Env, rec record.EventRecorder, me string, dp engineapi.Connector) (func(context.Context, string) error, error) {
+		c, err := NewVolumeCloneController(logrus.New(), env.DS, rec, me, dp)
+		if err != nil {
+			return nil, err
+		}
+		return c.syncCloneSnapshot, nil
+	})
 }
