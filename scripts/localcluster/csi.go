@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"time"
 
 	"github.com/sirupsen/logrus"
 )
@@ -21,6 +22,11 @@ type CSIOptions struct {
 // CSISidecars are the upstream sidecars StartCSI runs beside the controller
 // plugin; scripts/build-tools.sh builds them on demand.
 var CSISidecars = []string{"csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter", "snapshot-controller"}
+
+// controllerSidecars talk to the controller plugin's socket. Each exits on
+// its first call after losing it (csi-lib-utils), which may come at any
+// later time; in a Pod the kubelet starts it again.
+var controllerSidecars = []string{"csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter"}
 
 // StartCSI runs Strata's CSI driver as a cluster would: the controller
 // plugin with the upstream sidecars (csi-provisioner, csi-attacher,
@@ -111,6 +117,29 @@ func (c *Cluster) RestartCSI(name string) error {
 		return fmt.Errorf("CSI process %s is running", name)
 	}
 	return c.runCSI(name, cmd[0], cmd[1:]...)
+}
+
+// RestartCSIController starts the controller plugin again after it died
+// (KillCSI, a crash), and its sidecars with it, as the kubelet would
+// restart the containers of its Pod: one still running is stopped and
+// started now rather than left to exit in the middle of some later call.
+func (c *Cluster) RestartCSIController(stopTimeout time.Duration) error {
+	if c.CSIProcess("csi-controller") == nil {
+		if err := c.RestartCSI("csi-controller"); err != nil {
+			return err
+		}
+	}
+	for _, name := range controllerSidecars {
+		if p := c.CSIProcess(name); p != nil {
+			if err := p.Stop(stopTimeout); err != nil {
+				return fmt.Errorf("stopping %s: %w", name, err)
+			}
+		}
+		if err := c.RestartCSI(name); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // CSISocket is where the node's CSI plugin serves (and the kubelet dials).

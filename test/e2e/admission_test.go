@@ -32,17 +32,17 @@ func kubectlIn(t *testing.T, stdin string, args ...string) (string, error) {
 	return string(out), err
 }
 
-// A clone request is refused with a message that says cloning is not
-// available yet, rather than creating an empty volume; a source that does
-// not exist is named as such.
-func TestAdmissionCloneIsRefused(t *testing.T) {
+// A clone from a source that does not exist, or that is larger than the
+// new volume, is refused through the API server with the field and the
+// reason, and nothing is left behind.
+func TestAdmissionCloneSourceChecked(t *testing.T) {
 	waitForWebhooks(t)
 	ctx := context.Background()
 	createVolume(t, "adm-src", "16Mi", 1)
 	volumes := env.adminStrata.StrataV1beta1().Volumes(ns)
-	clone := func(source string) error {
+	clone := func(source, size string) error {
 		v := &v1beta1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "adm-clone", Namespace: ns},
-			Spec: v1beta1.VolumeSpec{Size: resource.MustParse("16Mi"), NumberOfReplicas: 1, DataSource: source}}
+			Spec: v1beta1.VolumeSpec{Size: resource.MustParse(size), NumberOfReplicas: 1, DataSource: source}}
 		created, err := volumes.Create(ctx, v, metav1.CreateOptions{})
 		if err == nil {
 			t.Cleanup(func() { deleteVolume(t, created.Name) })
@@ -50,19 +50,18 @@ func TestAdmissionCloneIsRefused(t *testing.T) {
 		return err
 	}
 
-	err := clone("vol://adm-src")
-	require.Error(t, err, "no volume is created from a data source")
+	err := clone("snap://adm-src/adm-no-such-snap", "16Mi")
+	require.Error(t, err)
 	assert.True(t, apierrors.IsInvalid(err), "want Invalid, got %v", err)
 	assert.Contains(t, err.Error(), `admission webhook "validator.strata.io" denied the request: `+
-		`spec.dataSource: cloning is not available yet; create the volume without a data source`)
+		`spec.dataSource: snapshot "adm-no-such-snap" of volume "adm-src" does not exist`)
 
-	err = clone("snap://adm-src/adm-no-such-snap")
+	err = clone("vol://adm-src", "8Mi")
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), `spec.dataSource: snapshot "adm-no-such-snap" of volume "adm-src" does not exist; `+
-		`spec.dataSource: cloning is not available yet`)
+	assert.Contains(t, err.Error(), `spec.size: 8388608 bytes is smaller than the data source (volume adm-src has 16777216 bytes)`)
 
 	_, err = volumes.Get(ctx, "adm-clone", metav1.GetOptions{})
-	assert.True(t, apierrors.IsNotFound(err), "no empty clone was left behind: %v", err)
+	assert.True(t, apierrors.IsNotFound(err), "no clone was left behind: %v", err)
 }
 
 // Deleting a volume a workload holds attached is refused, naming the ticket

@@ -21,11 +21,6 @@ import (
 // with SIGKILL while the operation is under way, started again, and the
 // operation converges to exactly what it would have made without the kill.
 
-// controllerSidecars talk to the controller plugin's socket. They exit on
-// their first call after losing it (csi-lib-utils' ExitOnConnectionLoss),
-// and in a Pod the kubelet starts them again.
-var controllerSidecars = []string{"csi-provisioner", "csi-attacher", "csi-snapshotter"}
-
 // The controller plugin killed while CreateVolume is under way (the volume
 // exists, the claim is not bound): after the restart the claim binds to that
 // one volume, not to a second one.
@@ -308,22 +303,10 @@ func killCSIController(t *testing.T) {
 	t.Cleanup(func() { ensureCSIRunning(t) })
 }
 
-// restartCSIController starts the controller plugin again, and its
-// sidecars as the kubelet would: each exits on its first call after losing
-// the plugin's connection, which may come at any later time (csi-attacher's
-// reconcile, the next claim), so one still running is stopped and started
-// now rather than left to exit in the middle of some later test.
+// restartCSIController starts the controller plugin and its sidecars again.
 func restartCSIController(t *testing.T) {
 	t.Helper()
-	require.NoError(t, env.cluster.RestartCSI("csi-controller"))
-	for _, name := range controllerSidecars {
-		if p := env.cluster.CSIProcess(name); p != nil {
-			require.NoError(t, p.Stop(10*time.Second))
-		} else {
-			t.Logf("%s exited after losing the controller plugin", name)
-		}
-		require.NoError(t, env.cluster.RestartCSI(name))
-	}
+	require.NoError(t, env.cluster.RestartCSIController(10*time.Second))
 }
 
 // ensureCSIRunning starts again every CSI process a failed test left down.
