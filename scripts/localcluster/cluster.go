@@ -17,7 +17,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -52,10 +54,16 @@ type Cluster struct {
 	namespace string     // of the admin kubeconfig
 	procs     []*Process // in start order
 	nodes     []*Node    // kubelet nodes, stopped before the control plane
-	csiProcs  []*Process // CSI plugins and sidecars, stopped before the nodes
+	// csiMu guards csiProcs and csiCommands: the CSI supervisor restarts
+	// processes while tests and Stop read them.
+	csiMu    sync.Mutex
+	csiProcs []*Process // CSI plugins and sidecars, stopped before the nodes
 	// csiCommands is each CSI process's command line, for RestartCSI.
 	csiCommands map[string][]string
-	ca          *certAuthority
+	// csiSupervision ends the CSI supervisor (SuperviseCSI), if one runs.
+	csiSupervision context.CancelFunc
+	csiStopped     bool // Stop has begun: no CSI process starts any more
+	ca             *certAuthority
 	// kernel settings as they were before the first kubelet changed them
 	kernelTunables kernelTunables
 	saKey          string // service account signing key
@@ -352,9 +360,16 @@ func waitUntil(ctx context.Context, what string, timeout time.Duration, procs []
 // then SIGKILL after a timeout). It is safe to call more than once.
 func (c *Cluster) Stop() error {
 	var errs []error
+	c.csiMu.Lock()
+	c.csiStopped = true
+	if c.csiSupervision != nil {
+		c.csiSupervision()
+	}
+	csiProcs := slices.Clone(c.csiProcs)
+	c.csiMu.Unlock()
 	// The node plugins first: their volumes' mounts go with the nodes'.
-	for i := len(c.csiProcs) - 1; i >= 0; i-- {
-		errs = append(errs, c.csiProcs[i].Stop(stopTimeout))
+	for i := len(csiProcs) - 1; i >= 0; i-- {
+		errs = append(errs, csiProcs[i].Stop(stopTimeout))
 	}
 	errs = append(errs, c.StopNodes())
 	for i := len(c.procs) - 1; i >= 0; i-- {

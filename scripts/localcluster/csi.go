@@ -2,8 +2,11 @@ package localcluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -87,6 +90,13 @@ func (c *Cluster) runCSI(name, bin string, args ...string) error {
 	if err != nil {
 		return err
 	}
+	c.csiMu.Lock()
+	defer c.csiMu.Unlock()
+	if c.csiStopped {
+		// Stop has run (a supervisor's restart raced it): this one would
+		// outlive the cluster.
+		return errors.Join(fmt.Errorf("the cluster is stopping; %s not started", name), p.Stop(stopTimeout))
+	}
 	c.csiProcs = append(c.csiProcs, p)
 	if c.csiCommands == nil {
 		c.csiCommands = map[string][]string{}
@@ -98,6 +108,8 @@ func (c *Cluster) runCSI(name, bin string, args ...string) error {
 // CSIProcess is the running CSI process of that name (csi-controller,
 // csi-node-<strata node>, or a sidecar), nil if none.
 func (c *Cluster) CSIProcess(name string) *Process {
+	c.csiMu.Lock()
+	defer c.csiMu.Unlock()
 	for i := len(c.csiProcs) - 1; i >= 0; i-- {
 		if p := c.csiProcs[i]; p.Name == name && !p.Exited() {
 			return p
@@ -109,7 +121,9 @@ func (c *Cluster) CSIProcess(name string) *Process {
 // RestartCSI starts the named CSI process again, as a DaemonSet would after
 // a crash; the earlier one must have exited (KillCSI or a crash).
 func (c *Cluster) RestartCSI(name string) error {
+	c.csiMu.Lock()
 	cmd, ok := c.csiCommands[name]
+	c.csiMu.Unlock()
 	if !ok {
 		return fmt.Errorf("no CSI process %s", name)
 	}
@@ -140,6 +154,44 @@ func (c *Cluster) RestartCSIController(stopTimeout time.Duration) error {
 		}
 	}
 	return nil
+}
+
+// SuperviseCSI keeps every CSI process running until Stop, as the kubelet
+// keeps a DaemonSet's and a Deployment's containers: one that exits starts
+// again after a backoff; the controller plugin starts again with its
+// sidecars (RestartCSIController). For make run; the end-to-end suite
+// restarts what its fault tests kill itself.
+func (c *Cluster) SuperviseCSI(log logrus.FieldLogger) {
+	ctx, cancel := context.WithCancel(context.Background())
+	c.csiMu.Lock()
+	c.csiSupervision = cancel
+	names := slices.Sorted(maps.Keys(c.csiCommands))
+	c.csiMu.Unlock()
+	s := &Supervisor{log: log.WithField("component", "csi"), restarts: map[string]int{}}
+	for _, name := range names {
+		restart := func() (*Process, error) {
+			if p := c.CSIProcess(name); p != nil {
+				return p, nil // restarted along with the controller plugin
+			}
+			if err := c.RestartCSI(name); err != nil {
+				return nil, err
+			}
+			return c.CSIProcess(name), nil
+		}
+		if name == "csi-controller" {
+			restart = func() (*Process, error) {
+				if err := c.RestartCSIController(stopTimeout); err != nil {
+					return nil, err
+				}
+				return c.CSIProcess(name), nil
+			}
+		}
+		current := func() *Process { return c.CSIProcess(name) }
+		if current() == nil {
+			continue
+		}
+		go s.keepRunning(ctx, name, current, restart)
+	}
 }
 
 // CSISocket is where the node's CSI plugin serves (and the kubelet dials).

@@ -141,6 +141,7 @@ func run(log *logrus.Logger, managerBin, runDir string, nodes int, kubelets bool
 			StrataNodes: nodeNames(managers), RepoRoot: root}); err != nil {
 			return err
 		}
+		cluster.SuperviseCSI(log)
 	}
 	log.WithField("took", time.Since(start).Round(time.Millisecond)).Info("local Strata is up")
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -53,6 +54,11 @@ func TestRunLocalLeavesNothingBehind(t *testing.T) {
 	// Second run in the same directory: starts clean, then Ctrl-C.
 	second := startRunLocal(t, binDir, runDir)
 	runPod(t, runDir, "before-ctrl-c")
+	// The CSI controller plugin killed with -9 comes back with its sidecars,
+	// as a kubelet would restart them: a new claim is still provisioned,
+	// attached and mounted.
+	killCSIController(t, runDir)
+	runPod(t, runDir, "after-csi-kill")
 	require.NoError(t, second.Process.Signal(syscall.SIGINT))
 	done := make(chan error, 1)
 	go func() { done <- second.Wait() }()
@@ -168,4 +174,18 @@ spec:
 	assert.Equal(t, "hello", strings.TrimSpace(kubectl("exec", name, "--", "cat", "/data/hello")))
 	_, err := os.Stat(kubeconfig)
 	require.NoError(t, err)
+}
+
+// killCSIController kills run-local's CSI controller plugin with SIGKILL.
+func killCSIController(t *testing.T, runDir string) {
+	t.Helper()
+	out, err := exec.Command("pgrep", "-f", "csi --mode controller --csi-address "+runDir).Output()
+	require.NoError(t, err, "the controller plugin of %s runs", runDir)
+	pids := strings.Fields(string(out))
+	require.NotEmpty(t, pids)
+	for _, p := range pids {
+		pid, err := strconv.Atoi(p)
+		require.NoError(t, err)
+		require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+	}
 }

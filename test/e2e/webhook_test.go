@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -200,9 +201,9 @@ func TestWebhookVolumeAttachmentRules(t *testing.T) {
 	})
 }
 
-// The webhook rules reach only Strata's volumes and attachments: writes to
-// Nodes and Settings never wait for a webhook, so a dead webhook leader
-// cannot stop node registration or heartbeats.
+// The webhook rules reach only Strata's volumes, attachments, snapshots and
+// backing images: writes to Nodes and Settings never wait for a webhook, so
+// a dead webhook leader cannot stop node registration or heartbeats.
 func TestWebhookConfigurationsMatchOnlyVolumesAttachmentsAndSnapshots(t *testing.T) {
 	waitForWebhooks(t)
 	ctx := context.Background()
@@ -211,23 +212,24 @@ func TestWebhookConfigurationsMatchOnlyVolumesAttachmentsAndSnapshots(t *testing
 	require.NoError(t, err)
 	mc, err := admission.MutatingWebhookConfigurations().Get(ctx, webhook.MutatorConfigName, metav1.GetOptions{})
 	require.NoError(t, err)
-	// Deleting a volume is validated too: one a workload holds is refused.
-	for _, rules := range [][]string{ruleResources(t, vc.Webhooks[0].Rules, "strata.io/volumes"),
-		ruleResources(t, mc.Webhooks[0].Rules, "")} {
-		assert.ElementsMatch(t, []string{"strata.io/snapshots", "strata.io/volumeattachments", "strata.io/volumes"}, rules)
-	}
+	// Deleting a volume or a backing image is validated too: one a workload
+	// holds, or a volume uses, is refused. Backing images have no mutator.
+	assert.ElementsMatch(t, []string{"strata.io/backingimages", "strata.io/snapshots", "strata.io/volumeattachments", "strata.io/volumes"},
+		ruleResources(t, vc.Webhooks[0].Rules, "strata.io/volumes", "strata.io/backingimages"))
+	assert.ElementsMatch(t, []string{"strata.io/snapshots", "strata.io/volumeattachments", "strata.io/volumes"},
+		ruleResources(t, mc.Webhooks[0].Rules))
 	assert.NotEmpty(t, vc.Webhooks[0].ClientConfig.CABundle)
 }
 
 // ruleResources lists group/resource for every rule, and checks the
 // operations on the way: CREATE and UPDATE, and DELETE for withDelete only.
-func ruleResources(t *testing.T, rules []admissionregistrationv1.RuleWithOperations, withDelete string) []string {
+func ruleResources(t *testing.T, rules []admissionregistrationv1.RuleWithOperations, withDelete ...string) []string {
 	var out []string
 	for _, r := range rules {
 		for _, g := range r.APIGroups {
 			for _, res := range r.Resources {
 				want := []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}
-				if g+"/"+res == withDelete {
+				if slices.Contains(withDelete, g+"/"+res) {
 					want = append(want, admissionregistrationv1.Delete)
 				}
 				assert.ElementsMatch(t, want, r.Operations, "%s/%s", g, res)
