@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"fmt"
 	"os/exec"
 	"regexp"
@@ -20,17 +21,22 @@ func kubectl(t *testing.T, args ...string) string {
 	return out
 }
 
-// tryKubectl runs kubectl and returns its error (with its output) instead
-// of failing the test, for commands that may need a retry.
+// tryKubectl runs kubectl and returns its standard output, and its error
+// (with both outputs) instead of failing the test, for commands that may
+// need a retry. Standard error stays out of the result: kubectl logs its
+// own hiccups there (a websocket's "Unknown stream id" during exec), which
+// are not the command's output.
 func tryKubectl(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	path, err := exec.LookPath("kubectl")
 	require.NoError(t, err, "kubectl must be installed (.ci/run installs it)")
-	out, err := exec.Command(path, append([]string{"--kubeconfig", env.cluster.AdminKubeconfig}, args...)...).CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, out)
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(path, append([]string{"--kubeconfig", env.cluster.AdminKubeconfig}, args...)...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String() + stderr.String(), fmt.Errorf("kubectl %s: %w: %s%s", strings.Join(args, " "), err, stdout.Bytes(), stderr.Bytes())
 	}
-	return string(out), nil
+	return stdout.String(), nil
 }
 
 func TestKubectl(t *testing.T) {
