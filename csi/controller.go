@@ -95,26 +95,37 @@ func parseCreateVolume(req *csi.CreateVolumeRequest) (*volumeRequest, error) {
 	}
 	v := &volumeRequest{name: volumeIDFor(req.GetName()), size: size, sizeGiven: req.GetCapacityRange().GetRequiredBytes() > 0,
 		annotations: map[string]string{AnnotationCSIName: req.GetName()}}
-	for key, value := range req.GetParameters() {
+	if v.replicas, err = parseParameters(req.GetParameters(), v.annotations); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// parseParameters reads a StorageClass's parameters (CreateVolume and
+// GetCapacity get the same ones): the replica count (0: the setting's) and
+// the provisioner's claim metadata, kept in annotations. Anything else is
+// refused, naming the key.
+func parseParameters(params, annotations map[string]string) (replicas int32, err error) {
+	for key, value := range params {
 		switch {
 		case key == ParamNumberOfReplicas:
 			n, err := strconv.Atoi(value)
 			if err != nil || n < 1 || n > maxReplicas {
-				return nil, status.Errorf(codes.InvalidArgument, "parameter %s=%q: must be a whole number from 1 to %d",
+				return 0, status.Errorf(codes.InvalidArgument, "parameter %s=%q: must be a whole number from 1 to %d",
 					key, value, maxReplicas)
 			}
-			v.replicas = int32(n)
+			replicas = int32(n)
 		case key == paramPVCName:
-			v.annotations[AnnotationPVCName] = value
+			annotations[AnnotationPVCName] = value
 		case key == paramPVCNamespace:
-			v.annotations[AnnotationPVCNamespace] = value
+			annotations[AnnotationPVCNamespace] = value
 		case strings.HasPrefix(key, provisionerPrefix):
 			// other provisioner metadata (the PV name): nothing to keep
 		default:
-			return nil, status.Errorf(codes.InvalidArgument, "parameter %q: unknown (known: %s)", key, ParamNumberOfReplicas)
+			return 0, status.Errorf(codes.InvalidArgument, "parameter %q: unknown (known: %s)", key, ParamNumberOfReplicas)
 		}
 	}
-	return v, nil
+	return replicas, nil
 }
 
 // volumeIDFor is the volume a CreateVolume name stands for: the name itself

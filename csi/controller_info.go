@@ -22,15 +22,15 @@ import (
 )
 
 // The controller's read-only answers: capacity, the volume list, one volume,
-// and the volumes' health. All read the cache; they are polled (the
-// external-provisioner's capacity tracking, the attacher's and the health
-// monitor's resyncs), and a cache a moment behind is what they tolerate.
+// and the volumes' health. They are polled (the external-provisioner's
+// capacity tracking, the attacher's and the health monitor's resyncs), so
+// they read the cache, except the lists (listVolumes says why).
 
 // GetCapacity reports the space new replicas may take on the disks of the
 // node the topology names, or of every node when it names none. Replicas go
 // on whole disks, so maximum_volume_size is the largest single disk's share.
 func (d *Driver) GetCapacity(_ context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
-	if err := checkParameters(req.GetParameters()); err != nil {
+	if _, err := parseParameters(req.GetParameters(), map[string]string{}); err != nil {
 		return nil, err
 	}
 	// volumeSize rounds every request up to a whole block, at least one.
@@ -55,18 +55,6 @@ func (d *Driver) GetCapacity(_ context.Context, req *csi.GetCapacityRequest) (*c
 	}
 	resp.MaximumVolumeSize = wrapperspb.Int64(largest)
 	return resp, nil
-}
-
-// checkParameters refuses the StorageClass parameters CreateVolume refuses:
-// the external-provisioner passes a class's parameters to both. It asks
-// parseCreateVolume itself so that the two keep one list of keys and the
-// same messages.
-func checkParameters(params map[string]string) error {
-	block := &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
-	_, err := parseCreateVolume(&csi.CreateVolumeRequest{Name: "capacity", Parameters: params,
-		VolumeCapabilities: []*csi.VolumeCapability{block}})
-	return err
 }
 
 // capacityNodes are the nodes a topology stands for: every node for none,
