@@ -169,6 +169,15 @@ func (c *baseController) enqueue(obj interface{}) {
 	c.queue.Add(key)
 }
 
+// tombstoneObject is the last known state a delete event carries, whether
+// the informer saw the delete or only learned of it from a relist.
+func tombstoneObject(obj interface{}) interface{} {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		return t.Obj
+	}
+	return obj
+}
+
 // enqueueOnChange is the handler of a controller's own kind: every add,
 // update and delete enqueues the object's key.
 func (c *baseController) enqueueOnChange() cache.ResourceEventHandlerFuncs {
@@ -210,9 +219,7 @@ func (c *baseController) onInstanceManagerStateChange(fn func(node string)) erro
 			}
 		},
 		DeleteFunc: func(obj interface{}) {
-			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = tomb.Obj
-			}
+			obj = tombstoneObject(obj)
 			if im, ok := obj.(*v1beta1.InstanceManager); ok {
 				fn(im.Spec.NodeID)
 			}

@@ -48,9 +48,7 @@ func NewInstanceManagerController(logger logrus.FieldLogger, ds *datastore.DataS
 	c.sync = c.syncInstanceManager
 	_, err := ds.InstanceManagers.Informer().AddEventHandler(cache.FilteringResourceEventHandler{
 		FilterFunc: func(obj interface{}) bool {
-			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = tomb.Obj
-			}
+			obj = tombstoneObject(obj)
 			im, ok := obj.(*v1beta1.InstanceManager)
 			return ok && im.Name == instanceManagerName(controllerID)
 		},

@@ -119,9 +119,7 @@ func NewNodeController(logger logrus.FieldLogger, ds *datastore.DataStore, recor
 	// instance manager was unreachable): report it as orphaned now.
 	if _, err := ds.Replicas.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		DeleteFunc: func(obj interface{}) {
-			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = tomb.Obj
-			}
+			obj = tombstoneObject(obj)
 			if r, ok := obj.(*v1beta1.Replica); ok && r.Spec.NodeID == controllerID {
 				nc.queue.Add(ds.Namespace + "/" + controllerID)
 			}
@@ -176,9 +174,7 @@ func (nc *NodeController) Run(ctx context.Context, workers int) {
 // enqueueLeaseNode enqueues the node a heartbeat lease belongs to: a new
 // lease starts the expiry watch, a deleted one means the node is down.
 func (nc *NodeController) enqueueLeaseNode(obj interface{}) {
-	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = tomb.Obj
-	}
+	obj = tombstoneObject(obj)
 	l, ok := obj.(*coordinationv1.Lease)
 	if !ok {
 		return

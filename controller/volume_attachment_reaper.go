@@ -220,9 +220,7 @@ func removeCondition(conds *[]metav1.Condition, condType string) {
 // ticket owned by obj (through IndexByTicketOwner), for obj of kind gk that
 // was deleted or replaced.
 func (c *VolumeAttachmentController) enqueueTicketsOwnedBy(gk schema.GroupKind, obj interface{}) {
-	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = tomb.Obj
-	}
+	obj = tombstoneObject(obj)
 	m, ok := obj.(metav1.Object)
 	if !ok {
 		return

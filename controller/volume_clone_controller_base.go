@@ -176,10 +176,3 @@ func (c *VolumeCloneController) enqueueClones() {
 		}
 	}
 }
-
-func tombstoneObject(obj interface{}) interface{} {
-	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		return t.Obj
-	}
-	return obj
-}

@@ -52,9 +52,7 @@ func NewVolumeController(logger logrus.FieldLogger, ds *datastore.DataStore, rec
 }
 
 func (c *VolumeController) enqueueVolumeOf(obj interface{}) {
-	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = tomb.Obj
-	}
+	obj = tombstoneObject(obj)
 	var volume string
 	switch o := obj.(type) {
 	case *v1beta1.Engine:

@@ -78,13 +78,10 @@ func (d *Driver) growSpec(ctx context.Context, id string, size int64) error {
 		_, err = d.ds.Volumes.Update(ctx, vol)
 		return err
 	})
-	if _, ok := status.FromError(err); ok && err != nil {
+	if _, isStatus := status.FromError(err); err == nil || isStatus {
 		return err
 	}
-	if err != nil {
-		return apiStatus(err, fmt.Sprintf("growing volume %s to %d bytes", id, size))
-	}
-	return nil
+	return apiStatus(err, fmt.Sprintf("growing volume %s to %d bytes", id, size))
 }
 
 func currentSize(v *v1beta1.Volume) int64 {

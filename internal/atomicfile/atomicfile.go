@@ -23,8 +23,7 @@ func WriteFile(path string, data []byte) error {
 // path, fsync of the directory so the rename itself survives a crash. On an
 // error the temp file goes and path is untouched.
 func WriteFunc(path string, perm os.FileMode, write func(io.Writer) error) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return err
 	}
@@ -44,10 +43,17 @@ func WriteFunc(path string, perm os.FileMode, write func(io.Writer) error) error
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	return Rename(tmp.Name(), path)
+}
+
+// Rename moves a finished, fsynced file over path and fsyncs the directory
+// so the rename itself survives a crash: the last step of WriteFunc, for
+// callers that write their temp file another way (at offsets, or by a tool).
+func Rename(tmp, path string) error {
+	if err := os.Rename(tmp, path); err != nil {
 		return err
 	}
-	d, err := os.Open(dir)
+	d, err := os.Open(filepath.Dir(path))
 	if err != nil {
 		return err
 	}

@@ -6,9 +6,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/strata-storage/strata/internal/atomicfile"
 )
 
 // CopyFile copies a prepared image to another disk: only its data extents
@@ -98,10 +99,7 @@ func CopyFile(ctx context.Context, src, dst string, progress Progress) (err erro
 	if err := out.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, dst); err != nil {
-		return err
-	}
-	return syncDir(filepath.Dir(dst))
+	return atomicfile.Rename(tmp, dst)
 }
 
 // nextExtent finds the next run of data at or after off: [start, end).

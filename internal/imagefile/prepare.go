@@ -11,10 +11,11 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 
 	"github.com/klauspost/compress/gzip"
 	"github.com/ulikunitz/xz"
+
+	"github.com/strata-storage/strata/internal/atomicfile"
 )
 
 // Result describes a prepared image file.
@@ -88,10 +89,7 @@ func finish(cur, final, want string, res Result) (Result, error) {
 	if err := syncFile(cur); err != nil {
 		return res, err
 	}
-	if err := os.Rename(cur, final); err != nil {
-		return res, err
-	}
-	return res, syncDir(filepath.Dir(final))
+	return res, atomicfile.Rename(cur, final)
 }
 
 // Checksum is the SHA-512 of a file's bytes (holes read as zeros) and its size.
@@ -205,12 +203,4 @@ func convertQCOW2(ctx context.Context, src, dst string) error {
 		return fmt.Errorf("qemu-img convert: %w: %s", err, bytes.TrimSpace(out))
 	}
 	return nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	return errors.Join(d.Sync(), d.Close())
 }

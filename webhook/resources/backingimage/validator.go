@@ -6,6 +6,7 @@ package backingimage
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/url"
 	"slices"
 	"strings"
@@ -117,7 +118,7 @@ func (v *validator) validSource(bi *v1beta1.BackingImage) []*admission.FieldErro
 			errs = append(errs, admission.Invalid(paramsPath.Key(k), "required for source type %s", bi.Spec.SourceType))
 		}
 	}
-	for _, k := range sortedKeys(bi.Spec.SourceParameters) {
+	for _, k := range slices.Sorted(maps.Keys(bi.Spec.SourceParameters)) {
 		if !slices.Contains(params.required, k) && !slices.Contains(params.optional, k) {
 			errs = append(errs, admission.Invalid(paramsPath.Key(k), "unknown for source type %s (known: %s)",
 				bi.Spec.SourceType, strings.Join(append(slices.Clone(params.required), params.optional...), ", ")))
@@ -184,7 +185,7 @@ func validChecksum(sum string) *admission.FieldError {
 // a volume on the image uses: the replica reads it.
 func (v *validator) copiesInUse(image string, old, cur map[string]*v1beta1.BackingImageDiskFileSpec) []*admission.FieldError {
 	var errs []*admission.FieldError
-	for _, disk := range sortedKeys(old) {
+	for _, disk := range slices.Sorted(maps.Keys(old)) {
 		spec, kept := cur[disk]
 		evicting := kept && spec != nil && spec.EvictionRequested && (old[disk] == nil || !old[disk].EvictionRequested)
 		if kept && !evicting {
@@ -220,24 +221,15 @@ func (v *validator) replicasOn(image, disk string) ([]string, error) {
 
 func changedKeys(a, b map[string]string) []string {
 	var out []string
-	for _, k := range sortedKeys(a) {
+	for _, k := range slices.Sorted(maps.Keys(a)) {
 		if b[k] != a[k] {
 			out = append(out, k)
 		}
 	}
-	for _, k := range sortedKeys(b) {
+	for _, k := range slices.Sorted(maps.Keys(b)) {
 		if _, ok := a[k]; !ok {
 			out = append(out, k)
 		}
 	}
 	return out
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
