@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"os/signal"
 	"path/filepath"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v3"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/kubernetes"
 	kubescheme "k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -25,6 +27,7 @@ import (
 	"k8s.io/component-base/metrics/legacyregistry"
 	_ "k8s.io/component-base/metrics/prometheus/workqueue" // workqueue depth, adds, latency on /metrics
 
+	"github.com/strata-storage/strata/api"
 	"github.com/strata-storage/strata/controller"
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/engineapi"
@@ -53,11 +56,23 @@ func DaemonCommand() *cli.Command {
 			&cli.IntFlag{Name: "workers", Value: 2, Usage: "workers per controller"},
 			&cli.DurationFlag{Name: "max-retry-delay", Value: controller.DefaultRetryBackoff.MaxDelay,
 				Usage: "longest wait between retries of an object whose sync keeps failing (retries never stop)"},
+			&cli.StringFlag{Name: "api-listen", Value: ":9501", Usage: "address of the HTTP API (backing image uploads, copies between managers); empty disables"},
+			&cli.StringFlag{Name: "api-advertise-address", Sources: cli.EnvVars("STRATA_API_ADVERTISE_ADDRESS"),
+				Usage: "host:port peers reach the HTTP API at; empty: --api-listen's, with $POD_IP as host when it names none"},
+			&cli.StringFlag{Name: "upload-size-limit", Value: "256Gi", Usage: "largest backing image upload accepted (a quantity: 10Gi)"},
 			&cli.StringFlag{Name: "instance-manager-address", Sources: cli.EnvVars("STRATA_INSTANCE_MANAGER_ADDRESS"),
 				Usage: "gRPC address of this node's instance manager; empty: the node has no data plane"},
 		}, webhookFlags()...), // --webhook-*: app/daemon_webhook.go
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			disks, err := parseDisks(cmd.StringSlice("disk"))
+			if err != nil {
+				return err
+			}
+			uploadLimit, err := resource.ParseQuantity(cmd.String("upload-size-limit"))
+			if err != nil || uploadLimit.Sign() < 0 {
+				return fmt.Errorf("--upload-size-limit %q: want a non-negative quantity such as 10Gi", cmd.String("upload-size-limit"))
+			}
+			apiAdvertise, err := advertiseAddress(cmd.String("api-listen"), cmd.String("api-advertise-address"), os.Getenv("POD_IP"))
 			if err != nil {
 				return err
 			}
@@ -75,6 +90,9 @@ func DaemonCommand() *cli.Command {
 				workers:           int(cmd.Int("workers")),
 				maxRetryDelay:     cmd.Duration("max-retry-delay"),
 				imAddress:         cmd.String("instance-manager-address"),
+				apiListen:         cmd.String("api-listen"),
+				apiAdvertise:      apiAdvertise,
+				uploadLimit:       uploadLimit.Value(),
 				webhook:           webhookOptionsFrom(cmd),
 			})
 		},
@@ -90,6 +108,8 @@ type daemonConfig struct {
 	workers                         int
 	maxRetryDelay                   time.Duration
 	imAddress                       string
+	apiListen, apiAdvertise         string
+	uploadLimit                     int64
 	webhook                         webhookOptions // app/daemon_webhook.go
 }
 
@@ -184,7 +204,7 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	}
 	controllers.add(controller.NewNodeController(log, ds, recorder, cfg.nodeName, cfg.disks,
 		controller.NodeControllerOptions{LeaseDuration: cfg.leaseDuration, DiskCheckInterval: cfg.diskCheckInterval,
-			Instances: instances, IMAddress: cfg.imAddress, DataPlane: imPool}))
+			Instances: instances, IMAddress: cfg.imAddress, DataPlane: imPool, APIAddress: cfg.apiAdvertise}))
 	controllers.single(controller.NewSettingController(log, ds, recorder, cfg.nodeName))
 	controllers.add(controller.NewVolumeController(log, ds, recorder, cfg.nodeName))
 	controllers.add(controller.NewVolumeAttachmentController(log, ds, recorder, cfg.nodeName))
@@ -192,12 +212,15 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	controllers.add(controller.NewVolumeCloneController(log, ds, recorder, cfg.nodeName, imPool))
 	controllers.add(controller.NewEngineController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances))
 	controllers.add(controller.NewReplicaController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances))
+	backingImages, err := controller.NewBackingImageController(log, ds, recorder, cfg.nodeName, cfg.uploadLimit)
+	controllers.add(backingImages, err)
 	if controllers.err != nil {
 		return controllers.err
 	}
 
 	ready := make(chan struct{})
 	metricsErr := serveMetrics(ctx, cfg.metricsListen, ready, log)
+	apiErr := serveAPI(ctx, cfg.apiListen, api.NewHandler(backingImages, log), log)
 
 	start := time.Now()
 	ds.Start(ctx)
@@ -223,6 +246,10 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	select {
 	case <-ctx.Done():
 	case err := <-metricsErr:
+		stop()
+		wg.Wait()
+		return err
+	case err := <-apiErr:
 		stop()
 		wg.Wait()
 		return err
@@ -263,13 +290,20 @@ func serveMetrics(ctx context.Context, addr string, ready <-chan struct{}, log l
 			http.Error(w, "caches not synced", http.StatusServiceUnavailable)
 		}
 	})
-	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	return serveHTTP(ctx, addr, "--metrics-listen", mux, log.WithField("serving", "metrics and health"))
+}
+
+// serveHTTP serves handler on addr until ctx ends; flag names the address
+// in errors. Errors after start-up arrive on the returned channel.
+func serveHTTP(ctx context.Context, addr, flag string, handler http.Handler, log logrus.FieldLogger) <-chan error {
+	errc := make(chan error, 1)
+	srv := &http.Server{Addr: addr, Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		errc <- fmt.Errorf("--metrics-listen %s: %w", addr, err)
+		errc <- fmt.Errorf("%s %s: %w", flag, addr, err)
 		return errc
 	}
-	log.WithField("address", ln.Addr().String()).Info("Serving metrics and health")
+	log.WithField("address", ln.Addr().String()).Info("Serving HTTP")
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errc <- err
@@ -282,4 +316,34 @@ func serveMetrics(ctx context.Context, addr string, ready <-chan struct{}, log l
 		_ = srv.Shutdown(shutdownCtx)
 	}()
 	return errc
+}
+
+// serveAPI serves the HTTP API (package api); addr "" disables it.
+func serveAPI(ctx context.Context, addr string, handler http.Handler, log logrus.FieldLogger) <-chan error {
+	if addr == "" {
+		return make(chan error)
+	}
+	return serveHTTP(ctx, addr, "--api-listen", handler, log.WithField("serving", "API"))
+}
+
+// advertiseAddress is the API address peers use: the one given, else the
+// listen address, with podIP as its host when it names none.
+func advertiseAddress(listen, given, podIP string) (string, error) {
+	if given != "" || listen == "" {
+		return given, nil
+	}
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "", fmt.Errorf("--api-listen %q: %w", listen, err)
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = podIP
+		if host == "" {
+			// A host's name is what peers on a plain network resolve.
+			if host, err = os.Hostname(); err != nil {
+				return "", fmt.Errorf("--api-listen %q names no host and the host name is unknown (%w): set --api-advertise-address or $POD_IP", listen, err)
+			}
+		}
+	}
+	return net.JoinHostPort(host, port), nil
 }

@@ -87,6 +87,7 @@ func (nc *NodeController) syncOwnNode(ctx context.Context, nodeRO *v1beta1.Node)
 	}
 	node.Status.DiskStatus = nc.diskStatuses(node, minAvailablePct, now)
 	node.Status.DiskPaths = diskPaths(node)
+	node.Status.APIAddress = nc.apiAddress
 
 	// Claim Ready only once the cache holds a live heartbeat lease: peers
 	// judge the node by that lease, and claiming Ready before it is renewed

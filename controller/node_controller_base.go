@@ -40,6 +40,9 @@ type NodeControllerOptions struct {
 	Instances *InstanceCache
 	IMAddress string
 	DataPlane engineapi.Connector
+	// APIAddress is where this manager's HTTP API is reachable by peers;
+	// published in the node's status.
+	APIAddress string
 }
 
 // NodeController registers this manager's node and keeps its status (disks,
@@ -53,6 +56,7 @@ type NodeController struct {
 	heartbeat         lease.Controller
 	instances         *InstanceCache
 	imClient          func() (engineapi.DataPlane, error)
+	apiAddress        string
 
 	peerMu     sync.Mutex
 	peerTimers map[string]*time.Timer
@@ -98,6 +102,7 @@ func NewNodeController(logger logrus.FieldLogger, ds *datastore.DataStore, recor
 		leaseDuration:     opts.LeaseDuration,
 		diskCheckInterval: opts.DiskCheckInterval,
 		instances:         opts.Instances,
+		apiAddress:        opts.APIAddress,
 		imClient:          func() (engineapi.DataPlane, error) { return opts.DataPlane.DataPlane(opts.IMAddress) },
 	}
 	nc.sync = nc.syncNode

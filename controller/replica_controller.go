@@ -76,13 +76,17 @@ func (c *ReplicaController) driveReplica(ctx context.Context, r *v1beta1.Replica
 	wantRunning := r.Spec.DesireState == v1beta1.InstanceStateRunning
 	switch {
 	case wantRunning && !found:
+		backing, err := c.backingFile(ctx, r)
+		if err != nil || (r.Spec.BackingImage != "" && backing == "") {
+			return err // waiting for the image's copy on the replica's disk
+		}
 		client, err := c.client()
 		if err != nil {
 			return err
 		}
 		_, err = client.InstanceCreate(ctx, engineapi.InstanceSpec{
 			Name: r.Name, Type: engineapi.InstanceTypeReplica, VolumeName: r.Spec.VolumeName,
-			Size: r.Spec.VolumeSize, DataDir: ReplicaDataPath(r),
+			Size: r.Spec.VolumeSize, DataDir: ReplicaDataPath(r), BackingFile: backing,
 		})
 		if err != nil && !errors.Is(err, engineapi.ErrAlreadyExists) {
 			c.recorder.Eventf(r, corev1.EventTypeWarning, EventReasonReplicaStartFailed, "starting replica in %s: %v", ReplicaDataPath(r), err)

@@ -2,10 +2,13 @@ package controller
 
 import (
 	"github.com/sirupsen/logrus"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 
 // ReplicaController starts and stops replica instances in this node's
@@ -25,5 +28,39 @@ func NewReplicaController(logger logrus.FieldLogger, ds *datastore.DataStore, re
 	}}
 	c.dataPlane = dataPlane
 	c.sync = c.syncReplica
+	// A replica waiting for its backing image's copy starts once the copy
+	// on its disk is ready.
+	if _, err := ds.BackingImages.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj interface{}) { c.enqueueWaitingOn(obj) },
+		UpdateFunc: func(oldObj, newObj interface{}) {
+			o, ok1 := oldObj.(*v1beta1.BackingImage)
+			n, ok2 := newObj.(*v1beta1.BackingImage)
+			if ok1 && ok2 && (o.Status.UUID != n.Status.UUID || !equality.Semantic.DeepEqual(o.Status.DiskFileStatusMap, n.Status.DiskFileStatusMap) ||
+				!equality.Semantic.DeepEqual(o.Spec.DiskFileSpecMap, n.Spec.DiskFileSpecMap)) {
+				c.enqueueWaitingOn(n)
+			}
+		},
+		DeleteFunc: func(obj interface{}) { c.enqueueWaitingOn(tombstoneObject(obj)) },
+	}); err != nil {
+		return nil, err
+	}
 	return c, c.wireInstanceEvents(ds.Replicas.Informer())
+}
+
+// enqueueWaitingOn enqueues this node's replicas of the image that are not
+// running yet.
+func (c *ReplicaController) enqueueWaitingOn(obj interface{}) {
+	bi, ok := obj.(*v1beta1.BackingImage)
+	if !ok {
+		return
+	}
+	reps, err := c.ds.Replicas.ListByIndexRO(datastore.IndexByBackingImage, bi.Name)
+	if err != nil {
+		return
+	}
+	for _, r := range reps {
+		if r.Spec.NodeID == c.controllerID && r.Status.CurrentState != v1beta1.InstanceStateRunning {
+			c.enqueue(r)
+		}
+	}
 }

@@ -30,10 +30,16 @@ import (
 // annotations, so `kubectl get vol -o yaml` says whose volume it is.
 const (
 	ParamNumberOfReplicas = "numberOfReplicas"
-	provisionerPrefix     = "csi.storage.k8s.io/"
-	paramPVCName          = "csi.storage.k8s.io/pvc/name"
-	paramPVCNamespace     = "csi.storage.k8s.io/pvc/namespace"
-	AnnotationPVCName     = "strata.io/pvc-name"
+	// The backing image under a new volume; when it does not exist and a URL
+	// is given, CreateVolume creates it (a download, checked against the
+	// checksum when one is given).
+	ParamBackingImage         = "backingImage"
+	ParamBackingImageURL      = "backingImageURL"
+	ParamBackingImageChecksum = "backingImageChecksum"
+	provisionerPrefix         = "csi.storage.k8s.io/"
+	paramPVCName              = "csi.storage.k8s.io/pvc/name"
+	paramPVCNamespace         = "csi.storage.k8s.io/pvc/namespace"
+	AnnotationPVCName         = "strata.io/pvc-name"
 	// AnnotationCSIName is the name CreateVolume/CreateSnapshot was called
 	// with, when it could not be the object's name as it is.
 	AnnotationCSIName      = "strata.io/csi-name"
@@ -77,6 +83,9 @@ type volumeRequest struct {
 	replicas    int32 // 0: the default-replica-count setting applies
 	annotations map[string]string
 	dataSource  string // spec.dataSource: "" or the content source's snap:// or vol:// form
+	// sourceBackingImage is the content source's volume's backing image.
+	sourceBackingImage string
+	image              backingImageParams
 	// sizeGiven: the request named a capacity; else a content source's size applies.
 	sizeGiven bool
 }
@@ -95,26 +104,41 @@ func parseCreateVolume(req *csi.CreateVolumeRequest) (*volumeRequest, error) {
 	}
 	v := &volumeRequest{name: volumeIDFor(req.GetName()), size: size, sizeGiven: req.GetCapacityRange().GetRequiredBytes() > 0,
 		annotations: map[string]string{AnnotationCSIName: req.GetName()}}
-	if v.replicas, err = parseParameters(req.GetParameters(), v.annotations); err != nil {
+	params, err := parseParameters(req.GetParameters(), v.annotations)
+	if err != nil {
 		return nil, err
 	}
+	v.replicas, v.image = params.replicas, params.image
 	return v, nil
 }
 
+// classParameters are a StorageClass's parameters.
+type classParameters struct {
+	replicas int32 // 0: the default-replica-count setting applies
+	image    backingImageParams
+}
+
 // parseParameters reads a StorageClass's parameters (CreateVolume and
-// GetCapacity get the same ones): the replica count (0: the setting's) and
+// GetCapacity get the same ones): the replica count, the backing image, and
 // the provisioner's claim metadata, kept in annotations. Anything else is
-// refused, naming the key.
-func parseParameters(params, annotations map[string]string) (replicas int32, err error) {
+// refused, naming the parameters known.
+func parseParameters(params, annotations map[string]string) (classParameters, error) {
+	var p classParameters
 	for key, value := range params {
 		switch {
 		case key == ParamNumberOfReplicas:
 			n, err := strconv.Atoi(value)
 			if err != nil || n < 1 || n > maxReplicas {
-				return 0, status.Errorf(codes.InvalidArgument, "parameter %s=%q: must be a whole number from 1 to %d",
+				return p, status.Errorf(codes.InvalidArgument, "parameter %s=%q: must be a whole number from 1 to %d",
 					key, value, maxReplicas)
 			}
-			replicas = int32(n)
+			p.replicas = int32(n)
+		case key == ParamBackingImage:
+			p.image.name = value
+		case key == ParamBackingImageURL:
+			p.image.url = value
+		case key == ParamBackingImageChecksum:
+			p.image.checksum = value
 		case key == paramPVCName:
 			annotations[AnnotationPVCName] = value
 		case key == paramPVCNamespace:
@@ -122,10 +146,11 @@ func parseParameters(params, annotations map[string]string) (replicas int32, err
 		case strings.HasPrefix(key, provisionerPrefix):
 			// other provisioner metadata (the PV name): nothing to keep
 		default:
-			return 0, status.Errorf(codes.InvalidArgument, "parameter %q: unknown (known: %s)", key, ParamNumberOfReplicas)
+			return p, status.Errorf(codes.InvalidArgument, "parameter %q: unknown (known: %s)", key,
+				strings.Join([]string{ParamNumberOfReplicas, ParamBackingImage, ParamBackingImageURL, ParamBackingImageChecksum}, ", "))
 		}
 	}
-	return replicas, nil
+	return p, p.image.check()
 }
 
 // volumeIDFor is the volume a CreateVolume name stands for: the name itself
@@ -207,6 +232,9 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if err := d.resolveContentSource(ctx, req.GetVolumeContentSource(), req.GetCapacityRange(), want); err != nil {
 		return nil, err
 	}
+	if err := d.resolveBackingImage(ctx, req.GetCapacityRange(), want); err != nil {
+		return nil, err
+	}
 	vol, err := d.ensureVolume(ctx, want)
 	if err != nil {
 		return nil, err
@@ -243,6 +271,9 @@ func (d *Driver) resolveContentSource(ctx context.Context, src *csi.VolumeConten
 			return status.Errorf(codes.Unavailable, "volume_content_source: snapshot %s is not ready to use yet", id)
 		}
 		want.dataSource = types.DataSource{Volume: snap.Spec.Volume, Snapshot: snap.Name}.String()
+		if vol, err := d.ds.Volumes.GetROOrLive(ctx, snap.Spec.Volume); err == nil {
+			want.sourceBackingImage = vol.Spec.BackingImage
+		}
 		sourceSize, what = snap.Status.RestoreSize, "snapshot "+id
 	case src.GetVolume() != nil:
 		id := src.GetVolume().GetVolumeId()
@@ -254,6 +285,7 @@ func (d *Driver) resolveContentSource(ctx context.Context, src *csi.VolumeConten
 			return status.Errorf(codes.NotFound, "volume_content_source: volume %s is being deleted", id)
 		}
 		want.dataSource = types.DataSource{Volume: vol.Name}.String()
+		want.sourceBackingImage = vol.Spec.BackingImage
 		sourceSize, what = max(vol.Spec.Size.Value(), vol.Status.CurrentSize), "volume "+id
 	default:
 		return status.Error(codes.InvalidArgument, "volume_content_source: neither a snapshot nor a volume")
@@ -289,6 +321,10 @@ func (d *Driver) ensureVolume(ctx context.Context, want *volumeRequest) (*v1beta
 			return nil, status.Errorf(codes.AlreadyExists, "volume %s exists with data source %q, requested %q",
 				want.name, existing.Spec.DataSource, want.dataSource)
 		}
+		if existing.Spec.BackingImage != want.image.name {
+			return nil, status.Errorf(codes.AlreadyExists, "volume %s exists with backing image %q, requested %q",
+				want.name, existing.Spec.BackingImage, want.image.name)
+		}
 		if existing.DeletionTimestamp != nil {
 			return nil, status.Errorf(codes.Aborted, "volume %s is being deleted; retry once it is gone", want.name)
 		}
@@ -299,7 +335,8 @@ func (d *Driver) ensureVolume(ctx context.Context, want *volumeRequest) (*v1beta
 	vol := &v1beta1.Volume{
 		ObjectMeta: metav1.ObjectMeta{Name: want.name, Namespace: d.ds.Namespace, Annotations: want.annotations},
 		Spec: v1beta1.VolumeSpec{Size: *resource.NewQuantity(want.size, resource.BinarySI),
-			NumberOfReplicas: want.replicas, Frontend: v1beta1.VolumeFrontendNBD, DataSource: want.dataSource},
+			NumberOfReplicas: want.replicas, Frontend: v1beta1.VolumeFrontendNBD, DataSource: want.dataSource,
+			BackingImage: want.image.name},
 	}
 	created, err := d.ds.Volumes.Create(ctx, vol)
 	if apierrors.IsAlreadyExists(err) { // a concurrent call won: judge its volume

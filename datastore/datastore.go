@@ -112,7 +112,7 @@ func New(namespace string, strataClient versioned.Interface, kubeClient kubernet
 		func(ns string) objectClient[*v1beta1.VolumeAttachment] { return typed.VolumeAttachments(ns) })
 	ds.BackingImages = newStore(v1beta1.Resource("backingimages"), namespace, add(s.BackingImages().Informer(), nil),
 		func(ns string) objectClient[*v1beta1.BackingImage] { return typed.BackingImages(ns) })
-	ds.Nodes = newStore(v1beta1.Resource("nodes"), namespace, add(s.Nodes().Informer(), nil),
+	ds.Nodes = newStore(v1beta1.Resource("nodes"), namespace, add(s.Nodes().Informer(), nodeIndexers),
 		func(ns string) objectClient[*v1beta1.Node] { return typed.Nodes(ns) })
 	ds.Settings = newStore(v1beta1.Resource("settings"), namespace, add(s.Settings().Informer(), nil),
 		func(ns string) objectClient[*v1beta1.Setting] { return typed.Settings(ns) })

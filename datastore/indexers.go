@@ -59,6 +59,23 @@ var (
 		IndexByBackingImage:  indexOn(func(r *v1beta1.Replica) string { return r.Spec.BackingImage }),
 		IndexByDataDirectory: indexOn(func(r *v1beta1.Replica) string { return r.Spec.DataDirectoryName }),
 	}
+	// A node is found by the UUIDs of its disks (a disk's UUID is in its
+	// status once the node controller has read the disk's UUID file).
+	nodeIndexers = cache.Indexers{
+		IndexByDisk: func(obj interface{}) ([]string, error) {
+			n, ok := obj.(*v1beta1.Node)
+			if !ok {
+				return nil, nil
+			}
+			var uuids []string
+			for _, d := range n.Status.DiskStatus {
+				if d != nil && d.DiskUUID != "" {
+					uuids = append(uuids, d.DiskUUID)
+				}
+			}
+			return uuids, nil
+		},
+	}
 	snapshotIndexers = cache.Indexers{
 		IndexByVolume: indexOn(func(s *v1beta1.Snapshot) string { return s.Spec.Volume }),
 	}

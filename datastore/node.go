@@ -50,3 +50,29 @@ func (ds *DataStore) AliveNodeNames() ([]string, error) {
 	sort.Strings(alive)
 	return alive, nil
 }
+
+// DiskLocation is where a disk is: its node, its name there and its path.
+type DiskLocation struct {
+	Node, Name, Path string
+}
+
+// LocateDisk finds a disk by UUID through the nodes' disk status; ok is
+// false when no node reports it (its node is gone, or its UUID file was not
+// read yet).
+func (ds *DataStore) LocateDisk(uuid string) (DiskLocation, bool) {
+	nodes, err := ds.Nodes.ListByIndexRO(IndexByDisk, uuid)
+	if err != nil {
+		return DiskLocation{}, false
+	}
+	for _, n := range nodes {
+		for name, st := range n.Status.DiskStatus {
+			if st == nil || st.DiskUUID != uuid {
+				continue
+			}
+			if spec, ok := n.Spec.Disks[name]; ok {
+				return DiskLocation{Node: n.Name, Name: name, Path: spec.Path}, true
+			}
+		}
+	}
+	return DiskLocation{}, false
+}

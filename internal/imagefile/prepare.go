@@ -26,6 +26,8 @@ type Result struct {
 	Checksum string
 	// Formats is what the source was, outermost first (["xz", "qcow2"]).
 	Formats []Format
+	// SourceSize is the size of the file prepared (a download, an upload).
+	SourceSize int64
 }
 
 // blockSize is the granule of sparseness: an all-zero block is a hole.
@@ -39,6 +41,9 @@ const blockSize = 4096
 // check passed. src is left alone (it is the resumable download).
 func Prepare(ctx context.Context, src, final, want string) (Result, error) {
 	var res Result
+	if st, err := os.Stat(src); err == nil {
+		res.SourceSize = st.Size()
+	}
 	work := final + ".tmp"
 	cur := src
 	defer os.Remove(work + ".stage")

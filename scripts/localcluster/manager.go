@@ -36,7 +36,9 @@ type Manager struct {
 	// (127.0.0.1:<port>); the leading manager's is in the webhook
 	// configurations' URLs.
 	WebhookAddr string
-	IM          *InstanceManager
+	// APIAddr is the manager's HTTP API (backing image uploads and copies).
+	APIAddr string
+	IM      *InstanceManager
 }
 
 // InstanceManager is one simulated node's data plane process.
@@ -107,12 +109,13 @@ func startManagerProcess(opts ManagerOptions, node string, im *InstanceManager) 
 	if err := os.MkdirAll(disk, 0o755); err != nil {
 		return nil, err
 	}
-	ports, err := FreePorts(2)
+	ports, err := FreePorts(3)
 	if err != nil {
 		return nil, err
 	}
 	metrics := "127.0.0.1:" + strconv.Itoa(ports[0])
 	webhook := "127.0.0.1:" + strconv.Itoa(ports[1])
+	apiAddr := "127.0.0.1:" + strconv.Itoa(ports[2])
 	lease := opts.LeaseDuration
 	if lease == 0 {
 		lease = 10 * time.Second
@@ -123,6 +126,7 @@ func startManagerProcess(opts ManagerOptions, node string, im *InstanceManager) 
 		"--namespace", opts.Namespace,
 		"--disk", disk,
 		"--metrics-listen", metrics,
+		"--api-listen", apiAddr,
 		"--lease-duration", lease.String(),
 		// Local mode: the leader points the webhook configurations at its
 		// own loopback address, since there is no Service to go through.
@@ -140,7 +144,7 @@ func startManagerProcess(opts ManagerOptions, node string, im *InstanceManager) 
 	if err != nil {
 		return nil, err
 	}
-	return &Manager{Process: p, Node: node, DiskDir: disk, MetricsAddr: metrics, WebhookAddr: webhook, IM: im}, nil
+	return &Manager{Process: p, Node: node, DiskDir: disk, MetricsAddr: metrics, WebhookAddr: webhook, APIAddr: apiAddr, IM: im}, nil
 }
 
 // Kill ends the process group with SIGKILL, as a crash would: no shutdown

@@ -53,7 +53,7 @@ func (v *validator) Create(req *admission.Request, obj runtime.Object) error {
 		errs.Add(v.validDataSource(vol))
 	}
 	if vol.Spec.BackingImage != "" {
-		errs.Add(v.existingBackingImage(vol.Spec.BackingImage))
+		errs.Add(v.existingBackingImage(vol))
 	}
 	if req.Username() != v.manager {
 		if vol.Spec.NodeID != "" {
@@ -105,7 +105,9 @@ func (v *validator) Update(req *admission.Request, oldObj, newObj runtime.Object
 
 // existingBackingImage refuses a volume built on an image that is not there
 // (or going): its replicas would wait for it forever.
-func (v *validator) existingBackingImage(name string) *admission.FieldError {
+// A volume smaller than the image's data could not hold it.
+func (v *validator) existingBackingImage(vol *v1beta1.Volume) *admission.FieldError {
+	name := vol.Spec.BackingImage
 	bi, err := v.ds.BackingImages.GetROOrLive(context.Background(), name)
 	switch {
 	case apierrors.IsNotFound(err):
@@ -114,6 +116,9 @@ func (v *validator) existingBackingImage(name string) *admission.FieldError {
 		return admission.Invalid(backingImagePath, "cannot look up backing image %q: %v", name, err)
 	case bi.DeletionTimestamp != nil:
 		return admission.Invalid(backingImagePath, "backing image %q is being deleted", name)
+	case bi.Status.VirtualSize > vol.Spec.Size.Value():
+		return admission.Invalid(sizePath, "%s is smaller than backing image %s's virtual size (%d bytes)",
+			vol.Spec.Size.String(), name, bi.Status.VirtualSize)
 	}
 	return nil
 }

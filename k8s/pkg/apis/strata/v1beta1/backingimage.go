@@ -27,8 +27,8 @@ const (
 )
 
 // BackingImageState is the state of a backing image's file on one disk.
-// One of "pending", "in-progress", "ready", "failed", "unknown".
-// +kubebuilder:validation:Enum=pending;in-progress;ready;failed;unknown
+// One of "pending", "in-progress", "ready", "failed", "terminating", "unknown".
+// +kubebuilder:validation:Enum=pending;in-progress;ready;failed;terminating;unknown
 type BackingImageState string
 
 const (
@@ -36,7 +36,10 @@ const (
 	BackingImageStateInProgress BackingImageState = "in-progress"
 	BackingImageStateReady      BackingImageState = "ready"
 	BackingImageStateFailed     BackingImageState = "failed"
-	BackingImageStateUnknown    BackingImageState = "unknown"
+	// BackingImageStateTerminating: the copy is being removed from its disk;
+	// the entry goes once the file is gone.
+	BackingImageStateTerminating BackingImageState = "terminating"
+	BackingImageStateUnknown     BackingImageState = "unknown"
 )
 
 // BackingImageDiskFileSpec asks for a copy of the image on one disk.
@@ -47,13 +50,16 @@ type BackingImageDiskFileSpec struct {
 
 // BackingImageDiskFileStatus is the state of the image's copy on one disk.
 type BackingImageDiskFileStatus struct {
-	// State of the copy. One of "pending", "in-progress", "ready", "failed", "unknown".
+	// State of the copy. One of "pending", "in-progress", "ready", "failed", "terminating", "unknown".
 	State BackingImageState `json:"state,omitempty"`
 	// Progress of the transfer, in percent. Between 0 and 100.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=100
 	Progress int32  `json:"progress,omitempty"`
 	Message  string `json:"message,omitempty"`
+	// Attempts counts the failed transfers since the copy was last ready;
+	// each retry waits longer.
+	Attempts int32 `json:"attempts,omitempty"`
 	// LastStateTransitionTime is the RFC 3339 time State last changed.
 	LastStateTransitionTime string `json:"lastStateTransitionTime,omitempty"`
 }
@@ -95,6 +101,13 @@ type BackingImageStatus struct {
 	// DiskFileStatusMap is the state of each disk's copy, keyed by disk UUID.
 	// +nullable
 	DiskFileStatusMap map[string]*BackingImageDiskFileStatus `json:"diskFileStatusMap,omitempty"`
+	// FirstCopyDisk is the disk (UUID) the source is fetched onto when no
+	// disk holds a ready copy; every other disk copies from a ready copy.
+	FirstCopyDisk string `json:"firstCopyDisk,omitempty"`
+	// Copies is "ready/wanted": ready copies of the disks in spec.diskFileSpecMap.
+	Copies string `json:"copies,omitempty"`
+	// Message is the first failure among the copies ("<disk>: <why>"), if any.
+	Message string `json:"message,omitempty"`
 	// DiskLastRefAtMap records when each disk's copy was last used by a replica;
 	// a copy unused for backing-image-cleanup-wait-interval is removed.
 	// +nullable
@@ -109,8 +122,10 @@ type BackingImageStatus struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=bi,categories=strata
 // +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.spec.sourceType`
+// +kubebuilder:printcolumn:name="Copies",type=string,JSONPath=`.status.copies`
 // +kubebuilder:printcolumn:name="Size",type=integer,JSONPath=`.status.size`
 // +kubebuilder:printcolumn:name="VirtualSize",type=integer,JSONPath=`.status.virtualSize`
+// +kubebuilder:printcolumn:name="Message",type=string,JSONPath=`.status.message`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type BackingImage struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -87,6 +87,9 @@ type NodeStatus struct {
 	DiskStatus map[string]*DiskStatus `json:"diskStatus,omitempty"`
 	// DiskPaths lists the disk paths, for display.
 	DiskPaths string `json:"diskPaths,omitempty"`
+	// APIAddress is where the node's manager serves its HTTP API (host:port):
+	// backing image uploads, and the copies other managers fetch from its disks.
+	APIAddress string `json:"apiAddress,omitempty"`
 }
 
 // Node is a node that holds Strata data; its manager registers it.

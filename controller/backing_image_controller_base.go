@@ -1,0 +1,139 @@
+package controller
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"k8s.io/apimachinery/pkg/api/equality"
+	k8stypes "k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
+)
+
+// BackingImageController keeps backing images' copies on disks. Every
+// manager runs it for the disks of its own node; the image's owner also
+// makes the image-wide decisions (backing_image_controller.go). The data
+// itself is moved by this manager — never by the instance manager or a
+// replica, so one copy per disk serves every replica there — fetched from
+// the source once onto one disk, then copied disk to disk, data extents
+// only, through the peers' HTTP endpoints (backing_image_local.go).
+type BackingImageController struct {
+	*baseController
+	files      *fileJobs
+	httpClient *http.Client
+	// UploadLimit bounds an uploaded image's size in bytes.
+	uploadLimit int64
+}
+
+// NewBackingImageController wires the backing image controller of node
+// controllerID. uploadLimit bounds uploads (bytes; 0: no upload accepted).
+func NewBackingImageController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
+	controllerID string, uploadLimit int64) (*BackingImageController, error) {
+	c := &BackingImageController{
+		baseController: newBaseController("strata-backing-image", controllerID, logger, ds, recorder),
+		// No overall timeout: an image may take hours; a stalled peer is
+		// caught by the transport's header timeout and a cancelled job.
+		httpClient:  &http.Client{Transport: &http.Transport{Proxy: http.ProxyFromEnvironment, ResponseHeaderTimeout: time.Minute}},
+		uploadLimit: uploadLimit,
+	}
+	c.files = newFileJobs(c.enqueueByUID)
+	c.sync = c.syncBackingImage
+	if _, err := ds.BackingImages.Informer().AddEventHandler(c.enqueueOnChange()); err != nil {
+		return nil, err
+	}
+	// Replicas decide which copies are in use (cleanup) and ask for copies.
+	if _, err := ds.Replicas.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj interface{}) { c.enqueueImageOf(obj) },
+		UpdateFunc: func(oldObj, newObj interface{}) {
+			o, ok1 := oldObj.(*v1beta1.Replica)
+			n, ok2 := newObj.(*v1beta1.Replica)
+			if ok1 && ok2 && (o.Spec.DiskID != n.Spec.DiskID || o.Spec.BackingImage != n.Spec.BackingImage ||
+				(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)) {
+				c.enqueueImageOf(o)
+				c.enqueueImageOf(n)
+			}
+		},
+		DeleteFunc: func(obj interface{}) { c.enqueueImageOf(tombstoneObject(obj)) },
+	}); err != nil {
+		return nil, err
+	}
+	// A disk found or lost changes where copies can be, and who serves them.
+	if _, err := ds.Nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(interface{}) { c.enqueueAll() },
+		UpdateFunc: func(oldObj, newObj interface{}) {
+			o, ok1 := oldObj.(*v1beta1.Node)
+			n, ok2 := newObj.(*v1beta1.Node)
+			if ok1 && ok2 && (!slices.Equal(diskUUIDs(o), diskUUIDs(n)) || o.Status.APIAddress != n.Status.APIAddress ||
+				!equality.Semantic.DeepEqual(o.Spec.Disks, n.Spec.Disks)) {
+				c.enqueueAll()
+			}
+		},
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := ds.Settings.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(_, newObj interface{}) {
+			if st, ok := newObj.(*v1beta1.Setting); ok && st.Name == string(types.SettingBackingImageCleanupWaitInterval) {
+				c.enqueueAll()
+			}
+		},
+	}); err != nil {
+		return nil, err
+	}
+	return c, c.requeueOnNodeReadyChange(c.enqueueAll)
+}
+
+// Run removes stray copies left while this manager was down, then runs the
+// workers; transfers run under ctx.
+func (c *BackingImageController) Run(ctx context.Context, workers int) {
+	c.files.mu.Lock()
+	c.files.runCtx = ctx
+	c.files.mu.Unlock()
+	c.removeStrayCopies()
+	c.baseController.Run(ctx, workers)
+}
+
+func (c *BackingImageController) enqueueImageOf(obj interface{}) {
+	if r, ok := obj.(*v1beta1.Replica); ok && r.Spec.BackingImage != "" {
+		c.queue.Add(r.Namespace + "/" + r.Spec.BackingImage)
+	}
+}
+
+func (c *BackingImageController) enqueueAll() {
+	for _, key := range c.ds.BackingImages.Informer().GetStore().ListKeys() {
+		c.queue.Add(key)
+	}
+}
+
+// enqueueByUID enqueues the image a transfer belongs to.
+func (c *BackingImageController) enqueueByUID(uid k8stypes.UID) {
+	images, err := c.ds.BackingImages.ListRO(nil)
+	if err != nil {
+		return
+	}
+	for _, bi := range images {
+		if bi.UID == uid {
+			c.enqueue(bi)
+			return
+		}
+	}
+}
+
+// diskUUIDs lists a node's disk UUIDs, sorted.
+func diskUUIDs(n *v1beta1.Node) []string {
+	var out []string
+	for _, st := range n.Status.DiskStatus {
+		if st != nil && st.DiskUUID != "" {
+			out = append(out, st.DiskUUID)
+		}
+	}
+	slices.Sort(out)
+	return out
+}

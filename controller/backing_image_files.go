@@ -1,0 +1,209 @@
+package controller
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	k8stypes "k8s.io/apimachinery/pkg/types"
+
+	"github.com/strata-storage/strata/internal/imagefile"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+// Where a backing image's copy lives on a disk:
+// <disk>/backing-images/<name>-<uuid>/backing. Replicas on the disk open
+// that one file read-only at the bottom of their chains. The work files of
+// a transfer sit beside it and never carry the final name, so the final
+// name always means a complete, checked copy.
+const (
+	backingImagesDir   = "backing-images"
+	backingFileName    = "backing"
+	backingSourcePart  = "source.part" // a download or upload as it arrives
+	maxFileTransfers   = 2             // per manager: each reads or writes a whole image
+	fileRetryBaseDelay = 5 * time.Second
+	fileRetryMaxDelay  = 5 * time.Minute
+)
+
+// BackingImageDir is the directory of an image's copy on the disk at diskPath.
+func BackingImageDir(diskPath, image, uuid string) string {
+	return filepath.Join(diskPath, backingImagesDir, image+"-"+uuid)
+}
+
+// BackingImageFile is the image's file on the disk at diskPath.
+func BackingImageFile(diskPath string, bi *v1beta1.BackingImage) string {
+	return filepath.Join(BackingImageDir(diskPath, bi.Name, bi.Status.UUID), backingFileName)
+}
+
+// fileJobKey names one transfer: an image (by UID, so a re-created image of
+// the same name starts afresh) onto one disk.
+type fileJobKey struct {
+	image k8stypes.UID
+	disk  string
+}
+
+// fileJob is a transfer (fetch, upload, copy or verification) running in
+// the background. Its fields change under fileJobs.mu.
+type fileJob struct {
+	kind     string // for messages: "downloading", "copying from disk X", …
+	cancel   context.CancelFunc
+	done     bool
+	progress int32
+	result   imagefile.Result
+	err      error
+}
+
+// fileJobs are this manager's transfers: at most maxFileTransfers move data
+// at a time, the rest wait for a slot. A finished job's outcome stays until
+// the sync that records it takes it (take).
+type fileJobs struct {
+	mu    sync.Mutex
+	jobs  map[fileJobKey]*fileJob
+	slots chan struct{}
+	// verified are the copies whose checksum this process has checked:
+	// a file found at start-up is read once more before it is trusted.
+	verified map[fileJobKey]bool
+	runCtx   context.Context
+	// changed is told the image whose job moved (progress or end).
+	changed func(image k8stypes.UID)
+}
+
+func newFileJobs(changed func(k8stypes.UID)) *fileJobs {
+	return &fileJobs{jobs: map[fileJobKey]*fileJob{}, slots: make(chan struct{}, maxFileTransfers),
+		verified: map[fileJobKey]bool{}, runCtx: context.Background(), changed: changed}
+}
+
+// jobReport is what a running transfer tells its job: percent done.
+type jobReport func(percent int32)
+
+// start runs work in the background as the job for k, unless one exists.
+func (j *fileJobs) start(k fileJobKey, kind string, work func(ctx context.Context, report jobReport) (imagefile.Result, error)) {
+	j.mu.Lock()
+	if _, ok := j.jobs[k]; ok {
+		j.mu.Unlock()
+		return
+	}
+	ctx, cancel := context.WithCancel(j.runCtx)
+	job := &fileJob{kind: kind, cancel: cancel}
+	j.jobs[k] = job
+	j.mu.Unlock()
+	go func() {
+		defer cancel()
+		res, err := j.run(ctx, k, job, work)
+		j.mu.Lock()
+		job.done, job.result, job.err = true, res, err
+		if err == nil {
+			job.progress = 100
+			j.verified[k] = true
+		}
+		j.mu.Unlock()
+		j.changed(k.image)
+	}()
+}
+
+// run waits for a transfer slot, then does the work, reporting each whole
+// percent (at most one report per second, so a fast copy costs few writes).
+func (j *fileJobs) run(ctx context.Context, k fileJobKey, job *fileJob,
+	work func(ctx context.Context, report jobReport) (imagefile.Result, error)) (imagefile.Result, error) {
+	select {
+	case j.slots <- struct{}{}:
+		defer func() { <-j.slots }()
+	case <-ctx.Done():
+		return imagefile.Result{}, ctx.Err()
+	}
+	var last time.Time
+	report := func(p int32) {
+		j.mu.Lock()
+		moved := p > job.progress
+		if moved {
+			job.progress = p
+		}
+		j.mu.Unlock()
+		if moved && time.Since(last) >= time.Second {
+			last = time.Now()
+			j.changed(k.image)
+		}
+	}
+	return work(ctx, report)
+}
+
+// get returns a copy of k's job, if any.
+func (j *fileJobs) get(k fileJobKey) (fileJob, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	job, ok := j.jobs[k]
+	if !ok {
+		return fileJob{}, false
+	}
+	return *job, true
+}
+
+// take removes k's finished job; the caller has recorded its outcome.
+func (j *fileJobs) take(k fileJobKey) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if job, ok := j.jobs[k]; ok && job.done {
+		delete(j.jobs, k)
+	}
+}
+
+// stop cancels k's job and forgets it and its verification.
+func (j *fileJobs) stop(k fileJobKey) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if job, ok := j.jobs[k]; ok {
+		job.cancel()
+		delete(j.jobs, k)
+	}
+	delete(j.verified, k)
+}
+
+func (j *fileJobs) isVerified(k fileJobKey) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.verified[k]
+}
+
+func (j *fileJobs) forgetVerified(k fileJobKey) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	delete(j.verified, k)
+}
+
+// percent turns done/total into a whole percent below 100 (100 means done).
+func percent(done, total int64) int32 {
+	if total <= 0 {
+		return 0
+	}
+	return int32(min(99, done*100/total))
+}
+
+// retryDelay is how long a copy that failed attempts times waits before the
+// next try: 5 s doubling up to 5 min, so an unreachable URL is not hammered.
+func retryDelay(attempts int32) time.Duration {
+	d := fileRetryBaseDelay
+	for i := int32(1); i < attempts && d < fileRetryMaxDelay; i++ {
+		d *= 2
+	}
+	return min(d, fileRetryMaxDelay)
+}
+
+// strayImageDirs lists the image directories on a disk that no image in keep
+// (directory names "<name>-<uuid>") accounts for: left by an image deleted
+// while this node was down, or by a crash between a removal's steps.
+func strayImageDirs(diskPath string, keep map[string]bool) []string {
+	entries, err := os.ReadDir(filepath.Join(diskPath, backingImagesDir))
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range entries {
+		if e.IsDir() && !keep[e.Name()] && !strings.HasPrefix(e.Name(), ".") {
+			out = append(out, filepath.Join(diskPath, backingImagesDir, e.Name()))
+		}
+	}
+	return out
+}

@@ -1,0 +1,309 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/strata-storage/strata/internal/imagefile"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+// reconcileLocalCopies drives the copies on this node's disks: the wanted
+// ones toward ready, the unwanted ones (cleaned up, evicted, or the image
+// deleted) to terminating and then gone.
+func (s *imageSync) reconcileLocalCopies() error {
+	bi := s.bi
+	if bi.Status.UUID == "" {
+		return nil // the owner names the image's files first
+	}
+	node, err := s.ds.Nodes.GetRO(s.controllerID)
+	if err != nil {
+		return nil // not registered yet; its add event brings every image back
+	}
+	if bi.Status.DiskFileStatusMap == nil {
+		bi.Status.DiskFileStatusMap = map[string]*v1beta1.BackingImageDiskFileStatus{}
+	}
+	var errs []error
+	for name, dst := range node.Status.DiskStatus {
+		spec, ok := node.Spec.Disks[name]
+		if dst == nil || dst.DiskUUID == "" || !ok {
+			continue
+		}
+		disk := dst.DiskUUID
+		_, wanted := bi.Spec.DiskFileSpecMap[disk]
+		wanted = wanted && bi.DeletionTimestamp == nil
+		st, has := bi.Status.DiskFileStatusMap[disk]
+		switch {
+		case wanted:
+			if !has || st == nil {
+				st = &v1beta1.BackingImageDiskFileStatus{}
+				setFileState(st, v1beta1.BackingImageStatePending, 0, "", s.now)
+				bi.Status.DiskFileStatusMap[disk] = st
+			}
+			errs = append(errs, s.driveCopy(disk, spec.Path, st))
+		case has:
+			errs = append(errs, s.removeCopy(disk, spec.Path, st))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// removeCopy takes a copy away in two steps, each seen in status: the state
+// turns terminating (its transfer stopped), then the directory goes and the
+// entry with it.
+func (s *imageSync) removeCopy(disk, diskPath string, st *v1beta1.BackingImageDiskFileStatus) error {
+	k := fileJobKey{s.bi.UID, disk}
+	if st == nil || st.State != v1beta1.BackingImageStateTerminating {
+		s.files.stop(k)
+		if st == nil {
+			st = &v1beta1.BackingImageDiskFileStatus{}
+			s.bi.Status.DiskFileStatusMap[disk] = st
+		}
+		setFileState(st, v1beta1.BackingImageStateTerminating, 0, "removing the copy", s.now)
+		return nil
+	}
+	dir := BackingImageDir(diskPath, s.bi.Name, s.bi.Status.UUID)
+	if err := os.RemoveAll(dir); err != nil {
+		st.Message = fmt.Sprintf("removing %s: %v", dir, err)
+		return fmt.Errorf("backing image %s: %s", s.bi.Name, st.Message)
+	}
+	delete(s.bi.Status.DiskFileStatusMap, disk)
+	s.recorder.Eventf(s.bi, corev1.EventTypeNormal, EventReasonBackingImageCleanedUp, "removed the copy on disk %s (%s)", disk, dir)
+	return nil
+}
+
+// driveCopy moves one wanted copy along: it reports a running transfer,
+// records a finished one, waits out the back-off of a failed one, checks a
+// file found on disk, or starts the transfer the copy needs.
+func (s *imageSync) driveCopy(disk, diskPath string, st *v1beta1.BackingImageDiskFileStatus) error {
+	k := fileJobKey{s.bi.UID, disk}
+	if job, ok := s.files.get(k); ok {
+		if !job.done {
+			if !(job.kind == jobVerifying && st.State == v1beta1.BackingImageStateReady) {
+				setFileState(st, v1beta1.BackingImageStateInProgress, job.progress, job.kind, s.now)
+			}
+			return nil
+		}
+		s.files.take(k)
+		return s.recordJob(disk, st, job)
+	}
+	if st.State == v1beta1.BackingImageStateFailed {
+		if wait := s.retryWait(st); wait > 0 {
+			s.queue.AddAfter(s.key, wait)
+			return nil
+		}
+	}
+	file := BackingImageFile(diskPath, s.bi)
+	if _, err := os.Stat(file); err == nil {
+		if s.files.isVerified(k) {
+			setFileState(st, v1beta1.BackingImageStateReady, 100, "", s.now)
+			return nil
+		}
+		// Found, not read by this process: check it once before trusting it.
+		s.startJob(k, jobVerifying, func(ctx context.Context, _ jobReport) (imagefile.Result, error) {
+			return imagefile.Result{}, verifyCopy(file, s.bi.Status.Checksum)
+		})
+		if st.State != v1beta1.BackingImageStateReady {
+			setFileState(st, v1beta1.BackingImageStateInProgress, 0, jobVerifying, s.now)
+		}
+		return nil
+	}
+	s.files.forgetVerified(k)
+	return s.startTransfer(k, diskPath, st)
+}
+
+// retryWait is what is left of a failed copy's back-off.
+func (s *imageSync) retryWait(st *v1beta1.BackingImageDiskFileStatus) time.Duration {
+	failedAt, err := time.Parse(time.RFC3339, st.LastStateTransitionTime)
+	if err != nil {
+		return 0
+	}
+	return failedAt.Add(retryDelay(st.Attempts)).Sub(s.now)
+}
+
+// recordJob writes how a finished transfer ended.
+func (s *imageSync) recordJob(disk string, st *v1beta1.BackingImageDiskFileStatus, job fileJob) error {
+	if job.err != nil {
+		if errors.Is(job.err, context.Canceled) {
+			setFileState(st, v1beta1.BackingImageStatePending, 0, "the transfer was stopped; starting again", s.now)
+			s.queue.Add(s.key)
+			return nil
+		}
+		st.Attempts++
+		msg := fmt.Sprintf("%s: %v", job.kind, job.err)
+		setFileState(st, v1beta1.BackingImageStateFailed, 0, msg, s.now)
+		s.recorder.Eventf(s.bi, corev1.EventTypeWarning, EventReasonBackingImageFailed, "disk %s, attempt %d: %s (next try in %s)",
+			disk, st.Attempts, msg, retryDelay(st.Attempts))
+		s.queue.AddAfter(s.key, retryDelay(st.Attempts))
+		return nil
+	}
+	if job.kind != jobVerifying && s.bi.Status.Checksum == "" && job.result.Checksum != "" {
+		s.bi.Status.Checksum, s.bi.Status.VirtualSize = job.result.Checksum, job.result.VirtualSize
+		s.bi.Status.Size = job.result.SourceSize
+	}
+	if st.State != v1beta1.BackingImageStateReady {
+		s.recorder.Eventf(s.bi, corev1.EventTypeNormal, EventReasonBackingImageReady, "the copy on disk %s is ready (%s)", disk, job.kind)
+	}
+	st.Attempts = 0
+	setFileState(st, v1beta1.BackingImageStateReady, 100, "", s.now)
+	return nil
+}
+
+// Job kinds, as they appear in a copy's message.
+const (
+	jobVerifying   = "verifying the checksum"
+	jobDownloading = "downloading"
+	jobUploading   = "receiving the upload"
+)
+
+// startTransfer starts what the copy on disk needs: a copy of a ready copy
+// (this node's first, then a peer's), or, on the first-copy disk while no
+// copy is ready, a fetch from the source.
+func (s *imageSync) startTransfer(k fileJobKey, diskPath string, st *v1beta1.BackingImageDiskFileStatus) error {
+	bi := s.bi
+	dir := BackingImageDir(diskPath, bi.Name, bi.Status.UUID)
+	file := filepath.Join(dir, backingFileName)
+	want := bi.Status.Checksum
+	src, waiting := s.copySource(k.disk)
+	var kind string
+	var work func(ctx context.Context, report jobReport) (imagefile.Result, error)
+	switch {
+	case waiting != "":
+		setFileState(st, v1beta1.BackingImageStatePending, 0, waiting, s.now)
+		return nil
+	case src.localPath != "":
+		kind = "copying from disk " + src.disk
+		work = func(ctx context.Context, report jobReport) (imagefile.Result, error) {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return imagefile.Result{}, err
+			}
+			err := imagefile.CopyFile(ctx, src.localPath, file, func(d, t int64) { report(percent(d, t)) })
+			return imagefile.Result{}, errors.Join(err, checkCopy(err, file, want))
+		}
+	case src.url != "":
+		kind = "copying from disk " + src.disk + " of node " + src.node
+		work = func(ctx context.Context, report jobReport) (imagefile.Result, error) {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return imagefile.Result{}, err
+			}
+			err := imagefile.FetchExtents(ctx, s.httpClient, src.url, file, func(d, t int64) { report(percent(d, t)) })
+			return imagefile.Result{}, errors.Join(err, checkCopy(err, file, want))
+		}
+	default: // the source itself: only a download is fetched; an upload arrives
+		kind = jobDownloading
+		imageURL := bi.Spec.SourceParameters[v1beta1.BackingImageParameterURL]
+		checksum := bi.Spec.Checksum
+		work = func(ctx context.Context, report jobReport) (imagefile.Result, error) {
+			return s.download(ctx, report, imageURL, dir, checksum)
+		}
+	}
+	s.startJob(k, kind, work)
+	setFileState(st, v1beta1.BackingImageStateInProgress, 0, kind, s.now)
+	return nil
+}
+
+// download fetches url into dir's source.part (resuming what a killed
+// manager left), then prepares the raw image beside it. A part file that
+// turned out not to be a usable image goes, so the next try fetches afresh.
+func (s *imageSync) download(ctx context.Context, report jobReport, imageURL, dir, checksum string) (imagefile.Result, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return imagefile.Result{}, err
+	}
+	part := filepath.Join(dir, backingSourcePart)
+	if _, err := imagefile.Download(ctx, s.httpClient, imageURL, part, func(d, t int64) { report(percent(d, t) * 9 / 10) }); err != nil {
+		return imagefile.Result{}, err
+	}
+	res, err := imagefile.Prepare(ctx, part, filepath.Join(dir, backingFileName), checksum)
+	if err != nil && ctx.Err() == nil {
+		os.Remove(part)
+		return res, err
+	}
+	if err == nil {
+		os.Remove(part)
+	}
+	return res, err
+}
+
+// checkCopy verifies a finished copy (copyErr nil) against the image's checksum.
+func checkCopy(copyErr error, file, want string) error {
+	if copyErr != nil {
+		return nil
+	}
+	return verifyCopy(file, want)
+}
+
+// verifyCopy reads the file and compares its SHA-512 with want; a copy that
+// does not match is removed, so it is fetched again rather than used.
+func verifyCopy(file, want string) error {
+	if want == "" {
+		return nil
+	}
+	got, _, err := imagefile.Checksum(file)
+	if err != nil {
+		return err
+	}
+	if got != want {
+		os.Remove(file)
+		return fmt.Errorf("checksum mismatch: the image's checksum is %s, the copy's SHA-512 is %s; the copy was removed", want, got)
+	}
+	return nil
+}
+
+// copySource says where the copy on disk comes from; waiting says why it
+// cannot start yet.
+type copySource struct {
+	disk, node string
+	localPath  string // a ready copy on this node
+	url        string // a ready copy on a peer, served by its manager
+}
+
+func (s *imageSync) copySource(disk string) (copySource, string) {
+	bi := s.bi
+	var remote []copySource
+	for _, r := range readyCopies(bi) {
+		if r == disk {
+			continue
+		}
+		loc, ok := s.ds.LocateDisk(r)
+		if !ok {
+			continue
+		}
+		if loc.Node == s.controllerID {
+			return copySource{disk: r, node: loc.Node, localPath: BackingImageFile(loc.Path, bi)}, ""
+		}
+		node, err := s.ds.Nodes.GetRO(loc.Node)
+		if err == nil && node.Status.APIAddress != "" && s.ds.IsNodeAlive(loc.Node) {
+			remote = append(remote, copySource{disk: r, node: loc.Node, url: fmt.Sprintf("http://%s/v1/backingimages/%s/disks/%s/file?uuid=%s",
+				node.Status.APIAddress, url.PathEscape(bi.Name), url.PathEscape(r), url.QueryEscape(bi.Status.UUID))})
+		}
+	}
+	if len(remote) > 0 {
+		return remote[0], ""
+	}
+	if len(readyCopies(bi)) > 0 {
+		return copySource{}, "waiting for a node holding a ready copy to be reachable"
+	}
+	switch {
+	case bi.Spec.SourceType == v1beta1.BackingImageSourceTypeUpload && bi.Status.FirstCopyDisk == "":
+		return copySource{}, "waiting for the image to be uploaded"
+	case bi.Status.FirstCopyDisk != disk:
+		return copySource{}, fmt.Sprintf("waiting for the first copy, on disk %s", bi.Status.FirstCopyDisk)
+	case bi.Spec.SourceType == v1beta1.BackingImageSourceTypeUpload:
+		return copySource{}, "waiting for the upload to be sent again"
+	case bi.Spec.SourceType == v1beta1.BackingImageSourceTypeExportFromVolume:
+		return copySource{}, "export-from-volume sources are not supported yet"
+	}
+	return copySource{}, ""
+}
+
+// startJob starts a transfer, tying it to this image's key.
+func (s *imageSync) startJob(k fileJobKey, kind string, work func(ctx context.Context, report jobReport) (imagefile.Result, error)) {
+	s.files.start(k, kind, work)
+}
