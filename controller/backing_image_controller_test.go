@@ -1,0 +1,281 @@
+package controller
+
+import (
+	"context"
+	"crypto/sha512"
+	"encoding/hex"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/strata-storage/strata/datastore/dstest"
+	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
+)
+
+// testImage is backing image "img", owned by node-3 (a node with no disk
+// here, so only the owner's decisions run), with copies wanted on the
+// disks named, each in the state given.
+func testImage(copies map[string]v1beta1.BackingImageState, mut ...func(*v1beta1.BackingImage)) *v1beta1.BackingImage {
+	bi := &v1beta1.BackingImage{
+		ObjectMeta: metav1.ObjectMeta{Name: "img", Namespace: testNS, UID: "uid-img", Finalizers: []string{types.FinalizerName}},
+		Spec: v1beta1.BackingImageSpec{SourceType: v1beta1.BackingImageSourceTypeDownload,
+			SourceParameters: map[string]string{v1beta1.BackingImageParameterURL: "http://images/img.qcow2"},
+			DiskFileSpecMap:  map[string]*v1beta1.BackingImageDiskFileSpec{}},
+		Status: v1beta1.BackingImageStatus{OwnerID: "node-3", UUID: "abcd1234", Checksum: "c",
+			DiskFileStatusMap: map[string]*v1beta1.BackingImageDiskFileStatus{}, DiskLastRefAtMap: map[string]string{}},
+	}
+	for disk, state := range copies {
+		bi.Spec.DiskFileSpecMap[disk] = &v1beta1.BackingImageDiskFileSpec{}
+		bi.Status.DiskFileStatusMap[disk] = &v1beta1.BackingImageDiskFileStatus{State: state}
+	}
+	for _, m := range mut {
+		m(bi)
+	}
+	return bi
+}
+
+func unusedSince(ago time.Duration, disks ...string) func(*v1beta1.BackingImage) {
+	return func(bi *v1beta1.BackingImage) {
+		for _, d := range disks {
+			bi.Status.DiskLastRefAtMap[d] = dstest.Now.Add(-ago).Format(time.RFC3339)
+		}
+	}
+}
+
+func cleanupWait(minutes string) *v1beta1.Setting {
+	return &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingBackingImageCleanupWaitInterval), Namespace: testNS},
+		Value: minutes}
+}
+
+// imageUser is a replica of a volume on img, on the given disk.
+func imageUser(name, disk string) *v1beta1.Replica {
+	return testReplicaCR(name, "/data", func(r *v1beta1.Replica) { r.Spec.BackingImage, r.Spec.DiskID = "img", disk })
+}
+
+func imageObjects(objs ...runtime.Object) []runtime.Object {
+	return append([]runtime.Object{schedNode("node-1"), schedNode("node-2"), testNode("node-3", nil, readyTrue()), cleanupWait("1")}, objs...)
+}
+
+func buildBackingImageController(env *dstest.Env, rec record.EventRecorder, me string, _ engineapi.Connector) (func(context.Context, string) error, error) {
+	c, err := NewBackingImageController(logrus.New(), env.DS, rec, me, 1<<30)
+	if err != nil {
+		return nil, err
+	}
+	return c.sync, nil
+}
+
+func errConflict() error {
+	return apierrors.NewConflict(v1beta1.Resource("backingimages"), "img", errors.New("stale"))
+}
+
+func sha512Of(s string) string {
+	sum := sha512.Sum512([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+func imageSpec(t *testing.T, env *dstest.Env) *v1beta1.BackingImage {
+	t.Helper()
+	bi, err := env.Strata.StrataV1beta1().BackingImages(testNS).Get(context.Background(), "img", metav1.GetOptions{})
+	require.NoError(t, err)
+	return bi
+}
+
+func TestBackingImageOwnerDecisions(t *testing.T) {
+	const ready, failed = v1beta1.BackingImageStateReady, v1beta1.BackingImageStateFailed
+	n1, n2 := "uuid-node-1", "uuid-node-2"
+	runSyncCases(t, []syncCase{
+		{
+			name:       "a new image gets the finalizer first",
+			objects:    imageObjects(testImage(nil, func(bi *v1beta1.BackingImage) { bi.Finalizers = nil })),
+			me:         "node-3",
+			key:        testNS + "/img",
+			wantWrites: []string{"update backingimages img"},
+		},
+		{
+			name:       "an image nobody asked a copy of is fetched onto the owner's disk",
+			objects:    imageObjects(testImage(nil, func(bi *v1beta1.BackingImage) { bi.Status.OwnerID = "node-1" })),
+			me:         "node-1",
+			key:        testNS + "/img",
+			wantWrites: []string{"update backingimages img"},
+			wantEvents: []string{"Normal DiskRequested"},
+			check: func(t *testing.T, env *dstest.Env) {
+				assert.Contains(t, imageSpec(t, env).Spec.DiskFileSpecMap, n1)
+			},
+		},
+		{
+			name:       "the first-copy disk is chosen among the wanted disks of alive nodes",
+			objects:    imageObjects(testImage(map[string]v1beta1.BackingImageState{n2: v1beta1.BackingImageStatePending})),
+			me:         "node-3",
+			key:        testNS + "/img",
+			wantWrites: []string{"update backingimages/status img"},
+			wantEvents: []string{"Normal FirstCopyDisk"},
+			check: func(t *testing.T, env *dstest.Env) {
+				bi := imageSpec(t, env)
+				assert.Equal(t, n2, bi.Status.FirstCopyDisk)
+				assert.Equal(t, "0/1", bi.Status.Copies)
+			},
+		},
+		{
+			name: "a copy unused for longer than the interval is taken out of the spec",
+			objects: imageObjects(testImage(map[string]v1beta1.BackingImageState{n1: ready, n2: ready},
+				unusedSince(2*time.Minute, n2)), imageUser("r1", n1)),
+			me:         "node-3",
+			key:        testNS + "/img",
+			wantWrites: []string{"update backingimages img"},
+			wantEvents: []string{"Normal CopyCleanedUp"},
+			check: func(t *testing.T, env *dstest.Env) {
+				assert.NotContains(t, imageSpec(t, env).Spec.DiskFileSpecMap, n2)
+				assert.Contains(t, imageSpec(t, env).Spec.DiskFileSpecMap, n1)
+			},
+		},
+		{
+			name: "before the interval the unused copy stays",
+			objects: imageObjects(testImage(map[string]v1beta1.BackingImageState{n1: ready, n2: ready},
+				unusedSince(30*time.Second, n2), func(bi *v1beta1.BackingImage) { bi.Status.Copies = "2/2" }), imageUser("r1", n1)),
+			me:  "node-3",
+			key: testNS + "/img",
+		},
+		{
+			name: "never below minNumberOfCopies",
+			objects: imageObjects(testImage(map[string]v1beta1.BackingImageState{n1: ready, n2: ready},
+				unusedSince(time.Hour, n1, n2), func(bi *v1beta1.BackingImage) {
+					bi.Spec.MinNumberOfCopies, bi.Status.Copies = 1, "2/2"
+				})),
+			me:         "node-3",
+			key:        testNS + "/img",
+			wantWrites: []string{"update backingimages img"},
+			wantEvents: []string{"Normal CopyCleanedUp"},
+			check: func(t *testing.T, env *dstest.Env) {
+				assert.Len(t, imageSpec(t, env).Spec.DiskFileSpecMap, 1, "the older copy goes, one stays")
+			},
+		},
+		{
+			name: "the last ready copy stays while another disk copies from it",
+			objects: imageObjects(testImage(map[string]v1beta1.BackingImageState{n1: ready, n2: v1beta1.BackingImageStateInProgress},
+				unusedSince(time.Hour, n1), func(bi *v1beta1.BackingImage) { bi.Status.Copies = "1/2" }), imageUser("r2", n2)),
+			me:  "node-3",
+			key: testNS + "/img",
+		},
+		{
+			name: "a used copy loses its last-use time",
+			objects: imageObjects(testImage(map[string]v1beta1.BackingImageState{n1: ready},
+				unusedSince(time.Hour, n1), func(bi *v1beta1.BackingImage) { bi.Status.Copies = "1/1" }), imageUser("r1", n1)),
+			me:         "node-3",
+			key:        testNS + "/img",
+			wantWrites: []string{"update backingimages/status img"},
+			check: func(t *testing.T, env *dstest.Env) {
+				assert.Empty(t, imageSpec(t, env).Status.DiskLastRefAtMap)
+			},
+		},
+		{
+			name: "a copy on a node whose manager is down is unknown, and the first failure is shown",
+			objects: imageObjects(testImage(map[string]v1beta1.BackingImageState{n1: ready, n2: failed},
+				func(bi *v1beta1.BackingImage) { bi.Status.DiskFileStatusMap[n2].Message = "checksum mismatch" }),
+				imageUser("r1", n1), imageUser("r2", n2)),
+			kube:       []runtime.Object{testLease("node-1", time.Hour), testLease("node-2", 0), testLease("node-3", 0)},
+			me:         "node-3",
+			key:        testNS + "/img",
+			wantWrites: []string{"update backingimages/status img"},
+			// No ready copy can be reached: the failed disk fetches from the source.
+			wantEvents: []string{"Normal FirstCopyDisk"},
+			check: func(t *testing.T, env *dstest.Env) {
+				bi := imageSpec(t, env)
+				assert.Equal(t, n2, bi.Status.FirstCopyDisk)
+				assert.Equal(t, v1beta1.BackingImageStateUnknown, bi.Status.DiskFileStatusMap[n1].State)
+				assert.Equal(t, "node node-1 is down", bi.Status.DiskFileStatusMap[n1].Message)
+				assert.Equal(t, n2+": checksum mismatch", bi.Status.Message)
+				assert.Equal(t, "0/2", bi.Status.Copies)
+			},
+		},
+		{
+			name: "a deleted image loses its finalizer once no copy is left",
+			objects: imageObjects(testImage(nil, func(bi *v1beta1.BackingImage) {
+				now := metav1.NewTime(dstest.Now)
+				bi.DeletionTimestamp, bi.Status.Copies = &now, "0/0"
+			})),
+			me:         "node-3",
+			key:        testNS + "/img",
+			wantWrites: []string{"update backingimages img"},
+		},
+		{
+			name:       "a spec write conflict is returned for a retry",
+			objects:    imageObjects(testImage(map[string]v1beta1.BackingImageState{n1: ready, n2: ready}, unusedSince(time.Hour, n2)), imageUser("r1", n1)),
+			me:         "node-3",
+			key:        testNS + "/img",
+			apiErr:     &reactorError{verb: "update", resource: "backingimages", err: errConflict()},
+			wantErr:    "stale",
+			wantWrites: []string{"update backingimages img"},
+		},
+	}, buildBackingImageController)
+}
+
+// The copies on this manager's own disks: an unwanted copy turns
+// terminating first, then its directory goes with its entry; a copy whose
+// file is there but not yet checked by this process is verified before it is
+// trusted, and a wrong file is removed and fetched again.
+func TestBackingImageLocalCopies(t *testing.T) {
+	dir := t.TempDir()
+	node := schedNode("node-1")
+	node.Spec.Disks["disk-1"] = v1beta1.DiskSpec{Path: dir, AllowScheduling: true}
+	copyDir := BackingImageDir(dir, "img", "abcd1234")
+	require.NoError(t, os.MkdirAll(copyDir, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(copyDir, "backing"), []byte("not the image"), 0o644))
+	n1 := "uuid-node-1"
+
+	env := dstest.New(t, []runtime.Object{node, schedNode("node-2"), cleanupWait("60"),
+		testImage(map[string]v1beta1.BackingImageState{n1: v1beta1.BackingImageStateReady},
+			func(bi *v1beta1.BackingImage) { bi.Status.OwnerID = "node-2"; bi.Status.Checksum = sha512Of("the image") })},
+		[]runtime.Object{testLease("node-1", 0), testLease("node-2", 0)})
+	rec := record.NewFakeRecorder(20)
+	c, err := NewBackingImageController(logrus.New(), env.DS, rec, "node-1", 1<<30)
+	require.NoError(t, err)
+	key := testNS + "/img"
+	waitCache := func(cond func(*v1beta1.BackingImage) bool) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			b, err := env.DS.BackingImages.GetRO("img")
+			return err == nil && cond(b)
+		}, 5*time.Second, 5*time.Millisecond)
+	}
+
+	// Found but not checked by this process: verified in the background,
+	// still reported ready meanwhile; the mismatch fails it and removes it.
+	require.NoError(t, c.sync(context.Background(), key))
+	require.Eventually(t, func() bool { j, ok := c.files.get(fileJobKey{"uid-img", n1}); return ok && j.done }, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, c.sync(context.Background(), key))
+	bi := imageSpec(t, env)
+	st := bi.Status.DiskFileStatusMap[n1]
+	assert.Equal(t, v1beta1.BackingImageStateFailed, st.State)
+	assert.Contains(t, st.Message, "checksum mismatch")
+	assert.Contains(t, st.Message, sha512Of("the image"))
+	assert.Equal(t, int32(1), st.Attempts)
+	assert.NoFileExists(t, filepath.Join(copyDir, "backing"), "a wrong copy is removed")
+
+	// Taken out of the spec: terminating, then gone.
+	bi.Spec.DiskFileSpecMap = nil
+	_, err = env.Strata.StrataV1beta1().BackingImages(testNS).Update(context.Background(), bi, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	waitCache(func(b *v1beta1.BackingImage) bool { return len(b.Spec.DiskFileSpecMap) == 0 })
+	require.NoError(t, c.sync(context.Background(), key))
+	assert.Equal(t, v1beta1.BackingImageStateTerminating, imageSpec(t, env).Status.DiskFileStatusMap[n1].State)
+	assert.DirExists(t, copyDir)
+	waitCache(func(b *v1beta1.BackingImage) bool {
+		st := b.Status.DiskFileStatusMap[n1]
+		return st != nil && st.State == v1beta1.BackingImageStateTerminating
+	})
+	require.NoError(t, c.sync(context.Background(), key))
+	assert.NotContains(t, imageSpec(t, env).Status.DiskFileStatusMap, n1)
+	assert.NoDirExists(t, copyDir)
+}
