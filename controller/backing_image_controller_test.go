@@ -236,7 +236,10 @@ func TestBackingImageLocalCopies(t *testing.T) {
 
 	env := dstest.New(t, []runtime.Object{node, schedNode("node-2"), cleanupWait("60"),
 		testImage(map[string]v1beta1.BackingImageState{n1: v1beta1.BackingImageStateReady},
-			func(bi *v1beta1.BackingImage) { bi.Status.OwnerID = "node-2"; bi.Status.Checksum = sha512Of("the image") })},
+			func(bi *v1beta1.BackingImage) {
+				bi.Status.OwnerID = "node-2"
+				bi.Status.Checksum = sha512Of("the image")
+			})},
 		[]runtime.Object{testLease("node-1", 0), testLease("node-2", 0)})
 	rec := record.NewFakeRecorder(20)
 	c, err := NewBackingImageController(logrus.New(), env.DS, rec, "node-1", 1<<30)
