@@ -164,19 +164,28 @@ func (c *Client) SnapshotRevert(ctx context.Context, engine, name string) error 
 
 // SnapshotClone fills engine's new, empty volume (frontend stopped, no
 // snapshots) with snapshot of another volume, read from that volume's
-// replica serving dataconn at sourceAddress. It returns when the copy is
+// replica serving dataconn at sourceAddress, backing file data included.
+// It is SnapshotCloneWith with BackingShared false.
+func (c *Client) SnapshotClone(ctx context.Context, engine, sourceAddress, snapshot string) error {
+	return c.SnapshotCloneWith(ctx, SnapshotCloneArgs{Engine: engine, SourceAddress: sourceAddress, Snapshot: snapshot})
+}
+
+// SnapshotCloneWith fills a.Engine's new, empty volume (frontend stopped,
+// no snapshots) with a.Snapshot of another volume, read from that volume's
+// replica serving dataconn at a.SourceAddress. It returns when the copy is
 // done and flushed, which takes as long as the data needs: it is bounded by
 // ctx only, not by the client's unary timeout, so give ctx a deadline that
 // fits the volume. Cancelling ctx stops the clone and leaves the target
 // partly filled; calling again starts over. Errors: ErrInvalid for an
 // empty argument, a target with snapshots or smaller than the source, the
-// head or a removed snapshot; ErrNotFound for a missing snapshot; ErrBusy
+// head or a removed snapshot, BackingShared without a backing file of the
+// same size on both sides; ErrNotFound for a missing snapshot; ErrBusy
 // while the target's frontend is up, another clone into it runs or a purge
 // runs on the source replica; and the engine errors. An unreachable source
 // is untyped.
-func (c *Client) SnapshotClone(ctx context.Context, engine, sourceAddress, snapshot string) error {
-	_, err := c.im.SnapshotClone(ctx, &impb.SnapshotCloneRequest{Engine: engine, SourceAddress: sourceAddress,
-		Snapshot: snapshot})
+func (c *Client) SnapshotCloneWith(ctx context.Context, a SnapshotCloneArgs) error {
+	_, err := c.im.SnapshotClone(ctx, &impb.SnapshotCloneRequest{Engine: a.Engine, SourceAddress: a.SourceAddress,
+		Snapshot: a.Snapshot, BackingShared: a.BackingShared})
 	return FromStatus(err)
 }
 

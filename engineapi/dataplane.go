@@ -57,6 +57,29 @@ type DataPlane interface {
 	ReplicaDataDelete(ctx context.Context, dataDir string) error
 }
 
+// SnapshotCloneArgs are the arguments of a snapshot clone.
+type SnapshotCloneArgs struct {
+	// Engine is the target: a new volume's engine, frontend stopped.
+	Engine string
+	// SourceAddress is the dataconn address of a replica of the source
+	// volume, Snapshot the snapshot of it to copy.
+	SourceAddress string
+	Snapshot      string
+	// BackingShared says the target's replicas sit on the same backing
+	// image as the source's (each on its own copy), so what only the image
+	// holds is not copied. False (the default) copies it: the target then
+	// reads as the snapshot with no backing file of its own.
+	BackingShared bool
+}
+
+// SnapshotCloner is the clone call with all its arguments; DataPlane's
+// SnapshotClone is it with BackingShared false. The gRPC client's
+// DataPlane implements it. (A separate interface, so DataPlane's test
+// doubles need not change; it may fold into DataPlane later.)
+type SnapshotCloner interface {
+	SnapshotCloneWith(ctx context.Context, args SnapshotCloneArgs) error
+}
+
 // Connector hands out the DataPlane of an instance manager by address.
 // Pool implements it.
 type Connector interface {

@@ -23,7 +23,10 @@ func (p *Pool) DataPlane(address string) (DataPlane, error) {
 	return c.DataPlane(), nil
 }
 
-var _ Connector = (*Pool)(nil)
+var (
+	_ Connector      = (*Pool)(nil)
+	_ SnapshotCloner = typedClient{}
+)
 
 func (t typedClient) Address() string { return t.c.Address() }
 
@@ -92,6 +95,10 @@ func (t typedClient) SnapshotRevert(ctx context.Context, engine, name string) er
 
 func (t typedClient) SnapshotClone(ctx context.Context, engine, sourceAddress, snapshot string) error {
 	return t.c.SnapshotClone(ctx, engine, sourceAddress, snapshot)
+}
+
+func (t typedClient) SnapshotCloneWith(ctx context.Context, args SnapshotCloneArgs) error {
+	return t.c.SnapshotCloneWith(ctx, args)
 }
 
 func (t typedClient) SnapshotLimitsSet(ctx context.Context, engine string, maxCount int32, maxSize int64) error {

@@ -69,17 +69,27 @@ func (s *Server) cloneRunning(eng *replication.Engine) bool {
 // then flushes. Afterwards the target volume reads exactly as the snapshot
 // did, zeros beyond the source's size if the target is larger.
 //
+// A source over a backing file: by default the image's data is copied too,
+// so the target needs no backing file. With backing_shared the target's
+// replicas sit on the same image (their own copies of it), so blocks only
+// the image holds already read right there and are not copied; the source
+// and the target must then both have a backing file, of the same size.
+// A target with a backing file and without backing_shared is zeroed first,
+// so its image does not show where the snapshot reads zeros.
+//
 // The target must be running, with its frontend stopped and no snapshots.
 // If its head holds data (an earlier attempt that failed) it is zeroed
-// first, so a failed clone can simply be retried. Blocks of zeros the
-// snapshot's layers hold are written as write-zeroes, so the target stays
-// sparse. The call lasts as long as the copy and is cancelled with its
-// context: give it a deadline that fits the data. No instance lock is held
-// meanwhile. A source over a backing file is not supported (see export.go).
+// first, so a failed clone can simply be retried; over a backing file the
+// zeroing hides the image, so the image's data is then copied even with
+// backing_shared. Blocks of zeros the snapshot's layers hold are written as
+// write-zeroes, so the target stays sparse. The call lasts as long as the
+// copy and is cancelled with its context: give it a deadline that fits the
+// data. No instance lock is held meanwhile.
 //
 // Errors: empty arguments, a target smaller than the source, a target with
-// snapshots, the source's head or a removed snapshot are InvalidArgument;
-// an unknown snapshot is NotFound; a frontend serving the target, another
+// snapshots, the source's head or a removed snapshot, backing_shared with
+// backing files missing or of different sizes are InvalidArgument; an
+// unknown snapshot is NotFound; a frontend serving the target, another
 // clone into it or a purge running on the source replica are Aborted
 // (engineapi.ErrBusy). An unreachable source is an Internal error.
 func (s *Server) SnapshotClone(ctx context.Context, req *impb.SnapshotCloneRequest) (*impb.Empty, error) {
@@ -106,7 +116,8 @@ func (s *Server) SnapshotClone(ctx context.Context, req *impb.SnapshotCloneReque
 		return nil, engineapi.ToStatus(fmt.Errorf("engine %s: a clone into it is already running: %w", req.Engine, engineapi.ErrBusy))
 	}
 
-	log := s.log.WithFields(logrus.Fields{"engine": req.Engine, "source": req.SourceAddress, "snapshot": req.Snapshot})
+	log := s.log.WithFields(logrus.Fields{"engine": req.Engine, "source": req.SourceAddress, "snapshot": req.Snapshot,
+		"backingShared": req.BackingShared})
 	err = s.clone(ctx, inst, eng, req, progress, log)
 	s.endClone(eng)
 	// Tell watchers about the new head size (and whatever a failure did).
@@ -136,23 +147,35 @@ func (s *Server) clone(ctx context.Context, inst *instance, eng *replication.Eng
 		}
 	}
 
+	// Leftovers of an earlier attempt are zeroed below; over a backing
+	// file that hides the image, which must then be copied after all.
+	leftovers := target.Layers[replicactl.HeadName].Size
 	srcs, err := s.dialReplica(ctx, req.SourceAddress)
 	if err != nil {
 		return fmt.Errorf("source replica: %w", err)
 	}
 	defer closeAll(srcs)
-	plan, err := planSnapshot(ctx, srcs[0], req.Snapshot)
+	plan, err := planSnapshot(ctx, srcs[0], req.Snapshot, !req.BackingShared || leftovers > 0)
 	if err != nil {
 		return err
 	}
 	if size := eng.Size(); plan.volumeSize > size {
 		return fmt.Errorf("the source volume has %d bytes, the target only %d: %w", plan.volumeSize, size, engineapi.ErrInvalid)
 	}
+	if req.BackingShared {
+		if plan.backing == nil {
+			return fmt.Errorf("backing_shared, but the source has no backing file: %w", engineapi.ErrInvalid)
+		}
+		if err := replicactl.SameBacking("the source", plan.backing, "the target", target.Backing); err != nil {
+			return fmt.Errorf("backing_shared: %w", err)
+		}
+	}
 
-	if head := target.Layers[replicactl.HeadName]; head.Size > 0 {
-		// Leftovers of an earlier attempt: start from zeros. With no
-		// snapshot below, the replicas free the space.
-		log.WithField("allocated", head.Size).Info("Zeroing the target before cloning")
+	if leftovers > 0 || (target.Backing != nil && !req.BackingShared) {
+		// Start from zeros: with no snapshot below, the replicas free the
+		// space, and over a backing file they write zero blocks hiding it.
+		log.WithFields(logrus.Fields{"allocated": leftovers, "targetBacking": target.Backing != nil}).
+			Info("Zeroing the target before cloning")
 		if err := eng.WriteZeroes(0, eng.Size()); err != nil {
 			return fmt.Errorf("zeroing the target: %w", err)
 		}

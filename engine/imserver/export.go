@@ -21,10 +21,13 @@ import (
 
 // Snapshot export and clone both read a snapshot from one replica over
 // data connections of their own: the snapshot's ancestry path (the snapshot
-// and its parents down to the bottom of the chain) is listed with the
-// replica's extents control call and read with read-layer. Connections of
-// their own matter because control calls are barriers: on the engine's
-// connection every read-layer would stall the volume's I/O.
+// and its parents down to the bottom of the chain, then the replica's
+// backing file if it has one) is listed with the replica's extents control
+// call and read with read-layer; the backing file goes by
+// replicactl.BackingName there, reads zeros past its end, and is named in
+// the chain reply's Backing, not among its layers. Connections of their own
+// matter because control calls are barriers: on the engine's connection
+// every read-layer would stall the volume's I/O.
 //
 // Only the part of each layer that no layer above it on the path covers is
 // read ("visible" extents), so every byte of the snapshot is read once and
@@ -37,12 +40,8 @@ import (
 // does not cover and C at C's offsets yields the same data before, during
 // and after the merge, so a concurrent purge can only make the read fail
 // (R's layer disappears), never return wrong data. A purge already running
-// is refused up front (engineapi.ErrBusy) so that failure is rare.
-//
-// Not handled: a volume over a backing file. The chain reply does not say
-// whether a replica has one and read-layer cannot read it, so its data
-// would be missing from the export or clone; that needs the replica control
-// calls to name and read the backing layer.
+// is refused up front (engineapi.ErrBusy) so that failure is rare. The
+// backing file is read-only and never changes.
 
 const (
 	// exportChunkSize bounds the data of one ExportChunk.
@@ -68,9 +67,10 @@ type piece struct {
 type snapshotPlan struct {
 	snapshot   string
 	volumeSize int64
-	path       []string // bottom first
-	pieces     []piece  // bottom layer first; disjoint
-	bytes      int64    // total length of pieces
+	backing    *replicactl.Backing // the replica's backing file, nil if none
+	path       []string            // bottom first; replicactl.BackingName if read
+	pieces     []piece             // bottom layer first; disjoint
+	bytes      int64               // total length of pieces
 }
 
 // dialReplica opens data connections of our own to a replica: one, and up
@@ -135,8 +135,10 @@ func (s *Server) runningEngine(name string) (*instance, *replication.Engine, err
 }
 
 // planSnapshot reads the chain of the replica behind src, checks the
-// snapshot can be read and lists the pieces that make it up.
-func planSnapshot(ctx context.Context, src *dataconn.Client, snapshot string) (*snapshotPlan, error) {
+// snapshot can be read and lists the pieces that make it up: with
+// withBacking also what only the backing file holds, without it only what
+// the snapshot layers hold.
+func planSnapshot(ctx context.Context, src *dataconn.Client, snapshot string, withBacking bool) (*snapshotPlan, error) {
 	if snapshot == replicactl.HeadName {
 		return nil, fmt.Errorf("%s is the live head, not a snapshot: %w", snapshot, engineapi.ErrInvalid)
 	}
@@ -173,8 +175,11 @@ func planSnapshot(ctx context.Context, src *dataconn.Client, snapshot string) (*
 		}
 		top = append(top, name)
 	}
+	if withBacking && chain.Backing != nil {
+		top = append(top, replicactl.BackingName)
+	}
 
-	plan := &snapshotPlan{snapshot: snapshot, volumeSize: chain.VolumeSize}
+	plan := &snapshotPlan{snapshot: snapshot, volumeSize: chain.VolumeSize, backing: chain.Backing}
 	visible := make([][]replicactl.Extent, len(top))
 	var covered []replicactl.Extent
 	for i, name := range top {
@@ -362,8 +367,8 @@ func (p *progressLog) finish(written int64) {
 // and bytes no chunk covers are zero. (This server never sends overlapping
 // chunks, but clients must not rely on it.) Each chunk holds at most 1 MiB
 // of data. If the stream ends with an error, what was received is
-// incomplete and must be discarded. A volume over a backing file is not
-// supported: the backing file's data is not sent (see the top of this file).
+// incomplete and must be discarded. A volume over a backing file is sent
+// whole: the image's data where no snapshot layer overrides it.
 //
 // Errors: an unknown snapshot is NotFound, the head or a removed snapshot is
 // InvalidArgument, a purge running on the replica or a clone running into
@@ -389,7 +394,7 @@ func (s *Server) SnapshotExport(req *impb.SnapshotExportRequest, stream impb.Ins
 		return fail(err)
 	}
 	defer closeAll(srcs)
-	plan, err := planSnapshot(ctx, srcs[0], req.Snapshot)
+	plan, err := planSnapshot(ctx, srcs[0], req.Snapshot, true)
 	if err != nil {
 		return fail(err)
 	}

@@ -45,6 +45,7 @@ func translate(err error) error {
 		errclass.Rule{From: dataconn.ErrLimitExceeded, To: engineapi.ErrLimitExceeded},
 		errclass.Rule{From: dataconn.ErrInvalidArgument, To: engineapi.ErrInvalid},
 		errclass.Rule{From: replication.ErrBusy, To: engineapi.ErrBusy},
+		errclass.Rule{From: replicactl.ErrBackingMismatch, To: engineapi.ErrInvalid},
 	)
 }
 

@@ -98,8 +98,11 @@ func readFull(f *os.File, p []byte, off int64) error {
 
 // layerByName finds a layer for Extents and ReadLayer.
 func (r *Replica) layerByName(name string) (*layer, error) {
-	if name == HeadName {
+	switch {
+	case name == HeadName:
 		return r.head, nil
+	case name == BackingName && r.backing != nil:
+		return r.backing, nil
 	}
 	if s := r.snaps[name]; s != nil {
 		return s, nil
@@ -107,9 +110,10 @@ func (r *Replica) layerByName(name string) (*layer, error) {
 	return nil, fmt.Errorf("%w: %q", ErrSnapshotNotFound, name)
 }
 
-// Extents lists the data extents of one layer (a snapshot name or
-// HeadName), block-aligned, for rebuild and export. For the head it is a
-// point-in-time view while writes continue.
+// Extents lists the data extents of one layer (a snapshot name, HeadName
+// or BackingName), block-aligned and within the volume, for rebuild, export
+// and clone. For the head it is a point-in-time view while writes continue.
+// A backing file's partly used last block counts whole.
 func (r *Replica) Extents(name string) ([]Extent, error) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
@@ -128,7 +132,8 @@ func (r *Replica) Extents(name string) ([]Extent, error) {
 }
 
 // ReadLayer reads one layer's own content, holes as zeros, ignoring the
-// rest of the chain.
+// rest of the chain. Past the end of a backing file shorter than the
+// volume it reads zeros, as the volume does.
 func (r *Replica) ReadLayer(name string, p []byte, off int64) (int, error) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()

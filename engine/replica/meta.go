@@ -38,6 +38,11 @@ const (
 	// shared with the control plane, so it is defined in types.
 	HeadName = types.VolumeHeadName
 
+	// BackingName is how the backing file is named in Extents/ReadLayer, so
+	// export, clone and rebuild can read it like a layer. No snapshot can
+	// take it: snapshot names start with a letter or digit.
+	BackingName = "@backing"
+
 	// maxHeadIndex keeps head file names short and the counter far from
 	// overflow; a head is replaced once per snapshot or revert.
 	maxHeadIndex = 1<<31 - 1

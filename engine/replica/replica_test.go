@@ -375,6 +375,46 @@ func TestExtentsAndReadLayer(t *testing.T) {
 	assert.ErrorIs(t, err, blockdev.ErrOutOfRange)
 }
 
+// The backing file reads as a layer of its own (BackingName): its data
+// extents, partly used last block whole, and zeros past its end.
+func TestExtentsAndReadLayerOfBackingFile(t *testing.T) {
+	back := filepath.Join(t.TempDir(), "backing")
+	f, err := os.Create(back)
+	require.NoError(t, err)
+	_, err = f.WriteAt(bytes.Repeat([]byte{5}, bs), 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt(bytes.Repeat([]byte{6}, 100), 4*bs) // blocks 1-3 a hole, 4 partly used
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	r, err := Create(filepath.Join(t.TempDir(), "r"), 8*bs, CreateOptions{BackingFile: back})
+	require.NoError(t, err)
+	defer r.Close()
+	fillBlocks(t, r, 0, 1, 9) // the head's data does not show in the backing layer
+
+	exts, err := r.Extents(BackingName)
+	require.NoError(t, err)
+	assert.Equal(t, []Extent{{0, bs}, {4 * bs, bs}}, exts)
+	p := make([]byte, 2*bs)
+	_, err = r.ReadLayer(BackingName, p, 4*bs)
+	require.NoError(t, err)
+	want := make([]byte, 2*bs)
+	copy(want, bytes.Repeat([]byte{6}, 100))
+	assert.Equal(t, want, p, "the backing file's bytes, then zeros past its end")
+	_, err = r.ReadLayer(BackingName, p, 0)
+	require.NoError(t, err)
+	assert.Equal(t, bytes.Repeat([]byte{5}, bs), p[:bs])
+	info, err := r.Chain()
+	require.NoError(t, err)
+	assert.Equal(t, int64(4*bs+100), info.BackingSize)
+	assert.Equal(t, back, info.BackingFile)
+
+	plain, _ := newReplica(t, 8)
+	_, err = plain.Extents(BackingName)
+	assert.ErrorIs(t, err, ErrSnapshotNotFound, "no backing file, no backing layer")
+	_, err = plain.ReadLayer(BackingName, p, 0)
+	assert.ErrorIs(t, err, ErrSnapshotNotFound)
+}
+
 func TestExpand(t *testing.T) {
 	r, dir := newReplica(t, 4)
 	fillBlocks(t, r, 3, 1, 1)

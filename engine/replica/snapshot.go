@@ -41,6 +41,8 @@ type LayerInfo struct {
 type Info struct {
 	Size        int64 // volume size in bytes
 	BackingFile string
+	// BackingSize is the backing file's length in bytes (0 without one).
+	BackingSize int64
 	// Layers holds every snapshot, oldest first, then the head.
 	Layers []LayerInfo
 }
@@ -94,6 +96,13 @@ func (r *Replica) Chain() (Info, error) {
 		return Info{}, ErrClosed
 	}
 	info := Info{Size: r.size, BackingFile: r.vol.BackingFile}
+	if r.backing != nil {
+		st, err := r.backing.f.Stat()
+		if err != nil {
+			return Info{}, fmt.Errorf("stat backing file: %w", err)
+		}
+		info.BackingSize = st.Size()
+	}
 	describe := func(l *layer) (LayerInfo, error) {
 		size, err := allocated(l)
 		if err != nil {

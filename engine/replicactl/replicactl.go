@@ -8,8 +8,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
+	"github.com/strata-storage/strata/engine/replica"
 	"github.com/strata-storage/strata/types"
 )
 
@@ -99,7 +101,8 @@ type SnapshotArgs struct {
 	Labels      map[string]string `json:"labels,omitempty"`
 }
 
-// NameArgs name one snapshot (Remove, Revert) or layer (Extents).
+// NameArgs name one snapshot (Remove, Revert) or layer (Extents: a
+// snapshot, HeadName or BackingName).
 type NameArgs struct {
 	Name string `json:"name"`
 }
@@ -115,8 +118,9 @@ type LimitsArgs struct {
 	MaxSize  int64 `json:"maxSize"`
 }
 
-// ReadLayerArgs read raw data of one layer. The reply is the data as a
-// JSON byte string, or with Raw the bytes themselves (dataconn.Raw).
+// ReadLayerArgs read raw data of one layer (a snapshot, HeadName or
+// BackingName). The reply is the data as a JSON byte string, or with Raw
+// the bytes themselves (dataconn.Raw).
 type ReadLayerArgs struct {
 	Layer  string `json:"layer"`
 	Offset int64  `json:"offset"`
@@ -137,14 +141,51 @@ type Layer struct {
 }
 
 // ChainReply is a replica's chain, keyed by layer name; the head is
-// HeadName.
+// HeadName. The backing file is not in Layers (it is no snapshot: those
+// who list or copy snapshots must not meet it) but in Backing.
 type ChainReply struct {
 	VolumeSize int64            `json:"volumeSize"`
 	Layers     map[string]Layer `json:"layers"`
+	Backing    *Backing         `json:"backing,omitempty"`
+}
+
+// Backing describes a replica's backing file: the read-only layer under
+// its root snapshots, read with Extents and ReadLayer as BackingName.
+type Backing struct {
+	File string `json:"file"` // path on the replica's node
+	Size int64  `json:"size"` // bytes; the volume reads zeros past it
 }
 
 // HeadName is the name the live head goes by in a chain.
 const HeadName = types.VolumeHeadName
+
+// BackingName is the name of the backing layer in Extents and ReadLayer;
+// no snapshot can have it.
+const BackingName = replica.BackingName
+
+// ErrBackingMismatch: two replicas that must read alike have backing files
+// that cannot be the same image.
+var ErrBackingMismatch = errors.New("backing files differ")
+
+// SameBacking checks that replicas aName and bName, with backing files a
+// and b (nil for none), can read alike below their snapshots: both have
+// one, of the same size, or neither has. The content is not compared (that
+// would read both files); the backing image's own checksum vouches for
+// copies of it.
+func SameBacking(aName string, a *Backing, bName string, b *Backing) error {
+	switch {
+	case a == nil && b == nil:
+		return nil
+	case a == nil:
+		return fmt.Errorf("%w: %s has none, %s has %s", ErrBackingMismatch, aName, bName, b.File)
+	case b == nil:
+		return fmt.Errorf("%w: %s has %s, %s has none", ErrBackingMismatch, aName, a.File, bName)
+	case a.Size != b.Size:
+		return fmt.Errorf("%w: %s has %s of %d bytes, %s has %s of %d", ErrBackingMismatch,
+			aName, a.File, a.Size, bName, b.File, b.Size)
+	}
+	return nil
+}
 
 // PurgeStatusReply is a replica's purge progress.
 type PurgeStatusReply struct {

@@ -7,13 +7,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/strata-storage/strata/engine/internal/errclass"
 	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/strata-storage/strata/engine/dataconn"
+	"github.com/strata-storage/strata/engine/internal/errclass"
 	"github.com/strata-storage/strata/engine/replica"
 	"github.com/strata-storage/strata/engine/replicactl"
 )
@@ -190,6 +190,9 @@ func (h *Handler) chain() (json.RawMessage, error) {
 		return nil, classify(err)
 	}
 	reply := replicactl.ChainReply{VolumeSize: info.Size, Layers: make(map[string]replicactl.Layer, len(info.Layers))}
+	if info.BackingFile != "" {
+		reply.Backing = &replicactl.Backing{File: info.BackingFile, Size: info.BackingSize}
+	}
 	for _, l := range info.Layers {
 		created := ""
 		if !l.Created.IsZero() {

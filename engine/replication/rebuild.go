@@ -21,7 +21,8 @@ import (
 // volume keeps serving:
 //
 //  1. T is told to begin an import (replicactl.ImportBegin) before it sees
-//     any write.
+//     any write, once its backing file is checked against S's (see
+//     checkBacking).
 //  2. Between two writes (the I/O lock held exclusively) every writer takes
 //     the system snapshot rebuild-<random> and T joins in WO mode. From then
 //     on T's head and S's head get the same writes in the same order, and
@@ -32,6 +33,7 @@ import (
 //     copied to T over connections of the rebuild's own, so that its control
 //     calls, which are barriers, never stall the volume's I/O: extents and
 //     read-layer on S, import-write on T, reading and writing overlapped.
+//     S's backing file is not copied: T has its own copy of the image.
 //  4. T commits the import (replicactl.ImportCommit): the copied layers go
 //     under its head, which keeps its data and gets rebuild-<random> as
 //     parent. The replica resolves what its head could not know without the
@@ -259,6 +261,9 @@ func (j *rebuildJob) start(ctx context.Context, sourceAddr string) error {
 	if j.dst, err = o.Dial(ctx, o.Address); err != nil {
 		return fmt.Errorf("rebuild %s: second connection to it: %w", o.Replica, err)
 	}
+	if err := j.checkBacking(ctx); err != nil {
+		return fmt.Errorf("rebuild %s: %w", o.Replica, err)
+	}
 	if err := j.dst.Control(ctx, replicactl.ImportBegin, nil, nil); err != nil {
 		return fmt.Errorf("rebuild %s: %w", o.Replica, err)
 	}
@@ -292,6 +297,21 @@ func (j *rebuildJob) start(ctx context.Context, sourceAddr string) error {
 	j.log.WithField("snapshot", j.snapshot).Info("Rebuild started; replica added WO")
 	e.onChange()
 	return nil
+}
+
+// checkBacking refuses a target whose backing file cannot be the source's.
+// Only snapshots are copied: where none holds a block, T reads its own
+// backing file (a copy of the image on T's disk, at any path) and must
+// read there what S reads in its own.
+func (j *rebuildJob) checkBacking(ctx context.Context) error {
+	var s, t replicactl.ChainReply
+	if err := j.src.Control(ctx, replicactl.Chain, nil, &s); err != nil {
+		return fmt.Errorf("reading the source's chain: %w", err)
+	}
+	if err := j.dst.Control(ctx, replicactl.Chain, nil, &t); err != nil {
+		return fmt.Errorf("reading its chain: %w", err)
+	}
+	return replicactl.SameBacking("source "+j.status.FromReplica, s.Backing, "replica "+j.o.Replica, t.Backing)
 }
 
 // rebuildPiece is a chunk of one layer on its way from S to T.

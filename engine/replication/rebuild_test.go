@@ -39,7 +39,12 @@ func quietLog() logrus.FieldLogger {
 
 func serveReplica(t *testing.T, name string, size int64) *servedReplica {
 	t.Helper()
-	rep, err := disk.Create(filepath.Join(t.TempDir(), name), size, disk.CreateOptions{})
+	return serveReplicaWith(t, name, size, disk.CreateOptions{})
+}
+
+func serveReplicaWith(t *testing.T, name string, size int64, opts disk.CreateOptions) *servedReplica {
+	t.Helper()
+	rep, err := disk.Create(filepath.Join(t.TempDir(), name), size, opts)
 	require.NoError(t, err)
 	h := replicaserver.New(rep, quietLog())
 	srv := dataconn.NewServer(h, quietLog())

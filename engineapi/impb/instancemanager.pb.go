@@ -1321,6 +1321,11 @@ type SnapshotCloneRequest struct {
 	// The source replica's dataconn address and the snapshot to copy.
 	SourceAddress string `protobuf:"bytes,2,opt,name=source_address,json=sourceAddress,proto3" json:"source_address,omitempty"`
 	Snapshot      string `protobuf:"bytes,3,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	// The target's replicas sit on the same backing image as the source's
+	// (each on its own copy), so blocks only the backing file holds already
+	// read right on the target and are not copied. False copies them: the
+	// target then needs no backing file.
+	BackingShared bool `protobuf:"varint,4,opt,name=backing_shared,json=backingShared,proto3" json:"backing_shared,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1374,6 +1379,13 @@ func (x *SnapshotCloneRequest) GetSnapshot() string {
 		return x.Snapshot
 	}
 	return ""
+}
+
+func (x *SnapshotCloneRequest) GetBackingShared() bool {
+	if x != nil {
+		return x.BackingShared
+	}
+	return false
 }
 
 type SnapshotExportRequest struct {
@@ -2055,11 +2067,12 @@ const file_instancemanager_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2&.strata.instancemanager.v1.PurgeStatusR\x05value:\x028\x01\"C\n" +
 	"\x15SnapshotRevertRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"q\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\x98\x01\n" +
 	"\x14SnapshotCloneRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x12%\n" +
 	"\x0esource_address\x18\x02 \x01(\tR\rsourceAddress\x12\x1a\n" +
-	"\bsnapshot\x18\x03 \x01(\tR\bsnapshot\"K\n" +
+	"\bsnapshot\x18\x03 \x01(\tR\bsnapshot\x12%\n" +
+	"\x0ebacking_shared\x18\x04 \x01(\bR\rbackingShared\"K\n" +
 	"\x15SnapshotExportRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x1a\n" +
 	"\bsnapshot\x18\x02 \x01(\tR\bsnapshot\"Z\n" +
