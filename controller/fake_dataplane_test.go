@@ -113,8 +113,11 @@ func (d *fakeDataPlane) SnapshotRevert(_ context.Context, engine, name string) e
 	return d.record("SnapshotRevert", engine, name)
 }
 
-func (d *fakeDataPlane) SnapshotClone(_ context.Context, engine, sourceAddress, snapshot string) error {
-	return d.record("SnapshotClone", engine, sourceAddress, snapshot)
+func (d *fakeDataPlane) SnapshotClone(_ context.Context, a engineapi.SnapshotCloneArgs) error {
+	if a.BackingShared {
+		return d.record("SnapshotClone", a.Engine, a.SourceAddress, a.Snapshot, "backing-shared")
+	}
+	return d.record("SnapshotClone", a.Engine, a.SourceAddress, a.Snapshot)
 }
 
 func (d *fakeDataPlane) SnapshotLimitsSet(_ context.Context, engine string, maxCount int32, maxSize int64) error {

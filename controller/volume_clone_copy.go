@@ -23,17 +23,18 @@ type copyOutcome struct {
 }
 
 // runCopy starts the copy into engine of target t in the background.
-func (c *VolumeCloneController) runCopy(t *v1beta1.Volume, client engineapi.DataPlane, engine, sourceAddr, snapshot string) {
+func (c *VolumeCloneController) runCopy(t *v1beta1.Volume, client engineapi.DataPlane, args engineapi.SnapshotCloneArgs) {
 	c.mu.Lock()
 	ctx, cancel := context.WithTimeout(c.runCtx, cloneTimeout)
 	c.copies[t.UID] = cancel
 	c.mu.Unlock()
 	key := t.Namespace + "/" + t.Name
-	log := c.logger.WithFields(logrus.Fields{"volume": t.Name, "engine": engine, "source": sourceAddr, "snapshot": snapshot})
+	log := c.logger.WithFields(logrus.Fields{"volume": t.Name, "engine": args.Engine, "source": args.SourceAddress,
+		"snapshot": args.Snapshot, "backingShared": args.BackingShared})
 	log.Info("Clone copy started")
 	go func() {
 		defer cancel()
-		err := client.SnapshotClone(ctx, engine, sourceAddr, snapshot)
+		err := client.SnapshotClone(ctx, args)
 		if err != nil {
 			log.WithError(err).Warn("Clone copy failed")
 		} else {

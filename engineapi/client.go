@@ -162,15 +162,7 @@ func (c *Client) SnapshotRevert(ctx context.Context, engine, name string) error 
 	return err
 }
 
-// SnapshotClone fills engine's new, empty volume (frontend stopped, no
-// snapshots) with snapshot of another volume, read from that volume's
-// replica serving dataconn at sourceAddress, backing file data included.
-// It is SnapshotCloneWith with BackingShared false.
-func (c *Client) SnapshotClone(ctx context.Context, engine, sourceAddress, snapshot string) error {
-	return c.SnapshotCloneWith(ctx, SnapshotCloneArgs{Engine: engine, SourceAddress: sourceAddress, Snapshot: snapshot})
-}
-
-// SnapshotCloneWith fills a.Engine's new, empty volume (frontend stopped,
+// SnapshotClone fills a.Engine's new, empty volume (frontend stopped,
 // no snapshots) with a.Snapshot of another volume, read from that volume's
 // replica serving dataconn at a.SourceAddress. It returns when the copy is
 // done and flushed, which takes as long as the data needs: it is bounded by
@@ -183,7 +175,7 @@ func (c *Client) SnapshotClone(ctx context.Context, engine, sourceAddress, snaps
 // while the target's frontend is up, another clone into it runs or a purge
 // runs on the source replica; and the engine errors. An unreachable source
 // is untyped.
-func (c *Client) SnapshotCloneWith(ctx context.Context, a SnapshotCloneArgs) error {
+func (c *Client) SnapshotClone(ctx context.Context, a SnapshotCloneArgs) error {
 	_, err := c.im.SnapshotClone(ctx, &impb.SnapshotCloneRequest{Engine: a.Engine, SourceAddress: a.SourceAddress,
 		Snapshot: a.Snapshot, BackingShared: a.BackingShared})
 	return FromStatus(err)

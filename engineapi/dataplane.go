@@ -35,8 +35,8 @@ type DataPlane interface {
 	// SnapshotRevert puts a new head on a snapshot of a detached engine.
 	SnapshotRevert(ctx context.Context, engine, name string) error
 	// SnapshotClone fills an engine's volume from a snapshot of another
-	// engine, served by the instance manager at sourceAddress.
-	SnapshotClone(ctx context.Context, engine, sourceAddress, snapshot string) error
+	// volume, read from one of its replicas.
+	SnapshotClone(ctx context.Context, args SnapshotCloneArgs) error
 	// SnapshotLimitsSet sets an engine's limits on user snapshots.
 	SnapshotLimitsSet(ctx context.Context, engine string, maxCount int32, maxSize int64) error
 
@@ -70,14 +70,6 @@ type SnapshotCloneArgs struct {
 	// holds is not copied. False (the default) copies it: the target then
 	// reads as the snapshot with no backing file of its own.
 	BackingShared bool
-}
-
-// SnapshotCloner is the clone call with all its arguments; DataPlane's
-// SnapshotClone is it with BackingShared false. The gRPC client's
-// DataPlane implements it. (A separate interface, so DataPlane's test
-// doubles need not change; it may fold into DataPlane later.)
-type SnapshotCloner interface {
-	SnapshotCloneWith(ctx context.Context, args SnapshotCloneArgs) error
 }
 
 // Connector hands out the DataPlane of an instance manager by address.

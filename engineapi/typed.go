@@ -25,7 +25,6 @@ func (p *Pool) DataPlane(address string) (DataPlane, error) {
 
 var (
 	_ Connector      = (*Pool)(nil)
-	_ SnapshotCloner = typedClient{}
 )
 
 func (t typedClient) Address() string { return t.c.Address() }
@@ -93,12 +92,8 @@ func (t typedClient) SnapshotRevert(ctx context.Context, engine, name string) er
 	return t.c.SnapshotRevert(ctx, engine, name)
 }
 
-func (t typedClient) SnapshotClone(ctx context.Context, engine, sourceAddress, snapshot string) error {
-	return t.c.SnapshotClone(ctx, engine, sourceAddress, snapshot)
-}
-
-func (t typedClient) SnapshotCloneWith(ctx context.Context, args SnapshotCloneArgs) error {
-	return t.c.SnapshotCloneWith(ctx, args)
+func (t typedClient) SnapshotClone(ctx context.Context, args SnapshotCloneArgs) error {
+	return t.c.SnapshotClone(ctx, args)
 }
 
 func (t typedClient) SnapshotLimitsSet(ctx context.Context, engine string, maxCount int32, maxSize int64) error {

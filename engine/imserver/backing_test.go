@@ -133,7 +133,7 @@ func TestExportAndCloneOverBackingFile(t *testing.T) {
 			if tc.source == plainAddr {
 				snap = "p1"
 			}
-			err := im.c.SnapshotCloneWith(ctx, engineapi.SnapshotCloneArgs{Engine: name + "-e",
+			err := im.c.SnapshotClone(ctx, engineapi.SnapshotCloneArgs{Engine: name + "-e",
 				SourceAddress: tc.source, Snapshot: snap, BackingShared: tc.shared})
 			if tc.wantErr != nil {
 				require.ErrorIs(t, err, tc.wantErr)

@@ -202,9 +202,7 @@ func TestExportAndCloneOnBackingImage(t *testing.T) {
 			b := createBackedVolume(t, name, nodes[1:], "", img)
 			cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 			defer cancel()
-			cloner, ok := b.im(t).DataPlane().(engineapi.SnapshotCloner)
-			require.True(t, ok, "the typed client takes every clone argument")
-			require.NoError(t, cloner.SnapshotCloneWith(cctx, engineapi.SnapshotCloneArgs{Engine: b.engine,
+			require.NoError(t, b.im(t).SnapshotClone(cctx, engineapi.SnapshotCloneArgs{Engine: b.engine,
 				SourceAddress: src, Snapshot: "s1", BackingShared: tc.shared}))
 			inst, err := b.im(t).FrontendStart(ctx, b.engine, "nbd")
 			require.NoError(t, err)

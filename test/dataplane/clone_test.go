@@ -89,7 +89,7 @@ func cloneProgressSeen(next func() (*impb.WatchEvent, error), engine string) []*
 func clone(v *volume, t *testing.T, source, snapshot string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	return v.im(t).SnapshotClone(ctx, v.engine, source, snapshot)
+	return v.im(t).SnapshotClone(ctx, engineapi.SnapshotCloneArgs{Engine: v.engine, SourceAddress: source, Snapshot: snapshot})
 }
 
 // Export and clone a snapshot that spans several layers: s1 sits on s0 and
@@ -216,7 +216,7 @@ func TestSnapshotExportAndCloneErrors(t *testing.T) {
 	assert.ErrorIs(t, clone(b, t, src, "volume-head"), engineapi.ErrInvalid, "the source's head")
 	assert.ErrorIs(t, clone(b, t, "", "s1"), engineapi.ErrInvalid, "no source address")
 	assert.Error(t, clone(b, t, "127.0.0.1:1", "s1"), "unreachable source")
-	assert.ErrorIs(t, c.SnapshotClone(ctx, "no-engine", src, "s1"), engineapi.ErrNotFound, "unknown target")
+	assert.ErrorIs(t, c.SnapshotClone(ctx, engineapi.SnapshotCloneArgs{Engine: "no-engine", SourceAddress: src, Snapshot: "s1"}), engineapi.ErrNotFound, "unknown target")
 
 	small := createEngine(t, "ers", volSize/2, nodes[1:], "")
 	assert.ErrorIs(t, clone(small, t, src, "s1"), engineapi.ErrInvalid, "target smaller than the source")
