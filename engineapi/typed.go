@@ -24,7 +24,7 @@ func (p *Pool) DataPlane(address string) (DataPlane, error) {
 }
 
 var (
-	_ Connector      = (*Pool)(nil)
+	_ Connector = (*Pool)(nil)
 )
 
 func (t typedClient) Address() string { return t.c.Address() }
