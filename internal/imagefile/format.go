@@ -53,6 +53,12 @@ var magics = []struct {
 // not recognised is raw (a raw disk has no header); a recognised format
 // Strata does not take is an error naming it.
 func DetectFormat(header []byte) (Format, error) {
+	// A web server's error or login page served with 200 is the most common
+	// wrong "image"; as raw it would become a tiny, garbled disk.
+	if lower := bytes.ToLower(bytes.TrimSpace(header[:min(len(header), 64)])); bytes.HasPrefix(lower, []byte("<!doctype html")) ||
+		bytes.HasPrefix(lower, []byte("<html")) {
+		return "html", fmt.Errorf("the source is an HTML page, not an image; is the URL right?")
+	}
 	for _, m := range magics {
 		end := m.offset + len(m.magic)
 		if len(header) >= end && bytes.Equal(header[m.offset:end], m.magic) {

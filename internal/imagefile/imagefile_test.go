@@ -99,6 +99,8 @@ func TestDetectFormat(t *testing.T) {
 		{[]byte("KDMV\x01"), "vmdk", "the image is vmdk"},
 		{[]byte("vhdxfile...."), "vhdx", "the image is vhdx"},
 		{[]byte{0x28, 0xb5, 0x2f, 0xfd, 0x00}, "zstd", "the image is zstd"},
+		{[]byte("\n  <!DOCTYPE HTML><html><body>Sign in"), "html", "HTML page, not an image"},
+		{[]byte("<html><head>"), "html", "HTML page, not an image"},
 	}
 	for _, tc := range tests {
 		t.Run(string(tc.want), func(t *testing.T) {
@@ -141,6 +143,7 @@ func TestPrepare(t *testing.T) {
 			wantErr: "checksum mismatch: spec.checksum is " + strings.Repeat("ab", 64) + ", the image's raw data has SHA-512 " + sha(img)},
 		{name: "vmdk", source: append([]byte("KDMV"), make([]byte, 1020)...), wantErr: "the image is vmdk"},
 		{name: "xz of vmdk", source: xzed(t, append([]byte("KDMV"), make([]byte, 1020)...)), wantErr: "the image is vmdk"},
+		{name: "raw of a partial sector", source: make([]byte, 1000), wantErr: "not a whole number of 512-byte sectors"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

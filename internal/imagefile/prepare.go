@@ -30,6 +30,9 @@ type Result struct {
 	SourceSize int64
 }
 
+// sectorSize: every disk image is a whole number of sectors.
+const sectorSize = 512
+
 // blockSize is the granule of sparseness: an all-zero block is a hole.
 const blockSize = 4096
 
@@ -88,6 +91,9 @@ func finish(cur, final, want string, res Result) (Result, error) {
 		return res, err
 	}
 	res.Checksum, res.VirtualSize = sum, size
+	if size%sectorSize != 0 {
+		return res, fmt.Errorf("the raw image has %d bytes, not a whole number of %d-byte sectors: not a disk image", size, sectorSize)
+	}
 	if want != "" && want != sum {
 		return res, fmt.Errorf("checksum mismatch: spec.checksum is %s, the image's raw data has SHA-512 %s", want, sum)
 	}

@@ -1,0 +1,161 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/ulikunitz/xz"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+// A filesystem image through CSI: the test builds an ext4 image holding a
+// guests/ directory, converts it to qcow2 and serves it; a StorageClass
+// names the image by name, URL and checksum, so the first PVC creates the
+// BackingImage; a Pod mounts the claim (staged and mounted by the CSI node
+// service) and finds guests/ there; what the Pod writes never changes the
+// image's copies.
+func TestBackingImageFilesystemThroughCSI(t *testing.T) {
+	srv := startImageServer(t)
+	tree := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(tree, "guests", "alpine"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(tree, "guests", "alpine", "release"), []byte("strata-guest-1\n"), 0o644))
+	raw := filepath.Join(t.TempDir(), "fs.raw")
+	runCmd(t, "mkfs.ext4", "-q", "-F", "-L", "guests", "-d", tree, raw, "48M")
+	runCmd(t, "qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, filepath.Join(srv.dir, "fs.qcow2"))
+	sum := fileSHA512(t, raw)
+
+	t.Cleanup(func() { deleteBackingImage(t, "e2e-bi-fs") }) // after the claim's cleanup, which runs first
+	kubectlApply(t, fmt.Sprintf(`apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: strata-bi-fs}
+provisioner: driver.strata.io
+parameters: {numberOfReplicas: "2", backingImage: e2e-bi-fs, backingImageURL: "%s/fs.qcow2", backingImageChecksum: "%s"}`, srv.url, sum))
+	t.Cleanup(func() { _, _ = tryKubectl(t, "delete", "storageclass", "strata-bi-fs", "--ignore-not-found") })
+
+	class := "strata-bi-fs"
+	pvc := createClaimWith(t, "bi-fs", "64Mi", func(c *corev1.PersistentVolumeClaim) { c.Spec.StorageClassName = &class })
+	volume := boundVolume(t, pvc)
+	assert.Equal(t, "e2e-bi-fs", getVolume(t, volume).Spec.BackingImage)
+	bi := getBackingImage(t, "e2e-bi-fs")
+	assert.Equal(t, v1beta1.BackingImageSourceTypeDownload, bi.Spec.SourceType, "the claim created the image")
+
+	createPod(t, podWithClaim("bi-fs", "127.0.0.1", "bi-fs",
+		"dd if=/dev/urandom of=/data/written bs=1M count=8 && sync && sleep 3600"))
+	waitPodRunning(t, "bi-fs")
+	assert.Equal(t, "strata-guest-1", strings.TrimSpace(kubectl(t, "-n", podNamespace, "exec", "bi-fs", "--", "cat", "/data/guests/alpine/release")))
+	require.Eventually(t, func() bool {
+		_, err := tryKubectl(t, "-n", podNamespace, "exec", "bi-fs", "--", "test", "-s", "/data/written")
+		return err == nil
+	}, time.Minute, 200*time.Millisecond)
+	kubectl(t, "-n", podNamespace, "exec", "bi-fs", "--", "sync")
+
+	bi = waitBackingImage(t, "e2e-bi-fs", time.Minute, "two ready copies", allCopiesReady(2))
+	for _, r := range replicasOf(t, volume) {
+		assert.Equal(t, sum, fileSHA512(t, copyPath(t, bi, r.Spec.NodeID)), "the copy on %s after the writes", r.Spec.NodeID)
+	}
+	deletePod(t, "bi-fs")
+}
+
+// Byte equality for every accepted format: a .gz and an .xz of a raw image,
+// and an .xz of a qcow2, each read back through the volume's NBD endpoint,
+// equal the raw image (for the qcow2, qemu-img convert -O raw of it). The
+// .xz arrives as an upload to a manager's HTTP API instead of a download.
+func TestBackingImageFormats(t *testing.T) {
+	srv := startImageServer(t)
+	rawPath, sum := rawTestImage(t, srv.dir, "fmt.raw", 12<<20)
+	raw, err := os.ReadFile(rawPath)
+	require.NoError(t, err)
+	qcow := filepath.Join(srv.dir, "fmt.qcow2")
+	runCmd(t, "qemu-img", "convert", "-f", "raw", "-O", "qcow2", rawPath, qcow)
+	expectFromQcow := filepath.Join(t.TempDir(), "q.raw")
+	runCmd(t, "qemu-img", "convert", "-f", "qcow2", "-O", "raw", qcow, expectFromQcow)
+	fromQcow, err := os.ReadFile(expectFromQcow)
+	require.NoError(t, err)
+	qcowBytes, err := os.ReadFile(qcow)
+	require.NoError(t, err)
+
+	tests := []struct {
+		name   string
+		file   []byte
+		upload bool
+		expect []byte
+	}{
+		{name: "gz", file: gzipBytes(t, raw), expect: raw},
+		{name: "xz", file: xzBytes(t, raw), expect: raw, upload: true},
+		{name: "qcow2-xz", file: xzBytes(t, qcowBytes), expect: fromQcow},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			name := "e2e-bi-fmt-" + tc.name
+			spec := downloadSpec(srv.url+"/fmt."+tc.name, sha512Hex(tc.expect))
+			if tc.upload {
+				spec = v1beta1.BackingImageSpec{SourceType: v1beta1.BackingImageSourceTypeUpload, Checksum: sha512Hex(tc.expect)}
+			} else {
+				require.NoError(t, os.WriteFile(filepath.Join(srv.dir, "fmt."+tc.name), tc.file, 0o644))
+			}
+			createBackingImage(t, name, spec)
+			if tc.upload {
+				waitBackingImage(t, name, time.Minute, "a UUID", func(bi *v1beta1.BackingImage) bool { return bi.Status.UUID != "" })
+				code, body := upload(t, env.managers["node-2"].APIAddr, name, tc.file)
+				require.Equal(t, http.StatusOK, code, body)
+				assert.Contains(t, body, sha512Hex(tc.expect))
+				code, body = upload(t, env.managers["node-1"].APIAddr, name, tc.file)
+				assert.Equal(t, http.StatusConflict, code, "a second upload: %s", body)
+			}
+			bi := waitBackingImage(t, name, time.Minute, "first copy ready", allCopiesReady(1))
+			assert.Equal(t, sha512Hex(tc.expect), bi.Status.Checksum)
+			vol := fmt.Sprintf("e2e-bi-fmt-v%d", i)
+			createVolume(t, vol, "16Mi", 1, func(v *v1beta1.Volume) { v.Spec.BackingImage = name })
+			updateTickets(t, vol, addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-3"))
+			v := waitVolume(t, vol, 2*time.Minute, "attached to node-3", attachedTo("node-3"))
+			assertVolumeHoldsImage(t, v.Status.FrontendEndpoint, tc.expect)
+			updateTickets(t, vol, removeTicket("admin"))
+		})
+	}
+	_ = sum
+}
+
+// upload PUTs an image to a manager's API and returns the status and body.
+func upload(t *testing.T, apiAddr, image string, data []byte) (int, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodPut,
+		"http://"+apiAddr+"/v1/backingimages/"+image+"/upload", bytes.NewReader(data))
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	_, _ = b.ReadFrom(resp.Body)
+	return resp.StatusCode, b.String()
+}
+
+func gzipBytes(t *testing.T, data []byte) []byte {
+	var b bytes.Buffer
+	w := gzip.NewWriter(&b)
+	_, err := w.Write(data)
+	require.NoError(t, err)
+	require.NoError(t, w.Close())
+	return b.Bytes()
+}
+
+func xzBytes(t *testing.T, data []byte) []byte {
+	var b bytes.Buffer
+	w, err := xz.NewWriter(&b)
+	require.NoError(t, err)
+	_, err = w.Write(data)
+	require.NoError(t, err)
+	require.NoError(t, w.Close())
+	return b.Bytes()
+}
