@@ -8,7 +8,12 @@
 //     `qemu-img convert -O raw` and `sha512sum`;
 //
 //   - disk-to-disk copy of the raw image (imagefile.CopyFile: data extents
-//     only, fsync) against `cp --sparse=always` and `sync`.
+//     only, fsync) against `cp --sparse=always` and `sync`;
+//
+//   - a copy between managers: the raw image fetched over HTTP as an extent
+//     stream (imagefile.WriteExtents / FetchExtents, as a peer's API serves
+//     it) and its SHA-512 checked, as the controller does, against `curl -o`
+//     of the raw file and `sha512sum`.
 //
 //     go run ./scripts/bench-imagefile [-size-mib 512] [-data-percent 50] [-dir DIR]
 //
@@ -89,7 +94,21 @@ func run(sizeMiB, dataPct int, base string) error {
 		}
 		return sh("sync", filepath.Join(work, "copy-hand.raw"))
 	})
-	for _, r := range []result{libFetch, handFetch, libCopy, handCopy} {
+	libPeer := timed(func() error {
+		dst := filepath.Join(work, "peer-lib.raw")
+		if err := imagefile.FetchExtents(ctx, nil, url+"/extents/lib.raw", dst, nil); err != nil {
+			return err
+		}
+		_, _, err := imagefile.Checksum(dst)
+		return err
+	})
+	handPeer := timed(func() error {
+		if err := sh("curl", "-sSf", "-o", filepath.Join(work, "peer-hand.raw"), url+"/lib.raw"); err != nil {
+			return err
+		}
+		return sh("sha512sum", filepath.Join(work, "peer-hand.raw"))
+	})
+	for _, r := range []result{libFetch, handFetch, libCopy, handCopy, libPeer, handPeer} {
 		if r.err != nil {
 			return r.err
 		}
@@ -103,6 +122,7 @@ func run(sizeMiB, dataPct int, base string) error {
 	}
 	row("download + convert + SHA-512, MiB/s", libFetch, handFetch)
 	row("disk-to-disk copy (+ fsync), MiB/s", libCopy, handCopy)
+	row("copy from a peer over HTTP + SHA-512, MiB/s", libPeer, handPeer)
 	return nil
 }
 
@@ -148,7 +168,12 @@ func serve(dir string) (string, func(), error) {
 	if err != nil {
 		return "", nil, err
 	}
-	srv := &http.Server{Handler: http.FileServer(http.Dir(dir)), ReadHeaderTimeout: 10 * time.Second}
+	mux := http.NewServeMux()
+	mux.Handle("/", http.FileServer(http.Dir(dir)))
+	mux.HandleFunc("/extents/{name}", func(w http.ResponseWriter, r *http.Request) {
+		_ = imagefile.WriteExtents(r.Context(), w, filepath.Join(dir, filepath.Base(r.PathValue("name"))))
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(l) }()
 	return "http://" + l.Addr().String(), func() { _ = srv.Close() }, nil
 }
