@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/util/rand"
 
 	"github.com/strata-storage/strata/datastore"
@@ -120,7 +121,7 @@ func (s *imageSync) requestFirstDisk() (bool, error) {
 	best, bestFree := "", int64(-1)
 	for name, st := range node.Status.DiskStatus {
 		spec, ok := node.Spec.Disks[name]
-		if st == nil || st.DiskUUID == "" || !ok || !spec.AllowScheduling {
+		if st == nil || st.DiskUUID == "" || !ok || !spec.AllowScheduling || !meta.IsStatusConditionTrue(st.Conditions, v1beta1.ConditionTypeReady) {
 			continue
 		}
 		if st.StorageAvailable > bestFree {

@@ -65,7 +65,15 @@ func imageUser(name, disk string) *v1beta1.Replica {
 }
 
 func imageObjects(objs ...runtime.Object) []runtime.Object {
-	return append([]runtime.Object{schedNode("node-1"), schedNode("node-2"), testNode("node-3", nil, readyTrue()), cleanupWait("1")}, objs...)
+	return append([]runtime.Object{readyDiskNode("node-1"), readyDiskNode("node-2"), testNode("node-3", nil, readyTrue()), cleanupWait("1")}, objs...)
+}
+
+// readyDiskNode is schedNode with its disk reported ready.
+func readyDiskNode(name string) *v1beta1.Node {
+	n := schedNode(name)
+	n.Status.DiskStatus["disk-1"].Conditions = []metav1.Condition{{Type: v1beta1.ConditionTypeReady, Status: metav1.ConditionTrue,
+		Reason: v1beta1.DiskConditionReasonReady, LastTransitionTime: metav1.NewTime(dstest.Now)}}
+	return n
 }
 
 func buildBackingImageController(env *dstest.Env, rec record.EventRecorder, me string, _ engineapi.Connector) (func(context.Context, string) error, error) {
@@ -227,14 +235,14 @@ func TestBackingImageOwnerDecisions(t *testing.T) {
 // trusted, and a wrong file is removed and fetched again.
 func TestBackingImageLocalCopies(t *testing.T) {
 	dir := t.TempDir()
-	node := schedNode("node-1")
+	node := readyDiskNode("node-1")
 	node.Spec.Disks["disk-1"] = v1beta1.DiskSpec{Path: dir, AllowScheduling: true}
 	copyDir := BackingImageDir(dir, "img", "abcd1234")
 	require.NoError(t, os.MkdirAll(copyDir, 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(copyDir, "backing"), []byte("not the image"), 0o644))
 	n1 := "uuid-node-1"
 
-	env := dstest.New(t, []runtime.Object{node, schedNode("node-2"), cleanupWait("60"),
+	env := dstest.New(t, []runtime.Object{node, readyDiskNode("node-2"), cleanupWait("60"),
 		testImage(map[string]v1beta1.BackingImageState{n1: v1beta1.BackingImageStateReady},
 			func(bi *v1beta1.BackingImage) {
 				bi.Status.OwnerID = "node-2"

@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/internal/imagefile"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
@@ -31,25 +32,29 @@ func (s *imageSync) reconcileLocalCopies() error {
 		bi.Status.DiskFileStatusMap = map[string]*v1beta1.BackingImageDiskFileStatus{}
 	}
 	var errs []error
-	for name, dst := range node.Status.DiskStatus {
-		spec, ok := node.Spec.Disks[name]
-		if dst == nil || dst.DiskUUID == "" || !ok {
-			continue
-		}
-		disk := dst.DiskUUID
+	for disk, loc := range datastore.NodeDisks(node) {
 		_, wanted := bi.Spec.DiskFileSpecMap[disk]
 		wanted = wanted && bi.DeletionTimestamp == nil
 		st, has := bi.Status.DiskFileStatusMap[disk]
 		switch {
+		case !loc.Ready && has && st != nil:
+			// No file work on a disk that cannot be read; a copy there is
+			// unknown until the disk is back (maybe at another path).
+			if wanted {
+				setFileState(st, v1beta1.BackingImageStateUnknown, 0, "disk "+loc.Name+" is not ready", s.now)
+			} else {
+				delete(bi.Status.DiskFileStatusMap, disk)
+			}
+		case !loc.Ready:
 		case wanted:
 			if !has || st == nil {
 				st = &v1beta1.BackingImageDiskFileStatus{}
 				setFileState(st, v1beta1.BackingImageStatePending, 0, "", s.now)
 				bi.Status.DiskFileStatusMap[disk] = st
 			}
-			errs = append(errs, s.driveCopy(disk, spec.Path, st))
+			errs = append(errs, s.driveCopy(disk, loc.Path, st))
 		case has:
-			errs = append(errs, s.removeCopy(disk, spec.Path, st))
+			errs = append(errs, s.removeCopy(disk, loc.Path, st))
 		}
 	}
 	return errors.Join(errs...)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 
 	"github.com/strata-storage/strata/internal/imagefile"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
@@ -164,7 +165,8 @@ func (c *BackingImageController) uploadDisk() (uuid, path string, err error) {
 	best := int64(-1)
 	for name, st := range node.Status.DiskStatus {
 		spec, ok := node.Spec.Disks[name]
-		if st != nil && st.DiskUUID != "" && ok && spec.AllowScheduling && st.StorageAvailable > best {
+		if st != nil && st.DiskUUID != "" && ok && spec.AllowScheduling && st.StorageAvailable > best &&
+			meta.IsStatusConditionTrue(st.Conditions, v1beta1.ConditionTypeReady) {
 			uuid, path, best = st.DiskUUID, spec.Path, st.StorageAvailable
 		}
 	}

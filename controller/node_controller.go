@@ -131,20 +131,26 @@ func (nc *NodeController) syncOwnNode(ctx context.Context, nodeRO *v1beta1.Node)
 // the replicas placed on it, and whether it can take more.
 func (nc *NodeController) diskStatuses(node *v1beta1.Node, minAvailablePct int64, now metav1.Time) map[string]*v1beta1.DiskStatus {
 	out := make(map[string]*v1beta1.DiskStatus, len(node.Spec.Disks))
-	seenUUID := map[string]string{}
+	infos, errs := inspectDisks(node)
+	// Where each UUID is found now: a disk remounted at another path and
+	// added under that path is the same disk (its replicas and backing
+	// image copies are still on it), so its UUID moves to the new entry.
+	foundAt := map[string]string{}
+	for name, info := range infos {
+		foundAt[info.UUID] = name
+	}
 	for _, name := range slices.Sorted(maps.Keys(node.Spec.Disks)) {
 		spec := node.Spec.Disks[name]
 		st := &v1beta1.DiskStatus{}
 		if prev := node.Status.DiskStatus[name]; prev != nil {
 			st = prev.DeepCopy()
 		}
-		info, err := inspectDisk(spec.Path)
-		if err == nil {
-			if other, dup := seenUUID[info.UUID]; dup {
-				err = &diskError{v1beta1.DiskConditionReasonUUIDError,
-					fmt.Errorf("disk %s has the same UUID %s as disk %s: two disks on one filesystem directory", name, info.UUID, other)}
-			}
-			seenUUID[info.UUID] = name
+		err := errs[name]
+		if moved, ok := foundAt[st.DiskUUID]; ok && err != nil && moved != name {
+			// The UUID stays, so the entry keeps saying where the disk went;
+			// lookups by UUID take the ready entry (datastore.NodeDisks).
+			err = &diskError{v1beta1.DiskConditionReasonMigrated, fmt.Errorf("disk %s (UUID %s) is now at %s, disk %s; this path is no longer used",
+				name, st.DiskUUID, node.Spec.Disks[moved].Path, moved)}
 		}
 		if err != nil {
 			reason := v1beta1.DiskConditionReasonPathMissing
@@ -159,6 +165,7 @@ func (nc *NodeController) diskStatuses(node *v1beta1.Node, minAvailablePct int64
 			out[name] = st
 			continue
 		}
+		info := infos[name]
 		st.DiskUUID = info.UUID
 		st.StorageMaximum = info.Total
 		st.StorageAvailable = stableAvailable(st.StorageAvailable, info.Available, info.Total)
@@ -170,6 +177,31 @@ func (nc *NodeController) diskStatuses(node *v1beta1.Node, minAvailablePct int64
 		out[name] = st
 	}
 	return out
+}
+
+// inspectDisks reads every disk of the node: what each says about itself,
+// or why it cannot be read. Two readable disks with one UUID are one
+// directory reached twice: the second (by name) is refused.
+func inspectDisks(node *v1beta1.Node) (map[string]diskInfo, map[string]error) {
+	infos, errs := map[string]diskInfo{}, map[string]error{}
+	seenUUID := map[string]string{}
+	for _, name := range slices.Sorted(maps.Keys(node.Spec.Disks)) {
+		info, err := inspectDisk(node.Spec.Disks[name].Path)
+		if err == nil {
+			if other, dup := seenUUID[info.UUID]; dup {
+				err = &diskError{v1beta1.DiskConditionReasonUUIDError,
+					fmt.Errorf("disk %s has the same UUID %s as disk %s: two disks on one filesystem directory", name, info.UUID, other)}
+			} else {
+				seenUUID[info.UUID] = name
+			}
+		}
+		if err != nil {
+			errs[name] = err
+			continue
+		}
+		infos[name] = info
+	}
+	return infos, errs
 }
 
 // scheduledReplicas finds the replicas placed on a disk through the by-disk index.

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/datastore/dstest"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
@@ -104,6 +105,32 @@ func TestNodeControllerSync(t *testing.T) {
 				assert.Equal(t, v1beta1.DiskConditionReasonPathMissing, c.Reason)
 				s := meta.FindStatusCondition(n.Status.Conditions, v1beta1.ConditionTypeSchedulable)
 				assert.Equal(t, v1beta1.NodeConditionReasonNoDisk, s.Reason)
+			},
+		},
+		{
+			name:   "a disk remounted at another path and added there is the same disk; the old entry is DiskMigrated",
+			key:    me,
+			leases: []runtime.Object{testLease(me, 0)},
+			nodes: func(d string) []runtime.Object {
+				n := testNode(me, map[string]string{"old": filepath.Join(d, "gone"), "new": d})
+				n.Status.DiskStatus = map[string]*v1beta1.DiskStatus{"old": {DiskUUID: "uuid-moved"}}
+				return []runtime.Object{n}
+			},
+			prepareDisk: func(t *testing.T, d string) {
+				require.NoError(t, os.WriteFile(filepath.Join(d, types.DiskConfigFile), []byte(`{"diskUUID":"uuid-moved"}`), 0o644))
+			},
+			wantWrites: []string{"update nodes/status node-1"},
+			wantEvents: []string{"Normal ManagerRunning", "Warning DiskNotReady"},
+			check: func(t *testing.T, n *v1beta1.Node, d string) {
+				old := meta.FindStatusCondition(n.Status.DiskStatus["old"].Conditions, v1beta1.ConditionTypeReady)
+				require.NotNil(t, old)
+				assert.Equal(t, v1beta1.DiskConditionReasonMigrated, old.Reason)
+				assert.Contains(t, old.Message, "is now at "+d)
+				assert.False(t, meta.IsStatusConditionTrue(n.Status.DiskStatus["old"].Conditions, v1beta1.ConditionTypeSchedulable))
+				assert.Equal(t, "uuid-moved", n.Status.DiskStatus["new"].DiskUUID)
+				assert.True(t, meta.IsStatusConditionTrue(n.Status.DiskStatus["new"].Conditions, v1beta1.ConditionTypeSchedulable))
+				loc := datastore.NodeDisks(n)["uuid-moved"]
+				assert.Equal(t, d, loc.Path, "lookups by UUID find the ready entry")
 			},
 		},
 		{

@@ -21,6 +21,7 @@ const (
 	EventReasonReplicaStartFailed = "StartFailed"
 	EventReasonReplicaDataLeft    = "DataLeftOnNode"
 	EventReasonReplicaDataDeleted = "DataDeleted"
+	EventReasonReplicaDiskMoved   = "DiskMoved"
 )
 
 // ReplicaDataPath is where a replica's layers live on its node.
@@ -46,6 +47,9 @@ func (c *ReplicaController) syncReplica(ctx context.Context, key string) error {
 		return nil
 	}
 
+	if moved, err := c.followMovedDisk(ctx, rRO); moved || err != nil {
+		return err // the update brings the replica back
+	}
 	var actErr error
 	if c.local(r.Spec.NodeID) && c.instances.Starting() {
 		return nil // the sync of the new Watch stream enqueues it again
@@ -164,4 +168,22 @@ func (c *ReplicaController) cleanupReplica(ctx context.Context, r *v1beta1.Repli
 		return nil
 	}
 	return err
+}
+
+// followMovedDisk points the replica at its disk's new path when the disk
+// (same UUID) was remounted elsewhere on the node and added there: its data
+// is on that disk, so the replica is reused from the new path.
+func (c *ReplicaController) followMovedDisk(ctx context.Context, rRO *v1beta1.Replica) (bool, error) {
+	loc, ok := c.ds.LocateDisk(rRO.Spec.DiskID)
+	if !ok || !loc.Ready || loc.Node != rRO.Spec.NodeID || (loc.Path == rRO.Spec.DiskPath && loc.Name == rRO.Spec.DiskName) {
+		return false, nil
+	}
+	r := rRO.DeepCopy()
+	r.Spec.DiskPath, r.Spec.DiskName = loc.Path, loc.Name
+	if _, err := c.ds.Replicas.Update(ctx, r); err != nil {
+		return false, err
+	}
+	c.recorder.Eventf(r, corev1.EventTypeNormal, EventReasonReplicaDiskMoved, "disk %s is now %s at %s (was %s at %s)",
+		r.Spec.DiskID, loc.Name, loc.Path, rRO.Spec.DiskName, rRO.Spec.DiskPath)
+	return true, nil
 }

@@ -44,7 +44,29 @@ func NewReplicaController(logger logrus.FieldLogger, ds *datastore.DataStore, re
 	}); err != nil {
 		return nil, err
 	}
+	// A disk of this node found at another path: its replicas follow it.
+	if _, err := ds.Nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(oldObj, newObj interface{}) {
+			o, ok1 := oldObj.(*v1beta1.Node)
+			n, ok2 := newObj.(*v1beta1.Node)
+			if ok1 && ok2 && n.Name == controllerID && !equality.Semantic.DeepEqual(datastore.NodeDisks(o), datastore.NodeDisks(n)) {
+				c.enqueueReplicasOfNode(n.Name)
+			}
+		},
+	}); err != nil {
+		return nil, err
+	}
 	return c, c.wireInstanceEvents(ds.Replicas.Informer())
+}
+
+func (c *ReplicaController) enqueueReplicasOfNode(node string) {
+	reps, err := c.ds.Replicas.ListByIndexRO(datastore.IndexByNode, node)
+	if err != nil {
+		return
+	}
+	for _, r := range reps {
+		c.enqueue(r)
+	}
 }
 
 // enqueueWaitingOn enqueues this node's replicas of the image that are not

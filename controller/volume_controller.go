@@ -33,6 +33,7 @@ const (
 	EventReasonVolumeExpanded    = "Expanded"
 	EventReasonReplicaScheduled  = "ReplicaScheduled"
 	EventReasonReplicaFailed     = "ReplicaFailed"
+	EventReasonReplicaReused     = "ReplicaReused"
 	EventReasonReplicaUnschedule = "ReplicaUnschedulable"
 	EventReasonMigrated          = "Migrated"
 

@@ -178,6 +178,37 @@ func TestVolumeControllerSync(t *testing.T) {
 			wantWrites: nil,
 		},
 		{
+			name: "a failed replica whose node, instance manager and disk are back is reused within the wait",
+			me:   "node-2",
+			objects: []runtime.Object{vcVolume(attachedOn("node-2"), func(v *v1beta1.Volume) {
+				v.Status.Robustness = v1beta1.VolumeRobustnessDegraded
+			}), vcEngine(engineRunningOn("node-2", map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW, "r2": v1beta1.ReplicaModeRW})),
+				vcReplica("r1", "node-1", replicaRunning), vcReplica("r2", "node-2", replicaRunning), vcReplica("r3", "node-3", failedAgo(30*time.Second)),
+				readyDiskNode("node-3")},
+			wantWrites: []string{"update replicas r3", "update replicas r3"},
+			wantEvents: []string{"Normal ReplicaReused"},
+			check: func(t *testing.T, env *dstest.Env) {
+				r, err := env.Strata.StrataV1beta1().Replicas(testNS).Get(context.Background(), "r3", metav1.GetOptions{})
+				require.NoError(t, err)
+				assert.Empty(t, r.Spec.FailedAt)
+				assert.Empty(t, r.Spec.HealthyAt, "it is rebuilt before it counts as holding the data")
+				assert.Equal(t, v1beta1.InstanceStateRunning, r.Spec.DesireState)
+				assert.Equal(t, "1", r.Annotations[annotationReuseAttempts])
+			},
+		},
+		{
+			name: "a failed replica reused too often is left to be replaced",
+			me:   "node-2",
+			objects: []runtime.Object{vcVolume(attachedOn("node-2"), func(v *v1beta1.Volume) {
+				v.Status.Robustness = v1beta1.VolumeRobustnessDegraded
+			}), vcEngine(engineRunningOn("node-2", map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW, "r2": v1beta1.ReplicaModeRW})),
+				vcReplica("r1", "node-1", replicaRunning), vcReplica("r2", "node-2", replicaRunning),
+				vcReplica("r3", "node-3", failedAgo(30*time.Second), func(r *v1beta1.Replica) {
+					r.Annotations = map[string]string{annotationReuseAttempts: "3"}
+				}),
+				readyDiskNode("node-3")},
+		},
+		{
 			name: "the only free node's instance manager is down: no replica there, Scheduled=False names it",
 			me:   "node-2",
 			objects: []runtime.Object{vcVolume(attachedOn("node-2"), func(v *v1beta1.Volume) {
@@ -285,7 +316,18 @@ func TestVolumeControllerSync(t *testing.T) {
 		},
 	}
 	for i := range tests {
-		tests[i].objects = append(append([]runtime.Object{}, nodes...), tests[i].objects...)
+		// A case may bring its own version of a node.
+		own := map[string]bool{}
+		for _, o := range tests[i].objects {
+			if n, ok := o.(*v1beta1.Node); ok {
+				own[n.Name] = true
+			}
+		}
+		for _, o := range nodes {
+			if n, ok := o.(*v1beta1.Node); !ok || !own[n.Name] {
+				tests[i].objects = append(tests[i].objects, o)
+			}
+		}
 		tests[i].kube = leases
 	}
 	runSyncCases(t, tests, func(env *dstest.Env, rec record.EventRecorder, me string, _ engineapi.Connector) (func(context.Context, string) error, error) {

@@ -3,6 +3,7 @@ package controller
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -71,10 +72,15 @@ func (s *volumeSync) reconcileReplicas() error {
 			s.markFailed(after, fmt.Sprintf("its instance is %s", orUnknown(string(r.Status.CurrentState))))
 		case r.Spec.DesireState == v1beta1.InstanceStateRunning && r.Status.CurrentState == v1beta1.InstanceStateError:
 			s.markFailed(after, "its instance failed to start")
+			if after.Annotations == nil {
+				after.Annotations = map[string]string{}
+			}
+			after.Annotations[annotationReuseAttempts] = strconv.Itoa(maxReplicaReuses) // starting again would fail again
 		case attachedOrAttaching && r.Spec.NodeID != "" && !s.ds.IsNodeAlive(r.Spec.NodeID):
 			s.markFailed(after, fmt.Sprintf("its node %s is down", r.Spec.NodeID))
 		case running && eng.Status.ReplicaModeMap[r.Name] == v1beta1.ReplicaModeRW && r.Spec.HealthyAt == "":
 			after.Spec.HealthyAt = s.now.UTC().Format(time.RFC3339)
+			delete(after.Annotations, annotationReuseAttempts)
 		}
 		if _, err := s.updateReplica(r, after); err != nil {
 			return err
@@ -114,6 +120,9 @@ func (s *volumeSync) reconcileReplicas() error {
 		for _, r := range failed {
 			failedAt, _ := time.Parse(time.RFC3339, r.Spec.FailedAt)
 			if left := failedAt.Add(wait).Sub(s.now); left > 0 {
+				if err := s.reuseFailedReplica(r); err != nil {
+					return err
+				}
 				s.queue.AddAfter(s.key, left)
 				waiting++
 				continue
@@ -153,6 +162,45 @@ func (s *volumeSync) replenishmentWait() time.Duration {
 		secs = 600
 	}
 	return time.Duration(secs) * time.Second
+}
+
+// A failed replica is reused at most this many times before it is left to
+// be replaced: a disk that keeps failing must not keep the volume rebuilding.
+const (
+	maxReplicaReuses        = 3
+	annotationReuseAttempts = "strata.io/reuse-attempts"
+)
+
+// reuseFailedReplica takes a failed replica back, during the replenishment
+// wait, once its node, instance manager and disk are back (the disk maybe
+// at another path): its data is still there, so the rebuild that follows
+// brings over only what it lacks, rather than a new replica copying all.
+func (s *volumeSync) reuseFailedReplica(r *v1beta1.Replica) error {
+	attempts, _ := strconv.Atoi(r.Annotations[annotationReuseAttempts])
+	if attempts >= maxReplicaReuses || r.Spec.NodeID == "" || !s.ds.IsNodeAlive(r.Spec.NodeID) ||
+		r.Status.CurrentState != v1beta1.InstanceStateStopped {
+		return nil
+	}
+	if loc, ok := s.ds.LocateDisk(r.Spec.DiskID); !ok || !loc.Ready || loc.Node != r.Spec.NodeID {
+		return nil
+	}
+	down, err := s.instanceManagersDown()
+	if err != nil || down[r.Spec.NodeID] != "" {
+		return err
+	}
+	after := r.DeepCopy()
+	after.Spec.FailedAt, after.Spec.HealthyAt = "", ""
+	if after.Annotations == nil {
+		after.Annotations = map[string]string{}
+	}
+	after.Annotations[annotationReuseAttempts] = strconv.Itoa(attempts + 1)
+	if _, err := s.updateReplica(r, after); err != nil {
+		return err
+	}
+	s.recorder.Eventf(s.v, corev1.EventTypeNormal, EventReasonReplicaReused,
+		"reusing failed replica %s on %s (its data is still on disk %s; attempt %d of %d)", r.Name, r.Spec.NodeID,
+		r.Spec.DiskID, attempts+1, maxReplicaReuses)
+	return nil
 }
 
 func (s *volumeSync) markFailed(r *v1beta1.Replica, why string) {

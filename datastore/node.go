@@ -4,9 +4,12 @@ import (
 	"sort"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 )
 
@@ -51,9 +54,30 @@ func (ds *DataStore) AliveNodeNames() ([]string, error) {
 	return alive, nil
 }
 
-// DiskLocation is where a disk is: its node, its name there and its path.
+// DiskLocation is where a disk is: its node, its name there and its path,
+// and whether the node reports it ready.
 type DiskLocation struct {
 	Node, Name, Path string
+	Ready            bool
+}
+
+// NodeDisks lists a node's disks by UUID. Two entries share a UUID when a
+// disk was remounted at another path and added there: the ready one is
+// where the disk is.
+func NodeDisks(n *v1beta1.Node) map[string]DiskLocation {
+	out := map[string]DiskLocation{}
+	for name, st := range n.Status.DiskStatus {
+		spec, ok := n.Spec.Disks[name]
+		if st == nil || st.DiskUUID == "" || !ok {
+			continue
+		}
+		loc := DiskLocation{Node: n.Name, Name: name, Path: spec.Path,
+			Ready: meta.IsStatusConditionTrue(st.Conditions, v1beta1.ConditionTypeReady)}
+		if prev, dup := out[st.DiskUUID]; !dup || (!prev.Ready && loc.Ready) {
+			out[st.DiskUUID] = loc
+		}
+	}
+	return out
 }
 
 // LocateDisk finds a disk by UUID through the nodes' disk status; ok is
@@ -64,15 +88,12 @@ func (ds *DataStore) LocateDisk(uuid string) (DiskLocation, bool) {
 	if err != nil {
 		return DiskLocation{}, false
 	}
+	var found DiskLocation
+	ok := false
 	for _, n := range nodes {
-		for name, st := range n.Status.DiskStatus {
-			if st == nil || st.DiskUUID != uuid {
-				continue
-			}
-			if spec, ok := n.Spec.Disks[name]; ok {
-				return DiskLocation{Node: n.Name, Name: name, Path: spec.Path}, true
-			}
+		if loc, has := NodeDisks(n)[uuid]; has && (!ok || (!found.Ready && loc.Ready)) {
+			found, ok = loc, true
 		}
 	}
-	return DiskLocation{}, false
+	return found, ok
 }

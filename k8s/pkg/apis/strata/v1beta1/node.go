@@ -15,6 +15,9 @@ const (
 
 	DiskConditionReasonReady       = "DiskReady"
 	DiskConditionReasonPathMissing = "DiskPathMissing"
+	// DiskConditionReasonMigrated: the disk's UUID is now found under
+	// another entry (remounted at another path); this entry's path is stale.
+	DiskConditionReasonMigrated    = "DiskMigrated"
 	DiskConditionReasonUUIDError   = "DiskUUIDError"
 	DiskConditionReasonFull        = "DiskFull"
 	DiskConditionReasonSchedOff    = "SchedulingDisabled"
