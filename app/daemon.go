@@ -212,7 +212,7 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	controllers.add(controller.NewVolumeCloneController(log, ds, recorder, cfg.nodeName, imPool))
 	controllers.add(controller.NewEngineController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances))
 	controllers.add(controller.NewReplicaController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances))
-	backingImages, err := controller.NewBackingImageController(log, ds, recorder, cfg.nodeName, cfg.uploadLimit)
+	backingImages, err := controller.NewBackingImageController(log, ds, recorder, cfg.nodeName, imPool, cfg.uploadLimit)
 	controllers.add(backingImages, err)
 	if controllers.err != nil {
 		return controllers.err

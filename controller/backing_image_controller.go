@@ -107,6 +107,9 @@ func (s *imageSync) reconcileImage() (wrote bool, err error) {
 	}
 	s.markCopiesOfDownNodes()
 	s.chooseFirstCopyDisk()
+	if err := s.releaseExport(); err != nil {
+		return false, err
+	}
 	return s.cleanupUnusedCopies()
 }
 

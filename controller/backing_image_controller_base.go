@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 )
@@ -35,7 +36,7 @@ type BackingImageController struct {
 // NewBackingImageController wires the backing image controller of node
 // controllerID. uploadLimit bounds uploads (bytes; 0: no upload accepted).
 func NewBackingImageController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
-	controllerID string, uploadLimit int64) (*BackingImageController, error) {
+	controllerID string, dataPlane engineapi.Connector, uploadLimit int64) (*BackingImageController, error) {
 	c := &BackingImageController{
 		baseController: newBaseController("strata-backing-image", controllerID, logger, ds, recorder),
 		// No overall timeout: an image may take hours; a stalled peer is
@@ -43,6 +44,7 @@ func NewBackingImageController(logger logrus.FieldLogger, ds *datastore.DataStor
 		httpClient:  &http.Client{Transport: &http.Transport{Proxy: http.ProxyFromEnvironment, ResponseHeaderTimeout: time.Minute}},
 		uploadLimit: uploadLimit,
 	}
+	c.dataPlane = dataPlane
 	c.files = newFileJobs(c.enqueueByUID)
 	c.sync = c.syncBackingImage
 	if _, err := ds.BackingImages.Informer().AddEventHandler(c.enqueueOnChange()); err != nil {

@@ -76,8 +76,8 @@ func readyDiskNode(name string) *v1beta1.Node {
 	return n
 }
 
-func buildBackingImageController(env *dstest.Env, rec record.EventRecorder, me string, _ engineapi.Connector) (func(context.Context, string) error, error) {
-	c, err := NewBackingImageController(logrus.New(), env.DS, rec, me, 1<<30)
+func buildBackingImageController(env *dstest.Env, rec record.EventRecorder, me string, dp engineapi.Connector) (func(context.Context, string) error, error) {
+	c, err := NewBackingImageController(logrus.New(), env.DS, rec, me, dp, 1<<30)
 	if err != nil {
 		return nil, err
 	}
@@ -250,7 +250,7 @@ func TestBackingImageLocalCopies(t *testing.T) {
 			})},
 		[]runtime.Object{testLease("node-1", 0), testLease("node-2", 0)})
 	rec := record.NewFakeRecorder(20)
-	c, err := NewBackingImageController(logrus.New(), env.DS, rec, "node-1", 1<<30)
+	c, err := NewBackingImageController(logrus.New(), env.DS, rec, "node-1", newFakeConnector(nil), 1<<30)
 	require.NoError(t, err)
 	key := testNS + "/img"
 	waitCache := func(cond func(*v1beta1.BackingImage) bool) {

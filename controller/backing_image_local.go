@@ -183,6 +183,8 @@ func (s *imageSync) startTransfer(k fileJobKey, diskPath string, st *v1beta1.Bac
 	case waiting != "":
 		setFileState(st, v1beta1.BackingImageStatePending, 0, waiting, s.now)
 		return nil
+	case src.export:
+		return s.startExport(k, diskPath, st)
 	case src.localPath != "":
 		kind = "copying from disk " + src.disk
 		work = func(ctx context.Context, report jobReport) (imagefile.Result, error) {
@@ -267,6 +269,7 @@ type copySource struct {
 	disk, node string
 	localPath  string // a ready copy on this node
 	url        string // a ready copy on a peer, served by its manager
+	export     bool   // the first copy, exported from a volume's snapshot
 }
 
 func (s *imageSync) copySource(disk string) (copySource, string) {
@@ -303,7 +306,7 @@ func (s *imageSync) copySource(disk string) (copySource, string) {
 	case bi.Spec.SourceType == v1beta1.BackingImageSourceTypeUpload:
 		return copySource{}, "waiting for the upload to be sent again"
 	case bi.Spec.SourceType == v1beta1.BackingImageSourceTypeExportFromVolume:
-		return copySource{}, "export-from-volume sources are not supported yet"
+		return copySource{export: true}, ""
 	}
 	return copySource{}, ""
 }

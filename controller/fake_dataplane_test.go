@@ -113,6 +113,10 @@ func (d *fakeDataPlane) SnapshotRevert(_ context.Context, engine, name string) e
 	return d.record("SnapshotRevert", engine, name)
 }
 
+func (d *fakeDataPlane) SnapshotExport(_ context.Context, engine, snapshot string, _ func(engineapi.ExportChunk) error) error {
+	return d.record("SnapshotExport", engine, snapshot)
+}
+
 func (d *fakeDataPlane) SnapshotClone(_ context.Context, a engineapi.SnapshotCloneArgs) error {
 	if a.BackingShared {
 		return d.record("SnapshotClone", a.Engine, a.SourceAddress, a.Snapshot, "backing-shared")

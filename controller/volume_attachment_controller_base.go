@@ -64,6 +64,7 @@ func NewVolumeAttachmentController(logger logrus.FieldLogger, ds *datastore.Data
 	for gk, informer := range map[schema.GroupKind]cache.SharedIndexInformer{
 		gkSnapshot:                ds.Snapshots.Informer(),
 		gkBackup:                  ds.Backups.Informer(),
+		gkBackingImage:            ds.BackingImages.Informer(),
 		gkStorageVolumeAttachment: ds.StorageVolumeAttachments.Informer(),
 	} {
 		if _, err := informer.AddEventHandler(c.ownerHandlers(gk)); err != nil {

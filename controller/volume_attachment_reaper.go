@@ -36,6 +36,7 @@ var (
 	gkSnapshot                = v1beta1.SchemeGroupVersion.WithKind("Snapshot").GroupKind()
 	gkBackup                  = v1beta1.SchemeGroupVersion.WithKind("Backup").GroupKind()
 	gkVolume                  = v1beta1.SchemeGroupVersion.WithKind("Volume").GroupKind()
+	gkBackingImage            = v1beta1.SchemeGroupVersion.WithKind("BackingImage").GroupKind()
 	gkStorageVolumeAttachment = storagev1.SchemeGroupVersion.WithKind("VolumeAttachment").GroupKind()
 )
 
@@ -81,6 +82,9 @@ func (c *VolumeAttachmentController) ownerLookups() map[schema.GroupKind]ownerLo
 		}), true},
 		gkVolume: {cachedOwner(c.ds.Volumes), liveOwner(func(ctx context.Context, ns, name string) (*v1beta1.Volume, error) {
 			return strata.Volumes(ns).Get(ctx, name, metav1.GetOptions{})
+		}), true},
+		gkBackingImage: {cachedOwner(c.ds.BackingImages), liveOwner(func(ctx context.Context, ns, name string) (*v1beta1.BackingImage, error) {
+			return strata.BackingImages(ns).Get(ctx, name, metav1.GetOptions{})
 		}), true},
 		gkStorageVolumeAttachment: {cachedOwner(c.ds.StorageVolumeAttachments),
 			liveOwner(func(ctx context.Context, _, name string) (*storagev1.VolumeAttachment, error) {

@@ -37,6 +37,9 @@ type DataPlane interface {
 	// SnapshotClone fills an engine's volume from a snapshot of another
 	// volume, read from one of its replicas.
 	SnapshotClone(ctx context.Context, args SnapshotCloneArgs) error
+	// SnapshotExport streams a snapshot's bytes to fn, chunk by chunk (see
+	// Client.SnapshotExport for how chunks make the image).
+	SnapshotExport(ctx context.Context, engine, snapshot string, fn func(ExportChunk) error) error
 	// SnapshotLimitsSet sets an engine's limits on user snapshots.
 	SnapshotLimitsSet(ctx context.Context, engine string, maxCount int32, maxSize int64) error
 
@@ -55,6 +58,13 @@ type DataPlane interface {
 	// ReplicaDataDelete deletes a replica's data directory; refused while an
 	// instance uses it.
 	ReplicaDataDelete(ctx context.Context, dataDir string) error
+}
+
+// ExportChunk is a piece of an exported snapshot: Data at Offset. The first
+// chunk also carries the volume's size.
+type ExportChunk struct {
+	Offset, VolumeSize int64
+	Data               []byte
 }
 
 // SnapshotCloneArgs are the arguments of a snapshot clone.
@@ -183,6 +193,11 @@ type RebuildStatus struct {
 	State        string
 	Error        string
 	FromReplica  string
+	// CopiedBytes is the layer data sent so far; KeptLayers layers (of
+	// KeptBytes on the source) were already on a returning replica and are
+	// kept, CopiedLayers are copied.
+	CopiedBytes, KeptBytes   int64
+	CopiedLayers, KeptLayers int32
 }
 
 // CloneStatus is a running snapshot clone.

@@ -92,6 +92,12 @@ func (t typedClient) SnapshotRevert(ctx context.Context, engine, name string) er
 	return t.c.SnapshotRevert(ctx, engine, name)
 }
 
+func (t typedClient) SnapshotExport(ctx context.Context, engine, snapshot string, fn func(ExportChunk) error) error {
+	return t.c.SnapshotExport(ctx, engine, snapshot, func(c *impb.ExportChunk) error {
+		return fn(ExportChunk{Offset: c.Offset, VolumeSize: c.VolumeSize, Data: c.Data})
+	})
+}
+
 func (t typedClient) SnapshotClone(ctx context.Context, args SnapshotCloneArgs) error {
 	return t.c.SnapshotClone(ctx, args)
 }
@@ -211,7 +217,8 @@ func cloneStatusFromWire(c *impb.CloneStatus) *CloneStatus {
 
 func rebuildStatusFromWire(r *impb.RebuildStatus) *RebuildStatus {
 	return &RebuildStatus{IsRebuilding: r.GetIsRebuilding(), Progress: r.GetProgress(), State: r.GetState(),
-		Error: r.GetError(), FromReplica: r.GetFromReplica()}
+		Error: r.GetError(), FromReplica: r.GetFromReplica(), CopiedBytes: r.GetCopiedBytes(),
+		KeptBytes: r.GetKeptBytes(), CopiedLayers: r.GetCopiedLayers(), KeptLayers: r.GetKeptLayers()}
 }
 
 func instanceTypeFromWire(t impb.InstanceType) InstanceType {

@@ -84,6 +84,25 @@ func Prepare(ctx context.Context, src, final, want string) (Result, error) {
 	return res, fmt.Errorf("the image is nested more than 4 formats deep (%v)", res.Formats)
 }
 
+// PrepareRaw is Prepare for a source known to be a raw disk (a volume's
+// exported bytes), which is never sniffed: a disk may well begin with bytes
+// that look like a qcow2 or gzip header.
+func PrepareRaw(ctx context.Context, src, final, want string) (Result, error) {
+	res := Result{Formats: []Format{FormatRaw}}
+	if st, err := os.Stat(src); err == nil {
+		res.SourceSize = st.Size()
+	}
+	work := final + ".tmp"
+	defer os.Remove(work)
+	if err := copySparse(src, work); err != nil {
+		return res, err
+	}
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	return finish(work, final, want, res)
+}
+
 // finish checks the raw file at cur and renames it into final.
 func finish(cur, final, want string, res Result) (Result, error) {
 	sum, size, err := Checksum(cur)

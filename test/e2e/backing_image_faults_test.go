@@ -213,3 +213,46 @@ func listCopyFiles(t *testing.T, bi *v1beta1.BackingImage) []string {
 	}
 	return out
 }
+
+// An image exported from a volume: the first copy is a snapshot of the
+// volume streamed from its engine (the volume attached for it through a
+// bim-ds-controller ticket owned by the image); a volume on the image reads
+// the source's bytes as they were at the snapshot; afterwards the ticket
+// and the image's snapshot are gone.
+func TestBackingImageExportFromVolume(t *testing.T) {
+	createVolume(t, "e2e-bi-src", "16Mi", 1)
+	waitVolume(t, "e2e-bi-src", time.Minute, "detached", isDetached)
+	useOn(t, "e2e-bi-src", "node-2", "write -P 0x5e 0 6M", "write -P 0x6f 12M 1M")
+	createBackingImage(t, "e2e-bi-export", v1beta1.BackingImageSpec{SourceType: v1beta1.BackingImageSourceTypeExportFromVolume,
+		SourceParameters: map[string]string{v1beta1.BackingImageParameterVolumeName: "e2e-bi-src",
+			v1beta1.BackingImageParameterExportType: v1beta1.BackingImageExportTypeRaw}})
+	bi := waitBackingImage(t, "e2e-bi-export", 2*time.Minute, "exported", allCopiesReady(1))
+	assert.Equal(t, int64(16<<20), bi.Status.VirtualSize)
+	want := make([]byte, 16<<20)
+	for i := range 6 << 20 {
+		want[i] = 0x5e
+	}
+	for i := 12 << 20; i < 13<<20; i++ {
+		want[i] = 0x6f
+	}
+	assert.Equal(t, sha512Hex(want), bi.Status.Checksum)
+
+	createVolume(t, "e2e-bi-fromexp", "16Mi", 2, func(v *v1beta1.Volume) { v.Spec.BackingImage = "e2e-bi-export" })
+	updateTickets(t, "e2e-bi-fromexp", addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-1"))
+	v := waitVolume(t, "e2e-bi-fromexp", 2*time.Minute, "attached to node-1", attachedTo("node-1"))
+	assertVolumeHoldsImage(t, v.Status.FrontendEndpoint, want)
+
+	require.Eventually(t, func() bool {
+		_, err := env.adminStrata.StrataV1beta1().Snapshots(ns).Get(context.Background(), "bi-e2e-bi-export-"+bi.Status.UUID, metav1.GetOptions{})
+		if err == nil {
+			return false
+		}
+		for id := range getVA(t, "e2e-bi-src").Spec.AttachmentTickets {
+			if strings.HasPrefix(id, "bim-ds-") {
+				return false
+			}
+		}
+		return true
+	}, time.Minute, 200*time.Millisecond, "the export's snapshot and ticket are released")
+	waitVolume(t, "e2e-bi-src", time.Minute, "detached again", isDetached)
+}
