@@ -80,6 +80,30 @@ func NewBackingImageController(logger logrus.FieldLogger, ds *datastore.DataStor
 	}); err != nil {
 		return nil, err
 	}
+	// An export waits for its snapshot and for the volume's engine.
+	if _, err := ds.Snapshots.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(oldObj, newObj interface{}) {
+			o, ok1 := oldObj.(*v1beta1.Snapshot)
+			n, ok2 := newObj.(*v1beta1.Snapshot)
+			if ok1 && ok2 && n.Labels[types.LabelBackingImage] != "" &&
+				(o.Status.ReadyToUse != n.Status.ReadyToUse || o.Status.Error != n.Status.Error) {
+				c.queue.Add(n.Namespace + "/" + n.Labels[types.LabelBackingImage])
+			}
+		},
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := ds.Engines.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(oldObj, newObj interface{}) {
+			o, ok1 := oldObj.(*v1beta1.Engine)
+			n, ok2 := newObj.(*v1beta1.Engine)
+			if ok1 && ok2 && o.Status.CurrentState != n.Status.CurrentState {
+				c.enqueueExportsOf(n.Spec.VolumeName)
+			}
+		},
+	}); err != nil {
+		return nil, err
+	}
 	if _, err := ds.Settings.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		UpdateFunc: func(_, newObj interface{}) {
 			if st, ok := newObj.(*v1beta1.Setting); ok && st.Name == string(types.SettingBackingImageCleanupWaitInterval) {
@@ -105,6 +129,17 @@ func (c *BackingImageController) Run(ctx context.Context, workers int) {
 func (c *BackingImageController) enqueueImageOf(obj interface{}) {
 	if r, ok := obj.(*v1beta1.Replica); ok && r.Spec.BackingImage != "" {
 		c.queue.Add(r.Namespace + "/" + r.Spec.BackingImage)
+	}
+}
+
+// enqueueExportsOf enqueues the images exported from a volume.
+func (c *BackingImageController) enqueueExportsOf(volume string) {
+	images, err := c.ds.BackingImages.ListByIndexRO(datastore.IndexByVolume, volume)
+	if err != nil {
+		return
+	}
+	for _, bi := range images {
+		c.enqueue(bi)
 	}
 }
 

@@ -110,7 +110,7 @@ func New(namespace string, strataClient versioned.Interface, kubeClient kubernet
 	ds.VolumeAttachments = newStore(v1beta1.Resource("volumeattachments"), namespace,
 		add(s.VolumeAttachments().Informer(), volumeAttachmentIndexers),
 		func(ns string) objectClient[*v1beta1.VolumeAttachment] { return typed.VolumeAttachments(ns) })
-	ds.BackingImages = newStore(v1beta1.Resource("backingimages"), namespace, add(s.BackingImages().Informer(), nil),
+	ds.BackingImages = newStore(v1beta1.Resource("backingimages"), namespace, add(s.BackingImages().Informer(), backingImageIndexers),
 		func(ns string) objectClient[*v1beta1.BackingImage] { return typed.BackingImages(ns) })
 	ds.Nodes = newStore(v1beta1.Resource("nodes"), namespace, add(s.Nodes().Informer(), nodeIndexers),
 		func(ns string) objectClient[*v1beta1.Node] { return typed.Nodes(ns) })

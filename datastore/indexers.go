@@ -76,6 +76,15 @@ var (
 			return uuids, nil
 		},
 	}
+	// An image exported from a volume is found by that volume.
+	backingImageIndexers = cache.Indexers{
+		IndexByVolume: indexOn(func(bi *v1beta1.BackingImage) string {
+			if bi.Spec.SourceType != v1beta1.BackingImageSourceTypeExportFromVolume {
+				return ""
+			}
+			return bi.Spec.SourceParameters[v1beta1.BackingImageParameterVolumeName]
+		}),
+	}
 	snapshotIndexers = cache.Indexers{
 		IndexByVolume: indexOn(func(s *v1beta1.Snapshot) string { return s.Spec.Volume }),
 	}

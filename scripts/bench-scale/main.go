@@ -31,6 +31,7 @@ import (
 type config struct {
 	volumes, snapshots, replicas int
 	clones                       int
+	imageVolumes                 int
 	size                         resource.Quantity
 	workers                      int
 	quiet                        time.Duration
@@ -45,6 +46,7 @@ func main() {
 	flag.IntVar(&cfg.snapshots, "snapshots", 30, "snapshots per volume")
 	flag.IntVar(&cfg.replicas, "replicas", 1, "replicas per volume (1-3)")
 	flag.IntVar(&cfg.clones, "clones", 10, "volumes cloned from a snapshot before the quiet window")
+	flag.IntVar(&cfg.imageVolumes, "image-volumes", 10, "volumes on a backing image (each attached once) before the quiet window")
 	flag.StringVar(&size, "size", "4Mi", "volume size")
 	flag.IntVar(&cfg.workers, "workers", 32, "concurrent API writers")
 	flag.DurationVar(&cfg.quiet, "quiet", time.Minute, "length of the quiet window")
@@ -121,6 +123,7 @@ func run(log *logrus.Logger, cfg config) (err error) {
 		{"volumes", b.stepVolumes},
 		{"snapshots", b.stepSnapshots},
 		{"clones", b.stepClones},
+		{"backing image", b.stepBackingImages},
 		{"quiet window", b.stepQuiet},
 		{"snapshot latency", b.stepLatency},
 		{"memory", b.stepMemory},
