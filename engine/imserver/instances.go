@@ -161,7 +161,7 @@ func (s *Server) startReplica(inst *instance, reopen bool) error {
 	var rep *replica.Replica
 	var err error
 	if _, statErr := os.Stat(filepath.Join(spec.DataDir, replica.MetaFile)); statErr == nil {
-		rep, err = replica.Open(spec.DataDir)
+		rep, err = replica.OpenWithBackingFile(spec.DataDir, spec.BackingFile)
 		if err == nil {
 			err = s.fitReplicaSize(inst, rep, reopen)
 			if err != nil {
