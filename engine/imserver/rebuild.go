@@ -12,7 +12,8 @@ import (
 )
 
 // Rebuild through the instance manager: ReplicaAdd with rebuild=true
-// attaches the new replica in WO mode and returns; the copy runs in the
+// attaches the replica (new, or one that failed and was recreated on its
+// directory, whose unchanged snapshots are kept) in WO mode and returns; the copy runs in the
 // engine (replication.Engine.StartRebuild) in the background. Its progress
 // is in ReplicaRebuildStatus and in the engine instance's rebuild_status,
 // which Watch publishes as it changes. A rebuild while a purge runs (or
@@ -75,7 +76,8 @@ func rebuildStatusProto(eng *replication.Engine) map[string]*impb.RebuildStatus 
 	out := map[string]*impb.RebuildStatus{}
 	for name, st := range eng.RebuildStatus() {
 		out[name] = &impb.RebuildStatus{IsRebuilding: st.IsRebuilding, Progress: int32(st.Progress),
-			State: st.State, Error: st.Error, FromReplica: st.FromReplica}
+			State: st.State, Error: st.Error, FromReplica: st.FromReplica, CopiedBytes: st.CopiedBytes,
+			KeptBytes: st.KeptBytes, CopiedLayers: int32(st.CopiedLayers), KeptLayers: int32(st.KeptLayers)}
 	}
 	return out
 }

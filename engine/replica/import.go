@@ -15,8 +15,11 @@ import (
 	"github.com/strata-storage/strata/types"
 )
 
-// Import: how a rebuild fills a new replica T with the snapshots of a
-// healthy replica S while T's head keeps taking the volume's writes.
+// Import: how a rebuild fills a replica T with the snapshots of a healthy
+// replica S while T's head keeps taking the volume's writes. T is new, or
+// a replica that came back with snapshots of its own, some of which it
+// keeps (see import_reuse.go); the rest of this comment is about what is
+// copied.
 //
 // The engine calls BeginImport on T, then, between two writes, snapshots S
 // (and every other healthy replica) and attaches T, so from that point S's
@@ -75,6 +78,11 @@ type ImportLayer struct {
 	UserCreated bool
 	Created     time.Time
 	Labels      map[string]string
+	// ID is the source's ID of the layer (see layerid.go).
+	ID string
+	// Keep: the replica's own snapshot of this name, which must have this
+	// same non-empty ID, becomes the layer; no data was staged for it.
+	Keep bool
 }
 
 // importState is a running import. The maps and bitmaps change only under
@@ -95,11 +103,22 @@ type importState struct {
 
 func stagingName(layer string) string { return tmpName("import-" + layer + imgSuffix) }
 
-// BeginImport prepares a new replica to be rebuilt: it must have no
-// snapshots and an empty head. An import left unfinished by an earlier
-// rebuild is dropped and its head data discarded: a replica that never
-// completed an import holds nothing worth keeping.
-func (r *Replica) BeginImport() error {
+// ImportOptions configure BeginImport.
+type ImportOptions struct {
+	// Reuse accepts a replica that is not empty: its head is replaced by an
+	// empty one at the root of the chain (committed, so its old data is
+	// gone), and its snapshots stay, untouched, until CommitImport keeps
+	// those the source also has (same name and ID) and drops the rest.
+	// Without Reuse such a replica is refused with ErrNotEmpty.
+	Reuse bool
+}
+
+// BeginImport prepares a replica to be rebuilt. A new replica must have no
+// snapshots and an empty head, unless opts.Reuse (see ImportOptions). An
+// import left unfinished by an earlier rebuild is dropped and its head
+// data discarded: a replica that never completed an import holds nothing
+// worth keeping in its head.
+func (r *Replica) BeginImport(opts ImportOptions) error {
 	r.opMu.Lock()
 	defer r.opMu.Unlock()
 	if r.closed {
@@ -108,16 +127,20 @@ func (r *Replica) BeginImport() error {
 	restart := r.imp != nil
 	if restart {
 		r.dropImport()
-	} else if len(r.snaps) > 0 || r.head.meta.Parent != "" {
-		return fmt.Errorf("begin import: %w: it has %d snapshots", ErrNotEmpty, len(r.snaps))
+	} else if len(r.snaps) > 0 || r.head.meta.Parent != "" || r.headHolds() {
+		if !opts.Reuse {
+			return fmt.Errorf("begin import: %w: it has %d snapshots or data in its head", ErrNotEmpty, len(r.snaps))
+		}
+		// The head is stale: the import rebuilds it from the writes the
+		// engine sends from the rebuild snapshot on, like a new replica's.
+		if err := r.replaceHead("", "import-reset"); err != nil {
+			return fmt.Errorf("begin import: %w", err)
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	nblocks := r.size / bs
-	if runEnd(r.headBits, 0, nblocks, false) < nblocks {
-		if !restart {
-			return fmt.Errorf("begin import: %w: its head holds data", ErrNotEmpty)
-		}
+	if restart && r.headHoldsLocked() {
 		if err := r.punchHead(0, nblocks); err != nil {
 			return fmt.Errorf("begin import: %w", err)
 		}
@@ -129,6 +152,17 @@ func (r *Replica) BeginImport() error {
 		noFree: r.backing != nil,
 	}
 	return nil
+}
+
+func (r *Replica) headHolds() bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.headHoldsLocked()
+}
+
+func (r *Replica) headHoldsLocked() bool {
+	nblocks := r.size / bs
+	return runEnd(r.headBits, 0, nblocks, false) < nblocks
 }
 
 // Importing reports whether an import runs.
@@ -245,11 +279,13 @@ func (r *Replica) checkNotImporting() error {
 	return nil
 }
 
-// CommitImport makes the staged layers T's snapshots, with the head on top
-// of headParent, and ends the import. layers must form a tree: every parent
-// named is in the list. A layer with no staged data is an empty layer. On
-// any error before the commit point the import is aborted and the chain is
-// as it was.
+// CommitImport makes the staged layers, and the replica's own kept ones
+// (ImportLayer.Keep), its snapshots, with the head on top of headParent,
+// and ends the import; its other snapshots are dropped. layers must form
+// a tree: every parent named is in the list. A layer with no staged data
+// is an empty layer. On any error before the commit point the import is
+// aborted and the chain is as it was (a reused replica may have lost its
+// own snapshots, see import_reuse.go).
 func (r *Replica) CommitImport(layers []ImportLayer, headParent string) (err error) {
 	r.opMu.Lock()
 	defer r.opMu.Unlock()
@@ -284,32 +320,55 @@ func (r *Replica) CommitImport(layers []ImportLayer, headParent string) (err err
 	if err != nil {
 		return err
 	}
-	if len(r.slots)+len(names) > maxSnapshots+2 {
-		return fmt.Errorf("%w: %d imported layers", ErrTooManyLayers, len(names))
+	keep, err := r.checkKept(layers)
+	if err != nil {
+		return err
 	}
 	if r.vol.HeadIndex >= maxHeadIndex {
 		return fmt.Errorf("head index %d exhausted", r.vol.HeadIndex)
 	}
-
-	// Stage 1: the layer files under their final names, durable. Nothing
-	// references them until volume.meta does.
 	imp.mu.Lock()
 	imp.done = true
 	staging = imp.staging
 	imp.staging = nil
 	imp.mu.Unlock()
-	base := len(r.slots)
-	for i, name := range names {
+	for name := range keep {
+		if staging[name] != nil {
+			return fmt.Errorf("%w: layer %q is both kept and imported", ErrBadMeta, name)
+		}
+	}
+
+	// Stage 0, for a reused replica: its own snapshots leave the chain,
+	// those kept under their staging names (see dropOwnSnapshots).
+	if len(r.snaps) > 0 {
+		moved, err := r.dropOwnSnapshots(keep, &extra)
+		maps.Copy(staging, moved)
+		if err != nil {
+			return err
+		}
+	}
+
+	// Stage 1: the layer files under their final names, durable. Nothing
+	// references them until volume.meta does.
+	slots := r.slotAllocator()
+	for _, name := range names {
 		img := snapFileName(name)
 		f := staging[name]
 		delete(staging, name)
+		slot, err := slots.next()
+		if err != nil {
+			if f != nil {
+				f.Close()
+			}
+			return err
+		}
 		if f == nil {
 			f, err = os.OpenFile(filepath.Join(r.dir, stagingName(name)), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 			if err != nil {
 				return err
 			}
 		}
-		newLayers = append(newLayers, &layer{slot: uint16(base + i), kind: kindSnapshot, file: img, f: f, meta: metas[name]})
+		newLayers = append(newLayers, &layer{slot: slot, kind: kindSnapshot, file: img, f: f, meta: metas[name]})
 		extra = append(extra, stagingName(name), img, img+metaSuffix)
 		if err := f.Truncate(r.size); err != nil {
 			return fmt.Errorf("staged %s: %w", name, err)
@@ -404,10 +463,7 @@ func (r *Replica) CommitImport(layers []ImportLayer, headParent string) (err err
 	r.vol = vol
 	oldHead := r.head.file
 	r.head.file, r.head.meta = newHead, newHeadMeta
-	for _, l := range newLayers {
-		r.slots = append(r.slots, l)
-		r.snaps[l.meta.Name] = l
-	}
+	slots.commit(newLayers)
 	r.owner = owner
 	r.imp = nil
 	if err != nil {
@@ -438,7 +494,7 @@ func importMetas(layers []ImportLayer, headParent string) (map[string]layerMeta,
 			created = time.Now()
 		}
 		m := layerMeta{Name: l.Name, Parent: l.Parent, Removed: l.Removed, UserCreated: l.UserCreated,
-			Created: formatTime(created), Labels: maps.Clone(l.Labels)}
+			Created: formatTime(created), Labels: maps.Clone(l.Labels), ID: l.ID}
 		if err := m.validate(); err != nil {
 			return nil, nil, fmt.Errorf("%w: layer %q: %w", ErrBadMeta, l.Name, err)
 		}

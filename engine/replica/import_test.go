@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -147,11 +149,23 @@ const reserved = 8 * bs
 
 // copyLayers copies every snapshot of src into dst's import, 4 blocks at a
 // time through ReadLayer as a rebuild does, calling between() after each
-// chunk. It returns the chain to commit.
+// chunk; a layer dst has with the same name and ID is kept instead, as the
+// engine's rule (replicactl.Reusable) has it. It returns the chain to
+// commit.
 func copyLayers(src, dst *Replica, between func()) ([]ImportLayer, error) {
 	info, err := src.Chain()
 	if err != nil {
 		return nil, err
+	}
+	own, err := dst.Chain()
+	if err != nil {
+		return nil, err
+	}
+	ids := map[string]string{}
+	for _, l := range own.Layers {
+		if l.Name != HeadName {
+			ids[l.Name] = l.ID
+		}
 	}
 	var out []ImportLayer
 	buf := make([]byte, 4*bs)
@@ -159,8 +173,12 @@ func copyLayers(src, dst *Replica, between func()) ([]ImportLayer, error) {
 		if l.Name == HeadName {
 			continue
 		}
+		keep := l.ID != "" && ids[l.Name] == l.ID
 		out = append(out, ImportLayer{Name: l.Name, Parent: l.Parent, Removed: l.Removed,
-			UserCreated: l.UserCreated, Created: l.Created, Labels: l.Labels})
+			UserCreated: l.UserCreated, Created: l.Created, Labels: l.Labels, ID: l.ID, Keep: keep})
+		if keep {
+			continue
+		}
 		exts, err := src.Extents(l.Name)
 		if err != nil {
 			return nil, err
@@ -254,7 +272,7 @@ func TestImportUnderWrites(t *testing.T) {
 				tr, err := Create(filepath.Join(base, "t"), size, CreateOptions{BackingFile: backing})
 				require.NoError(t, err)
 				defer func() { tr.Close() }()
-				require.NoError(t, tr.BeginImport())
+				require.NoError(t, tr.BeginImport(ImportOptions{}))
 
 				rng := rand.New(rand.NewPCG(seed, 7))
 				buf := make([]byte, 64<<10)
@@ -388,7 +406,7 @@ func TestImportRecordCases(t *testing.T) {
 			tr, err := Create(filepath.Join(base, "t"), size, CreateOptions{})
 			require.NoError(t, err)
 			defer tr.Close()
-			require.NoError(t, tr.BeginImport())
+			require.NoError(t, tr.BeginImport(ImportOptions{}))
 			buf := make([]byte, size)
 			for _, op := range tc.ops {
 				require.NoError(t, both(s, tr, op, buf))
@@ -407,12 +425,12 @@ func TestImportRefusals(t *testing.T) {
 	require.ErrorIs(t, r.CommitImport(nil, ""), ErrNotImporting)
 
 	fillBlocks(t, r, 0, 1, 1)
-	require.ErrorIs(t, r.BeginImport(), ErrNotEmpty, "a head with data")
+	require.ErrorIs(t, r.BeginImport(ImportOptions{}), ErrNotEmpty, "a head with data")
 	require.NoError(t, r.Snapshot("s", SnapshotOptions{}))
-	require.ErrorIs(t, r.BeginImport(), ErrNotEmpty, "snapshots")
+	require.ErrorIs(t, r.BeginImport(ImportOptions{}), ErrNotEmpty, "snapshots")
 
 	r2, dir2 := newReplica(t, 16)
-	require.NoError(t, r2.BeginImport())
+	require.NoError(t, r2.BeginImport(ImportOptions{}))
 	require.ErrorIs(t, r2.Snapshot("s", SnapshotOptions{}), ErrImporting)
 	require.ErrorIs(t, r2.CheckSnapshot("s", SnapshotOptions{}), ErrImporting)
 	require.ErrorIs(t, r2.Expand(32*bs), ErrImporting)
@@ -432,7 +450,7 @@ func TestImportRefusals(t *testing.T) {
 		{[]ImportLayer{{Name: "a"}, {Name: "a"}}, "a"},
 		{[]ImportLayer{{Name: "a"}}, "other"},
 	} {
-		require.NoError(t, r2.BeginImport())
+		require.NoError(t, r2.BeginImport(ImportOptions{}))
 		require.NoError(t, r2.ImportWrite("a", bytes.Repeat([]byte{1}, bs), 0))
 		require.ErrorIs(t, r2.CommitImport(bad.layers, bad.parent), ErrBadMeta, "%v", bad)
 		require.False(t, r2.Importing())
@@ -441,10 +459,10 @@ func TestImportRefusals(t *testing.T) {
 	}
 
 	// Beginning again drops an unfinished import and its head data.
-	require.NoError(t, r2.BeginImport())
+	require.NoError(t, r2.BeginImport(ImportOptions{}))
 	fillBlocks(t, r2, 3, 1, 7)
 	require.NoError(t, r2.ImportWrite("a", bytes.Repeat([]byte{1}, bs), 0))
-	require.NoError(t, r2.BeginImport())
+	require.NoError(t, r2.BeginImport(ImportOptions{}))
 	assert.Equal(t, make([]byte, 16), blockVals(t, r2))
 	require.NoError(t, r2.AbortImport())
 	require.NoFileExists(t, filepath.Join(dir2, stagingName("a")))
@@ -471,7 +489,7 @@ func TestImportRecordLimit(t *testing.T) {
 	tr, err := Create(filepath.Join(base, "t"), 16*bs, CreateOptions{})
 	require.NoError(t, err)
 	defer tr.Close()
-	require.NoError(t, tr.BeginImport())
+	require.NoError(t, tr.BeginImport(ImportOptions{}))
 	for b := range int64(6) {
 		_, err := tr.WriteAt([]byte{1}, b*bs+1) // writes still work
 		require.NoError(t, err)
@@ -519,7 +537,7 @@ func TestImportCrashChild(t *testing.T) {
 	if err != nil {
 		fail("open target", err)
 	}
-	if err := tr.BeginImport(); err != nil {
+	if err := tr.BeginImport(ImportOptions{Reuse: true}); err != nil {
 		fail("begin", err)
 	}
 	var mu sync.Mutex // one operation at a time, between B and A lines
@@ -555,17 +573,50 @@ func TestImportCrashChild(t *testing.T) {
 	select {}
 }
 
+// TestImportCrashPoints kills the import at each step, into a new replica
+// and into a reused one: a copy of S taken before S purged (so some of its
+// layers are kept, one is copied over a name it has, and two are dropped),
+// with data of its own in its head.
 func TestImportCrashPoints(t *testing.T) {
 	points := []string{"import:write", "import:layers", "import:prepared", "import:fixed", "import:committed", ""}
-	for _, point := range points {
-		t.Run("at="+point, func(t *testing.T) {
+	reusePoints := []string{"import-reset:prepared", "import-reset:committed", "import:write", "import:kept",
+		"import:dropped", "import:layers", "import:fixed", "import:committed", ""}
+	type run struct {
+		reuse bool
+		point string
+	}
+	var runs []run
+	for _, p := range points {
+		runs = append(runs, run{false, p})
+	}
+	for _, p := range reusePoints {
+		runs = append(runs, run{true, p})
+	}
+	for _, rn := range runs {
+		point := rn.point
+		t.Run(fmt.Sprintf("reuse=%v/at=%s", rn.reuse, point), func(t *testing.T) {
 			const size = 1 << 20
 			base := t.TempDir()
 			s := importSource(t, filepath.Join(base, "s"), size, "", 3)
+			var ownNames []string
+			if rn.reuse {
+				require.NoError(t, s.Flush())
+				copyReplicaDir(t, filepath.Join(base, "s"), filepath.Join(base, "t"))
+				require.NoError(t, s.RemoveSnapshot("c"))
+				require.NoError(t, s.Purge(t.Context(), nil)) // a into b (new ID), c deleted
+				tr, err := Open(filepath.Join(base, "t"))
+				require.NoError(t, err)
+				fillBlocks(t, tr, 0, 4, 0x77)
+				for name := range chainView(t, tr) {
+					ownNames = append(ownNames, name)
+				}
+				require.NoError(t, tr.Close())
+			} else {
+				tr, err := Create(filepath.Join(base, "t"), size, CreateOptions{})
+				require.NoError(t, err)
+				require.NoError(t, tr.Close())
+			}
 			require.NoError(t, s.Close())
-			tr, err := Create(filepath.Join(base, "t"), size, CreateOptions{})
-			require.NoError(t, err)
-			require.NoError(t, tr.Close())
 
 			cmd := exec.Command(os.Args[0], "-test.run=^TestImportCrashChild$", "-test.count=1")
 			cmd.Env = append(os.Environ(), envImportCrash+"="+base+","+point)
@@ -616,14 +667,23 @@ func TestImportCrashPoints(t *testing.T) {
 			s, err = Open(filepath.Join(base, "s"))
 			require.NoError(t, err)
 			defer s.Close()
-			tr, err = Open(filepath.Join(base, "t"))
+			tr, err := Open(filepath.Join(base, "t"))
 			require.NoError(t, err, "the target opens after a kill at %q", point)
 			defer tr.Close()
 			info, err := tr.Chain()
 			require.NoError(t, err)
 			assertNoLeftovers(t, filepath.Join(base, "t"), info)
 			committed := point == "import:committed" || point == ""
-			if !committed {
+			switch {
+			case point == "import-reset:prepared":
+				assert.ElementsMatch(t, ownNames, slices.Collect(maps.Keys(chainView(t, tr))), "the old state")
+				return
+			case rn.reuse && !committed && point != "import:dropped" && point != "import:layers" && point != "import:fixed":
+				assert.ElementsMatch(t, ownNames, slices.Collect(maps.Keys(chainView(t, tr))),
+					"before the first commit the target keeps its snapshots")
+				assert.Equal(t, "", chainView(t, tr)[HeadName].Parent, "under a new head at the root")
+				return
+			case !committed:
 				require.Len(t, info.Layers, 1, "before the commit point the target has only its head")
 				require.Equal(t, "", info.Layers[0].Parent)
 				return

@@ -112,6 +112,10 @@ type layerMeta struct {
 	UserCreated bool              `json:"userCreated"`
 	Created     string            `json:"created"`
 	Labels      map[string]string `json:"labels,omitempty"`
+	// ID names a snapshot layer's content: equal on two replicas only if
+	// the layers hold the same blocks (see layerid.go). Empty for the head
+	// and for layers written before IDs existed, which never match.
+	ID string `json:"id,omitempty"`
 }
 
 func (m *layerMeta) validate() error {
@@ -134,6 +138,11 @@ func (m *layerMeta) validate() error {
 	for k := range m.Labels {
 		if k == "" {
 			return errors.New("labels: empty key")
+		}
+	}
+	if m.ID != "" {
+		if err := validateLayerID(m.ID); err != nil {
+			return err
 		}
 	}
 	return nil

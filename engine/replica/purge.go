@@ -38,6 +38,11 @@ func (r *Replica) Purge(ctx context.Context, progress func(pct int)) error {
 	if r.closed {
 		return ErrClosed
 	}
+	// A reused replica's own snapshots wait, unchanged, for the import's
+	// commit to keep or drop them.
+	if err := r.checkNotImporting(); err != nil {
+		return fmt.Errorf("purge: %w", err)
+	}
 	last := -1
 	report := func(pct int) {
 		if progress != nil && pct > last {
@@ -175,6 +180,12 @@ func (r *Replica) prune(ctx context.Context, s *layer, frac func(float64)) error
 	if len(punch) == 0 {
 		return nil
 	}
+	// s's blocks change: its ID goes first and comes back as another once
+	// the punches are durable (see layerid.go for why a prune needs one).
+	id := s.meta.ID
+	if err := r.forgetLayerID(s); err != nil {
+		return fmt.Errorf("prune: %w", err)
+	}
 	// The head's copies must be durable before the snapshot's go.
 	if err := unix.Fdatasync(int(r.head.f.Fd())); err != nil {
 		return fmt.Errorf("prune: sync %s: %w", r.head.file, err)
@@ -192,6 +203,17 @@ func (r *Replica) prune(ctx context.Context, s *layer, frac func(float64)) error
 		if i == len(punch)/2 {
 			crashPoint("prune:half")
 		}
+	}
+	if id == "" {
+		return nil
+	}
+	if err := unix.Fsync(int(s.f.Fd())); err != nil {
+		return fmt.Errorf("prune: sync %s: %w", s.file, err)
+	}
+	m := s.meta
+	m.ID = prunedID(id, punch)
+	if err := r.setLayerMeta(s, m); err != nil {
+		return fmt.Errorf("prune: %w", err)
 	}
 	return nil
 }
@@ -224,6 +246,12 @@ func (r *Replica) coalesce(ctx context.Context, rem, c *layer, frac func(float64
 		return fmt.Errorf("coalesce %s: %w", c.file, err)
 	}
 	intoChild := extentBytes(remExts) <= extentBytes(cExts)
+	// Both layers may change in place; neither may keep an ID that claims
+	// its old content meanwhile. c gets the merged ID with its new parent.
+	remID, cID := rem.meta.ID, c.meta.ID
+	if err := r.forgetLayerID(rem, c); err != nil {
+		return fmt.Errorf("coalesce: %w", err)
+	}
 	if intoChild {
 		err = copyExtents(ctx, rem, c, subtractExtents(remExts, cExts), frac)
 	} else {
@@ -259,6 +287,7 @@ func (r *Replica) coalesce(ctx context.Context, rem, c *layer, frac func(float64
 	}
 	m := c.meta
 	m.Parent = rem.meta.Parent
+	m.ID = coalescedID(remID, cID)
 	err = writeLayerMeta(r.dir, c.file, m)
 	if err == nil {
 		err = syncDir(r.dir)

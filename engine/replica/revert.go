@@ -17,6 +17,9 @@ func (r *Replica) Revert(name string) error {
 	if r.closed {
 		return ErrClosed
 	}
+	if err := r.checkNotImporting(); err != nil {
+		return fmt.Errorf("revert to %q: %w", name, err)
+	}
 	s := r.snaps[name]
 	if s == nil {
 		return fmt.Errorf("revert: %w: %q", ErrSnapshotNotFound, name)
@@ -24,25 +27,35 @@ func (r *Replica) Revert(name string) error {
 	if s.meta.Removed {
 		return fmt.Errorf("revert: %w: %q", ErrSnapshotRemoved, name)
 	}
+	if err := r.replaceHead(name, "revert"); err != nil {
+		return fmt.Errorf("revert to %q: %w", name, err)
+	}
+	return nil
+}
+
+// replaceHead discards the head and puts a new empty one on parent ("":
+// the root of the chain, over the backing file if any); what names the
+// crash points. The caller holds opMu.
+func (r *Replica) replaceHead(parent, what string) error {
 	if r.vol.HeadIndex >= maxHeadIndex {
-		return fmt.Errorf("revert to %q: head index %d exhausted", name, r.vol.HeadIndex)
+		return fmt.Errorf("head index %d exhausted", r.vol.HeadIndex)
 	}
 	// Snapshots are immutable and opMu keeps purge away, so the new map can
 	// be built before stopping I/O.
-	chain, err := r.chainBelow(name)
+	chain, err := r.chainBelow(parent)
 	if err != nil {
-		return fmt.Errorf("revert to %q: %w", name, err)
+		return err
 	}
 	owner, err := buildOwnerMap(chain, r.size)
 	if err != nil {
-		return fmt.Errorf("revert to %q: %w", name, err)
+		return err
 	}
-	newHead, err := r.prepareHead(name)
+	newHead, err := r.prepareHead(parent)
 	if err != nil {
-		return fmt.Errorf("revert to %q: %w", name, err)
+		return err
 	}
 	err = syncDir(r.dir)
-	crashPoint("revert:prepared")
+	crashPoint(what + ":prepared")
 	vol := r.volMeta()
 	vol.Head, vol.HeadIndex = newHead.file, newHead.index
 	renamed := false
@@ -54,7 +67,7 @@ func (r *Replica) Revert(name string) error {
 	if !renamed {
 		newHead.f.Close()
 		r.removeFiles(newHead.file, newHead.file+metaSuffix)
-		return fmt.Errorf("revert to %q: %w", name, err)
+		return err
 	}
 	old := r.head
 	r.vol = vol
@@ -64,9 +77,9 @@ func (r *Replica) Revert(name string) error {
 	r.owner = owner
 	r.headBits = make([]uint64, len(r.headBits))
 	if err != nil {
-		return fmt.Errorf("revert to %q: %w", name, err)
+		return err
 	}
-	crashPoint("revert:committed")
+	crashPoint(what + ":committed")
 	r.removeFiles(old.file, old.file+metaSuffix)
 	return nil
 }

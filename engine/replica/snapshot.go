@@ -23,6 +23,10 @@ type SnapshotOptions struct {
 	// Created defaults to now.
 	Created time.Time
 	Labels  map[string]string
+	// ID names the snapshot's content (see layerid.go): an engine sends
+	// the same random ID to every replica. Empty: the replica makes one up,
+	// so the layer matches no other replica's.
+	ID string
 }
 
 // LayerInfo describes one layer of the replica.
@@ -35,6 +39,7 @@ type LayerInfo struct {
 	Created     time.Time
 	Size        int64 // allocated bytes (st_blocks * 512)
 	Labels      map[string]string
+	ID          string // snapshots: the content's ID, "" if unknown (see layerid.go)
 }
 
 // Info describes the whole replica.
@@ -110,7 +115,7 @@ func (r *Replica) Chain() (Info, error) {
 		}
 		li := LayerInfo{
 			Name: l.name(), Parent: l.meta.Parent, Removed: l.meta.Removed, UserCreated: l.meta.UserCreated,
-			Created: l.meta.createdTime(), Size: size, Labels: maps.Clone(l.meta.Labels),
+			Created: l.meta.createdTime(), Size: size, Labels: maps.Clone(l.meta.Labels), ID: l.meta.ID,
 		}
 		if l.kind == kindSnapshot {
 			snaps, head := r.children(l.meta.Name)
@@ -205,6 +210,11 @@ func (r *Replica) snapshotAllowed(name string, opts SnapshotOptions) error {
 			return fmt.Errorf("snapshot %q: labels: empty key", name)
 		}
 	}
+	if opts.ID != "" {
+		if err := validateLayerID(opts.ID); err != nil {
+			return fmt.Errorf("snapshot %q: %w", name, err)
+		}
+	}
 	return nil
 }
 
@@ -223,10 +233,14 @@ func (r *Replica) Snapshot(name string, opts SnapshotOptions) error {
 	if created.IsZero() {
 		created = time.Now()
 	}
+	id := opts.ID
+	if id == "" {
+		id = NewLayerID()
+	}
 	snapImg := snapFileName(name)
 	snapMeta := layerMeta{
 		Name: name, Parent: r.head.meta.Parent, UserCreated: opts.UserCreated,
-		Created: formatTime(created), Labels: maps.Clone(opts.Labels),
+		Created: formatTime(created), Labels: maps.Clone(opts.Labels), ID: id,
 	}
 	if err := snapMeta.validate(); err != nil {
 		return fmt.Errorf("snapshot %q: %w", name, err)

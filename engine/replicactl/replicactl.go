@@ -34,8 +34,9 @@ const (
 
 	// Rebuild: the engine fills a new replica with a healthy replica's
 	// snapshots while the new one takes the volume's writes. ImportBegin
-	// (no args) must come before the first write; ImportWrite stages layer
-	// data; ImportCommit puts the staged layers under the head in one
+	// (ImportBeginArgs, or none) must come before the first write;
+	// ImportWrite stages layer data; ImportCommit puts the staged layers,
+	// and the replica's own layers it keeps, under the head in one
 	// crash-safe step; ImportAbort drops the staged data.
 	ImportBegin  = "import-begin"
 	ImportWrite  = "import-write"
@@ -85,12 +86,29 @@ func SplitImportWrite(raw []byte) (ImportWriteArgs, []byte, error) {
 	return a, data, nil
 }
 
+// ImportBeginArgs: with Reuse, a replica that is not empty is accepted:
+// its head is replaced by an empty one and its snapshots wait for the
+// commit to keep or drop them (replica.ImportOptions).
+type ImportBeginArgs struct {
+	Reuse bool `json:"reuse,omitempty"`
+}
+
 // ImportCommitArgs name the imported snapshots (Name, Parent, Removed,
-// UserCreated, Created, Labels of each Layer are used) and the snapshot
-// the head goes on.
+// UserCreated, Created, Labels and ID of each Layer are used) and the
+// snapshot the head goes on. Keep names layers of Layers that were not
+// staged: the replica's own snapshot of that name, with the same ID, is
+// used. The replica's other snapshots are dropped.
 type ImportCommitArgs struct {
-	Layers     []Layer `json:"layers"`
-	HeadParent string  `json:"headParent"`
+	Layers     []Layer  `json:"layers"`
+	HeadParent string   `json:"headParent"`
+	Keep       []string `json:"keep,omitempty"`
+}
+
+// Reusable reports whether a rebuild may keep target layer t for source
+// layer s instead of copying it: same name and the same known ID, which
+// says they hold the same blocks (see replica/layerid.go).
+func Reusable(s, t Layer) bool {
+	return s.Name != HeadName && s.Name == t.Name && s.ID != "" && s.ID == t.ID
 }
 
 // SnapshotArgs are the arguments of SnapshotCheck and Snapshot.
@@ -99,7 +117,13 @@ type SnapshotArgs struct {
 	UserCreated bool              `json:"userCreated"`
 	Created     time.Time         `json:"created"`
 	Labels      map[string]string `json:"labels,omitempty"`
+	// ID names the snapshot's content; an engine sends every replica the
+	// same (NewLayerID), so their layers can be matched by a rebuild.
+	ID string `json:"id,omitempty"`
 }
+
+// NewLayerID returns a fresh snapshot ID.
+func NewLayerID() string { return replica.NewLayerID() }
 
 // NameArgs name one snapshot (Remove, Revert) or layer (Extents: a
 // snapshot, HeadName or BackingName).
@@ -138,6 +162,9 @@ type Layer struct {
 	Created     string            `json:"created"`
 	Size        int64             `json:"size"`
 	Labels      map[string]string `json:"labels,omitempty"`
+	// ID names a snapshot's content: the same on every replica holding the
+	// same blocks under that name; "" when unknown (never matches).
+	ID string `json:"id,omitempty"`
 }
 
 // ChainReply is a replica's chain, keyed by layer name; the head is

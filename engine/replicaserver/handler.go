@@ -7,6 +7,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -60,7 +62,7 @@ func (h *Handler) Control(_ context.Context, method string, raw json.RawMessage)
 		if err := decode(raw, &a); err != nil {
 			return nil, err
 		}
-		opts := replica.SnapshotOptions{UserCreated: a.UserCreated, Created: a.Created, Labels: a.Labels}
+		opts := replica.SnapshotOptions{UserCreated: a.UserCreated, Created: a.Created, Labels: a.Labels, ID: a.ID}
 		if method == replicactl.SnapshotCheck {
 			return nil, classify(h.CheckSnapshot(a.Name, opts))
 		}
@@ -123,7 +125,13 @@ func (h *Handler) Control(_ context.Context, method string, raw json.RawMessage)
 		}
 		return json.Marshal(buf)
 	case replicactl.ImportBegin:
-		return nil, classify(h.BeginImport())
+		var a replicactl.ImportBeginArgs
+		if len(raw) > 0 && string(raw) != "null" {
+			if err := decode(raw, &a); err != nil {
+				return nil, err
+			}
+		}
+		return nil, classify(h.BeginImport(replica.ImportOptions{Reuse: a.Reuse}))
 	case replicactl.ImportWrite:
 		return nil, h.importWrite(raw)
 	case replicactl.ImportCommit:
@@ -167,6 +175,10 @@ func (h *Handler) importCommit(raw json.RawMessage) error {
 	if err := decode(raw, &a); err != nil {
 		return err
 	}
+	keep := make(map[string]bool, len(a.Keep))
+	for _, name := range a.Keep {
+		keep[name] = true
+	}
 	layers := make([]replica.ImportLayer, len(a.Layers))
 	for i, l := range a.Layers {
 		var created time.Time
@@ -177,7 +189,11 @@ func (h *Handler) importCommit(raw json.RawMessage) error {
 			}
 		}
 		layers[i] = replica.ImportLayer{Name: l.Name, Parent: l.Parent, Removed: l.Removed,
-			UserCreated: l.UserCreated, Created: created, Labels: l.Labels}
+			UserCreated: l.UserCreated, Created: created, Labels: l.Labels, ID: l.ID, Keep: keep[l.Name]}
+		delete(keep, l.Name)
+	}
+	if len(keep) > 0 {
+		return fmt.Errorf("keep names %q, not in the imported chain: %w", slices.Sorted(maps.Keys(keep)), dataconn.ErrInvalidArgument)
 	}
 	err := h.CommitImport(layers, a.HeadParent)
 	// Here a bad-meta error means the chain given was not a tree of snapshots.
@@ -199,7 +215,7 @@ func (h *Handler) chain() (json.RawMessage, error) {
 			created = l.Created.UTC().Format("2006-01-02T15:04:05Z07:00")
 		}
 		reply.Layers[l.Name] = replicactl.Layer{Name: l.Name, Parent: l.Parent, Children: l.Children,
-			Removed: l.Removed, UserCreated: l.UserCreated, Created: created, Size: l.Size, Labels: l.Labels}
+			Removed: l.Removed, UserCreated: l.UserCreated, Created: created, Size: l.Size, Labels: l.Labels, ID: l.ID}
 	}
 	return json.Marshal(reply)
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -17,27 +18,34 @@ import (
 	"github.com/strata-storage/strata/engine/replicactl"
 )
 
-// Rebuild fills a new, empty replica T from a healthy RW replica S while the
-// volume keeps serving:
+// Rebuild fills a replica T from a healthy RW replica S while the volume
+// keeps serving. T may be new and empty, or a replica that failed and came
+// back with the snapshots it had: those S still has unchanged are kept.
 //
-//  1. T is told to begin an import (replicactl.ImportBegin) before it sees
-//     any write, once its backing file is checked against S's (see
-//     checkBacking).
+//  1. T is told to begin an import (replicactl.ImportBegin, with Reuse)
+//     before it sees any write, once its backing file is checked against
+//     S's (see checkBacking). A T that is not empty gets an empty head at
+//     the root of its chain; its snapshots wait for the commit.
 //  2. Between two writes (the I/O lock held exclusively) every writer takes
 //     the system snapshot rebuild-<random> and T joins in WO mode. From then
 //     on T's head and S's head get the same writes in the same order, and
 //     the layers below S's head are fixed: structural changes (snapshot,
 //     remove, revert, expand, purge) are refused with ErrBusy until the
 //     rebuild ends, and a rebuild is refused while a purge runs.
-//  3. Every snapshot layer of S (the whole tree, removed ones included) is
-//     copied to T over connections of the rebuild's own, so that its control
-//     calls, which are barriers, never stall the volume's I/O: extents and
-//     read-layer on S, import-write on T, reading and writing overlapped.
-//     S's backing file is not copied: T has its own copy of the image.
-//  4. T commits the import (replicactl.ImportCommit): the copied layers go
-//     under its head, which keeps its data and gets rebuild-<random> as
-//     parent. The replica resolves what its head could not know without the
-//     lower layers (partial-block writes, trims, zeroing; see
+//  3. Every snapshot layer of S (the whole tree, removed ones included)
+//     that T does not have is copied to T over connections of the
+//     rebuild's own, so that its control calls, which are barriers, never
+//     stall the volume's I/O: extents and read-layer on S, import-write on
+//     T, reading and writing overlapped. A layer T has under the same name
+//     with the same ID (replicactl.Reusable; IDs say "same blocks", see
+//     replica/layerid.go) is neither read nor sent. S's backing file is
+//     not copied: T has its own copy of the image.
+//  4. T commits the import (replicactl.ImportCommit): its chain becomes
+//     S's, the kept layers from its own files and the others from the
+//     copies, all with S's metadata; T's other snapshots are dropped. Its
+//     head keeps the data written since step 2 and gets rebuild-<random>
+//     as parent. The replica resolves what its head could not know without
+//     the lower layers (partial-block writes, trims, zeroing; see
 //     replica/import.go), so T then reads exactly like S.
 //  5. T goes RW.
 //
@@ -63,10 +71,17 @@ const (
 // RebuildStatus is the progress of one replica's rebuild.
 type RebuildStatus struct {
 	IsRebuilding bool
-	Progress     int // percent of the data copied
+	Progress     int // percent of the data to copy that is copied
 	State        string
 	Error        string
 	FromReplica  string
+	// CopiedBytes is the layer data sent so far (zero runs included, which
+	// travel as a length), updated with Progress. CopiedLayers layers are
+	// copied; KeptLayers layers, holding KeptBytes on the source, were
+	// already on the replica and are kept. The counts are known once the
+	// copy starts.
+	CopiedBytes, KeptBytes   int64
+	CopiedLayers, KeptLayers int
 }
 
 // RebuildOptions describe a replica to rebuild.
@@ -264,13 +279,15 @@ func (j *rebuildJob) start(ctx context.Context, sourceAddr string) error {
 	if err := j.checkBacking(ctx); err != nil {
 		return fmt.Errorf("rebuild %s: %w", o.Replica, err)
 	}
-	if err := j.dst.Control(ctx, replicactl.ImportBegin, nil, nil); err != nil {
+	begin := replicactl.ImportBeginArgs{Reuse: true}
+	if err := j.dst.Control(ctx, replicactl.ImportBegin, begin, nil); err != nil {
 		return fmt.Errorf("rebuild %s: %w", o.Replica, err)
 	}
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])
 	j.snapshot = "rebuild-" + hex.EncodeToString(rnd[:])
-	args := replicactl.SnapshotArgs{Name: j.snapshot, Created: time.Now().UTC().Truncate(time.Second)}
+	args := replicactl.SnapshotArgs{Name: j.snapshot, Created: time.Now().UTC().Truncate(time.Second),
+		ID: replicactl.NewLayerID()}
 
 	e.io.Lock()
 	defer e.io.Unlock()
@@ -331,15 +348,41 @@ func (j *rebuildJob) copy(ctx context.Context) error {
 	if head := chain.Layers[replicactl.HeadName]; head.Parent != j.snapshot {
 		return fmt.Errorf("the source's head is on %q, not on the rebuild snapshot %s", head.Parent, j.snapshot)
 	}
+	// T's snapshots cannot change during the import: it refuses snapshot,
+	// purge, revert and expand while one runs.
+	var own replicactl.ChainReply
+	if err := j.dst.Control(ctx, replicactl.Chain, nil, &own); err != nil {
+		return fmt.Errorf("reading its chain: %w", err)
+	}
 	var layers []replicactl.Layer
+	var keep []string
 	for name, l := range chain.Layers {
 		if name != replicactl.HeadName {
 			layers = append(layers, l)
 		}
 	}
 	sort.Slice(layers, func(a, b int) bool { return layers[a].Name < layers[b].Name })
+	j.mu.Lock()
+	for _, l := range layers {
+		if replicactl.Reusable(l, own.Layers[l.Name]) {
+			keep = append(keep, l.Name)
+			j.status.KeptLayers++
+			j.status.KeptBytes += l.Size
+		} else {
+			j.status.CopiedLayers++
+		}
+	}
+	st := j.status
+	j.mu.Unlock()
+	j.e.setRebuildStatus(j.o.Replica, st)
+	if len(keep) > 0 {
+		j.log.WithFields(logrus.Fields{"kept": keep, "keptBytes": st.KeptBytes}).Info("Rebuild keeps layers the replica has")
+	}
 	extents := make(map[string][]replicactl.Extent, len(layers))
 	for _, l := range layers {
+		if slices.Contains(keep, l.Name) {
+			continue
+		}
 		var exts []replicactl.Extent
 		if err := j.src.Control(ctx, replicactl.Extents, replicactl.NameArgs{Name: l.Name}, &exts); err != nil {
 			return fmt.Errorf("extents of %s on the source: %w", l.Name, err)
@@ -378,13 +421,15 @@ func (j *rebuildJob) copy(ctx context.Context) error {
 	if err := j.targetOK(); err != nil {
 		return err
 	}
-	commit := replicactl.ImportCommitArgs{Layers: layers, HeadParent: j.snapshot}
+	commit := replicactl.ImportCommitArgs{Layers: layers, HeadParent: j.snapshot, Keep: keep}
 	if err := j.dst.Control(ctx, replicactl.ImportCommit, commit, nil); err != nil {
 		return fmt.Errorf("committing the import: %w", err)
 	}
 	return j.promote()
 }
 
+// readLayers reads the extents given, by layer; layers without any (kept
+// ones) are not read.
 func (j *rebuildJob) readLayers(ctx context.Context, layers []replicactl.Layer, extents map[string][]replicactl.Extent,
 	out chan<- rebuildPiece) error {
 	for _, l := range layers {
@@ -455,7 +500,10 @@ func (j *rebuildJob) progress(n int64) {
 		pct = min(99, int(j.copied*100/j.total))
 	}
 	changed := pct != j.status.Progress
-	j.status.Progress = pct
+	if changed {
+		// With the percentage only, so watchers get an event per percent.
+		j.status.Progress, j.status.CopiedBytes = pct, j.copied
+	}
 	st := j.status
 	j.mu.Unlock()
 	if changed {
@@ -524,9 +572,9 @@ func (j *rebuildJob) finish(err error) {
 		st.State, st.Error = RebuildError, err.Error()
 		j.log.WithError(err).Warn("Rebuild failed")
 	} else {
-		st.State, st.Progress, st.Error = RebuildComplete, 100, ""
+		st.State, st.Progress, st.Error, st.CopiedBytes = RebuildComplete, 100, "", j.copied
 		elapsed := time.Since(j.began)
-		j.log.WithFields(logrus.Fields{"bytes": j.total, "seconds": elapsed.Seconds(),
+		j.log.WithFields(logrus.Fields{"bytes": j.total, "keptBytes": st.KeptBytes, "seconds": elapsed.Seconds(),
 			"MBps": float64(j.total) / 1e6 / max(elapsed.Seconds(), 1e-9)}).Info("Rebuild complete; replica RW")
 	}
 	e.rb.mu.Lock()

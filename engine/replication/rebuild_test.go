@@ -335,7 +335,9 @@ func TestRebuildUnderWrites(t *testing.T) {
 	require.NoError(t, <-done)
 	elapsed := time.Since(began)
 	st = e.RebuildStatus()[target.name]
-	assert.Equal(t, RebuildStatus{Progress: 100, State: RebuildComplete, FromReplica: sources[0].name}, st)
+	assert.Positive(t, st.CopiedBytes)
+	assert.Equal(t, RebuildStatus{Progress: 100, State: RebuildComplete, FromReplica: sources[0].name,
+		CopiedBytes: st.CopiedBytes, CopiedLayers: 5}, st, "a new replica: every layer copied, none kept")
 	_, mode, _ = e.Backend(target.name)
 	require.Equal(t, ModeRW, mode)
 	w.waitMore(t, 20)

@@ -25,8 +25,10 @@ func (e *Engine) Snapshot(ctx context.Context, name string, opts SnapshotOptions
 		return err
 	}
 	defer release()
+	// One ID for every replica: layers taken at the same point of the
+	// write stream match, so a rebuild can keep a returning replica's.
 	args := replicactl.SnapshotArgs{Name: name, UserCreated: opts.UserCreated,
-		Created: time.Now().UTC().Truncate(time.Second), Labels: opts.Labels}
+		Created: time.Now().UTC().Truncate(time.Second), Labels: opts.Labels, ID: replicactl.NewLayerID()}
 	e.io.Lock()
 	defer e.io.Unlock()
 	writers, _, _ := e.targets()

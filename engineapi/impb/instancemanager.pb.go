@@ -1787,12 +1787,22 @@ func (x *ReplicaRemoveRequest) GetReplica() string {
 }
 
 type RebuildStatus struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	IsRebuilding  bool                   `protobuf:"varint,1,opt,name=is_rebuilding,json=isRebuilding,proto3" json:"is_rebuilding,omitempty"`
-	Progress      int32                  `protobuf:"varint,2,opt,name=progress,proto3" json:"progress,omitempty"`
-	State         string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
-	Error         string                 `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
-	FromReplica   string                 `protobuf:"bytes,5,opt,name=from_replica,json=fromReplica,proto3" json:"from_replica,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	IsRebuilding bool                   `protobuf:"varint,1,opt,name=is_rebuilding,json=isRebuilding,proto3" json:"is_rebuilding,omitempty"`
+	// Percent of the data to copy that is copied.
+	Progress    int32  `protobuf:"varint,2,opt,name=progress,proto3" json:"progress,omitempty"`
+	State       string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	Error       string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	FromReplica string `protobuf:"bytes,5,opt,name=from_replica,json=fromReplica,proto3" json:"from_replica,omitempty"`
+	// Layer data sent so far (zero runs included), updated with progress.
+	CopiedBytes int64 `protobuf:"varint,6,opt,name=copied_bytes,json=copiedBytes,proto3" json:"copied_bytes,omitempty"`
+	// A replica that comes back keeps the snapshot layers it has unchanged
+	// (same name and content ID as the source's): kept_layers of them,
+	// holding kept_bytes on the source, are neither read nor sent;
+	// copied_layers are copied. Known once the copy starts.
+	KeptBytes     int64 `protobuf:"varint,7,opt,name=kept_bytes,json=keptBytes,proto3" json:"kept_bytes,omitempty"`
+	CopiedLayers  int32 `protobuf:"varint,8,opt,name=copied_layers,json=copiedLayers,proto3" json:"copied_layers,omitempty"`
+	KeptLayers    int32 `protobuf:"varint,9,opt,name=kept_layers,json=keptLayers,proto3" json:"kept_layers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1860,6 +1870,34 @@ func (x *RebuildStatus) GetFromReplica() string {
 		return x.FromReplica
 	}
 	return ""
+}
+
+func (x *RebuildStatus) GetCopiedBytes() int64 {
+	if x != nil {
+		return x.CopiedBytes
+	}
+	return 0
+}
+
+func (x *RebuildStatus) GetKeptBytes() int64 {
+	if x != nil {
+		return x.KeptBytes
+	}
+	return 0
+}
+
+func (x *RebuildStatus) GetCopiedLayers() int32 {
+	if x != nil {
+		return x.CopiedLayers
+	}
+	return 0
+}
+
+func (x *RebuildStatus) GetKeptLayers() int32 {
+	if x != nil {
+		return x.KeptLayers
+	}
+	return 0
 }
 
 type ReplicaDataDeleteRequest struct {
@@ -2098,13 +2136,19 @@ const file_instancemanager_proto_rawDesc = "" +
 	"\arebuild\x18\x04 \x01(\bR\arebuild\"H\n" +
 	"\x14ReplicaRemoveRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x18\n" +
-	"\areplica\x18\x02 \x01(\tR\areplica\"\x9f\x01\n" +
+	"\areplica\x18\x02 \x01(\tR\areplica\"\xa7\x02\n" +
 	"\rRebuildStatus\x12#\n" +
 	"\ris_rebuilding\x18\x01 \x01(\bR\fisRebuilding\x12\x1a\n" +
 	"\bprogress\x18\x02 \x01(\x05R\bprogress\x12\x14\n" +
 	"\x05state\x18\x03 \x01(\tR\x05state\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12!\n" +
-	"\ffrom_replica\x18\x05 \x01(\tR\vfromReplica\"5\n" +
+	"\ffrom_replica\x18\x05 \x01(\tR\vfromReplica\x12!\n" +
+	"\fcopied_bytes\x18\x06 \x01(\x03R\vcopiedBytes\x12\x1d\n" +
+	"\n" +
+	"kept_bytes\x18\a \x01(\x03R\tkeptBytes\x12#\n" +
+	"\rcopied_layers\x18\b \x01(\x05R\fcopiedLayers\x12\x1f\n" +
+	"\vkept_layers\x18\t \x01(\x05R\n" +
+	"keptLayers\"5\n" +
 	"\x18ReplicaDataDeleteRequest\x12\x19\n" +
 	"\bdata_dir\x18\x01 \x01(\tR\adataDir\"\xd2\x01\n" +
 	"\x15RebuildStatusResponse\x12T\n" +
