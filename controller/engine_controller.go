@@ -110,7 +110,8 @@ func observeEngine(e *v1beta1.Engine, inst *engineapi.Instance, found, synced bo
 		e.Status.RebuildStatus = map[string]*v1beta1.RebuildStatus{}
 		for r, p := range rs {
 			e.Status.RebuildStatus[r] = &v1beta1.RebuildStatus{IsRebuilding: p.IsRebuilding, Progress: p.Progress,
-				State: p.State, Error: p.Error, FromReplica: p.FromReplica}
+				State: p.State, Error: p.Error, FromReplica: p.FromReplica, CopiedBytes: p.CopiedBytes, KeptBytes: p.KeptBytes,
+				CopiedLayers: p.CopiedLayers, KeptLayers: p.KeptLayers}
 		}
 	}
 	e.Status.CloneStatus = nil

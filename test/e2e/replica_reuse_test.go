@@ -30,6 +30,10 @@ func TestFailedReplicaReusedAfterNodeReboot(t *testing.T) {
 	updateTickets(t, "e2e-reuse", addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-1"))
 	v := waitVolume(t, "e2e-reuse", 2*time.Minute, "attached to node-1", attachedTo("node-1"))
 	qemuIO(t, v.Status.FrontendEndpoint, "write -P 0x11 0 32M")
+	// What a snapshot holds is what a returning replica can keep (its head
+	// is stale once it missed writes).
+	createSnapshot(t, "e2e-reuse", "e2e-reuse-s1")
+	waitSnapshotsReady(t, "e2e-reuse", 1, time.Minute)
 	victim := replicaOn(t, "e2e-reuse", "node-3")
 
 	mgr := env.managers["node-3"]
@@ -45,10 +49,20 @@ func TestFailedReplicaReusedAfterNodeReboot(t *testing.T) {
 	require.NoError(t, err)
 	env.managers["node-3"] = restarted
 
+	var rebuild v1beta1.RebuildStatus
 	r := waitReplica(t, victim.Name, 2*time.Minute, "reused and rebuilt", func(r *v1beta1.Replica) bool {
+		for _, e := range enginesOf(t, "e2e-reuse") {
+			if st := e.Status.RebuildStatus[victim.Name]; st != nil && st.State == "complete" {
+				rebuild = *st
+			}
+		}
 		return r.Spec.FailedAt == "" && r.Spec.HealthyAt != ""
 	})
 	assert.Equal(t, victim.Spec.DataDirectoryName, r.Spec.DataDirectoryName, "the same data directory")
+	t.Logf("rebuild of the returning replica: copied %d bytes in %d layers, kept %d bytes in %d layers",
+		rebuild.CopiedBytes, rebuild.CopiedLayers, rebuild.KeptBytes, rebuild.KeptLayers)
+	assert.GreaterOrEqual(t, rebuild.KeptBytes, int64(32<<20), "the snapshot it held was kept")
+	assert.Less(t, rebuild.CopiedBytes, int64(8<<20), "only what changed since was copied")
 	waitEvent(t, "Volume", "e2e-reuse", "ReplicaReused", []string{victim.Name}, 10*time.Second)
 	assert.Len(t, replicasOf(t, "e2e-reuse"), 3, "no replica was added in its place")
 
@@ -101,6 +115,8 @@ func TestDiskMigrationReusesReplicaAndImageCopy(t *testing.T) {
 	copyAtExtra := filepath.Join(extra, "backing-images", bi.Name+"-"+bi.Status.UUID, "backing")
 	copyInode := inode(t, copyAtExtra)
 	qemuIO(t, v.Status.FrontendEndpoint, "write -P 0x33 1M 2M")
+	createSnapshot(t, "e2e-mig", "e2e-mig-s1")
+	waitSnapshotsReady(t, "e2e-mig", 1, time.Minute)
 
 	// The disk goes away: the instance manager dies with it, the directory moves.
 	mgr := env.managers["node-3"]
@@ -123,9 +139,18 @@ func TestDiskMigrationReusesReplicaAndImageCopy(t *testing.T) {
 			n.Status.DiskStatus["moved"] != nil && n.Status.DiskStatus["moved"].DiskUUID == extraUUID &&
 			meta.IsStatusConditionTrue(n.Status.DiskStatus["moved"].Conditions, v1beta1.ConditionTypeSchedulable)
 	})
+	var rebuild v1beta1.RebuildStatus
 	r := waitReplica(t, victim.Name, 2*time.Minute, "reused at the new path and rebuilt", func(r *v1beta1.Replica) bool {
+		for _, e := range enginesOf(t, "e2e-mig") {
+			if st := e.Status.RebuildStatus[victim.Name]; st != nil && st.State == "complete" {
+				rebuild = *st
+			}
+		}
 		return r.Spec.FailedAt == "" && r.Spec.HealthyAt != "" && r.Spec.DiskPath == moved
 	})
+	t.Logf("rebuild of the migrated replica: copied %d bytes in %d layers, kept %d bytes in %d layers",
+		rebuild.CopiedBytes, rebuild.CopiedLayers, rebuild.KeptBytes, rebuild.KeptLayers)
+	assert.GreaterOrEqual(t, rebuild.KeptLayers, int32(1), "the snapshot it held was kept")
 	assert.Equal(t, "moved", r.Spec.DiskName)
 	assert.Len(t, replicasOf(t, "e2e-mig"), 3, "no replica was added in its place")
 	bi = waitBackingImage(t, "e2e-bi-mig", time.Minute, "the moved disk's copy ready", allCopiesReady(3))
@@ -246,4 +271,12 @@ func readFromOnly(t *testing.T, volume, node string, cmds ...string) {
 	t.Helper()
 	v := readFromOnlyEndpoint(t, volume, node)
 	qemuIO(t, v.Status.FrontendEndpoint, cmds...)
+}
+
+func enginesOf(t *testing.T, volume string) []v1beta1.Engine {
+	t.Helper()
+	list, err := env.adminStrata.StrataV1beta1().Engines(ns).List(context.Background(),
+		metav1.ListOptions{LabelSelector: types.LabelVolume + "=" + volume})
+	require.NoError(t, err)
+	return list.Items
 }

@@ -51,6 +51,13 @@ type RebuildStatus struct {
 	State        string `json:"state,omitempty"`
 	Error        string `json:"error,omitempty"`
 	FromReplica  string `json:"fromReplica,omitempty"`
+	// CopiedBytes is the layer data sent to the replica so far.
+	CopiedBytes int64 `json:"copiedBytes,omitempty"`
+	// KeptBytes is the data of the layers a returning replica already held
+	// (same snapshot, same content) and kept instead of receiving them.
+	KeptBytes    int64 `json:"keptBytes,omitempty"`
+	CopiedLayers int32 `json:"copiedLayers,omitempty"`
+	KeptLayers   int32 `json:"keptLayers,omitempty"`
 }
 
 // EngineCloneStatus is the progress of a snapshot clone filling the engine's volume.
