@@ -42,7 +42,7 @@ func (s *imageSync) cleanupUnusedCopies() (wrote bool, err error) {
 	var expired []candidate
 	next := time.Duration(0)
 	for _, disk := range slices.Sorted(maps.Keys(bi.Spec.DiskFileSpecMap)) {
-		users, err := usersOnDisk(s.ds, bi.Name, disk)
+		users, err := s.ds.ImageUsersOnDisk(bi.Name, disk)
 		if err != nil {
 			return false, err
 		}

@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/util/rand"
 
-	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 )
@@ -239,20 +238,4 @@ func setFileState(st *v1beta1.BackingImageDiskFileStatus, state v1beta1.BackingI
 		st.LastStateTransitionTime = now.UTC().Format(time.RFC3339)
 	}
 	st.State, st.Progress, st.Message = state, progress, msg
-}
-
-// usersOnDisk lists the live replicas on disk built on the image.
-func usersOnDisk(ds *datastore.DataStore, image, disk string) ([]string, error) {
-	reps, err := ds.Replicas.ListByIndexRO(datastore.IndexByBackingImage, image)
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, r := range reps {
-		if r.Spec.DiskID == disk && r.DeletionTimestamp == nil {
-			out = append(out, r.Name)
-		}
-	}
-	slices.Sort(out)
-	return out, nil
 }

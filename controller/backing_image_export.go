@@ -119,12 +119,8 @@ func (s *imageSync) exportSnapshot(vol *v1beta1.Volume) (string, string, error) 
 // like a qcow2 header and still be a raw disk).
 func exportSnapshotTo(ctx context.Context, client engineapi.DataPlane, engine, snapshot, dir, checksum string,
 	report jobReport) (imagefile.Result, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return imagefile.Result{}, err
-	}
-	part := filepath.Join(dir, backingSourcePart)
+	f, part, err := createSourcePart(dir)
 	defer os.Remove(part)
-	f, err := os.OpenFile(part, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return imagefile.Result{}, err
 	}

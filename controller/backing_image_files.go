@@ -173,6 +173,18 @@ func (j *fileJobs) forgetVerified(k fileJobKey) {
 	delete(j.verified, k)
 }
 
+// createSourcePart makes the image's directory on a disk and an empty
+// source.part in it, where a fetched, uploaded or exported source lands
+// before it is prepared; the caller removes it.
+func createSourcePart(dir string) (*os.File, string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, "", err
+	}
+	part := filepath.Join(dir, backingSourcePart)
+	f, err := os.OpenFile(part, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	return f, part, err
+}
+
 // percent turns done/total into a whole percent below 100 (100 means done).
 func percent(done, total int64) int32 {
 	if total <= 0 {

@@ -109,12 +109,8 @@ func (c *BackingImageController) Upload(ctx context.Context, image string, body 
 
 // receive writes the upload into dir's source.part and prepares it.
 func (c *BackingImageController) receive(ctx context.Context, report jobReport, body io.Reader, size int64, dir, checksum string) (imagefile.Result, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return imagefile.Result{}, err
-	}
-	part := filepath.Join(dir, backingSourcePart)
+	f, part, err := createSourcePart(dir)
 	defer os.Remove(part)
-	f, err := os.OpenFile(part, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return imagefile.Result{}, err
 	}

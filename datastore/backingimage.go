@@ -2,9 +2,27 @@ package datastore
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
+
+// ImageUsersOnDisk lists, sorted, the live replicas on disk built on the
+// backing image: while there are any, the image's copy there is in use.
+func (ds *DataStore) ImageUsersOnDisk(image, disk string) ([]string, error) {
+	reps, err := ds.Replicas.ListByIndexRO(IndexByBackingImage, image)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, r := range reps {
+		if r.Spec.DiskID == disk && r.DeletionTimestamp == nil {
+			out = append(out, r.Name)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
 
 // BackingImageRef is what a backup keeps of a volume's backing image: the
 // image's data is never uploaded, so a restore finds (or re-creates) the

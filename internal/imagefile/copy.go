@@ -28,20 +28,15 @@ func CopyFile(ctx context.Context, src, dst string, progress Progress) (err erro
 		return err
 	}
 	size := st.Size()
-	tmp := dst + ".tmp"
-	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	out, err := createWork(dst, size)
 	if err != nil {
 		return err
 	}
 	defer func() {
 		if err != nil {
-			out.Close()
-			os.Remove(tmp)
+			out.abandon()
 		}
 	}()
-	if err := out.Truncate(size); err != nil {
-		return err
-	}
 	var done int64
 	buf := make([]byte, 1<<20)
 	kernelCopy := true
@@ -93,13 +88,45 @@ func CopyFile(ctx context.Context, src, dst string, progress Progress) (err erro
 		}
 		off = end
 	}
-	if err := out.Sync(); err != nil {
+	return out.commit()
+}
+
+// workFile is a file being written beside its final name (dst + ".tmp"):
+// commit makes it durable and gives it the final name, abandon removes it,
+// so the final name only ever holds a complete file.
+type workFile struct {
+	*os.File
+	tmp, dst string
+}
+
+// createWork creates dst's work file, sized (sparse) to size.
+func createWork(dst string, size int64) (*workFile, error) {
+	tmp := dst + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	w := &workFile{File: f, tmp: tmp, dst: dst}
+	if err := f.Truncate(size); err != nil {
+		w.abandon()
+		return nil, err
+	}
+	return w, nil
+}
+
+func (w *workFile) commit() error {
+	if err := w.Sync(); err != nil {
 		return err
 	}
-	if err := out.Close(); err != nil {
+	if err := w.Close(); err != nil {
 		return err
 	}
-	return atomicfile.Rename(tmp, dst)
+	return atomicfile.Rename(w.tmp, w.dst)
+}
+
+func (w *workFile) abandon() {
+	w.Close()
+	os.Remove(w.tmp)
 }
 
 // nextExtent finds the next run of data at or after off: [start, end).

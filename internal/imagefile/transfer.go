@@ -8,8 +8,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-
-	"github.com/strata-storage/strata/internal/atomicfile"
 )
 
 // The extent stream moves a sparse image between managers: HTTP has no way
@@ -105,20 +103,15 @@ func ReadExtents(ctx context.Context, r io.Reader, dst string, progress Progress
 	if size < 0 {
 		return fmt.Errorf("extent stream: file size %d", size)
 	}
-	tmp := dst + ".tmp"
-	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	out, err := createWork(dst, size)
 	if err != nil {
 		return err
 	}
 	defer func() {
 		if err != nil {
-			out.Close()
-			os.Remove(tmp)
+			out.abandon()
 		}
 	}()
-	if err := out.Truncate(size); err != nil {
-		return err
-	}
 	var done int64
 	for {
 		if err := ctx.Err(); err != nil {
@@ -138,20 +131,14 @@ func ReadExtents(ctx context.Context, r io.Reader, dst string, progress Progress
 			return fmt.Errorf("extent stream: frame [%d, +%d) outside a %d-byte file", off, n, size)
 		}
 		if _, err := io.Copy(io.NewOffsetWriter(out, off), io.LimitReader(br, n)); err != nil {
-			return fmt.Errorf("writing %s at %d: %w", tmp, off, err)
+			return fmt.Errorf("writing %s at %d: %w", out.tmp, off, err)
 		}
 		done += n
 		if progress != nil {
 			progress(done, size)
 		}
 	}
-	if err := out.Sync(); err != nil {
-		return err
-	}
-	if err := out.Close(); err != nil {
-		return err
-	}
-	return atomicfile.Rename(tmp, dst)
+	return out.commit()
 }
 
 // FetchExtents GETs url, which answers with an extent stream, into dst (see

@@ -191,7 +191,7 @@ func (v *validator) copiesInUse(image string, old, cur map[string]*v1beta1.Backi
 		if kept && !evicting {
 			continue
 		}
-		users, err := v.replicasOn(image, disk)
+		users, err := v.ds.ImageUsersOnDisk(image, disk)
 		if err != nil {
 			errs = append(errs, admission.Invalid(diskFilesPath.Key(disk), "cannot list the replicas on the disk: %v", err))
 			continue
@@ -202,21 +202,6 @@ func (v *validator) copiesInUse(image string, old, cur map[string]*v1beta1.Backi
 		}
 	}
 	return errs
-}
-
-func (v *validator) replicasOn(image, disk string) ([]string, error) {
-	reps, err := v.ds.Replicas.ListByIndexRO(datastore.IndexByBackingImage, image)
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, r := range reps {
-		if r.Spec.DiskID == disk && r.DeletionTimestamp == nil {
-			out = append(out, r.Name)
-		}
-	}
-	slices.Sort(out)
-	return out, nil
 }
 
 func changedKeys(a, b map[string]string) []string {
