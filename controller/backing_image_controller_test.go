@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha512"
 	"encoding/hex"
@@ -289,4 +290,56 @@ func TestBackingImageLocalCopies(t *testing.T) {
 	require.NoError(t, c.sync(context.Background(), key))
 	assert.NotContains(t, imageSpec(t, env).Status.DiskFileStatusMap, n1)
 	assert.NoDirExists(t, copyDir)
+}
+
+// Uploads: refused for another source type, past the size limit (said up
+// front or found while reading, leaving no file), and a second time once a
+// copy holds the data; accepted otherwise, onto this node's disk, which
+// becomes the first copy.
+func TestBackingImageUpload(t *testing.T) {
+	dir := t.TempDir()
+	node := readyDiskNode("node-1")
+	node.Spec.Disks["disk-1"] = v1beta1.DiskSpec{Path: dir, AllowScheduling: true}
+	upload := func(bi *v1beta1.BackingImage) { bi.Spec.SourceType, bi.Spec.SourceParameters = v1beta1.BackingImageSourceTypeUpload, nil }
+	img := make([]byte, 64<<10)
+	copy(img, "strata")
+	tests := []struct {
+		name    string
+		image   *v1beta1.BackingImage
+		size    int64 // Content-Length; -1 unknown
+		wantErr error
+	}{
+		{name: "a download image takes no upload", image: testImage(nil), size: int64(len(img)), wantErr: ErrImageConflict},
+		{name: "larger than the limit, said up front", image: testImage(nil, upload), size: 1 << 20, wantErr: ErrImageTooLarge},
+		{name: "larger than the limit, found while reading", image: testImage(nil, upload), size: -1, wantErr: ErrImageTooLarge},
+		{name: "data already there", image: testImage(map[string]v1beta1.BackingImageState{"uuid-node-2": v1beta1.BackingImageStateReady}, upload),
+			size: int64(len(img)), wantErr: ErrImageConflict},
+		{name: "accepted", image: testImage(nil, upload), size: int64(len(img))},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			env := dstest.New(t, []runtime.Object{node.DeepCopy(), readyDiskNode("node-2"), cleanupWait("60"), tc.image},
+				[]runtime.Object{testLease("node-1", 0), testLease("node-2", 0)})
+			c, err := NewBackingImageController(logrus.New(), env.DS, record.NewFakeRecorder(20), "node-1", newFakeConnector(nil), 32<<10)
+			require.NoError(t, err)
+			if tc.wantErr == nil {
+				c.uploadLimit = 1 << 20
+			}
+			res, err := c.Upload(context.Background(), "img", bytes.NewReader(img), tc.size)
+			file := filepath.Join(BackingImageDir(dir, "img", "abcd1234"), "backing")
+			if tc.wantErr != nil {
+				require.ErrorIs(t, err, tc.wantErr)
+				assert.NoFileExists(t, file)
+				assert.NoFileExists(t, filepath.Join(filepath.Dir(file), "source.part"))
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, int64(len(img)), res.VirtualSize)
+			assert.Equal(t, sha512Of(string(img)), res.Checksum)
+			assert.FileExists(t, file)
+			bi := imageSpec(t, env)
+			assert.Contains(t, bi.Spec.DiskFileSpecMap, "uuid-node-1")
+			assert.Equal(t, "uuid-node-1", bi.Status.FirstCopyDisk)
+		})
+	}
 }
