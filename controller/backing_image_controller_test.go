@@ -300,7 +300,9 @@ func TestBackingImageUpload(t *testing.T) {
 	dir := t.TempDir()
 	node := readyDiskNode("node-1")
 	node.Spec.Disks["disk-1"] = v1beta1.DiskSpec{Path: dir, AllowScheduling: true}
-	upload := func(bi *v1beta1.BackingImage) { bi.Spec.SourceType, bi.Spec.SourceParameters = v1beta1.BackingImageSourceTypeUpload, nil }
+	upload := func(bi *v1beta1.BackingImage) {
+		bi.Spec.SourceType, bi.Spec.SourceParameters = v1beta1.BackingImageSourceTypeUpload, nil
+	}
 	img := make([]byte, 64<<10)
 	copy(img, "strata")
 	tests := []struct {
