@@ -10,6 +10,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/strata-storage/strata/internal/imagefile"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
@@ -175,6 +176,12 @@ func (c *BackingImageController) uploadDisk() (uuid, path string, err error) {
 // claimUploadDisk puts the disk in the image's spec and makes it the first
 // copy, so the copy is reported and the other disks copy from it.
 func (c *BackingImageController) claimUploadDisk(ctx context.Context, image, disk string) error {
+	// The managers write this image's status too (each its own disks):
+	// a conflict is theirs, read again and retry.
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error { return c.claimUploadDiskOnce(ctx, image, disk) })
+}
+
+func (c *BackingImageController) claimUploadDiskOnce(ctx context.Context, image, disk string) error {
 	bi, err := c.ds.BackingImages.GetLive(ctx, image)
 	if err != nil {
 		return err

@@ -138,11 +138,17 @@ func TestCSICreateSnapshotOfMissingVolume(t *testing.T) {
 // says which events the object did get.
 func waitEvent(t *testing.T, kind, name, reason string, want []string, timeout time.Duration) string {
 	t.Helper()
+	return waitEventIn(t, podNamespace, kind, name, reason, want, timeout)
+}
+
+// waitEventIn is waitEvent for an object in namespace.
+func waitEventIn(t *testing.T, namespace, kind, name, reason string, want []string, timeout time.Duration) string {
+	t.Helper()
 	selector := fields.Set{"involvedObject.kind": kind, "involvedObject.name": name}.AsSelector().String()
 	deadline := time.Now().Add(timeout)
 	var seen []string
 	for time.Now().Before(deadline) {
-		list, err := env.adminKube.CoreV1().Events(podNamespace).List(context.Background(), metav1.ListOptions{FieldSelector: selector})
+		list, err := env.adminKube.CoreV1().Events(namespace).List(context.Background(), metav1.ListOptions{FieldSelector: selector})
 		if err == nil {
 			seen = seen[:0]
 			for _, e := range list.Items {

@@ -39,6 +39,17 @@ func TestFailedReplicaReusedAfterNodeReboot(t *testing.T) {
 	mgr := env.managers["node-3"]
 	require.NoError(t, mgr.IM.Kill())
 	require.NoError(t, mgr.Kill())
+	back := false
+	t.Cleanup(func() { // the next tests need node-3, whatever happened here
+		if !back {
+			if im, err := startIMAgain(mgr); err == nil {
+				mgr.IM = im
+			}
+			if m, err := mgr.Restart(env.managerOpts); err == nil {
+				env.managers["node-3"] = m
+			}
+		}
+	})
 	waitReplica(t, victim.Name, time.Minute, "failed", func(r *v1beta1.Replica) bool { return r.Spec.FailedAt != "" })
 	qemuIO(t, v.Status.FrontendEndpoint, "write -P 0x22 8M 2M")
 
@@ -48,6 +59,7 @@ func TestFailedReplicaReusedAfterNodeReboot(t *testing.T) {
 	restarted, err := mgr.Restart(env.managerOpts)
 	require.NoError(t, err)
 	env.managers["node-3"] = restarted
+	back = true
 
 	var rebuild v1beta1.RebuildStatus
 	r := waitReplica(t, victim.Name, 2*time.Minute, "reused and rebuilt", func(r *v1beta1.Replica) bool {
@@ -63,7 +75,7 @@ func TestFailedReplicaReusedAfterNodeReboot(t *testing.T) {
 		rebuild.CopiedBytes, rebuild.CopiedLayers, rebuild.KeptBytes, rebuild.KeptLayers)
 	assert.GreaterOrEqual(t, rebuild.KeptBytes, int64(32<<20), "the snapshot it held was kept")
 	assert.Less(t, rebuild.CopiedBytes, int64(8<<20), "only what changed since was copied")
-	waitEvent(t, "Volume", "e2e-reuse", "ReplicaReused", []string{victim.Name}, 10*time.Second)
+	waitEventIn(t, ns, "Volume", "e2e-reuse", "ReplicaReused", []string{victim.Name}, 10*time.Second)
 	assert.Len(t, replicasOf(t, "e2e-reuse"), 3, "no replica was added in its place")
 
 	readFromOnly(t, "e2e-reuse", "node-3", "read -P 0x11 0 8M", "read -P 0x22 8M 2M", "read -P 0x11 10M 22M")
@@ -121,12 +133,22 @@ func TestDiskMigrationReusesReplicaAndImageCopy(t *testing.T) {
 	// The disk goes away: the instance manager dies with it, the directory moves.
 	mgr := env.managers["node-3"]
 	require.NoError(t, mgr.IM.Kill())
+	imBack := false
+	t.Cleanup(func() {
+		if !imBack {
+			if im, err := startIMAgain(mgr); err == nil {
+				mgr.IM = im
+			}
+		}
+	})
 	require.NoError(t, os.Rename(extra, moved))
-	waitReplica(t, victim.Name, time.Minute, "failed", func(r *v1beta1.Replica) bool { return r.Spec.FailedAt != "" })
+	// The engine learns of the loss at the next write, and marks it ERR.
 	qemuIO(t, v.Status.FrontendEndpoint, "write -P 0x44 4M 1M")
+	waitReplica(t, victim.Name, time.Minute, "failed", func(r *v1beta1.Replica) bool { return r.Spec.FailedAt != "" })
 	im, err := startIMAgain(mgr)
 	require.NoError(t, err)
 	mgr.IM = im
+	imBack = true
 
 	// Remounted at another path and added there.
 	editNode(t, "node-3", func(n *v1beta1.Node) {
