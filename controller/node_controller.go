@@ -186,7 +186,11 @@ func inspectDisks(node *v1beta1.Node) (map[string]diskInfo, map[string]error) {
 	infos, errs := map[string]diskInfo{}, map[string]error{}
 	seenUUID := map[string]string{}
 	for _, name := range slices.Sorted(maps.Keys(node.Spec.Disks)) {
-		info, err := inspectDisk(node.Spec.Disks[name].Path)
+		known := ""
+		if st := node.Status.DiskStatus[name]; st != nil {
+			known = st.DiskUUID
+		}
+		info, err := inspectDisk(node.Spec.Disks[name].Path, known)
 		if err == nil {
 			if other, dup := seenUUID[info.UUID]; dup {
 				err = &diskError{v1beta1.DiskConditionReasonUUIDError,

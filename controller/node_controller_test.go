@@ -134,6 +134,25 @@ func TestNodeControllerSync(t *testing.T) {
 			},
 		},
 		{
+			name:   "a known disk whose config file is gone is not given a new identity (an unmounted disk's mount point)",
+			key:    me,
+			leases: []runtime.Object{testLease(me, 0)},
+			nodes: func(d string) []runtime.Object {
+				n := testNode(me, map[string]string{"disk-1": d})
+				n.Status.DiskStatus = map[string]*v1beta1.DiskStatus{"disk-1": {DiskUUID: "uuid-known"}}
+				return []runtime.Object{n}
+			},
+			wantWrites: []string{"update nodes/status node-1"},
+			wantEvents: []string{"Normal ManagerRunning", "Warning DiskNotReady"},
+			check: func(t *testing.T, n *v1beta1.Node, d string) {
+				c := meta.FindStatusCondition(n.Status.DiskStatus["disk-1"].Conditions, v1beta1.ConditionTypeReady)
+				require.NotNil(t, c)
+				assert.Equal(t, v1beta1.DiskConditionReasonPathMissing, c.Reason)
+				assert.Contains(t, c.Message, "is the disk unmounted")
+				assert.NoFileExists(t, filepath.Join(d, types.DiskConfigFile))
+			},
+		},
+		{
 			name:   "damaged disk config is reported and left untouched",
 			key:    me,
 			leases: []runtime.Object{testLease(me, 0)},

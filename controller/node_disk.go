@@ -46,7 +46,12 @@ type diskConfigFile struct {
 // inspectDisk reads a disk's identity and space. A disk without a config
 // file gets one with a new UUID; a config file that does not parse is
 // reported, never overwritten, since the UUID ties replicas to the disk.
-func inspectDisk(path string) (diskInfo, error) {
+//
+// known is the UUID this disk entry had; a disk that had one and now has no
+// config file is not given a new one: the directory is most likely the empty
+// mount point of an unmounted disk, and a new identity there would make its
+// replicas look lost rather than the disk look missing.
+func inspectDisk(path, known string) (diskInfo, error) {
 	var info diskInfo
 	st, err := os.Stat(path)
 	if err != nil || !st.IsDir() {
@@ -55,7 +60,11 @@ func inspectDisk(path string) (diskInfo, error) {
 		}
 		return info, &diskError{v1beta1.DiskConditionReasonPathMissing, err}
 	}
-	info.UUID, err = readOrCreateDiskUUID(path)
+	info.UUID, err = readOrCreateDiskUUID(path, known == "")
+	if errors.Is(err, errNoDiskConfig) {
+		return info, &diskError{v1beta1.DiskConditionReasonPathMissing, fmt.Errorf(
+			"%s has no disk config (it was disk %s): is the disk unmounted? Mount it again, or add it where it is now", path, known)}
+	}
 	if err != nil {
 		return info, &diskError{v1beta1.DiskConditionReasonUUIDError, err}
 	}
@@ -68,7 +77,12 @@ func inspectDisk(path string) (diskInfo, error) {
 	return info, nil
 }
 
-func readOrCreateDiskUUID(dir string) (string, error) {
+// errNoDiskConfig: the disk directory has no config file, and none is made.
+var errNoDiskConfig = errors.New("no disk config")
+
+// readOrCreateDiskUUID reads the disk's UUID file, creating one with a new
+// UUID when there is none and create is set.
+func readOrCreateDiskUUID(dir string, create bool) (string, error) {
 	file := filepath.Join(dir, types.DiskConfigFile)
 	data, err := os.ReadFile(file)
 	if err == nil {
@@ -80,6 +94,9 @@ func readOrCreateDiskUUID(dir string) (string, error) {
 	}
 	if !errors.Is(err, os.ErrNotExist) {
 		return "", fmt.Errorf("reading disk config: %w", err)
+	}
+	if !create {
+		return "", errNoDiskConfig
 	}
 	cfg := diskConfigFile{DiskUUID: uuid.NewString()}
 	data, _ = json.Marshal(cfg)

@@ -149,6 +149,29 @@ func (s *Server) saveSpecs() error {
 	return os.Rename(tmp, filepath.Join(s.opts.StateDir, specsFile))
 }
 
+// checkCanCreate refuses to make a new, empty replica where one is expected
+// or where its disk is not: on reopen the data should be there (a blank
+// replica would pass for the lost one), and a data directory is
+// <disk>/<dir>/<replica>, so a missing disk root means the disk is
+// unmounted or moved — creating it would write onto the mount point.
+func checkCanCreate(dataDir string, reopen bool) error {
+	if reopen {
+		return fmt.Errorf("replica data at %s is gone (%s missing)", dataDir, replica.MetaFile)
+	}
+	disk := filepath.Dir(filepath.Dir(dataDir))
+	if st, err := os.Stat(disk); err != nil || !st.IsDir() {
+		return fmt.Errorf("the disk of %s (%s) is not there: %w", dataDir, disk, errors.Join(err, errNotDir(st)))
+	}
+	return nil
+}
+
+func errNotDir(st os.FileInfo) error {
+	if st != nil && !st.IsDir() {
+		return errors.New("not a directory")
+	}
+	return nil
+}
+
 // startReplica opens (or creates) the replica's directory and serves it on
 // a new dataconn listener. An existing replica smaller than the spec is
 // expanded first (offline expansion: the manager recreates a stopped
@@ -169,7 +192,7 @@ func (s *Server) startReplica(inst *instance, reopen bool) error {
 				return err
 			}
 		}
-	} else {
+	} else if err = checkCanCreate(spec.DataDir, reopen); err == nil {
 		rep, err = replica.Create(spec.DataDir, spec.Size, replica.CreateOptions{BackingFile: spec.BackingFile})
 	}
 	if err != nil {

@@ -2,6 +2,7 @@ package imserver
 
 import (
 	"context"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -225,4 +226,31 @@ func TestOneFrontendPerVolumePerInstanceManager(t *testing.T) {
 	inst, err := im.c.FrontendStart(ctx, "b", "nbd")
 	require.NoError(t, err)
 	assert.Equal(t, "nbd://127.0.0.1:10809/vol", inst.FrontendEndpoint)
+}
+
+// A replica is never made afresh where its data or its disk should be: on
+// reopen (the data is gone) or under a disk root that is not there (an
+// unmounted or moved disk).
+func TestCheckCanCreate(t *testing.T) {
+	base := t.TempDir()
+	tests := []struct {
+		name    string
+		dataDir string
+		reopen  bool
+		wantErr string
+	}{
+		{"new replica on a present disk", filepath.Join(base, "replicas", "r1"), false, ""},
+		{"reopen of vanished data", filepath.Join(base, "replicas", "r1"), true, "is gone"},
+		{"disk root missing", filepath.Join(base, "gone-disk", "replicas", "r1"), false, "is not there"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkCanCreate(tc.dataDir, tc.reopen)
+			if tc.wantErr == "" {
+				assert.NoError(t, err)
+			} else {
+				assert.ErrorContains(t, err, tc.wantErr)
+			}
+		})
+	}
 }
