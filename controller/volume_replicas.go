@@ -72,10 +72,6 @@ func (s *volumeSync) reconcileReplicas() error {
 			s.markFailed(after, fmt.Sprintf("its instance is %s", orUnknown(string(r.Status.CurrentState))))
 		case r.Spec.DesireState == v1beta1.InstanceStateRunning && r.Status.CurrentState == v1beta1.InstanceStateError:
 			s.markFailed(after, "its instance failed to start")
-			if after.Annotations == nil {
-				after.Annotations = map[string]string{}
-			}
-			after.Annotations[annotationReuseAttempts] = strconv.Itoa(maxReplicaReuses) // starting again would fail again
 		case attachedOrAttaching && r.Spec.NodeID != "" && !s.ds.IsNodeAlive(r.Spec.NodeID):
 			s.markFailed(after, fmt.Sprintf("its node %s is down", r.Spec.NodeID))
 		case running && eng.Status.ReplicaModeMap[r.Name] == v1beta1.ReplicaModeRW && r.Spec.HealthyAt == "":
