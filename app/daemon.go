@@ -170,6 +170,15 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	log := logrus.WithField("node", cfg.nodeName)
+	// Bound before anything connects anywhere: a port chosen free by whoever
+	// started us could otherwise be taken as the local port of one of our
+	// own outgoing connections.
+	lns, err := bindListeners(cfg)
+	if err != nil {
+		return err
+	}
+	defer lns.close()
+	cfg.webhook.listener = lns.webhook
 
 	kubeClient, strataClient, err := newClients(cfg.kubeconfig, "strata-manager")
 	if err != nil {
@@ -219,8 +228,8 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	}
 
 	ready := make(chan struct{})
-	metricsErr := serveMetrics(ctx, cfg.metricsListen, ready, log)
-	apiErr := serveAPI(ctx, cfg.apiListen, api.NewHandler(backingImages, log), log)
+	metricsErr := serveMetrics(ctx, lns.metrics, ready, log)
+	apiErr := serveHTTP(ctx, lns.api, api.NewHandler(backingImages, log), log.WithField("serving", "API"))
 
 	start := time.Now()
 	ds.Start(ctx)
@@ -274,10 +283,9 @@ func newEventRecorder(kubeClient kubernetes.Interface, nodeName string) (record.
 
 // serveMetrics serves /metrics, /healthz and /readyz (ready once caches have
 // synced). Errors after start-up arrive on the returned channel.
-func serveMetrics(ctx context.Context, addr string, ready <-chan struct{}, log logrus.FieldLogger) <-chan error {
-	errc := make(chan error, 1)
-	if addr == "" {
-		return errc
+func serveMetrics(ctx context.Context, ln net.Listener, ready <-chan struct{}, log logrus.FieldLogger) <-chan error {
+	if ln == nil {
+		return make(chan error, 1)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", legacyregistry.Handler())
@@ -290,19 +298,52 @@ func serveMetrics(ctx context.Context, addr string, ready <-chan struct{}, log l
 			http.Error(w, "caches not synced", http.StatusServiceUnavailable)
 		}
 	})
-	return serveHTTP(ctx, addr, "--metrics-listen", mux, log.WithField("serving", "metrics and health"))
+	return serveHTTP(ctx, ln, mux, log.WithField("serving", "metrics and health"))
 }
 
-// serveHTTP serves handler on addr until ctx ends; flag names the address
-// in errors. Errors after start-up arrive on the returned channel.
-func serveHTTP(ctx context.Context, addr, flag string, handler http.Handler, log logrus.FieldLogger) <-chan error {
+// listeners are the daemon's bound server sockets; nil where disabled.
+type listeners struct{ metrics, api, webhook net.Listener }
+
+func bindListeners(cfg daemonConfig) (*listeners, error) {
+	l := &listeners{}
+	for _, b := range []struct {
+		flag, addr string
+		ln         *net.Listener
+	}{
+		{"--metrics-listen", cfg.metricsListen, &l.metrics},
+		{"--api-listen", cfg.apiListen, &l.api},
+		{"--webhook-listen", cfg.webhook.listen, &l.webhook},
+	} {
+		if b.addr == "" {
+			continue
+		}
+		ln, err := net.Listen("tcp", b.addr)
+		if err != nil {
+			l.close()
+			return nil, fmt.Errorf("%s %s: %w", b.flag, b.addr, err)
+		}
+		*b.ln = ln
+	}
+	return l, nil
+}
+
+// close closes the listeners no server took over (a server closes its own).
+func (l *listeners) close() {
+	for _, ln := range []net.Listener{l.metrics, l.api, l.webhook} {
+		if ln != nil {
+			_ = ln.Close()
+		}
+	}
+}
+
+// serveHTTP serves handler on ln until ctx ends (nil: serves nothing).
+// Errors after start-up arrive on the returned channel.
+func serveHTTP(ctx context.Context, ln net.Listener, handler http.Handler, log logrus.FieldLogger) <-chan error {
 	errc := make(chan error, 1)
-	srv := &http.Server{Addr: addr, Handler: handler, ReadHeaderTimeout: 10 * time.Second}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		errc <- fmt.Errorf("%s %s: %w", flag, addr, err)
+	if ln == nil {
 		return errc
 	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	log.WithField("address", ln.Addr().String()).Info("Serving HTTP")
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -316,14 +357,6 @@ func serveHTTP(ctx context.Context, addr, flag string, handler http.Handler, log
 		_ = srv.Shutdown(shutdownCtx)
 	}()
 	return errc
-}
-
-// serveAPI serves the HTTP API (package api); addr "" disables it.
-func serveAPI(ctx context.Context, addr string, handler http.Handler, log logrus.FieldLogger) <-chan error {
-	if addr == "" {
-		return make(chan error)
-	}
-	return serveHTTP(ctx, addr, "--api-listen", handler, log.WithField("serving", "API"))
 }
 
 // advertiseAddress is the API address peers use: the one given, else the

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 // webhookOptions are the daemon's --webhook-* flags.
 type webhookOptions struct {
 	listen       string
+	listener     net.Listener // bound at start-up (runDaemon)
 	urlHost      string
 	rotateBefore time.Duration
 }
@@ -62,6 +64,7 @@ func startWebhook(ctx context.Context, wg *sync.WaitGroup, log logrus.FieldLogge
 		Namespace:      cfg.namespace,
 		Identity:       cfg.nodeName,
 		Listen:         cfg.webhook.listen,
+		Listener:       cfg.webhook.listener,
 		URLHost:        cfg.webhook.urlHost,
 		CARotateBefore: cfg.webhook.rotateBefore,
 		LeaseDuration:  cfg.leaseDuration,

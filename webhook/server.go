@@ -44,6 +44,9 @@ type Options struct {
 	Identity string
 	// Listen is the HTTPS address, for example :9443 or 127.0.0.1:0.
 	Listen string
+	// Listener, when set, is Listen already bound (the daemon binds its
+	// sockets first thing); the server takes it over.
+	Listener net.Listener
 	// URLHost, when set, makes the configurations point at
 	// https://<URLHost>:<port> of the leader (local mode) instead of the
 	// strata-webhook Service.
@@ -120,9 +123,11 @@ func New(log logrus.FieldLogger, ds *datastore.DataStore, kube kubernetes.Interf
 	if err != nil {
 		return nil, fmt.Errorf("--webhook-listen %q: %w", opts.Listen, err)
 	}
-	ln, err := net.Listen("tcp", opts.Listen)
-	if err != nil {
-		return nil, fmt.Errorf("--webhook-listen %s: %w", opts.Listen, err)
+	ln := opts.Listener
+	if ln == nil {
+		if ln, err = net.Listen("tcp", opts.Listen); err != nil {
+			return nil, fmt.Errorf("--webhook-listen %s: %w", opts.Listen, err)
+		}
 	}
 	s := &Server{opts: opts, log: log, kube: kube, handler: handler, ln: ln,
 		certs:         NewServingCerts(servingHosts(opts.Namespace, listenHost, opts.URLHost), opts.Clock),
