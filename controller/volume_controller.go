@@ -84,6 +84,12 @@ func (c *VolumeController) syncVolume(ctx context.Context, key string) error {
 	}
 	slices.SortFunc(s.engines, byName[*v1beta1.Engine])
 	slices.SortFunc(s.replicas, byName[*v1beta1.Replica])
+	if c.created.unseen(name, s.replicas, s.now) {
+		// A sync on a cache without the replica the last one created would
+		// place another, maybe on the same node: wait for the cache.
+		c.queue.AddAfter(key, cacheCatchUpDelay)
+		return nil
+	}
 
 	if vRO.DeletionTimestamp != nil {
 		done, err := s.deleteVolume()

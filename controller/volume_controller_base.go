@@ -1,6 +1,8 @@
 package controller
 
 import (
+	"time"
+
 	"github.com/sirupsen/logrus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
@@ -16,12 +18,16 @@ import (
 // salvages a faulted volume, expands a detached one, and cleans up on delete.
 type VolumeController struct {
 	*baseController
+	// created are the replicas this manager created that its cache may not
+	// show yet, by volume; see awaitCreatedReplicas.
+	created createdReplicas
 }
 
 // NewVolumeController wires the volume controller of node controllerID.
 func NewVolumeController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
 	controllerID string) (*VolumeController, error) {
-	c := &VolumeController{baseController: newBaseController("strata-volume", controllerID, logger, ds, recorder)}
+	c := &VolumeController{baseController: newBaseController("strata-volume", controllerID, logger, ds, recorder),
+		created: createdReplicas{byVolume: map[string]map[string]time.Time{}}}
 	c.sync = c.syncVolume
 
 	if _, err := ds.Volumes.Informer().AddEventHandler(c.enqueueOnChange()); err != nil {

@@ -360,3 +360,33 @@ func indexOf(s, sub string) int {
 	}
 	return -1
 }
+
+// A replica this manager created holds the volume's next syncs back until
+// the cache shows it (or it expired): a sync on the stale cache would place
+// another replica, maybe on the same node.
+func TestCreatedReplicasHoldSyncsUntilCached(t *testing.T) {
+	c := createdReplicas{byVolume: map[string]map[string]time.Time{}}
+	now := dstest.Now
+	c.add("v1", "v1-r-a", now)
+	tests := []struct {
+		name   string
+		cached []*v1beta1.Replica
+		at     time.Time
+		want   bool
+	}{
+		{"not in the cache yet", nil, now.Add(time.Second), true},
+		{"another volume is not held", nil, now, false},
+		{"in the cache", []*v1beta1.Replica{vcReplica("v1-r-a", "node-1")}, now.Add(2 * time.Second), false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			volume := "v1"
+			if tc.name == "another volume is not held" {
+				volume = "v2"
+			}
+			assert.Equal(t, tc.want, c.unseen(volume, tc.cached, tc.at))
+		})
+	}
+	c.add("v1", "v1-r-b", now)
+	assert.False(t, c.unseen("v1", nil, now.Add(createdReplicaExpiry+time.Second)), "an expired one no longer holds")
+}

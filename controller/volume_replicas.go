@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -313,6 +314,7 @@ func (s *volumeSync) scheduleReplica(start bool) error {
 		return err
 	}
 	s.replicas = append(s.replicas, created)
+	s.created.add(s.v.Name, created.Name, s.now)
 	s.setCondition(VolumeConditionScheduled, true, "ReplicasScheduled", "every replica has a node and disk")
 	s.recorder.Eventf(s.v, corev1.EventTypeNormal, EventReasonReplicaScheduled, "replica %s on %s disk %s", created.Name, p.NodeID, p.DiskName)
 	return nil
@@ -397,3 +399,50 @@ func findCondition(conds []metav1.Condition, t string) *metav1.Condition {
 }
 
 func (s *volumeSync) nowMeta() metav1.Time { return metav1.NewTime(s.now) }
+
+// cacheCatchUpDelay is how soon a volume is looked at again while the cache
+// lacks a replica this manager created (the watch brings it in milliseconds).
+const cacheCatchUpDelay = 100 * time.Millisecond
+
+// createdReplicaExpiry bounds how long a created replica is waited for: one
+// the cache never shows (deleted at once by someone) must not block the
+// volume for good.
+const createdReplicaExpiry = 30 * time.Second
+
+// createdReplicas remembers the replicas this manager created until its
+// cache shows them (client-go's "expectations", reduced to what the volume
+// controller needs).
+type createdReplicas struct {
+	mu       sync.Mutex
+	byVolume map[string]map[string]time.Time
+}
+
+func (c *createdReplicas) add(volume, replica string, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.byVolume[volume] == nil {
+		c.byVolume[volume] = map[string]time.Time{}
+	}
+	c.byVolume[volume][replica] = now
+}
+
+// unseen forgets the created replicas the cache shows (or that expired) and
+// tells whether any is still missing from it.
+func (c *createdReplicas) unseen(volume string, cached []*v1beta1.Replica, now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	pending := c.byVolume[volume]
+	for _, r := range cached {
+		delete(pending, r.Name)
+	}
+	for name, at := range pending {
+		if now.Sub(at) > createdReplicaExpiry {
+			delete(pending, name)
+		}
+	}
+	if len(pending) == 0 {
+		delete(c.byVolume, volume)
+		return false
+	}
+	return true
+}

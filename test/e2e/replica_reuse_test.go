@@ -26,6 +26,7 @@ import (
 func TestFailedReplicaReusedAfterNodeReboot(t *testing.T) {
 	restore := setSetting(t, types.SettingReplicaReplenishmentWaitInterval, "600")
 	defer restore()
+	waitDataPlanesRunning(t)
 	createVolume(t, "e2e-reuse", "64Mi", 3)
 	updateTickets(t, "e2e-reuse", addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-1"))
 	v := waitVolume(t, "e2e-reuse", 2*time.Minute, "attached to node-1", attachedTo("node-1"))
@@ -117,6 +118,7 @@ func TestDiskMigrationReusesReplicaAndImageCopy(t *testing.T) {
 		})
 	})
 	extraUUID := waitDiskUUID(t, "node-3", "extra")
+	waitDataPlanesRunning(t) // one replica per node: every node must take one
 
 	createVolume(t, "e2e-mig", "32Mi", 3, func(v *v1beta1.Volume) { v.Spec.BackingImage = "e2e-bi-mig" })
 	updateTickets(t, "e2e-mig", addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-1"))
@@ -301,4 +303,16 @@ func enginesOf(t *testing.T, volume string) []v1beta1.Engine {
 		metav1.ListOptions{LabelSelector: types.LabelVolume + "=" + volume})
 	require.NoError(t, err)
 	return list.Items
+}
+
+// waitDataPlanesRunning waits until every node's instance manager runs (an
+// earlier test may have just restarted one).
+func waitDataPlanesRunning(t *testing.T) {
+	t.Helper()
+	for _, n := range nodeNames {
+		require.Eventually(t, func() bool {
+			st, _ := imState(t, n)
+			return st == v1beta1.InstanceStateRunning
+		}, time.Minute, 100*time.Millisecond, "im-%s running", n)
+	}
 }
