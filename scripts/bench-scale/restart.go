@@ -230,10 +230,11 @@ func (b *bench) afterRestart(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// The bench's volumes are attached by its tickets; the clones are not.
+	// The bench's volumes are attached by its tickets; the clones and the
+	// volumes on the backing image are not.
 	healthy, wanted := 0, 0
 	for _, v := range vols.Items {
-		if v.Spec.DataSource != "" {
+		if v.Spec.DataSource != "" || v.Spec.BackingImage != "" {
 			continue
 		}
 		wanted++
