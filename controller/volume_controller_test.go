@@ -178,6 +178,26 @@ func TestVolumeControllerSync(t *testing.T) {
 			wantWrites: nil,
 		},
 		{
+			name: "a replica on a node whose manager is down stays while the running engine has it RW",
+			me:   "node-2",
+			kube: []runtime.Object{testLease("node-1", 0), testLease("node-2", 0), testLease("node-3", time.Hour)},
+			objects: []runtime.Object{vcVolume(attachedOn("node-2"), func(v *v1beta1.Volume) {
+				v.Status.Robustness = v1beta1.VolumeRobustnessHealthy
+			}), vcEngine(engineRunningOn("node-2", allRW())),
+				vcReplica("r1", "node-1", replicaRunning), vcReplica("r2", "node-2", replicaRunning), vcReplica("r3", "node-3", replicaRunning)},
+		},
+		{
+			name: "a replica on a down node the engine does not have RW is failed",
+			me:   "node-2",
+			kube: []runtime.Object{testLease("node-1", 0), testLease("node-2", 0), testLease("node-3", time.Hour)},
+			objects: []runtime.Object{vcVolume(attachedOn("node-2"), func(v *v1beta1.Volume) {
+				v.Status.Robustness = v1beta1.VolumeRobustnessHealthy
+			}), vcEngine(engineRunningOn("node-2", map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW, "r2": v1beta1.ReplicaModeRW, "r3": v1beta1.ReplicaModeWO})),
+				vcReplica("r1", "node-1", replicaRunning), vcReplica("r2", "node-2", replicaRunning), vcReplica("r3", "node-3", replicaRunning)},
+			wantWrites: []string{"update replicas r3", "update engines v1-e-0", "update volumes/status v1"},
+			wantEvents: []string{"Warning ReplicaFailed", "Warning Degraded"},
+		},
+		{
 			name: "a failed replica whose node, instance manager and disk are back is reused within the wait",
 			me:   "node-2",
 			objects: []runtime.Object{vcVolume(attachedOn("node-2"), func(v *v1beta1.Volume) {
@@ -328,7 +348,9 @@ func TestVolumeControllerSync(t *testing.T) {
 				tests[i].objects = append(tests[i].objects, o)
 			}
 		}
-		tests[i].kube = leases
+		if tests[i].kube == nil {
+			tests[i].kube = leases
+		}
 	}
 	runSyncCases(t, tests, func(env *dstest.Env, rec record.EventRecorder, me string, _ engineapi.Connector) (func(context.Context, string) error, error) {
 		c, err := NewVolumeController(logrus.New(), env.DS, rec, me)

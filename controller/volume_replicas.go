@@ -73,7 +73,12 @@ func (s *volumeSync) reconcileReplicas() error {
 			s.markFailed(after, fmt.Sprintf("its instance is %s", orUnknown(string(r.Status.CurrentState))))
 		case r.Spec.DesireState == v1beta1.InstanceStateRunning && r.Status.CurrentState == v1beta1.InstanceStateError:
 			s.markFailed(after, "its instance failed to start")
-		case attachedOrAttaching && r.Spec.NodeID != "" && !s.ds.IsNodeAlive(r.Spec.NodeID):
+		case attachedOrAttaching && r.Spec.NodeID != "" && !s.ds.IsNodeAlive(r.Spec.NodeID) &&
+			!(running && eng.Status.ReplicaModeMap[r.Name] == v1beta1.ReplicaModeRW):
+			// A running engine that still has the replica RW is the better
+			// judge: a node whose manager restarts (its lease runs out) keeps
+			// serving data, and a replica that really went with its node is
+			// marked ERR by the engine at the next I/O.
 			s.markFailed(after, fmt.Sprintf("its node %s is down", r.Spec.NodeID))
 		case running && eng.Status.ReplicaModeMap[r.Name] == v1beta1.ReplicaModeRW && r.Spec.HealthyAt == "":
 			after.Spec.HealthyAt = s.now.UTC().Format(time.RFC3339)

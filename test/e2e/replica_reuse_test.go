@@ -51,8 +51,10 @@ func TestFailedReplicaReusedAfterNodeReboot(t *testing.T) {
 			}
 		}
 	})
-	waitReplica(t, victim.Name, time.Minute, "failed", func(r *v1beta1.Replica) bool { return r.Spec.FailedAt != "" })
+	// The engine finds the replica gone at the next write and marks it ERR
+	// (a node whose manager alone is down keeps its replicas).
 	qemuIO(t, v.Status.FrontendEndpoint, "write -P 0x22 8M 2M")
+	waitReplica(t, victim.Name, time.Minute, "failed", func(r *v1beta1.Replica) bool { return r.Spec.FailedAt != "" })
 
 	im, err := startIMAgain(mgr)
 	require.NoError(t, err)
