@@ -40,14 +40,7 @@ func CopyFile(ctx context.Context, src, dst string, progress Progress) (err erro
 	var done int64
 	buf := make([]byte, 1<<20)
 	kernelCopy := true
-	for off := int64(0); off < size; {
-		start, end, ok, err := nextExtent(in, off, size)
-		if err != nil {
-			return fmt.Errorf("mapping %s: %w", src, err)
-		}
-		if !ok {
-			break
-		}
+	err = forEachExtent(in, size, func(start, end int64) error {
 		for pos := start; pos < end; {
 			if err := ctx.Err(); err != nil {
 				return err
@@ -86,7 +79,10 @@ func CopyFile(ctx context.Context, src, dst string, progress Progress) (err erro
 				return fmt.Errorf("copying %s at %d: %w", src, pos, err)
 			}
 		}
-		off = end
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	return out.commit()
 }
@@ -127,6 +123,25 @@ func (w *workFile) commit() error {
 func (w *workFile) abandon() {
 	w.Close()
 	os.Remove(w.tmp)
+}
+
+// forEachExtent calls fn with each run of data of f, [start, end), in
+// order, up to size.
+func forEachExtent(f *os.File, size int64, fn func(start, end int64) error) error {
+	for off := int64(0); off < size; {
+		start, end, ok, err := nextExtent(f, off, size)
+		if err != nil {
+			return fmt.Errorf("mapping %s: %w", f.Name(), err)
+		}
+		if !ok {
+			return nil
+		}
+		if err := fn(start, end); err != nil {
+			return err
+		}
+		off = end
+	}
+	return nil
 }
 
 // nextExtent finds the next run of data at or after off: [start, end).

@@ -49,14 +49,7 @@ func WriteExtents(ctx context.Context, w io.Writer, path string) error {
 	if err := writeU64s(bw, hdr, uint64(size)); err != nil {
 		return err
 	}
-	for off := int64(0); off < size; {
-		start, end, ok, err := nextExtent(f, off, size)
-		if err != nil {
-			return fmt.Errorf("mapping %s: %w", path, err)
-		}
-		if !ok {
-			break
-		}
+	err = forEachExtent(f, size, func(start, end int64) error {
 		for pos := start; pos < end; {
 			if err := ctx.Err(); err != nil {
 				return err
@@ -70,7 +63,10 @@ func WriteExtents(ctx context.Context, w io.Writer, path string) error {
 			}
 			pos += n
 		}
-		off = end
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if err := writeU64s(bw, hdr, uint64(size), 0); err != nil {
 		return err
