@@ -26,6 +26,10 @@ type Resource struct {
 	Kind string
 	// NewObject returns an empty object of the kind to decode into.
 	NewObject func() runtime.Object
+	// AnyNamespace is set for kinds that live in users' namespaces
+	// (ResourceQuota, VolumeSnapshot, KubeVirt's and Harvester's kinds);
+	// every other kind is confined to Strata's namespace.
+	AnyNamespace bool
 }
 
 // Request is one admission request as the handlers see it.
@@ -61,6 +65,16 @@ type Validator interface {
 type DeleteValidator interface {
 	Validator
 	Delete(req *Request, obj runtime.Object) error
+}
+
+// OptionalValidator is a Validator of a kind another project installs
+// (KubeVirt's VirtualMachineSnapshot, Harvester's VirtualMachineBackup): its
+// rule is in the webhook configuration only while Installed says the kind's
+// CRD exists, since the API server refuses nothing for a missing kind and an
+// admin may install it after Strata.
+type OptionalValidator interface {
+	Validator
+	Installed() bool
 }
 
 // Rule is what a webhook configuration matches for one resource.

@@ -75,6 +75,9 @@ func (h *Handler) Rules(mutating bool) []Rule {
 		}
 	} else {
 		for _, v := range h.validators {
+			if o, ok := v.(OptionalValidator); ok && !o.Installed() {
+				continue
+			}
 			ops := createUpdate
 			if _, ok := v.(DeleteValidator); ok {
 				ops = append(ops[:len(ops):len(ops)], admissionregistrationv1.Delete)
@@ -216,7 +219,7 @@ func (h *Handler) Validate(ar *admissionv1.AdmissionRequest) (resp *admissionv1.
 	var err error
 	switch ar.Operation {
 	case admissionv1.Create:
-		if ar.Namespace != h.namespace {
+		if ar.Namespace != h.namespace && !res.AnyNamespace {
 			err = Invalid(field.NewPath("metadata", "namespace"), "%s objects live in namespace %s, not %q",
 				res.Kind, h.namespace, ar.Namespace)
 		} else {
