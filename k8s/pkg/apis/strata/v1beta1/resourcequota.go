@@ -21,7 +21,10 @@ type SnapshotLimit struct {
 	VMTotalSnapshotSizeQuota map[string]resource.Quantity `json:"vmTotalSnapshotSizeQuota,omitempty"`
 }
 
-// SnapshotLimitStatus is the snapshot space in use.
+// SnapshotLimitStatus is the snapshot space in use: the allocated size of
+// every snapshot not marked removed (never the live head) of the volumes
+// behind the namespace's PVCs, and of each VM's PVCs. The quota controller
+// keeps it current; admission reads the same figures from the cache.
 type SnapshotLimitStatus struct {
 	NamespaceTotalSnapshotSizeUsage *resource.Quantity           `json:"namespaceTotalSnapshotSizeUsage,omitempty"`
 	VMTotalSnapshotSizeUsage        map[string]resource.Quantity `json:"vmTotalSnapshotSizeUsage,omitempty"`
@@ -45,8 +48,10 @@ type ResourceQuotaStatus struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=srq,categories=strata
-// +kubebuilder:printcolumn:name="NamespaceQuota",type=string,JSONPath=`.spec.snapshotLimit.namespaceTotalSnapshotSizeQuota`
 // +kubebuilder:printcolumn:name="NamespaceUsage",type=string,JSONPath=`.status.snapshotLimitStatus.namespaceTotalSnapshotSizeUsage`
+// +kubebuilder:printcolumn:name="NamespaceQuota",type=string,JSONPath=`.spec.snapshotLimit.namespaceTotalSnapshotSizeQuota`
+// +kubebuilder:printcolumn:name="VMUsage",type=string,JSONPath=`.status.snapshotLimitStatus.vmTotalSnapshotSizeUsage`
+// +kubebuilder:printcolumn:name="VMQuota",type=string,JSONPath=`.spec.snapshotLimit.vmTotalSnapshotSizeQuota`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type ResourceQuota struct {
 	metav1.TypeMeta   `json:",inline"`
