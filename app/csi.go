@@ -54,7 +54,7 @@ func runCSI(parent context.Context, cfg csiConfig) error {
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	log := logrus.WithField("node", cfg.nodeName)
-	kubeClient, strataClient, err := newClients(cfg.kubeconfig, "strata-csi")
+	kubeClient, strataClient, _, err := newClients(cfg.kubeconfig, "strata-csi")
 	if err != nil {
 		return err
 	}

@@ -18,9 +18,11 @@ import (
 	"github.com/urfave/cli/v3"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	kubescheme "k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
@@ -141,7 +143,7 @@ func parseDisks(values []string) ([]controller.DiskConfig, error) {
 
 // newClients builds the Kubernetes and Strata clients of one process from a
 // kubeconfig file (empty: in-cluster), naming the process in the user agent.
-func newClients(kubeconfig, component string) (kubernetes.Interface, versioned.Interface, error) {
+func newClients(kubeconfig, component string) (kubernetes.Interface, versioned.Interface, *rest.Config, error) {
 	var cfg *rest.Config
 	var err error
 	if kubeconfig == "" {
@@ -150,20 +152,20 @@ func newClients(kubeconfig, component string) (kubernetes.Interface, versioned.I
 		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("kubeconfig: %w", err)
+		return nil, nil, nil, fmt.Errorf("kubeconfig: %w", err)
 	}
 	// The default 5 QPS throttles start-up on a node with many objects.
 	cfg.QPS, cfg.Burst = 50, 100
 	cfg.UserAgent = component + "/" + Version
 	kubeClient, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	strataClient, err := versioned.NewForConfig(cfg)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return kubeClient, strataClient, nil
+	return kubeClient, strataClient, cfg, nil
 }
 
 func runDaemon(parent context.Context, cfg daemonConfig) error {
@@ -180,7 +182,7 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	defer lns.close()
 	cfg.webhook.listener = lns.webhook
 
-	kubeClient, strataClient, err := newClients(cfg.kubeconfig, "strata-manager")
+	kubeClient, strataClient, restConfig, err := newClients(cfg.kubeconfig, "strata-manager")
 	if err != nil {
 		return err
 	}
@@ -191,6 +193,10 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 
 	ds, err := datastore.New(cfg.namespace, strataClient, kubeClient)
 	if err != nil {
+		return err
+	}
+	// KubeVirt's and Harvester's kinds, for quotas, once they are installed.
+	if err := ds.WatchOptionalKinds(metadata.NewForConfigOrDie(restConfig), dynamic.NewForConfigOrDie(restConfig)); err != nil {
 		return err
 	}
 	broadcaster, recorder := newEventRecorder(kubeClient, cfg.nodeName)
@@ -216,6 +222,7 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 			Instances: instances, IMAddress: cfg.imAddress, DataPlane: imPool, APIAddress: cfg.apiAdvertise}))
 	controllers.single(controller.NewSettingController(log, ds, recorder, cfg.nodeName))
 	controllers.add(controller.NewVolumeController(log, ds, recorder, cfg.nodeName))
+	controllers.add(controller.NewResourceQuotaController(log, ds, recorder, cfg.nodeName))
 	controllers.add(controller.NewVolumeAttachmentController(log, ds, recorder, cfg.nodeName))
 	controllers.add(controller.NewSnapshotController(log, ds, recorder, cfg.nodeName, imPool))
 	controllers.add(controller.NewVolumeCloneController(log, ds, recorder, cfg.nodeName, imPool))

@@ -42,7 +42,7 @@ const (
 	AnnotationPVCName         = "strata.io/pvc-name"
 	// AnnotationCSIName is the name CreateVolume/CreateSnapshot was called
 	// with, when it could not be the object's name as it is.
-	AnnotationCSIName      = "strata.io/csi-name"
+	AnnotationCSIName      = types.AnnotationCSIName
 	AnnotationPVCNamespace = "strata.io/pvc-namespace"
 )
 

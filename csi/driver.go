@@ -19,11 +19,12 @@ import (
 
 	"github.com/strata-storage/strata/csi/nbddev"
 	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/types"
 )
 
 // DriverName is the CSI driver name: StorageClasses' provisioner, CSIDriver
 // object, PersistentVolumes' spec.csi.driver.
-const DriverName = "driver.strata.io"
+const DriverName = types.CSIDriverName
 
 // TopologyNodeKey is the topology segment a volume's node reachability is
 // expressed in: the Strata node name.

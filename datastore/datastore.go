@@ -49,6 +49,11 @@ type DataStore struct {
 	Backups           *Store[*v1beta1.Backup]
 	RecurringJobs     *Store[*v1beta1.RecurringJob]
 	InstanceManagers  *Store[*v1beta1.InstanceManager]
+	// SnapshotUsage is the bytes each volume's snapshots hold, for quotas.
+	SnapshotUsage *SnapshotUsage
+	// OptionalKinds are other projects' kinds (KubeVirt, Harvester), watched
+	// once their CRDs exist; nil until WatchOptionalKinds.
+	OptionalKinds *OptionalKinds
 	// ResourceQuotas live in user namespaces, so this store watches them all.
 	ResourceQuotas *Store[*v1beta1.ResourceQuota]
 	// StorageVolumeAttachments are Kubernetes' own (storage.k8s.io,
@@ -69,6 +74,7 @@ type DataStore struct {
 	NamespaceInformer cache.SharedIndexInformer
 
 	factories []interface{ Start(<-chan struct{}) }
+	runners   []func(context.Context)
 	synced    []cache.InformerSynced
 }
 
@@ -107,6 +113,10 @@ func New(namespace string, strataClient versioned.Interface, kubeClient kubernet
 		func(ns string) objectClient[*v1beta1.Replica] { return typed.Replicas(ns) })
 	ds.Snapshots = newStore(v1beta1.Resource("snapshots"), namespace, add(s.Snapshots().Informer(), snapshotIndexers),
 		func(ns string) objectClient[*v1beta1.Snapshot] { return typed.Snapshots(ns) })
+	ds.SnapshotUsage = newSnapshotUsage()
+	if _, herr := ds.Snapshots.Informer().AddEventHandler(ds.SnapshotUsage.handler()); herr != nil {
+		return nil, herr
+	}
 	ds.VolumeAttachments = newStore(v1beta1.Resource("volumeattachments"), namespace,
 		add(s.VolumeAttachments().Informer(), volumeAttachmentIndexers),
 		func(ns string) objectClient[*v1beta1.VolumeAttachment] { return typed.VolumeAttachments(ns) })
@@ -140,7 +150,7 @@ func New(namespace string, strataClient versioned.Interface, kubeClient kubernet
 	core := kubeFactory.Core().V1()
 	ds.KubeNodeInformer = add(core.Nodes().Informer(), nil)
 	ds.KubeNodes = core.Nodes().Lister()
-	ds.PersistentVolumeInformer = add(core.PersistentVolumes().Informer(), nil)
+	ds.PersistentVolumeInformer = add(core.PersistentVolumes().Informer(), persistentVolumeIndexers)
 	ds.PersistentVolumes = core.PersistentVolumes().Lister()
 	ds.PersistentVolumeClaimInformer = add(core.PersistentVolumeClaims().Informer(), nil)
 	ds.PersistentVolumeClaims = core.PersistentVolumeClaims().Lister()
@@ -160,6 +170,9 @@ func New(namespace string, strataClient versioned.Interface, kubeClient kubernet
 func (ds *DataStore) Start(ctx context.Context) {
 	for _, f := range ds.factories {
 		f.Start(ctx.Done())
+	}
+	for _, run := range ds.runners {
+		run(ctx)
 	}
 }
 

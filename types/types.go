@@ -32,3 +32,13 @@ const (
 func NodeLeaseName(nodeName string) string {
 	return "strata-node-" + nodeName
 }
+
+// CSIDriverName is the CSI driver's name: StorageClasses' provisioner, the
+// CSIDriver object and PersistentVolumes' spec.csi.driver. A PV with this
+// driver maps a claim to the Strata volume its volumeHandle names.
+const CSIDriverName = "driver.strata.io"
+
+// AnnotationCSIName marks an object the CSI driver made, with the name
+// CreateVolume or CreateSnapshot was called with. A Snapshot carrying it was
+// made for a VolumeSnapshot, which the snapshot quota charged already.
+const AnnotationCSIName = "strata.io/csi-name"

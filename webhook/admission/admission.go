@@ -30,6 +30,10 @@ type Resource struct {
 	// (ResourceQuota, VolumeSnapshot, KubeVirt's and Harvester's kinds);
 	// every other kind is confined to Strata's namespace.
 	AnyNamespace bool
+	// CreateOnly makes the validating rule match CREATE alone: for other
+	// projects' kinds Strata judges only creation, and their controllers'
+	// updates must never wait for Strata's webhook.
+	CreateOnly bool
 }
 
 // Request is one admission request as the handlers see it.

@@ -47,6 +47,19 @@ func Conflict(format string, args ...any) *ConflictError {
 	return &ConflictError{Message: fmt.Sprintf(format, args...)}
 }
 
+// PolicyError denies a request a policy forbids, such as a snapshot over a
+// quota: 403 Forbidden, as Kubernetes' own ResourceQuota answers.
+type PolicyError struct {
+	Message string
+}
+
+func (e *PolicyError) Error() string { return e.Message }
+
+// Policy is a PolicyError.
+func Policy(format string, args ...any) *PolicyError {
+	return &PolicyError{Message: fmt.Sprintf(format, args...)}
+}
+
 // FieldErrors collects every reason a request is denied, so that one answer
 // names them all.
 type FieldErrors []*FieldError
@@ -84,7 +97,11 @@ func deniedStatus(err error, res Resource, name string) *metav1.Status {
 	var fes FieldErrors
 	var fe *FieldError
 	var ce *ConflictError
+	var pe *PolicyError
 	switch {
+	case errors.As(err, &pe):
+		return &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusForbidden, Reason: metav1.StatusReasonForbidden,
+			Message: pe.Message, Details: &metav1.StatusDetails{Name: name, Group: res.Group, Kind: res.Kind}}
 	case errors.As(err, &ce):
 		return &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusConflict, Reason: metav1.StatusReasonConflict,
 			Message: ce.Message, Details: &metav1.StatusDetails{Name: name, Group: res.Group, Kind: res.Kind}}

@@ -79,6 +79,9 @@ func (h *Handler) Rules(mutating bool) []Rule {
 				continue
 			}
 			ops := createUpdate
+			if v.Resource().CreateOnly {
+				ops = ops[:1]
+			}
 			if _, ok := v.(DeleteValidator); ok {
 				ops = append(ops[:len(ops):len(ops)], admissionregistrationv1.Delete)
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 	"github.com/strata-storage/strata/webhook/admission"
+	"github.com/strata-storage/strata/webhook/resources/snapshotquota"
 )
 
 var (
@@ -27,11 +28,14 @@ var (
 )
 
 type validator struct {
-	ds *datastore.DataStore
+	ds    *datastore.DataStore
+	quota *snapshotquota.Checker
 }
 
 // NewValidator returns the Snapshot validator.
-func NewValidator(ds *datastore.DataStore) admission.Validator { return &validator{ds: ds} }
+func NewValidator(ds *datastore.DataStore) admission.Validator {
+	return &validator{ds: ds, quota: snapshotquota.NewChecker(ds)}
+}
 
 func (v *validator) Resource() admission.Resource { return Resource }
 
@@ -46,7 +50,33 @@ func (v *validator) Create(_ *admission.Request, obj runtime.Object) error {
 		errs.Add(admission.Invalid(volumeLabelPath, "%q differs from spec.volume %q", got, snap.Spec.Volume))
 	}
 	errs.Add(validLabels(snap.Spec.Labels)...)
-	return errs.Err()
+	if len(errs) > 0 {
+		return errs.Err()
+	}
+	return v.checkQuota(snap)
+}
+
+// checkQuota charges a snapshot a user asks for against the snapshot quota
+// of the namespace whose claim the volume serves. Exempt: a snapshot that
+// records one the engine already has (createSnapshot false), one the CSI
+// driver makes for a VolumeSnapshot (charged there), and one Strata takes
+// for another object — a clone, a backing image export, a backup — which
+// owns it.
+func (v *validator) checkQuota(snap *v1beta1.Snapshot) error {
+	if !snap.Spec.CreateSnapshot || snap.Annotations[types.AnnotationCSIName] != "" {
+		return nil
+	}
+	for _, ref := range snap.OwnerReferences {
+		if ref.Kind != "Volume" || ref.Name != snap.Spec.Volume {
+			return nil
+		}
+	}
+	claim, ok := v.ds.ClaimOfVolume(snap.Spec.Volume)
+	if !ok {
+		return nil // no claim, no namespace quota
+	}
+	return v.quota.Check(snapshotquota.Charge{What: "Snapshot " + snap.Name, Namespace: claim.Namespace,
+		Volumes: []string{snap.Spec.Volume}})
 }
 
 // Update: the spec is immutable (seed snapshot-crd, "Update"), and so is the

@@ -1,0 +1,53 @@
+package datastore
+
+import (
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
+)
+
+// SnapshotBytesOf sums what the volumes' snapshots hold (SnapshotUsage).
+func (ds *DataStore) SnapshotBytesOf(volumes []string) int64 {
+	var total int64
+	for _, v := range volumes {
+		total += ds.SnapshotUsage.VolumeBytes(v)
+	}
+	return total
+}
+
+// HeadBytes is what a snapshot of the volume would hold if taken now: the
+// allocated size of its live head, as the engine last reported it (the
+// data plane refreshes it every few seconds while writes go on, and the
+// figure stays while the volume is detached).
+func (ds *DataStore) HeadBytes(volume string) int64 {
+	engines, err := ds.Engines.ListByIndexRO(IndexByVolume, volume)
+	if err != nil {
+		return 0
+	}
+	var most int64
+	for _, e := range engines {
+		if head := e.Status.Snapshots[types.VolumeHeadName]; head != nil && head.Size > most {
+			most = head.Size
+		}
+	}
+	return most
+}
+
+// VirtualMachineVolumes are the Strata volumes behind a VM's claims; claims
+// not bound, or of another driver, are left out.
+func (ds *DataStore) VirtualMachineVolumes(vm *unstructured.Unstructured) []string {
+	var out []string
+	for _, c := range VirtualMachineClaims(vm) {
+		if v, ok := ds.VolumeOfClaim(c); ok {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// NamespaceQuota is the namespace's default-resource-quota, if it has one.
+func (ds *DataStore) NamespaceQuota(namespace string) (*v1beta1.ResourceQuota, bool) {
+	rq, err := ds.ResourceQuotas.GetInNamespaceRO(namespace, v1beta1.DefaultResourceQuotaName)
+	return rq, err == nil
+}
