@@ -31,6 +31,7 @@ import (
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/webhook/admission"
 	"github.com/strata-storage/strata/webhook/resources/backingimage"
+	"github.com/strata-storage/strata/webhook/resources/resourcequota"
 	"github.com/strata-storage/strata/webhook/resources/snapshot"
 	"github.com/strata-storage/strata/webhook/resources/volume"
 	"github.com/strata-storage/strata/webhook/resources/volumeattachment"
@@ -115,7 +116,7 @@ func New(log logrus.FieldLogger, ds *datastore.DataStore, kube kubernetes.Interf
 	handler, err := admission.NewHandler(log, opts.Namespace,
 		[]admission.Mutator{volume.NewMutator(ds), volumeattachment.NewMutator(ds), snapshot.NewMutator(ds)},
 		[]admission.Validator{volume.NewValidator(ds), volumeattachment.NewValidator(ds), snapshot.NewValidator(ds),
-			backingimage.NewValidator(ds)})
+			backingimage.NewValidator(ds), resourcequota.NewValidator()})
 	if err != nil {
 		return nil, err
 	}

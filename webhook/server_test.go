@@ -154,12 +154,16 @@ func TestLeaderAppliesConfigurations(t *testing.T) {
 			assert.Equal(t, wantRules, m.Rules)
 			// Deleting a volume is judged too (one a workload holds is
 			// refused), and backing images are only validated, deletes too
-			// (one a volume uses is refused).
+			// (one a volume uses is refused); resource quotas are only
+			// validated.
 			wantRules[2].Operations = append(wantRules[2].Operations, "DELETE")
 			wantRules = append([]admissionregistrationv1.RuleWithOperations{{
 				Operations: []admissionregistrationv1.OperationType{"CREATE", "UPDATE", "DELETE"},
 				Rule: admissionregistrationv1.Rule{APIGroups: []string{"strata.io"}, APIVersions: []string{"v1beta1"},
-					Resources: []string{"backingimages"}, Scope: ptr(admissionregistrationv1.NamespacedScope)}}}, wantRules...)
+					Resources: []string{"backingimages"}, Scope: ptr(admissionregistrationv1.NamespacedScope)}}, {
+				Operations: []admissionregistrationv1.OperationType{"CREATE", "UPDATE"},
+				Rule: admissionregistrationv1.Rule{APIGroups: []string{"strata.io"}, APIVersions: []string{"v1beta1"},
+					Resources: []string{"resourcequotas"}, Scope: ptr(admissionregistrationv1.NamespacedScope)}}}, wantRules...)
 			assert.Equal(t, wantRules, v.Rules)
 			assert.Equal(t, admissionregistrationv1.Fail, *m.FailurePolicy)
 			assert.Equal(t, admissionregistrationv1.Fail, *v.FailurePolicy)
