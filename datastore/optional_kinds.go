@@ -162,6 +162,16 @@ func (ok *OptionalKinds) vmIndexer() cache.Indexer {
 	return ok.vms.GetIndexer()
 }
 
+// VirtualMachinesSynced tells whether the VM cache exists and has listed.
+func (ok *OptionalKinds) VirtualMachinesSynced() bool {
+	if ok == nil {
+		return false
+	}
+	ok.mu.Lock()
+	defer ok.mu.Unlock()
+	return ok.vms != nil && ok.vms.HasSynced()
+}
+
 // VirtualMachine is the cached VM, if VMs are watched and it exists.
 func (ok *OptionalKinds) VirtualMachine(namespace, name string) (*unstructured.Unstructured, bool) {
 	idx := ok.vmIndexer()

@@ -33,6 +33,7 @@ import (
 	"github.com/strata-storage/strata/webhook/resources/backingimage"
 	"github.com/strata-storage/strata/webhook/resources/resourcequota"
 	"github.com/strata-storage/strata/webhook/resources/snapshot"
+	"github.com/strata-storage/strata/webhook/resources/snapshotquota"
 	"github.com/strata-storage/strata/webhook/resources/volume"
 	"github.com/strata-storage/strata/webhook/resources/volumeattachment"
 )
@@ -116,7 +117,9 @@ func New(log logrus.FieldLogger, ds *datastore.DataStore, kube kubernetes.Interf
 	handler, err := admission.NewHandler(log, opts.Namespace,
 		[]admission.Mutator{volume.NewMutator(ds), volumeattachment.NewMutator(ds), snapshot.NewMutator(ds)},
 		[]admission.Validator{volume.NewValidator(ds), volumeattachment.NewValidator(ds), snapshot.NewValidator(ds),
-			backingimage.NewValidator(ds), resourcequota.NewValidator()})
+			backingimage.NewValidator(ds), resourcequota.NewValidator(),
+			snapshotquota.NewVolumeSnapshotValidator(ds), snapshotquota.NewVMSnapshotValidator(ds),
+			snapshotquota.NewVMBackupValidator(ds)})
 	if err != nil {
 		return nil, err
 	}
@@ -147,6 +150,10 @@ func New(log logrus.FieldLogger, ds *datastore.DataStore, kube kubernetes.Interf
 		}))
 	secrets := s.factory.Core().V1().Secrets()
 	s.secretInformer, s.secrets = secrets.Informer(), secrets.Lister().Secrets(opts.Namespace)
+	// A VM snapshot or backup kind installed or removed changes the rules.
+	if ds.OptionalKinds != nil {
+		ds.OptionalKinds.OnChange(func(datastore.OptionalKind) { poke(s.leaderEvents) })
+	}
 	notify := func(any) { poke(s.certEvents); poke(s.leaderEvents) }
 	if _, err := s.secretInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: notify, UpdateFunc: func(_, obj any) { notify(obj) }, DeleteFunc: notify,

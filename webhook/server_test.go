@@ -164,6 +164,13 @@ func TestLeaderAppliesConfigurations(t *testing.T) {
 				Operations: []admissionregistrationv1.OperationType{"CREATE", "UPDATE"},
 				Rule: admissionregistrationv1.Rule{APIGroups: []string{"strata.io"}, APIVersions: []string{"v1beta1"},
 					Resources: []string{"resourcequotas"}, Scope: ptr(admissionregistrationv1.NamespacedScope)}}}, wantRules...)
+			// VolumeSnapshots are judged on creation only, against the
+			// snapshot quota; without KubeVirt and Harvester installed, their
+			// kinds have no rule.
+			wantRules = append(wantRules, admissionregistrationv1.RuleWithOperations{
+				Operations: []admissionregistrationv1.OperationType{"CREATE"},
+				Rule: admissionregistrationv1.Rule{APIGroups: []string{"snapshot.storage.k8s.io"}, APIVersions: []string{"v1"},
+					Resources: []string{"volumesnapshots"}, Scope: ptr(admissionregistrationv1.NamespacedScope)}})
 			assert.Equal(t, wantRules, v.Rules)
 			assert.Equal(t, admissionregistrationv1.Fail, *m.FailurePolicy)
 			assert.Equal(t, admissionregistrationv1.Fail, *v.FailurePolicy)

@@ -1,0 +1,122 @@
+package e2e
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+const mib = int64(1) << 20
+
+func mustQuantity(s string) *resource.Quantity {
+	q := resource.MustParse(s)
+	return &q
+}
+
+// Seed snapshot-space-management, test plan 2 (sizes in Mi): a VM with a
+// 10Mi and a 20Mi disk, both written full before each backup. Two backups
+// are taken while the VM has no quota; with a 30Mi VM quota the third —
+// as a VirtualMachineBackup, a VirtualMachineSnapshot or a VolumeSnapshot
+// of one of its disks — is denied; once the first two are deleted a backup
+// is allowed again. The usage shown is the engines' own figure each time.
+func TestQuotaVMBackupsAgainstVMQuota(t *testing.T) {
+	installVMKinds(t)
+	wns := workloadNamespace(t)
+	diskA, diskB := claimVolume(t, wns, "disk-a", "10Mi"), claimVolume(t, wns, "disk-b", "20Mi")
+	createVM(t, wns, "vm1", "disk-a", "disk-b")
+	epA, epB := attachForWrites(t, diskA), attachForWrites(t, diskB)
+	fillDisks := func(pattern int) {
+		fill(t, diskA, epA, 10*mib, pattern)
+		fill(t, diskB, epB, 20*mib, pattern)
+	}
+	setQuota(t, wns, func(*v1beta1.SnapshotLimit) {}) // usage shown, nothing limited
+
+	fillDisks(1)
+	takeVMBackup(t, wns, "b1", "vm1", "disk-a", "disk-b")
+	require.Equal(t, 30*mib, waitUsage(t, wns, "vm1", diskA, diskB))
+	fillDisks(2)
+	takeVMBackup(t, wns, "b2", "vm1", "disk-a", "disk-b")
+	require.Equal(t, 60*mib, waitUsage(t, wns, "vm1", diskA, diskB))
+	require.Equal(t, 60*mib, waitUsage(t, wns, "", diskA, diskB), "the namespace holds the VM's disks alone")
+
+	setQuota(t, wns, func(l *v1beta1.SnapshotLimit) {
+		l.VMTotalSnapshotSizeQuota = map[string]resource.Quantity{"vm1": resource.MustParse("30Mi")}
+	})
+	fillDisks(3)
+	_, err := vmRequest(gvrVMBackup, "VirtualMachineBackup", wns, "b3", "vm1")
+	requireQuotaDenial(t, err, "VirtualMachine "+wns+"/vm1", "hold 60Mi", "VirtualMachineBackup "+wns+"/b3 would add 30Mi",
+		"quota of 30Mi", "vmTotalSnapshotSizeQuota[vm1]")
+	_, err = vmRequest(gvrVMSnapshot, "VirtualMachineSnapshot", wns, "s3", "vm1")
+	requireQuotaDenial(t, err, "VirtualMachine "+wns+"/vm1", "VirtualMachineSnapshot "+wns+"/s3 would add 30Mi")
+	_, err = volumeSnapshot(wns, "vs3", "disk-a", nil)
+	requireQuotaDenial(t, err, "VirtualMachine "+wns+"/vm1", "VolumeSnapshot "+wns+"/vs3 would add 10Mi")
+
+	deleteVMBackup(t, wns, "b1", "disk-a", "disk-b")
+	deleteVMBackup(t, wns, "b2", "disk-a", "disk-b")
+	require.Zero(t, waitUsage(t, wns, "vm1", diskA, diskB))
+	takeVMBackup(t, wns, "b4", "vm1", "disk-a", "disk-b")
+	require.Equal(t, 30*mib, waitUsage(t, wns, "vm1", diskA, diskB))
+
+	out := kubectl(t, "get", "srq", "-n", wns)
+	require.Regexp(t, `default-resource-quota\s+30Mi\s+<none>\s+(map\[vm1:30Mi\]|\{"vm1":"30Mi"\})\s+`, out)
+}
+
+// Seed test plan 4: a 10Mi namespace quota and a VM with one 10Mi disk.
+// The first backup fits; the second would take the namespace to 20Mi and
+// is denied; once the first is deleted a backup fits again.
+func TestQuotaNamespaceWithVM(t *testing.T) {
+	installVMKinds(t)
+	wns := workloadNamespace(t)
+	disk := claimVolume(t, wns, "disk", "10Mi")
+	createVM(t, wns, "vm1", "disk")
+	ep := attachForWrites(t, disk)
+	setQuota(t, wns, func(l *v1beta1.SnapshotLimit) { l.NamespaceTotalSnapshotSizeQuota = mustQuantity("10Mi") })
+
+	fill(t, disk, ep, 10*mib, 1)
+	takeVMBackup(t, wns, "b1", "vm1", "disk")
+	require.Equal(t, 10*mib, waitUsage(t, wns, "", disk))
+	fill(t, disk, ep, 10*mib, 2)
+	_, err := vmRequest(gvrVMBackup, "VirtualMachineBackup", wns, "b2", "vm1")
+	requireQuotaDenial(t, err, "namespace "+wns, "hold 10Mi", "would add 10Mi", "quota of 10Mi",
+		"namespaceTotalSnapshotSizeQuota")
+	deleteVMBackup(t, wns, "b1", "disk")
+	require.Zero(t, waitUsage(t, wns, "", disk))
+	takeVMBackup(t, wns, "b3", "vm1", "disk")
+	require.Equal(t, 10*mib, waitUsage(t, wns, "", disk))
+}
+
+// Seed test plan 5: a 10Mi namespace quota and a 10Mi claim snapshotted
+// with plain VolumeSnapshots through the real snapshot-controller. A Strata
+// Snapshot asked for directly is charged the same way.
+func TestQuotaNamespaceWithVolumeSnapshots(t *testing.T) {
+	wns := workloadNamespace(t)
+	volume := claimVolume(t, wns, "data", "10Mi")
+	ep := attachForWrites(t, volume)
+	setQuota(t, wns, func(l *v1beta1.SnapshotLimit) { l.NamespaceTotalSnapshotSizeQuota = mustQuantity("10Mi") })
+
+	fill(t, volume, ep, 10*mib, 1)
+	_, err := volumeSnapshot(wns, "vs1", "data", nil)
+	require.NoError(t, err)
+	waitVolumeSnapshotReadyIn(t, wns, "vs1")
+	require.Equal(t, 10*mib, waitUsage(t, wns, "", volume))
+
+	fill(t, volume, ep, 10*mib, 2)
+	_, err = volumeSnapshot(wns, "vs2", "data", nil)
+	requireQuotaDenial(t, err, "namespace "+wns, "hold 10Mi", "VolumeSnapshot "+wns+"/vs2 would add 10Mi", "quota of 10Mi")
+	_, err = env.adminStrata.StrataV1beta1().Snapshots(ns).Create(context.Background(), &v1beta1.Snapshot{
+		ObjectMeta: metav1.ObjectMeta{Name: "direct", Namespace: ns},
+		Spec:       v1beta1.SnapshotSpec{Volume: volume, CreateSnapshot: true}}, metav1.CreateOptions{})
+	requireQuotaDenial(t, err, "namespace "+wns, "Snapshot direct would add 10Mi")
+
+	deleteVolumeSnapshot(t, wns, "vs1")
+	require.Zero(t, waitUsage(t, wns, "", volume))
+	_, err = volumeSnapshot(wns, "vs3", "data", nil)
+	require.NoError(t, err)
+	waitVolumeSnapshotReadyIn(t, wns, "vs3")
+	require.Equal(t, 10*mib, waitUsage(t, wns, "", volume))
+}
