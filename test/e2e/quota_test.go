@@ -63,7 +63,8 @@ func TestQuotaVMBackupsAgainstVMQuota(t *testing.T) {
 	require.Equal(t, 30*mib, waitUsage(t, wns, "vm1", diskA, diskB))
 
 	out := kubectl(t, "get", "srq", "-n", wns)
-	require.Regexp(t, `default-resource-quota\s+30Mi\s+<none>\s+(map\[vm1:30Mi\]|\{"vm1":"30Mi"\})\s+`, out)
+	// Usage then quota, for the namespace (no quota: blank) and the VMs.
+	require.Regexp(t, `default-resource-quota\s+30Mi\s+\{"vm1":"30Mi"\}\s+\{"vm1":"30Mi"\}\s+`, out)
 }
 
 // Seed test plan 4: a 10Mi namespace quota and a VM with one 10Mi disk.
