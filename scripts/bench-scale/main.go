@@ -36,6 +36,7 @@ type config struct {
 	workers                      int
 	quiet                        time.Duration
 	latencySamples               int
+	quotaSamples                 int
 	runDir, managerBin           string
 }
 
@@ -51,6 +52,7 @@ func main() {
 	flag.IntVar(&cfg.workers, "workers", 32, "concurrent API writers")
 	flag.DurationVar(&cfg.quiet, "quiet", time.Minute, "length of the quiet window")
 	flag.IntVar(&cfg.latencySamples, "latency-samples", 100, "snapshots timed one at a time from create to ReadyToUse")
+	flag.IntVar(&cfg.quotaSamples, "quota-samples", 200, "dry-run snapshot creates timed through the quota admission check (0: no quota step)")
 	flag.StringVar(&cfg.runDir, "run-dir", "", "run directory (default a new temp dir, removed unless the run fails or misses a target)")
 	flag.StringVar(&cfg.managerBin, "manager-bin", "", "path to the strata-manager binary (required; make build writes bin/strata-manager)")
 	verbose := flag.Bool("v", false, "debug logging")
@@ -68,7 +70,7 @@ func main() {
 	}
 	cfg.size = q
 	if cfg.managerBin == "" || cfg.volumes < 1 || cfg.snapshots < 0 || cfg.replicas < 1 || cfg.replicas > nodeCount ||
-		cfg.workers < 1 || cfg.quiet <= 0 || cfg.latencySamples < 0 {
+		cfg.workers < 1 || cfg.quiet <= 0 || cfg.latencySamples < 0 || cfg.quotaSamples < 0 {
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -124,6 +126,7 @@ func run(log *logrus.Logger, cfg config) (err error) {
 		{"snapshots", b.stepSnapshots},
 		{"clones", b.stepClones},
 		{"backing image", b.stepBackingImages},
+		{"quota", b.stepQuota},
 		{"quiet window", b.stepQuiet},
 		{"snapshot latency", b.stepLatency},
 		{"memory", b.stepMemory},
