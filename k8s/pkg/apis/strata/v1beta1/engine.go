@@ -1,6 +1,10 @@
 package v1beta1
 
-import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/strata-storage/strata/types"
+)
 
 // ReplicaMode is an engine's view of one of its replicas. One of "RW", "WO", "ERR".
 // +kubebuilder:validation:Enum=RW;WO;ERR
@@ -70,6 +74,15 @@ type EngineCloneStatus struct {
 	Progress int32 `json:"progress,omitempty"`
 }
 
+// EngineSnapshotLimits are limits on a volume's user snapshots as set on a
+// running engine; 0 is no limit.
+type EngineSnapshotLimits struct {
+	// MaxCount is the most user snapshots (not marked removed) the chain may hold.
+	MaxCount int32 `json:"maxCount"`
+	// MaxSize is the snapshot data, in bytes, beyond which no user snapshot is taken.
+	MaxSize int64 `json:"maxSize"`
+}
+
 // EngineSpec is the desired state of a volume's engine.
 type EngineSpec struct {
 	InstanceSpec `json:",inline"`
@@ -112,6 +125,30 @@ type EngineStatus struct {
 	RebuildStatus map[string]*RebuildStatus `json:"rebuildStatus,omitempty"`
 	// CloneStatus is the snapshot clone filling the volume, while one runs.
 	CloneStatus *EngineCloneStatus `json:"cloneStatus,omitempty"`
+	// SnapshotLimits are the limits the engine controller last set on the
+	// running engine and its replicas. The instance manager does not report
+	// them, so this record is what tells a change of spec.snapshotMaxCount or
+	// spec.snapshotMaxSize still to be applied. Unset: to be set again (a
+	// replica joined, which starts with none).
+	SnapshotLimits *EngineSnapshotLimits `json:"snapshotLimits,omitempty"`
+}
+
+// SnapshotUsage is what the chain holds against the volume's snapshot
+// limits, counted as the data plane counts them (engine/replica
+// checkLimits): the user snapshots not marked removed, and the bytes of
+// every snapshot layer, removed and system ones included (they hold data
+// until purged). The live head counts for neither.
+func (st *EngineStatus) SnapshotUsage() (userCount int, size int64) {
+	for name, s := range st.Snapshots {
+		if s == nil || name == types.VolumeHeadName {
+			continue
+		}
+		if s.UserCreated && !s.Removed {
+			userCount++
+		}
+		size += s.Size
+	}
+	return userCount, size
 }
 
 // Engine is the single writer of a volume: it fans writes out to the replicas

@@ -75,6 +75,12 @@ type VolumeCloneStatus struct {
 	Message string `json:"message,omitempty"`
 }
 
+// SnapshotLimitExceeded begins a Snapshot's status.error when the volume's
+// snapshot limits (spec.snapshotMaxCount, spec.snapshotMaxSize) refused the
+// snapshot, so that a client (the CSI driver) tells this refusal, which
+// the admin can lift, from a failure.
+const SnapshotLimitExceeded = "snapshot limit exceeded"
+
 // VolumeSpec is the desired state of a volume.
 type VolumeSpec struct {
 	// The quantity rules skip a value that is no quantity (size: abc): the
@@ -115,12 +121,19 @@ type VolumeSpec struct {
 	// becomes this node) or rolled back (this field is cleared). Written only
 	// by the VolumeAttachment controller.
 	MigrationNodeID string `json:"migrationNodeID,omitempty"`
-	// SnapshotMaxCount caps the number of user snapshots in the chain; 0 means
-	// the snapshot-max-count setting applies. Between 0 and 250.
+	// SnapshotMaxCount caps the number of user snapshots (not marked removed)
+	// in the chain; snapshots the system takes (rebuild, clone, export) do
+	// not count. Left unset, the snapshot-max-count setting is filled in at
+	// creation. Between 0 and 250. A value set must be at least 2; 0, on
+	// volumes stored before the setting was filled in, means the setting
+	// applies. It cannot be lowered below the user snapshots the volume holds.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=250
 	SnapshotMaxCount int32 `json:"snapshotMaxCount,omitempty"`
-	// SnapshotMaxSize caps the total size of the volume's snapshots; 0 means no cap.
+	// SnapshotMaxSize caps the total size of the volume's snapshots (every
+	// snapshot layer, removed ones until purged): no user snapshot is taken
+	// once they hold this much. 0 means no cap; otherwise at least twice
+	// spec.size. It cannot be lowered below what the snapshots hold.
 	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || !quantity(string(self)).isLessThan(quantity('0'))",message="must not be negative"
 	SnapshotMaxSize resource.Quantity `json:"snapshotMaxSize,omitempty"`
 }
