@@ -38,7 +38,8 @@ func (m *mutator) Resource() admission.Resource { return Resource }
 // Create adds the cleanup finalizer, so the volume controller tears down
 // engines and replicas before the Volume goes, rounds the size up to whole
 // blocks, and fills the defaults: the default-replica-count setting for an
-// unset replica count, and the NBD frontend for an unset frontend.
+// unset replica count, the NBD frontend for an unset frontend, and the
+// snapshot-max-count setting for an unset snapshotMaxCount.
 func (m *mutator) Create(_ *admission.Request, obj runtime.Object) error {
 	v := obj.(*v1beta1.Volume)
 	roundSizeUp(v)
@@ -56,17 +57,22 @@ func (m *mutator) Create(_ *admission.Request, obj runtime.Object) error {
 	if v.Spec.Frontend == v1beta1.VolumeFrontendNone {
 		v.Spec.Frontend = v1beta1.VolumeFrontendNBD
 	}
-	return nil
+	return m.defaultSnapshotMaxCount(v)
 }
 
 // Update rounds a changed size (an expansion) up to whole blocks, and
-// changes nothing else: the finalizer is the volume controller's to remove.
-// An unchanged size is left as stored, even one from before rounding: the
-// data plane rounded it the same way.
+// fills a snapshotMaxCount cleared by the update from the setting, as on
+// create; it changes nothing else: the finalizer is the volume
+// controller's to remove. An unchanged size is left as stored, even one
+// from before rounding: the data plane rounded it the same way; so is an
+// unchanged 0 snapshotMaxCount of a volume stored before it was filled in.
 func (m *mutator) Update(_ *admission.Request, oldObj, newObj runtime.Object) error {
 	old, v := oldObj.(*v1beta1.Volume), newObj.(*v1beta1.Volume)
 	if v.Spec.Size.Cmp(old.Spec.Size) != 0 {
 		roundSizeUp(v)
+	}
+	if v.Spec.SnapshotMaxCount != old.Spec.SnapshotMaxCount {
+		return m.defaultSnapshotMaxCount(v)
 	}
 	return nil
 }

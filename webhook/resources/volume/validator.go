@@ -48,7 +48,7 @@ func (v *validator) Resource() admission.Resource { return Resource }
 func (v *validator) Create(req *admission.Request, obj runtime.Object) error {
 	vol := obj.(*v1beta1.Volume)
 	var errs admission.FieldErrors
-	errs.Add(validSize(vol), v.validReplicas(vol.Spec.NumberOfReplicas))
+	errs.Add(validSize(vol), v.validReplicas(vol.Spec.NumberOfReplicas), validSnapshotMaxCount(vol), validSnapshotMaxSize(vol))
 	if vol.Spec.DataSource != "" {
 		errs.Add(v.validDataSource(vol))
 	}
@@ -81,6 +81,7 @@ func (v *validator) Update(req *admission.Request, oldObj, newObj runtime.Object
 	if vol.Spec.NumberOfReplicas != old.Spec.NumberOfReplicas {
 		errs.Add(v.validReplicas(vol.Spec.NumberOfReplicas))
 	}
+	errs.Add(v.snapshotLimitChanges(old, vol)...)
 	errs.Add(immutable(dataSourcePath, old.Spec.DataSource, vol.Spec.DataSource))
 	errs.Add(immutable(backingImagePath, old.Spec.BackingImage, vol.Spec.BackingImage))
 	if state, attached := isAttached(old); attached {

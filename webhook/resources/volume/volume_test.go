@@ -26,11 +26,13 @@ func setting(name types.SettingName, value string) *v1beta1.Setting {
 	return &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(name), Namespace: ns}, Value: value}
 }
 
-// vol is a valid volume of 1Gi with 2 replicas; change edits it.
+// vol is a valid volume of 1Gi with 2 replicas and at most 250 user
+// snapshots (what the mutator fills in); change edits it.
 func vol(change func(*v1beta1.Volume)) *v1beta1.Volume {
 	v := &v1beta1.Volume{
 		ObjectMeta: metav1.ObjectMeta{Name: "v1", Namespace: ns},
-		Spec:       v1beta1.VolumeSpec{Size: resource.MustParse("1Gi"), NumberOfReplicas: 2, Frontend: v1beta1.VolumeFrontendNBD},
+		Spec: v1beta1.VolumeSpec{Size: resource.MustParse("1Gi"), NumberOfReplicas: 2, Frontend: v1beta1.VolumeFrontendNBD,
+			SnapshotMaxCount: 250},
 	}
 	if change != nil {
 		change(v)
