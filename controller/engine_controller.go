@@ -139,10 +139,12 @@ func nilIfEmpty[V any](m map[string]V) map[string]V {
 }
 
 // driveEngine makes the calls that bring the instance to the spec: create or
-// delete it, add and remove replicas, start or stop the frontend.
+// delete it, add and remove replicas, set its snapshot limits, expand it.
 func (c *EngineController) driveEngine(ctx context.Context, e *v1beta1.Engine, inst *engineapi.Instance, found bool) error {
 	wantRunning := e.Spec.DesireState == v1beta1.InstanceStateRunning
 	if !wantRunning {
+		// No running engine holds limits; the next one is created with its spec's.
+		e.Status.SnapshotLimits = nil
 		if found {
 			return c.deleteInstance(ctx, e.Name)
 		}
@@ -165,7 +167,15 @@ func (c *EngineController) driveEngine(ctx context.Context, e *v1beta1.Engine, i
 			Size: e.Spec.VolumeSize, Replicas: e.Spec.ReplicaAddressMap, Frontend: frontend,
 			SnapshotMaxCount: e.Spec.SnapshotMaxCount, SnapshotMaxSize: e.Spec.SnapshotMaxSize,
 		})
-		if err != nil && !errors.Is(err, engineapi.ErrAlreadyExists) {
+		switch {
+		case err == nil:
+			// The instance starts with the spec's limits on every replica.
+			want := wantSnapshotLimits(e)
+			e.Status.SnapshotLimits = &want
+		case errors.Is(err, engineapi.ErrAlreadyExists):
+			// One runs already, with whatever limits it was given: set them once it runs.
+			e.Status.SnapshotLimits = nil
+		default:
 			c.recorder.Eventf(e, corev1.EventTypeWarning, EventReasonEngineStartFailed, "starting engine on %s: %v", e.Spec.NodeID, err)
 			return fmt.Errorf("starting engine %s: %w", e.Name, err)
 		}
@@ -178,7 +188,7 @@ func (c *EngineController) driveEngine(ctx context.Context, e *v1beta1.Engine, i
 	if err := c.reconcileEngineReplicas(ctx, client, e, inst); err != nil {
 		return err
 	}
-	return c.expandEngine(ctx, client, e, inst)
+	return errors.Join(c.applySnapshotLimits(ctx, client, e), c.expandEngine(ctx, client, e, inst))
 }
 
 // expandEngine grows a running engine and its replicas to spec.volumeSize
@@ -233,6 +243,8 @@ func (c *EngineController) reconcileEngineReplicas(ctx context.Context, client e
 		if err != nil && !errors.Is(err, engineapi.ErrAlreadyExists) {
 			return fmt.Errorf("adding replica %s at %s to engine %s: %w", r, addr, e.Name, err)
 		}
+		// The new replica has no limits yet: set them on every replica again.
+		e.Status.SnapshotLimits = nil
 		e.Status.CurrentReplicaAddressMap[r] = addr
 		c.recorder.Eventf(e, corev1.EventTypeNormal, EventReasonEngineReplicaAdd, "rebuilding replica %s at %s", r, addr)
 	}

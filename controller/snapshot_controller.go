@@ -156,13 +156,17 @@ func (c *SnapshotController) takeSnapshot(ctx context.Context, s *v1beta1.Snapsh
 	if err != nil {
 		return err
 	}
-	_, err = client.SnapshotCreate(ctx, view.eng.Name, s.Name, true, s.Spec.Labels)
+	_, err = client.SnapshotCreate(ctx, view.eng.Name, s.Name, !systemSnapshot(s), s.Spec.Labels)
 	switch {
 	case err == nil:
 		c.recorder.Eventf(s, corev1.EventTypeNormal, EventReasonSnapshotCreated, "took snapshot %s of volume %s", s.Name, s.Spec.Volume)
 	case errors.Is(err, engineapi.ErrAlreadyExists):
-	case errors.Is(err, engineapi.ErrLimitExceeded), errors.Is(err, engineapi.ErrInvalid):
+	case errors.Is(err, engineapi.ErrLimitExceeded):
 		// Retrying will not help until the admin acts; say why in status.
+		s.Status.Error = limitRefusal(view, err)
+		c.recorder.Event(s, corev1.EventTypeWarning, EventReasonSnapshotFailed, s.Status.Error)
+		return nil
+	case errors.Is(err, engineapi.ErrInvalid):
 		s.Status.Error = err.Error()
 		c.recorder.Event(s, corev1.EventTypeWarning, EventReasonSnapshotFailed, err.Error())
 		return nil
@@ -170,6 +174,42 @@ func (c *SnapshotController) takeSnapshot(ctx context.Context, s *v1beta1.Snapsh
 		return fmt.Errorf("taking snapshot %s: %w", s.Name, err)
 	}
 	return nil
+}
+
+// systemSnapshot tells a snapshot Strata asks for itself from one a user
+// asked for: a vol:// clone's snapshot of its source (owned by the target
+// volume) and a backing image export's (owned by the image). The engine
+// takes those as system snapshots, which its limits never refuse (issue
+// 14): a volume at its snapshot limit can still be cloned and exported,
+// as it can still be rebuilt.
+func systemSnapshot(s *v1beta1.Snapshot) bool {
+	for _, o := range s.OwnerReferences {
+		if o.Kind == "BackingImage" || (o.Kind == "Volume" && o.Name != s.Spec.Volume) {
+			return true
+		}
+	}
+	return false
+}
+
+// limitRefusal says why the volume's limits refused a user snapshot: which
+// limit, with the figures of the chain as last reported and the field to
+// change, then the engine's own words. It begins with
+// v1beta1.SnapshotLimitExceeded, which the CSI driver looks for.
+func limitRefusal(view snapshotView, err error) string {
+	e := view.eng
+	userCount, size := e.Status.SnapshotUsage()
+	why := fmt.Sprintf("volume %s allows at most %d user snapshots (spec.snapshotMaxCount) and %d bytes of snapshots (spec.snapshotMaxSize, 0: no limit)",
+		view.vol.Name, e.Spec.SnapshotMaxCount, e.Spec.SnapshotMaxSize)
+	switch {
+	case e.Spec.SnapshotMaxCount > 0 && userCount >= int(e.Spec.SnapshotMaxCount):
+		why = fmt.Sprintf("volume %s holds %d of at most %d user snapshots (spec.snapshotMaxCount)",
+			view.vol.Name, userCount, e.Spec.SnapshotMaxCount)
+	case e.Spec.SnapshotMaxSize > 0 && size >= e.Spec.SnapshotMaxSize:
+		why = fmt.Sprintf("volume %s's snapshots hold %d of at most %d bytes (spec.snapshotMaxSize)",
+			view.vol.Name, size, e.Spec.SnapshotMaxSize)
+	}
+	return fmt.Sprintf("%s: %s; delete snapshots or raise the limit (engine: %v)",
+		v1beta1.SnapshotLimitExceeded, why, err)
 }
 
 func (c *SnapshotController) ensureSnapshotTicket(ctx context.Context, s *v1beta1.Snapshot, vol *v1beta1.Volume) error {

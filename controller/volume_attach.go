@@ -269,6 +269,9 @@ func (s *volumeSync) attach(want string) error {
 	return s.reconcileMigration(eng)
 }
 
+// snapshotMaxCount is the count limit the volume's engine is given: the
+// volume's own, or for a volume stored before the webhook filled it in,
+// the snapshot-max-count setting.
 func (s *volumeSync) snapshotMaxCount() int32 {
 	if n := s.v.Spec.SnapshotMaxCount; n > 0 {
 		return n
@@ -316,6 +319,8 @@ func (s *volumeSync) reconcileMigration(primary *v1beta1.Engine) error {
 	after := mig.DeepCopy()
 	after.Spec.ReplicaAddressMap = maps.Clone(primary.Spec.ReplicaAddressMap)
 	after.Spec.VolumeSize = primary.Spec.VolumeSize
+	// Both engines set limits on the same replicas: they must agree.
+	after.Spec.SnapshotMaxCount, after.Spec.SnapshotMaxSize = primary.Spec.SnapshotMaxCount, primary.Spec.SnapshotMaxSize
 	after.Spec.DesireState = v1beta1.InstanceStateRunning
 	mig, err := s.updateEngine(mig, after)
 	if err != nil {

@@ -23,6 +23,9 @@ import (
 const (
 	VolumeConditionScheduled = "Scheduled"
 	VolumeConditionSalvaged  = "Salvaged"
+	// VolumeConditionSnapshotLimit is True when the volume's next user
+	// snapshot would be refused, or nearly so (see snapshotLimitCondition).
+	VolumeConditionSnapshotLimit = "SnapshotLimit"
 
 	EventReasonVolumeAttached    = "Attached"
 	EventReasonVolumeDetached    = "Detached"
@@ -36,6 +39,7 @@ const (
 	EventReasonReplicaReused     = "ReplicaReused"
 	EventReasonReplicaUnschedule = "ReplicaUnschedulable"
 	EventReasonMigrated          = "Migrated"
+	EventReasonSnapshotLimit     = "SnapshotLimit"
 
 	// unschedulableRetry is how soon a volume missing replicas tries to
 	// place them again; node and disk changes do not enqueue every volume.
@@ -139,6 +143,7 @@ func (s *volumeSync) reconcile() error {
 		return fmt.Errorf("volume %s: attaching or detaching: %w", v.Name, err)
 	}
 	s.updateRobustness()
+	s.updateSnapshotLimitCondition()
 	return nil
 }
 
@@ -176,6 +181,7 @@ func (s *volumeSync) statusEvents(old, cur *v1beta1.Volume) {
 			}
 		}
 	}
+	s.snapshotLimitEvent(old, cur)
 	if old.Status.Robustness != cur.Status.Robustness {
 		switch cur.Status.Robustness {
 		case v1beta1.VolumeRobustnessDegraded:
@@ -188,6 +194,20 @@ func (s *volumeSync) statusEvents(old, cur *v1beta1.Volume) {
 			}
 		}
 	}
+}
+
+// snapshotLimitEvent warns when the SnapshotLimit condition turns True or
+// moves from near a limit to at it: the admin learns before (or as) user
+// snapshots are refused, not from a failed backup.
+func (s *volumeSync) snapshotLimitEvent(old, cur *v1beta1.Volume) {
+	c := findCondition(cur.Status.Conditions, VolumeConditionSnapshotLimit)
+	if c == nil || c.Status != metav1.ConditionTrue {
+		return
+	}
+	if o := findCondition(old.Status.Conditions, VolumeConditionSnapshotLimit); o != nil && o.Status == c.Status && o.Reason == c.Reason {
+		return
+	}
+	s.recorder.Event(cur, corev1.EventTypeWarning, EventReasonSnapshotLimit, c.Message)
 }
 
 func (s *volumeSync) setCondition(condType string, ok bool, reason, message string) {
@@ -323,4 +343,82 @@ func (s *volumeSync) updateReplica(before, after *v1beta1.Replica) (*v1beta1.Rep
 		}
 	}
 	return updated, nil
+}
+
+// Reasons of the SnapshotLimit condition, the most pressing first.
+const (
+	SnapshotLimitReasonCountReached = "CountLimitReached"
+	SnapshotLimitReasonSizeReached  = "SizeLimitReached"
+	SnapshotLimitReasonCountNear    = "CountLimitNear"
+	SnapshotLimitReasonSizeNear     = "SizeLimitNear"
+	SnapshotLimitReasonWithin       = "WithinLimits"
+)
+
+// updateSnapshotLimitCondition judges the chain the engine last reported
+// (its cached status: no gRPC) against the limits the engine is given.
+// The condition changes only with the chain's snapshots or the limits, so
+// a volume's writes alone cost no status write (the head does not count).
+func (s *volumeSync) updateSnapshotLimitCondition() {
+	var userCount int
+	var size int64
+	if e := s.primaryEngine(); e != nil {
+		userCount, size = e.Status.SnapshotUsage()
+	}
+	ok, reason, message := snapshotLimitCondition(s.snapshotMaxCount(), s.v.Spec.SnapshotMaxSize.Value(), userCount, size)
+	s.setCondition(VolumeConditionSnapshotLimit, ok, reason, message)
+}
+
+// snapshotLimitCondition is True when the next user snapshot would be
+// refused (the data plane refuses one at count >= maxCount or size >=
+// maxSize), or is near that: one user snapshot left under the count limit,
+// or snapshots holding 90% or more of the size limit. Near warns while
+// there is still room; the next snapshot or the data written since the
+// last one reaches the limit. 0 is no limit. Pure, so table-tested.
+func snapshotLimitCondition(maxCount int32, maxSize int64, userCount int, size int64) (bool, string, string) {
+	count := fmt.Sprintf("%d user snapshots, no count limit", userCount)
+	countReached, countNear := false, false
+	if maxCount > 0 {
+		count = fmt.Sprintf("%d of %d user snapshots", userCount, maxCount)
+		countReached, countNear = userCount >= int(maxCount), userCount == int(maxCount)-1
+	}
+	held := fmt.Sprintf("snapshots hold %s, no size limit", approxBytes(size))
+	sizeReached, sizeNear := false, false
+	if maxSize > 0 {
+		held = fmt.Sprintf("snapshots hold %s of %s", approxBytes(size), approxBytes(maxSize))
+		sizeReached, sizeNear = size >= maxSize, size >= maxSize-maxSize/10
+	}
+	const refused = ": the next user snapshot will be refused"
+	switch {
+	case countReached:
+		return true, SnapshotLimitReasonCountReached, count + " (spec.snapshotMaxCount)" + refused + "; " + held
+	case sizeReached:
+		return true, SnapshotLimitReasonSizeReached, count + "; " + held + " (spec.snapshotMaxSize)" + refused
+	case countNear:
+		return true, SnapshotLimitReasonCountNear, count + " (spec.snapshotMaxCount): one more is allowed; " + held
+	case sizeNear:
+		return true, SnapshotLimitReasonSizeNear, count + "; " + held + " (spec.snapshotMaxSize): 90% or more used"
+	}
+	return false, SnapshotLimitReasonWithin, count + "; " + held
+}
+
+// approxBytes writes a byte count the way an admin reads it (1.9Gi),
+// truncated rather than rounded: a figure just under a limit must not read
+// as the limit.
+func approxBytes(n int64) string {
+	if n < 1024 {
+		return fmt.Sprintf("%dB", n)
+	}
+	units := []string{"Ki", "Mi", "Gi", "Ti", "Pi"}
+	v, unit := float64(n)/1024, units[0]
+	for _, u := range units[1:] {
+		if v < 1024 {
+			break
+		}
+		v, unit = v/1024, u
+	}
+	tenths := int64(v * 10)
+	if tenths%10 == 0 {
+		return fmt.Sprintf("%d%s", tenths/10, unit)
+	}
+	return fmt.Sprintf("%d.%d%s", tenths/10, tenths%10, unit)
 }

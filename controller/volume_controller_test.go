@@ -38,12 +38,22 @@ func engineRunningOn(node string, modes map[string]v1beta1.ReplicaMode) func(*v1
 	}
 }
 
-// attachedOn is a volume fully attached to node, reconciled by that node.
+// attachedOn is a volume fully attached to node, reconciled by that node,
+// with the SnapshotLimit condition its empty chain gives.
 func attachedOn(node string) func(*v1beta1.Volume) {
 	return func(v *v1beta1.Volume) {
 		v.Spec.NodeID, v.Status.State, v.Status.CurrentNodeID, v.Status.OwnerID = node, v1beta1.VolumeStateAttached, node, node
 		v.Status.FrontendEndpoint = "nbd://127.0.0.1:10809/v1"
+		withinSnapshotLimits(v)
 	}
+}
+
+// withinSnapshotLimits gives the volume the SnapshotLimit condition of an
+// empty chain under the snapshot-max-count setting's default.
+func withinSnapshotLimits(v *v1beta1.Volume) {
+	v.Status.Conditions = append(v.Status.Conditions, metav1.Condition{Type: VolumeConditionSnapshotLimit,
+		Status: metav1.ConditionFalse, Reason: SnapshotLimitReasonWithin,
+		Message: "0 of 250 user snapshots; snapshots hold 0B, no size limit", LastTransitionTime: metav1.NewTime(dstest.Now)})
 }
 
 func replicaRunning(r *v1beta1.Replica) {

@@ -48,7 +48,13 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 		return nil, err
 	}
 	if snap.Status.Error != "" {
-		return nil, status.Errorf(codes.Internal, "snapshot %s of volume %s failed: %s", name, volume, snap.Status.Error)
+		// The volume's limits are not a failure of the driver: CSI's code for
+		// a request the storage cannot hold now, which later calls may pass.
+		code := codes.Internal
+		if strings.HasPrefix(snap.Status.Error, v1beta1.SnapshotLimitExceeded) {
+			code = codes.ResourceExhausted
+		}
+		return nil, status.Errorf(code, "snapshot %s of volume %s failed: %s", name, volume, snap.Status.Error)
 	}
 	return &csi.CreateSnapshotResponse{Snapshot: d.csiSnapshot(snap)}, nil
 }

@@ -1,0 +1,244 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sirupsen/logrus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/strata-storage/strata/datastore/dstest"
+	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+// syncedCache is an instance cache whose stream replayed insts and synced,
+// as the InstanceManager controller leaves it.
+func syncedCache(insts ...*engineapi.Instance) *InstanceCache {
+	c := NewInstanceCache()
+	c.streamOpened()
+	for _, inst := range insts {
+		c.apply(&engineapi.WatchEvent{Kind: engineapi.WatchUpdated, Instance: inst})
+	}
+	c.apply(&engineapi.WatchEvent{Kind: engineapi.WatchSynced})
+	return c
+}
+
+// TestEngineSnapshotLimits: the engine controller sets the spec's limits on
+// the running engine only when they differ from what status.snapshotLimits
+// says it was given, again after a replica joins, and records them when
+// the instance is created with them.
+func TestEngineSnapshotLimits(t *testing.T) {
+	running := &engineapi.Instance{Name: "v1-e-0", Type: engineapi.InstanceTypeEngine, VolumeName: "v1", Size: gib,
+		State: engineapi.InstanceStateRunning, FrontendEndpoint: "nbd://127.0.0.1:10809/v1",
+		ReplicaModes: map[string]engineapi.ReplicaMode{"r1": engineapi.ReplicaModeRW, "r2": engineapi.ReplicaModeRW}}
+	limits := func(count int32, size int64) *v1beta1.EngineSnapshotLimits {
+		return &v1beta1.EngineSnapshotLimits{MaxCount: count, MaxSize: size}
+	}
+	// engine runs on node-1 with r1 and r2, its status as the monitor
+	// writes it from the instance, spec and record of limits as given.
+	engine := func(spec v1beta1.EngineSnapshotLimits, recorded *v1beta1.EngineSnapshotLimits, mut ...func(*v1beta1.Engine)) *v1beta1.Engine {
+		e := vcEngine(func(e *v1beta1.Engine) {
+			e.Spec.NodeID, e.Spec.DesireState = "node-1", v1beta1.InstanceStateRunning
+			e.Spec.ReplicaAddressMap = map[string]string{"r1": "10.0.0.1:9001", "r2": "10.0.0.2:9001"}
+			e.Spec.SnapshotMaxCount, e.Spec.SnapshotMaxSize = spec.MaxCount, spec.MaxSize
+			e.Status.OwnerID = "node-1"
+			e.Status.CurrentReplicaAddressMap = map[string]string{"r1": "10.0.0.1:9001", "r2": "10.0.0.2:9001"}
+		})
+		observeEngine(e, running, true, true, instanceManagerName("node-1"))
+		e.Status.SnapshotLimits = recorded
+		for _, m := range mut {
+			m(e)
+		}
+		return e
+	}
+	recorded := func(want *v1beta1.EngineSnapshotLimits) func(*testing.T, *v1beta1.Engine) {
+		return func(t *testing.T, e *v1beta1.Engine) { assert.Equal(t, want, e.Status.SnapshotLimits) }
+	}
+	tests := []struct {
+		name       string
+		engine     *v1beta1.Engine
+		instances  []*engineapi.Instance
+		dpErr      map[string]error
+		wantErr    string
+		wantCalls  []string
+		wantWrites []string
+		wantEvents []string
+		check      func(*testing.T, *v1beta1.Engine)
+	}{
+		{name: "as recorded: no call, no write",
+			engine: engine(*limits(2, 0), limits(2, 0)), instances: []*engineapi.Instance{running},
+			check: recorded(limits(2, 0))},
+		{name: "no record (an engine from before the record, or after a replica joined): set, recorded, no event",
+			engine: engine(*limits(2, 0), nil), instances: []*engineapi.Instance{running},
+			wantCalls: []string{"SnapshotLimitsSet v1-e-0 2 0"}, wantWrites: []string{"update engines/status v1-e-0"},
+			check: recorded(limits(2, 0))},
+		{name: "the volume's count changed while it runs: set, recorded, an event",
+			engine: engine(*limits(5, 0), limits(2, 0)), instances: []*engineapi.Instance{running},
+			wantCalls: []string{"SnapshotLimitsSet v1-e-0 5 0"}, wantWrites: []string{"update engines/status v1-e-0"},
+			wantEvents: []string{"Normal SnapshotLimitsSet"}, check: recorded(limits(5, 0))},
+		{name: "the volume's size limit changed: set",
+			engine: engine(*limits(2, 4*gib), limits(2, 0)), instances: []*engineapi.Instance{running},
+			wantCalls: []string{"SnapshotLimitsSet v1-e-0 2 4294967296"}, wantWrites: []string{"update engines/status v1-e-0"},
+			wantEvents: []string{"Normal SnapshotLimitsSet"}, check: recorded(limits(2, 4*gib))},
+		{name: "a replica joins: it is rebuilt, and the limits are set again (a new replica has none)",
+			engine:    engine(*limits(2, 0), limits(2, 0), func(e *v1beta1.Engine) { e.Spec.ReplicaAddressMap["r3"] = "10.0.0.3:9001" }),
+			instances: []*engineapi.Instance{running},
+			// The record is back as it was: nothing to write (r3 shows in
+			// the status with the instance's next event).
+			wantCalls:  []string{"ReplicaAdd v1-e-0 r3 10.0.0.3:9001 true", "SnapshotLimitsSet v1-e-0 2 0"},
+			wantEvents: []string{"Normal ReplicaAdded"}, check: recorded(limits(2, 0))},
+		{name: "setting them fails: the error is returned, the old record kept for a retry",
+			engine: engine(*limits(5, 0), limits(2, 0)), instances: []*engineapi.Instance{running},
+			dpErr:     map[string]error{"SnapshotLimitsSet": fmt.Errorf("replica r2: %w", engineapi.ErrUnavailable)},
+			wantErr:   "setting snapshot limits (5 snapshots, 0 bytes) on engine v1-e-0: replica r2",
+			wantCalls: []string{"SnapshotLimitsSet v1-e-0 5 0"}, check: recorded(limits(2, 0))},
+		{name: "not running yet: created with the spec's limits, which are recorded",
+			engine:    engine(*limits(2, 0), nil),
+			wantCalls: []string{"InstanceCreate v1-e-0"}, wantWrites: []string{"update engines/status v1-e-0"},
+			check: recorded(limits(2, 0))},
+		{name: "asked to stop: the record goes with the instance",
+			engine: engine(*limits(2, 0), limits(2, 0), func(e *v1beta1.Engine) {
+				e.Spec.DesireState = v1beta1.InstanceStateStopped
+			}),
+			instances: []*engineapi.Instance{running},
+			wantCalls: []string{"InstanceDelete v1-e-0"}, wantWrites: []string{"update engines/status v1-e-0"},
+			check: recorded(nil)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			env := dstest.New(t, []runtime.Object{tc.engine, schedNode("node-1")}, []runtime.Object{testLease("node-1", 0)})
+			dp := newFakeConnector(tc.dpErr)
+			rec := record.NewFakeRecorder(20)
+			c, err := NewEngineController(logrus.New(), env.DS, rec, "node-1", "im-node-1:8500", dp, syncedCache(tc.instances...))
+			require.NoError(t, err)
+			env.ClearActions()
+			err = c.syncEngine(context.Background(), testNS+"/v1-e-0")
+			if tc.wantErr != "" {
+				require.ErrorContains(t, err, tc.wantErr)
+			} else {
+				require.NoError(t, err)
+			}
+			assert.Equal(t, tc.wantCalls, dp.calls(), "data-plane calls")
+			assert.Equal(t, tc.wantWrites, writes(env.Strata.Actions()), "API writes")
+			assertEvents(t, tc.wantEvents, rec)
+			got, err := env.Strata.StrataV1beta1().Engines(testNS).Get(context.Background(), "v1-e-0", metav1.GetOptions{})
+			require.NoError(t, err)
+			tc.check(t, got)
+		})
+	}
+}
+
+// TestSnapshotLimitsAgainstRealInstanceManager runs the engine and snapshot
+// controllers over a real instance manager: the count limit refuses the
+// next user snapshot with a clear error, system snapshots (a clone's, an
+// export's, a rebuild's) are still taken, replicas rebuilt into the engine
+// enforce the limit too, and a raised limit applies to the running engine.
+func TestSnapshotLimitsAgainstRealInstanceManager(t *testing.T) {
+	r := startSnapshotRig(t)
+	setLimit := func(n int32) {
+		t.Helper()
+		e, err := r.env.Strata.StrataV1beta1().Engines(testNS).Get(r.ctx, rigEngine, metav1.GetOptions{})
+		require.NoError(t, err)
+		e.Spec.SnapshotMaxCount = n
+		_, err = r.env.Strata.StrataV1beta1().Engines(testNS).Update(r.ctx, e, metav1.UpdateOptions{})
+		require.NoError(t, err)
+		r.eventually(fmt.Sprintf("the engine given %d", n), func() (bool, string) {
+			e, err := r.env.DS.Engines.GetRO(rigEngine)
+			if err != nil {
+				return false, err.Error()
+			}
+			return e.Status.SnapshotLimits != nil && e.Status.SnapshotLimits.MaxCount == n, fmt.Sprintf("%+v", e.Status.SnapshotLimits)
+		})
+	}
+	refusal := func(name string) (bool, string) {
+		s := r.snapshot(name)
+		return strings.HasPrefix(s.Status.Error, v1beta1.SnapshotLimitExceeded), fmt.Sprintf("status %+v", s.Status)
+	}
+	setLimit(2)
+	r.request("s1")
+	r.request("s2")
+	r.waitReady("s1")
+	r.waitReady("s2")
+	drainEvents(r.rec)
+
+	r.request("s3")
+	r.eventually("s3 refused", func() (bool, string) { return refusal("s3") })
+	s3 := r.snapshot("s3")
+	assert.Contains(t, s3.Status.Error, "volume v1 holds 2 of at most 2 user snapshots (spec.snapshotMaxCount)")
+	assert.Contains(t, s3.Status.Error, "2 user snapshots, at most 2 allowed", "the engine's own words")
+	assert.False(t, s3.Status.ReadyToUse)
+	assert.Contains(t, drainEvents(r.rec), "Warning SnapshotFailed")
+	assert.NotContains(t, r.chain(), "s3")
+
+	// A clone's and an export's snapshots are the system's: not refused.
+	for name, owner := range map[string]metav1.OwnerReference{
+		"clone-src":  {APIVersion: "strata.io/v1beta1", Kind: "Volume", Name: "v2", UID: "uid-v2"},
+		"export-src": {APIVersion: "strata.io/v1beta1", Kind: "BackingImage", Name: "bi", UID: "uid-bi"},
+	} {
+		_, err := r.env.Strata.StrataV1beta1().Snapshots(testNS).Create(r.ctx, testSnapshot(name, true, func(s *v1beta1.Snapshot) {
+			s.OwnerReferences, s.Status = []metav1.OwnerReference{owner}, v1beta1.SnapshotStatus{}
+		}), metav1.CreateOptions{})
+		require.NoError(t, err)
+		r.waitReady(name)
+		assert.False(t, r.snapshot(name).Status.UserCreated, "%s is a system snapshot", name)
+	}
+
+	// Rebuild r3 into the engine, then drop r1 and r2: only rebuilt
+	// replicas are left, and they must refuse too.
+	dp := r.client.DataPlane()
+	inst, err := dp.InstanceCreate(r.ctx, engineapi.InstanceSpec{Name: "r3", Type: engineapi.InstanceTypeReplica,
+		VolumeName: "v1", Size: 4 << 20, DataDir: filepath.Join(t.TempDir(), "r3")})
+	require.NoError(t, err)
+	editReplicas := func(edit func(map[string]string)) {
+		t.Helper()
+		e, err := r.env.Strata.StrataV1beta1().Engines(testNS).Get(r.ctx, rigEngine, metav1.GetOptions{})
+		require.NoError(t, err)
+		edit(e.Spec.ReplicaAddressMap)
+		_, err = r.env.Strata.StrataV1beta1().Engines(testNS).Update(r.ctx, e, metav1.UpdateOptions{})
+		require.NoError(t, err)
+	}
+	modes := func(want map[string]v1beta1.ReplicaMode) func() (bool, string) {
+		return func() (bool, string) {
+			e, err := r.env.DS.Engines.GetRO(rigEngine)
+			if err != nil {
+				return false, err.Error()
+			}
+			return assert.ObjectsAreEqual(want, e.Status.ReplicaModeMap), fmt.Sprintf("%v", e.Status.ReplicaModeMap)
+		}
+	}
+	editReplicas(func(m map[string]string) { m["r3"] = inst.Address })
+	r.eventually("r3 rebuilt", modes(map[string]v1beta1.ReplicaMode{"r1": "RW", "r2": "RW", "r3": "RW"}))
+	editReplicas(func(m map[string]string) { delete(m, "r1"); delete(m, "r2") })
+	r.eventually("only r3 left", modes(map[string]v1beta1.ReplicaMode{"r3": "RW"}))
+	system := 0
+	for name, s := range mustList(t, r) {
+		if strings.HasPrefix(name, "rebuild-") && !s.UserCreated {
+			system++
+		}
+	}
+	assert.Equal(t, 1, system, "the rebuild took a system snapshot on the volume at its limit")
+	r.request("s4")
+	r.eventually("s4 refused by the rebuilt replica", func() (bool, string) { return refusal("s4") })
+
+	// Raised while it runs: the next snapshot is taken.
+	setLimit(5)
+	assert.Contains(t, drainEvents(r.rec), "Normal SnapshotLimitsSet")
+	r.request("s5")
+	r.waitReady("s5")
+}
+
+// mustList is the engine's chain as the instance manager reads it now.
+func mustList(t *testing.T, r *snapshotRig) map[string]*engineapi.Snapshot {
+	t.Helper()
+	snaps, err := r.client.DataPlane().SnapshotList(r.ctx, rigEngine)
+	require.NoError(t, err)
+	return snaps
+}
