@@ -325,7 +325,8 @@ func TestServerRoundTrip(t *testing.T) {
 	require.True(t, resp.Allowed)
 	assert.JSONEq(t, `[{"op":"add","path":"/metadata/finalizers","value":["strata.io/cleanup"]},
 		{"op":"add","path":"/spec/frontend","value":"nbd"},
-		{"op":"add","path":"/spec/numberOfReplicas","value":3}]`, admissiontest.SortedPatch(t, resp.Patch))
+		{"op":"add","path":"/spec/numberOfReplicas","value":3},
+		{"op":"add","path":"/spec/snapshotMaxCount","value":250}]`, admissiontest.SortedPatch(t, resp.Patch))
 
 	lease, err := env.Kube.CoordinationV1().Leases(ns).Get(ctx, LeaderLeaseName, metav1.GetOptions{})
 	require.NoError(t, err)
