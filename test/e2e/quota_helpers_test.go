@@ -264,8 +264,8 @@ func vmRequest(gvr schema.GroupVersionResource, kind, namespace, name, vm string
 // takeVMBackup does what Harvester's backup controller does with an
 // admitted VirtualMachineBackup: one VolumeSnapshot per claim, owned by the
 // backup, through the real snapshot-controller and CSI sidecars. It waits
-// for every snapshot to be ready.
-func takeVMBackup(t *testing.T, namespace, name, vm string, claims ...string) {
+// for every snapshot to be ready, and returns the owner reference they carry.
+func takeVMBackup(t *testing.T, namespace, name, vm string, claims ...string) metav1.OwnerReference {
 	t.Helper()
 	backup, err := vmRequest(gvrVMBackup, "VirtualMachineBackup", namespace, name, vm)
 	require.NoError(t, err, "VirtualMachineBackup %s", name)
@@ -278,6 +278,7 @@ func takeVMBackup(t *testing.T, namespace, name, vm string, claims ...string) {
 	for _, c := range claims {
 		waitVolumeSnapshotReadyIn(t, namespace, name+"-"+c)
 	}
+	return owner
 }
 
 // deleteVMBackup deletes the backup; the garbage collector deletes its

@@ -89,8 +89,18 @@ func TestQuotaNamespaceWithVM(t *testing.T) {
 		"namespaceTotalSnapshotSizeQuota")
 	deleteVMBackup(t, wns, "b1", "disk")
 	require.Zero(t, waitUsage(t, wns, "", disk))
-	takeVMBackup(t, wns, "b3", "vm1", "disk")
+	b3 := takeVMBackup(t, wns, "b3", "vm1", "disk")
 	require.Equal(t, 10*mib, waitUsage(t, wns, "", disk))
+
+	// The namespace is at its quota now. A VolumeSnapshot the backup
+	// controller makes for an admitted backup is not charged again; the same
+	// snapshot asked for on its own is.
+	fill(t, disk, ep, 10*mib, 3)
+	_, err = volumeSnapshot(wns, "plain", "disk", nil)
+	requireQuotaDenial(t, err, "namespace "+wns, "hold 10Mi", "would add 10Mi")
+	_, err = volumeSnapshot(wns, "b3-retry", "disk", &b3)
+	require.NoError(t, err, "a VM backup's own VolumeSnapshot was charged at the backup")
+	waitVolumeSnapshotReadyIn(t, wns, "b3-retry")
 }
 
 // Seed test plan 5: a 10Mi namespace quota and a 10Mi claim snapshotted
