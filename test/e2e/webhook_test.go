@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"slices"
+	"strings"
 	"strconv"
 	"testing"
 	"time"
@@ -201,10 +202,12 @@ func TestWebhookVolumeAttachmentRules(t *testing.T) {
 	})
 }
 
-// The webhook rules reach only Strata's volumes, attachments, snapshots and
-// backing images: writes to Nodes and Settings never wait for a webhook, so
-// a dead webhook leader cannot stop node registration or heartbeats.
-func TestWebhookConfigurationsMatchOnlyVolumesAttachmentsAndSnapshots(t *testing.T) {
+// The configurations match Strata's kinds (CREATE and UPDATE; DELETE where
+// a deletion is judged) and, for the snapshot quota, the creation of
+// VolumeSnapshots and — only while their CRDs exist — KubeVirt's
+// VirtualMachineSnapshots and Harvester's VirtualMachineBackups: never a
+// status write, never another kind.
+func TestWebhookConfigurationsMatchOnlyStrataKindsAndSnapshotRequests(t *testing.T) {
 	waitForWebhooks(t)
 	ctx := context.Background()
 	admission := env.adminKube.AdmissionregistrationV1()
@@ -212,25 +215,39 @@ func TestWebhookConfigurationsMatchOnlyVolumesAttachmentsAndSnapshots(t *testing
 	require.NoError(t, err)
 	mc, err := admission.MutatingWebhookConfigurations().Get(ctx, webhook.MutatorConfigName, metav1.GetOptions{})
 	require.NoError(t, err)
+	want := []string{"strata.io/backingimages", "strata.io/resourcequotas", "strata.io/snapshots",
+		"strata.io/volumeattachments", "strata.io/volumes", "snapshot.storage.k8s.io/volumesnapshots"}
+	// The VM kinds exist once a quota test installed them.
+	for _, gv := range []string{"snapshot.kubevirt.io/v1beta1/virtualmachinesnapshots", "harvesterhci.io/v1beta1/virtualmachinebackups"} {
+		i := strings.LastIndex(gv, "/")
+		if _, err := env.adminKube.Discovery().ServerResourcesForGroupVersion(gv[:i]); err == nil {
+			want = append(want, gv[:strings.Index(gv, "/")]+gv[i:])
+		}
+	}
 	// Deleting a volume or a backing image is validated too: one a workload
 	// holds, or a volume uses, is refused. Backing images have no mutator.
-	assert.ElementsMatch(t, []string{"strata.io/backingimages", "strata.io/snapshots", "strata.io/volumeattachments", "strata.io/volumes"},
-		ruleResources(t, vc.Webhooks[0].Rules, "strata.io/volumes", "strata.io/backingimages"))
+	assert.ElementsMatch(t, want, ruleResources(t, vc.Webhooks[0].Rules, []string{"strata.io/volumes", "strata.io/backingimages"},
+		[]string{"snapshot.storage.k8s.io/volumesnapshots", "snapshot.kubevirt.io/virtualmachinesnapshots",
+			"harvesterhci.io/virtualmachinebackups"}))
 	assert.ElementsMatch(t, []string{"strata.io/snapshots", "strata.io/volumeattachments", "strata.io/volumes"},
-		ruleResources(t, mc.Webhooks[0].Rules))
+		ruleResources(t, mc.Webhooks[0].Rules, nil, nil))
 	assert.NotEmpty(t, vc.Webhooks[0].ClientConfig.CABundle)
 }
 
 // ruleResources lists group/resource for every rule, and checks the
-// operations on the way: CREATE and UPDATE, and DELETE for withDelete only.
-func ruleResources(t *testing.T, rules []admissionregistrationv1.RuleWithOperations, withDelete ...string) []string {
+// operations on the way: CREATE and UPDATE, and DELETE for withDelete;
+// CREATE alone for createOnly.
+func ruleResources(t *testing.T, rules []admissionregistrationv1.RuleWithOperations, withDelete, createOnly []string) []string {
 	var out []string
 	for _, r := range rules {
 		for _, g := range r.APIGroups {
 			for _, res := range r.Resources {
 				want := []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}
-				if slices.Contains(withDelete, g+"/"+res) {
+				switch {
+				case slices.Contains(withDelete, g+"/"+res):
 					want = append(want, admissionregistrationv1.Delete)
+				case slices.Contains(createOnly, g+"/"+res):
+					want = want[:1]
 				}
 				assert.ElementsMatch(t, want, r.Operations, "%s/%s", g, res)
 				out = append(out, g+"/"+res)
