@@ -47,7 +47,7 @@ var SettingDefinitions = map[SettingName]SettingDefinition{
 		Type:        SettingTypeInt, Default: "3", Min: 1, Max: 20,
 	},
 	SettingSnapshotMaxCount: {
-		Description: "Most user snapshots a volume's chain may hold; a volume's snapshotMaxCount overrides it.",
+		Description: "snapshotMaxCount a new volume gets when it does not say: the most user snapshots its chain may hold.",
 		Type:        SettingTypeInt, Default: "250", Min: 2, Max: 250,
 	},
 	SettingDisableSnapshotPurge: {
