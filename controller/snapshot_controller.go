@@ -156,7 +156,7 @@ func (c *SnapshotController) takeSnapshot(ctx context.Context, s *v1beta1.Snapsh
 	if err != nil {
 		return err
 	}
-	_, err = client.SnapshotCreate(ctx, view.eng.Name, s.Name, !systemSnapshot(s), s.Spec.Labels)
+	_, err = client.SnapshotCreate(ctx, view.eng.Name, s.Name, !s.TakenForStrata(), s.Spec.Labels)
 	switch {
 	case err == nil:
 		c.recorder.Eventf(s, corev1.EventTypeNormal, EventReasonSnapshotCreated, "took snapshot %s of volume %s", s.Name, s.Spec.Volume)
@@ -174,21 +174,6 @@ func (c *SnapshotController) takeSnapshot(ctx context.Context, s *v1beta1.Snapsh
 		return fmt.Errorf("taking snapshot %s: %w", s.Name, err)
 	}
 	return nil
-}
-
-// systemSnapshot tells a snapshot Strata asks for itself from one a user
-// asked for: a vol:// clone's snapshot of its source (owned by the target
-// volume) and a backing image export's (owned by the image). The engine
-// takes those as system snapshots, which its limits never refuse (issue
-// 14): a volume at its snapshot limit can still be cloned and exported,
-// as it can still be rebuilt.
-func systemSnapshot(s *v1beta1.Snapshot) bool {
-	for _, o := range s.OwnerReferences {
-		if o.Kind == "BackingImage" || (o.Kind == "Volume" && o.Name != s.Spec.Volume) {
-			return true
-		}
-	}
-	return false
 }
 
 // limitRefusal says why the volume's limits refused a user snapshot: which

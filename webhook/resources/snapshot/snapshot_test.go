@@ -371,3 +371,40 @@ func TestMutatedSnapshotIsValid(t *testing.T) {
 	resp = h.Validate(admissiontest.Request(Resource, admissiontest.Admin, nil, obj))
 	assert.True(t, resp.Allowed, admissiontest.Denial(resp))
 }
+
+// Owners that make a snapshot one Strata takes for itself (exempt from
+// limits and quota) are the manager's to set.
+func TestValidatorCreateSystemOwners(t *testing.T) {
+	biOwner := metav1.OwnerReference{APIVersion: "strata.io/v1beta1", Kind: "BackingImage", Name: "img", UID: "uid-img"}
+	cloneOwner := metav1.OwnerReference{APIVersion: "strata.io/v1beta1", Kind: "Volume", Name: "target", UID: "uid-t"}
+	foreign := metav1.OwnerReference{APIVersion: "example.com/v1", Kind: "BackingImage", Name: "img", UID: "uid-x"}
+	tests := []struct {
+		name, user string
+		owner      metav1.OwnerReference
+		wantMsg    string
+	}{
+		{name: "the manager's export snapshot", user: admissiontest.Manager, owner: biOwner},
+		{name: "the manager's clone snapshot", user: admissiontest.Manager, owner: cloneOwner},
+		{name: "a user's snapshot owned by a backing image", user: admissiontest.Admin, owner: biOwner,
+			wantMsg: "metadata.ownerReferences: a snapshot owned by a BackingImage, a Backup or another Volume is one " +
+				"Strata takes for itself (exempt from the volume's snapshot limits and the snapshot quota); only " +
+				admissiontest.Manager + " creates those"},
+		{name: "a user's snapshot owned by another volume", user: admissiontest.Admin, owner: cloneOwner,
+			wantMsg: "metadata.ownerReferences: a snapshot owned by a BackingImage"},
+		{name: "another group's kind of the same name is no Strata owner", user: admissiontest.Admin, owner: foreign},
+	}
+	env := dstest.New(t, objects(), nil)
+	h := admissiontest.NewHandler(t, nil, NewValidator(env.DS))
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			obj := stored(func(s *v1beta1.Snapshot) { s.OwnerReferences = append(s.OwnerReferences, tc.owner) })
+			resp := h.Validate(admissiontest.Request(Resource, tc.user, nil, obj))
+			if tc.wantMsg == "" {
+				assert.True(t, resp.Allowed, admissiontest.Denial(resp))
+				return
+			}
+			assert.Contains(t, admissiontest.Denial(resp), tc.wantMsg)
+			assert.EqualValues(t, 403, resp.Result.Code)
+		})
+	}
+}

@@ -25,16 +25,19 @@ var (
 	volumePath         = specPath.Child("volume")
 	createSnapshotPath = specPath.Child("createSnapshot")
 	labelsPath         = specPath.Child("labels")
+	ownersPath         = field.NewPath("metadata", "ownerReferences")
 )
 
 type validator struct {
-	ds    *datastore.DataStore
-	quota *snapshotquota.Checker
+	ds      *datastore.DataStore
+	quota   *snapshotquota.Checker
+	manager string // the manager ServiceAccount's username
 }
 
 // NewValidator returns the Snapshot validator.
 func NewValidator(ds *datastore.DataStore) admission.Validator {
-	return &validator{ds: ds, quota: snapshotquota.NewChecker(ds)}
+	return &validator{ds: ds, quota: snapshotquota.NewChecker(ds),
+		manager: "system:serviceaccount:" + ds.Namespace + ":" + types.ManagerServiceAccount}
 }
 
 func (v *validator) Resource() admission.Resource { return Resource }
@@ -42,7 +45,7 @@ func (v *validator) Resource() admission.Resource { return Resource }
 // Create: the CR's name is the snapshot's name in the engine, so it must be
 // one the replicas accept; the volume must exist and not be on its way out;
 // the labels go to the engine and must be valid Kubernetes labels.
-func (v *validator) Create(_ *admission.Request, obj runtime.Object) error {
+func (v *validator) Create(req *admission.Request, obj runtime.Object) error {
 	snap := obj.(*v1beta1.Snapshot)
 	var errs admission.FieldErrors
 	errs.Add(validName(snap.Name), v.validVolume(snap.Spec.Volume))
@@ -50,6 +53,11 @@ func (v *validator) Create(_ *admission.Request, obj runtime.Object) error {
 		errs.Add(admission.Invalid(volumeLabelPath, "%q differs from spec.volume %q", got, snap.Spec.Volume))
 	}
 	errs.Add(validLabels(snap.Spec.Labels)...)
+	if snap.TakenForStrata() && req != nil && req.Username() != v.manager {
+		errs.Add(admission.Forbidden(ownersPath, "a snapshot owned by a BackingImage, a Backup or another Volume "+
+			"is one Strata takes for itself (exempt from the volume's snapshot limits and the snapshot quota); "+
+			"only %s creates those", v.manager))
+	}
 	if len(errs) > 0 {
 		return errs.Err()
 	}
@@ -63,13 +71,8 @@ func (v *validator) Create(_ *admission.Request, obj runtime.Object) error {
 // for another object — a clone, a backing image export, a backup — which
 // owns it.
 func (v *validator) checkQuota(snap *v1beta1.Snapshot) error {
-	if !snap.Spec.CreateSnapshot || snap.Annotations[types.AnnotationCSIName] != "" {
+	if !snap.Spec.CreateSnapshot || snap.Annotations[types.AnnotationCSIName] != "" || snap.TakenForStrata() {
 		return nil
-	}
-	for _, ref := range snap.OwnerReferences {
-		if ref.Kind != "Volume" || ref.Name != snap.Spec.Volume {
-			return nil
-		}
 	}
 	claim, ok := v.ds.ClaimOfVolume(snap.Spec.Volume)
 	if !ok {

@@ -73,3 +73,22 @@ type SnapshotList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []Snapshot `json:"items"`
 }
+
+// TakenForStrata tells a snapshot Strata asks for itself, for another of its
+// objects, from one a user asked for: a vol:// clone's snapshot of its
+// source (owned by the target Volume), a backing image export's (owned by
+// the BackingImage), a backup's (owned by the Backup). The engine takes
+// those as system snapshots, which the volume's limits never refuse, and
+// the snapshot quota does not charge them. Only the manager may create a
+// snapshot with such an owner (the Snapshot webhook).
+func (s *Snapshot) TakenForStrata() bool {
+	for _, o := range s.OwnerReferences {
+		if o.APIVersion != SchemeGroupVersion.String() {
+			continue
+		}
+		if o.Kind == "BackingImage" || o.Kind == "Backup" || (o.Kind == "Volume" && o.Name != s.Spec.Volume) {
+			return true
+		}
+	}
+	return false
+}
