@@ -3,8 +3,8 @@ package e2e
 import (
 	"context"
 	"slices"
-	"strings"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
