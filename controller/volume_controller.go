@@ -381,10 +381,10 @@ func snapshotLimitCondition(maxCount int32, maxSize int64, userCount int, size i
 		count = fmt.Sprintf("%d of %d user snapshots", userCount, maxCount)
 		countReached, countNear = userCount >= int(maxCount), userCount == int(maxCount)-1
 	}
-	held := fmt.Sprintf("snapshots hold %s, no size limit", approxBytes(size))
+	held := fmt.Sprintf("snapshots hold %s, no size limit", types.ApproxBytes(size))
 	sizeReached, sizeNear := false, false
 	if maxSize > 0 {
-		held = fmt.Sprintf("snapshots hold %s of %s", approxBytes(size), approxBytes(maxSize))
+		held = fmt.Sprintf("snapshots hold %s of %s", types.ApproxBytes(size), types.ApproxBytes(maxSize))
 		sizeReached, sizeNear = size >= maxSize, size >= maxSize-maxSize/10
 	}
 	const refused = ": the next user snapshot will be refused"
@@ -399,26 +399,4 @@ func snapshotLimitCondition(maxCount int32, maxSize int64, userCount int, size i
 		return true, SnapshotLimitReasonSizeNear, count + "; " + held + " (spec.snapshotMaxSize): 90% or more used"
 	}
 	return false, SnapshotLimitReasonWithin, count + "; " + held
-}
-
-// approxBytes writes a byte count the way an admin reads it (1.9Gi),
-// truncated rather than rounded: a figure just under a limit must not read
-// as the limit.
-func approxBytes(n int64) string {
-	if n < 1024 {
-		return fmt.Sprintf("%dB", n)
-	}
-	units := []string{"Ki", "Mi", "Gi", "Ti", "Pi"}
-	v, unit := float64(n)/1024, units[0]
-	for _, u := range units[1:] {
-		if v < 1024 {
-			break
-		}
-		v, unit = v/1024, u
-	}
-	tenths := int64(v * 10)
-	if tenths%10 == 0 {
-		return fmt.Sprintf("%d%s", tenths/10, unit)
-	}
-	return fmt.Sprintf("%d.%d%s", tenths/10, tenths%10, unit)
 }

@@ -7,8 +7,6 @@ package volume
 // API server or the data plane: an admission answer must be quick.
 
 import (
-	"fmt"
-
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/strata-storage/strata/datastore"
@@ -102,7 +100,7 @@ func (v *validator) snapshotLimitChanges(old, vol *v1beta1.Volume) []*admission.
 	if lowerSize && newSize < size {
 		errs = append(errs, admission.Invalid(snapshotMaxSizePath,
 			"cannot lower to %s: the volume's snapshots hold %s (%d bytes; removed ones count until purged); delete snapshots first",
-			vol.Spec.SnapshotMaxSize.String(), approxBytes(size), size))
+			vol.Spec.SnapshotMaxSize.String(), types.ApproxBytes(size), size))
 	}
 	return errs
 }
@@ -120,26 +118,4 @@ func (v *validator) snapshotUsage(volume string) (userCount int, size int64, err
 		userCount, size = max(userCount, n), max(size, s)
 	}
 	return userCount, size, nil
-}
-
-// approxBytes writes a byte count the way an admin reads it (1.9Gi),
-// truncated rather than rounded: a figure just under a limit must not
-// read as the limit.
-func approxBytes(n int64) string {
-	units := []string{"Ki", "Mi", "Gi", "Ti", "Pi"}
-	if n < 1024 {
-		return fmt.Sprintf("%dB", n)
-	}
-	v, unit := float64(n)/1024, units[0]
-	for _, u := range units[1:] {
-		if v < 1024 {
-			break
-		}
-		v, unit = v/1024, u
-	}
-	tenths := int64(v * 10)
-	if tenths%10 == 0 {
-		return fmt.Sprintf("%d%s", tenths/10, unit)
-	}
-	return fmt.Sprintf("%d.%d%s", tenths/10, tenths%10, unit)
 }
