@@ -91,18 +91,17 @@ func installVMKinds(t *testing.T) {
 // it is gone, its volumes with it.
 func workloadNamespace(t *testing.T) string {
 	t.Helper()
-	ctx := context.Background()
-	ns, err := env.adminKube.CoreV1().Namespaces().Create(ctx,
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "quota-use-"}}, metav1.CreateOptions{})
-	require.NoError(t, err)
+	name := quotaNamespace(t)
+	// Runs before quotaNamespace's own cleanup, which then has nothing to do.
 	t.Cleanup(func() {
-		_ = env.adminKube.CoreV1().Namespaces().Delete(ctx, ns.Name, metav1.DeleteOptions{})
+		ctx := context.Background()
+		_ = env.adminKube.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{})
 		require.Eventually(t, func() bool {
-			_, err := env.adminKube.CoreV1().Namespaces().Get(ctx, ns.Name, metav1.GetOptions{})
+			_, err := env.adminKube.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
 			return apierrors.IsNotFound(err)
-		}, 3*time.Minute, time.Second, "namespace %s and its volumes are gone", ns.Name)
+		}, 3*time.Minute, time.Second, "namespace %s and its volumes are gone", name)
 	})
-	return ns.Name
+	return name
 }
 
 // claimVolume creates a claim in namespace, waits for it to bind and
