@@ -1,0 +1,169 @@
+package backupstore
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"sync"
+)
+
+// blob is one compressed chunk on its way into a pack.
+type blob struct {
+	id    ChunkID
+	data  []byte
+	rlen  int
+	codec Codec
+}
+
+// upload reads, hashes and compresses the chunks toRead on b.workers
+// goroutines, packs new chunks on one goroutine and uploads sealed packs on
+// b.uploaders goroutines. Every channel is bounded, so memory is too (see
+// newBackupRun); the first error cancels the rest.
+func (b *backupRun) upload(ctx context.Context, toRead []int64) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	jobs := make(chan int64)
+	blobs := make(chan blob, b.workers)
+	packs := make(chan *sealedPack)
+
+	go func() {
+		defer close(jobs)
+		for _, i := range toRead {
+			select {
+			case jobs <- i:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	var workers sync.WaitGroup
+	for range b.workers {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			buf := make([]byte, b.hdr.ChunkSize)
+			for i := range jobs {
+				if err := b.chunk(ctx, i, buf, blobs); err != nil {
+					cancel(err)
+				}
+			}
+		}()
+	}
+	go func() { workers.Wait(); close(blobs) }()
+	go b.pack(ctx, blobs, packs)
+	var uploaders sync.WaitGroup
+	for range b.uploaders {
+		uploaders.Add(1)
+		go func() {
+			defer uploaders.Done()
+			for p := range packs {
+				if ctx.Err() != nil {
+					continue // drain so the packer can finish
+				}
+				if err := b.putPack(ctx, p); err != nil {
+					cancel(err)
+				}
+			}
+		}()
+	}
+	uploaders.Wait()
+	return context.Cause(ctx)
+}
+
+// chunk handles one chunk: read, skip zeroes, hash, dedupe, compress.
+func (b *backupRun) chunk(ctx context.Context, i int64, buf []byte, out chan<- blob) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	off, n := i*b.hdr.ChunkSize, b.hdr.chunkLen(i)
+	raw := buf[:n]
+	if got, err := b.in.Source.ReadAt(raw, off); got < len(raw) || (err != nil && err != io.EOF) {
+		return fmt.Errorf("read chunk %d (offset %d) of snapshot %s: %d of %d bytes: %v", i, off, b.in.Snapshot, got, n, err)
+	}
+	b.progress(n)
+	if bytes.Equal(raw, b.t.zero[:n]) {
+		b.slots[i] = slot{} // all-zero chunks are holes, never stored
+		return nil
+	}
+	id := ChunkID(sha256.Sum256(raw))
+	b.slots[i] = slot{kind: KindData, id: id} // each worker writes only its own i
+	if b.t.index.has(id) || !b.claim(id) {
+		return nil
+	}
+	data, codec := b.t.compress(raw)
+	select {
+	case out <- blob{id: id, data: data, rlen: int(n), codec: codec}:
+		return nil
+	case <-ctx.Done():
+		return nil
+	}
+}
+
+// compress returns a new slice: zstd when it saves at least 1/64 of the
+// chunk, else the raw bytes (random or already compressed data then costs
+// no decompression on restore).
+func (t *Target) compress(raw []byte) ([]byte, Codec) {
+	c := t.enc.EncodeAll(raw, make([]byte, 0, len(raw)))
+	if len(c) < len(raw)-len(raw)/64 {
+		return c, CodecZstd
+	}
+	return append(c[:0], raw...), CodecRaw
+}
+
+// pack appends blobs to a pack and hands each sealed pack to the uploaders
+// before it would exceed the target pack size.
+func (b *backupRun) pack(ctx context.Context, blobs <-chan blob, out chan<- *sealedPack) {
+	defer close(out)
+	capacity := b.t.format.PackSize + 64<<10
+	var pb *packBuilder
+	send := func() {
+		if pb == nil || len(pb.entries) == 0 {
+			return
+		}
+		select {
+		case out <- pb.seal():
+		case <-ctx.Done():
+		}
+		pb = nil
+	}
+	for bl := range blobs {
+		if ctx.Err() != nil {
+			continue // drain so the workers can finish
+		}
+		if pb != nil && int64(pb.size()+len(bl.data)) > b.t.format.PackSize {
+			send()
+		}
+		if pb == nil {
+			pb = newPackBuilder(capacity)
+		}
+		pb.add(bl.id, bl.data, bl.rlen, bl.codec)
+	}
+	if ctx.Err() == nil {
+		send()
+	}
+}
+
+// putPack uploads a pack, then its index object: an index object never
+// names a pack that is not wholly stored. Only then may other backups (of
+// this process, through the cache) dedupe onto it.
+func (b *backupRun) putPack(ctx context.Context, p *sealedPack) error {
+	if err := b.t.store.Put(ctx, packKey(p.id), bytes.NewReader(p.data), int64(len(p.data))); err != nil {
+		return fmt.Errorf("upload pack %s: %w", p.id, err)
+	}
+	if err := b.t.store.Put(ctx, indexKey(p.id), bytes.NewReader(p.index), int64(len(p.index))); err != nil {
+		return fmt.Errorf("upload index of pack %s: %w", p.id, err)
+	}
+	b.mu.Lock()
+	for _, e := range p.entries {
+		b.uploaded[e.ID] = uploadedChunk{pack: p.id, e: e}
+		b.stats.NewChunks++
+		b.stats.NewBytes += int64(e.CLen)
+	}
+	b.stats.NewPacks++
+	b.ourPacks[p.id] = true
+	b.mu.Unlock()
+	b.t.index.add(p.id, p.entries)
+	return nil
+}
