@@ -7,7 +7,9 @@
 #     stamped with the Kubernetes version so nodes report v1.36.3;
 #   - containerd, its runc shim and ctr at $containerd_version, built from
 #     containerd's own module (kubelet 1.36 prefers containerd 2; Debian ships 1.6);
-#   - on demand only, by name, the upstream CSI sidecars: csi-provisioner,
+#   - on demand only, by name: versitygw (an S3-compatible server on a
+#     local directory, for the backup tests; about 5-10 min cold), and the
+#     upstream CSI sidecars: csi-provisioner,
 #     csi-attacher, csi-resizer, csi-snapshotter and snapshot-controller, each
 #     from its own module at the version pinned in $sidecars (about 2.5-3 min
 #     each with an empty build cache on 2 cores, 11 min for all five;
@@ -53,6 +55,8 @@ declare -A pkgs=(
   [containerd]=github.com/containerd/containerd/v2/cmd/containerd@$containerd_version
   [containerd-shim-runc-v2]=github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$containerd_version
   [ctr]=github.com/containerd/containerd/v2/cmd/ctr@$containerd_version
+  # the S3-compatible server backups are tested against (on demand)
+  [versitygw]=github.com/versity/versitygw/cmd/versitygw@v1.8.0
 )
 # CSI sidecars: name -> module@version; the command is the module's ./cmd/<name>.
 declare -A sidecars=(
