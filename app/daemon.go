@@ -223,6 +223,7 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	controllers.single(controller.NewSettingController(log, ds, recorder, cfg.nodeName))
 	controllers.add(controller.NewVolumeController(log, ds, recorder, cfg.nodeName))
 	controllers.add(controller.NewResourceQuotaController(log, ds, recorder, cfg.nodeName))
+	controllers.add(controller.NewBackupTargetController(log, ds, recorder, cfg.nodeName))
 	controllers.add(controller.NewVolumeAttachmentController(log, ds, recorder, cfg.nodeName))
 	controllers.add(controller.NewSnapshotController(log, ds, recorder, cfg.nodeName, imPool))
 	controllers.add(controller.NewVolumeCloneController(log, ds, recorder, cfg.nodeName, imPool))

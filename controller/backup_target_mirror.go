@@ -1,0 +1,108 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/strata-storage/strata/internal/backupstore"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
+)
+
+// mirrorBackups makes a BackupVolume per volume and a Backup per backup the
+// target holds, and brings their status to what the manifests say. An
+// object already right is not written. Nothing is deleted here: a backup
+// missing from a listing is never taken for gone (a store's hiccup can
+// return a short listing), and Backups being taken are the backup
+// controller's.
+func (c *BackupTargetController) mirrorBackups(ctx context.Context, bt *v1beta1.BackupTarget, backups []backupstore.BackupInfo) error {
+	// The listing is sorted by volume, then time: a volume's last entry is
+	// its newest backup.
+	for i, b := range backups {
+		if err := c.mirrorBackup(ctx, bt, b); err != nil {
+			return err
+		}
+		if i == len(backups)-1 || backups[i+1].Volume != b.Volume {
+			if err := c.mirrorBackupVolume(ctx, b.Volume, b); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (c *BackupTargetController) mirrorBackup(ctx context.Context, bt *v1beta1.BackupTarget, b backupstore.BackupInfo) error {
+	want := v1beta1.BackupStatus{State: v1beta1.BackupStateCompleted, Progress: 100,
+		URL: bt.Spec.BackupTargetURL, SnapshotName: b.Snapshot, BackupCreatedAt: b.Created.UTC().Format(time.RFC3339),
+		Size: b.Stats.StoredBytes, Labels: b.Labels, VolumeName: b.Volume, VolumeSize: b.VolumeSize}
+	if b.BackingImage != nil {
+		want.VolumeBackingImageName = b.BackingImage.Name
+	}
+	existing, err := c.ds.Backups.GetRO(b.Backup)
+	if apierrors.IsNotFound(err) {
+		created, err := c.ds.Backups.Create(ctx, &v1beta1.Backup{
+			ObjectMeta: metav1.ObjectMeta{Name: b.Backup, Namespace: c.ds.Namespace,
+				Labels: map[string]string{types.LabelVolume: b.Volume}},
+			Spec: v1beta1.BackupSpec{SnapshotName: b.Snapshot, Labels: b.Labels}})
+		if apierrors.IsAlreadyExists(err) {
+			return nil // next poll
+		}
+		if err != nil {
+			return err
+		}
+		existing = created
+	} else if err != nil {
+		return err
+	}
+	switch {
+	case existing.Status.VolumeName != "" && existing.Status.VolumeName != b.Volume:
+		c.logger.WithFields(map[string]any{"backup": b.Backup, "volume": b.Volume, "crVolume": existing.Status.VolumeName}).
+			Warn("A Backup CR of this name belongs to another volume; the target's backup is not mirrored")
+		return nil
+	case existing.Status.State != "" && existing.Status.State != v1beta1.BackupStateCompleted:
+		return nil // being taken here: the backup controller's
+	}
+	want.OwnerID, want.LastSyncedAt, want.SnapshotCreatedAt = existing.Status.OwnerID, existing.Status.LastSyncedAt,
+		existing.Status.SnapshotCreatedAt
+	if reflect.DeepEqual(existing.Status, want) {
+		return nil
+	}
+	bk := existing.DeepCopy()
+	bk.Status = want
+	_, err = c.ds.Backups.UpdateStatus(ctx, bk)
+	return err
+}
+
+func (c *BackupTargetController) mirrorBackupVolume(ctx context.Context, volume string, last backupstore.BackupInfo) error {
+	existing, err := c.ds.BackupVolumes.GetRO(volume)
+	if apierrors.IsNotFound(err) {
+		existing, err = c.ds.BackupVolumes.Create(ctx, &v1beta1.BackupVolume{
+			ObjectMeta: metav1.ObjectMeta{Name: volume, Namespace: c.ds.Namespace,
+				Labels: map[string]string{types.LabelVolume: volume}}})
+		if apierrors.IsAlreadyExists(err) {
+			return nil
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("backup volume %s: %w", volume, err)
+	}
+	want := existing.Status
+	want.Size, want.LastBackupName = last.VolumeSize, last.Backup
+	want.LastBackupAt = last.Created.UTC().Format(time.RFC3339)
+	want.BackingImageName, want.BackingImageChecksum = "", ""
+	if last.BackingImage != nil {
+		want.BackingImageName, want.BackingImageChecksum = last.BackingImage.Name, last.BackingImage.Checksum
+	}
+	if reflect.DeepEqual(existing.Status, want) {
+		return nil
+	}
+	bv := existing.DeepCopy()
+	bv.Status = want
+	_, err = c.ds.BackupVolumes.UpdateStatus(ctx, bv)
+	return err
+}
