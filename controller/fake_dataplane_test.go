@@ -124,6 +124,21 @@ func (d *fakeDataPlane) SnapshotClone(_ context.Context, a engineapi.SnapshotClo
 	return d.record("SnapshotClone", a.Engine, a.SourceAddress, a.Snapshot)
 }
 
+func (d *fakeDataPlane) SnapshotBackup(_ context.Context, a engineapi.SnapshotBackupArgs) error {
+	args := []string{a.Engine, a.Snapshot, a.Backup, a.Volume, a.Target.URL}
+	if a.BaseBackup != "" {
+		args = append(args, "base="+a.BaseBackup+"/"+a.BaseSnapshot)
+	}
+	return d.record("SnapshotBackup", args...)
+}
+
+func (d *fakeDataPlane) BackupRestore(_ context.Context, a engineapi.BackupRestoreArgs) error {
+	if a.Backing {
+		return d.record("BackupRestore", a.Engine, a.Backup, a.Volume, a.Target.URL, "backing")
+	}
+	return d.record("BackupRestore", a.Engine, a.Backup, a.Volume, a.Target.URL)
+}
+
 func (d *fakeDataPlane) SnapshotLimitsSet(_ context.Context, engine string, maxCount int32, maxSize int64) error {
 	return d.record("SnapshotLimitsSet", engine, fmt.Sprint(maxCount), fmt.Sprint(maxSize))
 }

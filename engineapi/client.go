@@ -181,6 +181,40 @@ func (c *Client) SnapshotClone(ctx context.Context, a SnapshotCloneArgs) error {
 	return FromStatus(err)
 }
 
+// SnapshotBackup starts a backup of a.Snapshot of a.Engine's volume to
+// a.Target as backup a.Backup of volume a.Volume, and returns once it
+// runs: follow it in the engine's BackupStatus (Watch). The same backup
+// again while it runs or after it completed is a no-op; after it failed it
+// starts over. Errors: ErrInvalid for an empty or bad argument (names,
+// target URL, a volume on a backing file without BackingImage); ErrBusy
+// while another backup or a restore of the engine runs; and the engine
+// errors. What the backup meets later (a missing snapshot, an unreachable
+// target) is in its BackupStatus.
+func (c *Client) SnapshotBackup(ctx context.Context, a SnapshotBackupArgs) error {
+	req := &impb.SnapshotBackupRequest{Engine: a.Engine, Snapshot: a.Snapshot, Backup: a.Backup, Volume: a.Volume,
+		Target: BackupTargetToWire(a.Target), BaseBackup: a.BaseBackup, BaseSnapshot: a.BaseSnapshot,
+		Labels: a.Labels, Concurrency: a.Concurrency}
+	if b := a.BackingImage; b != nil {
+		req.BackingImage = &impb.BackingImageRef{Name: b.Name, Url: b.URL, Checksum: b.Checksum}
+	}
+	_, err := call(ctx, c, c.im.SnapshotBackup, req)
+	return err
+}
+
+// BackupRestore starts filling a.Engine's new volume (frontend stopped, no
+// snapshots) with backup a.Backup of volume a.Volume on a.Target, and
+// returns once it runs: follow it in the engine's RestoreStatus (Watch).
+// The same restore again while it runs or after it completed is a no-op;
+// after it failed it starts over. Errors: ErrInvalid for an empty or bad
+// argument; ErrBusy while the frontend is up or another restore, backup or
+// clone of the engine runs; and the engine errors. A missing backup, a
+// damaged chunk (named) or a target too small is in its RestoreStatus.
+func (c *Client) BackupRestore(ctx context.Context, a BackupRestoreArgs) error {
+	_, err := call(ctx, c, c.im.BackupRestore, &impb.BackupRestoreRequest{Engine: a.Engine, Backup: a.Backup,
+		Volume: a.Volume, Target: BackupTargetToWire(a.Target), Backing: a.Backing, Concurrency: a.Concurrency})
+	return err
+}
+
 // SnapshotExport streams a snapshot's data and calls fn for every chunk,
 // in order; an error from fn stops the stream and is returned. The first
 // chunk carries the volume size. To rebuild the snapshot, start from a

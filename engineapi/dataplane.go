@@ -40,6 +40,14 @@ type DataPlane interface {
 	// SnapshotExport streams a snapshot's bytes to fn, chunk by chunk (see
 	// Client.SnapshotExport for how chunks make the image).
 	SnapshotExport(ctx context.Context, engine, snapshot string, fn func(ExportChunk) error) error
+	// SnapshotBackup starts a backup of a snapshot of an engine's volume to
+	// a backup target; Instance.BackupStatus follows it (ErrBusy while
+	// another backup or restore of the engine runs; the same backup again is
+	// a no-op).
+	SnapshotBackup(ctx context.Context, args SnapshotBackupArgs) error
+	// BackupRestore starts filling a new engine's volume with a backup;
+	// Instance.RestoreStatus follows it.
+	BackupRestore(ctx context.Context, args BackupRestoreArgs) error
 	// SnapshotLimitsSet sets an engine's limits on user snapshots.
 	SnapshotLimitsSet(ctx context.Context, engine string, maxCount int32, maxSize int64) error
 
@@ -80,6 +88,50 @@ type SnapshotCloneArgs struct {
 	// holds is not copied. False (the default) copies it: the target then
 	// reads as the snapshot with no backing file of its own.
 	BackingShared bool
+}
+
+// BackupTarget is where backups go: URL file:///<dir> or
+// s3://<bucket>@<region>/<prefix>; the S3 endpoint and keys for s3://.
+type BackupTarget struct {
+	URL                  string
+	S3Endpoint           string
+	AccessKey, SecretKey string
+}
+
+// BackingImageRef names the backing image a volume's replicas sit on, as
+// recorded in a backup's manifest.
+type BackingImageRef struct {
+	Name, URL, Checksum string
+}
+
+// SnapshotBackupArgs are the arguments of a snapshot backup.
+type SnapshotBackupArgs struct {
+	Engine, Snapshot string
+	// Backup is the backup's name, Volume the volume it is filed under on
+	// the target.
+	Backup, Volume string
+	Target         BackupTarget
+	// BaseBackup is the previous backup of Volume on the target and
+	// BaseSnapshot its snapshot: only the layers after BaseSnapshot are
+	// read. Empty, or a BaseSnapshot gone from the chain: a full backup.
+	BaseBackup, BaseSnapshot string
+	Labels                   map[string]string
+	// BackingImage is required when the replicas sit on a backing image:
+	// its bytes are recorded in the manifest, never uploaded.
+	BackingImage *BackingImageRef
+	Concurrency  int32
+}
+
+// BackupRestoreArgs are the arguments of a restore.
+type BackupRestoreArgs struct {
+	// Engine is the target: a new volume's engine, frontend stopped.
+	Engine         string
+	Backup, Volume string
+	Target         BackupTarget
+	// Backing says the engine's replicas already have the backup's backing
+	// image as their backing file, so its chunks are left to it.
+	Backing     bool
+	Concurrency int32
 }
 
 // Connector hands out the DataPlane of an instance manager by address.
@@ -162,6 +214,11 @@ type Instance struct {
 	RebuildStatus    map[string]*RebuildStatus
 	// CloneStatus is the snapshot clone filling an engine, while one runs.
 	CloneStatus *CloneStatus
+	// BackupStatus is an engine's last snapshot backup by backup name,
+	// kept after it ends until the next one starts (or for an hour).
+	BackupStatus map[string]*BackupStatus
+	// RestoreStatus is the restore filling an engine, kept after it ends.
+	RestoreStatus *RestoreStatus
 	// Revision grows with every change within one instance manager's life.
 	Revision uint64
 }
@@ -205,6 +262,44 @@ type CloneStatus struct {
 	Snapshot      string
 	SourceAddress string
 	Progress      int32
+}
+
+// Backup and restore job states.
+const (
+	JobStateInProgress = "in-progress"
+	JobStateCompleted  = "completed"
+	JobStateError      = "error"
+)
+
+// BackupStatus is one snapshot backup of an engine.
+type BackupStatus struct {
+	Snapshot string
+	State    string // JobStateInProgress, JobStateCompleted or JobStateError
+	Progress int32  // percent of the bytes to read
+	// BytesDone of BytesTotal to read from the snapshot.
+	BytesDone, BytesTotal int64
+	Error                 string
+	// BaseBackup is the base actually used ("" for a full backup); Message
+	// says why a base asked for was not.
+	BaseBackup, Message string
+	Replica             string // the replica read
+	// Set when completed, from the manifest: the volume's size, chunk size,
+	// chunks with data, chunks left to the backing image, chunks read,
+	// chunks and stored bytes this backup uploaded, stored bytes of every
+	// chunk it references.
+	VolumeSize, ChunkSize                 int64
+	DataChunks, BackingChunks, ReadChunks int64
+	NewChunks, NewBytes, StoredBytes      int64
+}
+
+// RestoreStatus is a restore into an engine.
+type RestoreStatus struct {
+	Backup, Volume string
+	State          string // JobStateInProgress, JobStateCompleted or JobStateError
+	Progress       int32
+	// BytesDone of BytesTotal stored (compressed) bytes fetched.
+	BytesDone, BytesTotal int64
+	Error                 string
 }
 
 // WatchEventKind says what a WatchEvent carries.

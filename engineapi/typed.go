@@ -102,6 +102,14 @@ func (t typedClient) SnapshotClone(ctx context.Context, args SnapshotCloneArgs) 
 	return t.c.SnapshotClone(ctx, args)
 }
 
+func (t typedClient) SnapshotBackup(ctx context.Context, args SnapshotBackupArgs) error {
+	return t.c.SnapshotBackup(ctx, args)
+}
+
+func (t typedClient) BackupRestore(ctx context.Context, args BackupRestoreArgs) error {
+	return t.c.BackupRestore(ctx, args)
+}
+
 func (t typedClient) SnapshotLimitsSet(ctx context.Context, engine string, maxCount int32, maxSize int64) error {
 	return t.c.SnapshotLimitsSet(ctx, engine, maxCount, maxSize)
 }
@@ -153,6 +161,8 @@ func InstanceFromWire(in *impb.Instance) *Instance {
 		PurgeStatus:   convertMap(in.GetPurgeStatus(), purgeStatusFromWire),
 		RebuildStatus: convertMap(in.GetRebuildStatus(), rebuildStatusFromWire),
 		CloneStatus:   cloneStatusFromWire(in.GetCloneStatus()),
+		BackupStatus:  convertMap(in.GetBackupStatus(), backupStatusFromWire),
+		RestoreStatus: restoreStatusFromWire(in.GetRestoreStatus()),
 	}
 	if modes := in.GetReplicaModes(); len(modes) > 0 {
 		out.ReplicaModes = make(map[string]ReplicaMode, len(modes))
@@ -213,6 +223,28 @@ func cloneStatusFromWire(c *impb.CloneStatus) *CloneStatus {
 		return nil
 	}
 	return &CloneStatus{Snapshot: c.GetSnapshot(), SourceAddress: c.GetSourceAddress(), Progress: c.GetProgress()}
+}
+
+func backupStatusFromWire(b *impb.BackupStatus) *BackupStatus {
+	return &BackupStatus{Snapshot: b.GetSnapshot(), State: b.GetState(), Progress: b.GetProgress(),
+		BytesDone: b.GetBytesDone(), BytesTotal: b.GetBytesTotal(), Error: b.GetError(),
+		BaseBackup: b.GetBaseBackup(), Message: b.GetMessage(), Replica: b.GetReplica(),
+		VolumeSize: b.GetVolumeSize(), ChunkSize: b.GetChunkSize(), DataChunks: b.GetDataChunks(),
+		BackingChunks: b.GetBackingChunks(), ReadChunks: b.GetReadChunks(), NewChunks: b.GetNewChunks(),
+		NewBytes: b.GetNewBytes(), StoredBytes: b.GetStoredBytes()}
+}
+
+func restoreStatusFromWire(r *impb.RestoreStatus) *RestoreStatus {
+	if r == nil {
+		return nil
+	}
+	return &RestoreStatus{Backup: r.GetBackup(), Volume: r.GetVolume(), State: r.GetState(), Progress: r.GetProgress(),
+		BytesDone: r.GetBytesDone(), BytesTotal: r.GetBytesTotal(), Error: r.GetError()}
+}
+
+// BackupTargetToWire converts a backup target for a request.
+func BackupTargetToWire(t BackupTarget) *impb.BackupTarget {
+	return &impb.BackupTarget{Url: t.URL, S3Endpoint: t.S3Endpoint, AccessKey: t.AccessKey, SecretKey: t.SecretKey}
 }
 
 func rebuildStatusFromWire(r *impb.RebuildStatus) *RebuildStatus {

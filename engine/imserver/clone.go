@@ -54,12 +54,13 @@ func (s *Server) cloneStatus(eng *replication.Engine) *impb.CloneStatus {
 	return nil
 }
 
-// cloneRunning reports whether a clone is filling eng. Operations that must
-// not see a half-cloned volume (starting the frontend, snapshot, revert)
-// should refuse with engineapi.ErrBusy while it is true.
+// cloneRunning reports whether a clone or a backup restore (restore.go) is
+// filling eng. Operations that must not see a half-filled volume (starting
+// the frontend, snapshot, revert) should refuse with engineapi.ErrBusy
+// while it is true.
 func (s *Server) cloneRunning(eng *replication.Engine) bool {
 	_, running := s.clones.Load(eng)
-	return running
+	return running || s.restoreRunning(eng)
 }
 
 // SnapshotClone fills a new engine's volume with a snapshot of another

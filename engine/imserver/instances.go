@@ -386,6 +386,7 @@ func (s *Server) stopFrontend(inst *instance) error {
 func (s *Server) stopLocked(inst *instance) error {
 	var errs []error
 	if inst.eng != nil {
+		s.stopJobs(inst.eng)
 		errs = append(errs, s.stopFrontend(inst))
 		for _, r := range inst.eng.Replicas() {
 			errs = append(errs, inst.eng.RemoveReplica(r.Name))

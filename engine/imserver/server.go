@@ -68,6 +68,8 @@ type Server struct {
 
 	// clones holds the engines a SnapshotClone is filling (see clone.go).
 	clones sync.Map
+	// jobs holds the engines' backups and restores (see backup.go).
+	jobs dataJobs
 
 	// The size reporter (sizereport.go): stop ends it, wg waits for it.
 	stop     chan struct{}
@@ -393,6 +395,8 @@ func (s *Server) render(inst *instance) *impb.Instance {
 		}
 		out.RebuildStatus = rebuildStatusProto(inst.eng)
 		out.CloneStatus = s.cloneStatus(inst.eng)
+		out.BackupStatus = s.backupStatus(inst.eng)
+		out.RestoreStatus = s.restoreStatus(inst.eng)
 		if len(inst.purge) > 0 {
 			out.PurgeStatus = map[string]*impb.PurgeStatus{}
 			for name, st := range inst.purge {

@@ -235,7 +235,7 @@ func (x WatchEvent_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchEvent_Kind.Descriptor instead.
 func (WatchEvent_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{8, 0}
+	return file_instancemanager_proto_rawDescGZIP(), []int{14, 0}
 }
 
 type Empty struct {
@@ -466,7 +466,12 @@ type Instance struct {
 	// Bumped on every change, so a watcher can drop stale events.
 	Revision uint64 `protobuf:"varint,13,opt,name=revision,proto3" json:"revision,omitempty"`
 	// Engine: the SnapshotClone filling it, while one runs.
-	CloneStatus   *CloneStatus `protobuf:"bytes,14,opt,name=clone_status,json=cloneStatus,proto3" json:"clone_status,omitempty"`
+	CloneStatus *CloneStatus `protobuf:"bytes,14,opt,name=clone_status,json=cloneStatus,proto3" json:"clone_status,omitempty"`
+	// Engine: its last SnapshotBackup, by backup name, kept after it ends
+	// until the next backup of the engine starts (or an hour has passed).
+	BackupStatus map[string]*BackupStatus `protobuf:"bytes,15,rep,name=backup_status,json=backupStatus,proto3" json:"backup_status,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Engine: the BackupRestore filling it, kept after it ends.
+	RestoreStatus *RestoreStatus `protobuf:"bytes,16,opt,name=restore_status,json=restoreStatus,proto3" json:"restore_status,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -599,6 +604,629 @@ func (x *Instance) GetCloneStatus() *CloneStatus {
 	return nil
 }
 
+func (x *Instance) GetBackupStatus() map[string]*BackupStatus {
+	if x != nil {
+		return x.BackupStatus
+	}
+	return nil
+}
+
+func (x *Instance) GetRestoreStatus() *RestoreStatus {
+	if x != nil {
+		return x.RestoreStatus
+	}
+	return nil
+}
+
+// A backup target: file:///<dir> (an NFS mount) or
+// s3://<bucket>@<region>/<prefix> with the endpoint and credentials.
+type BackupTarget struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Url           string                 `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
+	S3Endpoint    string                 `protobuf:"bytes,2,opt,name=s3_endpoint,json=s3Endpoint,proto3" json:"s3_endpoint,omitempty"`
+	AccessKey     string                 `protobuf:"bytes,3,opt,name=access_key,json=accessKey,proto3" json:"access_key,omitempty"`
+	SecretKey     string                 `protobuf:"bytes,4,opt,name=secret_key,json=secretKey,proto3" json:"secret_key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackupTarget) Reset() {
+	*x = BackupTarget{}
+	mi := &file_instancemanager_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackupTarget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackupTarget) ProtoMessage() {}
+
+func (x *BackupTarget) ProtoReflect() protoreflect.Message {
+	mi := &file_instancemanager_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackupTarget.ProtoReflect.Descriptor instead.
+func (*BackupTarget) Descriptor() ([]byte, []int) {
+	return file_instancemanager_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *BackupTarget) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *BackupTarget) GetS3Endpoint() string {
+	if x != nil {
+		return x.S3Endpoint
+	}
+	return ""
+}
+
+func (x *BackupTarget) GetAccessKey() string {
+	if x != nil {
+		return x.AccessKey
+	}
+	return ""
+}
+
+func (x *BackupTarget) GetSecretKey() string {
+	if x != nil {
+		return x.SecretKey
+	}
+	return ""
+}
+
+type BackingImageRef struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Url           string                 `protobuf:"bytes,2,opt,name=url,proto3" json:"url,omitempty"`
+	Checksum      string                 `protobuf:"bytes,3,opt,name=checksum,proto3" json:"checksum,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackingImageRef) Reset() {
+	*x = BackingImageRef{}
+	mi := &file_instancemanager_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackingImageRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackingImageRef) ProtoMessage() {}
+
+func (x *BackingImageRef) ProtoReflect() protoreflect.Message {
+	mi := &file_instancemanager_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackingImageRef.ProtoReflect.Descriptor instead.
+func (*BackingImageRef) Descriptor() ([]byte, []int) {
+	return file_instancemanager_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *BackingImageRef) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *BackingImageRef) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *BackingImageRef) GetChecksum() string {
+	if x != nil {
+		return x.Checksum
+	}
+	return ""
+}
+
+type SnapshotBackupRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Engine   string                 `protobuf:"bytes,1,opt,name=engine,proto3" json:"engine,omitempty"`
+	Snapshot string                 `protobuf:"bytes,2,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	// The backup's name and the volume it is filed under on the target.
+	Backup string        `protobuf:"bytes,3,opt,name=backup,proto3" json:"backup,omitempty"`
+	Volume string        `protobuf:"bytes,4,opt,name=volume,proto3" json:"volume,omitempty"`
+	Target *BackupTarget `protobuf:"bytes,5,opt,name=target,proto3" json:"target,omitempty"`
+	// The previous backup of this volume on the target and its snapshot:
+	// only what the layers after base_snapshot hold is read. Empty (or a
+	// base_snapshot no longer in the chain): a full backup.
+	BaseBackup   string            `protobuf:"bytes,6,opt,name=base_backup,json=baseBackup,proto3" json:"base_backup,omitempty"`
+	BaseSnapshot string            `protobuf:"bytes,7,opt,name=base_snapshot,json=baseSnapshot,proto3" json:"base_snapshot,omitempty"`
+	Labels       map[string]string `protobuf:"bytes,8,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The image the replicas' backing file holds; required for a volume on
+	// one (its bytes are recorded, not uploaded).
+	BackingImage  *BackingImageRef `protobuf:"bytes,9,opt,name=backing_image,json=backingImage,proto3" json:"backing_image,omitempty"`
+	Concurrency   int32            `protobuf:"varint,10,opt,name=concurrency,proto3" json:"concurrency,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotBackupRequest) Reset() {
+	*x = SnapshotBackupRequest{}
+	mi := &file_instancemanager_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotBackupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotBackupRequest) ProtoMessage() {}
+
+func (x *SnapshotBackupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_instancemanager_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotBackupRequest.ProtoReflect.Descriptor instead.
+func (*SnapshotBackupRequest) Descriptor() ([]byte, []int) {
+	return file_instancemanager_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *SnapshotBackupRequest) GetEngine() string {
+	if x != nil {
+		return x.Engine
+	}
+	return ""
+}
+
+func (x *SnapshotBackupRequest) GetSnapshot() string {
+	if x != nil {
+		return x.Snapshot
+	}
+	return ""
+}
+
+func (x *SnapshotBackupRequest) GetBackup() string {
+	if x != nil {
+		return x.Backup
+	}
+	return ""
+}
+
+func (x *SnapshotBackupRequest) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *SnapshotBackupRequest) GetTarget() *BackupTarget {
+	if x != nil {
+		return x.Target
+	}
+	return nil
+}
+
+func (x *SnapshotBackupRequest) GetBaseBackup() string {
+	if x != nil {
+		return x.BaseBackup
+	}
+	return ""
+}
+
+func (x *SnapshotBackupRequest) GetBaseSnapshot() string {
+	if x != nil {
+		return x.BaseSnapshot
+	}
+	return ""
+}
+
+func (x *SnapshotBackupRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *SnapshotBackupRequest) GetBackingImage() *BackingImageRef {
+	if x != nil {
+		return x.BackingImage
+	}
+	return nil
+}
+
+func (x *SnapshotBackupRequest) GetConcurrency() int32 {
+	if x != nil {
+		return x.Concurrency
+	}
+	return 0
+}
+
+type BackupStatus struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Snapshot string                 `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	// "in-progress", "completed" or "error".
+	State string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	// Percent of the bytes to read that were read.
+	Progress   int32  `protobuf:"varint,3,opt,name=progress,proto3" json:"progress,omitempty"`
+	BytesDone  int64  `protobuf:"varint,4,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
+	BytesTotal int64  `protobuf:"varint,5,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`
+	Error      string `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
+	// The base backup actually used; empty for a full backup.
+	BaseBackup string `protobuf:"bytes,7,opt,name=base_backup,json=baseBackup,proto3" json:"base_backup,omitempty"`
+	// Why a base was not used, for example.
+	Message string `protobuf:"bytes,8,opt,name=message,proto3" json:"message,omitempty"`
+	Replica string `protobuf:"bytes,9,opt,name=replica,proto3" json:"replica,omitempty"`
+	// Set when completed, from the manifest.
+	VolumeSize    int64 `protobuf:"varint,10,opt,name=volume_size,json=volumeSize,proto3" json:"volume_size,omitempty"`
+	DataChunks    int64 `protobuf:"varint,11,opt,name=data_chunks,json=dataChunks,proto3" json:"data_chunks,omitempty"`
+	BackingChunks int64 `protobuf:"varint,12,opt,name=backing_chunks,json=backingChunks,proto3" json:"backing_chunks,omitempty"`
+	ReadChunks    int64 `protobuf:"varint,13,opt,name=read_chunks,json=readChunks,proto3" json:"read_chunks,omitempty"`
+	NewChunks     int64 `protobuf:"varint,14,opt,name=new_chunks,json=newChunks,proto3" json:"new_chunks,omitempty"`
+	NewBytes      int64 `protobuf:"varint,15,opt,name=new_bytes,json=newBytes,proto3" json:"new_bytes,omitempty"`
+	StoredBytes   int64 `protobuf:"varint,16,opt,name=stored_bytes,json=storedBytes,proto3" json:"stored_bytes,omitempty"`
+	ChunkSize     int64 `protobuf:"varint,17,opt,name=chunk_size,json=chunkSize,proto3" json:"chunk_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackupStatus) Reset() {
+	*x = BackupStatus{}
+	mi := &file_instancemanager_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackupStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackupStatus) ProtoMessage() {}
+
+func (x *BackupStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_instancemanager_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackupStatus.ProtoReflect.Descriptor instead.
+func (*BackupStatus) Descriptor() ([]byte, []int) {
+	return file_instancemanager_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *BackupStatus) GetSnapshot() string {
+	if x != nil {
+		return x.Snapshot
+	}
+	return ""
+}
+
+func (x *BackupStatus) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *BackupStatus) GetProgress() int32 {
+	if x != nil {
+		return x.Progress
+	}
+	return 0
+}
+
+func (x *BackupStatus) GetBytesDone() int64 {
+	if x != nil {
+		return x.BytesDone
+	}
+	return 0
+}
+
+func (x *BackupStatus) GetBytesTotal() int64 {
+	if x != nil {
+		return x.BytesTotal
+	}
+	return 0
+}
+
+func (x *BackupStatus) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *BackupStatus) GetBaseBackup() string {
+	if x != nil {
+		return x.BaseBackup
+	}
+	return ""
+}
+
+func (x *BackupStatus) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *BackupStatus) GetReplica() string {
+	if x != nil {
+		return x.Replica
+	}
+	return ""
+}
+
+func (x *BackupStatus) GetVolumeSize() int64 {
+	if x != nil {
+		return x.VolumeSize
+	}
+	return 0
+}
+
+func (x *BackupStatus) GetDataChunks() int64 {
+	if x != nil {
+		return x.DataChunks
+	}
+	return 0
+}
+
+func (x *BackupStatus) GetBackingChunks() int64 {
+	if x != nil {
+		return x.BackingChunks
+	}
+	return 0
+}
+
+func (x *BackupStatus) GetReadChunks() int64 {
+	if x != nil {
+		return x.ReadChunks
+	}
+	return 0
+}
+
+func (x *BackupStatus) GetNewChunks() int64 {
+	if x != nil {
+		return x.NewChunks
+	}
+	return 0
+}
+
+func (x *BackupStatus) GetNewBytes() int64 {
+	if x != nil {
+		return x.NewBytes
+	}
+	return 0
+}
+
+func (x *BackupStatus) GetStoredBytes() int64 {
+	if x != nil {
+		return x.StoredBytes
+	}
+	return 0
+}
+
+func (x *BackupStatus) GetChunkSize() int64 {
+	if x != nil {
+		return x.ChunkSize
+	}
+	return 0
+}
+
+type BackupRestoreRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Engine string                 `protobuf:"bytes,1,opt,name=engine,proto3" json:"engine,omitempty"`
+	Backup string                 `protobuf:"bytes,2,opt,name=backup,proto3" json:"backup,omitempty"`
+	Volume string                 `protobuf:"bytes,3,opt,name=volume,proto3" json:"volume,omitempty"`
+	Target *BackupTarget          `protobuf:"bytes,4,opt,name=target,proto3" json:"target,omitempty"`
+	// The engine's replicas already have the backup's backing image as their
+	// backing file: its chunks are left to it.
+	Backing       bool  `protobuf:"varint,5,opt,name=backing,proto3" json:"backing,omitempty"`
+	Concurrency   int32 `protobuf:"varint,6,opt,name=concurrency,proto3" json:"concurrency,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackupRestoreRequest) Reset() {
+	*x = BackupRestoreRequest{}
+	mi := &file_instancemanager_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackupRestoreRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackupRestoreRequest) ProtoMessage() {}
+
+func (x *BackupRestoreRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_instancemanager_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackupRestoreRequest.ProtoReflect.Descriptor instead.
+func (*BackupRestoreRequest) Descriptor() ([]byte, []int) {
+	return file_instancemanager_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *BackupRestoreRequest) GetEngine() string {
+	if x != nil {
+		return x.Engine
+	}
+	return ""
+}
+
+func (x *BackupRestoreRequest) GetBackup() string {
+	if x != nil {
+		return x.Backup
+	}
+	return ""
+}
+
+func (x *BackupRestoreRequest) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *BackupRestoreRequest) GetTarget() *BackupTarget {
+	if x != nil {
+		return x.Target
+	}
+	return nil
+}
+
+func (x *BackupRestoreRequest) GetBacking() bool {
+	if x != nil {
+		return x.Backing
+	}
+	return false
+}
+
+func (x *BackupRestoreRequest) GetConcurrency() int32 {
+	if x != nil {
+		return x.Concurrency
+	}
+	return 0
+}
+
+type RestoreStatus struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Backup string                 `protobuf:"bytes,1,opt,name=backup,proto3" json:"backup,omitempty"`
+	Volume string                 `protobuf:"bytes,2,opt,name=volume,proto3" json:"volume,omitempty"`
+	// "in-progress", "completed" or "error".
+	State    string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	Progress int32  `protobuf:"varint,4,opt,name=progress,proto3" json:"progress,omitempty"`
+	// Stored (compressed) bytes fetched of those the backup references.
+	BytesDone     int64  `protobuf:"varint,5,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
+	BytesTotal    int64  `protobuf:"varint,6,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`
+	Error         string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreStatus) Reset() {
+	*x = RestoreStatus{}
+	mi := &file_instancemanager_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreStatus) ProtoMessage() {}
+
+func (x *RestoreStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_instancemanager_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreStatus.ProtoReflect.Descriptor instead.
+func (*RestoreStatus) Descriptor() ([]byte, []int) {
+	return file_instancemanager_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *RestoreStatus) GetBackup() string {
+	if x != nil {
+		return x.Backup
+	}
+	return ""
+}
+
+func (x *RestoreStatus) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *RestoreStatus) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *RestoreStatus) GetProgress() int32 {
+	if x != nil {
+		return x.Progress
+	}
+	return 0
+}
+
+func (x *RestoreStatus) GetBytesDone() int64 {
+	if x != nil {
+		return x.BytesDone
+	}
+	return 0
+}
+
+func (x *RestoreStatus) GetBytesTotal() int64 {
+	if x != nil {
+		return x.BytesTotal
+	}
+	return 0
+}
+
+func (x *RestoreStatus) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type CloneStatus struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Snapshot      string                 `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
@@ -612,7 +1240,7 @@ type CloneStatus struct {
 
 func (x *CloneStatus) Reset() {
 	*x = CloneStatus{}
-	mi := &file_instancemanager_proto_msgTypes[4]
+	mi := &file_instancemanager_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -624,7 +1252,7 @@ func (x *CloneStatus) String() string {
 func (*CloneStatus) ProtoMessage() {}
 
 func (x *CloneStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[4]
+	mi := &file_instancemanager_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -637,7 +1265,7 @@ func (x *CloneStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloneStatus.ProtoReflect.Descriptor instead.
 func (*CloneStatus) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{4}
+	return file_instancemanager_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CloneStatus) GetSnapshot() string {
@@ -683,7 +1311,7 @@ type InstanceListRequest struct {
 
 func (x *InstanceListRequest) Reset() {
 	*x = InstanceListRequest{}
-	mi := &file_instancemanager_proto_msgTypes[5]
+	mi := &file_instancemanager_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -695,7 +1323,7 @@ func (x *InstanceListRequest) String() string {
 func (*InstanceListRequest) ProtoMessage() {}
 
 func (x *InstanceListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[5]
+	mi := &file_instancemanager_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -708,7 +1336,7 @@ func (x *InstanceListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceListRequest.ProtoReflect.Descriptor instead.
 func (*InstanceListRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{5}
+	return file_instancemanager_proto_rawDescGZIP(), []int{11}
 }
 
 type InstanceListResponse struct {
@@ -720,7 +1348,7 @@ type InstanceListResponse struct {
 
 func (x *InstanceListResponse) Reset() {
 	*x = InstanceListResponse{}
-	mi := &file_instancemanager_proto_msgTypes[6]
+	mi := &file_instancemanager_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -732,7 +1360,7 @@ func (x *InstanceListResponse) String() string {
 func (*InstanceListResponse) ProtoMessage() {}
 
 func (x *InstanceListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[6]
+	mi := &file_instancemanager_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -745,7 +1373,7 @@ func (x *InstanceListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceListResponse.ProtoReflect.Descriptor instead.
 func (*InstanceListResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{6}
+	return file_instancemanager_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *InstanceListResponse) GetInstances() []*Instance {
@@ -763,7 +1391,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_instancemanager_proto_msgTypes[7]
+	mi := &file_instancemanager_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -775,7 +1403,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[7]
+	mi := &file_instancemanager_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -788,7 +1416,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{7}
+	return file_instancemanager_proto_rawDescGZIP(), []int{13}
 }
 
 type WatchEvent struct {
@@ -801,7 +1429,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_instancemanager_proto_msgTypes[8]
+	mi := &file_instancemanager_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -813,7 +1441,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[8]
+	mi := &file_instancemanager_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -826,7 +1454,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{8}
+	return file_instancemanager_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WatchEvent) GetKind() WatchEvent_Kind {
@@ -859,7 +1487,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_instancemanager_proto_msgTypes[9]
+	mi := &file_instancemanager_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +1499,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[9]
+	mi := &file_instancemanager_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +1512,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{9}
+	return file_instancemanager_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Snapshot) GetName() string {
@@ -955,7 +1583,7 @@ type SnapshotCreateRequest struct {
 
 func (x *SnapshotCreateRequest) Reset() {
 	*x = SnapshotCreateRequest{}
-	mi := &file_instancemanager_proto_msgTypes[10]
+	mi := &file_instancemanager_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -967,7 +1595,7 @@ func (x *SnapshotCreateRequest) String() string {
 func (*SnapshotCreateRequest) ProtoMessage() {}
 
 func (x *SnapshotCreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[10]
+	mi := &file_instancemanager_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -980,7 +1608,7 @@ func (x *SnapshotCreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCreateRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotCreateRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{10}
+	return file_instancemanager_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SnapshotCreateRequest) GetEngine() string {
@@ -1020,7 +1648,7 @@ type SnapshotCreateResponse struct {
 
 func (x *SnapshotCreateResponse) Reset() {
 	*x = SnapshotCreateResponse{}
-	mi := &file_instancemanager_proto_msgTypes[11]
+	mi := &file_instancemanager_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1032,7 +1660,7 @@ func (x *SnapshotCreateResponse) String() string {
 func (*SnapshotCreateResponse) ProtoMessage() {}
 
 func (x *SnapshotCreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[11]
+	mi := &file_instancemanager_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1045,7 +1673,7 @@ func (x *SnapshotCreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCreateResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotCreateResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{11}
+	return file_instancemanager_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SnapshotCreateResponse) GetName() string {
@@ -1064,7 +1692,7 @@ type SnapshotListResponse struct {
 
 func (x *SnapshotListResponse) Reset() {
 	*x = SnapshotListResponse{}
-	mi := &file_instancemanager_proto_msgTypes[12]
+	mi := &file_instancemanager_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1076,7 +1704,7 @@ func (x *SnapshotListResponse) String() string {
 func (*SnapshotListResponse) ProtoMessage() {}
 
 func (x *SnapshotListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[12]
+	mi := &file_instancemanager_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1089,7 +1717,7 @@ func (x *SnapshotListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotListResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotListResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{12}
+	return file_instancemanager_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SnapshotListResponse) GetSnapshots() map[string]*Snapshot {
@@ -1109,7 +1737,7 @@ type SnapshotRemoveRequest struct {
 
 func (x *SnapshotRemoveRequest) Reset() {
 	*x = SnapshotRemoveRequest{}
-	mi := &file_instancemanager_proto_msgTypes[13]
+	mi := &file_instancemanager_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1121,7 +1749,7 @@ func (x *SnapshotRemoveRequest) String() string {
 func (*SnapshotRemoveRequest) ProtoMessage() {}
 
 func (x *SnapshotRemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[13]
+	mi := &file_instancemanager_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1134,7 +1762,7 @@ func (x *SnapshotRemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRemoveRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRemoveRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{13}
+	return file_instancemanager_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SnapshotRemoveRequest) GetEngine() string {
@@ -1163,7 +1791,7 @@ type PurgeStatus struct {
 
 func (x *PurgeStatus) Reset() {
 	*x = PurgeStatus{}
-	mi := &file_instancemanager_proto_msgTypes[14]
+	mi := &file_instancemanager_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1175,7 +1803,7 @@ func (x *PurgeStatus) String() string {
 func (*PurgeStatus) ProtoMessage() {}
 
 func (x *PurgeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[14]
+	mi := &file_instancemanager_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1188,7 +1816,7 @@ func (x *PurgeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeStatus.ProtoReflect.Descriptor instead.
 func (*PurgeStatus) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{14}
+	return file_instancemanager_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PurgeStatus) GetIsPurging() bool {
@@ -1228,7 +1856,7 @@ type PurgeStatusResponse struct {
 
 func (x *PurgeStatusResponse) Reset() {
 	*x = PurgeStatusResponse{}
-	mi := &file_instancemanager_proto_msgTypes[15]
+	mi := &file_instancemanager_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1240,7 +1868,7 @@ func (x *PurgeStatusResponse) String() string {
 func (*PurgeStatusResponse) ProtoMessage() {}
 
 func (x *PurgeStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[15]
+	mi := &file_instancemanager_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1253,7 +1881,7 @@ func (x *PurgeStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeStatusResponse.ProtoReflect.Descriptor instead.
 func (*PurgeStatusResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{15}
+	return file_instancemanager_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PurgeStatusResponse) GetStatus() map[string]*PurgeStatus {
@@ -1273,7 +1901,7 @@ type SnapshotRevertRequest struct {
 
 func (x *SnapshotRevertRequest) Reset() {
 	*x = SnapshotRevertRequest{}
-	mi := &file_instancemanager_proto_msgTypes[16]
+	mi := &file_instancemanager_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1285,7 +1913,7 @@ func (x *SnapshotRevertRequest) String() string {
 func (*SnapshotRevertRequest) ProtoMessage() {}
 
 func (x *SnapshotRevertRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[16]
+	mi := &file_instancemanager_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1298,7 +1926,7 @@ func (x *SnapshotRevertRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRevertRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRevertRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{16}
+	return file_instancemanager_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SnapshotRevertRequest) GetEngine() string {
@@ -1332,7 +1960,7 @@ type SnapshotCloneRequest struct {
 
 func (x *SnapshotCloneRequest) Reset() {
 	*x = SnapshotCloneRequest{}
-	mi := &file_instancemanager_proto_msgTypes[17]
+	mi := &file_instancemanager_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1344,7 +1972,7 @@ func (x *SnapshotCloneRequest) String() string {
 func (*SnapshotCloneRequest) ProtoMessage() {}
 
 func (x *SnapshotCloneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[17]
+	mi := &file_instancemanager_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1357,7 +1985,7 @@ func (x *SnapshotCloneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCloneRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotCloneRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{17}
+	return file_instancemanager_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SnapshotCloneRequest) GetEngine() string {
@@ -1398,7 +2026,7 @@ type SnapshotExportRequest struct {
 
 func (x *SnapshotExportRequest) Reset() {
 	*x = SnapshotExportRequest{}
-	mi := &file_instancemanager_proto_msgTypes[18]
+	mi := &file_instancemanager_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1410,7 +2038,7 @@ func (x *SnapshotExportRequest) String() string {
 func (*SnapshotExportRequest) ProtoMessage() {}
 
 func (x *SnapshotExportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[18]
+	mi := &file_instancemanager_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1423,7 +2051,7 @@ func (x *SnapshotExportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotExportRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotExportRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{18}
+	return file_instancemanager_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SnapshotExportRequest) GetEngine() string {
@@ -1452,7 +2080,7 @@ type ExportChunk struct {
 
 func (x *ExportChunk) Reset() {
 	*x = ExportChunk{}
-	mi := &file_instancemanager_proto_msgTypes[19]
+	mi := &file_instancemanager_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1464,7 +2092,7 @@ func (x *ExportChunk) String() string {
 func (*ExportChunk) ProtoMessage() {}
 
 func (x *ExportChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[19]
+	mi := &file_instancemanager_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1477,7 +2105,7 @@ func (x *ExportChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportChunk.ProtoReflect.Descriptor instead.
 func (*ExportChunk) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{19}
+	return file_instancemanager_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ExportChunk) GetOffset() int64 {
@@ -1512,7 +2140,7 @@ type SnapshotLimitsRequest struct {
 
 func (x *SnapshotLimitsRequest) Reset() {
 	*x = SnapshotLimitsRequest{}
-	mi := &file_instancemanager_proto_msgTypes[20]
+	mi := &file_instancemanager_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1524,7 +2152,7 @@ func (x *SnapshotLimitsRequest) String() string {
 func (*SnapshotLimitsRequest) ProtoMessage() {}
 
 func (x *SnapshotLimitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[20]
+	mi := &file_instancemanager_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1537,7 +2165,7 @@ func (x *SnapshotLimitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotLimitsRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotLimitsRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{20}
+	return file_instancemanager_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SnapshotLimitsRequest) GetEngine() string {
@@ -1571,7 +2199,7 @@ type VolumeExpandRequest struct {
 
 func (x *VolumeExpandRequest) Reset() {
 	*x = VolumeExpandRequest{}
-	mi := &file_instancemanager_proto_msgTypes[21]
+	mi := &file_instancemanager_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1583,7 +2211,7 @@ func (x *VolumeExpandRequest) String() string {
 func (*VolumeExpandRequest) ProtoMessage() {}
 
 func (x *VolumeExpandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[21]
+	mi := &file_instancemanager_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1596,7 +2224,7 @@ func (x *VolumeExpandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeExpandRequest.ProtoReflect.Descriptor instead.
 func (*VolumeExpandRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{21}
+	return file_instancemanager_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *VolumeExpandRequest) GetEngine() string {
@@ -1623,7 +2251,7 @@ type FrontendStartRequest struct {
 
 func (x *FrontendStartRequest) Reset() {
 	*x = FrontendStartRequest{}
-	mi := &file_instancemanager_proto_msgTypes[22]
+	mi := &file_instancemanager_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1635,7 +2263,7 @@ func (x *FrontendStartRequest) String() string {
 func (*FrontendStartRequest) ProtoMessage() {}
 
 func (x *FrontendStartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[22]
+	mi := &file_instancemanager_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1648,7 +2276,7 @@ func (x *FrontendStartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FrontendStartRequest.ProtoReflect.Descriptor instead.
 func (*FrontendStartRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{22}
+	return file_instancemanager_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *FrontendStartRequest) GetEngine() string {
@@ -1678,7 +2306,7 @@ type ReplicaAddRequest struct {
 
 func (x *ReplicaAddRequest) Reset() {
 	*x = ReplicaAddRequest{}
-	mi := &file_instancemanager_proto_msgTypes[23]
+	mi := &file_instancemanager_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1690,7 +2318,7 @@ func (x *ReplicaAddRequest) String() string {
 func (*ReplicaAddRequest) ProtoMessage() {}
 
 func (x *ReplicaAddRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[23]
+	mi := &file_instancemanager_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1703,7 +2331,7 @@ func (x *ReplicaAddRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaAddRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaAddRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{23}
+	return file_instancemanager_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReplicaAddRequest) GetEngine() string {
@@ -1744,7 +2372,7 @@ type ReplicaRemoveRequest struct {
 
 func (x *ReplicaRemoveRequest) Reset() {
 	*x = ReplicaRemoveRequest{}
-	mi := &file_instancemanager_proto_msgTypes[24]
+	mi := &file_instancemanager_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1756,7 +2384,7 @@ func (x *ReplicaRemoveRequest) String() string {
 func (*ReplicaRemoveRequest) ProtoMessage() {}
 
 func (x *ReplicaRemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[24]
+	mi := &file_instancemanager_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1769,7 +2397,7 @@ func (x *ReplicaRemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaRemoveRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaRemoveRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{24}
+	return file_instancemanager_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReplicaRemoveRequest) GetEngine() string {
@@ -1809,7 +2437,7 @@ type RebuildStatus struct {
 
 func (x *RebuildStatus) Reset() {
 	*x = RebuildStatus{}
-	mi := &file_instancemanager_proto_msgTypes[25]
+	mi := &file_instancemanager_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1821,7 +2449,7 @@ func (x *RebuildStatus) String() string {
 func (*RebuildStatus) ProtoMessage() {}
 
 func (x *RebuildStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[25]
+	mi := &file_instancemanager_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1834,7 +2462,7 @@ func (x *RebuildStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebuildStatus.ProtoReflect.Descriptor instead.
 func (*RebuildStatus) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{25}
+	return file_instancemanager_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RebuildStatus) GetIsRebuilding() bool {
@@ -1909,7 +2537,7 @@ type ReplicaDataDeleteRequest struct {
 
 func (x *ReplicaDataDeleteRequest) Reset() {
 	*x = ReplicaDataDeleteRequest{}
-	mi := &file_instancemanager_proto_msgTypes[26]
+	mi := &file_instancemanager_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1921,7 +2549,7 @@ func (x *ReplicaDataDeleteRequest) String() string {
 func (*ReplicaDataDeleteRequest) ProtoMessage() {}
 
 func (x *ReplicaDataDeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[26]
+	mi := &file_instancemanager_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1934,7 +2562,7 @@ func (x *ReplicaDataDeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaDataDeleteRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaDataDeleteRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{26}
+	return file_instancemanager_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReplicaDataDeleteRequest) GetDataDir() string {
@@ -1953,7 +2581,7 @@ type RebuildStatusResponse struct {
 
 func (x *RebuildStatusResponse) Reset() {
 	*x = RebuildStatusResponse{}
-	mi := &file_instancemanager_proto_msgTypes[27]
+	mi := &file_instancemanager_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1965,7 +2593,7 @@ func (x *RebuildStatusResponse) String() string {
 func (*RebuildStatusResponse) ProtoMessage() {}
 
 func (x *RebuildStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[27]
+	mi := &file_instancemanager_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1978,7 +2606,7 @@ func (x *RebuildStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebuildStatusResponse.ProtoReflect.Descriptor instead.
 func (*RebuildStatusResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{27}
+	return file_instancemanager_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RebuildStatusResponse) GetStatus() map[string]*RebuildStatus {
@@ -2011,7 +2639,7 @@ const file_instancemanager_proto_rawDesc = "" +
 	" \x01(\x03R\x0fsnapshotMaxSize\x1a;\n" +
 	"\rReplicasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9a\t\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb1\v\n" +
 	"\bInstance\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12;\n" +
 	"\x04type\x18\x02 \x01(\x0e2'.strata.instancemanager.v1.InstanceTypeR\x04type\x12\x1f\n" +
@@ -2028,7 +2656,9 @@ const file_instancemanager_proto_rawDesc = "" +
 	"\fpurge_status\x18\v \x03(\v24.strata.instancemanager.v1.Instance.PurgeStatusEntryR\vpurgeStatus\x12]\n" +
 	"\x0erebuild_status\x18\f \x03(\v26.strata.instancemanager.v1.Instance.RebuildStatusEntryR\rrebuildStatus\x12\x1a\n" +
 	"\brevision\x18\r \x01(\x04R\brevision\x12I\n" +
-	"\fclone_status\x18\x0e \x01(\v2&.strata.instancemanager.v1.CloneStatusR\vcloneStatus\x1ag\n" +
+	"\fclone_status\x18\x0e \x01(\v2&.strata.instancemanager.v1.CloneStatusR\vcloneStatus\x12Z\n" +
+	"\rbackup_status\x18\x0f \x03(\v25.strata.instancemanager.v1.Instance.BackupStatusEntryR\fbackupStatus\x12O\n" +
+	"\x0erestore_status\x18\x10 \x01(\v2(.strata.instancemanager.v1.RestoreStatusR\rrestoreStatus\x1ag\n" +
 	"\x11ReplicaModesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12<\n" +
 	"\x05value\x18\x02 \x01(\x0e2&.strata.instancemanager.v1.ReplicaModeR\x05value:\x028\x01\x1aa\n" +
@@ -2040,7 +2670,82 @@ const file_instancemanager_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2&.strata.instancemanager.v1.PurgeStatusR\x05value:\x028\x01\x1aj\n" +
 	"\x12RebuildStatusEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12>\n" +
-	"\x05value\x18\x02 \x01(\v2(.strata.instancemanager.v1.RebuildStatusR\x05value:\x028\x01\"\xac\x01\n" +
+	"\x05value\x18\x02 \x01(\v2(.strata.instancemanager.v1.RebuildStatusR\x05value:\x028\x01\x1ah\n" +
+	"\x11BackupStatusEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12=\n" +
+	"\x05value\x18\x02 \x01(\v2'.strata.instancemanager.v1.BackupStatusR\x05value:\x028\x01\"\x7f\n" +
+	"\fBackupTarget\x12\x10\n" +
+	"\x03url\x18\x01 \x01(\tR\x03url\x12\x1f\n" +
+	"\vs3_endpoint\x18\x02 \x01(\tR\n" +
+	"s3Endpoint\x12\x1d\n" +
+	"\n" +
+	"access_key\x18\x03 \x01(\tR\taccessKey\x12\x1d\n" +
+	"\n" +
+	"secret_key\x18\x04 \x01(\tR\tsecretKey\"S\n" +
+	"\x0fBackingImageRef\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03url\x18\x02 \x01(\tR\x03url\x12\x1a\n" +
+	"\bchecksum\x18\x03 \x01(\tR\bchecksum\"\x86\x04\n" +
+	"\x15SnapshotBackupRequest\x12\x16\n" +
+	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x1a\n" +
+	"\bsnapshot\x18\x02 \x01(\tR\bsnapshot\x12\x16\n" +
+	"\x06backup\x18\x03 \x01(\tR\x06backup\x12\x16\n" +
+	"\x06volume\x18\x04 \x01(\tR\x06volume\x12?\n" +
+	"\x06target\x18\x05 \x01(\v2'.strata.instancemanager.v1.BackupTargetR\x06target\x12\x1f\n" +
+	"\vbase_backup\x18\x06 \x01(\tR\n" +
+	"baseBackup\x12#\n" +
+	"\rbase_snapshot\x18\a \x01(\tR\fbaseSnapshot\x12T\n" +
+	"\x06labels\x18\b \x03(\v2<.strata.instancemanager.v1.SnapshotBackupRequest.LabelsEntryR\x06labels\x12O\n" +
+	"\rbacking_image\x18\t \x01(\v2*.strata.instancemanager.v1.BackingImageRefR\fbackingImage\x12 \n" +
+	"\vconcurrency\x18\n" +
+	" \x01(\x05R\vconcurrency\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8f\x04\n" +
+	"\fBackupStatus\x12\x1a\n" +
+	"\bsnapshot\x18\x01 \x01(\tR\bsnapshot\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1a\n" +
+	"\bprogress\x18\x03 \x01(\x05R\bprogress\x12\x1d\n" +
+	"\n" +
+	"bytes_done\x18\x04 \x01(\x03R\tbytesDone\x12\x1f\n" +
+	"\vbytes_total\x18\x05 \x01(\x03R\n" +
+	"bytesTotal\x12\x14\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\x12\x1f\n" +
+	"\vbase_backup\x18\a \x01(\tR\n" +
+	"baseBackup\x12\x18\n" +
+	"\amessage\x18\b \x01(\tR\amessage\x12\x18\n" +
+	"\areplica\x18\t \x01(\tR\areplica\x12\x1f\n" +
+	"\vvolume_size\x18\n" +
+	" \x01(\x03R\n" +
+	"volumeSize\x12\x1f\n" +
+	"\vdata_chunks\x18\v \x01(\x03R\n" +
+	"dataChunks\x12%\n" +
+	"\x0ebacking_chunks\x18\f \x01(\x03R\rbackingChunks\x12\x1f\n" +
+	"\vread_chunks\x18\r \x01(\x03R\n" +
+	"readChunks\x12\x1d\n" +
+	"\n" +
+	"new_chunks\x18\x0e \x01(\x03R\tnewChunks\x12\x1b\n" +
+	"\tnew_bytes\x18\x0f \x01(\x03R\bnewBytes\x12!\n" +
+	"\fstored_bytes\x18\x10 \x01(\x03R\vstoredBytes\x12\x1d\n" +
+	"\n" +
+	"chunk_size\x18\x11 \x01(\x03R\tchunkSize\"\xdb\x01\n" +
+	"\x14BackupRestoreRequest\x12\x16\n" +
+	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x16\n" +
+	"\x06backup\x18\x02 \x01(\tR\x06backup\x12\x16\n" +
+	"\x06volume\x18\x03 \x01(\tR\x06volume\x12?\n" +
+	"\x06target\x18\x04 \x01(\v2'.strata.instancemanager.v1.BackupTargetR\x06target\x12\x18\n" +
+	"\abacking\x18\x05 \x01(\bR\abacking\x12 \n" +
+	"\vconcurrency\x18\x06 \x01(\x05R\vconcurrency\"\xc7\x01\n" +
+	"\rRestoreStatus\x12\x16\n" +
+	"\x06backup\x18\x01 \x01(\tR\x06backup\x12\x16\n" +
+	"\x06volume\x18\x02 \x01(\tR\x06volume\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12\x1a\n" +
+	"\bprogress\x18\x04 \x01(\x05R\bprogress\x12\x1d\n" +
+	"\n" +
+	"bytes_done\x18\x05 \x01(\x03R\tbytesDone\x12\x1f\n" +
+	"\vbytes_total\x18\x06 \x01(\x03R\n" +
+	"bytesTotal\x12\x14\n" +
+	"\x05error\x18\a \x01(\tR\x05error\"\xac\x01\n" +
 	"\vCloneStatus\x12\x1a\n" +
 	"\bsnapshot\x18\x01 \x01(\tR\bsnapshot\x12%\n" +
 	"\x0esource_address\x18\x02 \x01(\tR\rsourceAddress\x12\x1a\n" +
@@ -2171,7 +2876,7 @@ const file_instancemanager_proto_rawDesc = "" +
 	"\x18REPLICA_MODE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fREPLICA_MODE_RW\x10\x01\x12\x13\n" +
 	"\x0fREPLICA_MODE_WO\x10\x02\x12\x14\n" +
-	"\x10REPLICA_MODE_ERR\x10\x032\xf8\x10\n" +
+	"\x10REPLICA_MODE_ERR\x10\x032\xc2\x12\n" +
 	"\x0fInstanceManager\x12g\n" +
 	"\x0eInstanceCreate\x120.strata.instancemanager.v1.InstanceCreateRequest\x1a#.strata.instancemanager.v1.Instance\x12]\n" +
 	"\x0eInstanceDelete\x12&.strata.instancemanager.v1.InstanceRef\x1a#.strata.instancemanager.v1.Instance\x12Z\n" +
@@ -2186,7 +2891,9 @@ const file_instancemanager_proto_rawDesc = "" +
 	"\x0eSnapshotRevert\x120.strata.instancemanager.v1.SnapshotRevertRequest\x1a .strata.instancemanager.v1.Empty\x12b\n" +
 	"\rSnapshotClone\x12/.strata.instancemanager.v1.SnapshotCloneRequest\x1a .strata.instancemanager.v1.Empty\x12l\n" +
 	"\x0eSnapshotExport\x120.strata.instancemanager.v1.SnapshotExportRequest\x1a&.strata.instancemanager.v1.ExportChunk0\x01\x12g\n" +
-	"\x11SnapshotLimitsSet\x120.strata.instancemanager.v1.SnapshotLimitsRequest\x1a .strata.instancemanager.v1.Empty\x12`\n" +
+	"\x11SnapshotLimitsSet\x120.strata.instancemanager.v1.SnapshotLimitsRequest\x1a .strata.instancemanager.v1.Empty\x12d\n" +
+	"\x0eSnapshotBackup\x120.strata.instancemanager.v1.SnapshotBackupRequest\x1a .strata.instancemanager.v1.Empty\x12b\n" +
+	"\rBackupRestore\x12/.strata.instancemanager.v1.BackupRestoreRequest\x1a .strata.instancemanager.v1.Empty\x12`\n" +
 	"\fVolumeExpand\x12..strata.instancemanager.v1.VolumeExpandRequest\x1a .strata.instancemanager.v1.Empty\x12e\n" +
 	"\rFrontendStart\x12/.strata.instancemanager.v1.FrontendStartRequest\x1a#.strata.instancemanager.v1.Instance\x12[\n" +
 	"\fFrontendStop\x12&.strata.instancemanager.v1.InstanceRef\x1a#.strata.instancemanager.v1.Instance\x12\\\n" +
@@ -2209,7 +2916,7 @@ func file_instancemanager_proto_rawDescGZIP() []byte {
 }
 
 var file_instancemanager_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_instancemanager_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_instancemanager_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_instancemanager_proto_goTypes = []any{
 	(InstanceType)(0),                // 0: strata.instancemanager.v1.InstanceType
 	(InstanceState)(0),               // 1: strata.instancemanager.v1.InstanceState
@@ -2219,113 +2926,132 @@ var file_instancemanager_proto_goTypes = []any{
 	(*InstanceRef)(nil),              // 5: strata.instancemanager.v1.InstanceRef
 	(*InstanceCreateRequest)(nil),    // 6: strata.instancemanager.v1.InstanceCreateRequest
 	(*Instance)(nil),                 // 7: strata.instancemanager.v1.Instance
-	(*CloneStatus)(nil),              // 8: strata.instancemanager.v1.CloneStatus
-	(*InstanceListRequest)(nil),      // 9: strata.instancemanager.v1.InstanceListRequest
-	(*InstanceListResponse)(nil),     // 10: strata.instancemanager.v1.InstanceListResponse
-	(*WatchRequest)(nil),             // 11: strata.instancemanager.v1.WatchRequest
-	(*WatchEvent)(nil),               // 12: strata.instancemanager.v1.WatchEvent
-	(*Snapshot)(nil),                 // 13: strata.instancemanager.v1.Snapshot
-	(*SnapshotCreateRequest)(nil),    // 14: strata.instancemanager.v1.SnapshotCreateRequest
-	(*SnapshotCreateResponse)(nil),   // 15: strata.instancemanager.v1.SnapshotCreateResponse
-	(*SnapshotListResponse)(nil),     // 16: strata.instancemanager.v1.SnapshotListResponse
-	(*SnapshotRemoveRequest)(nil),    // 17: strata.instancemanager.v1.SnapshotRemoveRequest
-	(*PurgeStatus)(nil),              // 18: strata.instancemanager.v1.PurgeStatus
-	(*PurgeStatusResponse)(nil),      // 19: strata.instancemanager.v1.PurgeStatusResponse
-	(*SnapshotRevertRequest)(nil),    // 20: strata.instancemanager.v1.SnapshotRevertRequest
-	(*SnapshotCloneRequest)(nil),     // 21: strata.instancemanager.v1.SnapshotCloneRequest
-	(*SnapshotExportRequest)(nil),    // 22: strata.instancemanager.v1.SnapshotExportRequest
-	(*ExportChunk)(nil),              // 23: strata.instancemanager.v1.ExportChunk
-	(*SnapshotLimitsRequest)(nil),    // 24: strata.instancemanager.v1.SnapshotLimitsRequest
-	(*VolumeExpandRequest)(nil),      // 25: strata.instancemanager.v1.VolumeExpandRequest
-	(*FrontendStartRequest)(nil),     // 26: strata.instancemanager.v1.FrontendStartRequest
-	(*ReplicaAddRequest)(nil),        // 27: strata.instancemanager.v1.ReplicaAddRequest
-	(*ReplicaRemoveRequest)(nil),     // 28: strata.instancemanager.v1.ReplicaRemoveRequest
-	(*RebuildStatus)(nil),            // 29: strata.instancemanager.v1.RebuildStatus
-	(*ReplicaDataDeleteRequest)(nil), // 30: strata.instancemanager.v1.ReplicaDataDeleteRequest
-	(*RebuildStatusResponse)(nil),    // 31: strata.instancemanager.v1.RebuildStatusResponse
-	nil,                              // 32: strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
-	nil,                              // 33: strata.instancemanager.v1.Instance.ReplicaModesEntry
-	nil,                              // 34: strata.instancemanager.v1.Instance.SnapshotsEntry
-	nil,                              // 35: strata.instancemanager.v1.Instance.PurgeStatusEntry
-	nil,                              // 36: strata.instancemanager.v1.Instance.RebuildStatusEntry
-	nil,                              // 37: strata.instancemanager.v1.Snapshot.LabelsEntry
-	nil,                              // 38: strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
-	nil,                              // 39: strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
-	nil,                              // 40: strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
-	nil,                              // 41: strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
+	(*BackupTarget)(nil),             // 8: strata.instancemanager.v1.BackupTarget
+	(*BackingImageRef)(nil),          // 9: strata.instancemanager.v1.BackingImageRef
+	(*SnapshotBackupRequest)(nil),    // 10: strata.instancemanager.v1.SnapshotBackupRequest
+	(*BackupStatus)(nil),             // 11: strata.instancemanager.v1.BackupStatus
+	(*BackupRestoreRequest)(nil),     // 12: strata.instancemanager.v1.BackupRestoreRequest
+	(*RestoreStatus)(nil),            // 13: strata.instancemanager.v1.RestoreStatus
+	(*CloneStatus)(nil),              // 14: strata.instancemanager.v1.CloneStatus
+	(*InstanceListRequest)(nil),      // 15: strata.instancemanager.v1.InstanceListRequest
+	(*InstanceListResponse)(nil),     // 16: strata.instancemanager.v1.InstanceListResponse
+	(*WatchRequest)(nil),             // 17: strata.instancemanager.v1.WatchRequest
+	(*WatchEvent)(nil),               // 18: strata.instancemanager.v1.WatchEvent
+	(*Snapshot)(nil),                 // 19: strata.instancemanager.v1.Snapshot
+	(*SnapshotCreateRequest)(nil),    // 20: strata.instancemanager.v1.SnapshotCreateRequest
+	(*SnapshotCreateResponse)(nil),   // 21: strata.instancemanager.v1.SnapshotCreateResponse
+	(*SnapshotListResponse)(nil),     // 22: strata.instancemanager.v1.SnapshotListResponse
+	(*SnapshotRemoveRequest)(nil),    // 23: strata.instancemanager.v1.SnapshotRemoveRequest
+	(*PurgeStatus)(nil),              // 24: strata.instancemanager.v1.PurgeStatus
+	(*PurgeStatusResponse)(nil),      // 25: strata.instancemanager.v1.PurgeStatusResponse
+	(*SnapshotRevertRequest)(nil),    // 26: strata.instancemanager.v1.SnapshotRevertRequest
+	(*SnapshotCloneRequest)(nil),     // 27: strata.instancemanager.v1.SnapshotCloneRequest
+	(*SnapshotExportRequest)(nil),    // 28: strata.instancemanager.v1.SnapshotExportRequest
+	(*ExportChunk)(nil),              // 29: strata.instancemanager.v1.ExportChunk
+	(*SnapshotLimitsRequest)(nil),    // 30: strata.instancemanager.v1.SnapshotLimitsRequest
+	(*VolumeExpandRequest)(nil),      // 31: strata.instancemanager.v1.VolumeExpandRequest
+	(*FrontendStartRequest)(nil),     // 32: strata.instancemanager.v1.FrontendStartRequest
+	(*ReplicaAddRequest)(nil),        // 33: strata.instancemanager.v1.ReplicaAddRequest
+	(*ReplicaRemoveRequest)(nil),     // 34: strata.instancemanager.v1.ReplicaRemoveRequest
+	(*RebuildStatus)(nil),            // 35: strata.instancemanager.v1.RebuildStatus
+	(*ReplicaDataDeleteRequest)(nil), // 36: strata.instancemanager.v1.ReplicaDataDeleteRequest
+	(*RebuildStatusResponse)(nil),    // 37: strata.instancemanager.v1.RebuildStatusResponse
+	nil,                              // 38: strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
+	nil,                              // 39: strata.instancemanager.v1.Instance.ReplicaModesEntry
+	nil,                              // 40: strata.instancemanager.v1.Instance.SnapshotsEntry
+	nil,                              // 41: strata.instancemanager.v1.Instance.PurgeStatusEntry
+	nil,                              // 42: strata.instancemanager.v1.Instance.RebuildStatusEntry
+	nil,                              // 43: strata.instancemanager.v1.Instance.BackupStatusEntry
+	nil,                              // 44: strata.instancemanager.v1.SnapshotBackupRequest.LabelsEntry
+	nil,                              // 45: strata.instancemanager.v1.Snapshot.LabelsEntry
+	nil,                              // 46: strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
+	nil,                              // 47: strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
+	nil,                              // 48: strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
+	nil,                              // 49: strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
 }
 var file_instancemanager_proto_depIdxs = []int32{
 	0,  // 0: strata.instancemanager.v1.InstanceCreateRequest.type:type_name -> strata.instancemanager.v1.InstanceType
-	32, // 1: strata.instancemanager.v1.InstanceCreateRequest.replicas:type_name -> strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
+	38, // 1: strata.instancemanager.v1.InstanceCreateRequest.replicas:type_name -> strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
 	0,  // 2: strata.instancemanager.v1.Instance.type:type_name -> strata.instancemanager.v1.InstanceType
 	1,  // 3: strata.instancemanager.v1.Instance.state:type_name -> strata.instancemanager.v1.InstanceState
-	33, // 4: strata.instancemanager.v1.Instance.replica_modes:type_name -> strata.instancemanager.v1.Instance.ReplicaModesEntry
-	34, // 5: strata.instancemanager.v1.Instance.snapshots:type_name -> strata.instancemanager.v1.Instance.SnapshotsEntry
-	35, // 6: strata.instancemanager.v1.Instance.purge_status:type_name -> strata.instancemanager.v1.Instance.PurgeStatusEntry
-	36, // 7: strata.instancemanager.v1.Instance.rebuild_status:type_name -> strata.instancemanager.v1.Instance.RebuildStatusEntry
-	8,  // 8: strata.instancemanager.v1.Instance.clone_status:type_name -> strata.instancemanager.v1.CloneStatus
-	7,  // 9: strata.instancemanager.v1.InstanceListResponse.instances:type_name -> strata.instancemanager.v1.Instance
-	3,  // 10: strata.instancemanager.v1.WatchEvent.kind:type_name -> strata.instancemanager.v1.WatchEvent.Kind
-	7,  // 11: strata.instancemanager.v1.WatchEvent.instance:type_name -> strata.instancemanager.v1.Instance
-	37, // 12: strata.instancemanager.v1.Snapshot.labels:type_name -> strata.instancemanager.v1.Snapshot.LabelsEntry
-	38, // 13: strata.instancemanager.v1.SnapshotCreateRequest.labels:type_name -> strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
-	39, // 14: strata.instancemanager.v1.SnapshotListResponse.snapshots:type_name -> strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
-	40, // 15: strata.instancemanager.v1.PurgeStatusResponse.status:type_name -> strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
-	41, // 16: strata.instancemanager.v1.RebuildStatusResponse.status:type_name -> strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
-	2,  // 17: strata.instancemanager.v1.Instance.ReplicaModesEntry.value:type_name -> strata.instancemanager.v1.ReplicaMode
-	13, // 18: strata.instancemanager.v1.Instance.SnapshotsEntry.value:type_name -> strata.instancemanager.v1.Snapshot
-	18, // 19: strata.instancemanager.v1.Instance.PurgeStatusEntry.value:type_name -> strata.instancemanager.v1.PurgeStatus
-	29, // 20: strata.instancemanager.v1.Instance.RebuildStatusEntry.value:type_name -> strata.instancemanager.v1.RebuildStatus
-	13, // 21: strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry.value:type_name -> strata.instancemanager.v1.Snapshot
-	18, // 22: strata.instancemanager.v1.PurgeStatusResponse.StatusEntry.value:type_name -> strata.instancemanager.v1.PurgeStatus
-	29, // 23: strata.instancemanager.v1.RebuildStatusResponse.StatusEntry.value:type_name -> strata.instancemanager.v1.RebuildStatus
-	6,  // 24: strata.instancemanager.v1.InstanceManager.InstanceCreate:input_type -> strata.instancemanager.v1.InstanceCreateRequest
-	5,  // 25: strata.instancemanager.v1.InstanceManager.InstanceDelete:input_type -> strata.instancemanager.v1.InstanceRef
-	5,  // 26: strata.instancemanager.v1.InstanceManager.InstanceGet:input_type -> strata.instancemanager.v1.InstanceRef
-	9,  // 27: strata.instancemanager.v1.InstanceManager.InstanceList:input_type -> strata.instancemanager.v1.InstanceListRequest
-	11, // 28: strata.instancemanager.v1.InstanceManager.Watch:input_type -> strata.instancemanager.v1.WatchRequest
-	14, // 29: strata.instancemanager.v1.InstanceManager.SnapshotCreate:input_type -> strata.instancemanager.v1.SnapshotCreateRequest
-	5,  // 30: strata.instancemanager.v1.InstanceManager.SnapshotList:input_type -> strata.instancemanager.v1.InstanceRef
-	17, // 31: strata.instancemanager.v1.InstanceManager.SnapshotRemove:input_type -> strata.instancemanager.v1.SnapshotRemoveRequest
-	5,  // 32: strata.instancemanager.v1.InstanceManager.SnapshotPurge:input_type -> strata.instancemanager.v1.InstanceRef
-	5,  // 33: strata.instancemanager.v1.InstanceManager.SnapshotPurgeStatus:input_type -> strata.instancemanager.v1.InstanceRef
-	20, // 34: strata.instancemanager.v1.InstanceManager.SnapshotRevert:input_type -> strata.instancemanager.v1.SnapshotRevertRequest
-	21, // 35: strata.instancemanager.v1.InstanceManager.SnapshotClone:input_type -> strata.instancemanager.v1.SnapshotCloneRequest
-	22, // 36: strata.instancemanager.v1.InstanceManager.SnapshotExport:input_type -> strata.instancemanager.v1.SnapshotExportRequest
-	24, // 37: strata.instancemanager.v1.InstanceManager.SnapshotLimitsSet:input_type -> strata.instancemanager.v1.SnapshotLimitsRequest
-	25, // 38: strata.instancemanager.v1.InstanceManager.VolumeExpand:input_type -> strata.instancemanager.v1.VolumeExpandRequest
-	26, // 39: strata.instancemanager.v1.InstanceManager.FrontendStart:input_type -> strata.instancemanager.v1.FrontendStartRequest
-	5,  // 40: strata.instancemanager.v1.InstanceManager.FrontendStop:input_type -> strata.instancemanager.v1.InstanceRef
-	27, // 41: strata.instancemanager.v1.InstanceManager.ReplicaAdd:input_type -> strata.instancemanager.v1.ReplicaAddRequest
-	28, // 42: strata.instancemanager.v1.InstanceManager.ReplicaRemove:input_type -> strata.instancemanager.v1.ReplicaRemoveRequest
-	5,  // 43: strata.instancemanager.v1.InstanceManager.ReplicaRebuildStatus:input_type -> strata.instancemanager.v1.InstanceRef
-	30, // 44: strata.instancemanager.v1.InstanceManager.ReplicaDataDelete:input_type -> strata.instancemanager.v1.ReplicaDataDeleteRequest
-	7,  // 45: strata.instancemanager.v1.InstanceManager.InstanceCreate:output_type -> strata.instancemanager.v1.Instance
-	7,  // 46: strata.instancemanager.v1.InstanceManager.InstanceDelete:output_type -> strata.instancemanager.v1.Instance
-	7,  // 47: strata.instancemanager.v1.InstanceManager.InstanceGet:output_type -> strata.instancemanager.v1.Instance
-	10, // 48: strata.instancemanager.v1.InstanceManager.InstanceList:output_type -> strata.instancemanager.v1.InstanceListResponse
-	12, // 49: strata.instancemanager.v1.InstanceManager.Watch:output_type -> strata.instancemanager.v1.WatchEvent
-	15, // 50: strata.instancemanager.v1.InstanceManager.SnapshotCreate:output_type -> strata.instancemanager.v1.SnapshotCreateResponse
-	16, // 51: strata.instancemanager.v1.InstanceManager.SnapshotList:output_type -> strata.instancemanager.v1.SnapshotListResponse
-	4,  // 52: strata.instancemanager.v1.InstanceManager.SnapshotRemove:output_type -> strata.instancemanager.v1.Empty
-	4,  // 53: strata.instancemanager.v1.InstanceManager.SnapshotPurge:output_type -> strata.instancemanager.v1.Empty
-	19, // 54: strata.instancemanager.v1.InstanceManager.SnapshotPurgeStatus:output_type -> strata.instancemanager.v1.PurgeStatusResponse
-	4,  // 55: strata.instancemanager.v1.InstanceManager.SnapshotRevert:output_type -> strata.instancemanager.v1.Empty
-	4,  // 56: strata.instancemanager.v1.InstanceManager.SnapshotClone:output_type -> strata.instancemanager.v1.Empty
-	23, // 57: strata.instancemanager.v1.InstanceManager.SnapshotExport:output_type -> strata.instancemanager.v1.ExportChunk
-	4,  // 58: strata.instancemanager.v1.InstanceManager.SnapshotLimitsSet:output_type -> strata.instancemanager.v1.Empty
-	4,  // 59: strata.instancemanager.v1.InstanceManager.VolumeExpand:output_type -> strata.instancemanager.v1.Empty
-	7,  // 60: strata.instancemanager.v1.InstanceManager.FrontendStart:output_type -> strata.instancemanager.v1.Instance
-	7,  // 61: strata.instancemanager.v1.InstanceManager.FrontendStop:output_type -> strata.instancemanager.v1.Instance
-	4,  // 62: strata.instancemanager.v1.InstanceManager.ReplicaAdd:output_type -> strata.instancemanager.v1.Empty
-	4,  // 63: strata.instancemanager.v1.InstanceManager.ReplicaRemove:output_type -> strata.instancemanager.v1.Empty
-	31, // 64: strata.instancemanager.v1.InstanceManager.ReplicaRebuildStatus:output_type -> strata.instancemanager.v1.RebuildStatusResponse
-	4,  // 65: strata.instancemanager.v1.InstanceManager.ReplicaDataDelete:output_type -> strata.instancemanager.v1.Empty
-	45, // [45:66] is the sub-list for method output_type
-	24, // [24:45] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	39, // 4: strata.instancemanager.v1.Instance.replica_modes:type_name -> strata.instancemanager.v1.Instance.ReplicaModesEntry
+	40, // 5: strata.instancemanager.v1.Instance.snapshots:type_name -> strata.instancemanager.v1.Instance.SnapshotsEntry
+	41, // 6: strata.instancemanager.v1.Instance.purge_status:type_name -> strata.instancemanager.v1.Instance.PurgeStatusEntry
+	42, // 7: strata.instancemanager.v1.Instance.rebuild_status:type_name -> strata.instancemanager.v1.Instance.RebuildStatusEntry
+	14, // 8: strata.instancemanager.v1.Instance.clone_status:type_name -> strata.instancemanager.v1.CloneStatus
+	43, // 9: strata.instancemanager.v1.Instance.backup_status:type_name -> strata.instancemanager.v1.Instance.BackupStatusEntry
+	13, // 10: strata.instancemanager.v1.Instance.restore_status:type_name -> strata.instancemanager.v1.RestoreStatus
+	8,  // 11: strata.instancemanager.v1.SnapshotBackupRequest.target:type_name -> strata.instancemanager.v1.BackupTarget
+	44, // 12: strata.instancemanager.v1.SnapshotBackupRequest.labels:type_name -> strata.instancemanager.v1.SnapshotBackupRequest.LabelsEntry
+	9,  // 13: strata.instancemanager.v1.SnapshotBackupRequest.backing_image:type_name -> strata.instancemanager.v1.BackingImageRef
+	8,  // 14: strata.instancemanager.v1.BackupRestoreRequest.target:type_name -> strata.instancemanager.v1.BackupTarget
+	7,  // 15: strata.instancemanager.v1.InstanceListResponse.instances:type_name -> strata.instancemanager.v1.Instance
+	3,  // 16: strata.instancemanager.v1.WatchEvent.kind:type_name -> strata.instancemanager.v1.WatchEvent.Kind
+	7,  // 17: strata.instancemanager.v1.WatchEvent.instance:type_name -> strata.instancemanager.v1.Instance
+	45, // 18: strata.instancemanager.v1.Snapshot.labels:type_name -> strata.instancemanager.v1.Snapshot.LabelsEntry
+	46, // 19: strata.instancemanager.v1.SnapshotCreateRequest.labels:type_name -> strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
+	47, // 20: strata.instancemanager.v1.SnapshotListResponse.snapshots:type_name -> strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
+	48, // 21: strata.instancemanager.v1.PurgeStatusResponse.status:type_name -> strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
+	49, // 22: strata.instancemanager.v1.RebuildStatusResponse.status:type_name -> strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
+	2,  // 23: strata.instancemanager.v1.Instance.ReplicaModesEntry.value:type_name -> strata.instancemanager.v1.ReplicaMode
+	19, // 24: strata.instancemanager.v1.Instance.SnapshotsEntry.value:type_name -> strata.instancemanager.v1.Snapshot
+	24, // 25: strata.instancemanager.v1.Instance.PurgeStatusEntry.value:type_name -> strata.instancemanager.v1.PurgeStatus
+	35, // 26: strata.instancemanager.v1.Instance.RebuildStatusEntry.value:type_name -> strata.instancemanager.v1.RebuildStatus
+	11, // 27: strata.instancemanager.v1.Instance.BackupStatusEntry.value:type_name -> strata.instancemanager.v1.BackupStatus
+	19, // 28: strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry.value:type_name -> strata.instancemanager.v1.Snapshot
+	24, // 29: strata.instancemanager.v1.PurgeStatusResponse.StatusEntry.value:type_name -> strata.instancemanager.v1.PurgeStatus
+	35, // 30: strata.instancemanager.v1.RebuildStatusResponse.StatusEntry.value:type_name -> strata.instancemanager.v1.RebuildStatus
+	6,  // 31: strata.instancemanager.v1.InstanceManager.InstanceCreate:input_type -> strata.instancemanager.v1.InstanceCreateRequest
+	5,  // 32: strata.instancemanager.v1.InstanceManager.InstanceDelete:input_type -> strata.instancemanager.v1.InstanceRef
+	5,  // 33: strata.instancemanager.v1.InstanceManager.InstanceGet:input_type -> strata.instancemanager.v1.InstanceRef
+	15, // 34: strata.instancemanager.v1.InstanceManager.InstanceList:input_type -> strata.instancemanager.v1.InstanceListRequest
+	17, // 35: strata.instancemanager.v1.InstanceManager.Watch:input_type -> strata.instancemanager.v1.WatchRequest
+	20, // 36: strata.instancemanager.v1.InstanceManager.SnapshotCreate:input_type -> strata.instancemanager.v1.SnapshotCreateRequest
+	5,  // 37: strata.instancemanager.v1.InstanceManager.SnapshotList:input_type -> strata.instancemanager.v1.InstanceRef
+	23, // 38: strata.instancemanager.v1.InstanceManager.SnapshotRemove:input_type -> strata.instancemanager.v1.SnapshotRemoveRequest
+	5,  // 39: strata.instancemanager.v1.InstanceManager.SnapshotPurge:input_type -> strata.instancemanager.v1.InstanceRef
+	5,  // 40: strata.instancemanager.v1.InstanceManager.SnapshotPurgeStatus:input_type -> strata.instancemanager.v1.InstanceRef
+	26, // 41: strata.instancemanager.v1.InstanceManager.SnapshotRevert:input_type -> strata.instancemanager.v1.SnapshotRevertRequest
+	27, // 42: strata.instancemanager.v1.InstanceManager.SnapshotClone:input_type -> strata.instancemanager.v1.SnapshotCloneRequest
+	28, // 43: strata.instancemanager.v1.InstanceManager.SnapshotExport:input_type -> strata.instancemanager.v1.SnapshotExportRequest
+	30, // 44: strata.instancemanager.v1.InstanceManager.SnapshotLimitsSet:input_type -> strata.instancemanager.v1.SnapshotLimitsRequest
+	10, // 45: strata.instancemanager.v1.InstanceManager.SnapshotBackup:input_type -> strata.instancemanager.v1.SnapshotBackupRequest
+	12, // 46: strata.instancemanager.v1.InstanceManager.BackupRestore:input_type -> strata.instancemanager.v1.BackupRestoreRequest
+	31, // 47: strata.instancemanager.v1.InstanceManager.VolumeExpand:input_type -> strata.instancemanager.v1.VolumeExpandRequest
+	32, // 48: strata.instancemanager.v1.InstanceManager.FrontendStart:input_type -> strata.instancemanager.v1.FrontendStartRequest
+	5,  // 49: strata.instancemanager.v1.InstanceManager.FrontendStop:input_type -> strata.instancemanager.v1.InstanceRef
+	33, // 50: strata.instancemanager.v1.InstanceManager.ReplicaAdd:input_type -> strata.instancemanager.v1.ReplicaAddRequest
+	34, // 51: strata.instancemanager.v1.InstanceManager.ReplicaRemove:input_type -> strata.instancemanager.v1.ReplicaRemoveRequest
+	5,  // 52: strata.instancemanager.v1.InstanceManager.ReplicaRebuildStatus:input_type -> strata.instancemanager.v1.InstanceRef
+	36, // 53: strata.instancemanager.v1.InstanceManager.ReplicaDataDelete:input_type -> strata.instancemanager.v1.ReplicaDataDeleteRequest
+	7,  // 54: strata.instancemanager.v1.InstanceManager.InstanceCreate:output_type -> strata.instancemanager.v1.Instance
+	7,  // 55: strata.instancemanager.v1.InstanceManager.InstanceDelete:output_type -> strata.instancemanager.v1.Instance
+	7,  // 56: strata.instancemanager.v1.InstanceManager.InstanceGet:output_type -> strata.instancemanager.v1.Instance
+	16, // 57: strata.instancemanager.v1.InstanceManager.InstanceList:output_type -> strata.instancemanager.v1.InstanceListResponse
+	18, // 58: strata.instancemanager.v1.InstanceManager.Watch:output_type -> strata.instancemanager.v1.WatchEvent
+	21, // 59: strata.instancemanager.v1.InstanceManager.SnapshotCreate:output_type -> strata.instancemanager.v1.SnapshotCreateResponse
+	22, // 60: strata.instancemanager.v1.InstanceManager.SnapshotList:output_type -> strata.instancemanager.v1.SnapshotListResponse
+	4,  // 61: strata.instancemanager.v1.InstanceManager.SnapshotRemove:output_type -> strata.instancemanager.v1.Empty
+	4,  // 62: strata.instancemanager.v1.InstanceManager.SnapshotPurge:output_type -> strata.instancemanager.v1.Empty
+	25, // 63: strata.instancemanager.v1.InstanceManager.SnapshotPurgeStatus:output_type -> strata.instancemanager.v1.PurgeStatusResponse
+	4,  // 64: strata.instancemanager.v1.InstanceManager.SnapshotRevert:output_type -> strata.instancemanager.v1.Empty
+	4,  // 65: strata.instancemanager.v1.InstanceManager.SnapshotClone:output_type -> strata.instancemanager.v1.Empty
+	29, // 66: strata.instancemanager.v1.InstanceManager.SnapshotExport:output_type -> strata.instancemanager.v1.ExportChunk
+	4,  // 67: strata.instancemanager.v1.InstanceManager.SnapshotLimitsSet:output_type -> strata.instancemanager.v1.Empty
+	4,  // 68: strata.instancemanager.v1.InstanceManager.SnapshotBackup:output_type -> strata.instancemanager.v1.Empty
+	4,  // 69: strata.instancemanager.v1.InstanceManager.BackupRestore:output_type -> strata.instancemanager.v1.Empty
+	4,  // 70: strata.instancemanager.v1.InstanceManager.VolumeExpand:output_type -> strata.instancemanager.v1.Empty
+	7,  // 71: strata.instancemanager.v1.InstanceManager.FrontendStart:output_type -> strata.instancemanager.v1.Instance
+	7,  // 72: strata.instancemanager.v1.InstanceManager.FrontendStop:output_type -> strata.instancemanager.v1.Instance
+	4,  // 73: strata.instancemanager.v1.InstanceManager.ReplicaAdd:output_type -> strata.instancemanager.v1.Empty
+	4,  // 74: strata.instancemanager.v1.InstanceManager.ReplicaRemove:output_type -> strata.instancemanager.v1.Empty
+	37, // 75: strata.instancemanager.v1.InstanceManager.ReplicaRebuildStatus:output_type -> strata.instancemanager.v1.RebuildStatusResponse
+	4,  // 76: strata.instancemanager.v1.InstanceManager.ReplicaDataDelete:output_type -> strata.instancemanager.v1.Empty
+	54, // [54:77] is the sub-list for method output_type
+	31, // [31:54] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_instancemanager_proto_init() }
@@ -2339,7 +3065,7 @@ func file_instancemanager_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_instancemanager_proto_rawDesc), len(file_instancemanager_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   38,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

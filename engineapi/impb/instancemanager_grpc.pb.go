@@ -37,6 +37,8 @@ const (
 	InstanceManager_SnapshotClone_FullMethodName        = "/strata.instancemanager.v1.InstanceManager/SnapshotClone"
 	InstanceManager_SnapshotExport_FullMethodName       = "/strata.instancemanager.v1.InstanceManager/SnapshotExport"
 	InstanceManager_SnapshotLimitsSet_FullMethodName    = "/strata.instancemanager.v1.InstanceManager/SnapshotLimitsSet"
+	InstanceManager_SnapshotBackup_FullMethodName       = "/strata.instancemanager.v1.InstanceManager/SnapshotBackup"
+	InstanceManager_BackupRestore_FullMethodName        = "/strata.instancemanager.v1.InstanceManager/BackupRestore"
 	InstanceManager_VolumeExpand_FullMethodName         = "/strata.instancemanager.v1.InstanceManager/VolumeExpand"
 	InstanceManager_FrontendStart_FullMethodName        = "/strata.instancemanager.v1.InstanceManager/FrontendStart"
 	InstanceManager_FrontendStop_FullMethodName         = "/strata.instancemanager.v1.InstanceManager/FrontendStop"
@@ -73,6 +75,13 @@ type InstanceManagerClient interface {
 	// SnapshotExport streams a snapshot's data extents.
 	SnapshotExport(ctx context.Context, in *SnapshotExportRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportChunk], error)
 	SnapshotLimitsSet(ctx context.Context, in *SnapshotLimitsRequest, opts ...grpc.CallOption) (*Empty, error)
+	// SnapshotBackup starts a backup of a snapshot of an engine's volume to a
+	// backup target (internal/backupstore) and returns at once; its progress
+	// and end are in the engine instance's backup_status (Watch).
+	SnapshotBackup(ctx context.Context, in *SnapshotBackupRequest, opts ...grpc.CallOption) (*Empty, error)
+	// BackupRestore starts filling a new engine's volume with a backup and
+	// returns at once; its progress and end are in restore_status (Watch).
+	BackupRestore(ctx context.Context, in *BackupRestoreRequest, opts ...grpc.CallOption) (*Empty, error)
 	VolumeExpand(ctx context.Context, in *VolumeExpandRequest, opts ...grpc.CallOption) (*Empty, error)
 	FrontendStart(ctx context.Context, in *FrontendStartRequest, opts ...grpc.CallOption) (*Instance, error)
 	FrontendStop(ctx context.Context, in *InstanceRef, opts ...grpc.CallOption) (*Instance, error)
@@ -254,6 +263,26 @@ func (c *instanceManagerClient) SnapshotLimitsSet(ctx context.Context, in *Snaps
 	return out, nil
 }
 
+func (c *instanceManagerClient) SnapshotBackup(ctx context.Context, in *SnapshotBackupRequest, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, InstanceManager_SnapshotBackup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *instanceManagerClient) BackupRestore(ctx context.Context, in *BackupRestoreRequest, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, InstanceManager_BackupRestore_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *instanceManagerClient) VolumeExpand(ctx context.Context, in *VolumeExpandRequest, opts ...grpc.CallOption) (*Empty, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Empty)
@@ -351,6 +380,13 @@ type InstanceManagerServer interface {
 	// SnapshotExport streams a snapshot's data extents.
 	SnapshotExport(*SnapshotExportRequest, grpc.ServerStreamingServer[ExportChunk]) error
 	SnapshotLimitsSet(context.Context, *SnapshotLimitsRequest) (*Empty, error)
+	// SnapshotBackup starts a backup of a snapshot of an engine's volume to a
+	// backup target (internal/backupstore) and returns at once; its progress
+	// and end are in the engine instance's backup_status (Watch).
+	SnapshotBackup(context.Context, *SnapshotBackupRequest) (*Empty, error)
+	// BackupRestore starts filling a new engine's volume with a backup and
+	// returns at once; its progress and end are in restore_status (Watch).
+	BackupRestore(context.Context, *BackupRestoreRequest) (*Empty, error)
 	VolumeExpand(context.Context, *VolumeExpandRequest) (*Empty, error)
 	FrontendStart(context.Context, *FrontendStartRequest) (*Instance, error)
 	FrontendStop(context.Context, *InstanceRef) (*Instance, error)
@@ -415,6 +451,12 @@ func (UnimplementedInstanceManagerServer) SnapshotExport(*SnapshotExportRequest,
 }
 func (UnimplementedInstanceManagerServer) SnapshotLimitsSet(context.Context, *SnapshotLimitsRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method SnapshotLimitsSet not implemented")
+}
+func (UnimplementedInstanceManagerServer) SnapshotBackup(context.Context, *SnapshotBackupRequest) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method SnapshotBackup not implemented")
+}
+func (UnimplementedInstanceManagerServer) BackupRestore(context.Context, *BackupRestoreRequest) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method BackupRestore not implemented")
 }
 func (UnimplementedInstanceManagerServer) VolumeExpand(context.Context, *VolumeExpandRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method VolumeExpand not implemented")
@@ -696,6 +738,42 @@ func _InstanceManager_SnapshotLimitsSet_Handler(srv interface{}, ctx context.Con
 	return interceptor(ctx, in, info, handler)
 }
 
+func _InstanceManager_SnapshotBackup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SnapshotBackupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(InstanceManagerServer).SnapshotBackup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: InstanceManager_SnapshotBackup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(InstanceManagerServer).SnapshotBackup(ctx, req.(*SnapshotBackupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _InstanceManager_BackupRestore_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BackupRestoreRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(InstanceManagerServer).BackupRestore(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: InstanceManager_BackupRestore_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(InstanceManagerServer).BackupRestore(ctx, req.(*BackupRestoreRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _InstanceManager_VolumeExpand_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(VolumeExpandRequest)
 	if err := dec(in); err != nil {
@@ -876,6 +954,14 @@ var InstanceManager_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SnapshotLimitsSet",
 			Handler:    _InstanceManager_SnapshotLimitsSet_Handler,
+		},
+		{
+			MethodName: "SnapshotBackup",
+			Handler:    _InstanceManager_SnapshotBackup_Handler,
+		},
+		{
+			MethodName: "BackupRestore",
+			Handler:    _InstanceManager_BackupRestore_Handler,
 		},
 		{
 			MethodName: "VolumeExpand",
