@@ -3,8 +3,6 @@ package imserver
 import (
 	"context"
 	"fmt"
-	"net/url"
-	"path/filepath"
 	"slices"
 	"sort"
 	"sync"
@@ -172,42 +170,18 @@ func (s *Server) restoreRunning(eng *replication.Engine) bool {
 // openStore opens the object store a request's target names. It makes no
 // request to an S3 server; a file:// directory must exist.
 func openStore(t *impb.BackupTarget) (backupstore.ObjectStore, error) {
-	invalid := func(format string, a ...any) error {
-		return fmt.Errorf("backup target: %s: %w", fmt.Sprintf(format, a...), engineapi.ErrInvalid)
-	}
 	if t.GetUrl() == "" {
-		return nil, invalid("url is empty")
+		return nil, fmt.Errorf("backup target: url is empty: %w", engineapi.ErrInvalid)
 	}
-	u, err := url.Parse(t.GetUrl())
+	// The same parsing as the manager's BackupTarget controller, with the
+	// credentials the request carries in the Secret's keys.
+	st, err := backupstore.StoreFor(t.GetUrl(), map[string][]byte{
+		backupstore.SecretEndpoint: []byte(t.GetS3Endpoint()), backupstore.SecretAccessKey: []byte(t.GetAccessKey()),
+		backupstore.SecretSecretKey: []byte(t.GetSecretKey())})
 	if err != nil {
-		return nil, invalid("%v", err)
+		return nil, fmt.Errorf("%v: %w", err, engineapi.ErrInvalid)
 	}
-	switch u.Scheme {
-	case "file":
-		if u.Host != "" || !filepath.IsAbs(u.Path) {
-			return nil, invalid("%q: want file:///<absolute directory>", t.GetUrl())
-		}
-		st, err := backupstore.NewFileStore(filepath.Clean(u.Path))
-		if err != nil {
-			return nil, invalid("%v", err)
-		}
-		return st, nil
-	case "s3":
-		bucket, region, prefix, err := backupstore.ParseS3URL(t.GetUrl())
-		if err != nil {
-			return nil, invalid("%v", err)
-		}
-		if t.GetS3Endpoint() == "" {
-			return nil, invalid("%s: s3_endpoint is empty", t.GetUrl())
-		}
-		st, err := backupstore.NewS3Store(backupstore.S3Config{Endpoint: t.GetS3Endpoint(), Bucket: bucket,
-			Region: region, Prefix: prefix, AccessKey: t.GetAccessKey(), SecretKey: t.GetSecretKey()})
-		if err != nil {
-			return nil, invalid("%v", err)
-		}
-		return st, nil
-	}
-	return nil, invalid("%q: the scheme must be file:// or s3://", t.GetUrl())
+	return st, nil
 }
 
 // SnapshotBackup starts a backup of a snapshot of an engine's volume and

@@ -112,6 +112,9 @@ func (s *Server) SnapshotClone(ctx context.Context, req *impb.SnapshotCloneReque
 	if serving {
 		return nil, engineapi.ToStatus(fmt.Errorf("engine %s: stop the frontend before cloning into it: %w", req.Engine, engineapi.ErrBusy))
 	}
+	if s.restoreRunning(eng) {
+		return nil, engineapi.ToStatus(fmt.Errorf("engine %s: a restore is filling it: %w", req.Engine, engineapi.ErrBusy))
+	}
 	progress := s.startClone(eng, req)
 	if progress == nil {
 		return nil, engineapi.ToStatus(fmt.Errorf("engine %s: a clone into it is already running: %w", req.Engine, engineapi.ErrBusy))
