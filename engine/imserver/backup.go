@@ -159,6 +159,34 @@ func (s *Server) jobRunningLocked(eng *replication.Engine) string {
 	return ""
 }
 
+// claimJob registers on eng the job newJob makes, in jobs (s.jobs.backups
+// or s.jobs.restores), and returns it with the context its work runs in.
+// It returns no job and no error when the job there is this request's
+// (same) and has not failed — running or done, the manager retried — and
+// ErrBusy while another backup, restore or clone runs on eng.
+func claimJob[J interface{ failed() bool }](s *Server, jobs *map[*replication.Engine]J, eng *replication.Engine,
+	engine string, same func(J) bool, newJob func(context.CancelFunc) J) (J, context.Context, error) {
+	var none J
+	s.jobs.mu.Lock()
+	defer s.jobs.mu.Unlock()
+	if old, ok := (*jobs)[eng]; ok && same(old) && !old.failed() {
+		return none, nil, nil
+	}
+	if what := s.jobRunningLocked(eng); what != "" || s.cloneRunningOnly(eng) {
+		if what == "" {
+			what = "a clone"
+		}
+		return none, nil, engineapi.ToStatus(fmt.Errorf("engine %s: %s is running: %w", engine, what, engineapi.ErrBusy))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	job := newJob(cancel)
+	if *jobs == nil {
+		*jobs = map[*replication.Engine]J{}
+	}
+	(*jobs)[eng] = job
+	return job, ctx, nil
+}
+
 // restoreRunning reports whether a restore is filling eng.
 func (s *Server) restoreRunning(eng *replication.Engine) bool {
 	s.jobs.mu.Lock()
@@ -225,32 +253,25 @@ func (s *Server) SnapshotBackup(ctx context.Context, req *impb.SnapshotBackupReq
 			req.Engine, engineapi.ErrInvalid))
 	}
 
-	s.jobs.mu.Lock()
-	if old := s.jobs.backups[eng]; old != nil && old.backup == req.Backup && !old.failed() {
-		s.jobs.mu.Unlock()
+	job, jctx, err := claimJob(s, &s.jobs.backups, eng, req.Engine,
+		func(old *backupJob) bool { return old.backup == req.Backup },
+		func(cancel context.CancelFunc) *backupJob {
+			j := &backupJob{backup: req.Backup, snapshot: req.Snapshot}
+			j.cancel, j.state = cancel, engineapi.JobStateInProgress
+			return j
+		})
+	if err != nil {
+		return nil, err
+	}
+	if job == nil {
 		return &impb.Empty{}, nil // running or done: the manager retried
 	}
-	if what := s.jobRunningLocked(eng); what != "" || s.cloneRunningOnly(eng) {
-		s.jobs.mu.Unlock()
-		if what == "" {
-			what = "a clone"
-		}
-		return nil, engineapi.ToStatus(fmt.Errorf("engine %s: %s is running: %w", req.Engine, what, engineapi.ErrBusy))
-	}
-	jctx, cancel := context.WithCancel(context.Background())
-	job := &backupJob{backup: req.Backup, snapshot: req.Snapshot}
-	job.cancel, job.state = cancel, engineapi.JobStateInProgress
-	if s.jobs.backups == nil {
-		s.jobs.backups = map[*replication.Engine]*backupJob{}
-	}
-	s.jobs.backups[eng] = job
-	s.jobs.mu.Unlock()
 
 	log := s.log.WithFields(logrus.Fields{"engine": req.Engine, "snapshot": req.Snapshot, "backup": req.Backup,
 		"volume": req.Volume, "target": req.Target.GetUrl()})
 	s.publishClone(inst, eng)
 	go func() {
-		defer cancel()
+		defer job.cancel()
 		err := s.backup(jctx, inst, eng, store, req, job, log)
 		if err != nil {
 			err = fmt.Errorf("backup %s of snapshot %s of engine %s: %w", req.Backup, req.Snapshot, req.Engine, err)

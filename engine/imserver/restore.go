@@ -100,32 +100,25 @@ func (s *Server) BackupRestore(ctx context.Context, req *impb.BackupRestoreReque
 			req.Engine, engineapi.ErrInvalid))
 	}
 
-	s.jobs.mu.Lock()
-	if old := s.jobs.restores[eng]; old != nil && old.backup == req.Backup && old.volume == req.Volume && !old.failed() {
-		s.jobs.mu.Unlock()
-		return &impb.Empty{}, nil
+	job, jctx, err := claimJob(s, &s.jobs.restores, eng, req.Engine,
+		func(old *restoreJob) bool { return old.backup == req.Backup && old.volume == req.Volume },
+		func(cancel context.CancelFunc) *restoreJob {
+			j := &restoreJob{backup: req.Backup, volume: req.Volume}
+			j.cancel, j.state = cancel, engineapi.JobStateInProgress
+			return j
+		})
+	if err != nil {
+		return nil, err
 	}
-	if what := s.jobRunningLocked(eng); what != "" || s.cloneRunningOnly(eng) {
-		s.jobs.mu.Unlock()
-		if what == "" {
-			what = "a clone"
-		}
-		return nil, engineapi.ToStatus(fmt.Errorf("engine %s: %s is running: %w", req.Engine, what, engineapi.ErrBusy))
+	if job == nil {
+		return &impb.Empty{}, nil // running or done: the manager retried
 	}
-	jctx, cancel := context.WithCancel(context.Background())
-	job := &restoreJob{backup: req.Backup, volume: req.Volume}
-	job.cancel, job.state = cancel, engineapi.JobStateInProgress
-	if s.jobs.restores == nil {
-		s.jobs.restores = map[*replication.Engine]*restoreJob{}
-	}
-	s.jobs.restores[eng] = job
-	s.jobs.mu.Unlock()
 
 	log := s.log.WithFields(logrus.Fields{"engine": req.Engine, "backup": req.Backup, "volume": req.Volume,
 		"target": req.Target.GetUrl(), "backing": req.Backing})
 	s.publishClone(inst, eng)
 	go func() {
-		defer cancel()
+		defer job.cancel()
 		err := s.restore(jctx, inst, eng, store, req, chain, job, log)
 		if err != nil {
 			err = fmt.Errorf("restore into engine %s: %w", req.Engine, err)
