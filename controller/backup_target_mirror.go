@@ -37,17 +37,13 @@ func (c *BackupTargetController) mirrorBackups(ctx context.Context, bt *v1beta1.
 }
 
 func (c *BackupTargetController) mirrorBackup(ctx context.Context, bt *v1beta1.BackupTarget, b backupstore.BackupInfo) error {
-	want := v1beta1.BackupStatus{State: v1beta1.BackupStateCompleted, Progress: 100,
-		URL: bt.Spec.BackupTargetURL, SnapshotName: b.Snapshot, BackupCreatedAt: b.Created.UTC().Format(time.RFC3339),
-		Size: b.Stats.StoredBytes, Labels: b.Labels, VolumeName: b.Volume, VolumeSize: b.VolumeSize}
-	if b.BackingImage != nil {
-		want.VolumeBackingImageName = b.BackingImage.Name
-	}
+	want := completedBackupStatus(bt.Spec.BackupTargetURL, b.Header)
 	existing, err := c.ds.Backups.GetRO(b.Backup)
 	if apierrors.IsNotFound(err) {
 		created, err := c.ds.Backups.Create(ctx, &v1beta1.Backup{
 			ObjectMeta: metav1.ObjectMeta{Name: b.Backup, Namespace: c.ds.Namespace,
-				Labels: map[string]string{types.LabelVolume: b.Volume}},
+				Labels:      map[string]string{types.LabelVolume: b.Volume},
+				Annotations: map[string]string{AnnotationBackupMirrored: "true"}},
 			Spec: v1beta1.BackupSpec{SnapshotName: b.Snapshot, Labels: b.Labels}})
 		if apierrors.IsAlreadyExists(err) {
 			return nil // next poll
@@ -76,6 +72,21 @@ func (c *BackupTargetController) mirrorBackup(ctx context.Context, bt *v1beta1.B
 	bk.Status = want
 	_, err = c.ds.Backups.UpdateStatus(ctx, bk)
 	return err
+}
+
+// completedBackupStatus is the status of a Backup whose manifest h is on
+// the target at url: the one function both the backup controller (when it
+// made the backup) and the mirror (when it found it) write, so neither
+// rewrites the other's. The caller keeps ownerID, lastSyncedAt and
+// snapshotCreatedAt.
+func completedBackupStatus(url string, h backupstore.Header) v1beta1.BackupStatus {
+	st := v1beta1.BackupStatus{State: v1beta1.BackupStateCompleted, Progress: 100,
+		URL: url, SnapshotName: h.Snapshot, BackupCreatedAt: h.Created.UTC().Format(time.RFC3339),
+		Size: h.Stats.StoredBytes, Labels: h.Labels, VolumeName: h.Volume, VolumeSize: h.VolumeSize}
+	if h.BackingImage != nil {
+		st.VolumeBackingImageName = h.BackingImage.Name
+	}
+	return st
 }
 
 func (c *BackupTargetController) mirrorBackupVolume(ctx context.Context, volume string, last backupstore.BackupInfo) error {

@@ -1,0 +1,342 @@
+package controller
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stypes "k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/strata-storage/strata/datastore/dstest"
+	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/internal/backupstore"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
+)
+
+// backupTargetDir is a file:// target holding, when withB1, backup b1 of
+// volume v1 (snapshot s1).
+func backupTargetDir(t *testing.T, withB1 bool) string {
+	t.Helper()
+	dir := t.TempDir()
+	fs, err := backupstore.NewFileStore(dir)
+	require.NoError(t, err)
+	tgt, err := backupstore.Open(context.Background(), fs, backupstore.Options{ChunkSize: 64 << 10})
+	require.NoError(t, err)
+	if withB1 {
+		data := bytes.Repeat([]byte("strata"), 50000)
+		_, err = tgt.Backup(context.Background(), backupstore.BackupInput{Volume: "v1", Backup: "b1", Snapshot: "s1",
+			Size: int64(len(data)), Source: bytes.NewReader(data)})
+		require.NoError(t, err)
+	}
+	return dir
+}
+
+func availableTarget(dir string) *v1beta1.BackupTarget {
+	bt := testBackupTarget("file://"+dir, "")
+	bt.Status.Available = true
+	return bt
+}
+
+func testBackup(name, snapshot string, mut ...func(*v1beta1.Backup)) *v1beta1.Backup {
+	b := &v1beta1.Backup{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS, UID: k8stypes.UID("uid-" + name),
+		Finalizers: []string{types.FinalizerName}}, Spec: v1beta1.BackupSpec{SnapshotName: snapshot},
+		Status: v1beta1.BackupStatus{OwnerID: "node-1"}}
+	for _, m := range mut {
+		m(b)
+	}
+	return b
+}
+
+func backupState(state v1beta1.BackupState, progress int32) func(*v1beta1.Backup) {
+	return func(b *v1beta1.Backup) {
+		b.Status.State, b.Status.Progress, b.Status.VolumeName, b.Status.OwnerID = state, progress, "v1", "node-1"
+	}
+}
+
+func completedBackup(name, snapshot, url, createdAt string) *v1beta1.Backup {
+	return testBackup(name, snapshot, func(b *v1beta1.Backup) {
+		b.Labels = map[string]string{types.LabelVolume: "v1"}
+		b.Status = v1beta1.BackupStatus{State: v1beta1.BackupStateCompleted, Progress: 100, URL: url, SnapshotName: snapshot,
+			VolumeName: "v1", BackupCreatedAt: createdAt, OwnerID: "node-1"}
+	})
+}
+
+// attachedVolume is v1 attached to node-1.
+func attachedVolume() *v1beta1.Volume {
+	return vcVolume(func(v *v1beta1.Volume) {
+		v.Spec.NodeID, v.Status.CurrentNodeID, v.Status.State = "node-1", "node-1", v1beta1.VolumeStateAttached
+	})
+}
+
+func backupTicketFor(b string) *v1beta1.AttachmentTicket {
+	return &v1beta1.AttachmentTicket{ID: backupTicketID(b), Type: v1beta1.AttacherTypeBackupController, NodeID: "node-1",
+		OwnerRef: &v1beta1.TicketOwnerReference{APIVersion: v1beta1.SchemeGroupVersion.String(), Kind: "Backup",
+			Namespace: testNS, Name: b, UID: "uid-" + b},
+		Parameters: map[string]string{v1beta1.AttachmentParameterDisableFrontend: v1beta1.AnyValue}}
+}
+
+// engineWithBackup is v1's engine instance with the status of backup b1.
+func engineWithBackup(st *engineapi.BackupStatus) *engineapi.Instance {
+	inst := &engineapi.Instance{Name: "v1-e-0", Type: engineapi.InstanceTypeEngine, VolumeName: "v1",
+		State: engineapi.InstanceStateRunning, Revision: 7}
+	if st != nil {
+		inst.BackupStatus = map[string]*engineapi.BackupStatus{"b1": st}
+	}
+	return inst
+}
+
+func backupSyncFunc(instances ...*engineapi.Instance) syncFunc {
+	return func(env *dstest.Env, rec record.EventRecorder, me string, dp engineapi.Connector) (func(context.Context, string) error, error) {
+		cache := NewInstanceCache()
+		cache.streamOpened()
+		for _, inst := range instances {
+			cache.apply(&engineapi.WatchEvent{Kind: engineapi.WatchUpdated, Instance: inst})
+		}
+		cache.apply(&engineapi.WatchEvent{Kind: engineapi.WatchSynced})
+		c, err := NewBackupController(logrus.New(), env.DS, rec, me, dp, cache)
+		if err != nil {
+			return nil, err
+		}
+		return c.syncBackup, nil
+	}
+}
+
+func backupOf(t *testing.T, env *dstest.Env, name string) *v1beta1.Backup {
+	t.Helper()
+	b, err := env.Strata.StrataV1beta1().Backups(testNS).Get(context.Background(), name, metav1.GetOptions{})
+	require.NoError(t, err)
+	return b
+}
+
+func wantBackup(state v1beta1.BackupState, errText string) func(*testing.T, *dstest.Env) {
+	return func(t *testing.T, env *dstest.Env) {
+		b := backupOf(t, env, "b1")
+		assert.Equal(t, state, b.Status.State)
+		if errText == "" {
+			assert.Empty(t, b.Status.Error)
+		} else {
+			assert.Contains(t, b.Status.Error, errText)
+		}
+	}
+}
+
+func wantTicket(node string) func(*testing.T, *dstest.Env) {
+	return func(t *testing.T, env *dstest.Env) {
+		va, err := env.Strata.StrataV1beta1().VolumeAttachments(testNS).Get(context.Background(), "v1", metav1.GetOptions{})
+		require.NoError(t, err)
+		tk := va.Spec.AttachmentTickets[backupTicketID("b1")]
+		if node == "" {
+			assert.Nil(t, tk, "the backup's ticket is released")
+			return
+		}
+		require.NotNil(t, tk)
+		assert.Equal(t, v1beta1.AttacherTypeBackupController, tk.Type)
+		assert.Equal(t, node, tk.NodeID)
+		assert.Equal(t, "Backup", tk.OwnerRef.Kind)
+	}
+}
+
+func TestSyncBackup(t *testing.T) {
+	dir := backupTargetDir(t, false)
+	url := "file://" + dir
+	im := &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: testNS},
+		Status: v1beta1.InstanceManagerStatus{OwnerID: "node-1", CurrentState: v1beta1.InstanceStateRunning, Endpoint: "im-1:8500"}}
+	attached := func(extra ...runtime.Object) []runtime.Object {
+		return withNodes(append([]runtime.Object{availableTarget(dir), attachedVolume(), runningEngine("v1"), im,
+			readySnap("s1")}, extra...)...)
+	}
+	unavailable := testBackupTarget(url, "")
+	unavailable.Status.Conditions = []metav1.Condition{{Type: ConditionTypeAvailable, Status: metav1.ConditionFalse,
+		Reason: BackupTargetReasonUnreachable, Message: "connection refused"}}
+	mirrored := testBackup("b1", "s1", func(b *v1beta1.Backup) {
+		b.Finalizers, b.Annotations = nil, map[string]string{AnnotationBackupMirrored: "true"}
+	})
+	inProgress := func(p int32) *engineapi.BackupStatus {
+		return &engineapi.BackupStatus{Snapshot: "s1", State: engineapi.JobStateInProgress, Progress: p}
+	}
+	// Each case with the job status its engine's instance shows.
+	cases := []struct {
+		syncCase
+		job *engineapi.BackupStatus
+	}{
+		{syncCase: syncCase{name: "a missing finalizer is added first", key: testNS + "/b1",
+			objects:    attached(testVA(), testBackup("b1", "s1", func(b *v1beta1.Backup) { b.Finalizers = nil })),
+			wantWrites: []string{"update backups b1"}}},
+		{syncCase: syncCase{name: "a mirrored backup is the mirror's until it has a state", key: testNS + "/b1",
+			objects: attached(testVA(), mirrored)}},
+		{syncCase: syncCase{name: "a named snapshot of an attached volume: the job starts on the engine's node", key: testNS + "/b1",
+			objects:    attached(testVA(), testBackup("b1", "s1")),
+			wantWrites: []string{"update volumeattachments v1", "update backups/status b1"},
+			wantCalls:  []string{"SnapshotBackup v1-e-0 s1 b1 v1 " + url},
+			wantEvents: []string{"Normal BackupStarted"},
+			check: allChecks(wantBackup(v1beta1.BackupStateInProgress, ""), wantTicket("node-1"), func(t *testing.T, env *dstest.Env) {
+				b := backupOf(t, env, "b1")
+				assert.Equal(t, "v1", b.Status.VolumeName)
+				assert.Equal(t, "s1", b.Status.SnapshotName)
+				assert.Equal(t, url, b.Status.URL)
+			})}},
+		{syncCase: syncCase{name: "incremental on the newest completed backup whose snapshot still exists", key: testNS + "/b1",
+			objects: attached(testVA(), testBackup("b1", "s1"), readySnap("s0"),
+				completedBackup("b-old", "s0", url, "2026-11-20T10:00:00Z"),
+				completedBackup("b-newer-snap-gone", "s-gone", url, "2026-11-21T10:00:00Z"),
+				completedBackup("b-other-target", "s0", "file:///elsewhere", "2026-11-21T11:00:00Z")),
+			wantWrites: []string{"update volumeattachments v1", "update backups/status b1"},
+			wantCalls:  []string{"SnapshotBackup v1-e-0 s1 b1 v1 " + url + " base=b-old/s0"},
+			wantEvents: []string{"Normal BackupStarted"}}},
+		{syncCase: syncCase{name: "no default target: the backup waits and says so", key: testNS + "/b1",
+			objects:    withNodes(attachedVolume(), runningEngine("v1"), im, readySnap("s1"), testVA(), testBackup("b1", "s1")),
+			wantWrites: []string{"update backups/status b1"},
+			check:      wantBackup(v1beta1.BackupStatePending, "no backup target: create BackupTarget strata-system/default")}},
+		{syncCase: syncCase{name: "an unavailable target: the backup waits with the target's message", key: testNS + "/b1",
+			objects:    withNodes(unavailable, attachedVolume(), runningEngine("v1"), im, readySnap("s1"), testVA(), testBackup("b1", "s1")),
+			wantWrites: []string{"update backups/status b1"},
+			check:      wantBackup(v1beta1.BackupStatePending, "is not available: connection refused")}},
+		{syncCase: syncCase{name: "a snapshot that does not exist is refused", key: testNS + "/b1",
+			objects:    attached(testVA(), testBackup("b1", "nope")),
+			wantWrites: []string{"update backups/status b1"}, wantEvents: []string{"Warning BackupFailed"},
+			check: wantBackup(v1beta1.BackupStateError, "snapshot nope not found")}},
+		{syncCase: syncCase{name: "a backup naming neither a snapshot nor a volume is refused", key: testNS + "/b1",
+			objects:    attached(testVA(), testBackup("b1", "")),
+			wantWrites: []string{"update backups/status b1"}, wantEvents: []string{"Warning BackupFailed"},
+			check: wantBackup(v1beta1.BackupStateError, "neither spec.snapshotName nor the label")}},
+		{syncCase: syncCase{name: "a whole-volume backup takes a system snapshot owned by the Backup", key: testNS + "/b1",
+			objects: attached(testVA(), testBackup("b1", "", func(b *v1beta1.Backup) {
+				b.Labels = map[string]string{types.LabelVolume: "v1"}
+			})),
+			wantWrites: []string{"update volumeattachments v1", "create snapshots b1", "update backups/status b1"},
+			check: allChecks(wantBackup(v1beta1.BackupStatePending, ""), func(t *testing.T, env *dstest.Env) {
+				s, err := env.Strata.StrataV1beta1().Snapshots(testNS).Get(context.Background(), "b1", metav1.GetOptions{})
+				require.NoError(t, err)
+				assert.True(t, s.TakenForStrata())
+				assert.True(t, s.Spec.CreateSnapshot)
+				assert.Equal(t, "b1", backupOf(t, env, "b1").Status.SnapshotName)
+			})}},
+		{syncCase: syncCase{name: "a detached volume is attached on this node through the backup's ticket", key: testNS + "/b1",
+			objects: withNodes(availableTarget(dir), vcVolume(), vcEngine(), im, readySnap("s1"), testVA(),
+				testBackup("b1", "s1")),
+			wantWrites: []string{"update volumeattachments v1", "update backups/status b1"},
+			check:      allChecks(wantBackup(v1beta1.BackupStatePending, ""), wantTicket("node-1"))}},
+		{syncCase: syncCase{name: "an engine on another node: its manager takes the backup", key: testNS + "/b1", me: "node-2",
+			objects: attached(testVA(backupTicketFor("b1")), testBackup("b1", "s1", backupState(v1beta1.BackupStatePending, 0)))}},
+		{syncCase: syncCase{name: "progress below the step is not written", key: testNS + "/b1",
+			objects: attached(testVA(backupTicketFor("b1")), testBackup("b1", "s1", func(b *v1beta1.Backup) {
+				backupState(v1beta1.BackupStateInProgress, 10)(b)
+				b.Status.SnapshotName, b.Status.URL = "s1", url
+			}))}, job: inProgress(15)},
+		{syncCase: syncCase{name: "progress past the step is written", key: testNS + "/b1",
+			objects: attached(testVA(backupTicketFor("b1")), testBackup("b1", "s1", func(b *v1beta1.Backup) {
+				backupState(v1beta1.BackupStateInProgress, 10)(b)
+				b.Status.SnapshotName, b.Status.URL = "s1", url
+			})),
+			wantWrites: []string{"update backups/status b1"},
+			check: func(t *testing.T, env *dstest.Env) {
+				assert.Equal(t, int32(25), backupOf(t, env, "b1").Status.Progress)
+			}}, job: inProgress(25)},
+		{syncCase: syncCase{name: "a failed job is retried later", key: testNS + "/b1",
+			objects:    attached(testVA(backupTicketFor("b1")), testBackup("b1", "s1", backupState(v1beta1.BackupStateInProgress, 30))),
+			wantWrites: []string{"update backups/status b1"}, wantEvents: []string{"Warning BackupFailed"},
+			check: wantBackup(v1beta1.BackupStatePending, "attempt 1 failed, retried in 10s: dial tcp: connection refused")}, job: &engineapi.BackupStatus{Snapshot: "s1", State: engineapi.JobStateError, Error: "dial tcp: connection refused"}},
+		{syncCase: syncCase{name: "an engine busy with another backup: retried with backoff", key: testNS + "/b1",
+			objects: attached(testVA(backupTicketFor("b1")), testBackup("b1", "s1")),
+			dpErr:   map[string]error{"SnapshotBackup": fmt.Errorf("%w: a backup runs", engineapi.ErrBusy)},
+			wantErr: "busy", wantWrites: []string{"update backups/status b1"},
+			wantCalls: []string{"SnapshotBackup v1-e-0 s1 b1 v1 " + url},
+			check:     wantBackup(v1beta1.BackupStatePending, "another backup or restore of volume v1 runs")}},
+		{syncCase: syncCase{name: "a backup the instance manager refuses is not retried", key: testNS + "/b1",
+			objects:    attached(testVA(backupTicketFor("b1")), testBackup("b1", "s1")),
+			dpErr:      map[string]error{"SnapshotBackup": fmt.Errorf("%w: snapshot s1 is not in the chain", engineapi.ErrInvalid)},
+			wantWrites: []string{"update backups/status b1"}, wantEvents: []string{"Warning BackupFailed"},
+			wantCalls: []string{"SnapshotBackup v1-e-0 s1 b1 v1 " + url},
+			check:     wantBackup(v1beta1.BackupStateError, "the instance manager refused the backup")}},
+		{syncCase: syncCase{name: "a finished backup releases its ticket", key: testNS + "/b1",
+			objects:    attached(testVA(backupTicketFor("b1")), completedBackup("b1", "s1", url, "2026-11-21T10:00:00Z")),
+			wantWrites: []string{"update volumeattachments v1"}, check: wantTicket("")}},
+	}
+	for _, tc := range cases {
+		runSyncCases(t, []syncCase{tc.syncCase}, backupSyncFunc(engineWithBackup(tc.job)))
+	}
+}
+
+func TestSyncBackupCompletesAndDeletes(t *testing.T) {
+	dir := backupTargetDir(t, true)
+	url := "file://" + dir
+	im := &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: testNS},
+		Status: v1beta1.InstanceManagerStatus{OwnerID: "node-1", CurrentState: v1beta1.InstanceStateRunning, Endpoint: "im-1:8500"}}
+	running := testBackup("b1", "s1", func(b *v1beta1.Backup) {
+		backupState(v1beta1.BackupStateInProgress, 90)(b)
+		b.Status.SnapshotName, b.Status.URL = "s1", url
+	})
+	fs, err := backupstore.NewFileStore(dir)
+	require.NoError(t, err)
+	tgt, err := backupstore.Open(context.Background(), fs, backupstore.Options{})
+	require.NoError(t, err)
+	m, err := tgt.LoadManifest(context.Background(), "v1", "b1")
+	require.NoError(t, err)
+
+	runSyncCases(t, []syncCase{{name: "a completed job: the status the mirror would write, from the manifest", key: testNS + "/b1",
+		objects: withNodes(availableTarget(dir), attachedVolume(), runningEngine("v1"), im,
+			testSnapshot("s1", true, func(s *v1beta1.Snapshot) { s.Status.ReadyToUse, s.Status.CreationTime = true, "2026-11-21T11:00:00Z" }),
+			testVA(backupTicketFor("b1")), running),
+		wantWrites: []string{"update backups/status b1"}, wantEvents: []string{"Normal BackupCompleted"},
+		check: func(t *testing.T, env *dstest.Env) {
+			b := backupOf(t, env, "b1")
+			want := completedBackupStatus(url, m.Header)
+			want.OwnerID, want.SnapshotCreatedAt = "node-1", "2026-11-21T11:00:00Z"
+			assert.Equal(t, want, b.Status)
+			assert.Equal(t, m.Stats.StoredBytes, b.Status.Size)
+
+			// The mirror finds it right and writes nothing.
+			env.ClearActions()
+			btc, err := NewBackupTargetController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1")
+			require.NoError(t, err)
+			require.Eventually(t, func() bool {
+				got, err := env.DS.Backups.GetRO("b1")
+				return err == nil && got.Status.State == v1beta1.BackupStateCompleted
+			}, 5*time.Second, 10*time.Millisecond)
+			bt, err := env.DS.BackupTargets.GetRO("default")
+			require.NoError(t, err)
+			require.NoError(t, btc.mirrorBackup(context.Background(), bt, backupstore.BackupInfo{Header: m.Header}))
+			assert.Empty(t, writes(env.Strata.Actions()), "the mirror rewrites nothing")
+		}}}, backupSyncFunc(engineWithBackup(&engineapi.BackupStatus{Snapshot: "s1", State: engineapi.JobStateCompleted,
+		Progress: 100, StoredBytes: m.Stats.StoredBytes})))
+
+	now := metav1.NewTime(dstest.Now)
+	deletingBackup := func(b *v1beta1.Backup) *v1beta1.Backup { b.DeletionTimestamp = &now; return b }
+	gone := t.TempDir() + "/gone"
+	runSyncCases(t, []syncCase{
+		{name: "an unreachable target keeps the finalizer and says why", key: testNS + "/b1",
+			objects:    withNodes(availableTarget(gone), vcVolume(), testVA(), deletingBackup(completedBackup("b1", "s1", "file://"+gone, "x"))),
+			wantErr:    "no such file or directory",
+			wantWrites: []string{"update backups/status b1"},
+			check: func(t *testing.T, env *dstest.Env) {
+				b := backupOf(t, env, "b1")
+				assert.Contains(t, b.Finalizers, types.FinalizerName)
+				assert.Contains(t, b.Status.Error, "deleting the backup from the target")
+			}},
+		{name: "delete: the manifest goes from the target, then the ticket and the finalizer", key: testNS + "/b1",
+			objects: withNodes(availableTarget(dir), vcVolume(), testVA(backupTicketFor("b1")),
+				deletingBackup(completedBackup("b1", "s1", url, "x"))),
+			wantWrites: []string{"update volumeattachments v1", "update backups b1"}, wantEvents: []string{"Normal BackupDeleted"},
+			check: allChecks(wantTicket(""), func(t *testing.T, env *dstest.Env) {
+				_, err := tgt.LoadManifest(context.Background(), "v1", "b1")
+				assert.ErrorIs(t, err, backupstore.ErrNotFound)
+			})},
+		{name: "delete with no target: nothing to delete from, the finalizer goes", key: testNS + "/b1",
+			objects:    withNodes(vcVolume(), testVA(), deletingBackup(completedBackup("b1", "s1", url, "x"))),
+			wantWrites: []string{"update backups b1"}},
+		{name: "delete of a whole-volume backup deletes its snapshot", key: testNS + "/b1",
+			objects: withNodes(vcVolume(), testVA(), testSnapshot("b1", true, func(s *v1beta1.Snapshot) {
+				s.OwnerReferences = []metav1.OwnerReference{{Kind: "Backup", Name: "b1", UID: "uid-b1"}}
+			}), deletingBackup(testBackup("b1", "", func(b *v1beta1.Backup) { b.Labels = map[string]string{types.LabelVolume: "v1"} }))),
+			wantWrites: []string{"delete snapshots b1", "update backups b1"}},
+	}, backupSyncFunc())
+}
