@@ -48,6 +48,8 @@ const (
 	backupRetryBase = 10 * time.Second
 	// backupWaitTarget is how often a backup waiting for its target looks again.
 	backupWaitTarget = time.Minute
+	// backupWaitJob is how often a deleted backup whose job runs looks again.
+	backupWaitJob = 5 * time.Second
 )
 
 // backupTicketID is the ticket a backup holds on its volume.
@@ -491,8 +493,13 @@ func (c *BackupController) deleteBackup(ctx context.Context, b *v1beta1.Backup) 
 	if !slices.Contains(b.Finalizers, types.FinalizerName) {
 		return nil
 	}
-	c.forgetRetry(b)
 	volume := backupVolumeName(b)
+	if c.backupJobRunning(b, volume) {
+		// Its manifest would be written after the delete: wait for the end.
+		c.queue.AddAfter(c.ds.Namespace+"/"+b.Name, backupWaitJob)
+		return nil
+	}
+	c.forgetRetry(b)
 	if volume != "" {
 		if err := c.removeTicket(ctx, volume, backupTicketID(b.Name)); err != nil {
 			return fmt.Errorf("backup %s: releasing its ticket: %w", b.Name, err)
@@ -516,6 +523,25 @@ func (c *BackupController) deleteBackup(ctx context.Context, b *v1beta1.Backup) 
 		return nil
 	}
 	return err
+}
+
+// backupJobRunning tells whether this node's instance manager runs the
+// backup's job now.
+func (c *BackupController) backupJobRunning(b *v1beta1.Backup, volume string) bool {
+	vol, err := c.ds.Volumes.GetRO(volume)
+	if err != nil || volume == "" || c.instances == nil {
+		return false
+	}
+	e, err := c.volumeEngine(vol)
+	if err != nil || e == nil || e.Spec.NodeID != c.controllerID {
+		return false
+	}
+	inst, found, _ := c.instances.Get(e.Name)
+	if !found {
+		return false
+	}
+	st := inst.BackupStatus[b.Name]
+	return st != nil && st.State == engineapi.JobStateInProgress
 }
 
 // deleteManifest deletes the backup from the default target when it is

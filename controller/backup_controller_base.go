@@ -81,8 +81,15 @@ func NewBackupController(logger logrus.FieldLogger, ds *datastore.DataStore, rec
 	}
 	// A target created, fixed or made available again lets waiting backups go on.
 	if _, err := ds.BackupTargets.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(interface{}) { c.enqueueUnfinished() },
-		UpdateFunc: func(_, _ interface{}) { c.enqueueUnfinished() },
+		AddFunc: func(interface{}) { c.enqueueUnfinished() },
+		UpdateFunc: func(oldObj, newObj interface{}) {
+			o, ok1 := oldObj.(*v1beta1.BackupTarget)
+			n, ok2 := newObj.(*v1beta1.BackupTarget)
+			// Not every poll (lastSyncedAt): only what may unblock a backup.
+			if ok1 && ok2 && (o.Status.Available != n.Status.Available || o.Generation != n.Generation) {
+				c.enqueueUnfinished()
+			}
+		},
 	}); err != nil {
 		return nil, err
 	}

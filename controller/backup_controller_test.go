@@ -330,6 +330,9 @@ func TestSyncBackupCompletesAndDeletes(t *testing.T) {
 				_, err := tgt.LoadManifest(context.Background(), "v1", "b1")
 				assert.ErrorIs(t, err, backupstore.ErrNotFound)
 			})},
+		{name: "delete while the job runs: it waits for the job's end", key: testNS + "/b1",
+			objects: withNodes(availableTarget(dir), attachedVolume(), runningEngine("v1"), im, testVA(backupTicketFor("b1")),
+				deletingBackup(testBackup("b1", "s1", backupState(v1beta1.BackupStateInProgress, 40))))},
 		{name: "delete with no target: nothing to delete from, the finalizer goes", key: testNS + "/b1",
 			objects:    withNodes(vcVolume(), testVA(), deletingBackup(completedBackup("b1", "s1", url, "x"))),
 			wantWrites: []string{"update backups b1"}},
@@ -338,5 +341,5 @@ func TestSyncBackupCompletesAndDeletes(t *testing.T) {
 				s.OwnerReferences = []metav1.OwnerReference{{Kind: "Backup", Name: "b1", UID: "uid-b1"}}
 			}), deletingBackup(testBackup("b1", "", func(b *v1beta1.Backup) { b.Labels = map[string]string{types.LabelVolume: "v1"} }))),
 			wantWrites: []string{"delete snapshots b1", "update backups b1"}},
-	}, backupSyncFunc())
+	}, backupSyncFunc(engineWithBackup(&engineapi.BackupStatus{Snapshot: "s1", State: engineapi.JobStateInProgress})))
 }
