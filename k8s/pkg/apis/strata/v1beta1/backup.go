@@ -157,7 +157,9 @@ type BackupStatus struct {
 // +kubebuilder:resource:shortName=bk,categories=strata
 // +kubebuilder:printcolumn:name="Snapshot",type=string,JSONPath=`.status.snapshotName`
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
+// +kubebuilder:printcolumn:name="Progress",type=integer,JSONPath=`.status.progress`
 // +kubebuilder:printcolumn:name="Size",type=integer,JSONPath=`.status.size`
+// +kubebuilder:printcolumn:name="Volume",type=string,JSONPath=`.status.volumeName`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Backup struct {
 	metav1.TypeMeta   `json:",inline"`
