@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"reflect"
 	"testing"
 	"time"
 
@@ -342,4 +343,66 @@ func TestSyncBackupCompletesAndDeletes(t *testing.T) {
 			}), deletingBackup(testBackup("b1", "", func(b *v1beta1.Backup) { b.Labels = map[string]string{types.LabelVolume: "v1"} }))),
 			wantWrites: []string{"delete snapshots b1", "update backups b1"}},
 	}, backupSyncFunc(engineWithBackup(&engineapi.BackupStatus{Snapshot: "s1", State: engineapi.JobStateInProgress})))
+}
+
+// A failed job is started again once its backoff passed, and a new failure
+// (a later revision of the instance) counts as the next attempt; the same
+// error seen again does not.
+func TestBackupJobRetries(t *testing.T) {
+	dir := backupTargetDir(t, false)
+	im := &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: testNS},
+		Status: v1beta1.InstanceManagerStatus{OwnerID: "node-1", CurrentState: v1beta1.InstanceStateRunning, Endpoint: "im-1:8500"}}
+	env := dstest.New(t, withNodes(availableTarget(dir), attachedVolume(), runningEngine("v1"), im, readySnap("s1"),
+		testVA(backupTicketFor("b1")), testBackup("b1", "s1", backupState(v1beta1.BackupStateInProgress, 30))),
+		[]runtime.Object{testLease("node-1", 0), testLease("node-2", 0)})
+	cache := NewInstanceCache()
+	cache.streamOpened()
+	failed := func(rev uint64) {
+		inst := engineWithBackup(&engineapi.BackupStatus{Snapshot: "s1", State: engineapi.JobStateError, Error: "connection refused"})
+		inst.Revision = rev
+		cache.apply(&engineapi.WatchEvent{Kind: engineapi.WatchUpdated, Instance: inst})
+	}
+	failed(7)
+	cache.apply(&engineapi.WatchEvent{Kind: engineapi.WatchSynced})
+	dp := newFakeConnector(nil)
+	c, err := NewBackupController(logrus.New(), env.DS, record.NewFakeRecorder(20), "node-1", dp, cache)
+	require.NoError(t, err)
+	sync := func(wantErr string) *v1beta1.Backup {
+		t.Helper()
+		require.NoError(t, c.syncBackup(context.Background(), testNS+"/b1"))
+		b := backupOf(t, env, "b1")
+		require.Eventually(t, func() bool {
+			got, err := env.DS.Backups.GetRO("b1")
+			return err == nil && reflect.DeepEqual(got.Status, b.Status)
+		}, 5*time.Second, 10*time.Millisecond)
+		assert.Contains(t, b.Status.Error, wantErr)
+		return b
+	}
+
+	// The backoff passes (the clock is left alone: the leases would expire).
+	backoffPassed := func() {
+		c.mu.Lock()
+		c.retries["uid-b1"].notBefore = time.Time{}
+		c.mu.Unlock()
+	}
+	sync("attempt 1 failed, retried in 10s")
+	sync("attempt 1 failed")
+	assert.Empty(t, dp.calls(), "not before the backoff")
+	backoffPassed()
+	b := sync("")
+	assert.Equal(t, v1beta1.BackupStateInProgress, b.Status.State)
+	assert.Len(t, dp.calls(), 1, "started again")
+	failed(9)
+	sync("attempt 2 failed, retried in 20s")
+	for i := 3; i < maxBackupAttempts; i++ {
+		backoffPassed()
+		sync("")
+		failed(uint64(10 + i))
+		sync("failed, retried in")
+	}
+	backoffPassed()
+	sync("")
+	failed(100)
+	b = sync("failed 5 times, last: connection refused")
+	assert.Equal(t, v1beta1.BackupStateError, b.Status.State)
 }
