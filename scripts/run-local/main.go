@@ -1,7 +1,8 @@
 // Command run-local is `make run`: a local control plane with Strata's
 // manifests installed, a real kubelet node per loopback address (kubelet +
-// containerd + runc, images imported without a registry) and one
-// strata-manager per simulated node, all as processes of this program, until
+// containerd + runc, images imported without a registry), one
+// strata-manager per simulated node, and a local S3 server (versitygw) as
+// the default backup target, all as processes of this program, until
 // SIGINT or SIGTERM; then it tears everything down, Pods and mounts included.
 //
 //	go run ./scripts/run-local --manager-bin bin/strata-manager
@@ -28,8 +29,11 @@ import (
 
 const (
 	managerStopTimeout = 10 * time.Second // before SIGKILL
-	systemNamespace    = "strata-system"
-	managerSA          = "strata-manager"
+	// defaultPollInterval is how often the local backup target is listed:
+	// short, so backups made elsewhere show up while one tries things out.
+	defaultPollInterval = time.Minute
+	systemNamespace     = "strata-system"
+	managerSA           = "strata-manager"
 )
 
 func main() {
@@ -135,6 +139,12 @@ func run(log *logrus.Logger, managerBin, runDir string, nodes int, kubelets bool
 	if err := cluster.ApplyLocalSettings(ctx, systemNamespace); err != nil {
 		return err
 	}
+	// Backups: a local S3 server and the default BackupTarget on it.
+	s3, err := startBackupTarget(ctx, log, cluster, root, runDir)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = s3.Stop() }()
 	if kubelets {
 		// PVCs and VolumeSnapshots: the CSI driver and the upstream sidecars.
 		if err := cluster.StartCSI(ctx, localcluster.CSIOptions{ManagerBin: bin, ManagerKubeconfig: kubeconfig,
@@ -145,7 +155,7 @@ func run(log *logrus.Logger, managerBin, runDir string, nodes int, kubelets bool
 	}
 	log.WithField("took", time.Since(start).Round(time.Millisecond)).Info("local Strata is up")
 
-	printUsage(cluster, runDir, nodes, kubeletNodes)
+	printUsage(cluster, runDir, nodes, kubeletNodes, s3.Endpoint)
 
 	// Crashed processes come back as the kubelet would bring back a
 	// DaemonSet's Pods; restarts are logged here and in the process's log.
@@ -180,7 +190,7 @@ func startKubeletNodes(ctx context.Context, log logrus.FieldLogger, cluster *loc
 	return names, nil
 }
 
-func printUsage(cluster *localcluster.Cluster, runDir string, nodes int, kubeletNodes []string) {
+func printUsage(cluster *localcluster.Cluster, runDir string, nodes int, kubeletNodes []string, s3Endpoint string) {
 	fmt.Printf(`
 Strata runs locally: control plane + %d nodes (logs in %s).
 In another shell:
@@ -219,6 +229,17 @@ a VolumeSnapshot of it and a second Pod on a claim restored from that):
     kubectl get pvc,pod; kubectl exec app -- cat /data/hello
 `, kubeletNodes, images.WorkloadRef, images.StrataRef, images.WorkloadRef, images.WorkloadRef)
 	}
+	fmt.Printf(`
+Backups go to the local S3 server %s (bucket %s), the BackupTarget default:
+
+    kubectl -n strata-system get bt
+    kubectl -n strata-system apply -f - <<EOF
+    apiVersion: strata.io/v1beta1
+    kind: Backup
+    metadata: {name: first, labels: {strata.io/volume: <a volume, e.g. the PV name of claim data>}}
+    EOF
+    kubectl -n strata-system get bk,bv
+`, s3Endpoint, backupBucket)
 	fmt.Print("\nPress Ctrl-C to stop everything.\n\n")
 }
 

@@ -59,6 +59,11 @@ func TestRunLocalLeavesNothingBehind(t *testing.T) {
 	// attached and mounted.
 	killCSIController(t, runDir)
 	runPod(t, runDir, "after-csi-kill")
+	// The local S3 server answers as the default backup target.
+	wait := exec.Command("kubectl", "--kubeconfig", filepath.Join(runDir, "admin.kubeconfig"), "-n", "strata-system",
+		"wait", "--for=condition=Available", "backuptarget/default", "--timeout=60s")
+	out, err := wait.CombinedOutput()
+	require.NoError(t, err, "the default backup target is Available: %s", out)
 	require.NoError(t, second.Process.Signal(syscall.SIGINT))
 	done := make(chan error, 1)
 	go func() { done <- second.Wait() }()
