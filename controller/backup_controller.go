@@ -596,21 +596,9 @@ func (c *BackupController) deleteBackupSnapshot(ctx context.Context, b *v1beta1.
 	return err
 }
 
-// credentials reads a target's credential Secret.
-func (c *BackupController) credentials(ctx context.Context, bt *v1beta1.BackupTarget) (map[string][]byte, error) {
-	if bt.Spec.CredentialSecret == "" {
-		return nil, nil
-	}
-	s, err := c.ds.KubeClient.CoreV1().Secrets(c.ds.Namespace).Get(ctx, bt.Spec.CredentialSecret, metav1.GetOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("reading the credential Secret %s/%s: %w", c.ds.Namespace, bt.Spec.CredentialSecret, err)
-	}
-	return s.Data, nil
-}
-
 // engineTarget is the target as the instance manager takes it.
 func (c *BackupController) engineTarget(ctx context.Context, bt *v1beta1.BackupTarget) (engineapi.BackupTarget, error) {
-	secret, err := c.credentials(ctx, bt)
+	secret, err := targetCredentials(ctx, c.ds, bt)
 	if err != nil {
 		return engineapi.BackupTarget{}, err
 	}
@@ -620,7 +608,7 @@ func (c *BackupController) engineTarget(ctx context.Context, bt *v1beta1.BackupT
 }
 
 func (c *BackupController) openTarget(ctx context.Context, bt *v1beta1.BackupTarget) (*backupstore.Target, error) {
-	secret, err := c.credentials(ctx, bt)
+	secret, err := targetCredentials(ctx, c.ds, bt)
 	if err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/internal/backupstore"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
@@ -73,7 +74,7 @@ func (c *BackupTargetController) syncBackupTarget(ctx context.Context, key strin
 // lookAtTarget opens the store and mirrors its backups; the reason says
 // what kind of failure an error is.
 func (c *BackupTargetController) lookAtTarget(ctx context.Context, bt *v1beta1.BackupTarget) (string, error) {
-	secret, err := c.credentials(ctx, bt)
+	secret, err := targetCredentials(ctx, c.ds, bt)
 	if err != nil {
 		return BackupTargetReasonCredentials, err
 	}
@@ -100,19 +101,20 @@ func (c *BackupTargetController) lookAtTarget(ctx context.Context, bt *v1beta1.B
 	return BackupTargetReasonReachable, nil
 }
 
-// credentials reads the target's credential Secret in Strata's namespace,
-// live: a Secret is read only here, once per poll, so no informer (and no
-// cluster-wide read of Secrets) is needed.
-func (c *BackupTargetController) credentials(ctx context.Context, bt *v1beta1.BackupTarget) (map[string][]byte, error) {
+// targetCredentials reads a target's credential Secret in Strata's
+// namespace, live: a Secret is read only when a target is used, so no
+// informer (and no cluster-wide read of Secrets) is needed. Both the
+// BackupTarget and the Backup controller read it here.
+func targetCredentials(ctx context.Context, ds *datastore.DataStore, bt *v1beta1.BackupTarget) (map[string][]byte, error) {
 	if bt.Spec.CredentialSecret == "" {
 		return nil, nil
 	}
-	s, err := c.ds.KubeClient.CoreV1().Secrets(c.ds.Namespace).Get(ctx, bt.Spec.CredentialSecret, metav1.GetOptions{})
+	s, err := ds.KubeClient.CoreV1().Secrets(ds.Namespace).Get(ctx, bt.Spec.CredentialSecret, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return nil, fmt.Errorf("spec.credentialSecret: Secret %s/%s not found", c.ds.Namespace, bt.Spec.CredentialSecret)
+		return nil, fmt.Errorf("spec.credentialSecret: Secret %s/%s not found", ds.Namespace, bt.Spec.CredentialSecret)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("reading Secret %s/%s: %w", c.ds.Namespace, bt.Spec.CredentialSecret, err)
+		return nil, fmt.Errorf("reading Secret %s/%s: %w", ds.Namespace, bt.Spec.CredentialSecret, err)
 	}
 	return s.Data, nil
 }

@@ -1,6 +1,8 @@
 package controller
 
 import (
+	"slices"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/tools/cache"
@@ -10,7 +12,6 @@ import (
 
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
-	"github.com/strata-storage/strata/types"
 )
 
 // ResourceQuotaController keeps each namespace's default-resource-quota
@@ -99,7 +100,7 @@ func (c *ResourceQuotaController) enqueueVM(obj any) {
 // claimNamespace is the namespace of the claim bound to a Strata PV.
 func claimNamespace(obj any) string {
 	pv, ok := obj.(*corev1.PersistentVolume)
-	if !ok || pv.Spec.CSI == nil || pv.Spec.CSI.Driver != types.CSIDriverName || pv.Spec.ClaimRef == nil {
+	if !ok || datastore.StrataVolumeHandle(pv) == "" || pv.Spec.ClaimRef == nil {
 		return ""
 	}
 	return pv.Spec.ClaimRef.Namespace
@@ -109,10 +110,10 @@ func claimNamespace(obj any) string {
 // status changes leave it alone.
 func pvBinding(obj any) string {
 	pv, ok := obj.(*corev1.PersistentVolume)
-	if !ok || pv.Spec.CSI == nil {
+	if !ok {
 		return ""
 	}
-	return claimNamespace(obj) + "/" + pv.Spec.CSI.VolumeHandle
+	return claimNamespace(obj) + "/" + datastore.StrataVolumeHandle(pv)
 }
 
 func sameClaims(oldObj, newObj any) bool {
@@ -121,14 +122,5 @@ func sameClaims(oldObj, newObj any) bool {
 	if !ok1 || !ok2 {
 		return false
 	}
-	oc, nc := datastore.VirtualMachineClaims(o), datastore.VirtualMachineClaims(n)
-	if len(oc) != len(nc) {
-		return false
-	}
-	for i := range oc {
-		if oc[i] != nc[i] {
-			return false
-		}
-	}
-	return true
+	return slices.Equal(datastore.VirtualMachineClaims(o), datastore.VirtualMachineClaims(n))
 }

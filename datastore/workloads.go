@@ -14,16 +14,18 @@ const IndexByNamespace = "by-namespace"
 // persistentVolumeIndexers find Strata's PVs by volume (the CSI volume
 // handle) and by their claim's namespace. Other drivers' PVs are left out.
 var persistentVolumeIndexers = cache.Indexers{
-	IndexByVolume: indexOn(strataVolumeHandle),
+	IndexByVolume: indexOn(StrataVolumeHandle),
 	IndexByNamespace: indexOn(func(pv *corev1.PersistentVolume) string {
-		if strataVolumeHandle(pv) == "" || pv.Spec.ClaimRef == nil {
+		if StrataVolumeHandle(pv) == "" || pv.Spec.ClaimRef == nil {
 			return ""
 		}
 		return pv.Spec.ClaimRef.Namespace
 	}),
 }
 
-func strataVolumeHandle(pv *corev1.PersistentVolume) string {
+// StrataVolumeHandle is the Strata volume a PV names, "" for another
+// driver's PV.
+func StrataVolumeHandle(pv *corev1.PersistentVolume) string {
 	if pv.Spec.CSI == nil || pv.Spec.CSI.Driver != types.CSIDriverName {
 		return ""
 	}
@@ -59,7 +61,7 @@ func (ds *DataStore) VolumeOfClaim(c Claim) (string, bool) {
 	if err != nil || pv.Spec.ClaimRef == nil || pv.Spec.ClaimRef.UID != pvc.UID {
 		return "", false
 	}
-	handle := strataVolumeHandle(pv)
+	handle := StrataVolumeHandle(pv)
 	return handle, handle != ""
 }
 
@@ -68,7 +70,7 @@ func (ds *DataStore) VolumesInNamespace(namespace string) []string {
 	objs, _ := ds.PersistentVolumeInformer.GetIndexer().ByIndex(IndexByNamespace, namespace)
 	out := make([]string, 0, len(objs))
 	for _, obj := range objs {
-		out = append(out, strataVolumeHandle(obj.(*corev1.PersistentVolume)))
+		out = append(out, StrataVolumeHandle(obj.(*corev1.PersistentVolume)))
 	}
 	return out
 }
