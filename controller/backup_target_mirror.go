@@ -85,6 +85,7 @@ func completedBackupStatus(url string, h backupstore.Header) v1beta1.BackupStatu
 		Size: h.Stats.StoredBytes, Labels: h.Labels, VolumeName: h.Volume, VolumeSize: h.VolumeSize}
 	if h.BackingImage != nil {
 		st.VolumeBackingImageName = h.BackingImage.Name
+		st.VolumeBackingImageURL, st.VolumeBackingImageChecksum = h.BackingImage.URL, h.BackingImage.Checksum
 	}
 	return st
 }

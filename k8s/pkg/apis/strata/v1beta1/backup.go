@@ -121,6 +121,34 @@ type BackupSpec struct {
 	// Labels are stored with the backup.
 	// +nullable
 	Labels map[string]string `json:"labels,omitempty"`
+	// VerifyRequestedAt asks for the backup's blocks to be read back from the
+	// target and checked against their hashes: set it to a new value (the
+	// time, say) and status.verification answers for that value.
+	VerifyRequestedAt string `json:"verifyRequestedAt,omitempty"`
+}
+
+// BackupVerifyState is where the verification of a backup stands.
+// One of "", "InProgress", "Passed", "Failed".
+// +kubebuilder:validation:Enum="";InProgress;Passed;Failed
+type BackupVerifyState string
+
+const (
+	BackupVerifyInProgress BackupVerifyState = "InProgress"
+	BackupVerifyPassed     BackupVerifyState = "Passed"
+	BackupVerifyFailed     BackupVerifyState = "Failed"
+)
+
+// BackupVerification is the outcome of the last verification asked for.
+type BackupVerification struct {
+	// RequestedAt is the spec.verifyRequestedAt this answers.
+	RequestedAt string `json:"requestedAt,omitempty"`
+	// One of "", "InProgress", "Passed", "Failed".
+	State BackupVerifyState `json:"state,omitempty"`
+	// Chunks checked, and when the check finished.
+	Chunks     int64       `json:"chunks,omitempty"`
+	VerifiedAt metav1.Time `json:"verifiedAt,omitempty"`
+	// Error names the first block that failed, or why the check could not run.
+	Error string `json:"error,omitempty"`
 }
 
 // BackupStatus is the observed state of a backup.
@@ -145,6 +173,13 @@ type BackupStatus struct {
 	VolumeName             string            `json:"volumeName,omitempty"`
 	VolumeSize             int64             `json:"volumeSize,omitempty"`
 	VolumeBackingImageName string            `json:"volumeBackingImageName,omitempty"`
+	// VolumeBackingImageURL and VolumeBackingImageChecksum are what the
+	// backup recorded of its backing image, so a restore can fetch it again
+	// or be pointed at another copy of it.
+	VolumeBackingImageURL      string `json:"volumeBackingImageURL,omitempty"`
+	VolumeBackingImageChecksum string `json:"volumeBackingImageChecksum,omitempty"`
+	// Verification is the outcome of the last spec.verifyRequestedAt.
+	Verification *BackupVerification `json:"verification,omitempty"`
 	LastSyncedAt           metav1.Time       `json:"lastSyncedAt,omitempty"`
 }
 

@@ -3,13 +3,14 @@ package v1beta1
 import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 // RecurringJobTask is what a recurring job does on each run.
-// One of "snapshot", "snapshot-cleanup", "backup".
-// +kubebuilder:validation:Enum=snapshot;snapshot-cleanup;backup
+// One of "snapshot", "snapshot-cleanup", "snapshot-delete", "backup".
+// +kubebuilder:validation:Enum=snapshot;snapshot-cleanup;snapshot-delete;backup
 type RecurringJobTask string
 
 const (
 	RecurringJobTaskSnapshot        RecurringJobTask = "snapshot"
 	RecurringJobTaskSnapshotCleanup RecurringJobTask = "snapshot-cleanup"
+	RecurringJobTaskSnapshotDelete  RecurringJobTask = "snapshot-delete"
 	RecurringJobTaskBackup          RecurringJobTask = "backup"
 )
 
@@ -17,7 +18,8 @@ const (
 type RecurringJobSpec struct {
 	// Groups select volumes by their job-group labels.
 	Groups []string `json:"groups,omitempty"`
-	// Task is what each run does. One of "snapshot", "snapshot-cleanup", "backup".
+	// Task is what each run does. One of "snapshot", "snapshot-cleanup",
+	// "snapshot-delete", "backup".
 	// +kubebuilder:validation:Required
 	Task RecurringJobTask `json:"task"`
 	// Cron is the schedule, in five-field cron syntax. Must not be empty.
@@ -43,6 +45,17 @@ type RecurringJobStatus struct {
 	ExecutionCount int64 `json:"executionCount,omitempty"`
 	// LastRunAt is when the job last ran.
 	LastRunAt metav1.Time `json:"lastRunAt,omitempty"`
+	// LastScheduledAt is the schedule's tick the last run was for: a
+	// manager that comes back after missing ticks runs once for the latest.
+	LastScheduledAt metav1.Time `json:"lastScheduledAt,omitempty"`
+	// LastRunVolumes counts the volumes the last run worked on, and
+	// LastRunError says what went wrong on any of them ("" when none).
+	LastRunVolumes int32  `json:"lastRunVolumes,omitempty"`
+	LastRunError   string `json:"lastRunError,omitempty"`
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
 // RecurringJob takes snapshots or backups of a group of volumes on a schedule
@@ -56,6 +69,7 @@ type RecurringJobStatus struct {
 // +kubebuilder:printcolumn:name="Task",type=string,JSONPath=`.spec.task`
 // +kubebuilder:printcolumn:name="Cron",type=string,JSONPath=`.spec.cron`
 // +kubebuilder:printcolumn:name="Retain",type=integer,JSONPath=`.spec.retain`
+// +kubebuilder:printcolumn:name="LastRun",type=date,JSONPath=`.status.lastRunAt`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type RecurringJob struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -75,6 +75,40 @@ type VolumeCloneStatus struct {
 	Message string `json:"message,omitempty"`
 }
 
+// VolumeRestoreState is where filling a volume from spec.fromBackup stands.
+// One of "", "pending", "restoring", "completed", "failed".
+// +kubebuilder:validation:Enum="";pending;restoring;completed;failed
+type VolumeRestoreState string
+
+const (
+	VolumeRestoreStatePending   VolumeRestoreState = "pending"
+	VolumeRestoreStateRestoring VolumeRestoreState = "restoring"
+	VolumeRestoreStateCompleted VolumeRestoreState = "completed"
+	VolumeRestoreStateFailed    VolumeRestoreState = "failed"
+)
+
+// VolumeRestoreStatus tells how filling the volume from spec.fromBackup goes.
+type VolumeRestoreStatus struct {
+	// Backup is the Backup restored; BackupVolume the volume it is filed
+	// under on the target.
+	Backup       string `json:"backup,omitempty"`
+	BackupVolume string `json:"backupVolume,omitempty"`
+	// State is where the restore stands: pending (waiting for the volume to
+	// attach without a frontend), restoring, completed or failed.
+	// One of "", "pending", "restoring", "completed", "failed".
+	State VolumeRestoreState `json:"state,omitempty"`
+	// Progress is the percentage of the backup's stored bytes fetched.
+	Progress int32 `json:"progress,omitempty"`
+	// BytesDone of BytesTotal stored (compressed) bytes fetched.
+	BytesDone  int64 `json:"bytesDone,omitempty"`
+	BytesTotal int64 `json:"bytesTotal,omitempty"`
+	// Attempts counts the restores started; one that failed for a reason
+	// that may pass (the target unreachable) is retried.
+	Attempts int32 `json:"attempts,omitempty"`
+	// Message says why the restore waits or failed.
+	Message string `json:"message,omitempty"`
+}
+
 // SnapshotLimitExceeded begins a Snapshot's status.error when the volume's
 // snapshot limits (spec.snapshotMaxCount, spec.snapshotMaxSize) refused the
 // snapshot, so that a client (the CSI driver) tells this refusal, which
@@ -107,6 +141,14 @@ type VolumeSpec struct {
 	// or "vol://<volume>". Immutable.
 	// +kubebuilder:validation:Pattern=`^((snap://[a-z0-9.-]+/[a-zA-Z0-9._-]+)|(vol://[a-z0-9.-]+))?$`
 	DataSource string `json:"dataSource,omitempty"`
+	// FromBackup fills a new volume with a Backup (its name in the system
+	// namespace): the volume serves nothing before the restore completes.
+	// Its backing image is the backup's unless spec.backingImage names
+	// another copy of the same image (the same checksum). Immutable; not
+	// with spec.dataSource.
+	// +kubebuilder:validation:Pattern=`^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$`
+	// +kubebuilder:validation:MaxLength=253
+	FromBackup string `json:"fromBackup,omitempty"`
 	// NodeID is the node the volume should be attached to. Written only by the
 	// VolumeAttachment controller from the winning attachment ticket.
 	NodeID string `json:"nodeID,omitempty"`
@@ -163,6 +205,9 @@ type VolumeStatus struct {
 	// CloneStatus tells how filling the volume from spec.dataSource goes.
 	// The volume serves no workload before the clone is completed.
 	CloneStatus *VolumeCloneStatus `json:"cloneStatus,omitempty"`
+	// RestoreStatus tells how filling the volume from spec.fromBackup goes.
+	// The volume serves no workload before the restore is completed.
+	RestoreStatus *VolumeRestoreStatus `json:"restoreStatus,omitempty"`
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -183,6 +228,8 @@ type VolumeStatus struct {
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.currentNodeID`
 // +kubebuilder:printcolumn:name="Clone",type=string,JSONPath=`.status.cloneStatus.state`
 // +kubebuilder:printcolumn:name="Clone%",type=integer,JSONPath=`.status.cloneStatus.progress`
+// +kubebuilder:printcolumn:name="Restore",type=string,JSONPath=`.status.restoreStatus.state`,priority=1
+// +kubebuilder:printcolumn:name="Restore%",type=integer,JSONPath=`.status.restoreStatus.progress`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Volume struct {
 	metav1.TypeMeta   `json:",inline"`
