@@ -3,8 +3,6 @@ package controller
 import (
 	"sync"
 
-	"k8s.io/apimachinery/pkg/api/equality"
-
 	"github.com/sirupsen/logrus"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/cache"
@@ -92,7 +90,6 @@ func volumeChangeMattersForAD(oldObj, newObj interface{}) bool {
 		o.Status.CurrentMigrationNodeID != n.Status.CurrentMigrationNodeID ||
 		o.Status.OwnerID != n.Status.OwnerID ||
 		o.Status.Robustness != n.Status.Robustness ||
-		cloneIncomplete(o) != cloneIncomplete(n) ||
-		(cloneIncomplete(n) && !equality.Semantic.DeepEqual(o.Status.CloneStatus, n.Status.CloneStatus)) ||
+		fillStatusChanged(o, n) ||
 		(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
 }

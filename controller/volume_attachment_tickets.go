@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"sort"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -17,12 +18,13 @@ import (
 
 // Reasons of a ticket's Satisfied condition.
 const (
-	TicketReasonAttached         = "Attached"
-	TicketReasonWaitingToAttach  = "WaitingForAttachment"
-	TicketReasonOtherNodeWins    = "AttachedToAnotherNode"
-	TicketReasonVolumeNotHealthy = "VolumeNotAttachable"
-	TicketReasonWaitingMigration = "WaitingForMigration"
-	TicketReasonWaitingForClone  = "WaitingForClone"
+	TicketReasonAttached          = "Attached"
+	TicketReasonWaitingToAttach   = "WaitingForAttachment"
+	TicketReasonOtherNodeWins     = "AttachedToAnotherNode"
+	TicketReasonVolumeNotHealthy  = "VolumeNotAttachable"
+	TicketReasonWaitingMigration  = "WaitingForMigration"
+	TicketReasonWaitingForClone   = "WaitingForClone"
+	TicketReasonWaitingForRestore = "WaitingForRestore"
 )
 
 var attacherPriorities = map[v1beta1.AttacherType]int{
@@ -101,29 +103,74 @@ func parametersCompatible(disableFrontend bool, t *v1beta1.AttachmentTicket) boo
 	return true
 }
 
-// cloneIncomplete tells a volume whose data source has not been copied in
-// yet: until it is, only the clone controller may attach it, so no workload
-// ever reads a half-filled volume.
+// fillIncomplete tells a volume whose data source (spec.dataSource) or
+// backup (spec.fromBackup) has not been copied in yet: until it is, only
+// the controller filling it may attach it, so no workload ever reads a
+// half-filled volume.
+func fillIncomplete(vol *v1beta1.Volume) bool {
+	return cloneIncomplete(vol) || restoreIncomplete(vol)
+}
+
 func cloneIncomplete(vol *v1beta1.Volume) bool {
 	return vol.Spec.DataSource != "" &&
 		(vol.Status.CloneStatus == nil || vol.Status.CloneStatus.State != v1beta1.VolumeCloneStateCompleted)
 }
 
+func restoreIncomplete(vol *v1beta1.Volume) bool {
+	return vol.Spec.FromBackup != "" &&
+		(vol.Status.RestoreStatus == nil || vol.Status.RestoreStatus.State != v1beta1.VolumeRestoreStateCompleted)
+}
+
+// fillerType is the attacher that fills an incomplete volume.
+func fillerType(vol *v1beta1.Volume) v1beta1.AttacherType {
+	if restoreIncomplete(vol) {
+		return v1beta1.AttacherTypeVolumeRestoreController
+	}
+	return v1beta1.AttacherTypeVolumeCloneController
+}
+
 // eligibleTickets are the tickets the volume may be attached for now.
 func eligibleTickets(vol *v1beta1.Volume, tickets map[string]*v1beta1.AttachmentTicket) map[string]*v1beta1.AttachmentTicket {
-	if !cloneIncomplete(vol) {
+	if !fillIncomplete(vol) {
 		return tickets
 	}
 	out := map[string]*v1beta1.AttachmentTicket{}
 	for id, t := range tickets {
-		if t != nil && t.Type == v1beta1.AttacherTypeVolumeCloneController {
+		if t != nil && t.Type == fillerType(vol) {
 			out[id] = t
 		}
 	}
 	return out
 }
 
-func cloneWaitMessage(vol *v1beta1.Volume) string {
+// fillStatusChanged: the progress a waiting ticket's message shows moved.
+func fillStatusChanged(o, n *v1beta1.Volume) bool {
+	return fillIncomplete(o) != fillIncomplete(n) ||
+		(fillIncomplete(n) && (!equality.Semantic.DeepEqual(o.Status.CloneStatus, n.Status.CloneStatus) ||
+			!equality.Semantic.DeepEqual(o.Status.RestoreStatus, n.Status.RestoreStatus)))
+}
+
+func fillWaitReason(vol *v1beta1.Volume) string {
+	if restoreIncomplete(vol) {
+		return TicketReasonWaitingForRestore
+	}
+	return TicketReasonWaitingForClone
+}
+
+// fillWaitMessage says what a ticket of another kind waits for.
+func fillWaitMessage(vol *v1beta1.Volume) string {
+	if restoreIncomplete(vol) {
+		rs := vol.Status.RestoreStatus
+		if rs == nil {
+			return fmt.Sprintf("the volume is restored from backup %s first; the restore has not started", vol.Spec.FromBackup)
+		}
+		msg := fmt.Sprintf("the volume is restored from backup %s first; the restore is %s (%d%%)",
+			vol.Spec.FromBackup, orUnknown(string(rs.State)), rs.Progress)
+		if rs.Message != "" {
+			msg += ": " + rs.Message
+		}
+		return msg
+	}
 	cs := vol.Status.CloneStatus
 	if cs == nil {
 		return fmt.Sprintf("the volume is filled from %s first; the clone has not started", vol.Spec.DataSource)
@@ -199,8 +246,8 @@ func ticketStatuses(vol *v1beta1.Volume, va *v1beta1.VolumeAttachment, now metav
 		var ok bool
 		var reason, msg string
 		switch {
-		case cloneIncomplete(vol) && t.Type != v1beta1.AttacherTypeVolumeCloneController:
-			reason, msg = TicketReasonWaitingForClone, cloneWaitMessage(vol)
+		case fillIncomplete(vol) && t.Type != fillerType(vol):
+			reason, msg = fillWaitReason(vol), fillWaitMessage(vol)
 		case attached && vol.Status.CurrentNodeID == t.NodeID && parametersCompatible(vol.Spec.DisableFrontend, t):
 			ok, reason, msg = true, TicketReasonAttached, "the volume is attached to node "+t.NodeID
 		case attached && vol.Status.CurrentNodeID == t.NodeID:

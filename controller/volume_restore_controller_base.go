@@ -1,0 +1,132 @@
+package controller
+
+import (
+	"sync"
+
+	"github.com/sirupsen/logrus"
+	"k8s.io/apimachinery/pkg/api/equality"
+	k8stypes "k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+// VolumeRestoreController fills a new volume from its spec.fromBackup
+// (issue 15): it attaches the volume without a frontend through a
+// volume-restore-controller ticket (the seed's priority 2000), has the
+// instance manager of the engine's node fetch the backup into it
+// (BackupRestore, every chunk checked against its hash), follows the job
+// through this node's instance cache into status.restoreStatus, and
+// releases the ticket once the restore completed. Until then the AD
+// controller attaches the volume for no other ticket, so nothing reads a
+// half-restored volume.
+type VolumeRestoreController struct {
+	*baseController
+	// instances is this node's instance cache, where a restore job's
+	// progress and end show. Nil on a node without an instance manager,
+	// which then restores nothing.
+	instances *InstanceCache
+
+	mu sync.Mutex
+	// retries are the failed restore jobs of volumes this manager fills.
+	retries map[k8stypes.UID]*backupRetry
+}
+
+// NewVolumeRestoreController wires the restore controller of node controllerID.
+func NewVolumeRestoreController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
+	controllerID string, dataPlane engineapi.Connector, instances *InstanceCache) (*VolumeRestoreController, error) {
+	c := &VolumeRestoreController{
+		baseController: newBaseController("strata-volume-restore", controllerID, logger, ds, recorder),
+		instances:      instances, retries: map[k8stypes.UID]*backupRetry{},
+	}
+	c.dataPlane = dataPlane
+	c.sync = c.syncRestore
+	if _, err := ds.Volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj interface{}) {
+			if v, ok := obj.(*v1beta1.Volume); ok && v.Spec.FromBackup != "" {
+				c.enqueue(v)
+			}
+		},
+		UpdateFunc: func(oldObj, newObj interface{}) {
+			o, ok1 := oldObj.(*v1beta1.Volume)
+			n, ok2 := newObj.(*v1beta1.Volume)
+			if ok1 && ok2 && restoreChangeMatters(o, n) {
+				c.enqueue(n)
+			}
+		},
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := ds.Engines.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(oldObj, newObj interface{}) {
+			o, ok1 := oldObj.(*v1beta1.Engine)
+			n, ok2 := newObj.(*v1beta1.Engine)
+			if ok1 && ok2 && (o.Status.CurrentState != n.Status.CurrentState || o.Status.Endpoint != n.Status.Endpoint) {
+				c.enqueueRestoring(n.Spec.VolumeName)
+			}
+		},
+	}); err != nil {
+		return nil, err
+	}
+	// A target created, fixed or made available again lets waiting restores go on.
+	if _, err := ds.BackupTargets.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(interface{}) { c.enqueueAllRestoring() },
+		UpdateFunc: func(oldObj, newObj interface{}) {
+			o, ok1 := oldObj.(*v1beta1.BackupTarget)
+			n, ok2 := newObj.(*v1beta1.BackupTarget)
+			if ok1 && ok2 && (o.Status.Available != n.Status.Available || o.Generation != n.Generation) {
+				c.enqueueAllRestoring()
+			}
+		},
+	}); err != nil {
+		return nil, err
+	}
+	if instances != nil {
+		// An engine's instance carries its restore job's status.
+		instances.OnChange(func(name string) {
+			if e, err := ds.Engines.GetRO(name); err == nil {
+				c.enqueueRestoring(e.Spec.VolumeName)
+			}
+		})
+		instances.OnSynced(c.enqueueAllRestoring)
+	}
+	return c, c.requeueOnNodeReadyChange(c.enqueueAllRestoring)
+}
+
+// restoreChangeMatters: a volume to restore whose attachment, ownership or
+// restore moved, or that is going. A restored volume's churn enqueues
+// nothing once its restore status stopped changing.
+func restoreChangeMatters(o, n *v1beta1.Volume) bool {
+	if n.Spec.FromBackup == "" {
+		return false
+	}
+	if !equality.Semantic.DeepEqual(o.Status.RestoreStatus, n.Status.RestoreStatus) ||
+		(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) {
+		return true
+	}
+	return restoreIncomplete(n) && (o.Status.State != n.Status.State || o.Status.CurrentNodeID != n.Status.CurrentNodeID ||
+		o.Spec.NodeID != n.Spec.NodeID || o.Status.OwnerID != n.Status.OwnerID)
+}
+
+// enqueueRestoring enqueues a volume still to be restored.
+func (c *VolumeRestoreController) enqueueRestoring(volume string) {
+	if v, err := c.ds.Volumes.GetRO(volume); err == nil && restoreIncomplete(v) {
+		c.enqueue(v)
+	}
+}
+
+// enqueueAllRestoring enqueues every volume still to be restored.
+func (c *VolumeRestoreController) enqueueAllRestoring() {
+	vols, err := c.ds.Volumes.ListRO(nil)
+	if err != nil {
+		return
+	}
+	for _, v := range vols {
+		if restoreIncomplete(v) {
+			c.enqueue(v)
+		}
+	}
+}
