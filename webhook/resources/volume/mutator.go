@@ -38,8 +38,9 @@ func (m *mutator) Resource() admission.Resource { return Resource }
 // Create adds the cleanup finalizer, so the volume controller tears down
 // engines and replicas before the Volume goes, rounds the size up to whole
 // blocks, and fills the defaults: the default-replica-count setting for an
-// unset replica count, the NBD frontend for an unset frontend, and the
-// snapshot-max-count setting for an unset snapshotMaxCount.
+// unset replica count, the NBD frontend for an unset frontend, the
+// snapshot-max-count setting for an unset snapshotMaxCount, and for a
+// restore the backup's backing image when none is named.
 func (m *mutator) Create(_ *admission.Request, obj runtime.Object) error {
 	v := obj.(*v1beta1.Volume)
 	roundSizeUp(v)
@@ -57,6 +58,7 @@ func (m *mutator) Create(_ *admission.Request, obj runtime.Object) error {
 	if v.Spec.Frontend == v1beta1.VolumeFrontendNone {
 		v.Spec.Frontend = v1beta1.VolumeFrontendNBD
 	}
+	m.defaultBackingImageFromBackup(v)
 	return m.defaultSnapshotMaxCount(v)
 }
 

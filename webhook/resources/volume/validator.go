@@ -52,6 +52,9 @@ func (v *validator) Create(req *admission.Request, obj runtime.Object) error {
 	if vol.Spec.DataSource != "" {
 		errs.Add(v.validDataSource(vol))
 	}
+	if vol.Spec.FromBackup != "" {
+		errs.Add(v.validFromBackup(vol))
+	}
 	if vol.Spec.BackingImage != "" {
 		errs.Add(v.existingBackingImage(vol))
 	}
@@ -83,6 +86,7 @@ func (v *validator) Update(req *admission.Request, oldObj, newObj runtime.Object
 	}
 	errs.Add(v.snapshotLimitChanges(old, vol)...)
 	errs.Add(immutable(dataSourcePath, old.Spec.DataSource, vol.Spec.DataSource))
+	errs.Add(immutable(fromBackupPath, old.Spec.FromBackup, vol.Spec.FromBackup))
 	errs.Add(immutable(backingImagePath, old.Spec.BackingImage, vol.Spec.BackingImage))
 	if state, attached := isAttached(old); attached {
 		if vol.Spec.Frontend != old.Spec.Frontend {
