@@ -86,6 +86,7 @@ type volumeRequest struct {
 	// sourceBackingImage is the content source's volume's backing image.
 	sourceBackingImage string
 	image              backingImageParams
+	fromBackup         string // spec.fromBackup: the StorageClass's fromBackup
 	// sizeGiven: the request named a capacity; else a content source's size applies.
 	sizeGiven bool
 }
@@ -108,14 +109,15 @@ func parseCreateVolume(req *csi.CreateVolumeRequest) (*volumeRequest, error) {
 	if err != nil {
 		return nil, err
 	}
-	v.replicas, v.image = params.replicas, params.image
+	v.replicas, v.image, v.fromBackup = params.replicas, params.image, params.fromBackup
 	return v, nil
 }
 
 // classParameters are a StorageClass's parameters.
 type classParameters struct {
-	replicas int32 // 0: the default-replica-count setting applies
-	image    backingImageParams
+	replicas   int32 // 0: the default-replica-count setting applies
+	image      backingImageParams
+	fromBackup string
 }
 
 // parseParameters reads a StorageClass's parameters (CreateVolume and
@@ -139,6 +141,11 @@ func parseParameters(params, annotations map[string]string) (classParameters, er
 			p.image.url = value
 		case key == ParamBackingImageChecksum:
 			p.image.checksum = value
+		case key == ParamFromBackup:
+			if errs := validation.IsDNS1123Subdomain(value); len(errs) > 0 {
+				return p, status.Errorf(codes.InvalidArgument, "parameter %s=%q: not a valid backup name: %s", key, value, errs[0])
+			}
+			p.fromBackup = value
 		case key == paramPVCName:
 			annotations[AnnotationPVCName] = value
 		case key == paramPVCNamespace:
@@ -147,7 +154,8 @@ func parseParameters(params, annotations map[string]string) (classParameters, er
 			// other provisioner metadata (the PV name): nothing to keep
 		default:
 			return p, status.Errorf(codes.InvalidArgument, "parameter %q: unknown (known: %s)", key,
-				strings.Join([]string{ParamNumberOfReplicas, ParamBackingImage, ParamBackingImageURL, ParamBackingImageChecksum}, ", "))
+				strings.Join([]string{ParamNumberOfReplicas, ParamBackingImage, ParamBackingImageURL, ParamBackingImageChecksum,
+					ParamFromBackup}, ", "))
 		}
 	}
 	return p, p.image.check()
@@ -230,6 +238,9 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		return nil, err
 	}
 	if err := d.resolveContentSource(ctx, req.GetVolumeContentSource(), req.GetCapacityRange(), want); err != nil {
+		return nil, err
+	}
+	if err := d.resolveFromBackup(ctx, req.GetCapacityRange(), want); err != nil {
 		return nil, err
 	}
 	if err := d.resolveBackingImage(ctx, req.GetCapacityRange(), want); err != nil {
@@ -321,6 +332,10 @@ func (d *Driver) ensureVolume(ctx context.Context, want *volumeRequest) (*v1beta
 			return nil, status.Errorf(codes.AlreadyExists, "volume %s exists with data source %q, requested %q",
 				want.name, existing.Spec.DataSource, want.dataSource)
 		}
+		if existing.Spec.FromBackup != want.fromBackup {
+			return nil, status.Errorf(codes.AlreadyExists, "volume %s exists restored from backup %q, requested %q",
+				want.name, existing.Spec.FromBackup, want.fromBackup)
+		}
 		if existing.Spec.BackingImage != want.image.name {
 			return nil, status.Errorf(codes.AlreadyExists, "volume %s exists with backing image %q, requested %q",
 				want.name, existing.Spec.BackingImage, want.image.name)
@@ -336,7 +351,7 @@ func (d *Driver) ensureVolume(ctx context.Context, want *volumeRequest) (*v1beta
 		ObjectMeta: metav1.ObjectMeta{Name: want.name, Namespace: d.ds.Namespace, Annotations: want.annotations},
 		Spec: v1beta1.VolumeSpec{Size: *resource.NewQuantity(want.size, resource.BinarySI),
 			NumberOfReplicas: want.replicas, Frontend: v1beta1.VolumeFrontendNBD, DataSource: want.dataSource,
-			BackingImage: want.image.name},
+			BackingImage: want.image.name, FromBackup: want.fromBackup},
 	}
 	created, err := d.ds.Volumes.Create(ctx, vol)
 	if apierrors.IsAlreadyExists(err) { // a concurrent call won: judge its volume
@@ -346,7 +361,7 @@ func (d *Driver) ensureVolume(ctx context.Context, want *volumeRequest) (*v1beta
 		return nil, apiStatus(err, "creating volume "+want.name)
 	}
 	d.log.WithFields(map[string]any{"volume": want.name, "size": want.size, "replicas": want.replicas,
-		"dataSource": want.dataSource}).Info("Created volume")
+		"dataSource": want.dataSource, "fromBackup": want.fromBackup}).Info("Created volume")
 	return created, nil
 }
 
