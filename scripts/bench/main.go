@@ -22,13 +22,13 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/engineapi/impb"
+	"github.com/strata-storage/strata/scripts/internal/benchvol"
 )
 
 func main() {
@@ -71,10 +71,10 @@ func main() {
 	var err error
 	switch os.Args[1] {
 	case "create-volume":
-		var uri string
-		uri, err = createVolume(ctx, clients, *name, *size, *dir)
+		var inst *impb.Instance
+		inst, err = benchvol.Create(ctx, clients, *name, *size, *dir, "nbd")
 		if err == nil {
-			fmt.Println(uri)
+			fmt.Println(inst.FrontendEndpoint)
 		}
 	case "wait":
 		for _, c := range clients {
@@ -132,31 +132,6 @@ func freePorts(args []string) error {
 		fmt.Println(l.Addr().(*net.TCPAddr).Port)
 	}
 	return nil
-}
-
-func createVolume(ctx context.Context, clients []*engineapi.Client, name string, size int64, dir string) (string, error) {
-	if name == "" || size <= 0 || !filepath.IsAbs(dir) {
-		return "", errors.New("create-volume needs -name, -size and an absolute -dir")
-	}
-	replicas := map[string]string{}
-	for i, c := range clients {
-		rname := fmt.Sprintf("%s-r%d", name, i+1)
-		inst, err := c.InstanceCreate(ctx, &impb.InstanceCreateRequest{Name: rname, Type: impb.InstanceType_INSTANCE_TYPE_REPLICA,
-			VolumeName: name, Size: size, DataDir: filepath.Join(dir, rname)})
-		if err != nil {
-			return "", fmt.Errorf("replica %s on %s: %w", rname, c.Address(), err)
-		}
-		replicas[rname] = inst.Address
-	}
-	inst, err := clients[0].InstanceCreate(ctx, &impb.InstanceCreateRequest{Name: name + "-e", Type: impb.InstanceType_INSTANCE_TYPE_ENGINE,
-		VolumeName: name, Size: size, Replicas: replicas, Frontend: "nbd"})
-	if err != nil {
-		return "", fmt.Errorf("engine: %w", err)
-	}
-	if len(inst.ReplicaModes) != len(replicas) {
-		return "", fmt.Errorf("engine has %d replicas, want %d: %s", len(inst.ReplicaModes), len(replicas), inst.Error)
-	}
-	return inst.FrontendEndpoint, nil
 }
 
 // purge starts a purge and polls until every replica reports it complete.

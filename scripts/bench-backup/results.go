@@ -1,0 +1,110 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+)
+
+// results are one run's figures; print renders them.
+type results struct {
+	cfg           config
+	volumeBytes   int64
+	changedChunks int64
+
+	fill, nbdcopy, put, get phase
+	full, incr              phase
+	restoreFull             phase
+	restoreIncr             phase
+	when                    time.Time
+}
+
+func (p phase) mib() float64  { return float64(p.bytes) / (1 << 20) }
+func (p phase) mibs() float64 { return p.mib() / p.d.Seconds() }
+
+func total(reqs map[string]int64) int64 {
+	var n int64
+	for _, v := range reqs {
+		n += v
+	}
+	return n
+}
+
+// requestsText is "total (PUT n, GET n, …)", kinds in a fixed order.
+func requestsText(reqs map[string]int64) string {
+	if reqs == nil {
+		return "-"
+	}
+	order := []string{"PUT", "GET", "HEAD", "LIST", "DELETE"}
+	var parts []string
+	for _, k := range order {
+		if reqs[k] > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", k, reqs[k]))
+		}
+	}
+	var other []string
+	for k := range reqs {
+		if !slices.Contains(order, k) {
+			other = append(other, k)
+		}
+	}
+	slices.Sort(other)
+	for _, k := range other {
+		parts = append(parts, fmt.Sprintf("%s %d", k, reqs[k]))
+	}
+	return fmt.Sprintf("%d (%s)", total(reqs), strings.Join(parts, ", "))
+}
+
+func ratio(a, b phase) string {
+	if b.d == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2fx", a.mibs()/b.mibs())
+}
+
+func (r *results) print(w io.Writer) {
+	c := r.cfg
+	packs := r.put.objects
+	fmt.Fprintf(w, "\nbackup/restore of a %d MiB volume of random data (%d replicas, NBD) to versitygw on loopback; "+
+		"%d workers and S3 streams; %d cores; %s\n", c.sizeMiB, c.replicas, c.concurrency, runtime.NumCPU(),
+		r.when.UTC().Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(w, "incremental: %d of %d 1 MiB blocks (%d%%) rewritten at random offsets; "+
+		"ratios are MiB/s over the baseline's MiB/s (backup: nbdcopy read, raw PUT; restore: nbdcopy read, raw GET)\n\n",
+		r.changedChunks, r.volumeBytes>>20, c.changePercent)
+	fmt.Fprintf(w, "%-44s %7s %8s %8s %9s %7s %8s  %s\n", "operation", "MiB", "seconds", "MiB/s", "/nbdcopy", "/S3",
+		"objects", "requests")
+	row := func(label string, p phase, vsNBD, vsS3 string) {
+		objs := "-"
+		if p.objects >= 0 {
+			objs = fmt.Sprint(p.objects)
+		}
+		fmt.Fprintf(w, "%-44s %7.0f %8.2f %8.1f %9s %7s %8s  %s\n", label, p.mib(), p.d.Seconds(), p.mibs(),
+			vsNBD, vsS3, objs, requestsText(p.requests))
+	}
+	row("nbdcopy volume -> local file (baseline)", r.nbdcopy, "1.00x", "-")
+	row("nbdcopy local file -> volume (the fill)", r.fill, ratio(r.fill, r.nbdcopy), "-")
+	row(fmt.Sprintf("S3 PUT %d x %d MiB (baseline)", packs, r.put.bytes/max(packs, 1)>>20), r.put, "-", "1.00x")
+	row(fmt.Sprintf("S3 GET %d x %d MiB (baseline)", packs, r.get.bytes/max(packs, 1)>>20), r.get, "-", "1.00x")
+	row("full backup (SnapshotBackup)", r.full, ratio(r.full, r.nbdcopy), ratio(r.full, r.put))
+	row("incremental backup, changed blocks", r.incr, ratio(r.incr, r.nbdcopy), ratio(r.incr, r.put))
+	row("restore of the full backup (BackupRestore)", r.restoreFull, ratio(r.restoreFull, r.nbdcopy), ratio(r.restoreFull, r.get))
+	row("restore of the incremental backup", r.restoreIncr, ratio(r.restoreIncr, r.nbdcopy), ratio(r.restoreIncr, r.get))
+
+	gib := func(b int64) float64 { return float64(b) / (1 << 30) }
+	fullGiB, incrGiB := gib(r.full.bytes), gib(r.incr.bytes)
+	fmt.Fprintf(w, "\nper GiB backed up: full %.0f objects, %.0f requests; incremental %.0f objects, %.0f requests per GiB of changed blocks "+
+		"(Longhorn: 512 objects and at least as many PUTs per GiB)\n",
+		float64(r.full.objects)/fullGiB, float64(total(r.full.requests))/fullGiB,
+		float64(r.incr.objects)/incrGiB, float64(total(r.incr.requests))/incrGiB)
+	fmt.Fprintf(w, "per GiB restored: full %.0f requests, incremental %.0f requests\n",
+		float64(total(r.restoreFull.requests))/gib(r.restoreFull.bytes), float64(total(r.restoreIncr.requests))/gib(r.restoreIncr.bytes))
+	fs, is := r.full.status, r.incr.status
+	fmt.Fprintf(w, "job status: full read %d chunks, %d new, %.0f MiB uploaded; incremental read %d, %d new, %.0f MiB uploaded, "+
+		"the incremental's whole run %.2f s for the %d MiB volume (%.0f MiB/s of volume)\n",
+		fs.ReadChunks, fs.NewChunks, float64(fs.NewBytes)/(1<<20), is.ReadChunks, is.NewChunks, float64(is.NewBytes)/(1<<20),
+		r.incr.d.Seconds(), r.volumeBytes>>20, float64(r.volumeBytes>>20)/r.incr.d.Seconds())
+	fmt.Fprintln(w, "restored volumes: SHA-256 equal to the source's at s1 and at s2")
+}
