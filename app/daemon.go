@@ -229,6 +229,7 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	controllers.add(controller.NewVolumeCloneController(log, ds, recorder, cfg.nodeName, imPool))
 	controllers.add(controller.NewVolumeRestoreController(log, ds, recorder, cfg.nodeName, imPool, instances))
 	controllers.add(controller.NewBackupController(log, ds, recorder, cfg.nodeName, imPool, instances))
+	controllers.add(controller.NewRecurringJobController(log, ds, recorder, cfg.nodeName, imPool))
 	controllers.add(controller.NewEngineController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances))
 	controllers.add(controller.NewReplicaController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances))
 	backingImages, err := controller.NewBackingImageController(log, ds, recorder, cfg.nodeName, imPool, cfg.uploadLimit)

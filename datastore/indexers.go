@@ -22,6 +22,9 @@ const (
 	// IndexByCloneSource maps a volume to the volumes filled from it
 	// (spec.dataSource, either form).
 	IndexByCloneSource = "by-clone-source"
+	// IndexByRecurringJob maps types.RecurringJobSelectors keys (a job, a
+	// group) to the volumes they select.
+	IndexByRecurringJob = "by-recurring-job"
 )
 
 // indexOn builds an index function from a typed key extractor; objects of
@@ -47,6 +50,12 @@ var (
 			src, _ := types.ParseDataSource(v.Spec.DataSource)
 			return src.Volume
 		}),
+		IndexByRecurringJob: func(obj interface{}) ([]string, error) {
+			if v, ok := obj.(*v1beta1.Volume); ok {
+				return types.RecurringJobSelectors(v.Labels), nil
+			}
+			return nil, nil
+		},
 	}
 	engineIndexers = cache.Indexers{
 		IndexByVolume: indexOn(func(e *v1beta1.Engine) string { return e.Spec.VolumeName }),
