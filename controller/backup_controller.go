@@ -137,6 +137,7 @@ func backupVolumeName(b *v1beta1.Backup) string {
 func (c *BackupController) reconcileBackup(ctx context.Context, b *v1beta1.Backup) error {
 	if backupFinished(b) {
 		c.forgetRetry(b)
+		c.reconcileVerify(b)
 		if b.Status.VolumeName == "" {
 			return nil
 		}
@@ -424,6 +425,7 @@ func (c *BackupController) completeBackup(ctx context.Context, s *backupSync) er
 func (c *BackupController) setCompleted(b *v1beta1.Backup, bt *v1beta1.BackupTarget, h backupstore.Header) {
 	st := completedBackupStatus(bt.Spec.BackupTargetURL, h)
 	st.OwnerID, st.LastSyncedAt, st.SnapshotCreatedAt = b.Status.OwnerID, b.Status.LastSyncedAt, b.Status.SnapshotCreatedAt
+	st.Verification = b.Status.Verification
 	b.Status = st
 	c.forgetRetry(b)
 	c.recorder.Eventf(b, corev1.EventTypeNormal, EventReasonBackupCompleted, "backed up snapshot %s of volume %s: %d bytes stored, %d new",
@@ -500,6 +502,7 @@ func (c *BackupController) deleteBackup(ctx context.Context, b *v1beta1.Backup) 
 		return nil
 	}
 	c.forgetRetry(b)
+	c.cancelVerify(b)
 	if volume != "" {
 		if err := c.removeTicket(ctx, volume, backupTicketID(b.Name)); err != nil {
 			return fmt.Errorf("backup %s: releasing its ticket: %w", b.Name, err)
@@ -563,6 +566,11 @@ func (c *BackupController) deleteManifest(ctx context.Context, b *v1beta1.Backup
 		return err
 	}
 	if err := tgt.DeleteBackup(callCtx, volume, b.Name); err != nil {
+		return err
+	}
+	// Its packs go with the target owner's GC, asked for now; a failed ask
+	// is retried with the (idempotent) delete.
+	if err := requestBackupTargetGC(ctx, c.ds, bt); err != nil {
 		return err
 	}
 	c.recorder.Eventf(b, corev1.EventTypeNormal, EventReasonBackupDeleted, "deleted backup %s of volume %s from %s",

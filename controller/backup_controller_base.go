@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"context"
 	"sync"
 
 	"github.com/sirupsen/logrus"
@@ -33,6 +34,10 @@ type BackupController struct {
 	mu sync.Mutex
 	// retries are the failed jobs of backups this manager runs, by UID.
 	retries map[k8stypes.UID]*backupRetry
+	// verifies are the verify actions this manager runs or ran, by UID
+	// (backup_verify.go); runCtx is what they run under (Run's).
+	verifies map[k8stypes.UID]*verifyRun
+	runCtx   context.Context
 }
 
 // NewBackupController wires the backup controller of node controllerID.
@@ -41,6 +46,7 @@ func NewBackupController(logger logrus.FieldLogger, ds *datastore.DataStore, rec
 	c := &BackupController{
 		baseController: newBaseController("strata-backup", controllerID, logger, ds, recorder),
 		instances:      instances, storeFor: backupstore.StoreFor, retries: map[k8stypes.UID]*backupRetry{},
+		verifies: map[k8stypes.UID]*verifyRun{}, runCtx: context.Background(),
 	}
 	c.dataPlane = dataPlane
 	c.sync = c.syncBackup

@@ -326,15 +326,19 @@ func TestSyncBackupCompletesAndDeletes(t *testing.T) {
 		{name: "delete: the manifest goes from the target, then the ticket and the finalizer", key: testNS + "/b1",
 			objects: withNodes(availableTarget(dir), vcVolume(), testVA(backupTicketFor("b1")),
 				deletingBackup(completedBackup("b1", "s1", url, "x"))),
-			wantWrites: []string{"update volumeattachments v1", "update backups b1"}, wantEvents: []string{"Normal BackupDeleted"},
+			wantWrites: []string{"update volumeattachments v1", "update backuptargets default", "update backups b1"},
+			wantEvents: []string{"Normal BackupDeleted"},
 			check: allChecks(wantTicket(""), func(t *testing.T, env *dstest.Env) {
 				_, err := tgt.LoadManifest(context.Background(), "v1", "b1")
 				assert.ErrorIs(t, err, backupstore.ErrNotFound)
+				bt, err := env.Strata.StrataV1beta1().BackupTargets(testNS).Get(context.Background(), "default", metav1.GetOptions{})
+				require.NoError(t, err)
+				assert.NotEmpty(t, bt.Annotations[AnnotationBackupGCRequestedAt], "the target's owner is asked for a GC")
 			})},
 		{name: "delete while the job runs: it waits for the job's end", key: testNS + "/b1",
 			objects: withNodes(availableTarget(dir), attachedVolume(), runningEngine("v1"), im, testVA(backupTicketFor("b1")),
 				deletingBackup(testBackup("b1", "s1", backupState(v1beta1.BackupStateInProgress, 40))))},
-		{name: "delete with no target: nothing to delete from, the finalizer goes", key: testNS + "/b1",
+		{name: "delete with no target: nothing to delete from, the finalizer goes (and no GC is asked)", key: testNS + "/b1",
 			objects:    withNodes(vcVolume(), testVA(), deletingBackup(completedBackup("b1", "s1", url, "x"))),
 			wantWrites: []string{"update backups b1"}},
 		{name: "delete of a whole-volume backup deletes its snapshot", key: testNS + "/b1",

@@ -1,42 +1,84 @@
 package controller
 
 import (
+	"sync"
+
 	"github.com/sirupsen/logrus"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
 
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/internal/backupstore"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
 )
 
 // BackupTargetController checks each BackupTarget's store (availability
 // condition, last sync time) and mirrors what the store holds as
 // BackupVolume and Backup CRs, so a cluster pointed at an existing target
-// lists its backups. It looks again every spec.pollInterval.
+// lists its backups. It looks again every spec.pollInterval. On a second
+// queue it garbage-collects the target (backup_target_gc.go).
 type BackupTargetController struct {
 	*baseController
 	// storeFor opens a target's store; tests replace it.
 	storeFor func(url string, secret map[string][]byte) (backupstore.ObjectStore, error)
+	// gcQueue holds the keys of targets whose GC may be due.
+	gcQueue workqueue.TypedRateLimitingInterface[string]
+
+	mu     sync.Mutex
+	gcRuns map[string]gcMemory // by target key
 }
 
 // NewBackupTargetController wires the controller to the BackupTarget informer.
 func NewBackupTargetController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
 	controllerID string) (*BackupTargetController, error) {
 	c := &BackupTargetController{baseController: newBaseController("strata-backup-target", controllerID, logger, ds, recorder),
-		storeFor: backupstore.StoreFor}
+		storeFor: backupstore.StoreFor, gcRuns: map[string]gcMemory{}}
 	c.sync = c.syncBackupTarget
-	if err := c.requeueOnNodeReadyChange(c.enqueueEveryKey(ds.BackupTargets.Informer())); err != nil {
+	c.gcQueue = c.addQueue("strata-backup-target-gc", c.syncBackupTargetGC)
+	enqueueAll := c.enqueueEveryKey(ds.BackupTargets.Informer())
+	if err := c.requeueOnNodeReadyChange(func() { enqueueAll(); c.enqueueAllGC() }); err != nil {
 		return nil, err
 	}
 	_, err := ds.BackupTargets.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: c.enqueue,
+		AddFunc: func(obj any) { c.enqueue(obj); c.enqueueGC(obj) },
 		// A new spec, not our own status write, needs a look.
 		UpdateFunc: func(oldObj, newObj any) {
-			if oldObj.(*v1beta1.BackupTarget).Generation != newObj.(*v1beta1.BackupTarget).Generation {
+			o, n := oldObj.(*v1beta1.BackupTarget), newObj.(*v1beta1.BackupTarget)
+			if o.Generation != n.Generation {
 				c.enqueue(newObj)
+			}
+			if gcKeysChanged(o, n) {
+				c.enqueueGC(newObj)
+			}
+		},
+		DeleteFunc: c.enqueueGC, // forgets its GC memory
+	})
+	if err != nil {
+		return nil, err
+	}
+	// A new GC interval reschedules every target's timer.
+	_, err = ds.Settings.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := oldObj.(*v1beta1.Setting)
+			n, ok2 := newObj.(*v1beta1.Setting)
+			if ok1 && ok2 && n.Name == string(types.SettingBackupGCInterval) && o.Value != n.Value {
+				c.enqueueAllGC()
 			}
 		},
 	})
 	return c, err
+}
+
+func (c *BackupTargetController) enqueueGC(obj any) {
+	if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+		c.gcQueue.Add(key)
+	}
+}
+
+func (c *BackupTargetController) enqueueAllGC() {
+	for _, key := range c.ds.BackupTargets.Informer().GetStore().ListKeys() {
+		c.gcQueue.Add(key)
+	}
 }

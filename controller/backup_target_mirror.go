@@ -65,6 +65,7 @@ func (c *BackupTargetController) mirrorBackup(ctx context.Context, bt *v1beta1.B
 	}
 	want.OwnerID, want.LastSyncedAt, want.SnapshotCreatedAt = existing.Status.OwnerID, existing.Status.LastSyncedAt,
 		existing.Status.SnapshotCreatedAt
+	want.Verification = existing.Status.Verification // the backup controller's (backup_verify.go)
 	if reflect.DeepEqual(existing.Status, want) {
 		return nil
 	}
@@ -77,8 +78,8 @@ func (c *BackupTargetController) mirrorBackup(ctx context.Context, bt *v1beta1.B
 // completedBackupStatus is the status of a Backup whose manifest h is on
 // the target at url: the one function both the backup controller (when it
 // made the backup) and the mirror (when it found it) write, so neither
-// rewrites the other's. The caller keeps ownerID, lastSyncedAt and
-// snapshotCreatedAt.
+// rewrites the other's. The caller keeps ownerID, lastSyncedAt,
+// snapshotCreatedAt and verification.
 func completedBackupStatus(url string, h backupstore.Header) v1beta1.BackupStatus {
 	st := v1beta1.BackupStatus{State: v1beta1.BackupStateCompleted, Progress: 100,
 		URL: url, SnapshotName: h.Snapshot, BackupCreatedAt: h.Created.UTC().Format(time.RFC3339),

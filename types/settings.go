@@ -20,6 +20,8 @@ const (
 	SettingStorageOverProvisioningPercentage SettingName = "storage-over-provisioning-percentage"
 	SettingStorageMinimalAvailablePercentage SettingName = "storage-minimal-available-percentage"
 	SettingOrphanedDataAutoDeletion          SettingName = "orphaned-data-auto-deletion"
+	SettingBackupGCInterval                  SettingName = "backup-gc-interval"
+	SettingBackupGCGrace                     SettingName = "backup-gc-grace"
 )
 
 // SettingType says how a setting's value string is parsed.
@@ -82,6 +84,19 @@ var SettingDefinitions = map[SettingName]SettingDefinition{
 		Description: "Deletes replica data no replica names any more (left while its node or instance manager was down) " +
 			"once the instance manager is back; false keeps it, listed in the node's disk status, for manual recovery.",
 		Type: SettingTypeBool, Default: "true",
+	},
+	SettingBackupGCInterval: {
+		Description: "Minutes between garbage collections of a backup target's unreferenced packs (orphans of crashed " +
+			"backups, data of deleted ones); 0 runs one only after a Backup is deleted.",
+		Type: SettingTypeInt, Default: "60", Min: 0, Max: 1 << 20,
+	},
+	// 60: the inflight marker of a running backup already stops a sweep, so
+	// the grace only covers a backup whose marker refreshes all failed; an
+	// hour matches the age at which GC takes a marker for a crashed backup's.
+	SettingBackupGCGrace: {
+		Description: "Minutes an unreferenced pack is kept after its upload before garbage collection may delete it; " +
+			"0 leaves running backups protected by their inflight markers alone.",
+		Type: SettingTypeInt, Default: "60", Min: 0, Max: 1 << 20,
 	},
 }
 
