@@ -50,6 +50,7 @@ type config struct {
 	replicas      int
 	concurrency   int
 	dir           string
+	runs          int
 	keep          bool
 }
 
@@ -61,10 +62,11 @@ func main() {
 	flag.IntVar(&cfg.replicas, "replicas", 2, "replicas per volume, one instance manager each")
 	flag.IntVar(&cfg.concurrency, "concurrency", 4, "backup/restore workers (backupstore's default) and raw S3 streams")
 	flag.StringVar(&cfg.dir, "dir", os.TempDir(), "where the work directory goes (a real disk, not tmpfs)")
+	flag.IntVar(&cfg.runs, "runs", 2, "runs of each baseline and restore, the best kept (backups run once: a second would dedupe)")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the work directory (data, logs) at exit")
 	flag.Parse()
 	if cfg.managerBin == "" || cfg.sizeMiB < 1 || cfg.changePercent < 1 || cfg.changePercent > 100 ||
-		cfg.replicas < 1 || cfg.replicas > 3 || cfg.concurrency < 1 {
+		cfg.replicas < 1 || cfg.replicas > 3 || cfg.concurrency < 1 || cfg.runs < 1 {
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -137,15 +139,19 @@ func (e *env) measure(ctx context.Context) (*results, error) {
 	// or the volume does not hold what the backups are checked against.
 	copyPath := filepath.Join(e.work, "nbdcopy.raw")
 	e.log.Info("Baseline: nbdcopy of the volume to a local file")
-	if res.nbdcopy, err = e.timedNBDCopy(ctx, src.FrontendEndpoint, copyPath); err != nil {
+	if res.nbdcopy, err = bestOf(e.cfg.runs, func() (phase, error) {
+		p, err := e.timedNBDCopy(ctx, src.FrontendEndpoint, copyPath)
+		if err != nil {
+			return p, err
+		}
+		got, err := fileSHA256(copyPath)
+		if err == nil && got != sum1 {
+			err = fmt.Errorf("the volume read back over NBD has SHA-256 %s, the data written %s", got, sum1)
+		}
+		return p, errors.Join(err, os.Remove(copyPath))
+	}); err != nil {
 		return nil, err
 	}
-	if got, err := fileSHA256(copyPath); err != nil {
-		return nil, err
-	} else if got != sum1 {
-		return nil, fmt.Errorf("the volume read back over NBD has SHA-256 %s, the data written %s", got, sum1)
-	}
-	_ = os.Remove(copyPath)
 
 	if err := e.rawS3(ctx, data, res); err != nil {
 		return nil, err
@@ -190,12 +196,33 @@ func (e *env) measure(ctx context.Context) (*results, error) {
 
 	e.log.Info("Restoring b1 and b2 into new volumes")
 	st1, st2 := res.full.status, res.incr.status
-	if res.restoreFull, err = e.restoreAndCheck(ctx, "b1", "src", "rest1", size, st1.DataChunks*st1.ChunkSize, sum1); err != nil {
+	if res.restoreFull, err = bestOf(e.cfg.runs, func() (phase, error) {
+		return e.restoreAndCheck(ctx, "b1", "src", "rest1", size, st1.DataChunks*st1.ChunkSize, sum1)
+	}); err != nil {
 		return nil, err
 	}
-	if res.restoreIncr, err = e.restoreAndCheck(ctx, "b2", "src", "rest2", size, st2.DataChunks*st2.ChunkSize, sum2); err != nil {
+	if res.restoreIncr, err = bestOf(e.cfg.runs, func() (phase, error) {
+		return e.restoreAndCheck(ctx, "b2", "src", "rest2", size, st2.DataChunks*st2.ChunkSize, sum2)
+	}); err != nil {
 		return nil, err
 	}
 	res.when = time.Now()
 	return res, nil
+}
+
+// bestOf runs a timed step runs times and keeps the fastest: a first run
+// may pay for memory or disk blocks the system never touched before, which
+// on a small shared machine can cost more than the step itself.
+func bestOf(runs int, fn func() (phase, error)) (phase, error) {
+	var best phase
+	for i := range runs {
+		p, err := fn()
+		if err != nil {
+			return phase{}, err
+		}
+		if i == 0 || p.d < best.d {
+			best = p
+		}
+	}
+	return best, nil
 }

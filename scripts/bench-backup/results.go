@@ -71,9 +71,9 @@ func (r *results) print(w io.Writer) {
 	fmt.Fprintf(w, "\nbackup/restore of a %d MiB volume of random data (%d replicas, NBD) to versitygw on loopback; "+
 		"%d workers and S3 streams; %d cores; %s\n", c.sizeMiB, c.replicas, c.concurrency, runtime.NumCPU(),
 		r.when.UTC().Format("2006-01-02 15:04 UTC"))
-	fmt.Fprintf(w, "incremental: %d of %d 1 MiB blocks (%d%%) rewritten at random offsets; "+
-		"ratios are MiB/s over the baseline's MiB/s (backup: nbdcopy read, raw PUT; restore: nbdcopy read, raw GET)\n\n",
-		r.changedChunks, r.volumeBytes>>20, c.changePercent)
+	fmt.Fprintf(w, "incremental: %d of %d 1 MiB blocks (%d%%) rewritten at random offsets; baselines and restores best of %d runs, "+
+		"backups one; ratios are MiB/s over the baseline's (backup: nbdcopy read, raw PUT; restore: nbdcopy read, raw GET)\n\n",
+		r.changedChunks, r.volumeBytes>>20, c.changePercent, c.runs)
 	fmt.Fprintf(w, "%-44s %7s %8s %8s %9s %7s %8s  %s\n", "operation", "MiB", "seconds", "MiB/s", "/nbdcopy", "/S3",
 		"objects", "requests")
 	row := func(label string, p phase, vsNBD, vsS3 string) {
@@ -106,5 +106,7 @@ func (r *results) print(w io.Writer) {
 		"the incremental's whole run %.2f s for the %d MiB volume (%.0f MiB/s of volume)\n",
 		fs.ReadChunks, fs.NewChunks, float64(fs.NewBytes)/(1<<20), is.ReadChunks, is.NewChunks, float64(is.NewBytes)/(1<<20),
 		r.incr.d.Seconds(), r.volumeBytes>>20, float64(r.volumeBytes>>20)/r.incr.d.Seconds())
+	fmt.Fprintf(w, "restore over nbdcopy into a new volume (the fill: the same engine write path, fresh replicas): full %s, incremental %s\n",
+		ratio(r.restoreFull, r.fill), ratio(r.restoreIncr, r.fill))
 	fmt.Fprintln(w, "restored volumes: SHA-256 equal to the source's at s1 and at s2")
 }
