@@ -31,6 +31,7 @@ import (
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/webhook/admission"
 	"github.com/strata-storage/strata/webhook/resources/backingimage"
+	"github.com/strata-storage/strata/webhook/resources/recurringjob"
 	"github.com/strata-storage/strata/webhook/resources/resourcequota"
 	"github.com/strata-storage/strata/webhook/resources/snapshot"
 	"github.com/strata-storage/strata/webhook/resources/snapshotquota"
@@ -117,7 +118,7 @@ func New(log logrus.FieldLogger, ds *datastore.DataStore, kube kubernetes.Interf
 	handler, err := admission.NewHandler(log, opts.Namespace,
 		[]admission.Mutator{volume.NewMutator(ds), volumeattachment.NewMutator(ds), snapshot.NewMutator(ds)},
 		[]admission.Validator{volume.NewValidator(ds), volumeattachment.NewValidator(ds), snapshot.NewValidator(ds),
-			backingimage.NewValidator(ds), resourcequota.NewValidator(),
+			backingimage.NewValidator(ds), resourcequota.NewValidator(), recurringjob.NewValidator(),
 			snapshotquota.NewVolumeSnapshotValidator(ds), snapshotquota.NewVMSnapshotValidator(ds),
 			snapshotquota.NewVMBackupValidator(ds)})
 	if err != nil {

@@ -163,6 +163,9 @@ func TestLeaderAppliesConfigurations(t *testing.T) {
 					Resources: []string{"backingimages"}, Scope: ptr(admissionregistrationv1.NamespacedScope)}}, {
 				Operations: []admissionregistrationv1.OperationType{"CREATE", "UPDATE"},
 				Rule: admissionregistrationv1.Rule{APIGroups: []string{"strata.io"}, APIVersions: []string{"v1beta1"},
+					Resources: []string{"recurringjobs"}, Scope: ptr(admissionregistrationv1.NamespacedScope)}}, {
+				Operations: []admissionregistrationv1.OperationType{"CREATE", "UPDATE"},
+				Rule: admissionregistrationv1.Rule{APIGroups: []string{"strata.io"}, APIVersions: []string{"v1beta1"},
 					Resources: []string{"resourcequotas"}, Scope: ptr(admissionregistrationv1.NamespacedScope)}}}, wantRules...)
 			// VolumeSnapshots are judged on creation only, against the
 			// snapshot quota; without KubeVirt and Harvester installed, their

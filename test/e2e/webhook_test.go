@@ -215,7 +215,7 @@ func TestWebhookConfigurationsMatchOnlyStrataKindsAndSnapshotRequests(t *testing
 	require.NoError(t, err)
 	mc, err := admission.MutatingWebhookConfigurations().Get(ctx, webhook.MutatorConfigName, metav1.GetOptions{})
 	require.NoError(t, err)
-	want := []string{"strata.io/backingimages", "strata.io/resourcequotas", "strata.io/snapshots",
+	want := []string{"strata.io/backingimages", "strata.io/recurringjobs", "strata.io/resourcequotas", "strata.io/snapshots",
 		"strata.io/volumeattachments", "strata.io/volumes", "snapshot.storage.k8s.io/volumesnapshots"}
 	// The VM kinds exist once a quota test installed them.
 	for _, gv := range []string{"snapshot.kubevirt.io/v1beta1/virtualmachinesnapshots", "harvesterhci.io/v1beta1/virtualmachinebackups"} {
