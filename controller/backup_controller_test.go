@@ -305,7 +305,7 @@ func TestSyncBackupCompletesAndDeletes(t *testing.T) {
 			}, 5*time.Second, 10*time.Millisecond)
 			bt, err := env.DS.BackupTargets.GetRO("default")
 			require.NoError(t, err)
-			require.NoError(t, btc.mirrorBackup(context.Background(), bt, backupstore.BackupInfo{Header: m.Header}))
+			require.NoError(t, btc.mirrorBackup(context.Background(), bt, tgt, backupstore.BackupInfo{Header: m.Header}))
 			assert.Empty(t, writes(env.Strata.Actions()), "the mirror rewrites nothing")
 		}}}, backupSyncFunc(engineWithBackup(&engineapi.BackupStatus{Snapshot: "s1", State: engineapi.JobStateCompleted,
 		Progress: 100, StoredBytes: m.Stats.StoredBytes})))

@@ -95,7 +95,7 @@ func (c *BackupTargetController) lookAtTarget(ctx context.Context, bt *v1beta1.B
 	if err != nil {
 		return BackupTargetReasonUnreachable, err
 	}
-	if err := c.mirrorBackups(ctx, bt, backups); err != nil {
+	if err := c.mirrorBackups(ctx, bt, tgt, backups); err != nil {
 		return BackupTargetReasonReachable, fmt.Errorf("recording the target's backups: %w", err)
 	}
 	return BackupTargetReasonReachable, nil

@@ -143,3 +143,31 @@ func waitCacheHas(t *testing.T, env *dstest.Env) {
 		return true
 	}, 10*time.Second, 10*time.Millisecond, "the cache holds the sync's writes")
 }
+
+// A backup deleted after the listing was read is not brought back as a
+// Backup CR: the mirror asks for the manifest before it creates one.
+func TestMirrorDoesNotRecreateADeletedBackup(t *testing.T) {
+	dir := oldTarget(t)
+	fs, err := backupstore.NewFileStore(dir)
+	require.NoError(t, err)
+	tgt, err := backupstore.Open(context.Background(), fs, backupstore.Options{})
+	require.NoError(t, err)
+	listed, err := tgt.ListBackups(context.Background())
+	require.NoError(t, err)
+	require.Len(t, listed, 3)
+	require.NoError(t, tgt.DeleteBackup(context.Background(), "vol-a", "bk-a1")) // deleted since the listing
+
+	env := dstest.New(t, []runtime.Object{testBackupTarget("file://"+dir, "")}, nil)
+	c, err := NewBackupTargetController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1")
+	require.NoError(t, err)
+	bt, err := env.DS.BackupTargets.GetRO("default")
+	require.NoError(t, err)
+	require.NoError(t, c.mirrorBackups(context.Background(), bt, tgt, listed))
+	bks, err := env.Strata.StrataV1beta1().Backups(testNS).List(context.Background(), metav1.ListOptions{})
+	require.NoError(t, err)
+	var names []string
+	for _, b := range bks.Items {
+		names = append(names, b.Name)
+	}
+	assert.ElementsMatch(t, []string{"bk-a2", "bk-b1"}, names)
+}

@@ -20,11 +20,12 @@ import (
 // missing from a listing is never taken for gone (a store's hiccup can
 // return a short listing), and Backups being taken are the backup
 // controller's.
-func (c *BackupTargetController) mirrorBackups(ctx context.Context, bt *v1beta1.BackupTarget, backups []backupstore.BackupInfo) error {
+func (c *BackupTargetController) mirrorBackups(ctx context.Context, bt *v1beta1.BackupTarget, tgt *backupstore.Target,
+	backups []backupstore.BackupInfo) error {
 	// The listing is sorted by volume, then time: a volume's last entry is
 	// its newest backup.
 	for i, b := range backups {
-		if err := c.mirrorBackup(ctx, bt, b); err != nil {
+		if err := c.mirrorBackup(ctx, bt, tgt, b); err != nil {
 			return err
 		}
 		if i == len(backups)-1 || backups[i+1].Volume != b.Volume {
@@ -36,10 +37,18 @@ func (c *BackupTargetController) mirrorBackups(ctx context.Context, bt *v1beta1.
 	return nil
 }
 
-func (c *BackupTargetController) mirrorBackup(ctx context.Context, bt *v1beta1.BackupTarget, b backupstore.BackupInfo) error {
+func (c *BackupTargetController) mirrorBackup(ctx context.Context, bt *v1beta1.BackupTarget, tgt *backupstore.Target,
+	b backupstore.BackupInfo) error {
 	want := completedBackupStatus(bt.Spec.BackupTargetURL, b.Header)
 	existing, err := c.ds.Backups.GetRO(b.Backup)
 	if apierrors.IsNotFound(err) {
+		// A Backup deleted while the listing was read would come back as a
+		// ghost of a deleted manifest: the manifest goes before the CR's
+		// finalizer, so asking again now leaves only a window of the two
+		// API calls below.
+		if there, err := tgt.HasBackup(ctx, b.Volume, b.Backup); err != nil || !there {
+			return err
+		}
 		created, err := c.ds.Backups.Create(ctx, &v1beta1.Backup{
 			ObjectMeta: metav1.ObjectMeta{Name: b.Backup, Namespace: c.ds.Namespace,
 				Labels:      map[string]string{types.LabelVolume: b.Volume},

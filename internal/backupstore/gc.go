@@ -47,6 +47,22 @@ func (t *Target) DeleteBackup(ctx context.Context, volume, backup string) error 
 	return t.store.Delete(ctx, manifestKey(volume, backup))
 }
 
+// HasBackup tells whether a backup's manifest is on the target now: a
+// listing taken a moment ago may name one deleted since.
+func (t *Target) HasBackup(ctx context.Context, volume, backup string) (bool, error) {
+	if err := checkName("volume", volume); err != nil {
+		return false, err
+	}
+	if err := checkName("backup", backup); err != nil {
+		return false, err
+	}
+	_, err := t.store.Stat(ctx, manifestKey(volume, backup))
+	if errors.Is(err, ErrNotFound) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
 // BackupInfo is one listed backup.
 type BackupInfo struct {
 	Header
