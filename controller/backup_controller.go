@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -606,13 +605,7 @@ func (c *BackupController) deleteBackupSnapshot(ctx context.Context, b *v1beta1.
 
 // engineTarget is the target as the instance manager takes it.
 func (c *BackupController) engineTarget(ctx context.Context, bt *v1beta1.BackupTarget) (engineapi.BackupTarget, error) {
-	secret, err := targetCredentials(ctx, c.ds, bt)
-	if err != nil {
-		return engineapi.BackupTarget{}, err
-	}
-	return engineapi.BackupTarget{URL: bt.Spec.BackupTargetURL,
-		S3Endpoint: strings.TrimSpace(string(secret[backupstore.SecretEndpoint])),
-		AccessKey:  string(secret[backupstore.SecretAccessKey]), SecretKey: string(secret[backupstore.SecretSecretKey])}, nil
+	return engineBackupTarget(ctx, c.ds, bt)
 }
 
 func (c *BackupController) openTarget(ctx context.Context, bt *v1beta1.BackupTarget) (*backupstore.Target, error) {
