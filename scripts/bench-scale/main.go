@@ -32,6 +32,7 @@ type config struct {
 	volumes, snapshots, replicas int
 	clones                       int
 	imageVolumes                 int
+	backups, restores            int
 	size                         resource.Quantity
 	workers                      int
 	quiet                        time.Duration
@@ -48,6 +49,8 @@ func main() {
 	flag.IntVar(&cfg.replicas, "replicas", 1, "replicas per volume (1-3)")
 	flag.IntVar(&cfg.clones, "clones", 10, "volumes cloned from a snapshot before the quiet window")
 	flag.IntVar(&cfg.imageVolumes, "image-volumes", 10, "volumes on a backing image (each attached once) before the quiet window")
+	flag.IntVar(&cfg.backups, "backups", 50, "Backups of bench snapshots to a file:// target before the quiet window (0: no backup step)")
+	flag.IntVar(&cfg.restores, "restores", 5, "volumes restored from those backups before the quiet window")
 	flag.StringVar(&size, "size", "4Mi", "volume size")
 	flag.IntVar(&cfg.workers, "workers", 32, "concurrent API writers")
 	flag.DurationVar(&cfg.quiet, "quiet", time.Minute, "length of the quiet window")
@@ -70,7 +73,8 @@ func main() {
 	}
 	cfg.size = q
 	if cfg.managerBin == "" || cfg.volumes < 1 || cfg.snapshots < 0 || cfg.replicas < 1 || cfg.replicas > nodeCount ||
-		cfg.workers < 1 || cfg.quiet <= 0 || cfg.latencySamples < 0 || cfg.quotaSamples < 0 {
+		cfg.workers < 1 || cfg.quiet <= 0 || cfg.latencySamples < 0 || cfg.quotaSamples < 0 ||
+		cfg.backups < 0 || cfg.restores < 0 {
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -127,6 +131,7 @@ func run(log *logrus.Logger, cfg config) (err error) {
 		{"clones", b.stepClones},
 		{"backing image", b.stepBackingImages},
 		{"quota", b.stepQuota},
+		{"backups", b.stepBackups},
 		{"quiet window", b.stepQuiet},
 		{"snapshot latency", b.stepLatency},
 		{"memory", b.stepMemory},

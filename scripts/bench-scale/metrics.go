@@ -360,6 +360,7 @@ func (b *bench) stepQuiet(ctx context.Context) error {
 	if strataW > 0 {
 		b.info("  … by resource", fmtCounts(strataBy))
 	}
+	b.reportBackupQuiet(w, m0, m1, writes)
 	b.check("API writes, other (not Leases), in "+w, perMinute(otherW, minutes), "0", otherW == 0)
 	if otherW > 0 {
 		b.info("  … by resource", fmtCounts(other))

@@ -230,11 +230,11 @@ func (b *bench) afterRestart(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// The bench's volumes are attached by its tickets; the clones and the
-	// volumes on the backing image are not.
+	// The bench's volumes are attached by its tickets; the clones, the
+	// volumes on the backing image and the restored ones are not.
 	healthy, wanted := 0, 0
 	for _, v := range vols.Items {
-		if v.Spec.DataSource != "" || v.Spec.BackingImage != "" {
+		if v.Spec.DataSource != "" || v.Spec.BackingImage != "" || v.Spec.FromBackup != "" {
 			continue
 		}
 		wanted++
