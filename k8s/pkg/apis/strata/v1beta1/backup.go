@@ -180,7 +180,7 @@ type BackupStatus struct {
 	VolumeBackingImageChecksum string `json:"volumeBackingImageChecksum,omitempty"`
 	// Verification is the outcome of the last spec.verifyRequestedAt.
 	Verification *BackupVerification `json:"verification,omitempty"`
-	LastSyncedAt           metav1.Time       `json:"lastSyncedAt,omitempty"`
+	LastSyncedAt metav1.Time         `json:"lastSyncedAt,omitempty"`
 }
 
 // Backup is one backup of a volume snapshot in the backup target.
