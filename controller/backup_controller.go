@@ -54,16 +54,6 @@ const (
 // backupTicketID is the ticket a backup holds on its volume.
 func backupTicketID(backup string) string { return "backup-" + backup }
 
-// backupRetry is what this manager remembers of a backup's failed jobs.
-type backupRetry struct {
-	attempts int
-	// revision is the instance's revision when the job was last started: an
-	// error status at or below it is the previous attempt's.
-	revision uint64
-	// notBefore is when the next attempt may start.
-	notBefore time.Time
-}
-
 // backupSync is what one sync of a backup knows.
 type backupSync struct {
 	b      *v1beta1.Backup // a copy; its status is written at the end
@@ -135,7 +125,7 @@ func backupVolumeName(b *v1beta1.Backup) string {
 // only lets its volume go.
 func (c *BackupController) reconcileBackup(ctx context.Context, b *v1beta1.Backup) error {
 	if backupFinished(b) {
-		c.forgetRetry(b)
+		c.retries.forget(b.UID)
 		c.reconcileVerify(b)
 		if b.Status.VolumeName == "" {
 			return nil
@@ -305,7 +295,7 @@ func (c *BackupController) runBackupJob(ctx context.Context, s *backupSync) erro
 		return nil // the cache's sync brings the backup back
 	}
 	st := inst.BackupStatus[b.Name]
-	retry := c.retryOf(b)
+	retry := c.retries.get(b.UID)
 	if st != nil && st.State == engineapi.JobStateError && retry != nil && inst.Revision <= retry.revision {
 		st = nil // the previous attempt's error: the new one has not shown yet
 	}
@@ -363,11 +353,7 @@ func (c *BackupController) startBackupJob(ctx context.Context, s *backupSync, e 
 		b.Status.Error = "starting the backup: " + err.Error()
 		return err
 	}
-	c.mu.Lock()
-	if r := c.retries[b.UID]; r != nil {
-		r.revision = revision
-	}
-	c.mu.Unlock()
+	c.retries.started(b.UID, revision)
 	if b.Status.State != v1beta1.BackupStateInProgress {
 		base := "a full backup"
 		if args.BaseBackup != "" {
@@ -426,7 +412,7 @@ func (c *BackupController) setCompleted(b *v1beta1.Backup, bt *v1beta1.BackupTar
 	st.OwnerID, st.LastSyncedAt, st.SnapshotCreatedAt = b.Status.OwnerID, b.Status.LastSyncedAt, b.Status.SnapshotCreatedAt
 	st.Verification = b.Status.Verification
 	b.Status = st
-	c.forgetRetry(b)
+	c.retries.forget(b.UID)
 	c.recorder.Eventf(b, corev1.EventTypeNormal, EventReasonBackupCompleted, "backed up snapshot %s of volume %s: %d bytes stored, %d new",
 		h.Snapshot, h.Volume, h.Stats.StoredBytes, h.Stats.NewBytes)
 }
@@ -440,17 +426,7 @@ func (c *BackupController) jobFailed(ctx context.Context, s *backupSync, msg str
 		c.setCompleted(b, s.target, m.Header)
 		return nil
 	}
-	c.mu.Lock()
-	r := c.retries[b.UID]
-	if r == nil {
-		r = &backupRetry{}
-		c.retries[b.UID] = r
-	}
-	r.attempts++
-	r.revision = revision
-	r.notBefore = c.ds.Clock.Now().Add(backupRetryBase << (r.attempts - 1))
-	attempts, wait := r.attempts, r.notBefore.Sub(c.ds.Clock.Now())
-	c.mu.Unlock()
+	attempts, wait := c.retries.failed(b.UID, revision, c.ds.Clock.Now(), backupRetryBase)
 	if attempts >= maxBackupAttempts {
 		c.failBackup(b, fmt.Sprintf("failed %d times, last: %s", attempts, msg))
 		return nil
@@ -462,29 +438,13 @@ func (c *BackupController) jobFailed(ctx context.Context, s *backupSync, msg str
 	return nil
 }
 
-func (c *BackupController) retryOf(b *v1beta1.Backup) *backupRetry {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if r := c.retries[b.UID]; r != nil {
-		cp := *r
-		return &cp
-	}
-	return nil
-}
-
-func (c *BackupController) forgetRetry(b *v1beta1.Backup) {
-	c.mu.Lock()
-	delete(c.retries, b.UID)
-	c.mu.Unlock()
-}
-
 // failBackup ends a backup for good; its ticket goes on the next sync.
 func (c *BackupController) failBackup(b *v1beta1.Backup, msg string) {
 	if b.Status.State != v1beta1.BackupStateError || b.Status.Error != msg {
 		c.recorder.Event(b, corev1.EventTypeWarning, EventReasonBackupFailed, msg)
 	}
 	b.Status.State, b.Status.Error = v1beta1.BackupStateError, msg
-	c.forgetRetry(b)
+	c.retries.forget(b.UID)
 }
 
 // deleteBackup deletes the backup's manifest from the target (its chunks
@@ -500,7 +460,7 @@ func (c *BackupController) deleteBackup(ctx context.Context, b *v1beta1.Backup) 
 		c.queue.AddAfter(c.ds.Namespace+"/"+b.Name, backupWaitJob)
 		return nil
 	}
-	c.forgetRetry(b)
+	c.retries.forget(b.UID)
 	c.cancelVerify(b)
 	if volume != "" {
 		if err := c.removeTicket(ctx, volume, backupTicketID(b.Name)); err != nil {

@@ -33,7 +33,7 @@ type BackupController struct {
 
 	mu sync.Mutex
 	// retries are the failed jobs of backups this manager runs, by UID.
-	retries map[k8stypes.UID]*backupRetry
+	retries *jobRetries
 	// verifies are the verify actions this manager runs or ran, by UID
 	// (backup_verify.go); runCtx is what they run under (Run's).
 	verifies map[k8stypes.UID]*verifyRun
@@ -45,7 +45,7 @@ func NewBackupController(logger logrus.FieldLogger, ds *datastore.DataStore, rec
 	controllerID string, dataPlane engineapi.Connector, instances *InstanceCache) (*BackupController, error) {
 	c := &BackupController{
 		baseController: newBaseController("strata-backup", controllerID, logger, ds, recorder),
-		instances:      instances, storeFor: backupstore.StoreFor, retries: map[k8stypes.UID]*backupRetry{},
+		instances:      instances, storeFor: backupstore.StoreFor, retries: newJobRetries(),
 		verifies: map[k8stypes.UID]*verifyRun{}, runCtx: context.Background(),
 	}
 	c.dataPlane = dataPlane

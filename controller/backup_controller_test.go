@@ -95,15 +95,20 @@ func engineWithBackup(st *engineapi.BackupStatus) *engineapi.Instance {
 	return inst
 }
 
+// syncedInstanceCache is an instance cache that has replayed instances.
+func syncedInstanceCache(instances ...*engineapi.Instance) *InstanceCache {
+	cache := NewInstanceCache()
+	cache.streamOpened()
+	for _, inst := range instances {
+		cache.apply(&engineapi.WatchEvent{Kind: engineapi.WatchUpdated, Instance: inst})
+	}
+	cache.apply(&engineapi.WatchEvent{Kind: engineapi.WatchSynced})
+	return cache
+}
+
 func backupSyncFunc(instances ...*engineapi.Instance) syncFunc {
 	return func(env *dstest.Env, rec record.EventRecorder, me string, dp engineapi.Connector) (func(context.Context, string) error, error) {
-		cache := NewInstanceCache()
-		cache.streamOpened()
-		for _, inst := range instances {
-			cache.apply(&engineapi.WatchEvent{Kind: engineapi.WatchUpdated, Instance: inst})
-		}
-		cache.apply(&engineapi.WatchEvent{Kind: engineapi.WatchSynced})
-		c, err := NewBackupController(logrus.New(), env.DS, rec, me, dp, cache)
+		c, err := NewBackupController(logrus.New(), env.DS, rec, me, dp, syncedInstanceCache(instances...))
 		if err != nil {
 			return nil, err
 		}
@@ -385,9 +390,9 @@ func TestBackupJobRetries(t *testing.T) {
 
 	// The backoff passes (the clock is left alone: the leases would expire).
 	backoffPassed := func() {
-		c.mu.Lock()
-		c.retries["uid-b1"].notBefore = time.Time{}
-		c.mu.Unlock()
+		c.retries.mu.Lock()
+		c.retries.m["uid-b1"].notBefore = time.Time{}
+		c.retries.mu.Unlock()
 	}
 	sync("attempt 1 failed, retried in 10s")
 	sync("attempt 1 failed")

@@ -51,7 +51,7 @@ func (c *VolumeRestoreController) syncRestore(ctx context.Context, key string) e
 	}
 	v := vRO.DeepCopy()
 	if v.DeletionTimestamp != nil {
-		c.forgetRetry(v)
+		c.retries.forget(v.UID)
 		return c.removeTicket(ctx, v.Name, restoreTicketID(v.Name))
 	}
 	if v.Status.RestoreStatus == nil {
@@ -91,7 +91,7 @@ func finalRestoreState(s v1beta1.VolumeRestoreState) bool {
 func (c *VolumeRestoreController) reconcileRestore(ctx context.Context, s *restoreSync) error {
 	if finalRestoreState(s.status.State) {
 		// Written last sync: the volume may detach now.
-		c.forgetRetry(s.vol)
+		c.retries.forget(s.vol.UID)
 		return c.removeTicket(ctx, s.vol.Name, restoreTicketID(s.vol.Name))
 	}
 	if ok, err := c.restoreSource(s); !ok || err != nil {
@@ -181,7 +181,7 @@ func (c *VolumeRestoreController) runRestoreJob(ctx context.Context, s *restoreS
 	if st != nil && (st.Backup != s.backup.Name || st.Volume != s.backup.Status.VolumeName) {
 		st = nil // another restore's, which this one replaces
 	}
-	retry := c.retryOf(v)
+	retry := c.retries.get(v.UID)
 	if st != nil && st.State == engineapi.JobStateError && retry != nil && inst.Revision <= retry.revision {
 		st = nil // the previous attempt's error: the new one has not shown yet
 	}
@@ -232,11 +232,7 @@ func (c *VolumeRestoreController) startRestoreJob(ctx context.Context, s *restor
 		s.status.Message = "starting the restore: " + err.Error()
 		return err
 	}
-	c.mu.Lock()
-	if r := c.retries[s.vol.UID]; r != nil {
-		r.revision = revision
-	}
-	c.mu.Unlock()
+	c.retries.started(s.vol.UID, revision)
 	s.status.Attempts++
 	c.recorder.Eventf(s.vol, corev1.EventTypeNormal, EventReasonRestoreStarted,
 		"restoring backup %s of volume %s from %s (attempt %d, backing image kept: %t)",
@@ -269,17 +265,7 @@ func (c *VolumeRestoreController) restoreJobFailed(s *restoreSync, msg string, r
 		c.failRestore(s, msg)
 		return nil
 	}
-	c.mu.Lock()
-	r := c.retries[s.vol.UID]
-	if r == nil {
-		r = &backupRetry{}
-		c.retries[s.vol.UID] = r
-	}
-	r.attempts++
-	r.revision = revision
-	r.notBefore = c.ds.Clock.Now().Add(backupRetryBase << (r.attempts - 1))
-	attempts, wait := r.attempts, r.notBefore.Sub(c.ds.Clock.Now())
-	c.mu.Unlock()
+	attempts, wait := c.retries.failed(s.vol.UID, revision, c.ds.Clock.Now(), backupRetryBase)
 	if attempts >= maxRestoreAttempts {
 		c.failRestore(s, fmt.Sprintf("failed %d times, last: %s", attempts, msg))
 		return nil
@@ -299,22 +285,6 @@ func (c *VolumeRestoreController) failRestore(s *restoreSync, msg string) {
 		c.recorder.Event(s.vol, corev1.EventTypeWarning, EventReasonRestoreFailed, msg)
 	}
 	s.status.State, s.status.Message = v1beta1.VolumeRestoreStateFailed, msg
-}
-
-func (c *VolumeRestoreController) retryOf(v *v1beta1.Volume) *backupRetry {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if r := c.retries[v.UID]; r != nil {
-		cp := *r
-		return &cp
-	}
-	return nil
-}
-
-func (c *VolumeRestoreController) forgetRetry(v *v1beta1.Volume) {
-	c.mu.Lock()
-	delete(c.retries, v.UID)
-	c.mu.Unlock()
 }
 
 func setRestoredCondition(v *v1beta1.Volume) {

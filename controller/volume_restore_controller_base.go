@@ -1,11 +1,8 @@
 package controller
 
 import (
-	"sync"
-
 	"github.com/sirupsen/logrus"
 	"k8s.io/apimachinery/pkg/api/equality"
-	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
@@ -29,10 +26,8 @@ type VolumeRestoreController struct {
 	// progress and end show. Nil on a node without an instance manager,
 	// which then restores nothing.
 	instances *InstanceCache
-
-	mu sync.Mutex
 	// retries are the failed restore jobs of volumes this manager fills.
-	retries map[k8stypes.UID]*backupRetry
+	retries *jobRetries
 }
 
 // NewVolumeRestoreController wires the restore controller of node controllerID.
@@ -40,7 +35,7 @@ func NewVolumeRestoreController(logger logrus.FieldLogger, ds *datastore.DataSto
 	controllerID string, dataPlane engineapi.Connector, instances *InstanceCache) (*VolumeRestoreController, error) {
 	c := &VolumeRestoreController{
 		baseController: newBaseController("strata-volume-restore", controllerID, logger, ds, recorder),
-		instances:      instances, retries: map[k8stypes.UID]*backupRetry{},
+		instances:      instances, retries: newJobRetries(),
 	}
 	c.dataPlane = dataPlane
 	c.sync = c.syncRestore

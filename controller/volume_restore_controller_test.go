@@ -50,13 +50,7 @@ func engineWithRestore(st *engineapi.RestoreStatus) *engineapi.Instance {
 
 func restoreSyncFunc(instances ...*engineapi.Instance) syncFunc {
 	return func(env *dstest.Env, rec record.EventRecorder, me string, dp engineapi.Connector) (func(context.Context, string) error, error) {
-		cache := NewInstanceCache()
-		cache.streamOpened()
-		for _, inst := range instances {
-			cache.apply(&engineapi.WatchEvent{Kind: engineapi.WatchUpdated, Instance: inst})
-		}
-		cache.apply(&engineapi.WatchEvent{Kind: engineapi.WatchSynced})
-		c, err := NewVolumeRestoreController(logrus.New(), env.DS, rec, me, dp, cache)
+		c, err := NewVolumeRestoreController(logrus.New(), env.DS, rec, me, dp, syncedInstanceCache(instances...))
 		if err != nil {
 			return nil, err
 		}

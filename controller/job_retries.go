@@ -1,0 +1,72 @@
+package controller
+
+import (
+	"sync"
+	"time"
+
+	k8stypes "k8s.io/apimachinery/pkg/types"
+)
+
+// jobRetry is what a manager remembers of an object's failed instance
+// manager jobs (a backup's or a restore's).
+type jobRetry struct {
+	attempts int
+	// revision is the instance's revision when the job was last started: an
+	// error status at or below it is the previous attempt's.
+	revision uint64
+	// notBefore is when the next attempt may start.
+	notBefore time.Time
+}
+
+// jobRetries keeps the failed jobs of the objects a controller runs, by
+// UID, in memory: a restarted manager starts counting again, which is
+// fine since the job it finds (or starts) is the one that counts.
+type jobRetries struct {
+	mu sync.Mutex
+	m  map[k8stypes.UID]*jobRetry
+}
+
+func newJobRetries() *jobRetries { return &jobRetries{m: map[k8stypes.UID]*jobRetry{}} }
+
+// get is a copy of uid's record, nil when its jobs have not failed.
+func (r *jobRetries) get(uid k8stypes.UID) *jobRetry {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if j := r.m[uid]; j != nil {
+		cp := *j
+		return &cp
+	}
+	return nil
+}
+
+// started notes the instance revision a retried job was started at.
+func (r *jobRetries) started(uid k8stypes.UID, revision uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if j := r.m[uid]; j != nil {
+		j.revision = revision
+	}
+}
+
+// failed counts a failure seen at revision and returns the attempts so far
+// and how long to wait before the next: base, doubled at each further one.
+func (r *jobRetries) failed(uid k8stypes.UID, revision uint64, now time.Time, base time.Duration) (int, time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	j := r.m[uid]
+	if j == nil {
+		j = &jobRetry{}
+		r.m[uid] = j
+	}
+	j.attempts++
+	j.revision = revision
+	wait := base << (j.attempts - 1)
+	j.notBefore = now.Add(wait)
+	return j.attempts, wait
+}
+
+func (r *jobRetries) forget(uid k8stypes.UID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.m, uid)
+}
