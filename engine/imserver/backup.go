@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -212,6 +213,23 @@ func openStore(t *impb.BackupTarget) (backupstore.ObjectStore, error) {
 	return st, nil
 }
 
+// backupTarget opens a target once per identity (URL, endpoint and keys)
+// and keeps it: a Target's chunk index is meant to be shared by every
+// backup through it, and each backup syncs it (one List, and a GET of each
+// index object not yet known) instead of reading every index object again.
+func (s *Server) backupTarget(ctx context.Context, t *impb.BackupTarget, store backupstore.ObjectStore) (*backupstore.Target, error) {
+	key := strings.Join([]string{t.GetUrl(), t.GetS3Endpoint(), t.GetAccessKey(), t.GetSecretKey()}, "\x00")
+	if tgt, ok := s.targets.Load(key); ok {
+		return tgt.(*backupstore.Target), nil
+	}
+	tgt, err := backupstore.Open(ctx, store, backupstore.Options{Logger: s.log.WithField("target", t.GetUrl())})
+	if err != nil {
+		return nil, err
+	}
+	shared, _ := s.targets.LoadOrStore(key, tgt)
+	return shared.(*backupstore.Target), nil
+}
+
 // SnapshotBackup starts a backup of a snapshot of an engine's volume and
 // returns; the job is in the instance's backup_status. The same backup
 // again while it runs or once it completed is a no-op (the manager
@@ -285,7 +303,7 @@ func (s *Server) SnapshotBackup(ctx context.Context, req *impb.SnapshotBackupReq
 
 func (s *Server) backup(ctx context.Context, inst *instance, eng *replication.Engine, store backupstore.ObjectStore,
 	req *impb.SnapshotBackupRequest, job *backupJob, log logrus.FieldLogger) error {
-	target, err := backupstore.Open(ctx, store, backupstore.Options{Logger: log})
+	target, err := s.backupTarget(ctx, req.Target, store)
 	if err != nil {
 		return err
 	}

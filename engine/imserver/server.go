@@ -70,6 +70,9 @@ type Server struct {
 	clones sync.Map
 	// jobs holds the engines' backups and restores (see backup.go).
 	jobs dataJobs
+	// targets holds the backup targets opened for backups, by identity, so
+	// their chunk index is synced, not read again whole, per backup.
+	targets sync.Map
 
 	// The size reporter (sizereport.go): stop ends it, wg waits for it.
 	stop     chan struct{}
