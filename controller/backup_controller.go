@@ -308,7 +308,7 @@ func (c *BackupController) runBackupJob(ctx context.Context, s *backupSync) erro
 		return c.startBackupJob(ctx, s, e, inst.Revision)
 	case st.State == engineapi.JobStateInProgress:
 		if b.Status.State != v1beta1.BackupStateInProgress || st.Progress >= b.Status.Progress+backupProgressStep {
-			b.Status.Progress = st.Progress
+			b.Status.Progress, b.Status.BytesDone, b.Status.BytesTotal = st.Progress, st.BytesDone, st.BytesTotal
 		}
 		b.Status.State, b.Status.Error = v1beta1.BackupStateInProgress, ""
 		return nil
@@ -363,6 +363,7 @@ func (c *BackupController) startBackupJob(ctx context.Context, s *backupSync, e 
 			s.snap.Name, s.vol.Name, s.target.Spec.BackupTargetURL, base)
 	}
 	b.Status.State, b.Status.Progress, b.Status.Error = v1beta1.BackupStateInProgress, 0, ""
+	b.Status.BytesDone, b.Status.BytesTotal = 0, 0
 	return nil
 }
 

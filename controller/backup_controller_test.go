@@ -167,7 +167,8 @@ func TestSyncBackup(t *testing.T) {
 		b.Finalizers, b.Annotations = nil, map[string]string{AnnotationBackupMirrored: "true"}
 	})
 	inProgress := func(p int32) *engineapi.BackupStatus {
-		return &engineapi.BackupStatus{Snapshot: "s1", State: engineapi.JobStateInProgress, Progress: p}
+		return &engineapi.BackupStatus{Snapshot: "s1", State: engineapi.JobStateInProgress, Progress: p,
+			BytesDone: int64(p) << 20, BytesTotal: 100 << 20}
 	}
 	// Each case with the job status its engine's instance shows.
 	cases := []struct {
@@ -245,7 +246,9 @@ func TestSyncBackup(t *testing.T) {
 			})),
 			wantWrites: []string{"update backups/status b1"},
 			check: func(t *testing.T, env *dstest.Env) {
-				assert.Equal(t, int32(25), backupOf(t, env, "b1").Status.Progress)
+				b := backupOf(t, env, "b1")
+				assert.Equal(t, int32(25), b.Status.Progress)
+				assert.Equal(t, []int64{25 << 20, 100 << 20}, []int64{b.Status.BytesDone, b.Status.BytesTotal})
 			}}, job: inProgress(25)},
 		{syncCase: syncCase{name: "a failed job is retried later", key: testNS + "/b1",
 			objects:    attached(testVA(backupTicketFor("b1")), testBackup("b1", "s1", backupState(v1beta1.BackupStateInProgress, 30))),

@@ -160,7 +160,12 @@ type BackupStatus struct {
 	// Progress of the upload, in percent. Between 0 and 100.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=100
-	Progress          int32  `json:"progress,omitempty"`
+	Progress int32 `json:"progress,omitempty"`
+	// BytesDone of BytesTotal is what the running upload has read of the
+	// snapshot (only what changed since the base, for an incremental);
+	// written with progress, cleared once the backup is completed.
+	BytesDone         int64  `json:"bytesDone,omitempty"`
+	BytesTotal        int64  `json:"bytesTotal,omitempty"`
 	URL               string `json:"url,omitempty"`
 	SnapshotName      string `json:"snapshotName,omitempty"`
 	SnapshotCreatedAt string `json:"snapshotCreatedAt,omitempty"`
@@ -193,6 +198,8 @@ type BackupStatus struct {
 // +kubebuilder:printcolumn:name="Snapshot",type=string,JSONPath=`.status.snapshotName`
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
 // +kubebuilder:printcolumn:name="Progress",type=integer,JSONPath=`.status.progress`
+// +kubebuilder:printcolumn:name="BytesDone",type=integer,JSONPath=`.status.bytesDone`,priority=1
+// +kubebuilder:printcolumn:name="BytesTotal",type=integer,JSONPath=`.status.bytesTotal`,priority=1
 // +kubebuilder:printcolumn:name="Size",type=integer,JSONPath=`.status.size`
 // +kubebuilder:printcolumn:name="Volume",type=string,JSONPath=`.status.volumeName`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
