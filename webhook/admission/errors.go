@@ -3,10 +3,13 @@ package admission
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
@@ -124,4 +127,19 @@ func deniedStatus(err error, res Resource, name string) *metav1.Status {
 		status.Details.Causes = append(status.Details.Causes, cause)
 	}
 	return status
+}
+
+// LabelErrors refuses the keys and values of labels (at path, one entry
+// per key) that Kubernetes would refuse as labels, in key order.
+func LabelErrors(path *field.Path, labels map[string]string) []*FieldError {
+	var errs []*FieldError
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		if msgs := validation.IsQualifiedName(k); len(msgs) > 0 {
+			errs = append(errs, Invalid(path.Key(k), "invalid key %q: %s", k, strings.Join(msgs, "; ")))
+		}
+		if msgs := validation.IsValidLabelValue(labels[k]); len(msgs) > 0 {
+			errs = append(errs, Invalid(path.Key(k), "invalid value %q: %s", labels[k], strings.Join(msgs, "; ")))
+		}
+	}
+	return errs
 }

@@ -150,17 +150,11 @@ func nonEmpty(s string) []string {
 // validLabels: the labels go on snapshots and backups as Kubernetes
 // labels; keys in strata.io/ are Strata's own (the volume, the job).
 func validLabels(labels map[string]string) []*admission.FieldError {
-	var errs []*admission.FieldError
+	errs := admission.LabelErrors(labelsPath, labels)
 	for _, k := range slices.Sorted(maps.Keys(labels)) {
-		path := labelsPath.Key(k)
-		if msgs := validation.IsQualifiedName(k); len(msgs) > 0 {
-			errs = append(errs, admission.Invalid(path, "%q is not a label key: %s", k, strings.Join(msgs, "; ")))
-		} else if strings.HasPrefix(k, "strata.io/") {
-			errs = append(errs, admission.Invalid(path, "keys in strata.io/ are Strata's own (%s, %s)",
+		if strings.HasPrefix(k, "strata.io/") {
+			errs = append(errs, admission.Invalid(labelsPath.Key(k), "keys in strata.io/ are Strata's own (%s, %s)",
 				types.LabelVolume, types.LabelRecurringJob))
-		}
-		if msgs := validation.IsValidLabelValue(labels[k]); len(msgs) > 0 {
-			errs = append(errs, admission.Invalid(path, "%q is not a label value: %s", labels[k], strings.Join(msgs, "; ")))
 		}
 	}
 	return errs

@@ -72,7 +72,7 @@ func TestValidator(t *testing.T) {
 		{name: "a group twice", obj: job(func(j *v1beta1.RecurringJob) { j.Spec.Groups = []string{"gold", "gold"} }),
 			wantMsg: `spec.groups[1]: "gold" is listed twice`},
 		{name: "a label value too long", obj: job(func(j *v1beta1.RecurringJob) { j.Spec.Labels = map[string]string{"k": strings.Repeat("v", 64)} }),
-			wantMsg: `spec.labels[k]: "` + strings.Repeat("v", 64) + `" is not a label value: must be no more than 63 bytes`},
+			wantMsg: `spec.labels[k]: invalid value "` + strings.Repeat("v", 64) + `": must be no more than 63 bytes`},
 		{name: "a label of Strata's", obj: job(func(j *v1beta1.RecurringJob) { j.Spec.Labels = map[string]string{"strata.io/volume": "v2"} }),
 			wantMsg: `spec.labels[strata.io/volume]: keys in strata.io/ are Strata's own (strata.io/volume, strata.io/recurring-job)`},
 		{name: "a name too long for a label value", obj: job(func(j *v1beta1.RecurringJob) { j.Name = strings.Repeat("a", 64) }),

@@ -4,11 +4,9 @@ import (
 	"context"
 	"maps"
 	"slices"
-	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/strata-storage/strata/datastore"
@@ -132,17 +130,7 @@ func (v *validator) validVolume(name string) *admission.FieldError {
 // validLabels: the engine stores the labels with the snapshot; they follow
 // the rules of Kubernetes labels.
 func validLabels(labels map[string]string) []*admission.FieldError {
-	var errs []*admission.FieldError
-	for _, k := range slices.Sorted(maps.Keys(labels)) {
-		path := labelsPath.Key(k)
-		if msgs := validation.IsQualifiedName(k); len(msgs) > 0 {
-			errs = append(errs, admission.Invalid(path, "invalid key %q: %s", k, strings.Join(msgs, "; ")))
-		}
-		if msgs := validation.IsValidLabelValue(labels[k]); len(msgs) > 0 {
-			errs = append(errs, admission.Invalid(path, "invalid value %q: %s", labels[k], strings.Join(msgs, "; ")))
-		}
-	}
-	return errs
+	return admission.LabelErrors(labelsPath, labels)
 }
 
 // immutableLabels names every label added, removed or changed; an empty and
