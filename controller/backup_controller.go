@@ -295,14 +295,13 @@ func (c *BackupController) runBackupJob(ctx context.Context, s *backupSync) erro
 		return nil // the cache's sync brings the backup back
 	}
 	st := inst.BackupStatus[b.Name]
-	retry := c.retries.get(b.UID)
-	if st != nil && st.State == engineapi.JobStateError && retry != nil && inst.Revision <= retry.revision {
-		st = nil // the previous attempt's error: the new one has not shown yet
+	if st != nil && c.retries.previousError(b.UID, st.State, inst.Revision) {
+		st = nil // the new attempt has not shown yet
 	}
 	switch {
 	case st == nil:
-		if retry != nil && c.ds.Clock.Now().Before(retry.notBefore) {
-			c.queue.AddAfter(c.ds.Namespace+"/"+b.Name, retry.notBefore.Sub(c.ds.Clock.Now()))
+		if wait := c.retries.backoffLeft(b.UID, c.ds.Clock.Now()); wait > 0 {
+			c.queue.AddAfter(c.ds.Namespace+"/"+b.Name, wait)
 			return nil
 		}
 		return c.startBackupJob(ctx, s, e, inst.Revision)

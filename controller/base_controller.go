@@ -243,3 +243,17 @@ func (c *baseController) onNode(informer cache.SharedIndexInformer, node string)
 	}
 	return objs
 }
+
+// enqueueVolumesWhere enqueues every volume keep accepts (for a change that
+// may move many: node readiness, a target becoming available).
+func (c *baseController) enqueueVolumesWhere(keep func(*v1beta1.Volume) bool) {
+	vols, err := c.ds.Volumes.ListRO(nil)
+	if err != nil {
+		return
+	}
+	for _, v := range vols {
+		if keep(v) {
+			c.enqueue(v)
+		}
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	k8stypes "k8s.io/apimachinery/pkg/types"
+
+	"github.com/strata-storage/strata/engineapi"
 )
 
 // jobRetry is what a manager remembers of an object's failed instance
@@ -63,6 +65,21 @@ func (r *jobRetries) failed(uid k8stypes.UID, revision uint64, now time.Time, ba
 	wait := base << (j.attempts - 1)
 	j.notBefore = now.Add(wait)
 	return j.attempts, wait
+}
+
+// previousError tells an error status (state) at revision that is the
+// previous attempt's: the job started again since has not shown yet.
+func (r *jobRetries) previousError(uid k8stypes.UID, state string, revision uint64) bool {
+	j := r.get(uid)
+	return state == engineapi.JobStateError && j != nil && revision <= j.revision
+}
+
+// backoffLeft is how long the next attempt of uid's job must still wait.
+func (r *jobRetries) backoffLeft(uid k8stypes.UID, now time.Time) time.Duration {
+	if j := r.get(uid); j != nil && now.Before(j.notBefore) {
+		return j.notBefore.Sub(now)
+	}
+	return 0
 }
 
 func (r *jobRetries) forget(uid k8stypes.UID) {

@@ -166,13 +166,5 @@ func (c *VolumeCloneController) enqueueClonesOf(source string) {
 
 // enqueueClones enqueues every volume with a data source (node ownership changed).
 func (c *VolumeCloneController) enqueueClones() {
-	vols, err := c.ds.Volumes.ListRO(nil)
-	if err != nil {
-		return
-	}
-	for _, v := range vols {
-		if v.Spec.DataSource != "" {
-			c.enqueue(v)
-		}
-	}
+	c.enqueueVolumesWhere(func(v *v1beta1.Volume) bool { return v.Spec.DataSource != "" })
 }

@@ -181,14 +181,13 @@ func (c *VolumeRestoreController) runRestoreJob(ctx context.Context, s *restoreS
 	if st != nil && (st.Backup != s.backup.Name || st.Volume != s.backup.Status.VolumeName) {
 		st = nil // another restore's, which this one replaces
 	}
-	retry := c.retries.get(v.UID)
-	if st != nil && st.State == engineapi.JobStateError && retry != nil && inst.Revision <= retry.revision {
-		st = nil // the previous attempt's error: the new one has not shown yet
+	if st != nil && c.retries.previousError(v.UID, st.State, inst.Revision) {
+		st = nil // the new attempt has not shown yet
 	}
 	switch {
 	case st == nil:
-		if retry != nil && c.ds.Clock.Now().Before(retry.notBefore) {
-			c.queue.AddAfter(v.Namespace+"/"+v.Name, retry.notBefore.Sub(c.ds.Clock.Now()))
+		if wait := c.retries.backoffLeft(v.UID, c.ds.Clock.Now()); wait > 0 {
+			c.queue.AddAfter(v.Namespace+"/"+v.Name, wait)
 			return nil
 		}
 		return c.startRestoreJob(ctx, s, e, inst.Revision)

@@ -114,14 +114,4 @@ func (c *VolumeRestoreController) enqueueRestoring(volume string) {
 }
 
 // enqueueAllRestoring enqueues every volume still to be restored.
-func (c *VolumeRestoreController) enqueueAllRestoring() {
-	vols, err := c.ds.Volumes.ListRO(nil)
-	if err != nil {
-		return
-	}
-	for _, v := range vols {
-		if restoreIncomplete(v) {
-			c.enqueue(v)
-		}
-	}
-}
+func (c *VolumeRestoreController) enqueueAllRestoring() { c.enqueueVolumesWhere(restoreIncomplete) }
