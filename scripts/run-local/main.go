@@ -239,6 +239,22 @@ Backups go to the local S3 server %s (bucket %s), the BackupTarget default:
     metadata: {name: first, labels: {strata.io/volume: <a volume, e.g. the PV name of claim data>}}
     EOF
     kubectl -n strata-system get bk,bv
+
+and come back as a new volume (or as claims of a StorageClass with the
+parameter fromBackup: first), every day's snapshot kept for a week:
+
+    kubectl -n strata-system apply -f - <<EOF
+    apiVersion: strata.io/v1beta1
+    kind: Volume
+    metadata: {name: first-restored}
+    spec: {size: 64Mi, numberOfReplicas: 2, fromBackup: first}
+    ---
+    apiVersion: strata.io/v1beta1
+    kind: RecurringJob
+    metadata: {name: daily}
+    spec: {task: snapshot, cron: "0 3 * * *", retain: 7, groups: [default]}
+    EOF
+    kubectl -n strata-system get vol first-restored -o wide; kubectl -n strata-system get rj
 `, s3Endpoint, backupBucket)
 	fmt.Print("\nPress Ctrl-C to stop everything.\n\n")
 }
