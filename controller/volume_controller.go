@@ -356,8 +356,9 @@ const (
 
 // updateSnapshotLimitCondition judges the chain the engine last reported
 // (its cached status: no gRPC) against the limits the engine is given.
-// The condition changes only with the chain's snapshots or the limits, so
-// a volume's writes alone cost no status write (the head does not count).
+// The condition changes only when the limits change or the chain comes
+// near them, so neither a volume's writes (the head does not count) nor
+// its snapshots far from the limits cost a status write.
 func (s *volumeSync) updateSnapshotLimitCondition() {
 	var userCount int
 	var size int64
@@ -398,5 +399,18 @@ func snapshotLimitCondition(maxCount int32, maxSize int64, userCount int, size i
 	case sizeNear:
 		return true, SnapshotLimitReasonSizeNear, count + "; " + held + " (spec.snapshotMaxSize): 90% or more used"
 	}
-	return false, SnapshotLimitReasonWithin, count + "; " + held
+	// Within the limits the message names the limits only: figures that
+	// move with every snapshot would cost a Volume write per snapshot.
+	return false, SnapshotLimitReasonWithin, withinLimitsMessage(maxCount, maxSize)
+}
+
+func withinLimitsMessage(maxCount int32, maxSize int64) string {
+	count, size := "no count limit", "no size limit"
+	if maxCount > 0 {
+		count = fmt.Sprintf("under %d user snapshots (spec.snapshotMaxCount)", maxCount)
+	}
+	if maxSize > 0 {
+		size = fmt.Sprintf("under %s of snapshots (spec.snapshotMaxSize)", types.ApproxBytes(maxSize))
+	}
+	return count + "; " + size
 }
