@@ -97,7 +97,14 @@ func (c *VolumeRestoreController) reconcileRestore(ctx context.Context, s *resto
 	if ok, err := c.restoreSource(s); !ok || err != nil {
 		return err
 	}
-	if err := c.ensureRestoreTicket(ctx, s.vol); err != nil {
+	if err := c.ensureRestoreTicket(ctx, s.vol); apierrors.IsNotFound(err) {
+		// The volume controller creates the VolumeAttachment with the
+		// volume; its creation enqueues nobody here, so look again soon
+		// rather than fail the sync.
+		s.status.Message = "waiting for the volume's VolumeAttachment"
+		c.queue.AddAfter(s.vol.Namespace+"/"+s.vol.Name, time.Second)
+		return nil
+	} else if err != nil {
 		return err
 	}
 	return c.runRestoreJob(ctx, s)
