@@ -1,12 +1,12 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -50,21 +50,29 @@ func (e *env) requestsSince(ctx context.Context, from int64) (map[string]int64, 
 	if _, err := f.Seek(from, io.SeekStart); err != nil {
 		return nil, err
 	}
+	text, err := io.ReadAll(f)
+	if err != nil {
+		return nil, err
+	}
+	// Matched in the whole text, not line by line: versitygw does not write
+	// a request's line in one piece, so two requests ending together can
+	// interleave ("t | vgw | t | vgw | 204 | 16ms | … DELETE …" and a next
+	// line starting "204 | …"). Each request's "status | latency | client |
+	// METHOD | path" stays whole, and that is what is counted.
 	out := map[string]int64{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Split(sc.Text(), "|")
-		if len(fields) < 7 || strings.TrimSpace(fields[1]) != "vgw" {
-			continue
-		}
-		method, path := strings.TrimSpace(fields[5]), strings.Trim(strings.TrimSpace(fields[6]), "/")
+	for _, m := range requestRecord.FindAllStringSubmatch(string(text), -1) {
+		method, path := m[1], strings.Trim(m[2], "/")
 		if method == "GET" && !strings.Contains(path, "/") {
 			method = "LIST"
 		}
 		out[method]++
 	}
-	return out, sc.Err()
+	return out, nil
 }
+
+// requestRecord is one request in versitygw's log: "status | latency |
+// client | METHOD | path", after a "|" or at a line's start.
+var requestRecord = regexp.MustCompile(`(?m)(?:^|\|)\s*\d{3}\s*\|\s*[0-9][0-9.µnmhs]*\s*\|[^|]*\|\s*([A-Z]+)\s*\|\s*([^|\s]*)`)
 
 // objects counts the backup target's objects.
 func (e *env) objects(ctx context.Context) (int64, error) {
