@@ -18,8 +18,8 @@ const (
 type RecurringJobSpec struct {
 	// Groups select volumes by their job-group labels.
 	Groups []string `json:"groups,omitempty"`
-	// Task is what each run does. One of "snapshot", "snapshot-cleanup",
-	// "snapshot-delete", "backup".
+	// Task is what each run does.
+	// One of "snapshot", "snapshot-cleanup", "snapshot-delete", "backup".
 	// +kubebuilder:validation:Required
 	Task RecurringJobTask `json:"task"`
 	// Cron is the schedule, in five-field cron syntax. Must not be empty.

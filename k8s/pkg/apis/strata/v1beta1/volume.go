@@ -145,7 +145,7 @@ type VolumeSpec struct {
 	// namespace): the volume serves nothing before the restore completes.
 	// Its backing image is the backup's unless spec.backingImage names
 	// another copy of the same image (the same checksum). Immutable; not
-	// with spec.dataSource.
+	// with spec.dataSource. At most 253 characters.
 	// +kubebuilder:validation:Pattern=`^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$`
 	// +kubebuilder:validation:MaxLength=253
 	FromBackup string `json:"fromBackup,omitempty"`
