@@ -13,7 +13,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
-	"github.com/strata-storage/strata/controller"
 	"github.com/strata-storage/strata/internal/backupstore"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	stypes "github.com/strata-storage/strata/types"
@@ -23,15 +22,7 @@ import (
 // it returns the target as the test reads it.
 func recurringTarget(t *testing.T, prefix string) *backupstore.Target {
 	t.Helper()
-	srv := startS3(t)
-	s3Target(t, controller.DefaultBackupTargetName, "s3://backups@us-east-1/"+prefix, map[string]string{
-		backupstore.SecretEndpoint: srv.Endpoint, backupstore.SecretAccessKey: srv.AccessKey,
-		backupstore.SecretSecretKey: srv.SecretKey})
-	waitTarget(t, controller.DefaultBackupTargetName, true, "listed")
-	store, err := backupstore.NewS3Store(s3Config(srv, prefix))
-	require.NoError(t, err)
-	tgt, err := backupstore.Open(context.Background(), store, backupstore.Options{})
-	require.NoError(t, err)
+	tgt, _ := defaultS3Target(t, prefix)
 	return tgt
 }
 
