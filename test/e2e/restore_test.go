@@ -140,15 +140,24 @@ func TestRestoreBackupsIntoNewVolumes(t *testing.T) {
 		m["admin"] = &v1beta1.AttachmentTicket{ID: "admin", Type: v1beta1.AttacherTypeStrataAPI, NodeID: "node-1",
 			Parameters: map[string]string{v1beta1.AttachmentParameterDisableFrontend: v1beta1.FalseValue}}
 	})
+	// Until the restore is completed (read in the same Volume object) the
+	// volume has no frontend. A small restore may end before a poll sees
+	// the ticket waiting, so that sighting is logged, not required (the
+	// gate itself is table-tested in the controller).
+	sawWaiting := false
 	require.Eventually(t, func() bool {
-		va := getVA(t, "e2e-rs-r1")
-		st := va.Status.AttachmentTicketStatuses["admin"]
+		if st := getVA(t, "e2e-rs-r1").Status.AttachmentTicketStatuses["admin"]; st != nil &&
+			slices.ContainsFunc(st.Conditions, func(c metav1.Condition) bool {
+				return c.Reason == controller.TicketReasonWaitingForRestore
+			}) {
+			sawWaiting = true
+		}
 		v := getVolume(t, "e2e-rs-r1")
-		require.Empty(t, v.Status.FrontendEndpoint, "a volume being restored serves no data")
-		return st != nil && slices.ContainsFunc(st.Conditions, func(c metav1.Condition) bool {
-			return c.Reason == controller.TicketReasonWaitingForRestore
-		})
-	}, time.Minute, 200*time.Millisecond, "the admin ticket waits for the restore")
+		done := v.Status.RestoreStatus != nil && v.Status.RestoreStatus.State == v1beta1.VolumeRestoreStateCompleted
+		require.True(t, done || v.Status.FrontendEndpoint == "", "a volume being restored serves no data")
+		return done
+	}, 3*time.Minute, 100*time.Millisecond, "the restore completes")
+	t.Logf("the admin ticket was seen waiting for the restore: %t", sawWaiting)
 	r1 := waitRestored(t, "e2e-rs-r1")
 	assert.Equal(t, "e2e-rs-b1", r1.Status.RestoreStatus.Backup)
 	assert.Equal(t, int32(100), r1.Status.RestoreStatus.Progress)
