@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
@@ -39,11 +38,8 @@ func (b *bench) stepBackingImages(ctx context.Context) error {
 	bi := &v1beta1.BackingImage{ObjectMeta: metav1.ObjectMeta{Name: benchImage, Namespace: ns},
 		Spec: v1beta1.BackingImageSpec{SourceType: v1beta1.BackingImageSourceTypeDownload,
 			SourceParameters: map[string]string{v1beta1.BackingImageParameterURL: url}}}
-	if err := retry(ctx, "create backing image", func() error {
+	if err := retryCreate(ctx, "create backing image", func() error {
 		_, err := b.strata.StrataV1beta1().BackingImages(ns).Create(ctx, bi, metav1.CreateOptions{})
-		if apierrors.IsAlreadyExists(err) {
-			return nil
-		}
 		return err
 	}); err != nil {
 		return err
@@ -55,11 +51,8 @@ func (b *bench) stepBackingImages(ctx context.Context) error {
 		v := &v1beta1.Volume{ObjectMeta: metav1.ObjectMeta{Name: imageVolumeName(i), Namespace: ns},
 			Spec: v1beta1.VolumeSpec{Size: b.cfg.size, NumberOfReplicas: int32(b.cfg.replicas),
 				Frontend: v1beta1.VolumeFrontendNBD, BackingImage: benchImage}}
-		if err := retry(ctx, "create volume "+v.Name, func() error {
+		if err := retryCreate(ctx, "create volume "+v.Name, func() error {
 			_, err := b.strata.StrataV1beta1().Volumes(ns).Create(ctx, v, metav1.CreateOptions{})
-			if apierrors.IsAlreadyExists(err) {
-				return nil
-			}
 			return err
 		}); err != nil {
 			return err
@@ -67,11 +60,8 @@ func (b *bench) stepBackingImages(ctx context.Context) error {
 		snap := &v1beta1.Snapshot{ObjectMeta: metav1.ObjectMeta{Name: imageVolumeName(i) + "-s0", Namespace: ns},
 			Spec: v1beta1.SnapshotSpec{Volume: v.Name, CreateSnapshot: true}}
 		ready := b.snaps.await(snap.Name)
-		if err := retry(ctx, "create snapshot "+snap.Name, func() error {
+		if err := retryCreate(ctx, "create snapshot "+snap.Name, func() error {
 			_, err := b.strata.StrataV1beta1().Snapshots(ns).Create(ctx, snap, metav1.CreateOptions{})
-			if apierrors.IsAlreadyExists(err) {
-				return nil
-			}
 			return err
 		}); err != nil {
 			return err

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -90,11 +89,8 @@ func (b *bench) createTarget(ctx context.Context) error {
 	bt := &v1beta1.BackupTarget{ObjectMeta: metav1.ObjectMeta{Name: benchTarget, Namespace: ns},
 		Spec: v1beta1.BackupTargetSpec{BackupTargetURL: "file://" + dir,
 			PollInterval: metav1.Duration{Duration: targetPollInterval}}}
-	if err := retry(ctx, "create backup target", func() error {
+	if err := retryCreate(ctx, "create backup target", func() error {
 		_, err := b.strata.StrataV1beta1().BackupTargets(ns).Create(ctx, bt, metav1.CreateOptions{})
-		if apierrors.IsAlreadyExists(err) {
-			return nil
-		}
 		return err
 	}); err != nil {
 		return err
@@ -130,11 +126,8 @@ func (b *bench) takeBackups(ctx context.Context, n int) error {
 	err := parallel(ctx, n, b.cfg.workers, func(ctx context.Context, i int) error {
 		bk := &v1beta1.Backup{ObjectMeta: metav1.ObjectMeta{Name: backupName(i), Namespace: ns},
 			Spec: v1beta1.BackupSpec{SnapshotName: snapshotName(i%v, (i/v)%b.cfg.snapshots)}}
-		return retry(ctx, "create backup "+bk.Name, func() error {
+		return retryCreate(ctx, "create backup "+bk.Name, func() error {
 			_, err := b.strata.StrataV1beta1().Backups(ns).Create(ctx, bk, metav1.CreateOptions{})
-			if apierrors.IsAlreadyExists(err) {
-				return nil
-			}
 			return err
 		})
 	})
@@ -260,11 +253,8 @@ func (b *bench) restoreBackups(ctx context.Context, n int) error {
 		vol := &v1beta1.Volume{ObjectMeta: metav1.ObjectMeta{Name: restoreName(i), Namespace: ns},
 			Spec: v1beta1.VolumeSpec{Size: b.cfg.size, NumberOfReplicas: int32(b.cfg.replicas),
 				Frontend: v1beta1.VolumeFrontendNBD, FromBackup: backupName(i)}}
-		return retry(ctx, "create volume "+vol.Name, func() error {
+		return retryCreate(ctx, "create volume "+vol.Name, func() error {
 			_, err := b.strata.StrataV1beta1().Volumes(ns).Create(ctx, vol, metav1.CreateOptions{})
-			if apierrors.IsAlreadyExists(err) {
-				return nil
-			}
 			return err
 		})
 	})
@@ -350,11 +340,8 @@ func (b *bench) createSleepingJob(ctx context.Context) error {
 		Spec: v1beta1.RecurringJobSpec{Task: v1beta1.RecurringJobTaskSnapshot, Cron: benchJobCron, Retain: 1,
 			Concurrency: 1, Groups: []string{benchJobGroup}}}
 	start := time.Now()
-	if err := retry(ctx, "create recurring job", func() error {
+	if err := retryCreate(ctx, "create recurring job", func() error {
 		_, err := b.strata.StrataV1beta1().RecurringJobs(ns).Create(ctx, job, metav1.CreateOptions{})
-		if apierrors.IsAlreadyExists(err) {
-			return nil
-		}
 		return err
 	}); err != nil {
 		return err

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
@@ -30,11 +29,8 @@ func (b *bench) stepClones(ctx context.Context) error {
 			Spec: v1beta1.VolumeSpec{Size: b.cfg.size, NumberOfReplicas: int32(b.cfg.replicas),
 				Frontend: v1beta1.VolumeFrontendNBD, DataSource: fmt.Sprintf("snap://%s/%s", volumeName(i), snapshotName(i, 0))},
 		}
-		return retry(ctx, "create clone "+v.Name, func() error {
+		return retryCreate(ctx, "create clone "+v.Name, func() error {
 			_, err := b.strata.StrataV1beta1().Volumes(ns).Create(ctx, v, metav1.CreateOptions{})
-			if apierrors.IsAlreadyExists(err) {
-				return nil
-			}
 			return err
 		})
 	})

@@ -317,6 +317,17 @@ func (b *bench) progress(ctx context.Context, what string, total int, done *atom
 // retry calls fn until it succeeds, for up to a minute: an admission
 // webhook may be between leaders, the API server busy, a VolumeAttachment
 // not created yet, or an update in conflict (fn reads afresh each time).
+// retryCreate is retry of a create that an earlier attempt may have done
+// already: AlreadyExists is success.
+func retryCreate(ctx context.Context, what string, create func() error) error {
+	return retry(ctx, what, func() error {
+		if err := create(); !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+		return nil
+	})
+}
+
 func retry(ctx context.Context, what string, fn func() error) error {
 	deadline := time.Now().Add(time.Minute)
 	backoff := 50 * time.Millisecond
