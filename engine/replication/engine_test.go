@@ -28,6 +28,7 @@ type memReplica struct {
 	writes                       atomic.Int64
 	mu                           sync.Mutex
 	snapshots                    map[string]int64 // name -> writes completed when taken
+	beforeSnapshot               func()           // runs as the replica takes a snapshot
 }
 
 func newMemReplica(size int64) *memReplica {
@@ -53,7 +54,7 @@ func (m *memReplica) WriteAt(p []byte, off int64) (int, error) {
 	return n, err
 }
 
-func (m *memReplica) Control(_ context.Context, method string, args, reply any) error {
+func (m *memReplica) Control(ctx context.Context, method string, args, reply any) error {
 	raw, _ := json.Marshal(args)
 	var a replicactl.SnapshotArgs
 	_ = json.Unmarshal(raw, &a)
@@ -64,6 +65,12 @@ func (m *memReplica) Control(_ context.Context, method string, args, reply any) 
 		}
 		return nil
 	case replicactl.Snapshot:
+		if m.beforeSnapshot != nil {
+			m.beforeSnapshot()
+		}
+		if err := ctx.Err(); err != nil {
+			return err // as a data connection does with a call cut off
+		}
 		if m.failSnapshot.Load() {
 			return errInjected
 		}
@@ -182,6 +189,19 @@ func TestSnapshotFailureMarksThatReplicaERR(t *testing.T) {
 	reps[0].failSnapshot.Store(true)
 	require.NoError(t, e.Snapshot(context.Background(), "s1", SnapshotOptions{}))
 	assert.Equal(t, []Mode{ModeERR, ModeRW, ModeRW}, modes(e))
+}
+
+// A caller that goes away while a snapshot is taken (a manager killed during
+// its gRPC call) fails no replica: every replica still takes it.
+func TestSnapshotOutlivesItsCallerOnEveryReplica(t *testing.T) {
+	e, reps, _ := newTestEngine(t, ModeRW, ModeRW, ModeRW)
+	ctx, cancel := context.WithCancel(context.Background())
+	reps[0].beforeSnapshot = cancel
+	require.NoError(t, e.Snapshot(ctx, "s1", SnapshotOptions{UserCreated: true}))
+	assert.Equal(t, []Mode{ModeRW, ModeRW, ModeRW}, modes(e))
+	for i, r := range reps {
+		assert.Contains(t, r.snapshots, "s1", "replica %d", i)
+	}
 }
 
 // Snapshots land at one point in the write stream: under a storm of

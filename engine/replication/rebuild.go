@@ -297,8 +297,9 @@ func (j *rebuildJob) start(ctx context.Context, sourceAddr string) error {
 			return fmt.Errorf("rebuild %s: snapshot %s refused by replica %s: %w", o.Replica, j.snapshot, r.name, err)
 		}
 	}
+	mctx := context.WithoutCancel(ctx) // the caller going away fails no replica (see controlAll)
 	if err := e.fanOutLocked("snapshot "+j.snapshot, func(b Backend) error {
-		return b.Control(ctx, replicactl.Snapshot, args, nil)
+		return b.Control(mctx, replicactl.Snapshot, args, nil)
 	}); err != nil {
 		return fmt.Errorf("rebuild %s: %w", o.Replica, err)
 	}

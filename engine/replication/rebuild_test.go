@@ -8,7 +8,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -437,6 +439,38 @@ func TestRebuildFailureLeavesERR(t *testing.T) {
 	assert.Equal(t, ModeRW, mode)
 	require.NoError(t, e.RemoveReplica(src.name))
 	m.check(t, readDevice(t, e), "the second rebuilt replica alone")
+}
+
+// A rebuild's caller that goes away while the rebuild snapshot is taken (a
+// manager killed during its gRPC call) fails the rebuild at most, never the
+// source: losing the volume's one RW replica to a dead caller would fault it.
+func TestRebuildStartCallerGoneKeepsSource(t *testing.T) {
+	const size = 1 << 20
+	e := New("vol", size, quietLog(), nil)
+	src := serveReplica(t, "r-src", size)
+	ctx, cancel := context.WithCancel(context.Background())
+	hookedSrc := &hooked{Backend: dialT(t, src.addr), control: func(method string) error {
+		if method == replicactl.Snapshot {
+			cancel()
+		}
+		return nil
+	}}
+	require.NoError(t, e.AddReplica(src.name, src.addr, hookedSrc, ModeRW))
+	target := serveReplica(t, "r-t", size)
+	done, err := e.StartRebuild(ctx, RebuildOptions{Replica: target.name, Address: target.addr,
+		Target: dialT(t, target.addr), Dial: dialBackend})
+	if err == nil {
+		<-done
+	}
+	_, mode, ok := e.Backend(src.name)
+	require.True(t, ok)
+	assert.Equal(t, ModeRW, mode, "the source stays RW")
+	var names []string
+	for name := range chainOf(t, dialT(t, src.addr)) {
+		names = append(names, name)
+	}
+	assert.True(t, slices.ContainsFunc(names, func(n string) bool { return strings.HasPrefix(n, "rebuild-") }),
+		"the source took the rebuild snapshot: %v", names)
 }
 
 // purgingBackend reports a purge in progress.

@@ -40,8 +40,9 @@ func (e *Engine) Snapshot(ctx context.Context, name string, opts SnapshotOptions
 			return fmt.Errorf("snapshot %s refused by replica %s: %w", name, r.name, err)
 		}
 	}
+	mctx := context.WithoutCancel(ctx) // see controlAll
 	if err := e.fanOutLocked("snapshot "+name, func(b Backend) error {
-		return b.Control(ctx, replicactl.Snapshot, args, nil)
+		return b.Control(mctx, replicactl.Snapshot, args, nil)
 	}); err != nil {
 		return err
 	}
@@ -145,7 +146,12 @@ func (e *Engine) requireSnapshot(ctx context.Context, name string) error {
 }
 
 // controlAll makes one control call on every writer, between two writes.
+// The caller's cancellation does not reach the calls: a change every replica
+// must make, cut off part-way because the caller went away (a manager killed
+// while its gRPC request ran), would mark healthy replicas ERR and rebuild
+// them for nothing. The data connection's own timeout still bounds each call.
 func (e *Engine) controlAll(ctx context.Context, what, method string, args any) error {
+	ctx = context.WithoutCancel(ctx)
 	e.io.Lock()
 	defer e.io.Unlock()
 	if err := e.fanOutLocked(what, func(b Backend) error { return b.Control(ctx, method, args, nil) }); err != nil {
