@@ -3,8 +3,11 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -36,17 +39,46 @@ func snapshotsOf(t *testing.T, volume string) []v1beta1.Snapshot {
 	return list.Items
 }
 
+// waitSnapshotsReady waits until n of the snapshots asked for (CRs with
+// spec.createSnapshot) are ready. The system's own, mirrored from the chain
+// (a rebuild's, when a replica failed in the test), are not counted.
 func waitSnapshotsReady(t *testing.T, volume string, n int, timeout time.Duration) {
 	t.Helper()
-	require.Eventually(t, func() bool {
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		ready := 0
 		for _, s := range snapshotsOf(t, volume) {
-			if s.Status.ReadyToUse {
+			if s.Spec.CreateSnapshot && s.Status.ReadyToUse {
 				ready++
 			}
 		}
-		return ready == n
-	}, timeout, 100*time.Millisecond, "%d snapshots of %s ready", n, volume)
+		if ready == n {
+			return
+		}
+	}
+	t.Fatalf("%d snapshots of %s ready: timed out after %s; now:\n%s", n, volume, timeout, describeSnapshots(volume))
+}
+
+// describeSnapshots lists a volume's Snapshot CRs and its engine's chain, a
+// line each, to tell why a wait on them timed out.
+func describeSnapshots(volume string) string {
+	var b strings.Builder
+	list, err := env.adminStrata.StrataV1beta1().Snapshots(ns).List(context.Background(),
+		metav1.ListOptions{LabelSelector: stypes.LabelVolume + "=" + volume})
+	if err != nil {
+		return err.Error()
+	}
+	for _, s := range list.Items {
+		fmt.Fprintf(&b, "snapshot %s asked=%v owner=%s ready=%v created=%q error=%q deleting=%v\n", s.Name, s.Spec.CreateSnapshot,
+			s.Status.OwnerID, s.Status.ReadyToUse, s.Status.CreationTime, s.Status.Error, s.DeletionTimestamp != nil)
+	}
+	engines, err := env.adminStrata.StrataV1beta1().Engines(ns).List(context.Background(),
+		metav1.ListOptions{LabelSelector: stypes.LabelVolume + "=" + volume})
+	if err == nil {
+		for _, e := range engines.Items {
+			fmt.Fprintf(&b, "engine %s chain=%v\n", e.Name, slices.Sorted(maps.Keys(e.Status.Snapshots)))
+		}
+	}
+	return b.String() + describeChildren(volume)
 }
 
 // engineChain is the volume's engine snapshot map.
