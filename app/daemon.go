@@ -217,9 +217,10 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 		instances = controller.NewInstanceCache()
 		controllers.single(controller.NewInstanceManagerController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances))
 	}
-	controllers.add(controller.NewNodeController(log, ds, recorder, cfg.nodeName, cfg.disks,
+	nodes, err := controller.NewNodeController(log, ds, recorder, cfg.nodeName, cfg.disks,
 		controller.NodeControllerOptions{LeaseDuration: cfg.leaseDuration, DiskCheckInterval: cfg.diskCheckInterval,
-			Instances: instances, IMAddress: cfg.imAddress, DataPlane: imPool, APIAddress: cfg.apiAdvertise}))
+			Instances: instances, IMAddress: cfg.imAddress, DataPlane: imPool, APIAddress: cfg.apiAdvertise})
+	controllers.add(nodes, err)
 	controllers.single(controller.NewSettingController(log, ds, recorder, cfg.nodeName))
 	controllers.add(controller.NewVolumeController(log, ds, recorder, cfg.nodeName))
 	controllers.add(controller.NewResourceQuotaController(log, ds, recorder, cfg.nodeName))
@@ -244,6 +245,7 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 
 	start := time.Now()
 	ds.Start(ctx)
+	nodes.StartHeartbeat(ctx) // before the (at scale, long) first list: see StartHeartbeat
 	if err := ds.WaitForCacheSync(ctx); err != nil {
 		return err
 	}

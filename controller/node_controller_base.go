@@ -54,6 +54,7 @@ type NodeController struct {
 	leaseDuration     time.Duration
 	diskCheckInterval time.Duration
 	heartbeat         lease.Controller
+	heartbeatOnce     sync.Once
 	instances         *InstanceCache
 	imClient          func() (engineapi.DataPlane, error)
 	apiAddress        string
@@ -167,10 +168,20 @@ func labelNodeLease(nodeName string) lease.ProcessLeaseFunc {
 	}
 }
 
-// Run registers the node, starts the heartbeat and the disk monitor, and
-// runs the workers until ctx ends.
+// StartHeartbeat begins renewing this manager's heartbeat lease, once. The
+// daemon calls it before its caches sync: at scale the first list takes
+// longer than a lease, and a restarting manager whose lease ran out
+// meanwhile would see its peers take its node's objects (its engines
+// "unknown", their volumes "attaching") only to hand them back seconds
+// later. A live process keeps them; its workers catch up once synced.
+func (nc *NodeController) StartHeartbeat(ctx context.Context) {
+	nc.heartbeatOnce.Do(func() { go nc.heartbeat.Run(ctx) })
+}
+
+// Run registers the node, starts the heartbeat (if the daemon has not) and
+// the disk monitor, and runs the workers until ctx ends.
 func (nc *NodeController) Run(ctx context.Context, workers int) {
-	go nc.heartbeat.Run(ctx)
+	nc.StartHeartbeat(ctx)
 	go wait.UntilWithContext(ctx, nc.checkDisks, nc.diskCheckInterval)
 	nc.queue.Add(nc.ds.Namespace + "/" + nc.controllerID)
 	nc.baseController.Run(ctx, workers)

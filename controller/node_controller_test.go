@@ -345,3 +345,19 @@ func TestNodeRequeuedOnMinimalAvailableChange(t *testing.T) {
 	key, _ := nc.queue.Get()
 	assert.Equal(t, testNS+"/node-1", key)
 }
+
+// The daemon starts the heartbeat before its caches sync, so a restarting
+// manager renews its lease without waiting for its first list.
+func TestHeartbeatStartsBeforeRun(t *testing.T) {
+	env := dstest.New(t, nil, nil)
+	nc, err := NewNodeController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", nil,
+		NodeControllerOptions{LeaseDuration: 4 * time.Second})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	nc.StartHeartbeat(ctx)
+	require.Eventually(t, func() bool {
+		_, err := env.Kube.CoordinationV1().Leases(testNS).Get(ctx, types.NodeLeaseName("node-1"), metav1.GetOptions{})
+		return err == nil
+	}, 5*time.Second, 10*time.Millisecond, "the lease is held before Run")
+}
