@@ -358,8 +358,8 @@ func TestSyncBackupCompletesAndDeletes(t *testing.T) {
 }
 
 // A failed job is started again once its backoff passed, and a new failure
-// (a later revision of the instance) counts as the next attempt; the same
-// error seen again does not.
+// (after the attempt started) counts as the next attempt; the same error
+// seen again, even at a later revision of the instance, does not.
 func TestBackupJobRetries(t *testing.T) {
 	dir := backupTargetDir(t, false)
 	im := &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: testNS},
@@ -399,6 +399,10 @@ func TestBackupJobRetries(t *testing.T) {
 	}
 	sync("attempt 1 failed, retried in 10s")
 	sync("attempt 1 failed")
+	// The instance changes for another reason (a purge's progress): the
+	// same error at a later revision is still the first failure.
+	failed(8)
+	sync("attempt 1 failed, retried in 10s")
 	assert.Empty(t, dp.calls(), "not before the backoff")
 	backoffPassed()
 	b := sync("")

@@ -16,6 +16,11 @@ type jobRetry struct {
 	// revision is the instance's revision when the job was last started: an
 	// error status at or below it is the previous attempt's.
 	revision uint64
+	// counted: the last failure is counted and no attempt started since. The
+	// instance's revision also moves for changes that are not the job's (a
+	// purge's progress, a snapshot), and the same error seen at a later
+	// revision is not a new failure.
+	counted bool
 	// notBefore is when the next attempt may start.
 	notBefore time.Time
 }
@@ -46,7 +51,7 @@ func (r *jobRetries) started(uid k8stypes.UID, revision uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if j := r.m[uid]; j != nil {
-		j.revision = revision
+		j.revision, j.counted = revision, false
 	}
 }
 
@@ -61,7 +66,7 @@ func (r *jobRetries) failed(uid k8stypes.UID, revision uint64, now time.Time, ba
 		r.m[uid] = j
 	}
 	j.attempts++
-	j.revision = revision
+	j.revision, j.counted = revision, true
 	wait := base << (j.attempts - 1)
 	j.notBefore = now.Add(wait)
 	return j.attempts, wait
@@ -71,7 +76,7 @@ func (r *jobRetries) failed(uid k8stypes.UID, revision uint64, now time.Time, ba
 // previous attempt's: the job started again since has not shown yet.
 func (r *jobRetries) previousError(uid k8stypes.UID, state string, revision uint64) bool {
 	j := r.get(uid)
-	return state == engineapi.JobStateError && j != nil && revision <= j.revision
+	return state == engineapi.JobStateError && j != nil && (j.counted || revision <= j.revision)
 }
 
 // backoffLeft is how long the next attempt of uid's job must still wait.
