@@ -88,8 +88,11 @@ func waitRestored(t *testing.T, name string) *v1beta1.Volume {
 func attachAndSum(t *testing.T, name string) string {
 	t.Helper()
 	updateTickets(t, name, addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-1"))
-	v := waitVolume(t, name, 2*time.Minute, "attached to node-1", attachedTo("node-1"))
-	require.NotEmpty(t, v.Status.FrontendEndpoint)
+	// A volume just restored is still attached there for the restore, with
+	// no frontend, until the admin's ticket takes over.
+	v := waitVolume(t, name, 2*time.Minute, "served on node-1", func(v *v1beta1.Volume) bool {
+		return attachedTo("node-1")(v) && v.Status.FrontendEndpoint != ""
+	})
 	return nbdSum(t, v.Status.FrontendEndpoint)
 }
 
