@@ -508,3 +508,43 @@ func TestRebuildThroughput(t *testing.T) {
 	d := time.Since(began)
 	t.Logf("rebuilt %d MiB in %v: %.0f MB/s", mb, d, float64(size)/1e6/d.Seconds())
 }
+
+// A remove retried while the purge of its first try runs (the manager's
+// status write lost a conflict) finds the layer merged away on every
+// replica between its chain read and its call: that is success, and no
+// replica fails (both going ERR had faulted the volume in an e2e run).
+func TestRemoveRacingItsPurgeFailsNoReplica(t *testing.T) {
+	const size = 1 << 20
+	ctx := context.Background()
+	e := New("vol", size, quietLog(), nil)
+	var purgeFirst atomic.Bool
+	for i := range 2 {
+		r := serveReplica(t, "r"+strconv.Itoa(i), size)
+		inner := dialT(t, r.addr)
+		require.NoError(t, e.AddReplica(r.name, r.addr, &hooked{Backend: inner, control: func(method string) error {
+			if method == replicactl.Remove && purgeFirst.Load() {
+				require.NoError(t, inner.Control(ctx, replicactl.PurgeStart, nil, nil))
+				require.Eventually(t, func() bool {
+					var st replicactl.PurgeStatusReply
+					return inner.Control(ctx, replicactl.PurgeStatus, nil, &st) == nil && !st.IsPurging
+				}, 10*time.Second, 10*time.Millisecond)
+			}
+			return nil
+		}}, ModeRW))
+	}
+	_, err := e.WriteAt(bytes.Repeat([]byte{7}, 4096), 0)
+	require.NoError(t, err)
+	require.NoError(t, e.Snapshot(ctx, "s1", SnapshotOptions{UserCreated: true}))
+	_, err = e.WriteAt(bytes.Repeat([]byte{8}, 4096), 8192)
+	require.NoError(t, err)
+	require.NoError(t, e.Snapshot(ctx, "s2", SnapshotOptions{UserCreated: true}))
+	require.NoError(t, e.RemoveSnapshot(ctx, "s1"))
+
+	purgeFirst.Store(true)
+	require.NoError(t, e.RemoveSnapshot(ctx, "s1"), "the retry")
+	assert.Equal(t, []Mode{ModeRW, ModeRW}, modes(e))
+	chain, err := e.Chain(ctx)
+	require.NoError(t, err)
+	assert.NotContains(t, chain.Layers, "s1", "purged")
+	assert.Contains(t, chain.Layers, "s2")
+}

@@ -2,9 +2,11 @@ package replication
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/strata-storage/strata/engine/dataconn"
 	"github.com/strata-storage/strata/engine/replicactl"
 )
 
@@ -68,7 +70,17 @@ func (e *Engine) RemoveSnapshot(ctx context.Context, name string) error {
 	if err := e.requireSnapshot(ctx, name); err != nil {
 		return err
 	}
-	return e.controlAll(ctx, "remove "+name, replicactl.Remove, replicactl.NameArgs{Name: name})
+	// A purge started by an earlier remove runs in the replicas' background
+	// and may merge the layer away between the chain read and this call:
+	// gone is as good as removed, not a replica failure (which, on every
+	// replica at once, had faulted the volume on a retried delete).
+	return e.controlAllWith(ctx, "remove "+name, func(ctx context.Context, b Backend) error {
+		err := b.Control(ctx, replicactl.Remove, replicactl.NameArgs{Name: name}, nil)
+		if errors.Is(err, dataconn.ErrNotFound) {
+			return nil
+		}
+		return err
+	})
 }
 
 // Revert puts a new empty head on a snapshot on every replica. The volume
@@ -151,10 +163,15 @@ func (e *Engine) requireSnapshot(ctx context.Context, name string) error {
 // while its gRPC request ran), would mark healthy replicas ERR and rebuild
 // them for nothing. The data connection's own timeout still bounds each call.
 func (e *Engine) controlAll(ctx context.Context, what, method string, args any) error {
+	return e.controlAllWith(ctx, what, func(ctx context.Context, b Backend) error { return b.Control(ctx, method, args, nil) })
+}
+
+// controlAllWith is controlAll with the call on each writer given whole.
+func (e *Engine) controlAllWith(ctx context.Context, what string, call func(context.Context, Backend) error) error {
 	ctx = context.WithoutCancel(ctx)
 	e.io.Lock()
 	defer e.io.Unlock()
-	if err := e.fanOutLocked(what, func(b Backend) error { return b.Control(ctx, method, args, nil) }); err != nil {
+	if err := e.fanOutLocked(what, func(b Backend) error { return call(ctx, b) }); err != nil {
 		return err
 	}
 	e.onChange()
