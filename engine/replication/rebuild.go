@@ -291,16 +291,7 @@ func (j *rebuildJob) start(ctx context.Context, sourceAddr string) error {
 
 	e.io.Lock()
 	defer e.io.Unlock()
-	writers, _, _ := e.targets()
-	for _, r := range writers {
-		if err := r.backend.Control(ctx, replicactl.SnapshotCheck, args, nil); err != nil {
-			return fmt.Errorf("rebuild %s: snapshot %s refused by replica %s: %w", o.Replica, j.snapshot, r.name, err)
-		}
-	}
-	mctx := context.WithoutCancel(ctx) // the caller going away fails no replica (see controlAll)
-	if err := e.fanOutLocked("snapshot "+j.snapshot, func(b Backend) error {
-		return b.Control(mctx, replicactl.Snapshot, args, nil)
-	}); err != nil {
+	if err := e.snapshotLocked(ctx, args); err != nil {
 		return fmt.Errorf("rebuild %s: %w", o.Replica, err)
 	}
 	e.mu.Lock()

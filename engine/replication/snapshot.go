@@ -33,19 +33,7 @@ func (e *Engine) Snapshot(ctx context.Context, name string, opts SnapshotOptions
 		Created: time.Now().UTC().Truncate(time.Second), Labels: opts.Labels, ID: replicactl.NewLayerID()}
 	e.io.Lock()
 	defer e.io.Unlock()
-	writers, _, _ := e.targets()
-	if len(writers) == 0 {
-		return ErrNoHealthyReplica
-	}
-	for _, r := range writers {
-		if err := r.backend.Control(ctx, replicactl.SnapshotCheck, args, nil); err != nil {
-			return fmt.Errorf("snapshot %s refused by replica %s: %w", name, r.name, err)
-		}
-	}
-	mctx := context.WithoutCancel(ctx) // see controlAll
-	if err := e.fanOutLocked("snapshot "+name, func(b Backend) error {
-		return b.Control(mctx, replicactl.Snapshot, args, nil)
-	}); err != nil {
+	if err := e.snapshotLocked(ctx, args); err != nil {
 		return err
 	}
 	e.log.WithField("snapshot", name).Info("Snapshot taken")
@@ -157,25 +145,45 @@ func (e *Engine) requireSnapshot(ctx context.Context, name string) error {
 	return nil
 }
 
+// snapshotLocked takes args' snapshot on every writer, two-phase: every
+// replica is asked first, so a refusal fails none. The caller holds e.io.
+func (e *Engine) snapshotLocked(ctx context.Context, args replicactl.SnapshotArgs) error {
+	writers, _, _ := e.targets()
+	for _, r := range writers {
+		if err := r.backend.Control(ctx, replicactl.SnapshotCheck, args, nil); err != nil {
+			return fmt.Errorf("snapshot %s refused by replica %s: %w", args.Name, r.name, err)
+		}
+	}
+	return e.fanOutControlLocked(ctx, "snapshot "+args.Name, func(ctx context.Context, b Backend) error {
+		return b.Control(ctx, replicactl.Snapshot, args, nil)
+	})
+}
+
 // controlAll makes one control call on every writer, between two writes.
-// The caller's cancellation does not reach the calls: a change every replica
-// must make, cut off part-way because the caller went away (a manager killed
-// while its gRPC request ran), would mark healthy replicas ERR and rebuild
-// them for nothing. The data connection's own timeout still bounds each call.
 func (e *Engine) controlAll(ctx context.Context, what, method string, args any) error {
 	return e.controlAllWith(ctx, what, func(ctx context.Context, b Backend) error { return b.Control(ctx, method, args, nil) })
 }
 
 // controlAllWith is controlAll with the call on each writer given whole.
 func (e *Engine) controlAllWith(ctx context.Context, what string, call func(context.Context, Backend) error) error {
-	ctx = context.WithoutCancel(ctx)
 	e.io.Lock()
 	defer e.io.Unlock()
-	if err := e.fanOutLocked(what, func(b Backend) error { return call(ctx, b) }); err != nil {
+	if err := e.fanOutControlLocked(ctx, what, call); err != nil {
 		return err
 	}
 	e.onChange()
 	return nil
+}
+
+// fanOutControlLocked runs a change every replica must make on every
+// writer; the caller holds e.io. The caller's cancellation does not reach
+// the calls: a change cut off part-way because the caller went away (a
+// manager killed while its gRPC request ran) would mark healthy replicas
+// ERR and rebuild them for nothing. The data connection's own timeout still
+// bounds each call.
+func (e *Engine) fanOutControlLocked(ctx context.Context, what string, call func(context.Context, Backend) error) error {
+	ctx = context.WithoutCancel(ctx)
+	return e.fanOutLocked(what, func(b Backend) error { return call(ctx, b) })
 }
 
 // controlOne makes a read-only control call on one RW replica, falling back

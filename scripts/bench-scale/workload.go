@@ -314,9 +314,6 @@ func (b *bench) progress(ctx context.Context, what string, total int, done *atom
 	return func() { cancel(); wg.Wait() }
 }
 
-// retry calls fn until it succeeds, for up to a minute: an admission
-// webhook may be between leaders, the API server busy, a VolumeAttachment
-// not created yet, or an update in conflict (fn reads afresh each time).
 // retryCreate is retry of a create that an earlier attempt may have done
 // already: AlreadyExists is success.
 func retryCreate(ctx context.Context, what string, create func() error) error {
@@ -328,6 +325,9 @@ func retryCreate(ctx context.Context, what string, create func() error) error {
 	})
 }
 
+// retry calls fn until it succeeds, for up to a minute: an admission
+// webhook may be between leaders, the API server busy, a VolumeAttachment
+// not created yet, or an update in conflict (fn reads afresh each time).
 func retry(ctx context.Context, what string, fn func() error) error {
 	deadline := time.Now().Add(time.Minute)
 	backoff := 50 * time.Millisecond

@@ -120,9 +120,7 @@ func TestBackupAndRestoreFaults(t *testing.T) {
 
 	// Each later backup has 400 MiB of new data to upload.
 	newSnapshot := func(t *testing.T, snap string, n int) string {
-		v := waitVolume(t, vol, 2*time.Minute, "served on node-1", func(v *v1beta1.Volume) bool {
-			return attachedTo("node-1")(v) && v.Status.FrontendEndpoint != ""
-		})
+		v := waitVolume(t, vol, 2*time.Minute, "served on node-1", servedOn("node-1"))
 		writeRandom(t, v.Status.FrontendEndpoint, 400)
 		createSnapshot(parent, vol, snap)
 		waitSnapshotsReady(t, vol, n, time.Minute)
@@ -200,9 +198,7 @@ func volumeSumAttached(t *testing.T, name string) string {
 		m["admin"] = &v1beta1.AttachmentTicket{ID: "admin", Type: v1beta1.AttacherTypeStrataAPI, NodeID: "node-2",
 			Parameters: map[string]string{v1beta1.AttachmentParameterDisableFrontend: v1beta1.FalseValue}}
 	})
-	v := waitVolume(t, name, 2*time.Minute, "served on node-2", func(v *v1beta1.Volume) bool {
-		return attachedTo("node-2")(v) && v.Status.FrontendEndpoint != ""
-	})
+	v := waitVolume(t, name, 2*time.Minute, "served on node-2", servedOn("node-2"))
 	return volumeSum(t, v.Status.FrontendEndpoint, 512<<20)
 }
 

@@ -90,9 +90,7 @@ func attachAndSum(t *testing.T, name string) string {
 	updateTickets(t, name, addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-1"))
 	// A volume just restored is still attached there for the restore, with
 	// no frontend, until the admin's ticket takes over.
-	v := waitVolume(t, name, 2*time.Minute, "served on node-1", func(v *v1beta1.Volume) bool {
-		return attachedTo("node-1")(v) && v.Status.FrontendEndpoint != ""
-	})
+	v := waitVolume(t, name, 2*time.Minute, "served on node-1", servedOn("node-1"))
 	return nbdSum(t, v.Status.FrontendEndpoint)
 }
 

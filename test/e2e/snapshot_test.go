@@ -3,10 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -58,8 +56,9 @@ func waitSnapshotsReady(t *testing.T, volume string, n int, timeout time.Duratio
 	t.Fatalf("%d snapshots of %s ready: timed out after %s; now:\n%s", n, volume, timeout, describeSnapshots(volume))
 }
 
-// describeSnapshots lists a volume's Snapshot CRs and its engine's chain, a
-// line each, to tell why a wait on them timed out.
+// describeSnapshots lists a volume's Snapshot CRs, then its engines (with
+// their chains) and replicas, a line each, to tell why a wait on them timed
+// out.
 func describeSnapshots(volume string) string {
 	var b strings.Builder
 	list, err := env.adminStrata.StrataV1beta1().Snapshots(ns).List(context.Background(),
@@ -70,13 +69,6 @@ func describeSnapshots(volume string) string {
 	for _, s := range list.Items {
 		fmt.Fprintf(&b, "snapshot %s asked=%v owner=%s ready=%v created=%q error=%q deleting=%v\n", s.Name, s.Spec.CreateSnapshot,
 			s.Status.OwnerID, s.Status.ReadyToUse, s.Status.CreationTime, s.Status.Error, s.DeletionTimestamp != nil)
-	}
-	engines, err := env.adminStrata.StrataV1beta1().Engines(ns).List(context.Background(),
-		metav1.ListOptions{LabelSelector: stypes.LabelVolume + "=" + volume})
-	if err == nil {
-		for _, e := range engines.Items {
-			fmt.Fprintf(&b, "engine %s chain=%v\n", e.Name, slices.Sorted(maps.Keys(e.Status.Snapshots)))
-		}
 	}
 	return b.String() + describeChildren(volume)
 }

@@ -3,7 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -121,6 +123,12 @@ func attachedTo(node string) func(*v1beta1.Volume) bool {
 	return func(v *v1beta1.Volume) bool {
 		return v.Status.State == v1beta1.VolumeStateAttached && v.Status.CurrentNodeID == node
 	}
+}
+
+// servedOn is attachedTo with the frontend up: a volume attached for a
+// restore or a clone (frontend off) is attached but serves nothing yet.
+func servedOn(node string) func(*v1beta1.Volume) bool {
+	return func(v *v1beta1.Volume) bool { return attachedTo(node)(v) && v.Status.FrontendEndpoint != "" }
 }
 
 func isDetached(v *v1beta1.Volume) bool {
@@ -243,8 +251,9 @@ func describeChildren(volume string) string {
 	var b strings.Builder
 	if engines, err := env.adminStrata.StrataV1beta1().Engines(ns).List(ctx, sel); err == nil {
 		for _, e := range engines.Items {
-			fmt.Fprintf(&b, "engine %s node=%s desire=%s state=%s owner=%s modes=%v\n", e.Name, e.Spec.NodeID,
-				e.Spec.DesireState, e.Status.CurrentState, e.Status.OwnerID, e.Status.ReplicaModeMap)
+			fmt.Fprintf(&b, "engine %s node=%s desire=%s state=%s owner=%s modes=%v chain=%v\n", e.Name, e.Spec.NodeID,
+				e.Spec.DesireState, e.Status.CurrentState, e.Status.OwnerID, e.Status.ReplicaModeMap,
+				slices.Sorted(maps.Keys(e.Status.Snapshots)))
 		}
 	}
 	if replicas, err := env.adminStrata.StrataV1beta1().Replicas(ns).List(ctx, sel); err == nil {
