@@ -4,12 +4,13 @@ SHELL := /bin/bash
 GO    ?= go
 BIN   := bin
 
-.PHONY: build generate verify test fuzz run clean bench-backup
+.PHONY: build generate verify test test-long fuzz run clean bench-backup
 
 build:
 	$(GO) build -ldflags "-X github.com/strata-storage/strata/app.Version=$$(git describe --always --dirty 2>/dev/null || echo dev)" \
 		-o $(BIN)/strata-manager .
 	$(GO) build -o $(BIN)/run-local ./scripts/run-local
+	$(GO) build -o $(BIN)/test-times ./scripts/test-times
 
 # Regenerate deepcopy, clientset, listers, informers and CRD YAML from
 # k8s/pkg/apis, and the gRPC code from engineapi/proto.
@@ -22,14 +23,30 @@ generate:
 verify:
 	scripts/verify.sh
 
-# Every fuzz target briefly, then unit tests (fake clientsets) and
-# integration/end-to-end tests (a real local control plane, real manager and
-# instance-manager processes, qemu-io and nbdcopy). go test's summary comes last.
-test:
-	FUZZTIME=5s scripts/fuzz.sh
-	$(GO) test -count=1 -timeout 40m ./...
+# The functional suite, what CI runs: unit tests (fake clientsets, fuzz
+# seed corpora), integration and end-to-end tests (a real local control
+# plane and kubelet nodes, real manager and instance-manager processes,
+# qemu-io and nbdcopy). Every feature's end-to-end path runs at least once;
+# the long modes (tests named TestLong*) are make test-long's. The manager
+# binary is built once and handed to every package that runs it. Prints
+# failures as go test does, then the packages' and the 20 slowest tests'
+# wall times (the raw events stay in bin/test.json; docs/testing.md).
+test: build
+	set -o pipefail; $(TEST_ENV) $(GO) test -count=1 -timeout 30m -json -skip '^TestLong' ./... | \
+		$(BIN)/test-times -save $(BIN)/test.json
 
-# Every fuzz target for longer (override with FUZZTIME=10m).
+# The long modes: the full replica model and crash lists, make run's double
+# start, the local cluster's own checks, a real minute's cron tick; then
+# every fuzz target for FUZZTIME (default 30s). docs/testing.md lists them.
+LONG_PKGS = $(shell grep -rl --include='*_test.go' '^func TestLong' . | xargs -n1 dirname | sort -u)
+test-long: build
+	set -o pipefail; $(TEST_ENV) $(GO) test -count=1 -timeout 60m -json -run '^TestLong' $(LONG_PKGS) | \
+		$(BIN)/test-times -save $(BIN)/test-long.json
+	FUZZTIME=$${FUZZTIME:-30s} scripts/fuzz.sh
+
+TEST_ENV = STRATA_MANAGER_BIN=$(abspath $(BIN))/strata-manager
+
+# Every fuzz target, time-boxed (override with FUZZTIME=10m).
 fuzz:
 	FUZZTIME=$${FUZZTIME:-2m} scripts/fuzz.sh
 

@@ -26,25 +26,36 @@ import (
 const testExportSize = 64 << 20
 
 // requireSystem skips a test that needs what real connections need: root,
-// FUSE, loop devices and the tools.
-func requireSystem(t *testing.T) {
-	t.Helper()
+// FUSE, loop devices and the tools. Under CI=true (set by .ci/run) a
+// missing piece fails the test instead: CI must never pass by skipping.
+func requireSystem(tb testing.TB) {
+	tb.Helper()
+	missing := func(format string, args ...any) {
+		tb.Helper()
+		if os.Getenv("CI") == "true" {
+			tb.Fatalf("CI=true, and the test "+format, args...)
+		}
+		tb.Skipf(format, args...)
+	}
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (loop devices, mounts)")
+		missing("needs root (loop devices, mounts)")
+		return
 	}
 	for _, dev := range []string{"/dev/fuse", "/dev/loop-control"} {
 		if _, err := os.Stat(dev); err != nil {
-			t.Skipf("needs %s: %v", dev, err)
+			missing("needs %s: %v", dev, err)
+			return
 		}
 	}
 	for _, tool := range []string{"nbdfuse", "qemu-nbd", "qemu-io", "losetup", "mkfs.ext4", "mount", "umount"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s: %v", tool, err)
+			missing("needs %s: %v", tool, err)
+			return
 		}
 	}
 }
 
-func testLogger(t *testing.T) logrus.FieldLogger {
+func testLogger(t testing.TB) logrus.FieldLogger {
 	l := logrus.New()
 	l.SetLevel(logrus.DebugLevel)
 	l.SetOutput(testWriter{t})
@@ -52,7 +63,7 @@ func testLogger(t *testing.T) logrus.FieldLogger {
 }
 
 // testWriter sends log lines to t.Log, so they show with the failing test.
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
@@ -72,7 +83,7 @@ type nbdServer struct {
 // startNBDServer serves a fresh 64 MiB file as export name. --persistent
 // because nbdfuse and the test tools come and go; --shared so that nbdfuse's
 // several connections and a qemu-io can be clients at once.
-func startNBDServer(t *testing.T, name string) *nbdServer {
+func startNBDServer(t testing.TB, name string) *nbdServer {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), name+".img")
 	require.NoError(t, os.WriteFile(file, nil, 0o600))
@@ -95,7 +106,7 @@ func startNBDServer(t *testing.T, name string) *nbdServer {
 	return s
 }
 
-func (s *nbdServer) start(t *testing.T) {
+func (s *nbdServer) start(t testing.TB) {
 	t.Helper()
 	logPath := s.file + ".log"
 	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
@@ -121,7 +132,7 @@ func (s *nbdServer) kill() {
 	_ = s.cmd.Wait()
 }
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -132,7 +143,7 @@ func freePort(t *testing.T) int {
 // newTestFUSELoop returns a connector on a fresh state directory whose
 // cleanup fails the test if anything of it is left (loop device, mount,
 // nbdfuse), then removes whatever is left so later tests start clean.
-func newTestFUSELoop(t *testing.T) *FUSELoop {
+func newTestFUSELoop(t testing.TB) *FUSELoop {
 	t.Helper()
 	c, err := NewFUSELoop(t.TempDir(), testLogger(t))
 	require.NoError(t, err)
@@ -148,7 +159,7 @@ func newTestFUSELoop(t *testing.T) *FUSELoop {
 
 // leftovers describes every loop device, mount and nbdfuse process that
 // belongs to stateDir, as read from the system.
-func leftovers(t *testing.T, stateDir string) []string {
+func leftovers(t testing.TB, stateDir string) []string {
 	var left []string
 	loops, err := loopBackingFiles()
 	require.NoError(t, err)
@@ -170,7 +181,7 @@ func leftovers(t *testing.T, stateDir string) []string {
 	return left
 }
 
-func nbdfuseFor(t *testing.T, stateDir string) []process {
+func nbdfuseFor(t testing.TB, stateDir string) []process {
 	procs, err := findProcesses("nbdfuse", func(args []string) bool {
 		for _, a := range args {
 			if under(a, stateDir) {
@@ -190,7 +201,7 @@ func under(path, dir string) bool {
 // forceClean tears down whatever a failed test left: mounts of its loop
 // devices, the loop devices, FUSE mounts and nbdfuse processes. Not
 // t.Context(): that is cancelled before cleanups run.
-func forceClean(t *testing.T, stateDir string) {
+func forceClean(t testing.TB, stateDir string) {
 	ctx := context.Background()
 	logIfFailed := func(_ string, err error) {
 		if err != nil {
@@ -227,7 +238,7 @@ func forceClean(t *testing.T, stateDir string) {
 
 // mountExt4 mounts device on a fresh directory and unmounts it at cleanup
 // if the test has not.
-func mountExt4(t *testing.T, device string) string {
+func mountExt4(t testing.TB, device string) string {
 	t.Helper()
 	dir := t.TempDir()
 	out, err := exec.Command("mount", "-t", "ext4", device, dir).CombinedOutput()
@@ -236,20 +247,20 @@ func mountExt4(t *testing.T, device string) string {
 	return dir
 }
 
-func umount(t *testing.T, dir string) {
+func umount(t testing.TB, dir string) {
 	t.Helper()
 	out, err := exec.Command("umount", dir).CombinedOutput()
 	require.NoError(t, err, "umount %s: %s", dir, out)
 }
 
-func mkfsExt4(t *testing.T, device string) {
+func mkfsExt4(t testing.TB, device string) {
 	t.Helper()
 	out, err := exec.Command("mkfs.ext4", "-q", "-F", device).CombinedOutput()
 	require.NoError(t, err, "mkfs.ext4 %s: %s", device, out)
 }
 
 // writeRandomFile writes n random bytes to path, syncs, and returns their hash.
-func writeRandomFile(t *testing.T, path string, n int) string {
+func writeRandomFile(t testing.TB, path string, n int) string {
 	t.Helper()
 	data := make([]byte, n)
 	_, err := rand.Read(data)
@@ -263,7 +274,7 @@ func writeRandomFile(t *testing.T, path string, n int) string {
 	return hex.EncodeToString(sum[:])
 }
 
-func hashFile(t *testing.T, path string) string {
+func hashFile(t testing.TB, path string) string {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)

@@ -15,8 +15,8 @@ import (
 	"github.com/strata-storage/strata/engineapi/impb"
 	"github.com/strata-storage/strata/internal/backupstore"
 	"github.com/strata-storage/strata/internal/s3server"
-	"github.com/strata-storage/strata/scripts/internal/benchvol"
-	"github.com/strata-storage/strata/scripts/localcluster"
+	"github.com/strata-storage/strata/internal/benchvol"
+	"github.com/strata-storage/strata/internal/localcluster"
 )
 
 const (

@@ -19,7 +19,7 @@ import (
 	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
 	"github.com/strata-storage/strata/k8s/pkg/client/informers/externalversions"
 	listers "github.com/strata-storage/strata/k8s/pkg/client/listers/strata/v1beta1"
-	"github.com/strata-storage/strata/scripts/localcluster"
+	"github.com/strata-storage/strata/internal/localcluster"
 	"github.com/strata-storage/strata/types"
 )
 

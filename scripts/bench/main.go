@@ -28,7 +28,7 @@ import (
 
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/engineapi/impb"
-	"github.com/strata-storage/strata/scripts/internal/benchvol"
+	"github.com/strata-storage/strata/internal/benchvol"
 )
 
 func main() {

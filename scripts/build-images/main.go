@@ -14,7 +14,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v3"
 
-	"github.com/strata-storage/strata/scripts/images"
+	"github.com/strata-storage/strata/package/images"
 )
 
 func main() {

@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/strata-storage/strata/scripts/images"
-	"github.com/strata-storage/strata/scripts/localcluster"
+	"github.com/strata-storage/strata/package/images"
+	"github.com/strata-storage/strata/internal/localcluster"
 )
 
 const upTimeout = 5 * time.Minute // a cold image build is part of the first start
@@ -25,16 +25,16 @@ const upTimeout = 5 * time.Minute // a cold image build is part of the first sta
 // `make run` leaves nothing on the host when stopped with Ctrl-C, and a run
 // killed with -9 in the middle (its Pods running, their volumes mounted) is
 // cleaned up by the next start in the same directory.
-func TestRunLocalLeavesNothingBehind(t *testing.T) {
+func TestLongRunLocalLeavesNothingBehind(t *testing.T) {
 	root, err := localcluster.RepoRoot()
 	require.NoError(t, err)
 	binDir := t.TempDir()
-	for _, b := range []struct{ out, pkg string }{{"strata-manager", "."}, {"run-local", "./scripts/run-local"}} {
-		build := exec.Command("go", "build", "-o", filepath.Join(binDir, b.out), b.pkg)
-		build.Dir = root
-		out, err := build.CombinedOutput()
-		require.NoError(t, err, "go build %s: %s", b.pkg, out)
-	}
+	managerBin, err := localcluster.ManagerBinary(t.Context(), binDir)
+	require.NoError(t, err)
+	build := exec.Command("go", "build", "-o", filepath.Join(binDir, "run-local"), "./scripts/run-local")
+	build.Dir = root
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "go build ./scripts/run-local: %s", out)
 	// Not under t.TempDir(): its path, named after the test, is long for
 	// the unix sockets inside.
 	runDir, err := os.MkdirTemp("", "run-local-")
@@ -44,7 +44,7 @@ func TestRunLocalLeavesNothingBehind(t *testing.T) {
 	panicBefore := kernelPanicNotKubelets(t)
 
 	// First run: a Pod is running when run-local is killed with -9.
-	first := startRunLocal(t, binDir, runDir)
+	first := startRunLocal(t, binDir, managerBin, runDir)
 	runPod(t, runDir, "before-crash")
 	require.NoError(t, first.Process.Signal(syscall.SIGKILL))
 	_ = first.Wait()
@@ -52,7 +52,7 @@ func TestRunLocalLeavesNothingBehind(t *testing.T) {
 		"a run killed with -9 leaves its Pods (the point of the second run)")
 
 	// Second run in the same directory: starts clean, then Ctrl-C.
-	second := startRunLocal(t, binDir, runDir)
+	second := startRunLocal(t, binDir, managerBin, runDir)
 	runPod(t, runDir, "before-ctrl-c")
 	// The CSI controller plugin killed with -9 comes back with its sidecars,
 	// as a kubelet would restart them: a new claim is still provisioned,
@@ -62,7 +62,7 @@ func TestRunLocalLeavesNothingBehind(t *testing.T) {
 	// The local S3 server answers as the default backup target.
 	wait := exec.Command("kubectl", "--kubeconfig", filepath.Join(runDir, "admin.kubeconfig"), "-n", "strata-system",
 		"wait", "--for=condition=Available", "backuptarget/default", "--timeout=60s")
-	out, err := wait.CombinedOutput()
+	out, err = wait.CombinedOutput()
 	require.NoError(t, err, "the default backup target is Available: %s", out)
 	require.NoError(t, second.Process.Signal(syscall.SIGINT))
 	done := make(chan error, 1)
@@ -99,9 +99,9 @@ func kernelPanicNotKubelets(t *testing.T) string {
 
 // startRunLocal starts run-local with two nodes and waits until it says the
 // cluster is up. The process is killed when the test ends, whatever happens.
-func startRunLocal(t *testing.T, binDir, runDir string) *exec.Cmd {
+func startRunLocal(t *testing.T, binDir, managerBin, runDir string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(binDir, "run-local"), "--manager-bin", filepath.Join(binDir, "strata-manager"),
+	cmd := exec.Command(filepath.Join(binDir, "run-local"), "--manager-bin", managerBin,
 		"--run-dir", runDir, "--nodes", "2")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out, err := cmd.StdoutPipe()

@@ -21,7 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/strata-storage/strata/engineapi"
-	"github.com/strata-storage/strata/scripts/localcluster"
+	"github.com/strata-storage/strata/internal/localcluster"
 )
 
 var env struct {
@@ -37,15 +37,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	env.root = dir
-	repo, err := localcluster.RepoRoot()
-	if err == nil {
-		env.bin = filepath.Join(dir, "strata-manager")
-		build := exec.Command("go", "build", "-o", env.bin, ".")
-		build.Dir, build.Stdout, build.Stderr = repo, os.Stderr, os.Stderr
-		err = build.Run()
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "building strata-manager:", err)
+	if env.bin, err = localcluster.ManagerBinary(context.Background(), dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	env.pool = engineapi.NewPool(30 * time.Second)

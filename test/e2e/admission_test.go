@@ -36,6 +36,7 @@ func kubectlIn(t *testing.T, stdin string, args ...string) (string, error) {
 // new volume, is refused through the API server with the field and the
 // reason, and nothing is left behind.
 func TestAdmissionCloneSourceChecked(t *testing.T) {
+	t.Parallel() // reads, or objects of its own: runs beside the others at the end
 	waitForWebhooks(t)
 	ctx := context.Background()
 	createVolume(t, "adm-src", "16Mi", 1)
@@ -68,6 +69,7 @@ func TestAdmissionCloneSourceChecked(t *testing.T) {
 // and the command that removes it; once it is removed the delete goes
 // through.
 func TestAdmissionDeleteOfAttachedVolume(t *testing.T) {
+	t.Parallel() // reads, or objects of its own: runs beside the others at the end
 	waitForWebhooks(t)
 	ctx := context.Background()
 	createVolume(t, "adm-del", "16Mi", 1)
@@ -105,6 +107,7 @@ func TestAdmissionDeleteOfAttachedVolume(t *testing.T) {
 // System tickets do not hold a volume: a volume with only a snapshot
 // controller's ticket can be deleted.
 func TestAdmissionDeleteWithSystemTicket(t *testing.T) {
+	t.Parallel() // reads, or objects of its own: runs beside the others at the end
 	waitForWebhooks(t)
 	createVolume(t, "adm-sys", "16Mi", 1)
 	waitVolume(t, "adm-sys", time.Minute, "detached", isDetached)
@@ -156,6 +159,7 @@ func TestAdmissionPrinterColumns(t *testing.T) {
 
 // Values the schema and webhooks fix or refuse, as an admin meets them.
 func TestAdmissionValues(t *testing.T) {
+	t.Parallel() // reads, or objects of its own: runs beside the others at the end
 	waitForWebhooks(t)
 	manifest := func(size string) string {
 		return "apiVersion: strata.io/v1beta1\nkind: Volume\nmetadata: {name: adm-size, namespace: " + ns + "}\n" +

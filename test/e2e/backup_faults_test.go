@@ -98,16 +98,16 @@ func killAndRestartManager(t *testing.T, node string) {
 // restore completes with the right data. A flipped byte in a stored pack
 // fails a restore naming the backup and the chunk.
 func TestBackupAndRestoreFaults(t *testing.T) {
-	srv, tgt := faultTarget(t)
+	srv, throttle, tgt := throttledS3Target(t, "e2e-faults", faultRate)
 	const vol = "e2e-bf"
-	createVolume(t, vol, "512Mi", 1)
+	createVolume(t, vol, "64Mi", 1)
 	waitVolume(t, vol, time.Minute, "detached", isDetached)
 	updateTickets(t, vol, addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-1"))
 	v := waitVolume(t, vol, time.Minute, "attached to node-1", attachedTo("node-1"))
-	writeRandom(t, v.Status.FrontendEndpoint, 400)
+	writeRandom(t, v.Status.FrontendEndpoint, faultDataMiB)
 	createSnapshot(t, vol, "e2e-bf-s1")
 	waitSnapshotsReady(t, vol, 1, time.Minute)
-	sum1 := volumeSum(t, v.Status.FrontendEndpoint, 512<<20)
+	sum1 := volumeSum(t, v.Status.FrontendEndpoint, faultVolumeSize)
 	// Backups and restored volumes outlive their subtest: later ones use them.
 	parent := t
 
@@ -118,13 +118,13 @@ func TestBackupAndRestoreFaults(t *testing.T) {
 		assertBackupEndedRight(t, tgt, vol, "e2e-bf-b1", sum1)
 	})
 
-	// Each later backup has 400 MiB of new data to upload.
+	// Each later backup has faultDataMiB of new data to upload.
 	newSnapshot := func(t *testing.T, snap string, n int) string {
 		v := waitVolume(t, vol, 2*time.Minute, "served on node-1", servedOn("node-1"))
-		writeRandom(t, v.Status.FrontendEndpoint, 400)
+		writeRandom(t, v.Status.FrontendEndpoint, faultDataMiB)
 		createSnapshot(parent, vol, snap)
 		waitSnapshotsReady(t, vol, n, time.Minute)
-		return volumeSum(t, v.Status.FrontendEndpoint, 512<<20)
+		return volumeSum(t, v.Status.FrontendEndpoint, faultVolumeSize)
 	}
 
 	t.Run("S3 server stopped mid-upload and restarted", func(t *testing.T) {
@@ -147,7 +147,7 @@ func TestBackupAndRestoreFaults(t *testing.T) {
 	})
 
 	t.Run("manager killed mid-restore", func(t *testing.T) {
-		restoreVolume(parent, "e2e-bf-r1", "512Mi", "e2e-bf-b1")
+		restoreVolume(parent, "e2e-bf-r1", "64Mi", "e2e-bf-b1")
 		r := waitRestoring(t, "e2e-bf-r1")
 		t.Logf("restore of e2e-bf-r1 on %s at %d%%: killing its manager", r.Status.CurrentNodeID, r.Status.RestoreStatus.Progress)
 		killAndRestartManager(t, r.Status.CurrentNodeID)
@@ -157,7 +157,7 @@ func TestBackupAndRestoreFaults(t *testing.T) {
 	})
 
 	t.Run("instance manager killed mid-restore", func(t *testing.T) {
-		restoreVolume(parent, "e2e-bf-r2", "512Mi", "e2e-bf-b1")
+		restoreVolume(parent, "e2e-bf-r2", "64Mi", "e2e-bf-b1")
 		r := waitRestoring(t, "e2e-bf-r2")
 		t.Logf("restore of e2e-bf-r2 on %s at %d%%: killing its instance manager", r.Status.CurrentNodeID, r.Status.RestoreStatus.Progress)
 		restart := killIM(t, r.Status.CurrentNodeID)
@@ -168,8 +168,9 @@ func TestBackupAndRestoreFaults(t *testing.T) {
 	})
 
 	t.Run("a flipped byte in a stored pack fails the restore naming the chunk", func(t *testing.T) {
+		throttle.SetRate(0) // no fault to land here: full speed
 		flipPackByte(t, srv, "e2e-faults", tgt, vol, "e2e-bf-b1")
-		restoreVolume(parent, "e2e-bf-r3", "512Mi", "e2e-bf-b1")
+		restoreVolume(parent, "e2e-bf-r3", "64Mi", "e2e-bf-b1")
 		r := waitVolume(t, "e2e-bf-r3", 3*time.Minute, "restore failed", func(v *v1beta1.Volume) bool {
 			rs := v.Status.RestoreStatus
 			require.False(t, rs != nil && rs.State == v1beta1.VolumeRestoreStateCompleted, "a damaged backup restored")
@@ -183,12 +184,14 @@ func TestBackupAndRestoreFaults(t *testing.T) {
 	})
 }
 
-// faultTarget is the default target on a fresh S3 server, prefix e2e-faults.
-func faultTarget(t *testing.T) (*s3server.Server, *backupstore.Target) {
-	t.Helper()
-	srv, tgt, _ := defaultS3TargetOn(t, "e2e-faults")
-	return srv, tgt
-}
+// A fault lands mid-transfer because the managers reach the S3 server
+// through a throttle: faultDataMiB at faultRate takes about 8 s each way,
+// where a 2-core machine moves it in well under a second.
+const (
+	faultDataMiB    = 48
+	faultVolumeSize = 64 << 20
+	faultRate       = 6 << 20
+)
 
 // volumeSumAttached attaches a restored volume with its frontend for the
 // admin and returns the SHA-256 of its first 512 MiB.
@@ -199,7 +202,7 @@ func volumeSumAttached(t *testing.T, name string) string {
 			Parameters: map[string]string{v1beta1.AttachmentParameterDisableFrontend: v1beta1.FalseValue}}
 	})
 	v := waitVolume(t, name, 2*time.Minute, "served on node-2", servedOn("node-2"))
-	return volumeSum(t, v.Status.FrontendEndpoint, 512<<20)
+	return volumeSum(t, v.Status.FrontendEndpoint, faultVolumeSize)
 }
 
 // flipPackByte flips one byte in the middle of the first pack backup

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"flag"
 	"os"
 	"path/filepath"
@@ -9,15 +10,24 @@ import (
 	"testing"
 
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
+	ginkgotypes "github.com/onsi/ginkgo/v2/types"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 // notYetPassing lists, by exact name, the csi-sanity specs the driver does
 // not pass yet, each with the reason. It only shrinks: issue 12 is done when
-// it is empty. (Specs for capabilities the driver does not advertise yet —
-// volume expansion — are skipped by csi-sanity itself and show in its
-// "Skipped" count.)
+// it is empty.
 var notYetPassing = map[string]string{}
+
+// How many of csi-test's specs run against the driver, and how many the
+// suite skips itself (those of capabilities the driver does not
+// advertise). A change in either means a capability or the suite changed:
+// look at which, then update them.
+const (
+	wantSanityRan     = 0
+	wantSanitySkipped = 0
+)
 
 // csi-sanity, the CSI project's conformance suite, against the real driver
 // (controller and node services on one socket, the node being node-2) on
@@ -43,5 +53,39 @@ func TestCSISanity(t *testing.T) {
 	cfg.TestVolumeSize = 64 << 20
 	cfg.TestVolumeParameters = map[string]string{"numberOfReplicas": "2"}
 	cfg.IdempotentCount = 2
+	report := filepath.Join(t.TempDir(), "ginkgo.json")
+	require.NoError(t, flag.Set("ginkgo.json-report", report))
 	sanity.Test(t, cfg)
+
+	ran, skipped, failed := sanityCounts(t, report)
+	t.Logf("csi-sanity: %d specs ran, %d skipped, %d failed", ran, skipped, failed)
+	assert.Zero(t, failed, "specs failed")
+	assert.Equal(t, wantSanityRan, ran, "specs that ran")
+	assert.Equal(t, wantSanitySkipped, skipped, "specs csi-sanity skipped")
+}
+
+// sanityCounts reads Ginkgo's JSON report of the run: how many specs (It
+// nodes) ran, were skipped (by the suite or by ginkgo.skip) and failed.
+func sanityCounts(t *testing.T, path string) (ran, skipped, failed int) {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err, "ginkgo's JSON report")
+	var reports []ginkgotypes.Report
+	require.NoError(t, json.Unmarshal(raw, &reports))
+	require.Len(t, reports, 1)
+	for _, s := range reports[0].SpecReports {
+		if s.LeafNodeType != ginkgotypes.NodeTypeIt {
+			continue
+		}
+		switch {
+		case s.State == ginkgotypes.SpecStateSkipped || s.State == ginkgotypes.SpecStatePending:
+			skipped++
+		case s.State.Is(ginkgotypes.SpecStateFailureStates):
+			ran++
+			failed++
+		default:
+			ran++
+		}
+	}
+	return ran, skipped, failed
 }

@@ -40,6 +40,7 @@ func tryKubectl(t *testing.T, args ...string) (string, error) {
 }
 
 func TestKubectl(t *testing.T) {
+	t.Parallel() // reads, or objects of its own: runs beside the others at the end
 	require.Eventually(t, func() bool {
 		for _, n := range nodeNames {
 			if nodeReady(t, n) != "True" {

@@ -10,7 +10,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -25,8 +24,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
-	"github.com/strata-storage/strata/scripts/images"
-	"github.com/strata-storage/strata/scripts/localcluster"
+	"github.com/strata-storage/strata/package/images"
+	"github.com/strata-storage/strata/internal/localcluster"
 	"github.com/strata-storage/strata/types"
 )
 
@@ -80,11 +79,9 @@ func run(m *testing.M) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	bin := filepath.Join(runDir, "strata-manager")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, ".")
-	build.Dir, build.Stdout, build.Stderr = root, os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		return 0, fmt.Errorf("building strata-manager: %w", err)
+	bin, err := localcluster.ManagerBinary(ctx, runDir)
+	if err != nil {
+		return 0, err
 	}
 
 	clusterDir := filepath.Join(runDir, "cluster")

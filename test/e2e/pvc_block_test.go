@@ -18,7 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/strata-storage/strata/csi"
-	"github.com/strata-storage/strata/scripts/localcluster"
+	"github.com/strata-storage/strata/internal/localcluster"
 )
 
 // blockDevicePath is where the block-mode Pods see their claim.

@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
-	"github.com/strata-storage/strata/scripts/localcluster"
+	"github.com/strata-storage/strata/internal/localcluster"
 )
 
 // Faults in the middle of the longest CSI operations: a process is killed

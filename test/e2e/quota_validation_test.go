@@ -53,6 +53,7 @@ func newQuota(ns string) *v1beta1.ResourceQuota {
 // as raw JSON or with kubectl; valid quotas are accepted. A value that does
 // not parse never reaches the webhook: the CRD schema's pattern refuses it.
 func TestQuotaValidation(t *testing.T) {
+	t.Parallel() // reads, or objects of its own: runs beside the others at the end
 	waitForWebhooks(t)
 	ctx := context.Background()
 	ns := quotaNamespace(t)
@@ -200,6 +201,7 @@ func TestQuotaValidation(t *testing.T) {
 // server with impersonated users bound in one namespace: the quota roles
 // package/manifests ships, and the built-in roles they are aggregated into.
 func TestQuotaRBAC(t *testing.T) {
+	t.Parallel() // reads, or objects of its own: runs beside the others at the end
 	ctx := context.Background()
 	ns := quotaNamespace(t)
 	_, err := env.adminStrata.StrataV1beta1().ResourceQuotas(ns).Create(ctx, newQuota(ns), metav1.CreateOptions{})

@@ -19,6 +19,7 @@ import (
 // The managers run with exactly the shipped ClusterRole and Role: what they
 // need is allowed, and anything else is forbidden.
 func TestManagerRunsUnderShippedRBAC(t *testing.T) {
+	t.Parallel() // reads, or objects of its own: runs beside the others at the end
 	kube := kubernetes.NewForConfigOrDie(env.managerConfig)
 	strata := versioned.NewForConfigOrDie(env.managerConfig)
 	ctx := context.Background()

@@ -26,16 +26,21 @@ func recurringTarget(t *testing.T, prefix string) *backupstore.Target {
 	return tgt
 }
 
-// createRecurringJob creates a job every minute keeping 3; it goes, with
-// the backups it made (deleted from the target while it is there), when
-// the test ends.
-func createRecurringJob(t *testing.T, name string, task v1beta1.RecurringJobTask) {
+// fastCron is the schedule of the e2e jobs: robfig/cron's descriptor
+// runs them every 15 s, and their objects' names carry the tick's seconds,
+// so a test sees five ticks in a little over a minute, not five.
+const fastCron = "@every 15s"
+
+// createRecurringJob creates a job on cron keeping 3; it goes, with the
+// backups it made (deleted from the target while it is there), when the
+// test ends.
+func createRecurringJob(t *testing.T, name string, task v1beta1.RecurringJobTask, cron string) {
 	t.Helper()
 	ctx := context.Background()
 	require.Eventually(t, func() bool {
 		_, err := env.adminStrata.StrataV1beta1().RecurringJobs(ns).Create(ctx, &v1beta1.RecurringJob{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-			Spec: v1beta1.RecurringJobSpec{Task: task, Cron: "* * * * *", Retain: 3, Concurrency: 2,
+			Spec: v1beta1.RecurringJobSpec{Task: task, Cron: cron, Retain: 3, Concurrency: 2,
 				Labels: map[string]string{"e2e": "recurring"}}}, metav1.CreateOptions{})
 		if err != nil {
 			t.Logf("create recurring job %s: %v", name, err)
@@ -114,8 +119,9 @@ func labelledFor(jobs ...string) func(*v1beta1.Volume) {
 	}
 }
 
-// A snapshot job and a backup job, every minute with retain 3, on two
-// volumes being written: after more than 4 ticks each volume holds exactly
+// A snapshot job and a backup job, every 15 s with retain 3, on two
+// volumes being written at the same pace: after more than 4 ticks each
+// volume holds exactly
 // 3 of each job's snapshots and 3 Completed backups, and the target lists
 // exactly 3 backups of it. Renamed (the same job under a new name, the old
 // deleted), the old job's snapshots go with one kubectl command and the
@@ -133,8 +139,8 @@ func TestRecurringJobRetainAndRename(t *testing.T) {
 		updateTickets(t, vol, addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-1"))
 		endpoints = append(endpoints, waitVolume(t, vol, time.Minute, "attached", attachedTo("node-1")).Status.FrontendEndpoint)
 	}
-	createRecurringJob(t, snapJob, v1beta1.RecurringJobTaskSnapshot)
-	createRecurringJob(t, backupJob, v1beta1.RecurringJobTaskBackup)
+	createRecurringJob(t, snapJob, v1beta1.RecurringJobTaskSnapshot, fastCron)
+	createRecurringJob(t, backupJob, v1beta1.RecurringJobTaskBackup, fastCron)
 
 	// New data between ticks, so each backup has something of its own.
 	stop := make(chan struct{})
@@ -142,8 +148,9 @@ func TestRecurringJobRetainAndRename(t *testing.T) {
 	writers.Go(func() {
 		for i := 0; ; i++ {
 			for _, ep := range endpoints {
+				// A lost write would leave a backup with nothing new.
 				if _, err := runQemuIO(ep, "write -P "+strconv.Itoa(1+i%200)+" "+strconv.Itoa(i%32)+"M 1M"); err != nil {
-					t.Logf("write %d: %v", i, err)
+					t.Errorf("write %d to %s: %v", i, ep, err)
 				}
 			}
 			select {
@@ -156,8 +163,8 @@ func TestRecurringJobRetainAndRename(t *testing.T) {
 	defer func() { close(stop); writers.Wait() }()
 
 	start := time.Now()
-	waitRunsEnded(t, snapJob, 5, 8*time.Minute)
-	waitRunsEnded(t, backupJob, 5, 3*time.Minute)
+	waitRunsEnded(t, snapJob, 5, 3*time.Minute)
+	waitRunsEnded(t, backupJob, 5, 2*time.Minute)
 	t.Logf("5 ticks of each job in %s", time.Since(start).Round(time.Second))
 	for _, vol := range vols {
 		require.Eventually(t, func() bool {
@@ -169,12 +176,10 @@ func TestRecurringJobRetainAndRename(t *testing.T) {
 			return len(s1) == 3 && len(s2) == 3 && len(b2) == 3 && len(onTarget) == 3
 		}, 40*time.Second, 2*time.Second, "volume %s keeps exactly 3 of each", vol)
 	}
-	assert.Regexp(t, `NAME\s+TASK\s+CRON\s+RETAIN\s+LASTRUN\s+AGE\n`+snapJob+`\s+snapshot\s+\* \* \* \* \*\s+3\s`,
-		kubectl(t, "-n", ns, "get", "rj", snapJob))
 
 	// Rename: the same job under a new name, the volumes relabelled, the
 	// old job deleted. Its snapshots stay until the admin prunes them.
-	createRecurringJob(t, renamed, v1beta1.RecurringJobTaskSnapshot)
+	createRecurringJob(t, renamed, v1beta1.RecurringJobTaskSnapshot, fastCron)
 	for _, vol := range vols {
 		_, err := env.adminStrata.StrataV1beta1().Volumes(ns).Patch(context.Background(), vol, "application/merge-patch+json",
 			[]byte(`{"metadata":{"labels":{"`+stypes.RecurringJobVolumeLabel(snapJob)+`":null,"`+
@@ -201,19 +206,29 @@ func TestRecurringJobRetainAndRename(t *testing.T) {
 	}
 }
 
+// kubectl's columns of a job that never runs during the test (its cron is
+// next due on 1 January), so that nothing moves while they are read.
+func TestRecurringJobColumns(t *testing.T) {
+	t.Parallel()
+	const job = "e2e-rj-columns"
+	createRecurringJob(t, job, v1beta1.RecurringJobTaskSnapshot, "0 0 1 1 *")
+	assert.Regexp(t, `NAME\s+TASK\s+CRON\s+RETAIN\s+LASTRUN\s+AGE\n`+job+`\s+snapshot\s+0 0 1 1 \*\s+3\s`,
+		kubectl(t, "-n", ns, "get", "rj", job))
+}
+
 // kill -9 of the manager that owns a backup job while the job's backup
 // uploads: the job converges — an alive manager owns it, later ticks run,
 // no tick ran twice (no snapshot of the job was made twice, and each tick
 // recorded was counted once), every backup of the job ends, and retention
 // holds at 3.
 func TestRecurringJobSurvivesOwnerKill(t *testing.T) {
-	tgt := recurringTarget(t, "e2e-rj-kill")
+	_, _, tgt := throttledS3Target(t, "e2e-rj-kill", faultRate)
 	const job, vol = "e2e-rj-kill", "e2e-rj-k"
-	createVolume(t, vol, "512Mi", 1, labelledFor(job))
+	createVolume(t, vol, "64Mi", 1, labelledFor(job))
 	waitVolume(t, vol, time.Minute, "detached", isDetached)
 	updateTickets(t, vol, addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-1"))
 	v := waitVolume(t, vol, time.Minute, "attached", attachedTo("node-1"))
-	writeRandom(t, v.Status.FrontendEndpoint, 400)
+	writeRandom(t, v.Status.FrontendEndpoint, faultDataMiB)
 
 	ctx := context.Background()
 	sel := metav1.ListOptions{LabelSelector: stypes.LabelRecurringJob + "=" + job}
@@ -250,9 +265,10 @@ func TestRecurringJobSurvivesOwnerKill(t *testing.T) {
 			}
 		}
 	}()
-	createRecurringJob(t, job, v1beta1.RecurringJobTaskBackup)
+	createRecurringJob(t, job, v1beta1.RecurringJobTaskBackup, fastCron)
 
-	// The first run's backup is full (400 MiB): kill its owner while it uploads.
+	// The first run's backup is full (faultDataMiB through the throttle):
+	// kill its owner while it uploads.
 	var uploading string
 	require.Eventually(t, func() bool {
 		bl, err := env.adminStrata.StrataV1beta1().Backups(ns).List(ctx, sel)
@@ -274,7 +290,7 @@ func TestRecurringJobSurvivesOwnerKill(t *testing.T) {
 	killAndRestartManager(t, owner)
 
 	// Converged: two more ticks run to their end after the restart.
-	j := waitRunsEnded(t, job, countAtKill+2, 5*time.Minute)
+	j := waitRunsEnded(t, job, countAtKill+2, 3*time.Minute)
 	t.Logf("after the kill: owner %s, %d runs", j.Status.OwnerID, j.Status.ExecutionCount)
 	assert.Contains(t, nodeNames, j.Status.OwnerID)
 	b := waitBackupEnded(t, uploading)
@@ -303,4 +319,23 @@ func TestRecurringJobSurvivesOwnerKill(t *testing.T) {
 	}
 	assert.GreaterOrEqual(t, len(countsOfTick), int(countAtKill)+2)
 	t.Logf("%d snapshots made over %d ticks", len(snapsAdded), len(countsOfTick))
+}
+
+// Long tier (make test-long): a real five-field cron ticks on the minute.
+// make test runs every job on fastCron instead, through the same
+// scheduling code (robfig/cron's Schedule.Next).
+func TestLongRecurringJobMinuteTick(t *testing.T) {
+	const job, vol = "e2e-rj-minute", "e2e-rj-m"
+	createVolume(t, vol, "16Mi", 1, labelledFor(job))
+	waitVolume(t, vol, time.Minute, "detached", isDetached)
+	updateTickets(t, vol, addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-1"))
+	waitVolume(t, vol, time.Minute, "attached", attachedTo("node-1"))
+	createRecurringJob(t, job, v1beta1.RecurringJobTaskSnapshot, "* * * * *")
+	j := waitRunsEnded(t, job, 2, 3*time.Minute)
+	assert.Zero(t, j.Status.LastScheduledAt.Second(), "a minute tick falls on second 0: %s", j.Status.LastScheduledAt)
+	snaps, _ := jobObjects(t, job, vol)
+	require.NotEmpty(t, snaps)
+	for _, s := range snaps {
+		assert.Regexp(t, `^`+job+`-`+vol+`-\d{8}-\d{4}00-[0-9a-f]{6}$`, s, "named for its minute")
+	}
 }

@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
-	"github.com/strata-storage/strata/scripts/localcluster"
+	"github.com/strata-storage/strata/internal/localcluster"
 	"github.com/strata-storage/strata/types"
 )
 

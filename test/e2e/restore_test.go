@@ -43,8 +43,30 @@ func defaultS3Target(t *testing.T, prefix string) (*backupstore.Target, *backups
 func defaultS3TargetOn(t *testing.T, prefix string) (*s3server.Server, *backupstore.Target, *backupstore.CountingStore) {
 	t.Helper()
 	srv := startS3(t)
+	tgt, counting := pointDefaultTarget(t, srv, srv.Endpoint, prefix)
+	return srv, tgt, counting
+}
+
+// throttledS3Target is defaultS3TargetOn with the managers reaching the
+// server through a proxy limited to bytesPerSecond, so that a fault lands in
+// the middle of a transfer of a few tens of MiB; the test itself reads the
+// target at full speed. SetRate(0) lifts the limit.
+func throttledS3Target(t *testing.T, prefix string, bytesPerSecond int) (*s3server.Server, *s3server.Throttle, *backupstore.Target) {
+	t.Helper()
+	srv := startS3(t)
+	th, err := s3server.NewThrottle(srv, bytesPerSecond)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = th.Close() })
+	tgt, _ := pointDefaultTarget(t, srv, th.Endpoint, prefix)
+	return srv, th, tgt
+}
+
+// pointDefaultTarget makes the default target prefix on srv, reached by the
+// managers at endpoint, and opens it for the test at srv's own endpoint.
+func pointDefaultTarget(t *testing.T, srv *s3server.Server, endpoint, prefix string) (*backupstore.Target, *backupstore.CountingStore) {
+	t.Helper()
 	s3Target(t, controller.DefaultBackupTargetName, "s3://backups@us-east-1/"+prefix, map[string]string{
-		backupstore.SecretEndpoint: srv.Endpoint, backupstore.SecretAccessKey: srv.AccessKey,
+		backupstore.SecretEndpoint: endpoint, backupstore.SecretAccessKey: srv.AccessKey,
 		backupstore.SecretSecretKey: srv.SecretKey})
 	waitTarget(t, controller.DefaultBackupTargetName, true, "listed")
 	store, err := backupstore.NewS3Store(s3Config(srv, prefix))
@@ -52,7 +74,7 @@ func defaultS3TargetOn(t *testing.T, prefix string) (*s3server.Server, *backupst
 	counting := backupstore.NewCountingStore(store)
 	tgt, err := backupstore.Open(context.Background(), counting, backupstore.Options{})
 	require.NoError(t, err)
-	return srv, tgt, counting
+	return tgt, counting
 }
 
 // storedObjects counts the objects and bytes under the target's prefix.

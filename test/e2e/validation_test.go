@@ -18,6 +18,7 @@ import (
 // The API server itself rejects bad objects through the CRDs' OpenAPI and CEL
 // rules, with a message that names the field.
 func TestAPIServerRejectsInvalidObjects(t *testing.T) {
+	t.Parallel() // reads, or objects of its own: runs beside the others at the end
 	ctx := context.Background()
 	ns := types.DefaultNamespace
 	c := env.adminStrata.StrataV1beta1()

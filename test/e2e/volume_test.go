@@ -23,7 +23,7 @@ import (
 
 	"github.com/strata-storage/strata/engine/replica"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
-	"github.com/strata-storage/strata/scripts/localcluster"
+	"github.com/strata-storage/strata/internal/localcluster"
 	stypes "github.com/strata-storage/strata/types"
 )
 

@@ -82,6 +82,7 @@ func cleanupWebhookObjects(t *testing.T, names ...string) {
 }
 
 func TestWebhookVolumeRules(t *testing.T) {
+	t.Parallel() // reads, or objects of its own: runs beside the others at the end
 	waitForWebhooks(t)
 	ctx := context.Background()
 	volumes := env.adminStrata.StrataV1beta1().Volumes(types.DefaultNamespace)
@@ -127,6 +128,7 @@ func TestWebhookVolumeRules(t *testing.T) {
 }
 
 func TestWebhookVolumeAttachmentRules(t *testing.T) {
+	t.Parallel() // reads, or objects of its own: runs beside the others at the end
 	waitForWebhooks(t)
 	ctx := context.Background()
 	c := env.adminStrata.StrataV1beta1()
@@ -208,6 +210,7 @@ func TestWebhookVolumeAttachmentRules(t *testing.T) {
 // VirtualMachineSnapshots and Harvester's VirtualMachineBackups: never a
 // status write, never another kind.
 func TestWebhookConfigurationsMatchOnlyStrataKindsAndSnapshotRequests(t *testing.T) {
+	t.Parallel() // reads, or objects of its own: runs beside the others at the end
 	waitForWebhooks(t)
 	ctx := context.Background()
 	admission := env.adminKube.AdmissionregistrationV1()
@@ -326,6 +329,7 @@ func webhookURLsPointAt(t *testing.T, addr string) bool {
 // The manager reads and writes only its own Secret and its own webhook
 // configurations.
 func TestWebhookRBAC(t *testing.T) {
+	t.Parallel() // reads, or objects of its own: runs beside the others at the end
 	waitForWebhooks(t)
 	kube := kubernetes.NewForConfigOrDie(env.managerConfig)
 	ctx := context.Background()

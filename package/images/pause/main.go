@@ -5,7 +5,7 @@
 // signals PID 1 has no handler for, so without one the runtime would have to
 // SIGKILL every sandbox.
 //
-// Built static (CGO_ENABLED=0) by scripts/images, so the image needs nothing
+// Built static (CGO_ENABLED=0) by package/images, so the image needs nothing
 // else.
 package main
 

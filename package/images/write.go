@@ -92,7 +92,7 @@ func imageFromLayer(layerPath string, cmd []string) (v1.Image, error) {
 	}
 	return mutate.Append(img, mutate.Addendum{
 		Layer:   layer,
-		History: v1.History{Created: v1.Time{Time: epoch}, CreatedBy: "strata scripts/images"},
+		History: v1.History{Created: v1.Time{Time: epoch}, CreatedBy: "strata package/images"},
 	})
 }
 

@@ -29,7 +29,7 @@ type NodeOptions struct {
 	// Node's InternalIP, so several kubelets share one machine without port
 	// clashes and the API server reaches each for logs and exec.
 	Names []string
-	// ImageTars are image tarballs (scripts/images builds them) imported into
+	// ImageTars are image tarballs (package/images builds them) imported into
 	// every node's containerd before its kubelet starts: there is no
 	// registry. images.PauseRef, the Pods' sandbox image, must be among them.
 	ImageTars []string

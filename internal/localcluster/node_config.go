@@ -13,7 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
-	"github.com/strata-storage/strata/scripts/images"
+	"github.com/strata-storage/strata/package/images"
 )
 
 // containerdConfig is containerd 2's configuration for this node. Every

@@ -41,7 +41,7 @@ func pauseSpec(ctx context.Context, opts Options) (*spec, error) {
 	if err != nil {
 		return nil, err
 	}
-	pkg := filepath.Join("scripts", "images", "pause")
+	pkg := filepath.Join("package", "images", "pause")
 	sources, err := goSources(filepath.Join(repo, pkg))
 	if err != nil {
 		return nil, err
@@ -283,8 +283,8 @@ func repoDir(dir string) (string, error) {
 			}
 		}
 	}
-	if _, err := os.Stat(filepath.Join(dir, "scripts", "images", "pause", "main.go")); err != nil {
-		return "", fmt.Errorf("%s is not a strata checkout (no scripts/images/pause): %w", dir, err)
+	if _, err := os.Stat(filepath.Join(dir, "package", "images", "pause", "main.go")); err != nil {
+		return "", fmt.Errorf("%s is not a strata checkout (no package/images/pause): %w", dir, err)
 	}
 	return dir, nil
 }

@@ -36,7 +36,7 @@ const (
 // the shipped RBAC, manifest application, kubectl access, and the two
 // kube-controller-manager controllers. It ends by stopping the cluster and
 // checking that no child process is left.
-func TestLocalCluster(t *testing.T) {
+func TestLongLocalCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a control plane")
 	}

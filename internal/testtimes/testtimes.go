@@ -1,0 +1,160 @@
+// Package testtimes reads `go test -json` output: it relays what a reader
+// of plain `go test` would want to see (package results, and the output of
+// whatever failed) and gathers per-package and per-test wall times, so
+// `make test` leaves a table of where its minutes went (docs/testing.md).
+//
+// gotestsum does the relaying well, but it is one more tool for a fresh
+// machine to fetch; what is needed here is small.
+package testtimes
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+)
+
+// event is one line of `go test -json` (cmd/test2json's TestEvent).
+type event struct {
+	Action  string
+	Package string
+	Test    string
+	Elapsed float64
+	Output  string
+}
+
+// Result is one package's or one top-level test's end.
+type Result struct {
+	Package string
+	Test    string // empty for a package
+	Action  string // pass, fail or skip
+	Elapsed time.Duration
+}
+
+// Name is "pkg" or "pkg.Test".
+func (r Result) Name() string {
+	if r.Test == "" {
+		return r.Package
+	}
+	return r.Package + "." + r.Test
+}
+
+// Run is everything gathered from one `go test -json` stream.
+type Run struct {
+	Packages []Result
+	Tests    []Result // top-level tests only: a subtest's time is in its parent's
+	Failed   bool
+}
+
+// relay keeps each test's output until it ends, so that a failed test's
+// lines come out together, as plain `go test` prints them.
+type relay struct {
+	out     io.Writer
+	pending map[string][]string // package or package.Test -> output lines
+}
+
+func (r *relay) keep(key, line string) { r.pending[key] = append(r.pending[key], line) }
+
+func (r *relay) flush(key string, print bool) {
+	if print {
+		for _, l := range r.pending[key] {
+			fmt.Fprint(r.out, l)
+		}
+	}
+	delete(r.pending, key)
+}
+
+// Read consumes a `go test -json` stream. When out is not nil it writes
+// each package's summary line and the output of every failed test or
+// package to it as they end; lines that are not JSON (a build failure's
+// compiler output) are passed through at once.
+func Read(in io.Reader, out io.Writer) (*Run, error) {
+	if out == nil {
+		out = io.Discard
+	}
+	run := &Run{}
+	rl := &relay{out: out, pending: map[string][]string{}}
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		var ev event
+		if len(line) == 0 || line[0] != '{' || json.Unmarshal(line, &ev) != nil {
+			fmt.Fprintf(out, "%s\n", line)
+			continue
+		}
+		run.add(rl, ev)
+	}
+	return run, sc.Err()
+}
+
+func (run *Run) add(rl *relay, ev event) {
+	key := ev.Package
+	if ev.Test != "" {
+		key += "." + ev.Test
+	}
+	switch ev.Action {
+	case "build-output":
+		// Since Go 1.24 a failed build is reported in the stream too.
+		fmt.Fprint(rl.out, ev.Output)
+	case "build-fail":
+		run.Failed = true
+	case "output":
+		rl.keep(key, ev.Output)
+	case "pass", "fail", "skip":
+		res := Result{Package: ev.Package, Test: ev.Test, Action: ev.Action,
+			Elapsed: time.Duration(ev.Elapsed * float64(time.Second))}
+		if ev.Action == "fail" {
+			run.Failed = true
+		}
+		switch {
+		case ev.Test == "":
+			// The package's own lines hold its summary ("ok", "FAIL")
+			// and whatever it printed outside a test.
+			rl.flush(key, true)
+			run.Packages = append(run.Packages, res)
+		case !strings.Contains(ev.Test, "/"):
+			rl.flush(key, ev.Action == "fail")
+			run.Tests = append(run.Tests, res)
+		default:
+			// A subtest's lines are its parent's too: the parent prints
+			// them if it fails.
+			parent := ev.Package + "." + ev.Test[:strings.Index(ev.Test, "/")]
+			rl.pending[parent] = append(rl.pending[parent], rl.pending[key]...)
+			rl.flush(key, false)
+		}
+	}
+}
+
+// Slowest returns the n longest results, longest first.
+func Slowest(rs []Result, n int) []Result {
+	s := slices.Clone(rs)
+	slices.SortStableFunc(s, func(a, b Result) int { return int(b.Elapsed - a.Elapsed) })
+	if len(s) > n {
+		s = s[:n]
+	}
+	return s
+}
+
+// Markdown writes the packages (longest first) and the n slowest tests as
+// two Markdown tables, with trim cut from the front of package paths.
+func (run *Run) Markdown(w io.Writer, n int, trim string) {
+	var sum time.Duration
+	for _, p := range run.Packages {
+		sum += p.Elapsed
+	}
+	fmt.Fprintf(w, "| package | result | wall time |\n|---|---|---:|\n")
+	for _, p := range Slowest(run.Packages, len(run.Packages)) {
+		fmt.Fprintf(w, "| %s | %s | %s |\n", strings.TrimPrefix(p.Package, trim), p.Action, seconds(p.Elapsed))
+	}
+	fmt.Fprintf(w, "| (sum over packages; they run two at a time) | | %s |\n\n", seconds(sum))
+	fmt.Fprintf(w, "| test | result | wall time |\n|---|---|---:|\n")
+	for _, t := range Slowest(run.Tests, n) {
+		fmt.Fprintf(w, "| %s | %s | %s |\n", strings.TrimPrefix(t.Name(), trim), t.Action, seconds(t.Elapsed))
+	}
+}
+
+func seconds(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }

@@ -1,0 +1,65 @@
+package testtimes
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const stream = `{"Action":"start","Package":"m/a"}
+{"Action":"run","Package":"m/a","Test":"TestOK"}
+{"Action":"output","Package":"m/a","Test":"TestOK","Output":"=== RUN   TestOK\n"}
+{"Action":"output","Package":"m/a","Test":"TestOK","Output":"quiet line\n"}
+{"Action":"pass","Package":"m/a","Test":"TestOK","Elapsed":1.5}
+{"Action":"run","Package":"m/a","Test":"TestBad"}
+{"Action":"run","Package":"m/a","Test":"TestBad/sub"}
+{"Action":"output","Package":"m/a","Test":"TestBad/sub","Output":"    bad_test.go:9: boom\n"}
+{"Action":"fail","Package":"m/a","Test":"TestBad/sub","Elapsed":2}
+{"Action":"output","Package":"m/a","Test":"TestBad","Output":"--- FAIL: TestBad (2.00s)\n"}
+{"Action":"fail","Package":"m/a","Test":"TestBad","Elapsed":2.1}
+{"Action":"output","Package":"m/a","Output":"FAIL\tm/a\t3.700s\n"}
+{"Action":"fail","Package":"m/a","Elapsed":3.7}
+# m/b [build failed]
+{"ImportPath":"m/e","Action":"build-output","Output":"e.go:1: syntax error\n"}
+{"ImportPath":"m/e","Action":"build-fail"}
+{"Action":"output","Package":"m/c","Output":"ok  \tm/c\t9.000s\n"}
+{"Action":"pass","Package":"m/c","Elapsed":9}
+{"Action":"skip","Package":"m/d","Elapsed":0}
+`
+
+func TestRead(t *testing.T) {
+	var out bytes.Buffer
+	run, err := Read(strings.NewReader(stream), &out)
+	require.NoError(t, err)
+	assert.True(t, run.Failed)
+	assert.Equal(t, []Result{
+		{Package: "m/a", Test: "TestOK", Action: "pass", Elapsed: 1500 * time.Millisecond},
+		{Package: "m/a", Test: "TestBad", Action: "fail", Elapsed: 2100 * time.Millisecond},
+	}, run.Tests, "top-level tests only")
+	assert.Len(t, run.Packages, 3)
+	assert.Equal(t, "    bad_test.go:9: boom\n--- FAIL: TestBad (2.00s)\nFAIL\tm/a\t3.700s\n"+
+		"# m/b [build failed]\ne.go:1: syntax error\nok  \tm/c\t9.000s\n", out.String(),
+		"a failed test's lines with its subtests', package summaries, and non-JSON lines; nothing of a passing test")
+}
+
+func TestMarkdown(t *testing.T) {
+	run, err := Read(strings.NewReader(stream), nil)
+	require.NoError(t, err)
+	var md bytes.Buffer
+	run.Markdown(&md, 1, "m/")
+	assert.Equal(t, `| package | result | wall time |
+|---|---|---:|
+| c | pass | 9.0 s |
+| a | fail | 3.7 s |
+| d | skip | 0.0 s |
+| (sum over packages; they run two at a time) | | 12.7 s |
+
+| test | result | wall time |
+|---|---|---:|
+| a.TestBad | fail | 2.1 s |
+`, md.String())
+}
