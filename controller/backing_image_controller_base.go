@@ -52,64 +52,56 @@ func NewBackingImageController(logger logrus.FieldLogger, ds *datastore.DataStor
 	}
 	// Replicas decide which copies are in use (cleanup) and ask for copies.
 	if _, err := ds.Replicas.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj interface{}) { c.enqueueImageOf(obj) },
-		UpdateFunc: func(oldObj, newObj interface{}) {
-			o, ok1 := oldObj.(*v1beta1.Replica)
-			n, ok2 := newObj.(*v1beta1.Replica)
-			if ok1 && ok2 && (o.Spec.DiskID != n.Spec.DiskID || o.Spec.BackingImage != n.Spec.BackingImage ||
-				(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)) {
+		AddFunc: onAdd(c.enqueueImageOf),
+		UpdateFunc: onUpdate(func(o, n *v1beta1.Replica) {
+			if o.Spec.DiskID != n.Spec.DiskID || o.Spec.BackingImage != n.Spec.BackingImage ||
+				(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) {
 				c.enqueueImageOf(o)
 				c.enqueueImageOf(n)
 			}
-		},
-		DeleteFunc: func(obj interface{}) { c.enqueueImageOf(tombstoneObject(obj)) },
+		}),
+		DeleteFunc: onDelete(c.enqueueImageOf),
 	}); err != nil {
 		return nil, err
 	}
 	// A disk found or lost changes where copies can be, and who serves them.
 	if _, err := ds.Nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(interface{}) { c.enqueueAll() },
-		UpdateFunc: func(oldObj, newObj interface{}) {
-			o, ok1 := oldObj.(*v1beta1.Node)
-			n, ok2 := newObj.(*v1beta1.Node)
-			if ok1 && ok2 && (!slices.Equal(diskUUIDs(o), diskUUIDs(n)) || o.Status.APIAddress != n.Status.APIAddress ||
-				!equality.Semantic.DeepEqual(o.Spec.Disks, n.Spec.Disks)) {
+		AddFunc: onAdd(func(*v1beta1.Node) { c.enqueueAll() }),
+		UpdateFunc: onUpdate(func(o, n *v1beta1.Node) {
+			if !slices.Equal(diskUUIDs(o), diskUUIDs(n)) || o.Status.APIAddress != n.Status.APIAddress ||
+				!equality.Semantic.DeepEqual(o.Spec.Disks, n.Spec.Disks) {
 				c.enqueueAll()
 			}
-		},
+		}),
 	}); err != nil {
 		return nil, err
 	}
 	// An export waits for its snapshot and for the volume's engine.
 	if _, err := ds.Snapshots.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: func(oldObj, newObj interface{}) {
-			o, ok1 := oldObj.(*v1beta1.Snapshot)
-			n, ok2 := newObj.(*v1beta1.Snapshot)
-			if ok1 && ok2 && n.Labels[types.LabelBackingImage] != "" &&
+		UpdateFunc: onUpdate(func(o, n *v1beta1.Snapshot) {
+			if n.Labels[types.LabelBackingImage] != "" &&
 				(o.Status.ReadyToUse != n.Status.ReadyToUse || o.Status.Error != n.Status.Error) {
 				c.queue.Add(n.Namespace + "/" + n.Labels[types.LabelBackingImage])
 			}
-		},
+		}),
 	}); err != nil {
 		return nil, err
 	}
 	if _, err := ds.Engines.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: func(oldObj, newObj interface{}) {
-			o, ok1 := oldObj.(*v1beta1.Engine)
-			n, ok2 := newObj.(*v1beta1.Engine)
-			if ok1 && ok2 && o.Status.CurrentState != n.Status.CurrentState {
+		UpdateFunc: onUpdate(func(o, n *v1beta1.Engine) {
+			if o.Status.CurrentState != n.Status.CurrentState {
 				c.enqueueExportsOf(n.Spec.VolumeName)
 			}
-		},
+		}),
 	}); err != nil {
 		return nil, err
 	}
 	if _, err := ds.Settings.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: func(_, newObj interface{}) {
-			if st, ok := newObj.(*v1beta1.Setting); ok && st.Name == string(types.SettingBackingImageCleanupWaitInterval) {
+		UpdateFunc: onUpdate(func(_, st *v1beta1.Setting) {
+			if st.Name == string(types.SettingBackingImageCleanupWaitInterval) {
 				c.enqueueAll()
 			}
-		},
+		}),
 	}); err != nil {
 		return nil, err
 	}
@@ -126,8 +118,9 @@ func (c *BackingImageController) Run(ctx context.Context, workers int) {
 	c.baseController.Run(ctx, workers)
 }
 
-func (c *BackingImageController) enqueueImageOf(obj interface{}) {
-	if r, ok := obj.(*v1beta1.Replica); ok && r.Spec.BackingImage != "" {
+// enqueueImageOf enqueues the image a replica uses, if any.
+func (c *BackingImageController) enqueueImageOf(r *v1beta1.Replica) {
+	if r.Spec.BackingImage != "" {
 		c.queue.Add(r.Namespace + "/" + r.Spec.BackingImage)
 	}
 }

@@ -57,45 +57,35 @@ func NewBackupController(logger logrus.FieldLogger, ds *datastore.DataStore, rec
 		return nil, err
 	}
 	if _, err := ds.Snapshots.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj interface{}) {
-			if s, ok := obj.(*v1beta1.Snapshot); ok {
-				c.enqueueBackupsOf(s.Spec.Volume)
-			}
-		},
-		UpdateFunc: func(oldObj, newObj interface{}) {
-			o, ok1 := oldObj.(*v1beta1.Snapshot)
-			n, ok2 := newObj.(*v1beta1.Snapshot)
-			if ok1 && ok2 && (o.Status.ReadyToUse != n.Status.ReadyToUse || o.Status.Error != n.Status.Error ||
-				(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)) {
+		AddFunc: onAdd(func(s *v1beta1.Snapshot) { c.enqueueBackupsOf(s.Spec.Volume) }),
+		UpdateFunc: onUpdate(func(o, n *v1beta1.Snapshot) {
+			if o.Status.ReadyToUse != n.Status.ReadyToUse || o.Status.Error != n.Status.Error ||
+				(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) {
 				c.enqueueBackupsOf(n.Spec.Volume)
 			}
-		},
+		}),
 	}); err != nil {
 		return nil, err
 	}
 	if _, err := ds.Volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: func(oldObj, newObj interface{}) {
-			o, ok1 := oldObj.(*v1beta1.Volume)
-			n, ok2 := newObj.(*v1beta1.Volume)
-			if ok1 && ok2 && (o.Status.State != n.Status.State || o.Status.CurrentNodeID != n.Status.CurrentNodeID ||
-				o.Spec.NodeID != n.Spec.NodeID) {
+		UpdateFunc: onUpdate(func(o, n *v1beta1.Volume) {
+			if o.Status.State != n.Status.State || o.Status.CurrentNodeID != n.Status.CurrentNodeID ||
+				o.Spec.NodeID != n.Spec.NodeID {
 				c.enqueueBackupsOf(n.Name)
 			}
-		},
+		}),
 	}); err != nil {
 		return nil, err
 	}
 	// A target created, fixed or made available again lets waiting backups go on.
 	if _, err := ds.BackupTargets.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(interface{}) { c.enqueueUnfinished() },
-		UpdateFunc: func(oldObj, newObj interface{}) {
-			o, ok1 := oldObj.(*v1beta1.BackupTarget)
-			n, ok2 := newObj.(*v1beta1.BackupTarget)
+		AddFunc: onAdd(func(*v1beta1.BackupTarget) { c.enqueueUnfinished() }),
+		UpdateFunc: onUpdate(func(o, n *v1beta1.BackupTarget) {
 			// Not every poll (lastSyncedAt): only what may unblock a backup.
-			if ok1 && ok2 && (o.Status.Available != n.Status.Available || o.Generation != n.Generation) {
+			if o.Status.Available != n.Status.Available || o.Generation != n.Generation {
 				c.enqueueUnfinished()
 			}
-		},
+		}),
 	}); err != nil {
 		return nil, err
 	}

@@ -42,31 +42,29 @@ func NewBackupTargetController(logger logrus.FieldLogger, ds *datastore.DataStor
 		return nil, err
 	}
 	_, err := ds.BackupTargets.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) { c.enqueue(obj); c.enqueueGC(obj) },
+		AddFunc: onAdd(func(t *v1beta1.BackupTarget) { c.enqueue(t); c.enqueueGC(t) }),
 		// A new spec, not our own status write, needs a look.
-		UpdateFunc: func(oldObj, newObj any) {
-			o, n := oldObj.(*v1beta1.BackupTarget), newObj.(*v1beta1.BackupTarget)
+		UpdateFunc: onUpdate(func(o, n *v1beta1.BackupTarget) {
 			if o.Generation != n.Generation {
-				c.enqueue(newObj)
+				c.enqueue(n)
 			}
 			if gcKeysChanged(o, n) {
-				c.enqueueGC(newObj)
+				c.enqueueGC(n)
 			}
-		},
-		DeleteFunc: c.enqueueGC, // forgets its GC memory
+		}),
+		// Forgets its GC memory. Untyped: a tombstone's key is enough.
+		DeleteFunc: c.enqueueGC,
 	})
 	if err != nil {
 		return nil, err
 	}
 	// A new GC interval reschedules every target's timer.
 	_, err = ds.Settings.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: func(oldObj, newObj any) {
-			o, ok1 := oldObj.(*v1beta1.Setting)
-			n, ok2 := newObj.(*v1beta1.Setting)
-			if ok1 && ok2 && n.Name == string(types.SettingBackupGCInterval) && o.Value != n.Value {
+		UpdateFunc: onUpdate(func(o, n *v1beta1.Setting) {
+			if n.Name == string(types.SettingBackupGCInterval) && o.Value != n.Value {
 				c.enqueueAllGC()
 			}
-		},
+		}),
 	})
 	return c, err
 }

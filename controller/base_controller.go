@@ -169,15 +169,6 @@ func (c *baseController) enqueue(obj interface{}) {
 	c.queue.Add(key)
 }
 
-// tombstoneObject is the last known state a delete event carries, whether
-// the informer saw the delete or only learned of it from a relist.
-func tombstoneObject(obj interface{}) interface{} {
-	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		return t.Obj
-	}
-	return obj
-}
-
 // enqueueOnChange is the handler of a controller's own kind: every add,
 // update and delete enqueues the object's key.
 func (c *baseController) enqueueOnChange() cache.ResourceEventHandlerFuncs {
@@ -211,19 +202,12 @@ func nameFromKey(key string) (string, error) {
 // the state call nothing.
 func (c *baseController) onInstanceManagerStateChange(fn func(node string)) error {
 	_, err := c.ds.InstanceManagers.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: func(oldObj, newObj interface{}) {
-			o, ok1 := oldObj.(*v1beta1.InstanceManager)
-			n, ok2 := newObj.(*v1beta1.InstanceManager)
-			if ok1 && ok2 && o.Status.CurrentState != n.Status.CurrentState {
+		UpdateFunc: onUpdate(func(o, n *v1beta1.InstanceManager) {
+			if o.Status.CurrentState != n.Status.CurrentState {
 				fn(n.Spec.NodeID)
 			}
-		},
-		DeleteFunc: func(obj interface{}) {
-			obj = tombstoneObject(obj)
-			if im, ok := obj.(*v1beta1.InstanceManager); ok {
-				fn(im.Spec.NodeID)
-			}
-		},
+		}),
+		DeleteFunc: onDelete(func(im *v1beta1.InstanceManager) { fn(im.Spec.NodeID) }),
 	})
 	return err
 }

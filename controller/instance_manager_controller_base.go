@@ -47,11 +47,9 @@ func NewInstanceManagerController(logger logrus.FieldLogger, ds *datastore.DataS
 	}
 	c.sync = c.syncInstanceManager
 	_, err := ds.InstanceManagers.Informer().AddEventHandler(cache.FilteringResourceEventHandler{
-		FilterFunc: func(obj interface{}) bool {
-			obj = tombstoneObject(obj)
-			im, ok := obj.(*v1beta1.InstanceManager)
-			return ok && im.Name == instanceManagerName(controllerID)
-		},
+		FilterFunc: filterFor(func(im *v1beta1.InstanceManager) bool {
+			return im.Name == instanceManagerName(controllerID)
+		}),
 		Handler: c.enqueueOnChange(),
 	})
 	return c, err

@@ -124,31 +124,29 @@ func NewNodeController(logger logrus.FieldLogger, ds *datastore.DataStore, recor
 	// A replica of this node that goes may leave its data behind (its
 	// instance manager was unreachable): report it as orphaned now.
 	if _, err := ds.Replicas.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		DeleteFunc: func(obj interface{}) {
-			obj = tombstoneObject(obj)
-			if r, ok := obj.(*v1beta1.Replica); ok && r.Spec.NodeID == controllerID {
+		DeleteFunc: onDelete(func(r *v1beta1.Replica) {
+			if r.Spec.NodeID == controllerID {
 				nc.queue.Add(ds.Namespace + "/" + controllerID)
 			}
-		},
+		}),
 	}); err != nil {
 		return nil, err
 	}
 	if _, err := ds.LeaseInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    nc.enqueueLeaseNode,
-		UpdateFunc: nc.onLeaseUpdate,
-		DeleteFunc: nc.enqueueLeaseNode,
+		AddFunc:    onAdd(nc.enqueueLeaseNode),
+		UpdateFunc: onUpdate(nc.onLeaseUpdate),
+		DeleteFunc: onDelete(nc.enqueueLeaseNode),
 	}); err != nil {
 		return nil, err
 	}
 	// The disks' schedulability is judged against a setting: a change of it
 	// shows at once, not at the next disk check.
 	if _, err := ds.Settings.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: func(oldObj, newObj interface{}) {
-			o, n := oldObj.(*v1beta1.Setting), newObj.(*v1beta1.Setting)
+		UpdateFunc: onUpdate(func(o, n *v1beta1.Setting) {
 			if n.Name == string(types.SettingStorageMinimalAvailablePercentage) && o.Value != n.Value {
 				nc.queue.Add(ds.Namespace + "/" + nc.controllerID)
 			}
-		},
+		}),
 	}); err != nil {
 		return nil, err
 	}
@@ -189,12 +187,7 @@ func (nc *NodeController) Run(ctx context.Context, workers int) {
 
 // enqueueLeaseNode enqueues the node a heartbeat lease belongs to: a new
 // lease starts the expiry watch, a deleted one means the node is down.
-func (nc *NodeController) enqueueLeaseNode(obj interface{}) {
-	obj = tombstoneObject(obj)
-	l, ok := obj.(*coordinationv1.Lease)
-	if !ok {
-		return
-	}
+func (nc *NodeController) enqueueLeaseNode(l *coordinationv1.Lease) {
 	node := l.Labels[types.LabelNode]
 	if node == "" {
 		node = strings.TrimPrefix(l.Name, types.NodeLeaseName(""))
@@ -205,16 +198,11 @@ func (nc *NodeController) enqueueLeaseNode(obj interface{}) {
 // onLeaseUpdate ignores plain renewals: the node's expiry check is already
 // scheduled and reads the newest lease when it fires. Only a lease that was
 // expired and is renewed again, or that changed hands, needs a look now.
-func (nc *NodeController) onLeaseUpdate(oldObj, newObj interface{}) {
-	oldLease, ok1 := oldObj.(*coordinationv1.Lease)
-	newLease, ok2 := newObj.(*coordinationv1.Lease)
-	if !ok1 || !ok2 {
-		return
-	}
+func (nc *NodeController) onLeaseUpdate(oldLease, newLease *coordinationv1.Lease) {
 	expiry, ok := datastore.LeaseExpiry(oldLease)
 	wasExpired := !ok || !nc.ds.Clock.Now().Before(expiry)
 	if wasExpired || ptr.Deref(oldLease.Spec.HolderIdentity, "") != ptr.Deref(newLease.Spec.HolderIdentity, "") {
-		nc.enqueueLeaseNode(newObj)
+		nc.enqueueLeaseNode(newLease)
 	}
 }
 

@@ -67,22 +67,21 @@ func (c *baseController) isResponsibleFor(key, ownerID, preferred string) (bool,
 // way once their owner's manager comes up. Renewals change nothing here.
 func (c *baseController) requeueOnNodeReadyChange(enqueueAll func()) error {
 	_, err := c.ds.Nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: func(oldObj, newObj interface{}) {
-			if readyFlipped(oldObj, newObj) {
+		UpdateFunc: onUpdate(func(o, n *v1beta1.Node) {
+			if readyFlipped(o, n) {
 				enqueueAll()
 			}
-		},
-		DeleteFunc: func(interface{}) { enqueueAll() },
+		}),
+		// Untyped: any delete moves ownership, whatever its tombstone holds.
+		DeleteFunc: func(any) { enqueueAll() },
 	})
 	return err
 }
 
 // readyFlipped tells a Node update whose Ready condition changed status:
 // the only update that can move ownership. Pure, so it is table-tested.
-func readyFlipped(oldObj, newObj interface{}) bool {
-	o, ok1 := oldObj.(*v1beta1.Node)
-	n, ok2 := newObj.(*v1beta1.Node)
-	return ok1 && ok2 && readyStatus(o) != readyStatus(n)
+func readyFlipped(o, n *v1beta1.Node) bool {
+	return readyStatus(o) != readyStatus(n)
 }
 
 func readyStatus(n *v1beta1.Node) metav1.ConditionStatus {

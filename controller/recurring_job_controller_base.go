@@ -60,13 +60,11 @@ func NewRecurringJobController(logger logrus.FieldLogger, ds *datastore.DataStor
 		AddFunc: c.enqueue,
 		// A new spec (schedule, task) needs a look; our own status writes
 		// do not.
-		UpdateFunc: func(oldObj, newObj any) {
-			o, ok1 := oldObj.(*v1beta1.RecurringJob)
-			n, ok2 := newObj.(*v1beta1.RecurringJob)
-			if ok1 && ok2 && (o.Generation != n.Generation || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)) {
-				c.enqueue(newObj)
+		UpdateFunc: onUpdate(func(o, n *v1beta1.RecurringJob) {
+			if o.Generation != n.Generation || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) {
+				c.enqueue(n)
 			}
-		},
+		}),
 		// The sync finds it gone and cancels a run in flight.
 		DeleteFunc: c.enqueue,
 	}); err != nil {

@@ -31,28 +31,24 @@ func NewReplicaController(logger logrus.FieldLogger, ds *datastore.DataStore, re
 	// A replica waiting for its backing image's copy starts once the copy
 	// on its disk is ready.
 	if _, err := ds.BackingImages.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj interface{}) { c.enqueueWaitingOn(obj) },
-		UpdateFunc: func(oldObj, newObj interface{}) {
-			o, ok1 := oldObj.(*v1beta1.BackingImage)
-			n, ok2 := newObj.(*v1beta1.BackingImage)
-			if ok1 && ok2 && (o.Status.UUID != n.Status.UUID || !equality.Semantic.DeepEqual(o.Status.DiskFileStatusMap, n.Status.DiskFileStatusMap) ||
-				!equality.Semantic.DeepEqual(o.Spec.DiskFileSpecMap, n.Spec.DiskFileSpecMap)) {
+		AddFunc: onAdd(c.enqueueWaitingOn),
+		UpdateFunc: onUpdate(func(o, n *v1beta1.BackingImage) {
+			if o.Status.UUID != n.Status.UUID || !equality.Semantic.DeepEqual(o.Status.DiskFileStatusMap, n.Status.DiskFileStatusMap) ||
+				!equality.Semantic.DeepEqual(o.Spec.DiskFileSpecMap, n.Spec.DiskFileSpecMap) {
 				c.enqueueWaitingOn(n)
 			}
-		},
-		DeleteFunc: func(obj interface{}) { c.enqueueWaitingOn(tombstoneObject(obj)) },
+		}),
+		DeleteFunc: onDelete(c.enqueueWaitingOn),
 	}); err != nil {
 		return nil, err
 	}
 	// A disk of this node found at another path: its replicas follow it.
 	if _, err := ds.Nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: func(oldObj, newObj interface{}) {
-			o, ok1 := oldObj.(*v1beta1.Node)
-			n, ok2 := newObj.(*v1beta1.Node)
-			if ok1 && ok2 && n.Name == controllerID && !equality.Semantic.DeepEqual(datastore.NodeDisks(o), datastore.NodeDisks(n)) {
+		UpdateFunc: onUpdate(func(o, n *v1beta1.Node) {
+			if n.Name == controllerID && !equality.Semantic.DeepEqual(datastore.NodeDisks(o), datastore.NodeDisks(n)) {
 				c.enqueueReplicasOfNode(n.Name)
 			}
-		},
+		}),
 	}); err != nil {
 		return nil, err
 	}
@@ -71,11 +67,7 @@ func (c *ReplicaController) enqueueReplicasOfNode(node string) {
 
 // enqueueWaitingOn enqueues this node's replicas of the image that are not
 // running yet.
-func (c *ReplicaController) enqueueWaitingOn(obj interface{}) {
-	bi, ok := obj.(*v1beta1.BackingImage)
-	if !ok {
-		return
-	}
+func (c *ReplicaController) enqueueWaitingOn(bi *v1beta1.BackingImage) {
 	reps, err := c.ds.Replicas.ListByIndexRO(datastore.IndexByBackingImage, bi.Name)
 	if err != nil {
 		return

@@ -35,36 +35,36 @@ func NewResourceQuotaController(logger logrus.FieldLogger, ds *datastore.DataSto
 	if _, err := ds.ResourceQuotas.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: c.enqueue,
 		// A new limit, not our own status write, needs a look.
-		UpdateFunc: func(oldObj, newObj any) {
-			if oldObj.(*v1beta1.ResourceQuota).Generation != newObj.(*v1beta1.ResourceQuota).Generation {
-				c.enqueue(newObj)
+		UpdateFunc: onUpdate(func(o, n *v1beta1.ResourceQuota) {
+			if o.Generation != n.Generation {
+				c.enqueue(n)
 			}
-		},
+		}),
 	}); err != nil {
 		return nil, err
 	}
 	ds.SnapshotUsage.OnChange(c.enqueueVolume)
 	if _, err := ds.PersistentVolumeInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) { c.enqueuePV(obj) },
-		UpdateFunc: func(oldObj, newObj any) {
-			if pvBinding(oldObj) != pvBinding(newObj) {
-				c.enqueuePV(oldObj)
-				c.enqueuePV(newObj)
+		AddFunc: onAdd(c.enqueuePV),
+		UpdateFunc: onUpdate(func(o, n *corev1.PersistentVolume) {
+			if pvBinding(o) != pvBinding(n) {
+				c.enqueuePV(o)
+				c.enqueuePV(n)
 			}
-		},
-		DeleteFunc: func(obj any) { c.enqueuePV(tombstoneObject(obj)) },
+		}),
+		DeleteFunc: onDelete(c.enqueuePV),
 	}); err != nil {
 		return nil, err
 	}
 	if ok := ds.OptionalKinds; ok != nil {
 		if err := ok.AddVirtualMachineHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc: c.enqueueVM,
-			UpdateFunc: func(oldObj, newObj any) {
-				if !sameClaims(oldObj, newObj) {
-					c.enqueueVM(newObj)
+			AddFunc: onAdd(c.enqueueVM),
+			UpdateFunc: onUpdate(func(o, n *unstructured.Unstructured) {
+				if !sameClaims(o, n) {
+					c.enqueueVM(n)
 				}
-			},
-			DeleteFunc: func(obj any) { c.enqueueVM(tombstoneObject(obj)) },
+			}),
+			DeleteFunc: onDelete(c.enqueueVM),
 		}); err != nil {
 			return nil, err
 		}
@@ -89,18 +89,17 @@ func (c *ResourceQuotaController) enqueueVolume(volume string) {
 	}
 }
 
-func (c *ResourceQuotaController) enqueuePV(obj any) { c.enqueueNamespace(claimNamespace(obj)) }
+func (c *ResourceQuotaController) enqueuePV(pv *corev1.PersistentVolume) {
+	c.enqueueNamespace(claimNamespace(pv))
+}
 
-func (c *ResourceQuotaController) enqueueVM(obj any) {
-	if vm, ok := obj.(*unstructured.Unstructured); ok {
-		c.enqueueNamespace(vm.GetNamespace())
-	}
+func (c *ResourceQuotaController) enqueueVM(vm *unstructured.Unstructured) {
+	c.enqueueNamespace(vm.GetNamespace())
 }
 
 // claimNamespace is the namespace of the claim bound to a Strata PV.
-func claimNamespace(obj any) string {
-	pv, ok := obj.(*corev1.PersistentVolume)
-	if !ok || datastore.StrataVolumeHandle(pv) == "" || pv.Spec.ClaimRef == nil {
+func claimNamespace(pv *corev1.PersistentVolume) string {
+	if datastore.StrataVolumeHandle(pv) == "" || pv.Spec.ClaimRef == nil {
 		return ""
 	}
 	return pv.Spec.ClaimRef.Namespace
@@ -108,19 +107,10 @@ func claimNamespace(obj any) string {
 
 // pvBinding is what of a PV decides whose usage its volume counts in; PV
 // status changes leave it alone.
-func pvBinding(obj any) string {
-	pv, ok := obj.(*corev1.PersistentVolume)
-	if !ok {
-		return ""
-	}
-	return claimNamespace(obj) + "/" + datastore.StrataVolumeHandle(pv)
+func pvBinding(pv *corev1.PersistentVolume) string {
+	return claimNamespace(pv) + "/" + datastore.StrataVolumeHandle(pv)
 }
 
-func sameClaims(oldObj, newObj any) bool {
-	o, ok1 := oldObj.(*unstructured.Unstructured)
-	n, ok2 := newObj.(*unstructured.Unstructured)
-	if !ok1 || !ok2 {
-		return false
-	}
+func sameClaims(o, n *unstructured.Unstructured) bool {
 	return slices.Equal(datastore.VirtualMachineClaims(o), datastore.VirtualMachineClaims(n))
 }

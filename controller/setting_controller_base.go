@@ -25,13 +25,11 @@ func NewSettingController(logger logrus.FieldLogger, ds *datastore.DataStore, re
 	_, err := ds.Settings.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: sc.enqueue,
 		// Only a new value needs a verdict; status writes come back as updates too.
-		UpdateFunc: func(oldObj, newObj interface{}) {
-			o, ok1 := oldObj.(*v1beta1.Setting)
-			n, ok2 := newObj.(*v1beta1.Setting)
-			if !ok1 || !ok2 || o.Value != n.Value || o.Status != n.Status {
-				sc.enqueue(newObj)
+		UpdateFunc: onUpdate(func(o, n *v1beta1.Setting) {
+			if o.Value != n.Value || o.Status != n.Status {
+				sc.enqueue(n)
 			}
-		},
+		}),
 	})
 	return sc, err
 }

@@ -36,32 +36,20 @@ func NewSnapshotController(logger logrus.FieldLogger, ds *datastore.DataStore, r
 		return nil, err
 	}
 	if _, err := ds.Engines.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj interface{}) {
-			if e, ok := obj.(*v1beta1.Engine); ok {
-				c.engines.Add(e.Namespace + "/" + e.Name)
-			}
-		},
-		UpdateFunc: func(oldObj, newObj interface{}) {
-			o, ok1 := oldObj.(*v1beta1.Engine)
-			n, ok2 := newObj.(*v1beta1.Engine)
-			if ok1 && ok2 {
-				c.enqueueEngineChange(o, n)
-			}
-		},
+		AddFunc:    onAdd(func(e *v1beta1.Engine) { c.engines.Add(e.Namespace + "/" + e.Name) }),
+		UpdateFunc: onUpdate(c.enqueueEngineChange),
 	}); err != nil {
 		return nil, err
 	}
 	// Snapshots waiting for their volume to attach (or to be deleted with
 	// it) look again when its state changes.
 	if _, err := ds.Volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: func(oldObj, newObj interface{}) {
-			o, ok1 := oldObj.(*v1beta1.Volume)
-			n, ok2 := newObj.(*v1beta1.Volume)
-			if ok1 && ok2 && (o.Status.State != n.Status.State || o.Status.CurrentNodeID != n.Status.CurrentNodeID ||
-				o.Status.OwnerID != n.Status.OwnerID || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)) {
+		UpdateFunc: onUpdate(func(o, n *v1beta1.Volume) {
+			if o.Status.State != n.Status.State || o.Status.CurrentNodeID != n.Status.CurrentNodeID ||
+				o.Status.OwnerID != n.Status.OwnerID || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) {
 				c.enqueueVolumeSnapshots(n.Name)
 			}
-		},
+		}),
 	}); err != nil {
 		return nil, err
 	}

@@ -47,12 +47,12 @@ func NewVolumeAttachmentController(logger logrus.FieldLogger, ds *datastore.Data
 	if _, err := ds.Volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		// A new volume gets its VolumeAttachment; the key is the same.
 		AddFunc: c.enqueue,
-		UpdateFunc: func(oldObj, newObj interface{}) {
-			if volumeChangeMattersForAD(oldObj, newObj) {
-				c.enqueue(newObj)
+		UpdateFunc: onUpdate(func(o, n *v1beta1.Volume) {
+			if volumeChangeMattersForAD(o, n) {
+				c.enqueue(n)
 			}
-			volumeOwner.UpdateFunc(oldObj, newObj)
-		},
+			volumeOwner.UpdateFunc(o, n)
+		}),
 		// The garbage collector removes the volume's own VolumeAttachment;
 		// tickets the volume owns elsewhere (clones) are reaped.
 		DeleteFunc: volumeOwner.DeleteFunc,
@@ -75,12 +75,7 @@ func NewVolumeAttachmentController(logger logrus.FieldLogger, ds *datastore.Data
 // volumeChangeMattersForAD tells whether a volume update changed a field
 // the AD logic reads; the rest of the volume's churn (sizes, conditions,
 // endpoints) enqueues nothing.
-func volumeChangeMattersForAD(oldObj, newObj interface{}) bool {
-	o, ok1 := oldObj.(*v1beta1.Volume)
-	n, ok2 := newObj.(*v1beta1.Volume)
-	if !ok1 || !ok2 {
-		return true
-	}
+func volumeChangeMattersForAD(o, n *v1beta1.Volume) bool {
 	return o.Spec.NodeID != n.Spec.NodeID ||
 		o.Spec.MigrationNodeID != n.Spec.MigrationNodeID ||
 		o.Spec.DisableFrontend != n.Spec.DisableFrontend ||

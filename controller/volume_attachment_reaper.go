@@ -221,14 +221,9 @@ func removeCondition(conds *[]metav1.Condition, condType string) {
 }
 
 // enqueueTicketsOwnedBy enqueues exactly the VolumeAttachments holding a
-// ticket owned by obj (through IndexByTicketOwner), for obj of kind gk that
+// ticket owned by m (through IndexByTicketOwner), for m of kind gk that
 // was deleted or replaced.
-func (c *VolumeAttachmentController) enqueueTicketsOwnedBy(gk schema.GroupKind, obj interface{}) {
-	obj = tombstoneObject(obj)
-	m, ok := obj.(metav1.Object)
-	if !ok {
-		return
-	}
+func (c *VolumeAttachmentController) enqueueTicketsOwnedBy(gk schema.GroupKind, m metav1.Object) {
 	vas, err := c.ds.VolumeAttachments.ListByIndexRO(datastore.IndexByTicketOwner,
 		datastore.TicketOwnerKey(gk, m.GetNamespace(), m.GetName()))
 	if err != nil {
@@ -245,13 +240,11 @@ func (c *VolumeAttachmentController) enqueueTicketsOwnedBy(gk schema.GroupKind, 
 // that as an update with a new UID).
 func (c *VolumeAttachmentController) ownerHandlers(gk schema.GroupKind) cache.ResourceEventHandlerFuncs {
 	return cache.ResourceEventHandlerFuncs{
-		UpdateFunc: func(oldObj, newObj interface{}) {
-			o, ok1 := oldObj.(metav1.Object)
-			n, ok2 := newObj.(metav1.Object)
-			if ok1 && ok2 && o.GetUID() != n.GetUID() {
-				c.enqueueTicketsOwnedBy(gk, oldObj)
+		UpdateFunc: onUpdate(func(o, n metav1.Object) {
+			if o.GetUID() != n.GetUID() {
+				c.enqueueTicketsOwnedBy(gk, o)
 			}
-		},
-		DeleteFunc: func(obj interface{}) { c.enqueueTicketsOwnedBy(gk, obj) },
+		}),
+		DeleteFunc: onDelete(func(m metav1.Object) { c.enqueueTicketsOwnedBy(gk, m) }),
 	}
 }

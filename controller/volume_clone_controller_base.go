@@ -53,59 +53,39 @@ func NewVolumeCloneController(logger logrus.FieldLogger, ds *datastore.DataStore
 	c.sync = c.syncClone
 	c.snapshots = c.addQueue("strata-volume-clone-snapshots", c.syncCloneSnapshot)
 	if _, err := ds.Volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj interface{}) {
-			if v, ok := obj.(*v1beta1.Volume); ok && v.Spec.DataSource != "" {
+		AddFunc: onAdd(func(v *v1beta1.Volume) {
+			if v.Spec.DataSource != "" {
 				c.enqueue(v)
 			}
-		},
-		UpdateFunc: func(oldObj, newObj interface{}) {
-			o, ok1 := oldObj.(*v1beta1.Volume)
-			n, ok2 := newObj.(*v1beta1.Volume)
-			if ok1 && ok2 {
-				c.enqueueVolumeChange(o, n)
+		}),
+		UpdateFunc: onUpdate(c.enqueueVolumeChange),
+		DeleteFunc: onDelete(func(v *v1beta1.Volume) {
+			c.enqueueClonesOf(v.Name)
+			if src, ok := types.ParseDataSource(v.Spec.DataSource); ok && src.Snapshot == "" {
+				c.snapshots.Add(v.Namespace + "/" + cloneSnapshotName(v.Name))
 			}
-		},
-		DeleteFunc: func(obj interface{}) {
-			if v, ok := tombstoneObject(obj).(*v1beta1.Volume); ok {
-				c.enqueueClonesOf(v.Name)
-				if src, ok := types.ParseDataSource(v.Spec.DataSource); ok && src.Snapshot == "" {
-					c.snapshots.Add(v.Namespace + "/" + cloneSnapshotName(v.Name))
-				}
-			}
-		},
+		}),
 	}); err != nil {
 		return nil, err
 	}
 	if _, err := ds.Engines.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: func(oldObj, newObj interface{}) {
-			o, ok1 := oldObj.(*v1beta1.Engine)
-			n, ok2 := newObj.(*v1beta1.Engine)
-			if ok1 && ok2 && engineChangeMattersForClone(o, n) {
+		UpdateFunc: onUpdate(func(o, n *v1beta1.Engine) {
+			if engineChangeMattersForClone(o, n) {
 				c.enqueueVolumeAndClones(n.Spec.VolumeName)
 			}
-		},
+		}),
 	}); err != nil {
 		return nil, err
 	}
 	if _, err := ds.Snapshots.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj interface{}) {
-			if s, ok := obj.(*v1beta1.Snapshot); ok {
-				c.enqueueClonesOf(s.Spec.Volume)
-			}
-		},
-		UpdateFunc: func(oldObj, newObj interface{}) {
-			o, ok1 := oldObj.(*v1beta1.Snapshot)
-			n, ok2 := newObj.(*v1beta1.Snapshot)
-			if ok1 && ok2 && (o.Status.ReadyToUse != n.Status.ReadyToUse || o.Status.Error != n.Status.Error ||
-				(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)) {
+		AddFunc: onAdd(func(s *v1beta1.Snapshot) { c.enqueueClonesOf(s.Spec.Volume) }),
+		UpdateFunc: onUpdate(func(o, n *v1beta1.Snapshot) {
+			if o.Status.ReadyToUse != n.Status.ReadyToUse || o.Status.Error != n.Status.Error ||
+				(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) {
 				c.enqueueClonesOf(n.Spec.Volume)
 			}
-		},
-		DeleteFunc: func(obj interface{}) {
-			if s, ok := tombstoneObject(obj).(*v1beta1.Snapshot); ok {
-				c.enqueueClonesOf(s.Spec.Volume)
-			}
-		},
+		}),
+		DeleteFunc: onDelete(func(s *v1beta1.Snapshot) { c.enqueueClonesOf(s.Spec.Volume) }),
 	}); err != nil {
 		return nil, err
 	}

@@ -34,20 +34,25 @@ func NewVolumeController(logger logrus.FieldLogger, ds *datastore.DataStore, rec
 		return nil, err
 	}
 	// An engine or replica change concerns exactly its volume.
-	byVolume := cache.ResourceEventHandlerFuncs{
-		AddFunc:    c.enqueueVolumeOf,
-		UpdateFunc: func(_, obj interface{}) { c.enqueueVolumeOf(obj) },
-		DeleteFunc: c.enqueueVolumeOf,
-	}
-	if _, err := ds.Engines.Informer().AddEventHandler(byVolume); err != nil {
+	engineChanged := func(e *v1beta1.Engine) { c.enqueueVolume(e.Spec.VolumeName) }
+	if _, err := ds.Engines.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    onAdd(engineChanged),
+		UpdateFunc: onUpdate(func(_, e *v1beta1.Engine) { engineChanged(e) }),
+		DeleteFunc: onDelete(engineChanged),
+	}); err != nil {
 		return nil, err
 	}
-	if _, err := ds.Replicas.Informer().AddEventHandler(byVolume); err != nil {
+	replicaChanged := func(r *v1beta1.Replica) { c.enqueueVolume(r.Spec.VolumeName) }
+	if _, err := ds.Replicas.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    onAdd(replicaChanged),
+		UpdateFunc: onUpdate(func(_, r *v1beta1.Replica) { replicaChanged(r) }),
+		DeleteFunc: onDelete(replicaChanged),
+	}); err != nil {
 		return nil, err
 	}
 	// A deleting volume waits for its snapshots to go.
 	if _, err := ds.Snapshots.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		DeleteFunc: c.enqueueVolumeOf,
+		DeleteFunc: onDelete(func(s *v1beta1.Snapshot) { c.enqueueVolume(s.Spec.Volume) }),
 	}); err != nil {
 		return nil, err
 	}
@@ -57,19 +62,21 @@ func NewVolumeController(logger logrus.FieldLogger, ds *datastore.DataStore, rec
 	return c, c.requeueOnNodeReadyChange(c.enqueueEveryKey(ds.Volumes.Informer()))
 }
 
-func (c *VolumeController) enqueueVolumeOf(obj interface{}) {
-	obj = tombstoneObject(obj)
-	var volume string
-	switch o := obj.(type) {
-	case *v1beta1.Engine:
-		volume = o.Spec.VolumeName
-	case *v1beta1.Replica:
-		volume = o.Spec.VolumeName
-	case *v1beta1.Snapshot:
-		volume = o.Spec.Volume
-	}
+// enqueueVolume enqueues a volume by name ("" is none: an object of no volume).
+func (c *VolumeController) enqueueVolume(volume string) {
 	if volume != "" {
 		c.queue.Add(c.ds.Namespace + "/" + volume)
+	}
+}
+
+// enqueueVolumeOf enqueues the volume of a cached engine or replica, as the
+// by-node index lists them.
+func (c *VolumeController) enqueueVolumeOf(obj any) {
+	switch o := obj.(type) {
+	case *v1beta1.Engine:
+		c.enqueueVolume(o.Spec.VolumeName)
+	case *v1beta1.Replica:
+		c.enqueueVolume(o.Spec.VolumeName)
 	}
 }
 

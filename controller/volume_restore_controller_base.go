@@ -40,42 +40,36 @@ func NewVolumeRestoreController(logger logrus.FieldLogger, ds *datastore.DataSto
 	c.dataPlane = dataPlane
 	c.sync = c.syncRestore
 	if _, err := ds.Volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj interface{}) {
-			if v, ok := obj.(*v1beta1.Volume); ok && v.Spec.FromBackup != "" {
+		AddFunc: onAdd(func(v *v1beta1.Volume) {
+			if v.Spec.FromBackup != "" {
 				c.enqueue(v)
 			}
-		},
-		UpdateFunc: func(oldObj, newObj interface{}) {
-			o, ok1 := oldObj.(*v1beta1.Volume)
-			n, ok2 := newObj.(*v1beta1.Volume)
-			if ok1 && ok2 && restoreChangeMatters(o, n) {
+		}),
+		UpdateFunc: onUpdate(func(o, n *v1beta1.Volume) {
+			if restoreChangeMatters(o, n) {
 				c.enqueue(n)
 			}
-		},
+		}),
 	}); err != nil {
 		return nil, err
 	}
 	if _, err := ds.Engines.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: func(oldObj, newObj interface{}) {
-			o, ok1 := oldObj.(*v1beta1.Engine)
-			n, ok2 := newObj.(*v1beta1.Engine)
-			if ok1 && ok2 && (o.Status.CurrentState != n.Status.CurrentState || o.Status.Endpoint != n.Status.Endpoint) {
+		UpdateFunc: onUpdate(func(o, n *v1beta1.Engine) {
+			if o.Status.CurrentState != n.Status.CurrentState || o.Status.Endpoint != n.Status.Endpoint {
 				c.enqueueRestoring(n.Spec.VolumeName)
 			}
-		},
+		}),
 	}); err != nil {
 		return nil, err
 	}
 	// A target created, fixed or made available again lets waiting restores go on.
 	if _, err := ds.BackupTargets.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(interface{}) { c.enqueueAllRestoring() },
-		UpdateFunc: func(oldObj, newObj interface{}) {
-			o, ok1 := oldObj.(*v1beta1.BackupTarget)
-			n, ok2 := newObj.(*v1beta1.BackupTarget)
-			if ok1 && ok2 && (o.Status.Available != n.Status.Available || o.Generation != n.Generation) {
+		AddFunc: onAdd(func(*v1beta1.BackupTarget) { c.enqueueAllRestoring() }),
+		UpdateFunc: onUpdate(func(o, n *v1beta1.BackupTarget) {
+			if o.Status.Available != n.Status.Available || o.Generation != n.Generation {
 				c.enqueueAllRestoring()
 			}
-		},
+		}),
 	}); err != nil {
 		return nil, err
 	}

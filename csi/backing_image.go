@@ -12,8 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/strata-storage/strata/engine/blockdev"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
 )
 
 // backingImageParams are a StorageClass's backingImage* parameters.
@@ -104,7 +104,12 @@ func fitBackingImage(virtualSize int64, r *csi.CapacityRange, want *volumeReques
 		return status.Errorf(codes.OutOfRange, "capacity_range: %d bytes is smaller than backing image %s (%d bytes)",
 			want.size, want.image.name, virtualSize)
 	}
-	want.size = (virtualSize + blockdev.BlockSize - 1) / blockdev.BlockSize * blockdev.BlockSize
+	size, ok := types.RoundUpToBlock(virtualSize)
+	if !ok {
+		return status.Errorf(codes.OutOfRange, "backing image %s has %d bytes, too large to round up to a whole block",
+			want.image.name, virtualSize)
+	}
+	want.size = size
 	if limit := r.GetLimitBytes(); limit > 0 && want.size > limit {
 		return status.Errorf(codes.OutOfRange, "capacity_range: backing image %s has %d bytes, above limit_bytes %d",
 			want.image.name, virtualSize, limit)

@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/strata-storage/strata/engine/blockdev"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 )
@@ -185,14 +184,15 @@ func volumeSize(r *csi.CapacityRange) (int64, error) {
 	if required < 0 || limit < 0 {
 		return 0, status.Errorf(codes.InvalidArgument, "capacity_range: negative bytes (required %d, limit %d)", required, limit)
 	}
-	size := max(required, blockdev.BlockSize)
-	if rem := size % blockdev.BlockSize; rem != 0 {
-		size += blockdev.BlockSize - rem
+	size, ok := types.RoundUpToBlock(max(required, types.BlockSize))
+	if !ok {
+		return 0, status.Errorf(codes.OutOfRange, "capacity_range: %d bytes is too large to round up to a whole %d-byte block",
+			required, types.BlockSize)
 	}
 	if limit > 0 && size > limit {
 		return 0, status.Errorf(codes.OutOfRange,
 			"capacity_range: %d bytes rounded up to the %d-byte block is %d, above limit_bytes %d",
-			required, blockdev.BlockSize, size, limit)
+			required, types.BlockSize, size, limit)
 	}
 	return size, nil
 }

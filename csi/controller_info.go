@@ -15,7 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/strata-storage/strata/datastore"
-	"github.com/strata-storage/strata/engine/blockdev"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/scheduler"
 	"github.com/strata-storage/strata/types"
@@ -34,7 +33,7 @@ func (d *Driver) GetCapacity(_ context.Context, req *csi.GetCapacityRequest) (*c
 		return nil, err
 	}
 	// volumeSize rounds every request up to a whole block, at least one.
-	resp := &csi.GetCapacityResponse{MaximumVolumeSize: wrapperspb.Int64(0), MinimumVolumeSize: wrapperspb.Int64(blockdev.BlockSize)}
+	resp := &csi.GetCapacityResponse{MaximumVolumeSize: wrapperspb.Int64(0), MinimumVolumeSize: wrapperspb.Int64(types.BlockSize)}
 	if caps := req.GetVolumeCapabilities(); len(caps) > 0 && checkCapabilities(caps) != nil {
 		return resp, nil // no volume with these capabilities can be made anywhere
 	}

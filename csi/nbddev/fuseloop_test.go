@@ -397,7 +397,6 @@ func BenchmarkThroughput(b *testing.B) {
 	}
 }
 
-
 // qemuIOSweep covers the export in 1 MiB requests, one at a time.
 func qemuIOSweep(endpoint, op string) []string {
 	args := []string{"qemu-io", "-f", "raw"}

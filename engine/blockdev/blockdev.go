@@ -8,11 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/strata-storage/strata/types"
 )
 
 // BlockSize is the unit the data plane tracks data in. I/O may be unaligned;
-// devices handle the read-modify-write.
-const BlockSize = 4096
+// devices handle the read-modify-write. Defined in types, whose size
+// rounding the CSI driver and the webhook use.
+const BlockSize = types.BlockSize
 
 // Device is a block device of fixed size.
 type Device interface {

@@ -4,7 +4,6 @@
 package volume
 
 import (
-	"math"
 	"slices"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -12,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/strata-storage/strata/datastore"
-	"github.com/strata-storage/strata/engine/blockdev"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 	"github.com/strata-storage/strata/webhook/admission"
@@ -85,8 +83,10 @@ func (m *mutator) Update(_ *admission.Request, oldObj, newObj runtime.Object) er
 // that is not positive is left for the validator to refuse.
 func roundSizeUp(v *v1beta1.Volume) {
 	n := v.Spec.Size.Value() // a fraction of a byte counts as a byte
-	if n <= 0 || n%blockdev.BlockSize == 0 || n > math.MaxInt64-blockdev.BlockSize {
+	if n <= 0 {
 		return
 	}
-	v.Spec.Size = *resource.NewQuantity((n/blockdev.BlockSize+1)*blockdev.BlockSize, v.Spec.Size.Format)
+	if rounded, ok := types.RoundUpToBlock(n); ok && rounded != n {
+		v.Spec.Size = *resource.NewQuantity(rounded, v.Spec.Size.Format)
+	}
 }
