@@ -55,6 +55,8 @@ func DaemonCommand() *cli.Command {
 			&cli.DurationFlag{Name: "lease-duration", Value: 20 * time.Second,
 				Usage: "heartbeat lease validity; peers mark this node down after this long without a renewal"},
 			&cli.DurationFlag{Name: "disk-check-interval", Value: 30 * time.Second, Usage: "how often disks are inspected"},
+			&cli.DurationFlag{Name: "free-space-report-interval", Value: controller.DefaultFreeSpaceReportInterval,
+				Usage: "least time between two Node writes that report only moved free space; other disk changes are written at once"},
 			&cli.IntFlag{Name: "workers", Value: 2, Usage: "workers per controller"},
 			&cli.DurationFlag{Name: "max-retry-delay", Value: controller.DefaultRetryBackoff.MaxDelay,
 				Usage: "longest wait between retries of an object whose sync keeps failing (retries never stop)"},
@@ -82,20 +84,21 @@ func DaemonCommand() *cli.Command {
 				return fmt.Errorf("--lease-duration: %s is shorter than 1s", d)
 			}
 			return runDaemon(ctx, daemonConfig{
-				nodeName:          cmd.String("node-name"),
-				kubeconfig:        cmd.String("kubeconfig"),
-				namespace:         cmd.String("namespace"),
-				disks:             disks,
-				metricsListen:     cmd.String("metrics-listen"),
-				leaseDuration:     cmd.Duration("lease-duration"),
-				diskCheckInterval: cmd.Duration("disk-check-interval"),
-				workers:           int(cmd.Int("workers")),
-				maxRetryDelay:     cmd.Duration("max-retry-delay"),
-				imAddress:         cmd.String("instance-manager-address"),
-				apiListen:         cmd.String("api-listen"),
-				apiAdvertise:      apiAdvertise,
-				uploadLimit:       uploadLimit.Value(),
-				webhook:           webhookOptionsFrom(cmd),
+				nodeName:                cmd.String("node-name"),
+				kubeconfig:              cmd.String("kubeconfig"),
+				namespace:               cmd.String("namespace"),
+				disks:                   disks,
+				metricsListen:           cmd.String("metrics-listen"),
+				leaseDuration:           cmd.Duration("lease-duration"),
+				diskCheckInterval:       cmd.Duration("disk-check-interval"),
+				freeSpaceReportInterval: cmd.Duration("free-space-report-interval"),
+				workers:                 int(cmd.Int("workers")),
+				maxRetryDelay:           cmd.Duration("max-retry-delay"),
+				imAddress:               cmd.String("instance-manager-address"),
+				apiListen:               cmd.String("api-listen"),
+				apiAdvertise:            apiAdvertise,
+				uploadLimit:             uploadLimit.Value(),
+				webhook:                 webhookOptionsFrom(cmd),
 			})
 		},
 	}
@@ -107,6 +110,7 @@ type daemonConfig struct {
 	metricsListen                   string
 	leaseDuration                   time.Duration
 	diskCheckInterval               time.Duration
+	freeSpaceReportInterval         time.Duration
 	workers                         int
 	maxRetryDelay                   time.Duration
 	imAddress                       string
@@ -219,7 +223,8 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	}
 	nodes, err := controller.NewNodeController(log, ds, recorder, cfg.nodeName, cfg.disks,
 		controller.NodeControllerOptions{LeaseDuration: cfg.leaseDuration, DiskCheckInterval: cfg.diskCheckInterval,
-			Instances: instances, IMAddress: cfg.imAddress, DataPlane: imPool, APIAddress: cfg.apiAdvertise})
+			FreeSpaceReportInterval: cfg.freeSpaceReportInterval, Instances: instances, IMAddress: cfg.imAddress,
+			DataPlane: imPool, APIAddress: cfg.apiAdvertise})
 	controllers.add(nodes, err)
 	controllers.single(controller.NewSettingController(log, ds, recorder, cfg.nodeName))
 	controllers.add(controller.NewVolumeController(log, ds, recorder, cfg.nodeName))

@@ -27,6 +27,10 @@ import (
 // so a renewal that lands right at the deadline is seen.
 const leaseCheckSlack = time.Second
 
+// DefaultFreeSpaceReportInterval is how often, at most, a change of a
+// disk's free space alone is written to its Node (--free-space-report-interval).
+const DefaultFreeSpaceReportInterval = 5 * time.Minute
+
 // NodeControllerOptions tune the node controller; zero values take defaults.
 type NodeControllerOptions struct {
 	// LeaseDuration is how long this manager's heartbeat lease is valid;
@@ -34,6 +38,9 @@ type NodeControllerOptions struct {
 	LeaseDuration time.Duration
 	// DiskCheckInterval is how often this node's disks are inspected.
 	DiskCheckInterval time.Duration
+	// FreeSpaceReportInterval is the least time between two Node writes
+	// that report nothing but moved free space (see checkDisks).
+	FreeSpaceReportInterval time.Duration
 	// Instances is this node's instance cache and IMAddress its instance
 	// manager; with them the controller stops orphaned instances and
 	// deletes orphaned replica data (node_orphans.go). Nil: no data plane.
@@ -58,6 +65,11 @@ type NodeController struct {
 	instances         *InstanceCache
 	imClient          func() (engineapi.DataPlane, error)
 	apiAddress        string
+
+	// freeSpaceReportInterval and lastDiskEnqueue pace checkDisks;
+	// lastDiskEnqueue is only touched by checkDisks, which runs alone.
+	freeSpaceReportInterval time.Duration
+	lastDiskEnqueue         time.Time
 
 	peerMu     sync.Mutex
 	peerTimers map[string]*time.Timer
@@ -97,14 +109,18 @@ func NewNodeController(logger logrus.FieldLogger, ds *datastore.DataStore, recor
 	if opts.DiskCheckInterval <= 0 {
 		opts.DiskCheckInterval = 30 * time.Second
 	}
+	if opts.FreeSpaceReportInterval <= 0 {
+		opts.FreeSpaceReportInterval = DefaultFreeSpaceReportInterval
+	}
 	nc := &NodeController{
-		baseController:    newBaseController("strata-node", controllerID, logger, ds, recorder),
-		disks:             disks,
-		leaseDuration:     opts.LeaseDuration,
-		diskCheckInterval: opts.DiskCheckInterval,
-		instances:         opts.Instances,
-		apiAddress:        opts.APIAddress,
-		imClient:          func() (engineapi.DataPlane, error) { return opts.DataPlane.DataPlane(opts.IMAddress) },
+		baseController:          newBaseController("strata-node", controllerID, logger, ds, recorder),
+		disks:                   disks,
+		leaseDuration:           opts.LeaseDuration,
+		diskCheckInterval:       opts.DiskCheckInterval,
+		freeSpaceReportInterval: opts.FreeSpaceReportInterval,
+		instances:               opts.Instances,
+		apiAddress:              opts.APIAddress,
+		imClient:                func() (engineapi.DataPlane, error) { return opts.DataPlane.DataPlane(opts.IMAddress) },
 	}
 	nc.sync = nc.syncNode
 	if nc.instances != nil {
@@ -208,6 +224,16 @@ func (nc *NodeController) onLeaseUpdate(oldLease, newLease *coordinationv1.Lease
 
 // checkDisks enqueues this node only when its disks' status would change,
 // so an idle node costs no queue traffic and no writes.
+//
+// A change of free space alone is enqueued at most once per
+// freeSpaceReportInterval: on a disk shared with other work (logs, etcd,
+// other tenants) the free space moves past stableAvailable's threshold every
+// few minutes, and each write costs an add on every manager's queue. A
+// disk crossing the minimal-available percentage flips its Schedulable
+// condition, which is enqueued at once like any other change; only the
+// figure itself (which the scheduler also reads for a rebuild's data) may
+// be up to one interval old. A sync for another reason writes the fresh
+// figure anyway, after which there is nothing left here to report.
 func (nc *NodeController) checkDisks(context.Context) {
 	node, err := nc.ds.Nodes.GetRO(nc.controllerID)
 	if err != nil {
@@ -219,8 +245,16 @@ func (nc *NodeController) checkDisks(context.Context) {
 		return
 	}
 	cp := node.DeepCopy()
-	now := metav1.NewTime(nc.ds.Clock.Now())
-	if !equality.Semantic.DeepEqual(nc.diskStatuses(cp, minAvailablePct, now), node.Status.DiskStatus) {
-		nc.queue.Add(nc.ds.Namespace + "/" + nc.controllerID)
+	now := nc.ds.Clock.Now()
+	fresh := nc.diskStatuses(cp, minAvailablePct, metav1.NewTime(now))
+	if equality.Semantic.DeepEqual(fresh, node.Status.DiskStatus) {
+		return
 	}
+	if onlyFreeSpaceMoved(node.Status.DiskStatus, fresh) && now.Sub(nc.lastDiskEnqueue) < nc.freeSpaceReportInterval {
+		nc.logger.WithField("nextReport", nc.lastDiskEnqueue.Add(nc.freeSpaceReportInterval).Format(time.RFC3339)).
+			Debug("Free space moved; reported at the next free-space report")
+		return
+	}
+	nc.lastDiskEnqueue = now
+	nc.queue.Add(nc.ds.Namespace + "/" + nc.controllerID)
 }

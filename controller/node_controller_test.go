@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
 
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/datastore/dstest"
@@ -336,14 +338,40 @@ func TestNodeRequeuedOnMinimalAvailableChange(t *testing.T) {
 		_, err := env.Strata.StrataV1beta1().Settings(testNS).Update(context.Background(), s, metav1.UpdateOptions{})
 		require.NoError(t, err)
 	}
+	// One handler sees one informer's events in order: once the last
+	// update (the one that matters) has enqueued the node, the two before
+	// it have been handled, and the count says whether they added anything
+	// (the queue itself would fold a second add of the key into one).
+	q := &addCounter{TypedRateLimitingInterface: nc.queue}
+	nc.queue = q
 	update(other, "2")
 	update(zeroMinAvailable(), "0")
-	time.Sleep(200 * time.Millisecond)
-	assert.Zero(t, nc.queue.Len(), "nothing that changes the disks' verdict")
 	update(zeroMinAvailable(), "10")
-	require.Eventually(t, func() bool { return nc.queue.Len() == 1 }, 5*time.Second, 10*time.Millisecond)
-	key, _ := nc.queue.Get()
+	require.Eventually(t, func() bool { return q.Len() == 1 }, 5*time.Second, 10*time.Millisecond)
+	assert.EqualValues(t, 1, q.adds.Load(), "only the change of the disks' verdict enqueued the node")
+	key, _ := q.Get()
 	assert.Equal(t, testNS+"/node-1", key)
+}
+
+// addCounter counts what is added to a queue, however it is added.
+type addCounter struct {
+	workqueue.TypedRateLimitingInterface[string]
+	adds atomic.Int32
+}
+
+func (q *addCounter) Add(key string) {
+	q.adds.Add(1)
+	q.TypedRateLimitingInterface.Add(key)
+}
+
+func (q *addCounter) AddAfter(key string, d time.Duration) {
+	q.adds.Add(1)
+	q.TypedRateLimitingInterface.AddAfter(key, d)
+}
+
+func (q *addCounter) AddRateLimited(key string) {
+	q.adds.Add(1)
+	q.TypedRateLimitingInterface.AddRateLimited(key)
 }
 
 // The daemon starts the heartbeat before its caches sync, so a restarting

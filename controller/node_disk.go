@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/google/uuid"
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/api/equality"
 
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
@@ -123,4 +125,39 @@ func abs64(v int64) int64 {
 		return -v
 	}
 	return v
+}
+
+// onlyFreeSpaceMoved reports whether fresh differs from old in free space
+// alone: StorageAvailable, and the free-bytes figure that leads a DiskFull
+// message. Anything else placement or an admin reads (the set of disks,
+// UUIDs, sizes, replicas, orphans, a condition's status, reason or the rest
+// of its message) makes it false, as does no difference at all.
+func onlyFreeSpaceMoved(old, fresh map[string]*v1beta1.DiskStatus) bool {
+	if len(old) != len(fresh) || equality.Semantic.DeepEqual(old, fresh) {
+		return false
+	}
+	for name, f := range fresh {
+		o, ok := old[name]
+		if !ok || (o == nil) != (f == nil) {
+			return false
+		}
+		if o != nil && !equality.Semantic.DeepEqual(withoutFreeSpace(o), withoutFreeSpace(f)) {
+			return false
+		}
+	}
+	return true
+}
+
+// withoutFreeSpace is st with its free-space figures blanked: the available
+// bytes, and the leading number of a DiskFull message (diskSchedulable's
+// "%d bytes free after ..."; the rest of the message still counts).
+func withoutFreeSpace(st *v1beta1.DiskStatus) *v1beta1.DiskStatus {
+	c := st.DeepCopy()
+	c.StorageAvailable = 0
+	for i := range c.Conditions {
+		if c.Conditions[i].Reason == v1beta1.DiskConditionReasonFull {
+			c.Conditions[i].Message = strings.TrimLeft(c.Conditions[i].Message, "0123456789")
+		}
+	}
+	return c
 }

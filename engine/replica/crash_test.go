@@ -254,11 +254,13 @@ func runChildAt(t *testing.T, mode, dir string, seed uint64, point string, m *cr
 	return killed
 }
 
-func TestCrashWrites(t *testing.T) {
-	kills := []int{1, 37, 120, 301, 555, 900}
-	if testing.Short() {
-		kills = kills[:2]
-	}
+// TestCrashWrites kills a writer after a few lines of its log; the long
+// mode (make test-long) goes on to later kills.
+func TestCrashWrites(t *testing.T) { crashWrites(t, []int{1, 37}) }
+
+func TestLongCrashWrites(t *testing.T) { crashWrites(t, []int{1, 37, 120, 301, 555, 900}) }
+
+func crashWrites(t *testing.T, kills []int) {
 	for i, after := range kills {
 		t.Run(fmt.Sprintf("after-%d-lines", after), func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "r")
@@ -356,15 +358,24 @@ func purgeSetup(t *testing.T, dir, kind string, m *crashModel) {
 	require.NoError(t, r.RemoveSnapshot("big"))
 }
 
+// purgeKill is a moment to kill a purge at: once its progress reaches pct
+// (101: once Purge returned), and delay after that.
+type purgeKill struct {
+	pct   int
+	delay time.Duration
+}
+
+// TestCrashPurge kills each kind of purge near its end; the long mode
+// (make test-long) kills at every moment of the list.
 func TestCrashPurge(t *testing.T) {
-	type kill struct {
-		pct   int // kill once progress reaches pct (101: once Purge returned)
-		delay time.Duration
-	}
-	kills := []kill{{0, 0}, {40, 0}, {99, 0}, {99, 300 * time.Microsecond}, {99, 2 * time.Millisecond}, {101, 0}}
-	if testing.Short() {
-		kills = kills[2:4]
-	}
+	crashPurge(t, []purgeKill{{99, 0}, {99, 300 * time.Microsecond}})
+}
+
+func TestLongCrashPurge(t *testing.T) {
+	crashPurge(t, []purgeKill{{0, 0}, {40, 0}, {99, 0}, {99, 300 * time.Microsecond}, {99, 2 * time.Millisecond}, {101, 0}})
+}
+
+func crashPurge(t *testing.T, kills []purgeKill) {
 	for _, kind := range []string{"into-snapshot", "into-child", "prune"} {
 		for i, k := range kills {
 			t.Run(fmt.Sprintf("%s/pct-%d+%v", kind, k.pct, k.delay), func(t *testing.T) {

@@ -19,11 +19,12 @@ import (
 )
 
 // The model test runs random operation sequences against a replica and an
-// in-memory model of the device and of the snapshot tree. More with
-// -replica.seqs=N -replica.ops=M (or STRATA_REPLICA_SEQS/OPS); replay one
-// with -replica.seed=S.
+// in-memory model of the device and of the snapshot tree: TestModel runs
+// the first 200 (make test), TestLongModel the first 2,000 (make
+// test-long). Another count with -replica.seqs=N -replica.ops=M (or
+// STRATA_REPLICA_SEQS/OPS, for both); replay one with -replica.seed=S.
 var (
-	flagSeqs = flag.Int("replica.seqs", envInt("STRATA_REPLICA_SEQS", 2000), "model test: number of sequences")
+	flagSeqs = flag.Int("replica.seqs", envInt("STRATA_REPLICA_SEQS", 0), "model test: number of sequences (0: the test's own)")
 	flagOps  = flag.Int("replica.ops", envInt("STRATA_REPLICA_OPS", 40), "model test: operations per sequence")
 	flagSeed = flag.Int64("replica.seed", 0, "model test: run only this seed")
 )
@@ -478,14 +479,18 @@ func runModel(t *testing.T, seed int64, ops int) {
 	h.verifySnapshots("final")
 }
 
-func TestModel(t *testing.T) {
+func TestModel(t *testing.T) { runModels(t, 200) }
+
+// TestLongModel is the model test's long mode (make test-long).
+func TestLongModel(t *testing.T) { runModels(t, 2000) }
+
+func runModels(t *testing.T, seqs int) {
 	if *flagSeed != 0 {
 		runModel(t, *flagSeed, *flagOps)
 		return
 	}
-	seqs := *flagSeqs
-	if testing.Short() {
-		seqs = min(seqs, 40)
+	if *flagSeqs > 0 {
+		seqs = *flagSeqs
 	}
 	for i := range seqs {
 		seed := int64(i + 1)

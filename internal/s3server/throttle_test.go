@@ -2,8 +2,8 @@ package s3server
 
 import (
 	"bytes"
-	"errors"
 	"crypto/rand"
+	"errors"
 	"io"
 	"net"
 	"testing"

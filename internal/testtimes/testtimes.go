@@ -19,6 +19,7 @@ import (
 
 // event is one line of `go test -json` (cmd/test2json's TestEvent).
 type event struct {
+	Time    time.Time
 	Action  string
 	Package string
 	Test    string
@@ -47,6 +48,11 @@ type Run struct {
 	Packages []Result
 	Tests    []Result // top-level tests only: a subtest's time is in its parent's
 	Failed   bool
+
+	// started is when each running test last began or resumed: a test's
+	// own Elapsed leaves out its parallel subtests (they run after it
+	// returns) and a paused parallel test's wait counts in neither.
+	started map[string]time.Time
 }
 
 // relay keeps each test's output until it ends, so that a failed test's
@@ -75,7 +81,7 @@ func Read(in io.Reader, out io.Writer) (*Run, error) {
 	if out == nil {
 		out = io.Discard
 	}
-	run := &Run{}
+	run := &Run{started: map[string]time.Time{}}
 	rl := &relay{out: out, pending: map[string][]string{}}
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
@@ -104,9 +110,15 @@ func (run *Run) add(rl *relay, ev event) {
 		run.Failed = true
 	case "output":
 		rl.keep(key, ev.Output)
+	case "run", "cont":
+		run.started[key] = ev.Time
 	case "pass", "fail", "skip":
 		res := Result{Package: ev.Package, Test: ev.Test, Action: ev.Action,
 			Elapsed: time.Duration(ev.Elapsed * float64(time.Second))}
+		if at, ok := run.started[key]; ok && ev.Test != "" && !at.IsZero() && ev.Time.Sub(at) > res.Elapsed {
+			res.Elapsed = ev.Time.Sub(at)
+		}
+		delete(run.started, key)
 		if ev.Action == "fail" {
 			run.Failed = true
 		}

@@ -29,6 +29,16 @@ const stream = `{"Action":"start","Package":"m/a"}
 {"Action":"output","Package":"m/c","Output":"ok  \tm/c\t9.000s\n"}
 {"Action":"pass","Package":"m/c","Elapsed":9}
 {"Action":"skip","Package":"m/d","Elapsed":0}
+{"Time":"2026-01-01T00:00:00Z","Action":"run","Package":"m/f","Test":"TestParallelKids"}
+{"Time":"2026-01-01T00:00:01Z","Action":"run","Package":"m/f","Test":"TestParallelKids/1"}
+{"Time":"2026-01-01T00:00:01Z","Action":"pause","Package":"m/f","Test":"TestParallelKids/1"}
+{"Time":"2026-01-01T00:00:01Z","Action":"cont","Package":"m/f","Test":"TestParallelKids/1"}
+{"Time":"2026-01-01T00:00:09Z","Action":"pass","Package":"m/f","Test":"TestParallelKids/1","Elapsed":8}
+{"Time":"2026-01-01T00:00:09Z","Action":"pass","Package":"m/f","Test":"TestParallelKids","Elapsed":0.01}
+{"Time":"2026-01-01T00:00:00Z","Action":"run","Package":"m/f","Test":"TestPaused"}
+{"Time":"2026-01-01T00:00:00Z","Action":"pause","Package":"m/f","Test":"TestPaused"}
+{"Time":"2026-01-01T00:00:20Z","Action":"cont","Package":"m/f","Test":"TestPaused"}
+{"Time":"2026-01-01T00:00:22Z","Action":"pass","Package":"m/f","Test":"TestPaused","Elapsed":2}
 `
 
 func TestRead(t *testing.T) {
@@ -39,7 +49,9 @@ func TestRead(t *testing.T) {
 	assert.Equal(t, []Result{
 		{Package: "m/a", Test: "TestOK", Action: "pass", Elapsed: 1500 * time.Millisecond},
 		{Package: "m/a", Test: "TestBad", Action: "fail", Elapsed: 2100 * time.Millisecond},
-	}, run.Tests, "top-level tests only")
+		{Package: "m/f", Test: "TestParallelKids", Action: "pass", Elapsed: 9 * time.Second},
+		{Package: "m/f", Test: "TestPaused", Action: "pass", Elapsed: 2 * time.Second},
+	}, run.Tests, "top-level tests only, with their parallel subtests' time and without a pause's")
 	assert.Len(t, run.Packages, 3)
 	assert.Equal(t, "    bad_test.go:9: boom\n--- FAIL: TestBad (2.00s)\nFAIL\tm/a\t3.700s\n"+
 		"# m/b [build failed]\ne.go:1: syntax error\nok  \tm/c\t9.000s\n", out.String(),
@@ -60,6 +72,6 @@ func TestMarkdown(t *testing.T) {
 
 | test | result | wall time |
 |---|---|---:|
-| a.TestBad | fail | 2.1 s |
+| f.TestParallelKids | pass | 9.0 s |
 `, md.String())
 }

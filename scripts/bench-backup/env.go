@@ -14,9 +14,9 @@ import (
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/engineapi/impb"
 	"github.com/strata-storage/strata/internal/backupstore"
-	"github.com/strata-storage/strata/internal/s3server"
 	"github.com/strata-storage/strata/internal/benchvol"
 	"github.com/strata-storage/strata/internal/localcluster"
+	"github.com/strata-storage/strata/internal/s3server"
 )
 
 const (

@@ -304,6 +304,13 @@ func (b *bench) stepQuiet(ctx context.Context) error {
 		return err
 	}
 	nEngines := len(engines.Items)
+	fill0 := b.diskFills()
+	b.logDiskFills("before", fill0)
+	nw, err := b.watchNodes(ctx)
+	if err != nil {
+		return err
+	}
+	defer nw.stop()
 	m0, a0, err := b.scrapeBoth(ctx)
 	if err != nil {
 		return err
@@ -318,6 +325,9 @@ func (b *bench) stepQuiet(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	nodeWrites, watchEnded := nw.finish()
+	fill1 := b.diskFills()
+	b.logDiskFills("after", fill1)
 	if err := b.checkManagers(); err != nil {
 		return err
 	}
@@ -329,6 +339,7 @@ func (b *bench) stepQuiet(ctx context.Context) error {
 	other, strataBy := map[string]float64{}, map[string]float64{}
 	for k, v := range writes {
 		switch {
+		case k == "strata.io/nodes": // reportNodeWrites
 		case strings.HasPrefix(k, "strata.io/"):
 			strataW += v
 			strataBy[k] = v
@@ -347,7 +358,8 @@ func (b *bench) stepQuiet(ctx context.Context) error {
 	b.log.WithFields(logrus.Fields{"byQueue": fmtCounts(diffCounts(m1.addsByQueue, m0.addsByQueue))}).
 		Infof("quiet window: %g workqueue adds", adds)
 	b.log.WithFields(logrus.Fields{"byResource": fmtCounts(writes)}).
-		Infof("quiet window: %g API writes (strata.io %g, leases %g, other %g)", strataW+leaseW+otherW, strataW, leaseW, otherW)
+		Infof("quiet window: %g API writes (strata.io %g + Nodes %g, leases %g, other %g)",
+			strataW+writes["strata.io/nodes"]+leaseW+otherW, strataW, writes["strata.io/nodes"], leaseW, otherW)
 	b.log.WithFields(logrus.Fields{"byMethod": fmtCounts(diffCounts(m1.grpcByMethod, m0.grpcByMethod)), "engines": nEngines}).
 		Infof("quiet window: %g instance-manager calls", grpc)
 
@@ -356,10 +368,12 @@ func (b *bench) stepQuiet(ctx context.Context) error {
 	if adds > 0 {
 		b.info("  … by queue", fmtCounts(diffCounts(m1.addsByQueue, m0.addsByQueue)))
 	}
-	b.check("API writes, strata.io, in "+w, perMinute(strataW, minutes), "0", strataW == 0)
+	b.check("API writes, strata.io (Nodes apart), in "+w, perMinute(strataW, minutes), "0", strataW == 0)
 	if strataW > 0 {
 		b.info("  … by resource", fmtCounts(strataBy))
 	}
+	b.reportNodeWrites(w, writes["strata.io/nodes"], nodeWrites, watchEnded, freeSpaceAllowance(b.cfg.quiet))
+	b.reportDiskFills(fill0, fill1)
 	b.reportBackupQuiet(w, m0, m1, writes)
 	b.check("API writes, other (not Leases), in "+w, perMinute(otherW, minutes), "0", otherW == 0)
 	if otherW > 0 {

@@ -12,10 +12,10 @@ import (
 
 	"github.com/strata-storage/strata/controller"
 	"github.com/strata-storage/strata/internal/backupstore"
+	"github.com/strata-storage/strata/internal/localcluster"
 	"github.com/strata-storage/strata/internal/s3server"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
-	"github.com/strata-storage/strata/internal/localcluster"
 )
 
 // backupBucket is the local S3 server's bucket the default target uses.

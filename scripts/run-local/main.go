@@ -23,8 +23,8 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/strata-storage/strata/package/images"
 	"github.com/strata-storage/strata/internal/localcluster"
+	"github.com/strata-storage/strata/package/images"
 )
 
 const (

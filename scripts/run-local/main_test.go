@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/strata-storage/strata/package/images"
 	"github.com/strata-storage/strata/internal/localcluster"
+	"github.com/strata-storage/strata/package/images"
 )
 
 const upTimeout = 5 * time.Minute // a cold image build is part of the first start

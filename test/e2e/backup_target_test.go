@@ -13,9 +13,9 @@ import (
 
 	"github.com/strata-storage/strata/controller"
 	"github.com/strata-storage/strata/internal/backupstore"
+	"github.com/strata-storage/strata/internal/localcluster"
 	"github.com/strata-storage/strata/internal/s3server"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
-	"github.com/strata-storage/strata/internal/localcluster"
 )
 
 // startS3 runs a real S3-compatible server (versitygw) for one test, with

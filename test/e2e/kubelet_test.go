@@ -17,8 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
-	"github.com/strata-storage/strata/package/images"
 	"github.com/strata-storage/strata/internal/localcluster"
+	"github.com/strata-storage/strata/package/images"
 )
 
 // podNamespace holds the test Pods; "default" exists in every cluster.
