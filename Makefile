@@ -31,8 +31,9 @@ verify:
 # binary is built once and handed to every package that runs it. Prints
 # failures as go test does, then the packages' and the 20 slowest tests'
 # wall times (the raw events stay in bin/test.json; docs/testing.md).
+# test/e2e is named first so that go test starts it first: it is the longest.
 test: build
-	set -o pipefail; $(TEST_ENV) $(GO) test -count=1 -timeout 30m -json -skip '^TestLong' ./... | \
+	set -o pipefail; $(TEST_ENV) $(GO) test -count=1 -timeout 30m -json -skip '^TestLong' ./test/e2e/ ./... | \
 		$(BIN)/test-times -save $(BIN)/test.json
 
 # The long modes: the full replica model and crash lists, make run's double

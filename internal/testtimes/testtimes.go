@@ -125,7 +125,11 @@ func (run *Run) add(rl *relay, ev event) {
 		switch {
 		case ev.Test == "":
 			// The package's own lines hold its summary ("ok", "FAIL")
-			// and whatever it printed outside a test.
+			// and whatever it printed outside a test; plain go test does
+			// not print a passing package's "PASS".
+			if ev.Action == "pass" {
+				rl.pending[key] = slices.DeleteFunc(rl.pending[key], func(l string) bool { return l == "PASS\n" })
+			}
 			rl.flush(key, true)
 			run.Packages = append(run.Packages, res)
 		case !strings.Contains(ev.Test, "/"):
@@ -155,14 +159,18 @@ func Slowest(rs []Result, n int) []Result {
 // two Markdown tables, with trim cut from the front of package paths.
 func (run *Run) Markdown(w io.Writer, n int, trim string) {
 	var sum time.Duration
+	var tested []Result
 	for _, p := range run.Packages {
 		sum += p.Elapsed
+		if p.Action != "skip" { // a package without test files
+			tested = append(tested, p)
+		}
 	}
 	fmt.Fprintf(w, "| package | result | wall time |\n|---|---|---:|\n")
-	for _, p := range Slowest(run.Packages, len(run.Packages)) {
+	for _, p := range Slowest(tested, len(tested)) {
 		fmt.Fprintf(w, "| %s | %s | %s |\n", strings.TrimPrefix(p.Package, trim), p.Action, seconds(p.Elapsed))
 	}
-	fmt.Fprintf(w, "| (sum over packages; they run two at a time) | | %s |\n\n", seconds(sum))
+	fmt.Fprintf(w, "| (sum over packages; go test runs as many at once as there are cores) | | %s |\n\n", seconds(sum))
 	fmt.Fprintf(w, "| test | result | wall time |\n|---|---|---:|\n")
 	for _, t := range Slowest(run.Tests, n) {
 		fmt.Fprintf(w, "| %s | %s | %s |\n", strings.TrimPrefix(t.Name(), trim), t.Action, seconds(t.Elapsed))

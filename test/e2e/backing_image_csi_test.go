@@ -27,6 +27,7 @@ import (
 // service) and finds guests/ there; what the Pod writes never changes the
 // image's copies.
 func TestBackingImageFilesystemThroughCSI(t *testing.T) {
+	t.Parallel() // Pods and claims of its own, no fault: waits beside the others at the end
 	srv := startImageServer(t)
 	tree := t.TempDir()
 	require.NoError(t, os.MkdirAll(filepath.Join(tree, "guests", "alpine"), 0o755))

@@ -185,12 +185,12 @@ func TestBackupAndRestoreFaults(t *testing.T) {
 }
 
 // A fault lands mid-transfer because the managers reach the S3 server
-// through a throttle: faultDataMiB at faultRate takes about 8 s each way,
+// through a throttle: faultDataMiB at faultRate takes about 4 s each way,
 // where a 2-core machine moves it in well under a second.
 const (
 	faultDataMiB    = 48
 	faultVolumeSize = 64 << 20
-	faultRate       = 6 << 20
+	faultRate       = 12 << 20
 )
 
 // volumeSumAttached attaches a restored volume with its frontend for the

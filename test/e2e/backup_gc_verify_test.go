@@ -83,7 +83,7 @@ func waitVerified(t *testing.T, name, req string) *v1beta1.BackupVerification {
 // verify action: Passed with the chunk count (asked through kubectl), and,
 // after one byte of a stored pack is flipped on the server's disk, Failed
 // naming the backup, the chunk and the pack.
-func TestBackupGCAfterDeleteAndVerify(t *testing.T) {
+func testBackupGCAfterDeleteAndVerify(t *testing.T) {
 	ctx := context.Background()
 	srv := startS3(t)
 	s3Target(t, controller.DefaultBackupTargetName, "s3://backups@us-east-1/e2e-gc", map[string]string{

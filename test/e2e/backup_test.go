@@ -111,7 +111,7 @@ func eventMessages(t *testing.T, name, reason string) string {
 // restores to exactly what the volume held at its snapshot. A backup of a
 // detached volume takes its own snapshot through a backup-controller ticket
 // and lets the volume detach again. Deleting a Backup deletes its manifest.
-func TestBackupIncrementalToS3AndDelete(t *testing.T) {
+func testBackupIncrementalToS3AndDelete(t *testing.T) {
 	ctx := context.Background()
 	srv := startS3(t)
 	s3Target(t, controller.DefaultBackupTargetName, "s3://backups@us-east-1/e2e-backup", map[string]string{

@@ -30,6 +30,7 @@ const blockDevicePath = "/dev/xvda"
 // after the volume moved there. Deleting the claim deletes the volume and
 // leaves no mount, loop device or nbdfuse process behind.
 func TestPVCBlockModeOnTwoNodes(t *testing.T) {
+	t.Parallel() // Pods and claims of its own, no fault: waits beside the others at the end
 	ctx := context.Background()
 	loopsBefore := localcluster.LoopDevices()
 	pvc := createClaimWith(t, "block-data", "64Mi", func(c *corev1.PersistentVolumeClaim) {
@@ -90,6 +91,7 @@ func TestPVCBlockModeOnTwoNodes(t *testing.T) {
 // behind it; once an admin switches the content to Delete and deletes it,
 // the Strata snapshot goes.
 func TestVolumeSnapshotRetainPolicy(t *testing.T) {
+	t.Parallel() // Pods and claims of its own, no fault: waits beside the others at the end
 	ctx := context.Background()
 	kubectlApply(t, `apiVersion: snapshot.storage.k8s.io/v1
 kind: VolumeSnapshotClass

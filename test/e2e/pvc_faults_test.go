@@ -4,6 +4,7 @@ import (
 	"context"
 	"hash/fnv"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -98,8 +99,18 @@ spec: {volumeSnapshotClassName: strata, source: {persistentVolumeClaimName: faul
 // connect), and as soon as the staging mount is up (before or during
 // NodePublishVolume). Restarted, the plugin stages and publishes; the Pod
 // runs and uses the volume; once the Pod and the claim are deleted, nothing
-// of the volume is left on the node.
+// of the volume is left on the node. make test kills at the middle point
+// (inside the connect, the one with the most to undo); make test-long at
+// all three.
 func TestCSINodePluginKilledWhilePodStarts(t *testing.T) {
+	nodePluginKilledWhilePodStarts(t, "nbdfuse started")
+}
+
+func TestLongCSINodePluginKilledWhilePodStarts(t *testing.T) {
+	nodePluginKilledWhilePodStarts(t, "VolumeAttachment attached", "nbdfuse started", "staging mount up")
+}
+
+func nodePluginKilledWhilePodStarts(t *testing.T, points ...string) {
 	node := nodeByName(t, "127.0.0.2")
 	const plugin = "csi-node-node-2"
 	cases := []struct {
@@ -118,6 +129,9 @@ func TestCSINodePluginKilledWhilePodStarts(t *testing.T) {
 		}},
 	}
 	for _, tc := range cases {
+		if !slices.Contains(points, tc.name) {
+			continue
+		}
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			loopsBefore := localcluster.LoopDevices()

@@ -25,6 +25,7 @@ import (
 // CAP_SYS_RESOURCE, which root on these machines lacks; an ext4 claim grows
 // at its next staging instead (resize2fs before the mount), shown second.
 func TestPVCResizeWhilePodRuns(t *testing.T) {
+	t.Parallel() // Pods and claims of its own, no fault: waits beside the others at the end
 	ctx := context.Background()
 	kubectlApply(t, `apiVersion: storage.k8s.io/v1
 kind: StorageClass

@@ -44,6 +44,7 @@ const treeDigest = `cd /data && find . -type f | sort | xargs sha256sum`
 // (dataSource: the PVC) holds what was written up to the clone, on a third
 // node. Neither Pod starts before its volume's copy has completed.
 func TestAliceSnapshotRestoreAndClone(t *testing.T) {
+	t.Parallel() // Pods and claims of its own, no fault: waits beside the others at the end
 	ctx := context.Background()
 	src := createPVC(t, "alice", "256Mi")
 	createPod(t, podWithClaim("alice-db", "127.0.0.1", src.Name, aliceWriter))

@@ -24,6 +24,7 @@ import (
 // the Pod moves to another node and reads the same data; deleting the PVC
 // deletes the volume.
 func TestPVCUsedByPodsOnTwoNodes(t *testing.T) {
+	t.Parallel() // Pods and claims of its own, no fault: waits beside the others at the end
 	ctx := context.Background()
 	start := time.Now()
 	pvc := createPVC(t, "data", "64Mi")

@@ -27,6 +27,7 @@ func mustQuantity(s string) *resource.Quantity {
 // of one of its disks — is denied; once the first two are deleted a backup
 // is allowed again. The usage shown is the engines' own figure each time.
 func TestQuotaVMBackupsAgainstVMQuota(t *testing.T) {
+	t.Parallel() // a namespace of its own, no fault: waits beside the others at the end
 	installVMKinds(t)
 	wns := workloadNamespace(t)
 	diskA, diskB := claimVolume(t, wns, "disk-a", "10Mi"), claimVolume(t, wns, "disk-b", "20Mi")
@@ -73,6 +74,7 @@ func TestQuotaVMBackupsAgainstVMQuota(t *testing.T) {
 // The first backup fits; the second would take the namespace to 20Mi and
 // is denied; once the first is deleted a backup fits again.
 func TestQuotaNamespaceWithVM(t *testing.T) {
+	t.Parallel() // Pods and claims of its own, no fault: waits beside the others at the end
 	installVMKinds(t)
 	wns := workloadNamespace(t)
 	disk := claimVolume(t, wns, "disk", "10Mi")
@@ -107,6 +109,7 @@ func TestQuotaNamespaceWithVM(t *testing.T) {
 // with plain VolumeSnapshots through the real snapshot-controller. A Strata
 // Snapshot asked for directly is charged the same way.
 func TestQuotaNamespaceWithVolumeSnapshots(t *testing.T) {
+	t.Parallel() // Pods and claims of its own, no fault: waits beside the others at the end
 	wns := workloadNamespace(t)
 	volume := claimVolume(t, wns, "data", "10Mi")
 	ep := attachForWrites(t, volume)

@@ -126,7 +126,7 @@ func labelledFor(jobs ...string) func(*v1beta1.Volume) {
 // exactly 3 backups of it. Renamed (the same job under a new name, the old
 // deleted), the old job's snapshots go with one kubectl command and the
 // new job's stay (seed snapshot-crd, story 1).
-func TestRecurringJobRetainAndRename(t *testing.T) {
+func testRecurringJobRetainAndRename(t *testing.T) {
 	tgt := recurringTarget(t, "e2e-rj")
 	const snapJob, backupJob, renamed = "e2e-rj-snap", "e2e-rj-bk", "e2e-rj-snap-v2"
 	vols := []string{"e2e-rj-a", "e2e-rj-b"}

@@ -120,7 +120,7 @@ func attachAndSum(t *testing.T, name string) string {
 // uploads only what changed (counted on the S3 server); each backup
 // restores into a new volume that serves nothing before the restore is
 // complete and then reads exactly as the source did at that snapshot.
-func TestRestoreBackupsIntoNewVolumes(t *testing.T) {
+func testRestoreBackupsIntoNewVolumes(t *testing.T) {
 	ctx := context.Background()
 	tgt, counting := defaultS3Target(t, "e2e-restore")
 	const vol = "e2e-rs-src"
@@ -214,7 +214,7 @@ func headSum(t *testing.T, endpoint string, n int64) string {
 // A backup of a volume on a backing image stores none of the image's
 // chunks; restoring it onto the image, or onto another copy of the same
 // image under another name, gives the volume's data.
-func TestRestoreOntoBackingImage(t *testing.T) {
+func testRestoreOntoBackingImage(t *testing.T) {
 	ctx := context.Background()
 	tgt, _ := defaultS3Target(t, "e2e-restore-bi")
 	srv := startImageServer(t)
@@ -271,7 +271,7 @@ func TestRestoreOntoBackingImage(t *testing.T) {
 // restore of that backup. A Pod writes a file into a claim; the detached
 // claim's volume is backed up whole; a claim of the restoring class, used
 // by a Pod on another node, holds the same file.
-func TestRestoreThroughCSIStorageClass(t *testing.T) {
+func testRestoreThroughCSIStorageClass(t *testing.T) {
 	defaultS3Target(t, "e2e-restore-csi")
 	src := createPVC(t, "bk-src", "64Mi")
 	createPod(t, podWithClaim("bk-writer", "127.0.0.1", src.Name,
