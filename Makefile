@@ -32,10 +32,8 @@ verify:
 # failures as go test does, then the packages' and the 20 slowest tests'
 # wall times (the raw events stay in bin/test.json; docs/testing.md).
 # test/e2e is named first so that go test starts it first: it is the longest.
-# -parallel 8: the e2e tests marked parallel mostly wait (Pods, kubelets,
-# uploads), so more of them at once than the 2 cores go test assumes.
 test: build
-	set -o pipefail; $(TEST_ENV) $(GO) test -count=1 -timeout 30m -parallel 8 -json -skip '^TestLong' ./test/e2e/ ./... | \
+	set -o pipefail; $(TEST_ENV) $(GO) test -count=1 -timeout 30m -json -skip '^TestLong' ./test/e2e/ ./... | \
 		$(BIN)/test-times -save $(BIN)/test.json
 
 # The long modes: the full replica model and crash lists, make run's double

@@ -8,9 +8,11 @@ package e2e
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -49,7 +51,20 @@ var env struct {
 	managerKubeconfig string
 }
 
+// e2eParallel is how many of the package's parallel tests run at once: they
+// mostly wait (for Pods, kubelets, uploads), so more than go test's default
+// of one per core.
+const e2eParallel = 8
+
 func TestMain(m *testing.M) {
+	flag.Parse()
+	// Set through the flag's value, not flag.Set: csi-sanity's Ginkgo
+	// refuses to run when it sees test.parallel set on the command line
+	// (it would not parallelize its specs), and only a set made through the
+	// flag set counts as one. An explicit -parallel still wins.
+	if p := flag.Lookup("test.parallel"); p != nil && !flagWasSet("test.parallel") {
+		_ = p.Value.Set(strconv.Itoa(e2eParallel))
+	}
 	code, err := run(m)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e setup:", err)
@@ -183,6 +198,12 @@ func run(m *testing.M) (int, error) {
 		}
 	}
 	return code, nil
+}
+
+func flagWasSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // waitDisksSchedulable waits until every node says a disk can take replicas.
