@@ -193,21 +193,35 @@ func waitVolumeSnapshotReady(t *testing.T, name string, timeout time.Duration) {
 
 // assertNoTraceOfVolume checks the node holds nothing of the volume once it
 // is gone: no mount of its connection or of the kubelet's CSI paths, no
-// nbdfuse serving it, no loop device that was not there before the test.
+// nbdfuse serving it, no loop device of it that was not there before the
+// test.
 func assertNoTraceOfVolume(t *testing.T, node *localcluster.Node, volume string, loopsBefore map[string]string) {
 	t.Helper()
 	stateDir := node.CSIStateDir() + "/" + volume
 	kubeletCSI := node.KubeletRoot() + "/plugins/kubernetes.io/csi"
+	sum := sha256.Sum256([]byte(volume))
+	handleHash := hex.EncodeToString(sum[:])
 	var left []string
 	ok := assert.Eventually(t, func() bool {
 		left = nil
-		for _, dir := range []string{stateDir, kubeletCSI} {
-			for _, m := range localcluster.MountsUnder(dir) {
-				left = append(left, "mount "+m)
+		left = append(left, localcluster.MountsUnder(stateDir)...)
+		// The kubelet's paths of this volume: named for the PV (block) or
+		// for the SHA-256 of the volume handle (a filesystem's staging).
+		for _, m := range localcluster.MountsUnder(kubeletCSI) {
+			if strings.Contains(m, volume) || strings.Contains(m, handleHash) {
+				left = append(left, m)
 			}
 		}
+		for i := range left {
+			left[i] = "mount " + left[i]
+		}
 		for dev, file := range localcluster.LoopDevices() {
-			if was, ok := loopsBefore[dev]; !ok || was != file {
+			// Only this volume's: tests running beside this one make their
+			// own (the plugin's under their state directory, the kubelet's
+			// for a block volume under a path named for the PV, which is
+			// named like the volume).
+			ours := strings.HasPrefix(file, stateDir+"/") || strings.Contains(file, volume)
+			if was, ok := loopsBefore[dev]; ours && (!ok || was != file) {
 				left = append(left, "loop device "+dev+" on "+file)
 			}
 		}
