@@ -1,4 +1,4 @@
-package main
+package benchscale
 
 // What the quiet window's Node writes are: the managers report a disk's free
 // space when it moves (at most one free-space-only write per node per

@@ -1,4 +1,4 @@
-package main
+package runlocal
 
 import (
 	"context"
