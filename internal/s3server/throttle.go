@@ -25,6 +25,7 @@ type Throttle struct {
 	wg      sync.WaitGroup
 	mu      sync.Mutex
 	conns   map[net.Conn]struct{}
+	closed  bool
 }
 
 // chunk is the most one read forwards at once; it is also the limiter's
@@ -61,6 +62,7 @@ func (t *Throttle) SetRate(bytesPerSecond int) {
 func (t *Throttle) Close() error {
 	err := t.ln.Close()
 	t.mu.Lock()
+	t.closed = true
 	for c := range t.conns {
 		c.Close()
 	}
@@ -69,12 +71,17 @@ func (t *Throttle) Close() error {
 	return err
 }
 
+// track records an open connection so Close can cut it; one opened after
+// Close is cut at once, so Close never waits on a connection it missed.
 func (t *Throttle) track(c net.Conn, open bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if open {
+	switch {
+	case open && t.closed:
+		c.Close()
+	case open:
 		t.conns[c] = struct{}{}
-	} else {
+	default:
 		delete(t.conns, c)
 	}
 }
