@@ -1,6 +1,6 @@
-// Package benchbackup (run by scripts/bench-backup) is a benchmark (not a test) of backups and restores
-// through the real data plane to the real S3 server (issue 15), each figure
-// beside baselines measured in the same run:
+// Package benchbackup (run by scripts/bench-backup) is a benchmark (not a
+// test) of backups and restores through the real data plane to the real S3
+// server (issue 15), each figure beside baselines measured in the same run:
 //
 //   - a volume of -size-mib (1 GiB) on -replicas replicas (one instance
 //     manager each, the engine on the first) is filled with random data

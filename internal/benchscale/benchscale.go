@@ -1,13 +1,13 @@
-// Package benchscale (run by scripts/bench-scale) is a benchmark, not a test: on the local control plane
-// with the real data plane (3 managers, 3 instance managers) it creates
-// -volumes volumes with -snapshots snapshots each, then measures what it
-// costs to keep that many objects: create and ReadyToUse times, a quiet
-// window's workqueue adds, API server writes and instance-manager calls,
-// snapshot create → ReadyToUse latency, manager memory, and a cold restart
-// of every manager against the time a bare informer takes to list the same
-// objects. It prints a table of figures against their targets and exits 0
-// even when a target is missed; non-zero means the bench itself could not
-// run. See docs/bench-scale.md.
+// Package benchscale (run by scripts/bench-scale) is a benchmark, not a test:
+// on the local control plane with the real data plane (3 managers, 3 instance
+// managers) it creates -volumes volumes with -snapshots snapshots each, then
+// measures what it costs to keep that many objects: create and ReadyToUse
+// times, a quiet window's workqueue adds, API server writes and instance-
+// manager calls, snapshot create → ReadyToUse latency, manager memory, and a
+// cold restart of every manager against the time a bare informer takes to list
+// the same objects. It prints a table of figures against their targets and
+// exits 0 even when a target is missed; non-zero means the bench itself could
+// not run. See docs/bench-scale.md.
 //
 //	make build && go run ./scripts/bench-scale -manager-bin bin/strata-manager
 package benchscale

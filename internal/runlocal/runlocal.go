@@ -1,9 +1,10 @@
-// Package runlocal is `make run` (scripts/run-local runs Main): a local control plane with Strata's
-// manifests installed, a real kubelet node per loopback address (kubelet +
-// containerd + runc, images imported without a registry), one
-// strata-manager per simulated node, and a local S3 server (versitygw) as
-// the default backup target, all as processes of this program, until
-// SIGINT or SIGTERM; then it tears everything down, Pods and mounts included.
+// Package runlocal is `make run` (scripts/run-local runs Main): a local
+// control plane with Strata's manifests installed, a real kubelet node per
+// loopback address (kubelet + containerd + runc, images imported without a
+// registry), one strata-manager per simulated node, and a local S3 server
+// (versitygw) as the default backup target, all as processes of this program,
+// until SIGINT or SIGTERM; then it tears everything down, Pods and mounts
+// included.
 //
 //	go run ./scripts/run-local --manager-bin bin/strata-manager
 package runlocal
