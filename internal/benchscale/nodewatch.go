@@ -8,6 +8,7 @@ package benchscale
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -40,11 +41,12 @@ type nodeWrite struct {
 	node, cause string
 	disks       []string
 	deltaMiB    []float64
+	fields      []string // the JSON fields that changed, so "other" says what
 }
 
 // classifyNodeWrite compares a Node with its previous version.
 func classifyNodeWrite(old, cur *v1beta1.Node) nodeWrite {
-	w := nodeWrite{node: cur.Name, cause: nodeWriteCause(old, cur)}
+	w := nodeWrite{node: cur.Name, cause: nodeWriteCause(old, cur), fields: changedFields(old, cur)}
 	for _, name := range slices.Sorted(maps.Keys(cur.Status.DiskStatus)) {
 		o, n := old.Status.DiskStatus[name], cur.Status.DiskStatus[name]
 		if o != nil && n != nil && o.StorageAvailable != n.StorageAvailable {
@@ -53,6 +55,49 @@ func classifyNodeWrite(old, cur *v1beta1.Node) nodeWrite {
 		}
 	}
 	return w
+}
+
+// changedFields lists the top-level metadata, spec and status fields (and
+// each disk's status fields) that differ between two versions of a Node.
+func changedFields(old, cur *v1beta1.Node) []string {
+	var out []string
+	diff := func(prefix string, a, b any) {
+		am, bm := asMap(a), asMap(b)
+		for _, k := range slices.Sorted(maps.Keys(mergeKeys(am, bm))) {
+			if k == "resourceVersion" || k == "managedFields" || k == "diskStatus" {
+				continue
+			}
+			if !equality.Semantic.DeepEqual(am[k], bm[k]) {
+				out = append(out, prefix+k)
+			}
+		}
+	}
+	diff("metadata.", old.ObjectMeta, cur.ObjectMeta)
+	diff("spec.", old.Spec, cur.Spec)
+	diff("status.", old.Status, cur.Status)
+	for _, d := range slices.Sorted(maps.Keys(cur.Status.DiskStatus)) {
+		diff("status.diskStatus["+d+"].", old.Status.DiskStatus[d], cur.Status.DiskStatus[d])
+	}
+	return out
+}
+
+func asMap(v any) map[string]any {
+	m := map[string]any{}
+	if raw, err := json.Marshal(v); err == nil {
+		_ = json.Unmarshal(raw, &m)
+	}
+	return m
+}
+
+func mergeKeys(a, b map[string]any) map[string]bool {
+	keys := map[string]bool{}
+	for k := range a {
+		keys[k] = true
+	}
+	for k := range b {
+		keys[k] = true
+	}
+	return keys
 }
 
 func nodeWriteCause(old, cur *v1beta1.Node) string {
@@ -138,7 +183,8 @@ func (b *bench) watchNodes(ctx context.Context) (*nodeWatch, error) {
 				deltas = append(deltas, fmt.Sprintf("%+.0f", d))
 			}
 			b.log.WithFields(logrus.Fields{"node": w.node, "event": ev.Type, "cause": w.cause,
-				"disk": strings.Join(w.disks, ","), "freeDeltaMiB": strings.Join(deltas, ",")}).Info("quiet window: Node write")
+				"disk": strings.Join(w.disks, ","), "freeDeltaMiB": strings.Join(deltas, ","),
+				"changed": strings.Join(w.fields, ",")}).Info("quiet window: Node write")
 			nw.mu.Lock()
 			nw.writes = append(nw.writes, w)
 			nw.mu.Unlock()
