@@ -28,7 +28,7 @@ func recurringTarget(t *testing.T, prefix string) *backupstore.Target {
 
 // fastCron is the schedule of the e2e jobs: robfig/cron's descriptor
 // runs them every 15 s, and their objects' names carry the tick's seconds,
-// so a test sees five ticks in a little over a minute, not five.
+// so a test sees five ticks in a little over a minute, not in five minutes.
 const fastCron = "@every 15s"
 
 // createRecurringJob creates a job on cron keeping 3; it goes, with the
@@ -121,8 +121,8 @@ func labelledFor(jobs ...string) func(*v1beta1.Volume) {
 
 // A snapshot job and a backup job, every 15 s with retain 3, on two
 // volumes being written at the same pace: after more than 4 ticks each
-// volume holds exactly
-// 3 of each job's snapshots and 3 Completed backups, and the target lists
+// volume holds exactly 3 of each job's snapshots and 3 Completed backups,
+// and the target lists
 // exactly 3 backups of it. Renamed (the same job under a new name, the old
 // deleted), the old job's snapshots go with one kubectl command and the
 // new job's stay (seed snapshot-crd, story 1).
