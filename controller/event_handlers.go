@@ -47,6 +47,16 @@ func onDelete[T any](fn func(T)) func(obj any) {
 	}
 }
 
+// onEveryChange is a handler that calls fn with the object of every add,
+// update (its new version) and delete.
+func onEveryChange[T any](fn func(T)) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    onAdd(fn),
+		UpdateFunc: onUpdate(func(_, cur T) { fn(cur) }),
+		DeleteFunc: onDelete(fn),
+	}
+}
+
 // filterFor adapts keep to a FilteringResourceEventHandler.FilterFunc, which
 // sees delete events' tombstones too: it judges their last known state.
 func filterFor[T any](keep func(T) bool) func(obj any) bool {

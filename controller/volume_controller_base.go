@@ -34,20 +34,12 @@ func NewVolumeController(logger logrus.FieldLogger, ds *datastore.DataStore, rec
 		return nil, err
 	}
 	// An engine or replica change concerns exactly its volume.
-	engineChanged := func(e *v1beta1.Engine) { c.enqueueVolume(e.Spec.VolumeName) }
-	if _, err := ds.Engines.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    onAdd(engineChanged),
-		UpdateFunc: onUpdate(func(_, e *v1beta1.Engine) { engineChanged(e) }),
-		DeleteFunc: onDelete(engineChanged),
-	}); err != nil {
+	if _, err := ds.Engines.Informer().AddEventHandler(
+		onEveryChange(func(e *v1beta1.Engine) { c.enqueueVolume(e.Spec.VolumeName) })); err != nil {
 		return nil, err
 	}
-	replicaChanged := func(r *v1beta1.Replica) { c.enqueueVolume(r.Spec.VolumeName) }
-	if _, err := ds.Replicas.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    onAdd(replicaChanged),
-		UpdateFunc: onUpdate(func(_, r *v1beta1.Replica) { replicaChanged(r) }),
-		DeleteFunc: onDelete(replicaChanged),
-	}); err != nil {
+	if _, err := ds.Replicas.Informer().AddEventHandler(
+		onEveryChange(func(r *v1beta1.Replica) { c.enqueueVolume(r.Spec.VolumeName) })); err != nil {
 		return nil, err
 	}
 	// A deleting volume waits for its snapshots to go.

@@ -63,7 +63,9 @@ func changedFields(old, cur *v1beta1.Node) []string {
 	var out []string
 	diff := func(prefix string, a, b any) {
 		am, bm := asMap(a), asMap(b)
-		for _, k := range slices.Sorted(maps.Keys(mergeKeys(am, bm))) {
+		keys := maps.Clone(am)
+		maps.Copy(keys, bm)
+		for _, k := range slices.Sorted(maps.Keys(keys)) {
 			if k == "resourceVersion" || k == "managedFields" || k == "diskStatus" {
 				continue
 			}
@@ -89,17 +91,6 @@ func asMap(v any) map[string]any {
 	return m
 }
 
-func mergeKeys(a, b map[string]any) map[string]bool {
-	keys := map[string]bool{}
-	for k := range a {
-		keys[k] = true
-	}
-	for k := range b {
-		keys[k] = true
-	}
-	return keys
-}
-
 func nodeWriteCause(old, cur *v1beta1.Node) string {
 	a, b := old.DeepCopy(), cur.DeepCopy()
 	for _, n := range []*v1beta1.Node{a, b} {
@@ -109,15 +100,9 @@ func nodeWriteCause(old, cur *v1beta1.Node) string {
 		return causeOther
 	}
 	for _, n := range []*v1beta1.Node{a, b} {
-		for _, st := range n.Status.DiskStatus {
-			if st == nil {
-				continue
-			}
-			st.StorageAvailable = 0
-			for i, c := range st.Conditions {
-				if c.Reason == v1beta1.DiskConditionReasonFull { // "%d bytes free after ..."
-					st.Conditions[i].Message = strings.TrimLeft(c.Message, "0123456789")
-				}
+		for name, st := range n.Status.DiskStatus {
+			if st != nil {
+				n.Status.DiskStatus[name] = controller.DiskStatusWithoutFreeSpace(st)
 			}
 		}
 	}
