@@ -4,7 +4,7 @@ SHELL := /bin/bash
 GO    ?= go
 BIN   := bin
 
-.PHONY: build generate verify test test-long fuzz run clean bench-backup
+.PHONY: build generate verify test test-long fuzz run clean bench-backup host-packages
 
 build:
 	$(GO) build -ldflags "-X github.com/strata-storage/strata/app.Version=$$(git describe --always --dirty 2>/dev/null || echo dev)" \
@@ -32,7 +32,7 @@ verify:
 # failures as go test does, then the packages' and the 20 slowest tests'
 # wall times (the raw events stay in bin/test.json; docs/testing.md).
 # test/e2e is named first so that go test starts it first: it is the longest.
-test: build
+test: host-packages build
 	set -o pipefail; $(TEST_ENV) $(GO) test -count=1 -timeout 30m -json -skip '^TestLong' ./test/e2e/ ./... | \
 		$(BIN)/test-times -save $(BIN)/test.json
 
@@ -40,7 +40,7 @@ test: build
 # start, the local cluster's own checks, a real minute's cron tick; then
 # every fuzz target for FUZZTIME (default 30s). docs/testing.md lists them.
 LONG_PKGS = $(shell grep -rl --include='*_test.go' '^func TestLong' . | xargs -n1 dirname | sort -u)
-test-long: build
+test-long: host-packages build
 	set -o pipefail; $(TEST_ENV) $(GO) test -count=1 -timeout 60m -json -run '^TestLong' $(LONG_PKGS) | \
 		$(BIN)/test-times -save $(BIN)/test-long.json
 	FUZZTIME=$${FUZZTIME:-30s} scripts/fuzz.sh
@@ -52,13 +52,19 @@ fuzz:
 	FUZZTIME=$${FUZZTIME:-2m} scripts/fuzz.sh
 
 # exec, so Ctrl-C reaches run-local directly and make does not report it as a failure.
-run: build
+run: host-packages build
 	@exec $(BIN)/run-local --manager-bin $(BIN)/strata-manager
 
 # Backup and restore MiB/s through the instance manager to a local S3 server,
 # against nbdcopy and raw S3 PUT/GET (about 2 minutes; docs/bench-backup.md).
 bench-backup: build
 	$(GO) run ./scripts/bench-backup -manager-bin $(BIN)/strata-manager
+
+# The Debian packages the local cluster's nodes and the Strata image need
+# (package/hostpackages/packages.txt): installed when run as root on Debian,
+# otherwise the exact apt-get line to run.
+host-packages:
+	@scripts/host-packages.sh node image
 
 clean:
 	rm -rf $(BIN) .run

@@ -137,9 +137,24 @@ func NewNodeController(logger logrus.FieldLogger, ds *datastore.DataStore, recor
 	if _, err := ds.Nodes.Informer().AddEventHandler(nc.enqueueOnChange()); err != nil {
 		return nil, err
 	}
-	// A replica of this node that goes may leave its data behind (its
-	// instance manager was unreachable): report it as orphaned now.
+	// The disks' scheduledReplica lists follow the replicas placed here, as
+	// they are placed, moved or resized, not at the next disk check (which
+	// would write them in an otherwise quiet minute). A replica of this node
+	// that goes may also leave its data behind (its instance manager was
+	// unreachable): report it as orphaned now. Placements come in bursts
+	// (a thousand volumes created at once), so they are gathered into one
+	// write per placementBatch.
 	if _, err := ds.Replicas.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: onAdd(func(r *v1beta1.Replica) {
+			if r.Spec.NodeID == controllerID {
+				nc.queue.AddAfter(ds.Namespace+"/"+controllerID, placementBatch)
+			}
+		}),
+		UpdateFunc: onUpdate(func(old, cur *v1beta1.Replica) {
+			if (old.Spec.NodeID == controllerID || cur.Spec.NodeID == controllerID) && placementChanged(old, cur) {
+				nc.queue.AddAfter(ds.Namespace+"/"+controllerID, placementBatch)
+			}
+		}),
 		DeleteFunc: onDelete(func(r *v1beta1.Replica) {
 			if r.Spec.NodeID == controllerID {
 				nc.queue.Add(ds.Namespace + "/" + controllerID)
@@ -167,6 +182,17 @@ func NewNodeController(logger logrus.FieldLogger, ds *datastore.DataStore, recor
 		return nil, err
 	}
 	return nc, nil
+}
+
+// placementBatch gathers the replica placements of a burst into one Node
+// status write.
+const placementBatch = time.Second
+
+// placementChanged says whether a replica update changes what a disk's
+// status lists: where the replica is, or the size it reserves.
+func placementChanged(old, cur *v1beta1.Replica) bool {
+	return old.Spec.NodeID != cur.Spec.NodeID || old.Spec.DiskID != cur.Spec.DiskID ||
+		old.Spec.VolumeSize != cur.Spec.VolumeSize
 }
 
 // labelNodeLease marks the heartbeat lease so the datastore's lease informer,

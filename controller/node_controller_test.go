@@ -353,6 +353,80 @@ func TestNodeRequeuedOnMinimalAvailableChange(t *testing.T) {
 	assert.Equal(t, testNS+"/node-1", key)
 }
 
+// The disks' replica lists follow placements as they happen: a replica
+// placed on, moved on or resized on this node enqueues it; one on another
+// node, or a change of a replica's state, does not.
+func TestNodeRequeuedOnReplicaPlacement(t *testing.T) {
+	env := dstest.New(t, []runtime.Object{zeroMinAvailable()}, nil)
+	nc, err := NewNodeController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", nil, NodeControllerOptions{})
+	require.NoError(t, err)
+	for nc.queue.Len() > 0 { // the initial adds
+		key, _ := nc.queue.Get()
+		nc.queue.Done(key)
+	}
+	q := &addCounter{TypedRateLimitingInterface: nc.queue}
+	nc.queue = q
+	replicas := env.Strata.StrataV1beta1().Replicas(testNS)
+	ctx := context.Background()
+	replica := func(name, node string) *v1beta1.Replica {
+		return &v1beta1.Replica{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS},
+			Spec: v1beta1.ReplicaSpec{
+				InstanceSpec: v1beta1.InstanceSpec{NodeID: node, VolumeSize: 1 << 20}, DiskID: "uuid-" + node,
+			},
+		}
+	}
+	waitAdds := func(n int32) {
+		t.Helper()
+		require.Eventually(t, func() bool { return q.adds.Load() >= n }, 5*time.Second, 10*time.Millisecond)
+		assert.EqualValues(t, n, q.adds.Load())
+	}
+
+	mine, err := replicas.Create(ctx, replica("mine", "node-1"), metav1.CreateOptions{})
+	require.NoError(t, err)
+	waitAdds(1)
+
+	// Handled in order: the last one's add proves the three before it added nothing.
+	_, err = replicas.Create(ctx, replica("theirs", "node-2"), metav1.CreateOptions{})
+	require.NoError(t, err)
+	running := mine.DeepCopy()
+	running.Status.CurrentState = v1beta1.InstanceStateRunning
+	running, err = replicas.UpdateStatus(ctx, running, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	resized := running.DeepCopy()
+	resized.Spec.VolumeSize = 2 << 20
+	_, err = replicas.Update(ctx, resized, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	waitAdds(2)
+
+	require.NoError(t, replicas.Delete(ctx, "theirs", metav1.DeleteOptions{}))
+	require.NoError(t, replicas.Delete(ctx, "mine", metav1.DeleteOptions{}))
+	waitAdds(3)
+}
+
+func TestPlacementChanged(t *testing.T) {
+	base := &v1beta1.Replica{Spec: v1beta1.ReplicaSpec{
+		InstanceSpec: v1beta1.InstanceSpec{NodeID: "node-1", VolumeSize: 10}, DiskID: "d1",
+	}}
+	for _, tc := range []struct {
+		name   string
+		change func(r *v1beta1.Replica)
+		want   bool
+	}{
+		{"nothing", func(*v1beta1.Replica) {}, false},
+		{"state only", func(r *v1beta1.Replica) { r.Status.CurrentState = v1beta1.InstanceStateRunning }, false},
+		{"node", func(r *v1beta1.Replica) { r.Spec.NodeID = "node-2" }, true},
+		{"disk", func(r *v1beta1.Replica) { r.Spec.DiskID = "d2" }, true},
+		{"size", func(r *v1beta1.Replica) { r.Spec.VolumeSize = 20 }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cur := base.DeepCopy()
+			tc.change(cur)
+			assert.Equal(t, tc.want, placementChanged(base, cur))
+		})
+	}
+}
+
 // addCounter counts what is added to a queue, however it is added.
 type addCounter struct {
 	workqueue.TypedRateLimitingInterface[string]

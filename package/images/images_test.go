@@ -20,6 +20,8 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/strata-storage/strata/package/hostpackages"
 )
 
 const testRef = "localhost/strata/test:v1"
@@ -226,7 +228,7 @@ func TestSharedLibs(t *testing.T) {
 }
 
 func TestLookToolNamesThePackage(t *testing.T) {
-	_, err := lookTool(tool{"no-such-tool-here", "some-package"})
+	_, err := lookTool(hostpackages.Entry{Package: "some-package", File: "no-such-tool-here"})
 	assert.ErrorContains(t, err, "install the Debian package some-package")
 }
 
@@ -237,7 +239,7 @@ func TestBuildAllCaches(t *testing.T) {
 		t.Skip("builds images")
 	}
 	manager := filepath.Join(t.TempDir(), "strata-manager")
-	busybox, err := lookTool(tool{"busybox", "busybox-static"})
+	busybox, err := lookTool(hostpackages.Entry{Package: "busybox-static", File: "busybox"})
 	require.NoError(t, err)
 	copyForTest(t, busybox, manager) // any static program will do
 	opts := Options{CacheDir: t.TempDir(), ManagerBin: manager, Log: logrus.New()}

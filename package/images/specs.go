@@ -9,28 +9,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/strata-storage/strata/package/hostpackages"
 )
 
 // hostBinDirs is where host programs are looked up, in order, instead of
 // $PATH: a test or daemon may run with a PATH that lacks /usr/sbin.
 var hostBinDirs = []string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"}
-
-// tool is a host program an image needs and the Debian package that has it,
-// so a missing one can be named in the error.
-type tool struct{ name, pkg string }
-
-// strataTools are the host programs strata-manager runs: qemu and libnbd
-// for backing images, the filesystem tools and util-linux for CSI.
-var strataTools = []tool{
-	{"qemu-img", "qemu-utils"}, {"qemu-io", "qemu-utils"}, {"qemu-nbd", "qemu-utils"},
-	{"nbdinfo", "libnbd-bin"}, {"nbdcopy", "libnbd-bin"},
-	{"mkfs.ext4", "e2fsprogs"}, {"e2fsck", "e2fsprogs"}, {"resize2fs", "e2fsprogs"}, {"tune2fs", "e2fsprogs"},
-	{"mkfs.xfs", "xfsprogs"}, {"xfs_growfs", "xfsprogs"}, {"xfs_repair", "xfsprogs"},
-	// Debian ships mount, umount and losetup in "mount", util-linux's
-	// other programs in "util-linux".
-	{"mount", "mount"}, {"umount", "mount"}, {"losetup", "mount"},
-	{"blkid", "util-linux"}, {"fsfreeze", "util-linux"}, {"lsblk", "util-linux"},
-}
 
 // managerPath is where strata-manager sits in its image.
 const managerPath = "/usr/local/bin/strata-manager"
@@ -69,7 +54,7 @@ func pauseSpec(ctx context.Context, opts Options) (*spec, error) {
 // workloadSpec is a minimal shell image for test Pods: busybox with every
 // applet linked in /bin, and the few files programs expect.
 func workloadSpec(ctx context.Context, opts Options) (*spec, error) {
-	busybox, err := lookTool(tool{"busybox", "busybox-static"})
+	busybox, err := lookTool(hostpackages.Entry{Package: "busybox-static", File: "/bin/busybox"})
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +94,9 @@ func strataSpec(ctx context.Context, opts Options) (*spec, error) {
 	if err := addProgram(ctx, s, managerPath, manager); err != nil {
 		return nil, err
 	}
-	for _, t := range strataTools {
+	// The programs strata-manager runs: qemu and libnbd for backing images,
+	// nbdfuse and the filesystem tools for CSI.
+	for _, t := range hostpackages.ForRole(hostpackages.RoleImage) {
 		path, err := lookTool(t)
 		if err != nil {
 			return nil, err
@@ -254,16 +241,23 @@ func addHostDepth(s *spec, path string, depth int) error {
 	return nil
 }
 
-// lookTool finds t in hostBinDirs, or says which package to install.
-func lookTool(t tool) (string, error) {
-	for _, dir := range hostBinDirs {
-		path := filepath.Join(dir, t.name)
+// lookTool finds t's program in hostBinDirs (or at its absolute path), or
+// says which package to install.
+func lookTool(t hostpackages.Entry) (string, error) {
+	candidates := []string{t.File}
+	if !filepath.IsAbs(t.File) {
+		candidates = candidates[:0]
+		for _, dir := range hostBinDirs {
+			candidates = append(candidates, filepath.Join(dir, t.File))
+		}
+	}
+	for _, path := range candidates {
 		if info, err := os.Stat(path); err == nil && info.Mode().IsRegular() && info.Mode()&0o111 != 0 {
 			return path, nil
 		}
 	}
 	return "", fmt.Errorf("%s not found in %s: install the Debian package %s (apt-get install %s)",
-		t.name, strings.Join(hostBinDirs, ":"), t.pkg, t.pkg)
+		t.File, strings.Join(hostBinDirs, ":"), t.Package, t.Package)
 }
 
 // repoDir is dir, or the nearest directory from the working directory up
