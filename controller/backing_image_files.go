@@ -54,6 +54,9 @@ type fileJob struct {
 	progress int32
 	result   imagefile.Result
 	err      error
+	// generation is the image's metadata.generation when the job started:
+	// a failure for good holds the copy until the spec moves past it.
+	generation int64
 }
 
 // fileJobs are this manager's transfers: at most maxFileTransfers move data
@@ -66,28 +69,35 @@ type fileJobs struct {
 	// verified are the copies whose checksum this process has checked:
 	// a file found at start-up is read once more before it is trusted.
 	verified map[fileJobKey]bool
-	runCtx   context.Context
+	// failedForGood are the copies whose last transfer failed for good
+	// (permanentCopyError), with the image generation it ran at. Only in
+	// memory: a restarted manager tries such a copy once more, after the
+	// back-off, and then knows again.
+	failedForGood map[fileJobKey]int64
+	runCtx        context.Context
 	// changed is told the image whose job moved (progress or end).
 	changed func(image k8stypes.UID)
 }
 
 func newFileJobs(changed func(k8stypes.UID)) *fileJobs {
 	return &fileJobs{jobs: map[fileJobKey]*fileJob{}, slots: make(chan struct{}, maxFileTransfers),
-		verified: map[fileJobKey]bool{}, runCtx: context.Background(), changed: changed}
+		verified: map[fileJobKey]bool{}, failedForGood: map[fileJobKey]int64{}, runCtx: context.Background(), changed: changed}
 }
 
 // jobReport is what a running transfer tells its job: percent done.
 type jobReport func(percent int32)
 
-// start runs work in the background as the job for k, unless one exists.
-func (j *fileJobs) start(k fileJobKey, kind string, work func(ctx context.Context, report jobReport) (imagefile.Result, error)) {
+// start runs work in the background as the job for k, unless one exists;
+// generation is the image's when it starts.
+func (j *fileJobs) start(k fileJobKey, kind string, generation int64,
+	work func(ctx context.Context, report jobReport) (imagefile.Result, error)) {
 	j.mu.Lock()
 	if _, ok := j.jobs[k]; ok {
 		j.mu.Unlock()
 		return
 	}
 	ctx, cancel := context.WithCancel(j.runCtx)
-	job := &fileJob{kind: kind, cancel: cancel}
+	job := &fileJob{kind: kind, generation: generation, cancel: cancel}
 	j.jobs[k] = job
 	j.mu.Unlock()
 	go func() {
@@ -159,12 +169,34 @@ func (j *fileJobs) stop(k fileJobKey) {
 		delete(j.jobs, k)
 	}
 	delete(j.verified, k)
+	delete(j.failedForGood, k)
 }
 
 func (j *fileJobs) isVerified(k fileJobKey) bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return j.verified[k]
+}
+
+// markFailedForGood records that k's transfer at generation failed for good.
+func (j *fileJobs) markFailedForGood(k fileJobKey, generation int64) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.failedForGood[k] = generation
+}
+
+// failedForGoodAt is the generation k last failed for good at, if it did.
+func (j *fileJobs) failedForGoodAt(k fileJobKey) (int64, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	gen, ok := j.failedForGood[k]
+	return gen, ok
+}
+
+func (j *fileJobs) forgetFailure(k fileJobKey) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	delete(j.failedForGood, k)
 }
 
 func (j *fileJobs) forgetVerified(k fileJobKey) {

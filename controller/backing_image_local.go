@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/sirupsen/logrus"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/strata-storage/strata/datastore"
@@ -99,11 +100,8 @@ func (s *imageSync) driveCopy(disk, diskPath string, st *v1beta1.BackingImageDis
 		s.files.take(k)
 		return s.recordJob(disk, st, job)
 	}
-	if st.State == v1beta1.BackingImageStateFailed {
-		if wait := s.retryWait(st); wait > 0 {
-			s.queue.AddAfter(s.key, wait)
-			return nil
-		}
+	if st.State == v1beta1.BackingImageStateFailed && s.holdFailed(k, st) {
+		return nil
 	}
 	file := BackingImageFile(diskPath, s.bi)
 	if _, err := os.Stat(file); err == nil {
@@ -124,6 +122,24 @@ func (s *imageSync) driveCopy(disk, diskPath string, st *v1beta1.BackingImageDis
 	return s.startTransfer(k, diskPath, st)
 }
 
+// holdFailed tells whether a failed copy waits: one that failed for good
+// until the image's spec changes (then it is tried at once), any other
+// until its back-off is over.
+func (s *imageSync) holdFailed(k fileJobKey, st *v1beta1.BackingImageDiskFileStatus) bool {
+	if gen, ok := s.files.failedForGoodAt(k); ok {
+		if gen == s.bi.Generation {
+			return true
+		}
+		s.files.forgetFailure(k)
+		return false
+	}
+	if wait := s.retryWait(st); wait > 0 {
+		s.queue.AddAfter(s.key, wait)
+		return true
+	}
+	return false
+}
+
 // retryWait is what is left of a failed copy's back-off.
 func (s *imageSync) retryWait(st *v1beta1.BackingImageDiskFileStatus) time.Duration {
 	failedAt, err := time.Parse(time.RFC3339, st.LastStateTransitionTime)
@@ -135,18 +151,15 @@ func (s *imageSync) retryWait(st *v1beta1.BackingImageDiskFileStatus) time.Durat
 
 // recordJob writes how a finished transfer ended.
 func (s *imageSync) recordJob(disk string, st *v1beta1.BackingImageDiskFileStatus, job fileJob) error {
+	k := fileJobKey{s.bi.UID, disk}
+	s.files.forgetFailure(k)
 	if job.err != nil {
 		if errors.Is(job.err, context.Canceled) {
 			setFileState(st, v1beta1.BackingImageStatePending, 0, "the transfer was stopped; starting again", s.now)
 			s.queue.Add(s.key)
 			return nil
 		}
-		st.Attempts++
-		msg := fmt.Sprintf("%s: %v", job.kind, job.err)
-		setFileState(st, v1beta1.BackingImageStateFailed, 0, msg, s.now)
-		s.recorder.Eventf(s.bi, corev1.EventTypeWarning, EventReasonBackingImageFailed, "disk %s, attempt %d: %s (next try in %s)",
-			disk, st.Attempts, msg, retryDelay(st.Attempts))
-		s.queue.AddAfter(s.key, retryDelay(st.Attempts))
+		s.recordFailure(k, st, job)
 		return nil
 	}
 	if job.kind != jobVerifying && s.bi.Status.Checksum == "" && job.result.Checksum != "" {
@@ -159,6 +172,52 @@ func (s *imageSync) recordJob(disk string, st *v1beta1.BackingImageDiskFileStatu
 	st.Attempts = 0
 	setFileState(st, v1beta1.BackingImageStateReady, 100, "", s.now)
 	return nil
+}
+
+// notRetried ends the message of a copy that failed for good. The source
+// and the checksum are immutable, so the fix is usually a new image; an
+// upload is fixed by uploading the right bytes (a new upload starts a new
+// job whatever the copy's state).
+const (
+	notRetried       = "not retried until the image's spec changes; re-create the image with the right source or checksum"
+	notRetriedUpload = "upload the right image again"
+)
+
+func notRetriedHint(kind string) string {
+	if kind == jobUploading {
+		return notRetriedUpload
+	}
+	return notRetried
+}
+
+// permanentCopyError: the source's bytes themselves are wrong (not the
+// checksum asked for, not a disk image Strata takes). Fetching them again
+// gives the same answer, so such a copy is not retried with back-off
+// (issue 23: a checksum mismatch was refetched every few minutes for ever);
+// a network error, a full disk, a stopped peer are retried.
+func permanentCopyError(err error) bool {
+	return errors.Is(err, imagefile.ErrChecksumMismatch) || errors.Is(err, imagefile.ErrNotAnImage)
+}
+
+// recordFailure marks the copy failed: for good (held until the image's
+// spec changes, see holdFailed) or to be retried after a back-off.
+func (s *imageSync) recordFailure(k fileJobKey, st *v1beta1.BackingImageDiskFileStatus, job fileJob) {
+	st.Attempts++
+	msg := fmt.Sprintf("%s: %v", job.kind, job.err)
+	log := s.logger.WithFields(logrus.Fields{"backingImage": s.bi.Name, "disk": k.disk, "attempt": st.Attempts}).WithError(job.err)
+	if permanentCopyError(job.err) {
+		s.files.markFailedForGood(k, job.generation)
+		msg += "; " + notRetriedHint(job.kind)
+		setFileState(st, v1beta1.BackingImageStateFailed, 0, msg, s.now)
+		s.recorder.Eventf(s.bi, corev1.EventTypeWarning, EventReasonBackingImageFailed, "disk %s: %s", k.disk, msg)
+		log.Warn("Backing image copy failed for good; not retried until the image's spec changes")
+		return
+	}
+	setFileState(st, v1beta1.BackingImageStateFailed, 0, msg, s.now)
+	s.recorder.Eventf(s.bi, corev1.EventTypeWarning, EventReasonBackingImageFailed, "disk %s, attempt %d: %s (next try in %s)",
+		k.disk, st.Attempts, msg, retryDelay(st.Attempts))
+	log.WithField("retryIn", retryDelay(st.Attempts)).Warn("Backing image copy failed, will retry")
+	s.queue.AddAfter(s.key, retryDelay(st.Attempts))
 }
 
 // Job kinds, as they appear in a copy's message.
@@ -247,7 +306,9 @@ func checkCopy(copyErr error, file, want string) error {
 }
 
 // verifyCopy reads the file and compares its SHA-512 with want; a copy that
-// does not match is removed, so it is fetched again rather than used.
+// does not match is removed, so it is fetched again rather than used. The
+// error is not imagefile.ErrChecksumMismatch on purpose: the source was
+// already found good, so a bad copy is damage that a new copy repairs.
 func verifyCopy(file, want string) error {
 	if want == "" {
 		return nil
@@ -311,7 +372,9 @@ func (s *imageSync) copySource(disk string) (copySource, string) {
 	return copySource{}, ""
 }
 
-// startJob starts a transfer, tying it to this image's key.
+// startJob starts a transfer, tying it to this image's key. Each start is
+// logged: a copy retried without end shows as a run of these lines.
 func (s *imageSync) startJob(k fileJobKey, kind string, work func(ctx context.Context, report jobReport) (imagefile.Result, error)) {
-	s.files.start(k, kind, work)
+	s.logger.WithFields(logrus.Fields{"backingImage": s.bi.Name, "disk": k.disk, "kind": kind}).Info("Starting backing image transfer")
+	s.files.start(k, kind, s.bi.Generation, work)
 }

@@ -94,7 +94,7 @@ func (c *BackingImageController) Upload(ctx context.Context, image string, body 
 	}
 	dir := BackingImageDir(diskPath, bi.Name, bi.Status.UUID)
 	done := make(chan struct{})
-	c.files.start(k, jobUploading, func(ctx context.Context, report jobReport) (imagefile.Result, error) {
+	c.files.start(k, jobUploading, bi.Generation, func(ctx context.Context, report jobReport) (imagefile.Result, error) {
 		defer close(done)
 		res, err = c.receive(ctx, report, body, size, dir, bi.Spec.Checksum)
 		return res, err

@@ -312,7 +312,7 @@ func (c *BackupController) runBackupJob(ctx context.Context, s *backupSync) erro
 		b.Status.State, b.Status.Error = v1beta1.BackupStateInProgress, ""
 		return nil
 	case st.State == engineapi.JobStateCompleted:
-		return c.completeBackup(ctx, s)
+		return c.completeBackup(ctx, s, st.BaseBackup)
 	}
 	return c.jobFailed(ctx, s, st.Error, inst.Revision)
 }
@@ -396,25 +396,36 @@ func (c *BackupController) baseBackup(s *backupSync) (string, string) {
 
 // completeBackup records a finished job from its manifest, as the
 // BackupTarget controller's mirror would, so the mirror never rewrites it.
-func (c *BackupController) completeBackup(ctx context.Context, s *backupSync) error {
+// jobBase is the base the job reported using.
+func (c *BackupController) completeBackup(ctx context.Context, s *backupSync, jobBase string) error {
 	b := s.b
 	m, err := c.loadManifest(ctx, s.target, s.vol.Name, b.Name)
 	if err != nil {
 		b.Status.Error = "reading the backup's manifest: " + err.Error()
 		return err
 	}
-	c.setCompleted(b, s.target, m.Header)
+	c.setCompleted(b, s.target, m.Header, jobBase)
 	return nil
 }
 
-func (c *BackupController) setCompleted(b *v1beta1.Backup, bt *v1beta1.BackupTarget, h backupstore.Header) {
+func (c *BackupController) setCompleted(b *v1beta1.Backup, bt *v1beta1.BackupTarget, h backupstore.Header, jobBase string) {
 	st := completedBackupStatus(bt.Spec.BackupTargetURL, h)
 	st.OwnerID, st.LastSyncedAt, st.SnapshotCreatedAt = b.Status.OwnerID, b.Status.LastSyncedAt, b.Status.SnapshotCreatedAt
 	st.Verification = b.Status.Verification
+	if st.IncrementalOn == "" {
+		// The manifest of an instance manager older than Header.Base names
+		// no base; the job's status does (the mirror keeps it).
+		st.IncrementalOn = jobBase
+	}
 	b.Status = st
 	c.retries.forget(b.UID)
-	c.recorder.Eventf(b, corev1.EventTypeNormal, EventReasonBackupCompleted, "backed up snapshot %s of volume %s: %d bytes stored, %d new",
-		h.Snapshot, h.Volume, h.Stats.StoredBytes, h.Stats.NewBytes)
+	how := "a full backup"
+	if st.IncrementalOn != "" {
+		how = "incremental on " + st.IncrementalOn
+	}
+	c.recorder.Eventf(b, corev1.EventTypeNormal, EventReasonBackupCompleted,
+		"backed up snapshot %s of volume %s (%s): %d bytes uploaded, %d stored", h.Snapshot, h.Volume, how,
+		h.Stats.NewBytes, h.Stats.StoredBytes)
 }
 
 // jobFailed handles a job that ended in error: a manifest on the target
@@ -423,7 +434,7 @@ func (c *BackupController) setCompleted(b *v1beta1.Backup, bt *v1beta1.BackupTar
 func (c *BackupController) jobFailed(ctx context.Context, s *backupSync, msg string, revision uint64) error {
 	b := s.b
 	if m, err := c.loadManifest(ctx, s.target, s.vol.Name, b.Name); err == nil {
-		c.setCompleted(b, s.target, m.Header)
+		c.setCompleted(b, s.target, m.Header, "")
 		return nil
 	}
 	attempts, wait := c.retries.failed(b.UID, revision, c.ds.Clock.Now(), backupRetryBase)

@@ -71,8 +71,9 @@ func (c *BackupTargetController) syncBackupTarget(ctx context.Context, key strin
 	return nil
 }
 
-// lookAtTarget opens the store and mirrors its backups; the reason says
-// what kind of failure an error is.
+// lookAtTarget opens the store, mirrors its backups and prunes the
+// BackupVolumes it no longer holds backups of; the reason says what kind
+// of failure an error is.
 func (c *BackupTargetController) lookAtTarget(ctx context.Context, bt *v1beta1.BackupTarget) (string, error) {
 	secret, err := targetCredentials(ctx, c.ds, bt)
 	if err != nil {
@@ -98,6 +99,7 @@ func (c *BackupTargetController) lookAtTarget(ctx context.Context, bt *v1beta1.B
 	if err := c.mirrorBackups(ctx, bt, tgt, backups); err != nil {
 		return BackupTargetReasonReachable, fmt.Errorf("recording the target's backups: %w", err)
 	}
+	c.pruneBackupVolumes(ctx, bt, tgt, backups)
 	return BackupTargetReasonReachable, nil
 }
 

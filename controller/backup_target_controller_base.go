@@ -17,8 +17,9 @@ import (
 // BackupTargetController checks each BackupTarget's store (availability
 // condition, last sync time) and mirrors what the store holds as
 // BackupVolume and Backup CRs, so a cluster pointed at an existing target
-// lists its backups. It looks again every spec.pollInterval. On a second
-// queue it garbage-collects the target (backup_target_gc.go).
+// lists its backups, and removes a BackupVolume nothing holds any more
+// (backup_volume_prune.go). It looks again every spec.pollInterval. On a
+// second queue it garbage-collects the target (backup_target_gc.go).
 type BackupTargetController struct {
 	*baseController
 	// storeFor opens a target's store; tests replace it.
@@ -65,6 +66,20 @@ func NewBackupTargetController(logger logrus.FieldLogger, ds *datastore.DataStor
 				c.enqueueAllGC()
 			}
 		}),
+	})
+	if err != nil {
+		return nil, err
+	}
+	// The last Backup of a volume or the volume deleted: its BackupVolume
+	// may go, or show it is empty (backup_volume_prune.go).
+	_, err = ds.Backups.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		DeleteFunc: onDelete(func(b *v1beta1.Backup) { c.enqueueIfBackupVolumeEmptied(backupVolumeName(b)) }),
+	})
+	if err != nil {
+		return nil, err
+	}
+	_, err = ds.Volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		DeleteFunc: onDelete(func(v *v1beta1.Volume) { c.enqueueIfBackupVolumeEmptied(v.Name) }),
 	})
 	return c, err
 }

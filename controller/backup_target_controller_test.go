@@ -50,6 +50,7 @@ func TestSyncBackupTarget(t *testing.T) {
 	cases := []struct {
 		name       string
 		target     *v1beta1.BackupTarget
+		objects    []runtime.Object // more Strata objects
 		extra      []runtime.Object
 		wantReason string
 		wantMsg    string
@@ -61,6 +62,13 @@ func TestSyncBackupTarget(t *testing.T) {
 				"update backups/status bk-a2", "create backupvolumes vol-a", "update backupvolumes/status vol-a",
 				"create backups bk-b1", "update backups/status bk-b1", "create backupvolumes vol-b",
 				"update backupvolumes/status vol-b", "update backuptargets/status default"}},
+		{name: "a BackupVolume the target holds no backup of, with no Backup and no volume, goes",
+			target: testBackupTarget("file://"+dir, ""), objects: []runtime.Object{testBackupVolume("vol-gone", "bk-x")},
+			wantReason: BackupTargetReasonReachable,
+			wantWrites: []string{"create backups bk-a1", "update backups/status bk-a1", "create backups bk-a2",
+				"update backups/status bk-a2", "create backupvolumes vol-a", "update backupvolumes/status vol-a",
+				"create backups bk-b1", "update backups/status bk-b1", "create backupvolumes vol-b",
+				"update backupvolumes/status vol-b", "delete backupvolumes vol-gone", "update backuptargets/status default"}},
 		{name: "a directory that is not there (an NFS mount missing)", target: testBackupTarget("file:///nonexistent/backups", ""),
 			wantReason: BackupTargetReasonInvalid, wantMsg: "backup target /nonexistent/backups: stat /nonexistent/backups: no such file or directory",
 			wantWrites: []string{"update backuptargets/status default"}},
@@ -77,7 +85,7 @@ func TestSyncBackupTarget(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			kube := append([]runtime.Object{testLease("node-1", 0)}, tc.extra...)
-			env := dstest.New(t, []runtime.Object{schedNode("node-1"), tc.target}, kube)
+			env := dstest.New(t, append([]runtime.Object{schedNode("node-1"), tc.target}, tc.objects...), kube)
 			rec := record.NewFakeRecorder(10)
 			c, err := NewBackupTargetController(logrus.New(), env.DS, rec, "node-1")
 			require.NoError(t, err)

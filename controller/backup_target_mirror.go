@@ -19,7 +19,8 @@ import (
 // object already right is not written. Nothing is deleted here: a backup
 // missing from a listing is never taken for gone (a store's hiccup can
 // return a short listing), and Backups being taken are the backup
-// controller's.
+// controller's. A BackupVolume nothing holds any more goes after the
+// target was asked again (backup_volume_prune.go).
 func (c *BackupTargetController) mirrorBackups(ctx context.Context, bt *v1beta1.BackupTarget, tgt *backupstore.Target,
 	backups []backupstore.BackupInfo) error {
 	// The listing is sorted by volume, then time: a volume's last entry is
@@ -75,6 +76,9 @@ func (c *BackupTargetController) mirrorBackup(ctx context.Context, bt *v1beta1.B
 	want.OwnerID, want.LastSyncedAt, want.SnapshotCreatedAt = existing.Status.OwnerID, existing.Status.LastSyncedAt,
 		existing.Status.SnapshotCreatedAt
 	want.Verification = existing.Status.Verification // the backup controller's (backup_verify.go)
+	if want.IncrementalOn == "" {
+		want.IncrementalOn = existing.Status.IncrementalOn // from the job, for a manifest that names no base
+	}
 	if reflect.DeepEqual(existing.Status, want) {
 		return nil
 	}
@@ -87,12 +91,15 @@ func (c *BackupTargetController) mirrorBackup(ctx context.Context, bt *v1beta1.B
 // completedBackupStatus is the status of a Backup whose manifest h is on
 // the target at url: the one function both the backup controller (when it
 // made the backup) and the mirror (when it found it) write, so neither
-// rewrites the other's. The caller keeps ownerID, lastSyncedAt,
-// snapshotCreatedAt and verification.
+// rewrites the other's. What the backup did (issue 23) stays in it for the
+// Backup's life: the bytes it uploaded and its base. The caller keeps
+// ownerID, lastSyncedAt, snapshotCreatedAt and verification, and an
+// incrementalOn the manifest does not record.
 func completedBackupStatus(url string, h backupstore.Header) v1beta1.BackupStatus {
 	st := v1beta1.BackupStatus{State: v1beta1.BackupStateCompleted, Progress: 100,
 		URL: url, SnapshotName: h.Snapshot, BackupCreatedAt: h.Created.UTC().Format(time.RFC3339),
-		Size: h.Stats.StoredBytes, Labels: h.Labels, VolumeName: h.Volume, VolumeSize: h.VolumeSize}
+		Size: h.Stats.StoredBytes, UploadedBytes: h.Stats.NewBytes, IncrementalOn: h.Base,
+		Labels: h.Labels, VolumeName: h.Volume, VolumeSize: h.VolumeSize}
 	if h.BackingImage != nil {
 		st.VolumeBackingImageName = h.BackingImage.Name
 		st.VolumeBackingImageURL, st.VolumeBackingImageChecksum = h.BackingImage.URL, h.BackingImage.Checksum

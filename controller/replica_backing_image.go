@@ -21,6 +21,7 @@ const (
 	reasonBackingImageRequested = "CopyRequested"
 	reasonBackingImageCopying   = "CopyNotReady"
 	reasonBackingImageReady     = "CopyReady"
+	reasonBackingImageFailed    = "BackingImageFailed"
 )
 
 // backingFile finds the ready copy of the replica's backing image on its
@@ -39,6 +40,13 @@ func (c *ReplicaController) backingFile(ctx context.Context, r *v1beta1.Replica)
 	}
 	if err != nil {
 		return "", err
+	}
+	// An image with no ready copy and a failed one has nothing to copy: say
+	// so, rather than "pending: waiting for the first copy" (issue 23), and
+	// ask for no copy, whose spec write would also retry the failed fetch.
+	if _, reason, msg := backingImageVerdict(bi.Name, bi); reason == BackingImageReadyReasonFailed {
+		setWaiting(r, reasonBackingImageFailed, msg)
+		return "", nil
 	}
 	if _, wanted := bi.Spec.DiskFileSpecMap[r.Spec.DiskID]; !wanted {
 		if err := c.requestCopy(ctx, bi, r.Spec.DiskID); err != nil {

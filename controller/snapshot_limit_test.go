@@ -93,6 +93,13 @@ func limitedChain(n int) map[string]*v1beta1.SnapshotInfo {
 	return m
 }
 
+// withActualSizeOf gives the volume the actualSize the engine's chain makes,
+// as reported before.
+func withActualSizeOf(v *v1beta1.Volume, e *v1beta1.Engine) *v1beta1.Volume {
+	v.Status.ActualSize, _ = e.Status.ActualSize()
+	return v
+}
+
 // TestVolumeSnapshotLimitCondition: the volume controller sets the
 // condition from the engine's cached chain, warns when it turns True or
 // moves to a refusal, and writes nothing when it is unchanged.
@@ -143,7 +150,7 @@ func TestVolumeSnapshotLimitCondition(t *testing.T) {
 			wantWrites: []string{"update volumes/status v1"}, wantEvents: []string{"Warning SnapshotLimit"},
 			check: conditionIs(metav1.ConditionTrue, "CountLimitReached", reached.Message)},
 		{name: "at the limit and unchanged: no write, no event",
-			objects: []runtime.Object{volume(2, reached.DeepCopy()), engine(2, 2)}},
+			objects: []runtime.Object{withActualSizeOf(volume(2, reached.DeepCopy()), engine(2, 2)), engine(2, 2)}},
 		{name: "a snapshot deleted (and purged): False again, no event",
 			objects:    []runtime.Object{volume(5, reached.DeepCopy()), engine(5, 1)},
 			wantWrites: []string{"update volumes/status v1"},

@@ -73,8 +73,8 @@ func NewVolumeAttachmentController(logger logrus.FieldLogger, ds *datastore.Data
 }
 
 // volumeChangeMattersForAD tells whether a volume update changed a field
-// the AD logic reads; the rest of the volume's churn (sizes, conditions,
-// endpoints) enqueues nothing.
+// the AD logic reads; the rest of the volume's churn (sizes, conditions
+// other than BackingImageReady, endpoints) enqueues nothing.
 func volumeChangeMattersForAD(o, n *v1beta1.Volume) bool {
 	return o.Spec.NodeID != n.Spec.NodeID ||
 		o.Spec.MigrationNodeID != n.Spec.MigrationNodeID ||
@@ -86,5 +86,6 @@ func volumeChangeMattersForAD(o, n *v1beta1.Volume) bool {
 		o.Status.OwnerID != n.Status.OwnerID ||
 		o.Status.Robustness != n.Status.Robustness ||
 		fillStatusChanged(o, n) ||
+		backingImageConditionChanged(o, n) ||
 		(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
 }

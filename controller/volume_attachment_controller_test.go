@@ -506,6 +506,10 @@ func TestVolumeAttachmentVolumeUpdateFilter(t *testing.T) {
 		{"nothing", func(*v1beta1.Volume) {}, false},
 		{"size", func(v *v1beta1.Volume) { v.Status.ActualSize = 42; v.Status.CurrentSize = 7 }, false},
 		{"conditions", func(v *v1beta1.Volume) { v.Status.Conditions = []metav1.Condition{{Type: "X"}} }, false},
+		{"the BackingImageReady condition, which ticket messages quote", func(v *v1beta1.Volume) {
+			v.Status.Conditions = []metav1.Condition{{Type: VolumeConditionBackingImageReady, Status: metav1.ConditionFalse,
+				Reason: BackingImageReadyReasonFailed, Message: "backing image img failed: x"}}
+		}, true},
 		{"frontend endpoint", func(v *v1beta1.Volume) { v.Status.FrontendEndpoint = "nbd://x" }, false},
 		{"replica count", func(v *v1beta1.Volume) { v.Spec.NumberOfReplicas = 5 }, false},
 		{"last attached by (written by the AD controller, read by nobody here)",

@@ -25,6 +25,10 @@ const (
 	TicketReasonWaitingMigration  = "WaitingForMigration"
 	TicketReasonWaitingForClone   = "WaitingForClone"
 	TicketReasonWaitingForRestore = "WaitingForRestore"
+	// TicketReasonBackingImageFailed: the volume's backing image failed or
+	// is gone, so no replica can start; the message quotes the volume's
+	// BackingImageReady condition (issue 23).
+	TicketReasonBackingImageFailed = "BackingImageFailed"
 )
 
 var attacherPriorities = map[v1beta1.AttacherType]int{
@@ -235,6 +239,7 @@ func ticketStatuses(vol *v1beta1.Volume, va *v1beta1.VolumeAttachment, now metav
 	out := map[string]*v1beta1.AttachmentTicketStatus{}
 	attached := vol.Status.State == v1beta1.VolumeStateAttached && vol.Status.CurrentNodeID != ""
 	migrationEngine := vol.Status.CurrentMigrationNodeID
+	imageFailed := imageBlocking(vol)
 	for id, t := range va.Spec.AttachmentTickets {
 		if t == nil {
 			continue
@@ -263,10 +268,12 @@ func ticketStatuses(vol *v1beta1.Volume, va *v1beta1.VolumeAttachment, now metav
 		case attached:
 			reason = TicketReasonOtherNodeWins
 			msg = "the volume is attached to node " + vol.Status.CurrentNodeID + " for a ticket of higher or equal priority"
+		case imageFailed != nil:
+			reason, msg = TicketReasonBackingImageFailed, "the volume cannot attach: "+imageFailed.Message
 		case vol.Status.Robustness == v1beta1.VolumeRobustnessFaulted:
 			reason, msg = TicketReasonVolumeNotHealthy, "the volume is faulted"
 		default:
-			reason, msg = TicketReasonWaitingToAttach, fmt.Sprintf("the volume is %s", orUnknown(string(vol.Status.State)))
+			reason, msg = TicketReasonWaitingToAttach, waitingMessage(vol)
 		}
 		st.Satisfied = ok
 		setCondition(&st.Conditions, v1beta1.AttachmentStatusConditionTypeSatisfied, ok, reason, msg, now)
@@ -276,6 +283,16 @@ func ticketStatuses(vol *v1beta1.Volume, va *v1beta1.VolumeAttachment, now metav
 		out[id] = st
 	}
 	return out
+}
+
+// waitingMessage says what an unsatisfied ticket waits for: the volume's
+// state, and its backing image while that has no ready copy.
+func waitingMessage(vol *v1beta1.Volume) string {
+	msg := fmt.Sprintf("the volume is %s", orUnknown(string(vol.Status.State)))
+	if c := imageNotReady(vol); c != nil {
+		msg += "; " + c.Message
+	}
+	return msg
 }
 
 func orUnknown(s string) string {

@@ -133,6 +133,7 @@ func (s *volumeSync) reconcile() error {
 	if v.Status.State == "" {
 		v.Status.State = v1beta1.VolumeStateCreating
 	}
+	s.updateBackingImageCondition()
 	if err := s.ensureEngine(); err != nil {
 		return fmt.Errorf("volume %s: ensuring its engine: %w", v.Name, err)
 	}
@@ -144,7 +145,19 @@ func (s *volumeSync) reconcile() error {
 	}
 	s.updateRobustness()
 	s.updateSnapshotLimitCondition()
+	s.updateActualSize()
 	return nil
+}
+
+// updateActualSize follows the engine's chain sizes, which the instance
+// manager publishes only when they change (at most once per its size report
+// interval), so this writes nothing in a quiet minute.
+func (s *volumeSync) updateActualSize() {
+	if e := s.primaryEngine(); e != nil {
+		if size, ok := e.Status.ActualSize(); ok {
+			s.v.Status.ActualSize = size
+		}
+	}
 }
 
 // specSize is the volume's size in bytes, rounded up to the data plane's 4 KiB block.
@@ -182,6 +195,7 @@ func (s *volumeSync) statusEvents(old, cur *v1beta1.Volume) {
 		}
 	}
 	s.snapshotLimitEvent(old, cur)
+	s.backingImageEvent(old, cur)
 	if old.Status.Robustness != cur.Status.Robustness {
 		switch cur.Status.Robustness {
 		case v1beta1.VolumeRobustnessDegraded:

@@ -42,6 +42,19 @@ func NewVolumeController(logger logrus.FieldLogger, ds *datastore.DataStore, rec
 		onEveryChange(func(r *v1beta1.Replica) { c.enqueueVolume(r.Spec.VolumeName) })); err != nil {
 		return nil, err
 	}
+	// A volume on a backing image says whether the image can serve it; the
+	// image's progress and last-use times enqueue nothing.
+	if _, err := ds.BackingImages.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: onAdd(c.enqueueVolumesOn),
+		UpdateFunc: onUpdate(func(o, n *v1beta1.BackingImage) {
+			if backingImageVerdictChanged(o, n) {
+				c.enqueueVolumesOn(n)
+			}
+		}),
+		DeleteFunc: onDelete(c.enqueueVolumesOn),
+	}); err != nil {
+		return nil, err
+	}
 	// A deleting volume waits for its snapshots to go.
 	if _, err := ds.Snapshots.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		DeleteFunc: onDelete(func(s *v1beta1.Snapshot) { c.enqueueVolume(s.Spec.Volume) }),

@@ -40,6 +40,13 @@ func engineRunningOn(node string, modes map[string]v1beta1.ReplicaMode) func(*v1
 
 // attachedOn is a volume fully attached to node, reconciled by that node,
 // with the SnapshotLimit condition its empty chain gives.
+// headHolding gives the engine a chain of just its head, holding size bytes.
+func headHolding(size int64) func(*v1beta1.Engine) {
+	return func(e *v1beta1.Engine) {
+		e.Status.Snapshots = map[string]*v1beta1.SnapshotInfo{types.VolumeHeadName: {Name: types.VolumeHeadName, Size: size}}
+	}
+}
+
 func attachedOn(node string) func(*v1beta1.Volume) {
 	return func(v *v1beta1.Volume) {
 		v.Spec.NodeID, v.Status.State, v.Status.CurrentNodeID, v.Status.OwnerID = node, v1beta1.VolumeStateAttached, node, node
@@ -177,6 +184,25 @@ func TestVolumeControllerSync(t *testing.T) {
 			wantEvents: []string{"Warning ReplicaFailed", "Warning Degraded"},
 			check: allChecks(volumeIs(v1beta1.VolumeStateAttached, v1beta1.VolumeRobustnessDegraded, "node-2"),
 				replicaIs("r3", v1beta1.InstanceStateStopped, true), engineIs("node-2", v1beta1.InstanceStateRunning, "r1", "r2")),
+		},
+		{
+			name: "actualSize follows the chain the engine reports",
+			me:   "node-2",
+			objects: append([]runtime.Object{vcVolume(attachedOn("node-2")),
+				vcEngine(engineRunningOn("node-2", allRW()), headHolding(72<<20))}, threeReplicas(replicaRunning)...),
+			wantWrites: []string{"update volumes/status v1"},
+			check: func(t *testing.T, env *dstest.Env) {
+				v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v1", metav1.GetOptions{})
+				require.NoError(t, err)
+				assert.EqualValues(t, 72<<20, v.Status.ActualSize)
+			},
+		},
+		{
+			name: "actualSize already reported: nothing to write",
+			me:   "node-2",
+			objects: append([]runtime.Object{vcVolume(attachedOn("node-2"), func(v *v1beta1.Volume) { v.Status.ActualSize = 72 << 20 }),
+				vcEngine(engineRunningOn("node-2", allRW()), headHolding(72<<20))}, threeReplicas(replicaRunning)...),
+			wantWrites: nil,
 		},
 		{
 			name: "failed replica within the wait interval is not replaced yet",

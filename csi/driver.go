@@ -11,7 +11,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/sirupsen/logrus"
@@ -160,11 +162,26 @@ func serveUntilDone(ctx context.Context, srv *grpc.Server, l net.Listener) error
 // logCalls logs every CSI call with its outcome: the sidecars retry, and
 // the log is where an admin sees why.
 func (d *Driver) logCalls(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	start := time.Now()
 	resp, err := handler(ctx, req)
-	entry := d.log.WithField("method", info.FullMethod)
-	if err != nil {
+	entry := d.log.WithFields(logrus.Fields{"method": info.FullMethod, "took": time.Since(start).Round(time.Millisecond)})
+	// A volume's lifecycle calls say which volume, at info: how long each
+	// step of a Pod's start took is read from here (scripts/bench-pod-start).
+	lifecycle := false
+	if r, ok := req.(interface{ GetVolumeId() string }); ok {
+		entry = entry.WithField("volume", r.GetVolumeId())
+		lifecycle = !strings.HasSuffix(info.FullMethod, "Stats") && !strings.HasSuffix(info.FullMethod, "GetVolume")
+	}
+	if r, ok := req.(interface{ GetName() string }); ok { // CreateVolume, CreateSnapshot
+		entry = entry.WithField("name", r.GetName())
+		lifecycle = true
+	}
+	switch {
+	case err != nil:
 		entry.WithError(err).Warn("CSI call failed")
-	} else {
+	case lifecycle:
+		entry.Info("CSI call")
+	default:
 		entry.Debug("CSI call")
 	}
 	return resp, err

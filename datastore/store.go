@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -191,6 +192,18 @@ func (s *Store[T]) Delete(ctx context.Context, name string) error {
 		return nil
 	}
 	return s.wrap("deleting", name, err)
+}
+
+// DeleteIfUID deletes the named object only while it is the one with uid,
+// for a delete decided from a cached copy: an object made again under the
+// same name since is left alone. deleted is false when the object was gone
+// or replaced.
+func (s *Store[T]) DeleteIfUID(ctx context.Context, name string, uid k8stypes.UID) (deleted bool, err error) {
+	err = s.client(s.namespace).Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return false, nil
+	}
+	return err == nil, s.wrap("deleting", name, err)
 }
 
 // AddFinalizer adds finalizer to a copy of obj and writes it if it was missing.

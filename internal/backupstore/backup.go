@@ -175,6 +175,9 @@ func (t *Target) newBackupRun(in *BackupInput) (*backupRun, error) {
 		backing: newRangeSet(in.Backing), workers: in.Concurrency,
 		claimed: map[ChunkID]bool{}, uploaded: map[ChunkID]uploadedChunk{}, ourPacks: map[PackID]bool{},
 	}
+	if in.Base != nil {
+		b.hdr.Base = in.Base.Backup
+	}
 	if in.Changed != nil {
 		b.changed = newRangeSet(in.Changed)
 	}

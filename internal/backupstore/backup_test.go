@@ -69,6 +69,7 @@ func TestIncrementalReadsOnlyChangedChunks(t *testing.T) {
 
 	assert.Equal(t, []int64{5 * testChunk, 20 * testChunk, 21 * testChunk}, src.offsets())
 	assert.Equal(t, int64(3), m.Stats.NewChunks)
+	assert.Equal(t, []string{"", "b1"}, []string{base.Base, m.Base}, "the manifest names its base")
 	cs := e.count.Counts()
 	assert.Equal(t, int64(3), cs["Put"].Calls, "one pack, its index and the inflight marker")
 	assert.Equal(t, int64(1), cs["PutIfAbsent"].Calls, "the manifest")

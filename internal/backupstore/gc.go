@@ -63,6 +63,21 @@ func (t *Target) HasBackup(ctx context.Context, volume, backup string) (bool, er
 	return err == nil, err
 }
 
+// VolumeHasBackups tells whether the target holds a backup of volume now,
+// with one List of that volume's manifests: a whole listing that lacks the
+// volume may be a short one (an NFS hiccup), and a caller about to act on
+// its absence asks again.
+func (t *Target) VolumeHasBackups(ctx context.Context, volume string) (bool, error) {
+	if err := checkName("volume", volume); err != nil {
+		return false, err
+	}
+	objs, err := t.store.List(ctx, backupsPrefix+volume+"/")
+	if err != nil {
+		return false, fmt.Errorf("list backups of volume %s: %w", volume, err)
+	}
+	return len(manifestObjects(objs)) > 0, nil
+}
+
 // BackupInfo is one listed backup.
 type BackupInfo struct {
 	Header

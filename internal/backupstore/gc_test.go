@@ -113,3 +113,31 @@ func TestListBackupsIsOneListing(t *testing.T) {
 	assert.Equal(t, int64(1), cs["List"].Calls, "one listing, whatever the number of backups")
 	assert.Equal(t, int64(6), cs["GetRange"].Calls, "one ranged read of each manifest's header")
 }
+
+// VolumeHasBackups asks the target about one volume alone: a prefix of
+// another volume's name is not the volume, and an inflight marker is no
+// backup.
+func TestVolumeHasBackups(t *testing.T) {
+	e := newEnv(t, 4*testChunk)
+	d := volume(1, 2*testChunk)
+	e.backup(BackupInput{Volume: "vol-a", Backup: "b1", Size: int64(len(d)), Source: bytes.NewReader(d)})
+	require.NoError(t, e.files.Put(context.Background(), inflightPfx+"vol-c/b1-0123", bytes.NewReader(nil), 0))
+	cases := []struct {
+		volume string
+		want   bool
+	}{
+		{"vol-a", true},
+		{"vol", false},
+		{"vol-b", false},
+		{"vol-c", false},
+	}
+	for _, tc := range cases {
+		got, err := e.tgt.VolumeHasBackups(context.Background(), tc.volume)
+		require.NoError(t, err)
+		assert.Equal(t, tc.want, got, tc.volume)
+	}
+	require.NoError(t, e.tgt.DeleteBackup(context.Background(), "vol-a", "b1"))
+	got, err := e.tgt.VolumeHasBackups(context.Background(), "vol-a")
+	require.NoError(t, err)
+	assert.False(t, got, "its last backup deleted")
+}

@@ -67,7 +67,10 @@ type Header struct {
 	ChunkSize    int64             `json:"chunkSize"`
 	Labels       map[string]string `json:"labels,omitempty"`
 	BackingImage *BackingImage     `json:"backingImage,omitempty"`
-	Stats        Stats             `json:"stats"`
+	// Base is the backup this one is incremental on (BackupInput.Base);
+	// empty for a full backup, and in manifests written before it existed.
+	Base  string `json:"base,omitempty"`
+	Stats Stats  `json:"stats"`
 }
 
 // Chunks is the number of chunks of the volume, the last one possibly short.

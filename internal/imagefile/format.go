@@ -63,7 +63,7 @@ func DetectFormat(header []byte) (Format, error) {
 		end := m.offset + len(m.magic)
 		if len(header) >= end && bytes.Equal(header[m.offset:end], m.magic) {
 			if !m.supported {
-				return Format(m.format), fmt.Errorf("the image is %s; raw, qcow2, and gzip or xz of either are supported", m.format)
+				return Format(m.format), notAnImage("the image is %s; raw, qcow2, and gzip or xz of either are supported", m.format)
 			}
 			return m.format, nil
 		}

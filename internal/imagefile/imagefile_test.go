@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/sha512"
 	"encoding/hex"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -108,9 +109,11 @@ func TestDetectFormat(t *testing.T) {
 			assert.Equal(t, tc.want, got)
 			if tc.wantErr == "" {
 				assert.NoError(t, err)
-			} else {
-				assert.ErrorContains(t, err, tc.wantErr)
+				return
 			}
+			assert.ErrorContains(t, err, tc.wantErr)
+			// A refused format is for good; an HTML page may be a passing error page.
+			assert.Equal(t, tc.want != "html", errors.Is(err, ErrNotAnImage), "errors.Is ErrNotAnImage")
 		})
 	}
 }
@@ -131,6 +134,7 @@ func TestPrepare(t *testing.T) {
 		want        string // spec.checksum
 		wantFormats []Format
 		wantErr     string
+		wantIs      error // the sentinel a failure wraps, if any
 	}{
 		{name: "raw", source: img, wantFormats: []Format{FormatRaw}},
 		{name: "raw, checksum given", source: img, want: sha(img), wantFormats: []Format{FormatRaw}},
@@ -140,10 +144,13 @@ func TestPrepare(t *testing.T) {
 		{name: "compressed qcow2", source: qcow2Of(t, raw, "-c"), wantFormats: []Format{FormatQCOW2, FormatRaw}},
 		{name: "xz of qcow2", source: xzed(t, qcow), wantFormats: []Format{FormatXZ, FormatQCOW2, FormatRaw}},
 		{name: "wrong checksum", source: gzipped(t, img), want: strings.Repeat("ab", 64),
-			wantErr: "checksum mismatch: spec.checksum is " + strings.Repeat("ab", 64) + ", the image's raw data has SHA-512 " + sha(img)},
-		{name: "vmdk", source: append([]byte("KDMV"), make([]byte, 1020)...), wantErr: "the image is vmdk"},
-		{name: "xz of vmdk", source: xzed(t, append([]byte("KDMV"), make([]byte, 1020)...)), wantErr: "the image is vmdk"},
-		{name: "raw of a partial sector", source: make([]byte, 1000), wantErr: "not a whole number of 512-byte sectors"},
+			wantErr: "checksum mismatch: spec.checksum is " + strings.Repeat("ab", 64) + ", the image's raw data has SHA-512 " + sha(img),
+			wantIs:  ErrChecksumMismatch},
+		{name: "vmdk", source: append([]byte("KDMV"), make([]byte, 1020)...), wantErr: "the image is vmdk", wantIs: ErrNotAnImage},
+		{name: "xz of vmdk", source: xzed(t, append([]byte("KDMV"), make([]byte, 1020)...)), wantErr: "the image is vmdk",
+			wantIs: ErrNotAnImage},
+		{name: "raw of a partial sector", source: make([]byte, 1000), wantErr: "not a whole number of 512-byte sectors",
+			wantIs: ErrNotAnImage},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -153,6 +160,7 @@ func TestPrepare(t *testing.T) {
 			res, err := Prepare(context.Background(), src, final, tc.want)
 			if tc.wantErr != "" {
 				require.ErrorContains(t, err, tc.wantErr)
+				require.ErrorIs(t, err, tc.wantIs)
 				assert.NoFileExists(t, final)
 			} else {
 				require.NoError(t, err)
@@ -186,6 +194,7 @@ func TestPrepareRefusesBackingFile(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 	_, err = Prepare(context.Background(), overlay, filepath.Join(dir, "image.raw"), "")
 	assert.ErrorContains(t, err, "has a backing file ("+base+")")
+	assert.ErrorIs(t, err, ErrNotAnImage)
 }
 
 // rangeServer serves data, honouring Range unless noRanges; it counts the

@@ -81,7 +81,7 @@ func Prepare(ctx context.Context, src, final, want string) (Result, error) {
 			return finish(cur, final, want, res)
 		}
 	}
-	return res, fmt.Errorf("the image is nested more than 4 formats deep (%v)", res.Formats)
+	return res, notAnImage("the image is nested more than 4 formats deep (%v)", res.Formats)
 }
 
 // PrepareRaw is Prepare for a source known to be a raw disk (a volume's
@@ -111,10 +111,10 @@ func finish(cur, final, want string, res Result) (Result, error) {
 	}
 	res.Checksum, res.VirtualSize = sum, size
 	if size%sectorSize != 0 {
-		return res, fmt.Errorf("the raw image has %d bytes, not a whole number of %d-byte sectors: not a disk image", size, sectorSize)
+		return res, notAnImage("the raw image has %d bytes, not a whole number of %d-byte sectors: not a disk image", size, sectorSize)
 	}
 	if want != "" && want != sum {
-		return res, fmt.Errorf("checksum mismatch: spec.checksum is %s, the image's raw data has SHA-512 %s", want, sum)
+		return res, fmt.Errorf("%w: spec.checksum is %s, the image's raw data has SHA-512 %s", ErrChecksumMismatch, want, sum)
 	}
 	if err := syncFile(cur); err != nil {
 		return res, err
@@ -226,7 +226,7 @@ func convertQCOW2(ctx context.Context, src, dst string) error {
 		return fmt.Errorf("qemu-img info: %w", err)
 	}
 	if meta.BackingFilename != "" {
-		return fmt.Errorf("the qcow2 image has a backing file (%s); only self-contained images are taken", meta.BackingFilename)
+		return notAnImage("the qcow2 image has a backing file (%s); only self-contained images are taken", meta.BackingFilename)
 	}
 	out, err := exec.CommandContext(ctx, "qemu-img", "convert", "-f", "qcow2", "-O", "raw", "-S", "4k", src, dst).CombinedOutput()
 	if err != nil {

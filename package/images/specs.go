@@ -54,7 +54,7 @@ func pauseSpec(ctx context.Context, opts Options) (*spec, error) {
 // workloadSpec is a minimal shell image for test Pods: busybox with every
 // applet linked in /bin, and the few files programs expect.
 func workloadSpec(ctx context.Context, opts Options) (*spec, error) {
-	busybox, err := lookTool(hostpackages.Entry{Package: "busybox-static", File: "/bin/busybox"})
+	busybox, err := lookTool(hostpackages.Entry{Package: "busybox-static", File: "busybox"})
 	if err != nil {
 		return nil, err
 	}
@@ -244,7 +244,12 @@ func addHostDepth(s *spec, path string, depth int) error {
 // lookTool finds t's program in hostBinDirs (or at its absolute path), or
 // says which package to install.
 func lookTool(t hostpackages.Entry) (string, error) {
+	// An absolute path may go through a directory symlink (/bin on a merged
+	// /usr); the image records programs at their real paths.
 	candidates := []string{t.File}
+	if real, err := filepath.EvalSymlinks(t.File); err == nil && filepath.IsAbs(t.File) {
+		candidates[0] = real
+	}
 	if !filepath.IsAbs(t.File) {
 		candidates = candidates[:0]
 		for _, dir := range hostBinDirs {

@@ -81,6 +81,13 @@ func (w *slowWriter) Write(b []byte) (int, error) {
 	return n, nil
 }
 
+// getsOf is how many requests asked for path.
+func (s *imageServer) getsOf(path string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gets[path]
+}
+
 func (s *imageServer) rangesFor(path string) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -215,6 +222,16 @@ func allCopiesReady(n int) func(*v1beta1.BackingImage) bool {
 		}
 		return true
 	}
+}
+
+// secondAttempt: some copy failed and was tried again.
+func secondAttempt(bi *v1beta1.BackingImage) bool {
+	for _, st := range bi.Status.DiskFileStatusMap {
+		if st.Attempts >= 2 {
+			return true
+		}
+	}
+	return false
 }
 
 // diskOf is the UUID of a node's only disk, and its path.

@@ -108,9 +108,11 @@ func eventMessages(t *testing.T, name, reason string) string {
 
 // Backups of snapshots to the default target on a real S3 server: the first
 // is full, the second incremental on it (fewer chunks read); each manifest
-// restores to exactly what the volume held at its snapshot. A backup of a
+// restores to exactly what the volume held at its snapshot, and its status
+// says what it uploaded and what it is incremental on. A backup of a
 // detached volume takes its own snapshot through a backup-controller ticket
-// and lets the volume detach again. Deleting a Backup deletes its manifest.
+// and lets the volume detach again. Deleting a Backup deletes its manifest;
+// the BackupVolume goes once the backups and the volume are deleted.
 func testBackupIncrementalToS3AndDelete(t *testing.T) {
 	ctx := context.Background()
 	srv := startS3(t)
@@ -140,6 +142,9 @@ func testBackupIncrementalToS3AndDelete(t *testing.T) {
 	assert.Equal(t, "e2e-bk-s1", b1.Status.SnapshotName)
 	assert.Positive(t, b1.Status.Size)
 	assert.Contains(t, b1.Finalizers, stypes.FinalizerName)
+	assert.Empty(t, b1.Status.IncrementalOn, "b1 is a full backup")
+	assert.Positive(t, b1.Status.UploadedBytes)
+	assert.LessOrEqual(t, b1.Status.UploadedBytes, b1.Status.Size)
 
 	qemuIO(t, v.Status.FrontendEndpoint, "write -P 0x77 4M 2M")
 	createSnapshot(t, vol, "e2e-bk-s2")
@@ -148,17 +153,26 @@ func testBackupIncrementalToS3AndDelete(t *testing.T) {
 	require.NotEqual(t, sum1, sum2)
 
 	createBackup(t, "e2e-bk-b2", "e2e-bk-s2", "")
-	waitBackupCompleted(t, "e2e-bk-b2")
+	b2 := waitBackupCompleted(t, "e2e-bk-b2")
 	require.Eventually(t, func() bool {
 		return strings.Contains(eventMessages(t, "e2e-bk-b2", controller.EventReasonBackupStarted), "incremental on e2e-bk-b1")
 	}, 30*time.Second, 200*time.Millisecond, "b2 is taken incremental on b1")
-	assert.Regexp(t, `NAME\s+SNAPSHOT\s+STATE\s+PROGRESS\s+SIZE\s+VOLUME\s+AGE\n`+
-		`e2e-bk-b2\s+e2e-bk-s2\s+Completed\s+100\s+\d+\s+e2e-bk\s`, kubectl(t, "-n", ns, "get", "bk", "e2e-bk-b2"))
+	assert.Regexp(t, `NAME\s+SNAPSHOT\s+STATE\s+PROGRESS\s+SIZE\s+UPLOADED\s+VOLUME\s+AGE\n`+
+		`e2e-bk-b2\s+e2e-bk-s2\s+Completed\s+100\s+\d+\s+\d+\s+e2e-bk\s`, kubectl(t, "-n", ns, "get", "bk", "e2e-bk-b2"))
+	assert.Regexp(t, `INCREMENTALON[^\n]*\ne2e-bk-b2\s[^\n]*\se2e-bk-b1\s`, kubectl(t, "-n", ns, "get", "bk", "e2e-bk-b2", "-o", "wide"))
 
 	m1, err := tgt.LoadManifest(ctx, vol, "e2e-bk-b1")
 	require.NoError(t, err)
 	m2, err := tgt.LoadManifest(ctx, vol, "e2e-bk-b2")
 	require.NoError(t, err)
+	// What b2 did stays in its status: its base, and the bytes it uploaded
+	// (the 2 MiB written since s1, not the volume's data).
+	assert.Equal(t, "e2e-bk-b1", b2.Status.IncrementalOn)
+	assert.Equal(t, "e2e-bk-b1", m2.Base, "the manifest names its base")
+	assert.Equal(t, m2.Stats.NewBytes, b2.Status.UploadedBytes)
+	assert.Positive(t, b2.Status.UploadedBytes)
+	assert.Less(t, b2.Status.UploadedBytes, b2.Status.Size, "an incremental backup uploads less than it holds")
+	assert.Equal(t, m2.Stats.StoredBytes, b2.Status.Size)
 	t.Logf("b1 read %d chunks, b2 read %d", m1.Stats.ReadChunks, m2.Stats.ReadChunks)
 	assert.Less(t, m2.Stats.ReadChunks, m1.Stats.ReadChunks, "b2 reads only what changed since s1")
 	assert.Equal(t, sum1, restoredSum(t, tgt, m1), "b1 restores to the volume at s1")
@@ -194,6 +208,7 @@ func testBackupIncrementalToS3AndDelete(t *testing.T) {
 		t.Fatal("the backup did not attach the volume with a backup-controller ticket")
 	}
 	assert.Equal(t, "e2e-bk-b3", b3.Status.SnapshotName)
+	assert.Equal(t, "e2e-bk-b2", b3.Status.IncrementalOn, "b3 is incremental on the newest backup, b2")
 	snap, err := env.adminStrata.StrataV1beta1().Snapshots(ns).Get(ctx, "e2e-bk-b3", metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.True(t, snap.TakenForStrata(), "the backup's snapshot is a system snapshot")
@@ -212,4 +227,56 @@ func testBackupIncrementalToS3AndDelete(t *testing.T) {
 	m2, err = tgt.LoadManifest(ctx, vol, "e2e-bk-b2")
 	require.NoError(t, err)
 	assert.Equal(t, sum2, restoredSum(t, tgt, m2))
+	b2 = getBackup(t, "e2e-bk-b2")
+	assert.Equal(t, "e2e-bk-b1", b2.Status.IncrementalOn, "kept after its base is deleted")
+	assert.Equal(t, m2.Stats.NewBytes, b2.Status.UploadedBytes, "kept after the target's polls")
+
+	// The volume's BackupVolume: kept, empty, while the volume exists once
+	// its backups are deleted; gone once the volume is deleted too.
+	waitBackupVolume(t, vol, "names the last backup", func(bv *v1beta1.BackupVolume) bool {
+		return bv.Status.LastBackupName == "e2e-bk-b3"
+	})
+	for _, b := range []string{"e2e-bk-b2", "e2e-bk-b3"} {
+		require.NoError(t, env.adminStrata.StrataV1beta1().Backups(ns).Delete(ctx, b, metav1.DeleteOptions{}))
+		waitBackupGone(t, b)
+	}
+	waitBackupVolume(t, vol, "kept with no last backup while the volume exists", func(bv *v1beta1.BackupVolume) bool {
+		return bv.Status.LastBackupName == "" && bv.Status.LastBackupAt == ""
+	})
+	deleteVolume(t, vol)
+	waitBackupVolumeGone(t, vol)
+	require.Eventually(t, func() bool {
+		return strings.Contains(eventMessages(t, controller.DefaultBackupTargetName, controller.EventReasonBackupVolumeRemoved),
+			"removed BackupVolume "+vol)
+	}, 30*time.Second, 200*time.Millisecond, "the BackupTarget says it removed the BackupVolume")
+}
+
+func getBackup(t *testing.T, name string) *v1beta1.Backup {
+	t.Helper()
+	b, err := env.adminStrata.StrataV1beta1().Backups(ns).Get(context.Background(), name, metav1.GetOptions{})
+	require.NoError(t, err)
+	return b
+}
+
+// waitBackupVolume waits until cond holds for the BackupVolume of volume,
+// and says what it looked like last when it does not.
+func waitBackupVolume(t *testing.T, volume, what string, cond func(*v1beta1.BackupVolume) bool) {
+	t.Helper()
+	var last v1beta1.BackupVolumeStatus
+	require.Eventually(t, func() bool {
+		bv, err := env.adminStrata.StrataV1beta1().BackupVolumes(ns).Get(context.Background(), volume, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		last = bv.Status
+		return cond(bv)
+	}, time.Minute, 200*time.Millisecond, "BackupVolume %s %s (last status %+v)", volume, what, &last)
+}
+
+func waitBackupVolumeGone(t *testing.T, volume string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		_, err := env.adminStrata.StrataV1beta1().BackupVolumes(ns).Get(context.Background(), volume, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	}, time.Minute, 200*time.Millisecond, "BackupVolume %s goes with its backups and its volume", volume)
 }

@@ -60,8 +60,12 @@ spec: {size: 64Mi, numberOfReplicas: 3}
 		st := getVA(t, "e2e-v1").Status.AttachmentTicketStatuses["admin"]
 		return st != nil && st.Satisfied
 	}, 30*time.Second, 100*time.Millisecond, "the ticket is satisfied")
+	// The 4 MiB written, as the data plane reports it (within one 4 KiB block).
+	v = waitVolume(t, "e2e-v1", 30*time.Second, "actualSize of the 4 MiB written", func(v *v1beta1.Volume) bool {
+		return v.Status.ActualSize >= 4<<20 && v.Status.ActualSize <= 4<<20+4096
+	})
 	out := kubectl(t, "-n", ns, "get", "vol", "e2e-v1")
-	assert.Regexp(t, `e2e-v1\s+attached\s+healthy\s+3\s+64Mi\s+node-2`, out)
+	assert.Regexp(t, fmt.Sprintf(`e2e-v1\s+attached\s+healthy\s+3\s+64Mi\s+%d\s+node-2`, v.Status.ActualSize), out)
 
 	kubectl(t, "-n", ns, "patch", "va", "e2e-v1", "--type", "json", "-p", `[{"op":"remove","path":"/spec/attachmentTickets/admin"}]`)
 	waitVolume(t, "e2e-v1", time.Minute, "detached after the ticket went", isDetached)

@@ -75,6 +75,10 @@ type BackupVolumeStatus struct {
 }
 
 // BackupVolume is the set of backups of one volume in the backup target.
+// The BackupTarget's poll makes one for each volume the target holds
+// backups of, and removes it once the target holds none, no Backup names
+// the volume and the volume itself is deleted. While the volume exists it
+// stays, with no last backup, ready for the next one.
 //
 // +genclient
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
@@ -114,11 +118,24 @@ const (
 	BackupStateUnknown    BackupState = "Unknown"
 )
 
-// BackupSpec is the desired state of a backup.
+// BackupSpec is the desired state of a backup. A Backup (in strata-system)
+// goes to the BackupTarget named "default" and is of one of two things:
+//   - a snapshot: spec.snapshotName names it; the volume is the snapshot's.
+//   - a whole volume, as it is now: no spec.snapshotName, and the label
+//     strata.io/volume=<volume> on the Backup. A snapshot named like the
+//     Backup is taken first (a system snapshot, deleted with the Backup); a
+//     detached volume is attached for the backup and detached again.
+//
+// A whole volume, for example: metadata: {name: db-1, labels:
+// {strata.io/volume: db}} and no spec. A backup is incremental on the
+// volume's newest completed backup whose snapshot still exists
+// (status.incrementalOn).
 type BackupSpec struct {
-	// SnapshotName is the snapshot to back up; the volume is the snapshot's volume.
+	// SnapshotName is the snapshot to back up; the volume is the snapshot's
+	// volume. Empty backs up the volume the label strata.io/volume names.
 	SnapshotName string `json:"snapshotName,omitempty"`
-	// Labels are stored with the backup.
+	// Labels are stored with the backup on the target (not the Backup's own
+	// metadata.labels).
 	// +nullable
 	Labels map[string]string `json:"labels,omitempty"`
 	// VerifyRequestedAt asks for the backup's blocks to be read back from the
@@ -170,8 +187,17 @@ type BackupStatus struct {
 	SnapshotName      string `json:"snapshotName,omitempty"`
 	SnapshotCreatedAt string `json:"snapshotCreatedAt,omitempty"`
 	BackupCreatedAt   string `json:"backupCreatedAt,omitempty"`
-	// Size of the backed-up data in bytes.
+	// Size is what the backup holds on the target, in stored (compressed)
+	// bytes: every chunk it references, the ones an incremental backup
+	// shares with the backups before it included.
 	Size int64 `json:"size,omitempty"`
+	// UploadedBytes is what this backup uploaded, in stored bytes: only
+	// chunks the target did not hold yet. For an incremental backup, about
+	// what changed since incrementalOn.
+	UploadedBytes int64 `json:"uploadedBytes,omitempty"`
+	// IncrementalOn is the backup this one is incremental on: only what
+	// changed since its snapshot was read. Empty for a full backup.
+	IncrementalOn string `json:"incrementalOn,omitempty"`
 	// +nullable
 	Labels                 map[string]string `json:"labels,omitempty"`
 	Error                  string            `json:"error,omitempty"`
@@ -201,6 +227,8 @@ type BackupStatus struct {
 // +kubebuilder:printcolumn:name="BytesDone",type=integer,JSONPath=`.status.bytesDone`,priority=1
 // +kubebuilder:printcolumn:name="BytesTotal",type=integer,JSONPath=`.status.bytesTotal`,priority=1
 // +kubebuilder:printcolumn:name="Size",type=integer,JSONPath=`.status.size`
+// +kubebuilder:printcolumn:name="Uploaded",type=integer,JSONPath=`.status.uploadedBytes`
+// +kubebuilder:printcolumn:name="IncrementalOn",type=string,JSONPath=`.status.incrementalOn`,priority=1
 // +kubebuilder:printcolumn:name="Volume",type=string,JSONPath=`.status.volumeName`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Backup struct {

@@ -21,6 +21,11 @@ func TestPrinterColumns(t *testing.T) {
 			"Tickets=.status.tickets", "Satisfied=.status.satisfiedTickets", "Age=.metadata.creationTimestamp"}},
 		{"strata.io_replicas.yaml", []string{"Volume=.spec.volumeName", "State=.status.currentState", "Node=.spec.nodeID",
 			"Disk=.spec.diskName", "DiskID=.spec.diskID", "Age=.metadata.creationTimestamp"}},
+		// What a backup did: the bytes it uploaded; its base in -o wide.
+		{"strata.io_backups.yaml", []string{"Snapshot=.status.snapshotName", "State=.status.state",
+			"Progress=.status.progress", "BytesDone=.status.bytesDone", "BytesTotal=.status.bytesTotal", "Size=.status.size",
+			"Uploaded=.status.uploadedBytes", "IncrementalOn=.status.incrementalOn", "Volume=.status.volumeName",
+			"Age=.metadata.creationTimestamp"}},
 		{"strata.io_settings.yaml", []string{"Value=.value", "Applied=.status.applied", "Age=.metadata.creationTimestamp"}},
 	}
 	for _, tc := range tests {

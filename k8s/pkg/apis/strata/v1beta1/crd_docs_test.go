@@ -29,6 +29,22 @@ func TestCRDDescriptionsStateTheBounds(t *testing.T) {
 	assert.Greater(t, checked, 20, "bounded fields found")
 }
 
+// kubectl explain backup.spec tells how to back up a whole volume: the
+// label is otherwise only in the docs and make run's banner.
+func TestExplainBackupSpecTellsHowToBackUpAVolume(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(crdDir, "strata.io_backups.yaml"))
+	require.NoError(t, err)
+	var crd map[string]any
+	require.NoError(t, yaml.Unmarshal(raw, &crd))
+	for _, v := range dig(crd, "spec", "versions").([]any) {
+		spec := dig(v.(map[string]any), "schema", "openAPIV3Schema", "properties", "spec").(map[string]any)
+		desc, _ := spec["description"].(string)
+		for _, want := range []string{"whole volume", "no spec.snapshotName", "strata.io/volume=<volume>", "BackupTarget named \"default\""} {
+			assert.Contains(t, desc, want)
+		}
+	}
+}
+
 // wantedBoundTexts is what a description must contain for the bounds of s.
 func wantedBoundTexts(s map[string]any) []string {
 	var out []string

@@ -151,6 +151,18 @@ func (st *EngineStatus) SnapshotUsage() (userCount int, size int64) {
 	return userCount, size
 }
 
+// ActualSize is the allocated bytes of every layer of the chain, the head
+// and removed snapshots included; ok is false while the engine has never
+// reported its chain.
+func (st *EngineStatus) ActualSize() (size int64, ok bool) {
+	for _, s := range st.Snapshots {
+		if s != nil {
+			size += s.Size
+		}
+	}
+	return size, len(st.Snapshots) > 0
+}
+
 // Engine is the single writer of a volume: it fans writes out to the replicas
 // and serves the frontend on the attached node.
 //

@@ -10,14 +10,18 @@ const DefaultResourceQuotaName = "default-resource-quota"
 
 // SnapshotLimit caps the total snapshot size in a namespace and per VM.
 type SnapshotLimit struct {
-	// The rule skips a value that is no quantity: the schema's pattern
-	// refuses it already, and quantity() would add a second, confusing error.
+	// The rule skips a value that is no quantity: the isQuantity rule
+	// k8s/codegen.sh gives every quantity (internal/crdquantity) refuses it
+	// already, and quantity() would add a second, confusing error.
 
 	// NamespaceTotalSnapshotSizeQuota caps the size of all snapshots of the
 	// namespace's volumes, for example 100Gi; unset means no cap.
 	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || !quantity(string(self)).isLessThan(quantity('0'))",message="must not be negative"
 	NamespaceTotalSnapshotSizeQuota *resource.Quantity `json:"namespaceTotalSnapshotSizeQuota,omitempty"`
-	// VMTotalSnapshotSizeQuota caps the size of each VM's snapshots, keyed by VM name.
+	// VMTotalSnapshotSizeQuota caps the size of each VM's snapshots, keyed by
+	// VM name, for example vm1: 20Gi. At most 4096 VMs: without a bound the
+	// API server refuses the rule on the values as too costly.
+	// +kubebuilder:validation:MaxProperties=4096
 	VMTotalSnapshotSizeQuota map[string]resource.Quantity `json:"vmTotalSnapshotSizeQuota,omitempty"`
 }
 

@@ -198,7 +198,11 @@ type VolumeStatus struct {
 	// CurrentSize is the size the replicas have now, in bytes; it lags
 	// spec.size until an expansion completes.
 	CurrentSize int64 `json:"currentSize,omitempty"`
-	// ActualSize is the space the volume's data takes on one replica, in bytes.
+	// ActualSize is the space the volume's data takes on one replica, in
+	// bytes: every layer of its chain (the head, its snapshots, and removed
+	// snapshots not yet purged), as the data plane last reported it. It
+	// keeps its last value while the volume is detached. A backing image is
+	// not counted: one copy of it serves every volume on the disk.
 	ActualSize int64 `json:"actualSize,omitempty"`
 	// FrontendEndpoint is where the attached volume is served, for example nbd://127.0.0.1:10809/v1.
 	FrontendEndpoint string `json:"frontendEndpoint,omitempty"`
@@ -225,6 +229,7 @@ type VolumeStatus struct {
 // +kubebuilder:printcolumn:name="Robustness",type=string,JSONPath=`.status.robustness`
 // +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.spec.numberOfReplicas`
 // +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.spec.size`
+// +kubebuilder:printcolumn:name="Actual",type=integer,JSONPath=`.status.actualSize`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.currentNodeID`
 // +kubebuilder:printcolumn:name="Clone",type=string,JSONPath=`.status.cloneStatus.state`
 // +kubebuilder:printcolumn:name="Clone%",type=integer,JSONPath=`.status.cloneStatus.progress`

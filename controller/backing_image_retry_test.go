@@ -1,0 +1,172 @@
+package controller
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/strata-storage/strata/datastore/dstest"
+	"github.com/strata-storage/strata/internal/imagefile"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+// fetchEnv is a manager on node-1 whose disk (a temp dir) is the first-copy
+// disk of img, a download at generation 2 (owned by node-2, so only the
+// local copy is driven here).
+func fetchEnv(t *testing.T, mut ...func(*v1beta1.BackingImage)) (*dstest.Env, *BackingImageController, *record.FakeRecorder) {
+	t.Helper()
+	node := readyDiskNode("node-1")
+	node.Spec.Disks["disk-1"] = v1beta1.DiskSpec{Path: t.TempDir(), AllowScheduling: true}
+	bi := testImage(map[string]v1beta1.BackingImageState{"uuid-node-1": v1beta1.BackingImageStateInProgress},
+		append([]func(*v1beta1.BackingImage){func(bi *v1beta1.BackingImage) {
+			bi.Generation, bi.Status.OwnerID, bi.Status.FirstCopyDisk, bi.Status.Checksum = 2, "node-2", "uuid-node-1", ""
+			bi.Spec.SourceParameters[v1beta1.BackingImageParameterURL] = "http://127.0.0.1:1/img.raw" // refused at once
+			bi.Status.DiskFileStatusMap["uuid-node-1"].Message = jobDownloading
+		}}, mut...)...)
+	env := dstest.New(t, []runtime.Object{node, readyDiskNode("node-2"), cleanupWait("60"), bi},
+		[]runtime.Object{testLease("node-1", 0), testLease("node-2", 0)})
+	rec := record.NewFakeRecorder(20)
+	c, err := NewBackingImageController(logrus.New(), env.DS, rec, "node-1", newFakeConnector(nil), 1<<30)
+	require.NoError(t, err)
+	return env, c, rec
+}
+
+var fetchKey = fileJobKey{"uid-img", "uuid-node-1"}
+
+// finishJob makes the copy's job of kind have ended with err.
+func finishJob(c *BackingImageController, kind string, err error) {
+	c.files.mu.Lock()
+	defer c.files.mu.Unlock()
+	c.files.jobs[fetchKey] = &fileJob{kind: kind, done: true, err: err, generation: 2}
+}
+
+func mustErr(_ imagefile.Format, err error) error { return err }
+
+// A failure of the source's bytes is for good: the copy is failed, its
+// message says it is not retried, and nothing is scheduled; any other
+// failure is retried after a back-off. The typed error decides, not the
+// text: a peer's bad copy also says "checksum mismatch" and is retried.
+func TestBackingImageFailureIsPermanentOrRetried(t *testing.T) {
+	mismatch := fmt.Errorf("%w: spec.checksum is ab, the image's raw data has SHA-512 cd", imagefile.ErrChecksumMismatch)
+	tests := []struct {
+		name string
+		kind string // default downloading
+		err  error
+		hint string // "" retried; else how the message ends
+	}{
+		{name: "checksum mismatch of the source", err: mismatch, hint: notRetried},
+		{name: "checksum mismatch of an upload: the right bytes are asked for", kind: jobUploading, err: mismatch,
+			hint: notRetriedUpload},
+		{name: "a refused format", err: mustErr(imagefile.DetectFormat([]byte("KDMV"))), hint: notRetried},
+		{name: "a network error", err: errors.New("GET http://x/img.raw: connection refused")},
+		{name: "an HTML page, maybe a passing error page", err: mustErr(imagefile.DetectFormat([]byte("<html>")))},
+		{name: "a damaged copy from a peer", err: errors.New("checksum mismatch: the image's checksum is ab, the copy's SHA-512 is cd; the copy was removed")},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			env, c, rec := fetchEnv(t)
+			kind := cmp.Or(tc.kind, jobDownloading)
+			finishJob(c, kind, tc.err)
+			require.NoError(t, c.sync(context.Background(), testNS+"/img"))
+
+			st := imageSpec(t, env).Status.DiskFileStatusMap["uuid-node-1"]
+			assert.Equal(t, v1beta1.BackingImageStateFailed, st.State)
+			assert.EqualValues(t, 1, st.Attempts)
+			want := kind + ": " + tc.err.Error()
+			if tc.hint != "" {
+				want += "; " + tc.hint
+			}
+			assert.Equal(t, want, st.Message)
+			gen, forGood := c.files.failedForGoodAt(fetchKey)
+			assert.Equal(t, tc.hint != "", forGood, "failed for good")
+			if forGood {
+				assert.EqualValues(t, 2, gen, "at the generation the job ran at")
+			}
+			events := drainEvents(rec)
+			require.Equal(t, []string{"Warning CopyFailed"}, events)
+		})
+	}
+}
+
+// holdFailed: a copy failed for good waits until the spec's generation
+// moves, then goes at once; any other failed copy waits out its back-off.
+func TestBackingImageHoldFailed(t *testing.T) {
+	failedAt := dstest.Now.Add(-3 * time.Second).Format(time.RFC3339) // the first back-off is 5 s
+	tests := []struct {
+		name       string
+		forGoodAt  int64 // 0: not failed for good
+		generation int64
+		now        time.Time
+		wantHold   bool
+	}{
+		{name: "for good, same spec", forGoodAt: 2, generation: 2, now: dstest.Now.Add(time.Hour), wantHold: true},
+		{name: "for good, the spec changed: at once", forGoodAt: 2, generation: 3, now: dstest.Now, wantHold: false},
+		{name: "retryable, within the back-off", generation: 2, now: dstest.Now, wantHold: true},
+		{name: "retryable, the back-off over", generation: 2, now: dstest.Now.Add(3 * time.Second), wantHold: false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, c, _ := fetchEnv(t)
+			if tc.forGoodAt > 0 {
+				c.files.markFailedForGood(fetchKey, tc.forGoodAt)
+			}
+			bi := testImage(nil, func(bi *v1beta1.BackingImage) { bi.Generation = tc.generation })
+			s := &imageSync{BackingImageController: c, key: testNS + "/img", bi: bi, now: tc.now}
+			st := &v1beta1.BackingImageDiskFileStatus{State: v1beta1.BackingImageStateFailed, Attempts: 1, LastStateTransitionTime: failedAt}
+			assert.Equal(t, tc.wantHold, s.holdFailed(fetchKey, st))
+			_, still := c.files.failedForGoodAt(fetchKey)
+			assert.Equal(t, tc.forGoodAt > 0 && tc.wantHold, still, "the record is dropped once the spec moved")
+		})
+	}
+}
+
+// End to end on one manager: after a checksum mismatch the next syncs start
+// nothing and write nothing, however late; a spec change fetches again.
+func TestBackingImageChecksumMismatchNotRetried(t *testing.T) {
+	env, c, rec := fetchEnv(t)
+	ctx, key := context.Background(), testNS+"/img"
+	waitCache := func(cond func(*v1beta1.BackingImage) bool) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			b, err := env.DS.BackingImages.GetRO("img")
+			return err == nil && cond(b)
+		}, 5*time.Second, 5*time.Millisecond)
+	}
+	finishJob(c, jobDownloading, fmt.Errorf("%w: spec.checksum is ab, the image's raw data has SHA-512 cd", imagefile.ErrChecksumMismatch))
+	require.NoError(t, c.sync(ctx, key))
+	waitCache(func(b *v1beta1.BackingImage) bool {
+		return b.Status.DiskFileStatusMap["uuid-node-1"].State == v1beta1.BackingImageStateFailed
+	})
+	drainEvents(rec)
+
+	env.Clock.Step(time.Hour) // far past any back-off
+	env.ClearActions()
+	require.NoError(t, c.sync(ctx, key))
+	assert.Empty(t, writes(env.Strata.Actions()), "nothing to write")
+	assert.Empty(t, drainEvents(rec), "no event")
+	_, started := c.files.get(fetchKey)
+	assert.False(t, started, "no transfer started")
+
+	bi := imageSpec(t, env)
+	bi.Generation, bi.Spec.MinNumberOfCopies = 3, 2
+	_, err := env.Strata.StrataV1beta1().BackingImages(testNS).Update(ctx, bi, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	waitCache(func(b *v1beta1.BackingImage) bool { return b.Generation == 3 })
+	require.NoError(t, c.sync(ctx, key))
+	job, started := c.files.get(fetchKey)
+	require.True(t, started, "the spec changed: fetched again")
+	assert.Equal(t, jobDownloading, job.kind)
+	assert.Equal(t, v1beta1.BackingImageStateInProgress, imageSpec(t, env).Status.DiskFileStatusMap["uuid-node-1"].State)
+	require.Eventually(t, func() bool { j, _ := c.files.get(fetchKey); return j.done }, 10*time.Second, 10*time.Millisecond,
+		"the refused download ends")
+}
