@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -31,6 +32,8 @@ type config struct {
 	runLocal, managerBin string
 	samples              int
 	keep                 bool
+	size                 string
+	fillMiB              int
 }
 
 // Main is scripts/bench-pod-start.
@@ -40,6 +43,8 @@ func Main() {
 	flag.StringVar(&cfg.managerBin, "manager-bin", "bin/strata-manager", "the strata-manager binary")
 	flag.IntVar(&cfg.samples, "samples", 3, "Pods per kind of claim")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the run directory (logs) afterwards")
+	flag.StringVar(&cfg.size, "size", "1Gi", "size of every claim")
+	flag.IntVar(&cfg.fillMiB, "fill-mib", 64, "MiB the source claim's Pod writes (an init container) before it is snapshotted and cloned")
 	flag.Parse()
 	log := logrus.New()
 	log.SetFormatter(&logrus.TextFormatter{FullTimestamp: true, TimestampFormat: "15:04:05"})
@@ -55,7 +60,14 @@ func run(ctx context.Context, log *logrus.Logger, cfg config) (err error) {
 	if cfg.samples < 1 {
 		return fmt.Errorf("-samples: at least 1, got %d", cfg.samples)
 	}
-	runDir, err := os.MkdirTemp("", "strata-bench-pod-start-")
+	size, err := resource.ParseQuantity(cfg.size)
+	if err != nil {
+		return fmt.Errorf("-size: not a quantity such as 1Gi: %w", err)
+	}
+	if cfg.fillMiB < 0 || int64(cfg.fillMiB)<<20 > size.Value() {
+		return fmt.Errorf("-fill-mib: between 0 and the claim's size, got %d", cfg.fillMiB)
+	}
+	runDir, err := os.MkdirTemp("", "bps-") // short: unix socket paths live under it
 	if err != nil {
 		return err
 	}
@@ -80,24 +92,26 @@ func run(ctx context.Context, log *logrus.Logger, cfg config) (err error) {
 			log.WithError(stopErr).Warn("stopping run-local")
 		}
 	}()
-	clusterDir := filepath.Join(runDir, "cluster")
+	clusterDir := filepath.Join(runDir, "c")
 	rc, err := clientcmd.BuildConfigFromFlags("", filepath.Join(clusterDir, "admin.kubeconfig"))
 	if err != nil {
 		return err
 	}
 	rc.QPS, rc.Burst = 100, 200
 	b := &bench{log: log, kube: kubernetes.NewForConfigOrDie(rc), dyn: dynamic.NewForConfigOrDie(rc),
-		logsDir: filepath.Join(clusterDir, "logs")}
+		logsDir: filepath.Join(clusterDir, "logs"), size: size, fillMiB: cfg.fillMiB}
 	results, err := b.runAll(ctx, cfg.samples)
 	if err != nil {
 		return err
 	}
+	fmt.Printf("\nclaims of %s; the source claim's Pod wrote %d MiB before the snapshot and the clones\n", cfg.size, cfg.fillMiB)
 	printTable(os.Stdout, results)
 	return nil
 }
 
-// runAll measures samples Pods of each kind, one at a time: a new claim
-// first (the source of the others), then restores and clones of it.
+// runAll first starts the source claim's Pod (which fills it; not in the
+// table), snapshots it, then measures samples Pods of each kind, one at a
+// time: new claims, restores of the snapshot, clones of the source claim.
 func (b *bench) runAll(ctx context.Context, samples int) ([]*sample, error) {
 	if err := b.setup(ctx); err != nil {
 		return nil, err
@@ -106,20 +120,23 @@ func (b *bench) runAll(ctx context.Context, samples int) ([]*sample, error) {
 	if err != nil {
 		return nil, err
 	}
+	src, err := b.measure(ctx, w, kindNew, sourceClaim)
+	if err != nil {
+		return nil, fmt.Errorf("the source claim: %w", err)
+	}
+	b.log.WithField("running", src.at(stepRunning).Round(time.Millisecond)).Info("Source Pod running (filled, not in the table)")
+	if err := b.snapshotSource(ctx); err != nil {
+		return nil, err
+	}
 	var out []*sample
 	for _, kind := range []claimKind{kindNew, kindRestore, kindClone} {
 		for i := 1; i <= samples; i++ {
-			s, err := b.measure(ctx, w, kind, i)
+			s, err := b.measure(ctx, w, kind, fmt.Sprintf("%s-%d", kindPrefix[kind], i))
 			if err != nil {
 				return nil, fmt.Errorf("%s %d: %w", kind, i, err)
 			}
 			b.log.WithFields(logrus.Fields{"kind": kind, "sample": i, "running": s.at(stepRunning).Round(time.Millisecond)}).Info("Pod running")
 			out = append(out, s)
-		}
-		if kind == kindNew {
-			if err := b.snapshotSource(ctx); err != nil {
-				return nil, err
-			}
 		}
 	}
 	return out, nil

@@ -26,7 +26,7 @@ func startRunLocal(ctx context.Context, log logrus.FieldLogger, runLocal, manage
 	if err := os.MkdirAll(runDir, 0o755); err != nil {
 		return nil, err
 	}
-	p, err := localcluster.StartProcess("run-local", out, runLocal, "--manager-bin", managerBin, "--run-dir", filepath.Join(runDir, "cluster"))
+	p, err := localcluster.StartProcess("run-local", out, runLocal, "--manager-bin", managerBin, "--run-dir", filepath.Join(runDir, "c"))
 	if err != nil {
 		return nil, err
 	}

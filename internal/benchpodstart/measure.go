@@ -32,6 +32,9 @@ const (
 	kindClone   claimKind = "cloned claim"
 )
 
+// kindPrefix names a kind's claims and Pods.
+var kindPrefix = map[claimKind]string{kindNew: "new", kindRestore: "restore", kindClone: "clone"}
+
 // The steps of a Pod's start, in order, as seen through watches.
 type step int
 
@@ -69,11 +72,12 @@ type bench struct {
 	kube    kubernetes.Interface
 	dyn     dynamic.Interface
 	logsDir string
+	size    resource.Quantity
+	fillMiB int
 }
 
 const (
 	sourceClaim   = "source"
-	claimSize     = "64Mi"
 	sourceSnap    = "source-snap"
 	sampleTimeout = 3 * time.Minute
 )
@@ -174,11 +178,7 @@ func (b *bench) watch(ctx context.Context) (*watcher, error) {
 
 // measure applies a claim of the kind and a Pod on it, as one kubectl
 // apply would, and waits for the Pod to run.
-func (b *bench) measure(ctx context.Context, w *watcher, kind claimKind, i int) (*sample, error) {
-	name := fmt.Sprintf("%s-%d", map[claimKind]string{kindNew: "new", kindRestore: "restore", kindClone: "clone"}[kind], i)
-	if kind == kindNew && i == 1 {
-		name = sourceClaim
-	}
+func (b *bench) measure(ctx context.Context, w *watcher, kind claimKind, name string) (*sample, error) {
 	s := &sample{kind: kind, pvc: name}
 	w.mu.Lock()
 	w.claims[name] = s
@@ -209,7 +209,7 @@ func (b *bench) apply(ctx context.Context, kind claimKind, name string) error {
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: benchNamespace},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(claimSize)}},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: b.size}},
 		},
 	}
 	switch kind {
@@ -231,6 +231,13 @@ func (b *bench) apply(ctx context.Context, kind claimKind, name string) error {
 			Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
 				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: name}}}},
 		},
+	}
+	if name == sourceClaim && b.fillMiB > 0 {
+		// Written before the Pod runs, so the snapshot taken once it runs
+		// holds all of it.
+		pod.Spec.InitContainers = []corev1.Container{{Name: "fill", Image: images.WorkloadRef,
+			Command:      []string{"sh", "-c", fmt.Sprintf("dd if=/dev/urandom of=/data/fill bs=1M count=%d && sync", b.fillMiB)},
+			VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}}}
 	}
 	_, err := b.kube.CoreV1().Pods(benchNamespace).Create(ctx, pod, metav1.CreateOptions{})
 	return err

@@ -85,6 +85,12 @@ func run(log *logrus.Logger, managerBin, runDir string, nodes int, kubelets bool
 	if runDir, err = filepath.Abs(runDir); err != nil {
 		return err
 	}
+	// The CSI node plugin's registration socket is the deepest path under
+	// the run directory; a unix socket path holds at most 107 bytes.
+	if deepest := filepath.Join(runDir, "kubelets", "127.0.0.255", "kubelet", "plugins_registry", "driver.strata.io-reg.sock"); len(deepest) > 107 {
+		return fmt.Errorf("--run-dir %s: too long by %d bytes for the unix sockets under it (such as %s); use a shorter path",
+			runDir, len(deepest)-107, deepest)
+	}
 	unlock, err := lockRunDir(runDir)
 	if err != nil {
 		return err
