@@ -126,11 +126,16 @@ func (s *imageSync) driveCopy(disk, diskPath string, st *v1beta1.BackingImageDis
 // until the image's spec changes (then it is tried at once), any other
 // until its back-off is over.
 func (s *imageSync) holdFailed(k fileJobKey, st *v1beta1.BackingImageDiskFileStatus) bool {
-	if gen, ok := s.files.failedForGoodAt(k); ok {
+	gen, ok := s.files.failedForGoodAt(k)
+	if !ok && st.FailedGeneration > 0 { // failed for good before this process started
+		gen, ok = st.FailedGeneration, true
+	}
+	if ok {
 		if gen == s.bi.Generation {
 			return true
 		}
 		s.files.forgetFailure(k)
+		st.FailedGeneration = 0
 		return false
 	}
 	if wait := s.retryWait(st); wait > 0 {
@@ -169,7 +174,7 @@ func (s *imageSync) recordJob(disk string, st *v1beta1.BackingImageDiskFileStatu
 	if st.State != v1beta1.BackingImageStateReady {
 		s.recorder.Eventf(s.bi, corev1.EventTypeNormal, EventReasonBackingImageReady, "the copy on disk %s is ready (%s)", disk, job.kind)
 	}
-	st.Attempts = 0
+	st.Attempts, st.FailedGeneration = 0, 0
 	setFileState(st, v1beta1.BackingImageStateReady, 100, "", s.now)
 	return nil
 }
@@ -207,6 +212,7 @@ func (s *imageSync) recordFailure(k fileJobKey, st *v1beta1.BackingImageDiskFile
 	log := s.logger.WithFields(logrus.Fields{"backingImage": s.bi.Name, "disk": k.disk, "attempt": st.Attempts}).WithError(job.err)
 	if permanentCopyError(job.err) {
 		s.files.markFailedForGood(k, job.generation)
+		st.FailedGeneration = job.generation // survives a manager restart
 		msg += "; " + notRetriedHint(job.kind)
 		setFileState(st, v1beta1.BackingImageStateFailed, 0, msg, s.now)
 		s.recorder.Eventf(s.bi, corev1.EventTypeWarning, EventReasonBackingImageFailed, "disk %s: %s", k.disk, msg)

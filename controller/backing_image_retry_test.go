@@ -156,6 +156,15 @@ func TestBackingImageChecksumMismatchNotRetried(t *testing.T) {
 	assert.Empty(t, drainEvents(rec), "no event")
 	_, started := c.files.get(fetchKey)
 	assert.False(t, started, "no transfer started")
+	assert.EqualValues(t, imageSpec(t, env).Generation, imageSpec(t, env).Status.DiskFileStatusMap["uuid-node-1"].FailedGeneration,
+		"the status keeps the generation that failed")
+
+	// A restarted manager knows the failure only from the status: still held.
+	c.files.forgetFailure(fetchKey)
+	require.NoError(t, c.sync(ctx, key))
+	assert.Empty(t, writes(env.Strata.Actions()), "nothing to write after a restart")
+	_, started = c.files.get(fetchKey)
+	assert.False(t, started, "no transfer started after a restart")
 
 	bi := imageSpec(t, env)
 	bi.Generation, bi.Spec.MinNumberOfCopies = 3, 2

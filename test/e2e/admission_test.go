@@ -169,7 +169,7 @@ func TestAdmissionValues(t *testing.T) {
 	t.Run("size: abc is one clear error", func(t *testing.T) {
 		out, err := kubectlIn(t, manifest("abc"), "create", "-f", "-")
 		require.Error(t, err, out)
-		assert.Contains(t, out, `spec.size: Invalid value: "abc": spec.size in body should match`)
+		assert.Contains(t, out, `spec.size: Invalid value: "abc": not a quantity such as 10Gi`)
 		assert.NotContains(t, out, "evaluating rule", "no second, confusing rule failure")
 		assert.Equal(t, 1, strings.Count(out, "Invalid value:"), "one error: %s", out)
 	})

@@ -62,6 +62,11 @@ type BackingImageDiskFileStatus struct {
 	Attempts int32 `json:"attempts,omitempty"`
 	// LastStateTransitionTime is the RFC 3339 time State last changed.
 	LastStateTransitionTime string `json:"lastStateTransitionTime,omitempty"`
+	// FailedGeneration is the image's metadata.generation at which this
+	// copy failed for good (a checksum mismatch, a format Strata refuses):
+	// it is not tried again until the generation moves. 0 otherwise. At least 0.
+	// +kubebuilder:validation:Minimum=0
+	FailedGeneration int64 `json:"failedGeneration,omitempty"`
 }
 
 // BackingImageSpec is the desired state of a backing image.
