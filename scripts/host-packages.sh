@@ -46,8 +46,14 @@ if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
 fi
 echo "strata: installing Debian packages ${missing_pkgs[*]} (missing: ${missing_files[*]})" >&2
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing_pkgs[@]}" >&2
+# apt's and dpkg's chatter goes to a log, shown only if they fail.
+apt_log=$(mktemp)
+trap 'rm -f "$apt_log"' EXIT
+if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing_pkgs[@]}"; } >"$apt_log" 2>&1; then
+  cat "$apt_log" >&2
+  echo "strata: apt-get install ${missing_pkgs[*]} failed" >&2
+  exit 1
+fi
 installed="${missing_pkgs[*]}"
 find_missing
 if [ ${#missing_files[@]} -gt 0 ]; then

@@ -102,3 +102,12 @@ func TestHostPackagesWrongFileInList(t *testing.T) {
 	require.Error(t, err, got)
 	assert.Contains(t, got, "but /no/such/fio-file still missing")
 }
+
+// A package apt cannot install stops the script with apt's own words.
+func TestHostPackagesAptFailure(t *testing.T) {
+	requireAptRoot(t)
+	got, err := runScript(t, "node no-such-package-strata /no/such/file\n", "")
+	require.Error(t, err, got)
+	assert.Contains(t, got, "no-such-package-strata", "apt's output is shown")
+	assert.Contains(t, got, "strata: apt-get install no-such-package-strata failed")
+}
