@@ -70,8 +70,10 @@ func writeError(w http.ResponseWriter, err error) {
 		code = http.StatusConflict
 	case errors.Is(err, controller.ErrImageNotReady):
 		code = http.StatusServiceUnavailable
-	case errors.Is(err, controller.ErrImageTooLarge):
+	case errors.Is(err, controller.ErrImageTooLarge), errors.Is(err, imagefile.ErrLimitExceeded):
 		code = http.StatusRequestEntityTooLarge
+	case errors.Is(err, imagefile.ErrNotAnImage), errors.Is(err, imagefile.ErrChecksumMismatch):
+		code = http.StatusUnprocessableEntity // the bytes sent are the problem, not the server
 	case errors.Is(err, context.Canceled):
 		code = http.StatusServiceUnavailable
 	}

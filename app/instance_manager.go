@@ -31,17 +31,26 @@ func InstanceManagerCommand() *cli.Command {
 				Usage: "IP replicas serve engines on; must be reachable from other nodes"},
 			&cli.StringFlag{Name: "state-dir", Required: true,
 				Usage: "directory for the instance manager's own state (the replicas to reopen after a restart)"},
+			&cli.StringSliceFlag{Name: "disk-path", Required: true,
+				Usage: "a directory the instance manager may keep replica data in and read backing images from: a disk " +
+					"of the node, or a directory holding its disks; repeat for more. Paths in requests outside every one are refused"},
+			&cli.StringSliceFlag{Name: "backup-path",
+				Usage: "a directory file:// backup targets may lie in (an NFS mount); repeat for more. None: file:// targets are refused"},
 			&cli.DurationFlag{Name: "size-report-interval", Value: imserver.DefaultSizeReportInterval,
 				Usage: "how often engines' snapshot sizes, which grow with writes, are re-read and published if changed (0 or negative: never)"},
 		},
 		Action: func(ctx context.Context, cmd *cli.Command) error {
-			return runInstanceManager(ctx, cmd.String("listen"), cmd.String("nbd-listen"), cmd.String("data-host"), cmd.String("state-dir"),
-				cmd.Duration("size-report-interval"))
+			return runInstanceManager(ctx, cmd.String("listen"), cmd.String("nbd-listen"), imserver.Options{
+				DataHost: cmd.String("data-host"), StateDir: cmd.String("state-dir"),
+				DiskPaths: cmd.StringSlice("disk-path"), BackupPaths: cmd.StringSlice("backup-path"),
+				SizeReportInterval: cmd.Duration("size-report-interval")})
 		},
 	}
 }
 
-func runInstanceManager(parent context.Context, listen, nbdListen, dataHost, stateDir string, sizeReportInterval time.Duration) error {
+// runInstanceManager serves opts' instance manager; NBDAddress and Log are
+// filled in here.
+func runInstanceManager(parent context.Context, listen, nbdListen string, opts imserver.Options) error {
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	log := logrus.WithField("component", "instance-manager")
@@ -55,11 +64,11 @@ func runInstanceManager(parent context.Context, listen, nbdListen, dataHost, sta
 		grpcL.Close()
 		return fmt.Errorf("--nbd-listen %s: %w", nbdListen, err)
 	}
-	if sizeReportInterval == 0 {
-		sizeReportInterval = -1 // 0 would mean the default to imserver; here it means off
+	if opts.SizeReportInterval == 0 {
+		opts.SizeReportInterval = -1 // 0 would mean the default to imserver; here it means off
 	}
-	srv, err := imserver.New(imserver.Options{StateDir: stateDir, DataHost: dataHost,
-		NBDAddress: nbdL.Addr().String(), SizeReportInterval: sizeReportInterval, Log: log})
+	opts.NBDAddress, opts.Log = nbdL.Addr().String(), log
+	srv, err := imserver.New(opts)
 	if err != nil {
 		grpcL.Close()
 		nbdL.Close()
@@ -74,7 +83,8 @@ func runInstanceManager(parent context.Context, listen, nbdListen, dataHost, sta
 	errc := make(chan error, 2)
 	go func() { errc <- gs.Serve(grpcL) }()
 	go func() { errc <- srv.ServeNBD(nbdL) }()
-	log.WithFields(logrus.Fields{"grpc": grpcL.Addr().String(), "nbd": nbdL.Addr().String()}).Info("Instance manager is running")
+	log.WithFields(logrus.Fields{"grpc": grpcL.Addr().String(), "nbd": nbdL.Addr().String(),
+		"disks": opts.DiskPaths, "backupPaths": opts.BackupPaths}).Info("Instance manager is running")
 
 	var runErr error
 	select {

@@ -39,8 +39,10 @@ func NewBackingImageController(logger logrus.FieldLogger, ds *datastore.DataStor
 	controllerID string, dataPlane engineapi.Connector, uploadLimit int64) (*BackingImageController, error) {
 	c := &BackingImageController{
 		baseController: newBaseController("strata-backing-image", controllerID, logger, ds, recorder),
-		// No overall timeout: an image may take hours; a stalled peer is
-		// caught by the transport's header timeout and a cancelled job.
+		// For copies from peers only (a download from the image's URL has
+		// its own client: imagefile.DownloadPolicy). No overall timeout: an
+		// image may take hours; a stalled peer is caught by the
+		// transport's header timeout and a cancelled job.
 		httpClient:  &http.Client{Transport: &http.Transport{Proxy: http.ProxyFromEnvironment, ResponseHeaderTimeout: time.Minute}},
 		uploadLimit: uploadLimit,
 	}
@@ -97,7 +99,11 @@ func NewBackingImageController(logger logrus.FieldLogger, ds *datastore.DataStor
 		return nil, err
 	}
 	if _, err := ds.Settings.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: onUpdate(func(_, st *v1beta1.Setting) {
+		UpdateFunc: onUpdate(func(o, st *v1beta1.Setting) {
+			if isBackingImageLimitSetting(st.Name) && o.Value != st.Value {
+				c.files.noteLimitSettingsChanged(c.ds.Clock.Now())
+				c.enqueueAll()
+			}
 			if st.Name == string(types.SettingBackingImageCleanupWaitInterval) {
 				c.enqueueAll()
 			}

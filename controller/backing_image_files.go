@@ -74,7 +74,10 @@ type fileJobs struct {
 	// memory: a restarted manager tries such a copy once more, after the
 	// back-off, and then knows again.
 	failedForGood map[fileJobKey]int64
-	runCtx        context.Context
+	// limitsChangedAt is when a backing image limit setting last changed
+	// (backing_image_limits.go): failures for good before it get a new try.
+	limitsChangedAt time.Time
+	runCtx          context.Context
 	// changed is told the image whose job moved (progress or end).
 	changed func(image k8stypes.UID)
 }

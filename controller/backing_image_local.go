@@ -111,7 +111,7 @@ func (s *imageSync) driveCopy(disk, diskPath string, st *v1beta1.BackingImageDis
 		}
 		// Found, not read by this process: check it once before trusting it.
 		s.startJob(k, jobVerifying, func(ctx context.Context, _ jobReport) (imagefile.Result, error) {
-			return imagefile.Result{}, verifyCopy(file, s.bi.Status.Checksum)
+			return imagefile.Result{}, verifyCopy(ctx, file, s.bi.Status.Checksum)
 		})
 		if st.State != v1beta1.BackingImageStateReady {
 			setFileState(st, v1beta1.BackingImageStateInProgress, 0, jobVerifying, s.now)
@@ -123,15 +123,15 @@ func (s *imageSync) driveCopy(disk, diskPath string, st *v1beta1.BackingImageDis
 }
 
 // holdFailed tells whether a failed copy waits: one that failed for good
-// until the image's spec changes (then it is tried at once), any other
-// until its back-off is over.
+// until the image's spec or a limit setting changes (then it is tried at
+// once), any other until its back-off is over.
 func (s *imageSync) holdFailed(k fileJobKey, st *v1beta1.BackingImageDiskFileStatus) bool {
 	gen, ok := s.files.failedForGoodAt(k)
 	if !ok && st.FailedGeneration > 0 { // failed for good before this process started
 		gen, ok = st.FailedGeneration, true
 	}
 	if ok {
-		if gen == s.bi.Generation {
+		if gen == s.bi.Generation && !s.files.limitsChangedSince(st.LastStateTransitionTime) {
 			return true
 		}
 		s.files.forgetFailure(k)
@@ -188,20 +188,16 @@ const (
 	notRetriedUpload = "upload the right image again"
 )
 
-func notRetriedHint(kind string) string {
-	if kind == jobUploading {
-		return notRetriedUpload
-	}
-	return notRetried
-}
-
 // permanentCopyError: the source's bytes themselves are wrong (not the
-// checksum asked for, not a disk image Strata takes). Fetching them again
-// gives the same answer, so such a copy is not retried with back-off
-// (issue 23: a checksum mismatch was refetched every few minutes for ever);
-// a network error, a full disk, a stopped peer are retried.
+// checksum asked for, not a disk image Strata takes, larger than a cap) or
+// its URL leads where downloads may not go. Fetching it again gives the
+// same answer, so such a copy is not retried with back-off (issue 23: a
+// checksum mismatch was refetched every few minutes for ever; issue 24: a
+// decompression bomb would be unpacked to the cap again each time); a
+// network error, a stalled server, a full disk, a stopped peer are retried.
 func permanentCopyError(err error) bool {
-	return errors.Is(err, imagefile.ErrChecksumMismatch) || errors.Is(err, imagefile.ErrNotAnImage)
+	return errors.Is(err, imagefile.ErrChecksumMismatch) || errors.Is(err, imagefile.ErrNotAnImage) ||
+		errors.Is(err, imagefile.ErrLimitExceeded) || errors.Is(err, imagefile.ErrAddressRefused)
 }
 
 // recordFailure marks the copy failed: for good (held until the image's
@@ -213,10 +209,13 @@ func (s *imageSync) recordFailure(k fileJobKey, st *v1beta1.BackingImageDiskFile
 	if permanentCopyError(job.err) {
 		s.files.markFailedForGood(k, job.generation)
 		st.FailedGeneration = job.generation // survives a manager restart
-		msg += "; " + notRetriedHint(job.kind)
+		msg += "; " + notRetriedHint(job.kind, job.err)
 		setFileState(st, v1beta1.BackingImageStateFailed, 0, msg, s.now)
 		s.recorder.Eventf(s.bi, corev1.EventTypeWarning, EventReasonBackingImageFailed, "disk %s: %s", k.disk, msg)
-		log.Warn("Backing image copy failed for good; not retried until the image's spec changes")
+		if name := limitSetting(job.err); name != "" {
+			log = log.WithField("setting", name)
+		}
+		log.Warn("Backing image copy failed for good; not retried until the image's spec (or the setting named) changes")
 		return
 	}
 	setFileState(st, v1beta1.BackingImageStateFailed, 0, msg, s.now)
@@ -257,7 +256,7 @@ func (s *imageSync) startTransfer(k fileJobKey, diskPath string, st *v1beta1.Bac
 				return imagefile.Result{}, err
 			}
 			err := imagefile.CopyFile(ctx, src.localPath, file, func(d, t int64) { report(percent(d, t)) })
-			return imagefile.Result{}, errors.Join(err, checkCopy(err, file, want))
+			return imagefile.Result{}, errors.Join(err, checkCopy(ctx, err, file, want))
 		}
 	case src.url != "":
 		kind = "copying from disk " + src.disk + " of node " + src.node
@@ -266,7 +265,7 @@ func (s *imageSync) startTransfer(k fileJobKey, diskPath string, st *v1beta1.Bac
 				return imagefile.Result{}, err
 			}
 			err := imagefile.FetchExtents(ctx, s.httpClient, src.url, file, func(d, t int64) { report(percent(d, t)) })
-			return imagefile.Result{}, errors.Join(err, checkCopy(err, file, want))
+			return imagefile.Result{}, errors.Join(err, checkCopy(ctx, err, file, want))
 		}
 	default: // the source itself: only a download is fetched; an upload arrives
 		kind = jobDownloading
@@ -282,17 +281,29 @@ func (s *imageSync) startTransfer(k fileJobKey, diskPath string, st *v1beta1.Bac
 }
 
 // download fetches url into dir's source.part (resuming what a killed
-// manager left), then prepares the raw image beside it. A part file that
+// manager or a stalled server left), within the download settings, then
+// prepares the raw image beside it within the size cap. A part file that
 // turned out not to be a usable image goes, so the next try fetches afresh.
 func (s *imageSync) download(ctx context.Context, report jobReport, imageURL, dir, checksum string) (imagefile.Result, error) {
+	policy, err := downloadPolicy(s.ds)
+	if err != nil {
+		return imagefile.Result{}, err
+	}
+	limits, err := imageLimits(s.ds)
+	if err != nil {
+		return imagefile.Result{}, err
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return imagefile.Result{}, err
 	}
 	part := filepath.Join(dir, backingSourcePart)
-	if _, err := imagefile.Download(ctx, s.httpClient, imageURL, part, func(d, t int64) { report(percent(d, t) * 9 / 10) }); err != nil {
+	if _, err := imagefile.Download(ctx, policy, imageURL, part, func(d, t int64) { report(percent(d, t) * 9 / 10) }); err != nil {
+		if permanentCopyError(err) {
+			os.Remove(part) // refused for good: no prefix worth resuming
+		}
 		return imagefile.Result{}, err
 	}
-	res, err := imagefile.Prepare(ctx, part, filepath.Join(dir, backingFileName), checksum)
+	res, err := imagefile.Prepare(ctx, part, filepath.Join(dir, backingFileName), checksum, limits)
 	if err != nil && ctx.Err() == nil {
 		os.Remove(part)
 		return res, err
@@ -304,22 +315,22 @@ func (s *imageSync) download(ctx context.Context, report jobReport, imageURL, di
 }
 
 // checkCopy verifies a finished copy (copyErr nil) against the image's checksum.
-func checkCopy(copyErr error, file, want string) error {
+func checkCopy(ctx context.Context, copyErr error, file, want string) error {
 	if copyErr != nil {
 		return nil
 	}
-	return verifyCopy(file, want)
+	return verifyCopy(ctx, file, want)
 }
 
 // verifyCopy reads the file and compares its SHA-512 with want; a copy that
 // does not match is removed, so it is fetched again rather than used. The
 // error is not imagefile.ErrChecksumMismatch on purpose: the source was
 // already found good, so a bad copy is damage that a new copy repairs.
-func verifyCopy(file, want string) error {
+func verifyCopy(ctx context.Context, file, want string) error {
 	if want == "" {
 		return nil
 	}
-	got, _, err := imagefile.Checksum(file)
+	got, _, err := imagefile.Checksum(ctx, file)
 	if err != nil {
 		return err
 	}

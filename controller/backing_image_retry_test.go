@@ -18,6 +18,7 @@ import (
 	"github.com/strata-storage/strata/datastore/dstest"
 	"github.com/strata-storage/strata/internal/imagefile"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
 )
 
 // fetchEnv is a manager on node-1 whose disk (a temp dir) is the first-copy
@@ -52,6 +53,15 @@ func finishJob(c *BackingImageController, kind string, err error) {
 
 func mustErr(_ imagefile.Format, err error) error { return err }
 
+// refusedDownload is the error of a download to the metadata endpoint: the
+// dialer refuses it before any packet leaves.
+func refusedDownload(t *testing.T) error {
+	_, err := imagefile.Download(context.Background(), imagefile.DownloadPolicy{}, "http://169.254.169.254/latest/",
+		t.TempDir()+"/part", nil)
+	require.ErrorIs(t, err, imagefile.ErrAddressRefused)
+	return err
+}
+
 // A failure of the source's bytes is for good: the copy is failed, its
 // message says it is not retried, and nothing is scheduled; any other
 // failure is retried after a back-off. The typed error decides, not the
@@ -71,6 +81,18 @@ func TestBackingImageFailureIsPermanentOrRetried(t *testing.T) {
 		{name: "a network error", err: errors.New("GET http://x/img.raw: connection refused")},
 		{name: "an HTML page, maybe a passing error page", err: mustErr(imagefile.DetectFormat([]byte("<html>")))},
 		{name: "a damaged copy from a peer", err: errors.New("checksum mismatch: the image's checksum is ab, the copy's SHA-512 is cd; the copy was removed")},
+		{name: "a decompression bomb", err: fmt.Errorf("xz: %w", &imagefile.LimitError{Limit: imagefile.LimitVirtualSize, Max: 1 << 40,
+			Message: "the xz stream decompresses to more than 1168231104512 bytes"}),
+			hint: "not retried until the image's spec or the setting backing-image-max-virtual-size changes"},
+		{name: "a download over its cap", err: &imagefile.LimitError{Limit: imagefile.LimitDownloadSize, Max: 1 << 30,
+			Message: "GET http://x/img: the source is 2Gi"},
+			hint: "not retried until the image's spec or the setting backing-image-download-max-size changes"},
+		{name: "an upload over the virtual size cap", kind: jobUploading, err: &imagefile.LimitError{Limit: imagefile.LimitVirtualSize,
+			Max: 1 << 40, Message: "the qcow2 image's virtual size is 16Ti"},
+			hint: notRetriedUpload + ", or raise the setting backing-image-max-virtual-size"},
+		{name: "a URL to the metadata endpoint", err: refusedDownload(t),
+			hint: "not retried until the image's spec or the setting backing-image-download-allow-local-addresses changes"},
+		{name: "a stalled server", err: errors.New("GET http://x/img: after 5 bytes: no data from the server for 1m0s: stalled")},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -107,8 +129,13 @@ func TestBackingImageHoldFailed(t *testing.T) {
 		forGoodAt  int64 // 0: not failed for good
 		generation int64
 		now        time.Time
+		limitsAt   time.Time // when a limit setting changed; zero: never
 		wantHold   bool
 	}{
+		{name: "for good, a limit setting changed since: at once", forGoodAt: 2, generation: 2, now: dstest.Now,
+			limitsAt: dstest.Now, wantHold: false},
+		{name: "for good, a limit setting changed before the failure", forGoodAt: 2, generation: 2, now: dstest.Now,
+			limitsAt: dstest.Now.Add(-time.Hour), wantHold: true},
 		{name: "for good, same spec", forGoodAt: 2, generation: 2, now: dstest.Now.Add(time.Hour), wantHold: true},
 		{name: "for good, the spec changed: at once", forGoodAt: 2, generation: 3, now: dstest.Now, wantHold: false},
 		{name: "retryable, within the back-off", generation: 2, now: dstest.Now, wantHold: true},
@@ -119,6 +146,9 @@ func TestBackingImageHoldFailed(t *testing.T) {
 			_, c, _ := fetchEnv(t)
 			if tc.forGoodAt > 0 {
 				c.files.markFailedForGood(fetchKey, tc.forGoodAt)
+			}
+			if !tc.limitsAt.IsZero() {
+				c.files.noteLimitSettingsChanged(tc.limitsAt)
 			}
 			bi := testImage(nil, func(bi *v1beta1.BackingImage) { bi.Generation = tc.generation })
 			s := &imageSync{BackingImageController: c, key: testNS + "/img", bi: bi, now: tc.now}
@@ -178,4 +208,49 @@ func TestBackingImageChecksumMismatchNotRetried(t *testing.T) {
 	assert.Equal(t, v1beta1.BackingImageStateInProgress, imageSpec(t, env).Status.DiskFileStatusMap["uuid-node-1"].State)
 	require.Eventually(t, func() bool { j, _ := c.files.get(fetchKey); return j.done }, 10*time.Second, 10*time.Millisecond,
 		"the refused download ends")
+}
+
+// A copy refused by a limit setting (here: a URL on loopback, which
+// downloads may not reach by default) is held like any failure for good;
+// changing that setting gives it a new try at once, without a spec change.
+func TestBackingImageLimitSettingChangeRetries(t *testing.T) {
+	env, c, rec := fetchEnv(t)
+	ctx, key := context.Background(), testNS+"/img"
+	_, err := env.Strata.StrataV1beta1().Settings(testNS).Create(ctx, &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{
+		Name: string(types.SettingBackingImageDownloadAllowLocal), Namespace: testNS}, Value: "false"}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		_, err := env.DS.Settings.GetRO(string(types.SettingBackingImageDownloadAllowLocal))
+		return err == nil
+	}, 5*time.Second, 5*time.Millisecond)
+
+	require.NoError(t, c.sync(ctx, key))
+	require.Eventually(t, func() bool { j, _ := c.files.get(fetchKey); return j.done }, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, c.sync(ctx, key))
+	require.Eventually(t, func() bool {
+		b, err := env.DS.BackingImages.GetRO("img")
+		return err == nil && b.Status.DiskFileStatusMap["uuid-node-1"].State == v1beta1.BackingImageStateFailed
+	}, 5*time.Second, 5*time.Millisecond)
+	st := imageSpec(t, env).Status.DiskFileStatusMap["uuid-node-1"]
+	assert.Contains(t, st.Message, "connecting to 127.0.0.1:1 refused: a loopback address")
+	assert.Contains(t, st.Message, "not retried until the image's spec or the setting backing-image-download-allow-local-addresses changes")
+	drainEvents(rec)
+	require.NoError(t, c.sync(ctx, key))
+	_, started := c.files.get(fetchKey)
+	require.False(t, started, "held: failed for good")
+
+	setting, err := env.Strata.StrataV1beta1().Settings(testNS).Get(ctx, string(types.SettingBackingImageDownloadAllowLocal), metav1.GetOptions{})
+	require.NoError(t, err)
+	setting.Value = "true"
+	_, err = env.Strata.StrataV1beta1().Settings(testNS).Update(ctx, setting, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return c.files.limitsChangedSince(st.LastStateTransitionTime) }, 5*time.Second, 5*time.Millisecond,
+		"the setting's update is heard")
+	require.NoError(t, c.sync(ctx, key))
+	job, started := c.files.get(fetchKey)
+	require.True(t, started, "the setting changed: fetched again")
+	assert.Equal(t, jobDownloading, job.kind)
+	require.Eventually(t, func() bool { j, _ := c.files.get(fetchKey); return j.done }, 10*time.Second, 10*time.Millisecond)
+	job, _ = c.files.get(fetchKey)
+	assert.ErrorContains(t, job.err, "connection refused", "allowed now: the dial goes out (and finds nothing on port 1)")
 }

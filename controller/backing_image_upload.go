@@ -150,7 +150,11 @@ func (c *BackingImageController) receive(ctx context.Context, report jobReport, 
 	if err := errors.Join(f.Sync(), f.Close()); err != nil {
 		return imagefile.Result{}, err
 	}
-	return imagefile.Prepare(ctx, part, filepath.Join(dir, backingFileName), checksum)
+	limits, err := imageLimits(c.ds)
+	if err != nil {
+		return imagefile.Result{}, err
+	}
+	return imagefile.Prepare(ctx, part, filepath.Join(dir, backingFileName), checksum, limits)
 }
 
 // uploadDisk picks this node's schedulable disk with the most room.

@@ -53,8 +53,9 @@ func startRealIMWith(t *testing.T, o realIMOptions) *realIM {
 	t.Helper()
 	log := logrus.New()
 	log.SetOutput(io.Discard)
-	srv, err := imserver.New(imserver.Options{StateDir: t.TempDir(), DataHost: "127.0.0.1", NBDAddress: "127.0.0.1:10809",
-		Log: log, SizeReportInterval: o.sizeReportInterval})
+	// The tests' disks are t.TempDir()s.
+	srv, err := imserver.New(imserver.Options{StateDir: t.TempDir(), DiskPaths: []string{os.TempDir()},
+		DataHost: "127.0.0.1", NBDAddress: "127.0.0.1:10809", Log: log, SizeReportInterval: o.sizeReportInterval})
 	require.NoError(t, err)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

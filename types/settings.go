@@ -15,6 +15,9 @@ const (
 	SettingDisableSnapshotPurge              SettingName = "disable-snapshot-purge"
 	SettingBackupTarget                      SettingName = "backup-target"
 	SettingBackingImageCleanupWaitInterval   SettingName = "backing-image-cleanup-wait-interval"
+	SettingBackingImageMaxVirtualSize        SettingName = "backing-image-max-virtual-size"
+	SettingBackingImageDownloadMaxSize       SettingName = "backing-image-download-max-size"
+	SettingBackingImageDownloadAllowLocal    SettingName = "backing-image-download-allow-local-addresses"
 	SettingReplicaReplenishmentWaitInterval  SettingName = "replica-replenishment-wait-interval"
 	SettingReplicaSoftAntiAffinity           SettingName = "replica-soft-anti-affinity"
 	SettingStorageOverProvisioningPercentage SettingName = "storage-over-provisioning-percentage"
@@ -63,6 +66,23 @@ var SettingDefinitions = map[SettingName]SettingDefinition{
 	SettingBackingImageCleanupWaitInterval: {
 		Description: "Minutes a backing image copy may stay unused on a disk before it is removed.",
 		Type:        SettingTypeInt, Default: "60", Min: 0, Max: 1 << 20,
+	},
+	// The three below bound what a backing image from outside may cost a
+	// node (issue 24): a small download that unpacks to terabytes, a URL
+	// that leads to the node's own services or the cloud metadata endpoint.
+	SettingBackingImageMaxVirtualSize: {
+		Description: "GiB: the largest backing image (its virtual size: a qcow2's disk size, a raw or decompressed image's " +
+			"bytes) a download or upload may give; a larger one, or a gzip/xz stream that decompresses past it, fails for good.",
+		Type: SettingTypeInt, Default: "1024", Min: 1, Max: 16384,
+	},
+	SettingBackingImageDownloadMaxSize: {
+		Description: "GiB: the most bytes a backing image download may bring (before decompression); a larger source fails for good.",
+		Type:        SettingTypeInt, Default: "256", Min: 1, Max: 16384,
+	},
+	SettingBackingImageDownloadAllowLocal: {
+		Description: "Lets backing image downloads connect to loopback (127.0.0.0/8, ::1) and link-local (169.254.0.0/16, " +
+			"fe80::/10) addresses: a node's own services and the cloud metadata endpoint. For test servers on one machine only.",
+		Type: SettingTypeBool, Default: "false",
 	},
 	SettingReplicaReplenishmentWaitInterval: {
 		Description: "Seconds to wait for a failed replica to come back before a new one replaces it.",

@@ -25,6 +25,10 @@ func TestValidateSetting(t *testing.T) {
 		{SettingDisableSnapshotPurge, "yes", `setting disable-snapshot-purge: value "yes" is not true or false`},
 		{SettingDisableSnapshotPurge, "true", ""},
 		{SettingBackupTarget, "nfs://server:/export", ""},
+		{SettingBackingImageMaxVirtualSize, "0", "setting backing-image-max-virtual-size: value 0 is outside [1, 16384]"},
+		{SettingBackingImageMaxVirtualSize, "2048", ""},
+		{SettingBackingImageDownloadMaxSize, "16385", "setting backing-image-download-max-size: value 16385 is outside [1, 16384]"},
+		{SettingBackingImageDownloadAllowLocal, "loopback", `setting backing-image-download-allow-local-addresses: value "loopback" is not true or false`},
 		{"no-such-setting", "1", `unknown setting "no-such-setting"`},
 	}
 	for _, tc := range tests {

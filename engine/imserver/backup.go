@@ -197,10 +197,14 @@ func (s *Server) restoreRunning(eng *replication.Engine) bool {
 }
 
 // openStore opens the object store a request's target names. It makes no
-// request to an S3 server; a file:// directory must exist.
-func openStore(t *impb.BackupTarget) (backupstore.ObjectStore, error) {
+// request to an S3 server; a file:// directory must exist and lie inside a
+// backup path.
+func (s *Server) openStore(t *impb.BackupTarget) (backupstore.ObjectStore, error) {
 	if t.GetUrl() == "" {
 		return nil, fmt.Errorf("backup target: url is empty: %w", engineapi.ErrInvalid)
+	}
+	if err := s.conf.backupTarget(t); err != nil {
+		return nil, err
 	}
 	// The same parsing as the manager's BackupTarget controller, with the
 	// credentials the request carries in the Secret's keys.
@@ -251,7 +255,12 @@ func (s *Server) SnapshotBackup(ctx context.Context, req *impb.SnapshotBackupReq
 	if req.Snapshot == replicactl.HeadName {
 		return nil, engineapi.ToStatus(fmt.Errorf("%s is the live head, not a snapshot: %w", req.Snapshot, engineapi.ErrInvalid))
 	}
-	store, err := openStore(req.Target)
+	for _, err := range []error{checkLabels("labels", req.Labels), checkConcurrency("concurrency", req.Concurrency)} {
+		if err != nil {
+			return nil, engineapi.ToStatus(err)
+		}
+	}
+	store, err := s.openStore(req.Target)
 	if err != nil {
 		return nil, engineapi.ToStatus(err)
 	}

@@ -21,8 +21,9 @@ import (
 // nothing here uses.
 //
 //   - A directory that does not exist is success, so retries are safe.
-//   - A path that is not absolute, is not a directory, or is a non-empty
-//     directory without volume.meta is InvalidArgument.
+//   - A path that is not absolute, not inside one of the node's disks (see
+//     confine.go), not a directory, or a non-empty directory without
+//     volume.meta is InvalidArgument.
 //   - A directory a replica instance of this instance manager is registered
 //     on (running or not; an instance in ERROR would recreate an empty
 //     replica there at the next restart), or one inside or above such a
@@ -36,13 +37,11 @@ func (s *Server) ReplicaDataDelete(_ context.Context, req *impb.ReplicaDataDelet
 }
 
 func (s *Server) deleteReplicaData(dir string) error {
-	if !filepath.IsAbs(dir) {
-		return fmt.Errorf("data_dir %q must be an absolute path: %w", dir, engineapi.ErrInvalid)
+	// Also refuses a relative path and the root directory.
+	if err := s.conf.disk("data_dir", dir); err != nil {
+		return err
 	}
 	dir = filepath.Clean(dir)
-	if dir == string(filepath.Separator) {
-		return fmt.Errorf("data_dir %q is the root directory: %w", dir, engineapi.ErrInvalid)
-	}
 
 	s.mu.Lock()
 	if err := s.dirFreeLocked("", dir); err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -47,6 +48,15 @@ func newTestIM(t *testing.T, opts Options) *testIM {
 	}
 	if opts.SizeReportInterval == 0 {
 		opts.SizeReportInterval = -1
+	}
+	// Tests keep replicas, backing files and file:// targets in their own
+	// t.TempDir()s; confinement itself is tested with a narrow disk
+	// (confine_test.go).
+	if opts.DiskPaths == nil {
+		opts.DiskPaths = []string{os.TempDir()}
+	}
+	if opts.BackupPaths == nil {
+		opts.BackupPaths = []string{os.TempDir()}
 	}
 	opts.DataHost, opts.NBDAddress, opts.Log = "127.0.0.1", "127.0.0.1:10809", quietLog()
 	im := &testIM{opts: opts, diskDir: filepath.Join(dir, "disk")}

@@ -20,6 +20,7 @@ import (
 	"github.com/strata-storage/strata/engine/replication"
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/engineapi/impb"
+	"github.com/strata-storage/strata/internal/atomicfile"
 )
 
 // instanceSpec is what an instance was created with. Replica specs are
@@ -71,17 +72,22 @@ func specFromRequest(req *impb.InstanceCreateRequest) (instanceSpec, error) {
 		return spec, invalid("name is empty")
 	case req.VolumeName == "":
 		return spec, invalid("volume_name is empty")
-	case req.Size <= 0 || req.Size%4096 != 0:
-		return spec, invalid("size %d must be a positive multiple of 4096", req.Size)
 	case req.SnapshotMaxCount < 0 || req.SnapshotMaxSize < 0:
 		return spec, invalid("snapshot limits must not be negative")
 	}
+	for _, err := range []error{checkVolumeSize("size", req.Size), checkCount("replicas", len(req.Replicas), maxEngineReplicas)} {
+		if err != nil {
+			return spec, fmt.Errorf("instance %q: %w", req.Name, err)
+		}
+	}
 	switch req.Type {
 	case impb.InstanceType_INSTANCE_TYPE_REPLICA:
-		if !filepath.IsAbs(req.DataDir) {
-			return spec, invalid("data_dir %q must be an absolute path", req.DataDir)
-		}
+		// data_dir and backing_file: see confinement.replica.
 	case impb.InstanceType_INSTANCE_TYPE_ENGINE:
+		// An engine keeps no data: a path here would be unchecked and unused.
+		if req.DataDir != "" || req.BackingFile != "" {
+			return spec, invalid("data_dir and backing_file are for replicas; an engine keeps no data")
+		}
 		if req.Frontend != "" && req.Frontend != "nbd" {
 			return spec, invalid("frontend %q is not nbd or empty", req.Frontend)
 		}
@@ -108,9 +114,11 @@ func loadSpecs(dir string) ([]instanceSpec, error) {
 	return specs, nil
 }
 
-// saveSpecs records the running replicas (write temp, fsync, rename). One
-// save at a time: concurrent creates share the temp file, and the last save
-// must see the last state.
+// saveSpecs records the running replicas: a temp file, fsync, rename, and
+// an fsync of the state directory, without which a crash could bring back
+// the old list, and a created replica would not be reopened. One save at a
+// time, so the last save sees the last state. The directory is the
+// owner's only: the list names every replica's data directory.
 func (s *Server) saveSpecs() error {
 	s.specsMu.Lock()
 	defer s.specsMu.Unlock()
@@ -127,26 +135,13 @@ func (s *Server) saveSpecs() error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(s.opts.StateDir, 0o755); err != nil {
-		return err
+	if err := atomicfile.MkdirAll(s.opts.StateDir, 0o700); err != nil {
+		return fmt.Errorf("state directory %s: %w", s.opts.StateDir, err)
 	}
-	tmp := filepath.Join(s.opts.StateDir, "."+specsFile+".tmp")
-	f, err := os.Create(tmp)
-	if err != nil {
-		return err
+	if err := atomicfile.WriteFile(filepath.Join(s.opts.StateDir, specsFile), data); err != nil {
+		return fmt.Errorf("saving the replicas: %w", err)
 	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(s.opts.StateDir, specsFile))
+	return nil
 }
 
 // checkCanCreate refuses to make a new, empty replica where one is expected

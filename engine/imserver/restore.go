@@ -71,7 +71,10 @@ func (s *Server) BackupRestore(ctx context.Context, req *impb.BackupRestoreReque
 			return nil, engineapi.ToStatus(fmt.Errorf("%s is empty: %w", f.field, engineapi.ErrInvalid))
 		}
 	}
-	store, err := openStore(req.Target)
+	if err := checkConcurrency("concurrency", req.Concurrency); err != nil {
+		return nil, engineapi.ToStatus(err)
+	}
+	store, err := s.openStore(req.Target)
 	if err != nil {
 		return nil, engineapi.ToStatus(err)
 	}

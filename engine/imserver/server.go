@@ -31,6 +31,14 @@ type Options struct {
 	// StateDir holds the instance manager's own state: the replica
 	// instances to reopen after a restart.
 	StateDir string
+	// DiskPaths are the directories the instance manager may keep replica
+	// data in and read backing files from: the node's disks, or directories
+	// holding them. Every path a request names for replica data must lie
+	// inside one (see confine.go); at least one is required.
+	DiskPaths []string
+	// BackupPaths are the directories file:// backup targets may lie in
+	// (NFS mounts); none refuses file:// targets.
+	BackupPaths []string
 	// DataHost is the address replicas' dataconn listeners bind to and
 	// advertise (an IP engines on other nodes can reach).
 	DataHost string
@@ -51,6 +59,7 @@ type Server struct {
 
 	opts Options
 	log  logrus.FieldLogger
+	conf confinement
 	hub  *hub
 	nbd  *nbd.Server
 
@@ -126,7 +135,11 @@ func New(opts Options) (*Server, error) {
 	if opts.SizeReportInterval == 0 {
 		opts.SizeReportInterval = DefaultSizeReportInterval
 	}
-	s := &Server{opts: opts, log: opts.Log.WithField("component", "instance-manager"), hub: newHub(),
+	conf, err := newConfinement(opts)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{opts: opts, log: opts.Log.WithField("component", "instance-manager"), conf: conf, hub: newHub(),
 		instances: map[string]*instance{}, deleting: map[string]bool{}, exports: map[string]string{},
 		stop: make(chan struct{})}
 	s.nbd = nbd.NewServer(nbd.Options{Logger: opts.Log})
@@ -137,7 +150,13 @@ func New(opts Options) (*Server, error) {
 	resized := false
 	for _, spec := range specs {
 		inst := &instance{spec: spec}
-		if err := s.startReplica(inst, true); err != nil {
+		// A record from before the disks were confined, or with a disk no
+		// longer given, stays listed in ERROR and its data untouched.
+		err := s.conf.replica(spec)
+		if err == nil {
+			err = s.startReplica(inst, true)
+		}
+		if err != nil {
 			// Keep it listed in ERROR so the manager sees what happened.
 			inst.state, inst.err = impb.InstanceState_INSTANCE_STATE_ERROR, err.Error()
 			s.log.WithError(err).WithField("replica", spec.Name).Error("Cannot reopen replica")
@@ -219,6 +238,9 @@ func (s *Server) getEngine(name string) (*instance, error) {
 // is an AlreadyExists error.
 func (s *Server) InstanceCreate(_ context.Context, req *impb.InstanceCreateRequest) (*impb.Instance, error) {
 	spec, err := specFromRequest(req)
+	if err == nil && spec.Type == impb.InstanceType_INSTANCE_TYPE_REPLICA {
+		err = s.conf.replica(spec)
+	}
 	if err != nil {
 		return nil, engineapi.ToStatus(err)
 	}

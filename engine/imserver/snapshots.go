@@ -79,6 +79,9 @@ func (s *Server) setChainLocked(inst *instance, chain replicactl.ChainReply, err
 
 // SnapshotCreate takes a snapshot; an empty name gets a generated one.
 func (s *Server) SnapshotCreate(ctx context.Context, req *impb.SnapshotCreateRequest) (*impb.SnapshotCreateResponse, error) {
+	if err := checkLabels("labels", req.Labels); err != nil {
+		return nil, engineapi.ToStatus(err)
+	}
 	name := req.Name
 	if name == "" {
 		name = uuid.NewString()[:8]
@@ -113,6 +116,9 @@ func (s *Server) SnapshotList(ctx context.Context, ref *impb.InstanceRef) (*impb
 
 // SnapshotRemove marks snapshots removed; SnapshotPurge frees their data.
 func (s *Server) SnapshotRemove(ctx context.Context, req *impb.SnapshotRemoveRequest) (*impb.Empty, error) {
+	if err := checkCount("names", len(req.Names), maxSnapshotNames); err != nil {
+		return nil, engineapi.ToStatus(err)
+	}
 	err := s.engineOp(req.Engine, func(inst *instance) error {
 		for _, name := range req.Names {
 			if err := inst.eng.RemoveSnapshot(ctx, name); err != nil {
@@ -177,15 +183,15 @@ func (s *Server) SnapshotLimitsSet(ctx context.Context, req *impb.SnapshotLimits
 
 // VolumeExpand grows the volume on every replica.
 func (s *Server) VolumeExpand(ctx context.Context, req *impb.VolumeExpandRequest) (*impb.Empty, error) {
+	if err := checkVolumeSize("size", req.Size); err != nil {
+		return nil, engineapi.ToStatus(fmt.Errorf("engine %s: %w", req.Engine, err))
+	}
 	volume := ""
 	err := s.engineOp(req.Engine, func(inst *instance) error {
 		// Online too: replicas grow under the I/O (replica.Expand swaps its
 		// maps under the I/O lock) and no client is told of a range before
 		// every replica has it. Connected NBD clients keep the size they
 		// were told, except on the growable export.
-		if req.Size%4096 != 0 {
-			return fmt.Errorf("size %d is not a multiple of 4096: %w", req.Size, engineapi.ErrInvalid)
-		}
 		if err := inst.eng.Expand(ctx, req.Size); err != nil {
 			return err
 		}
@@ -262,6 +268,9 @@ func (s *Server) FrontendStop(_ context.Context, ref *impb.InstanceRef) (*impb.I
 // rebuild.go); it returns once the replica takes writes.
 func (s *Server) ReplicaAdd(ctx context.Context, req *impb.ReplicaAddRequest) (*impb.Empty, error) {
 	return &impb.Empty{}, s.engineOp(req.Engine, func(inst *instance) error {
+		if n := len(inst.eng.Replicas()); n >= maxEngineReplicas {
+			return fmt.Errorf("engine %s has %d replicas, the most one takes: %w", req.Engine, n, engineapi.ErrLimitExceeded)
+		}
 		if req.Rebuild {
 			return s.startRebuild(ctx, inst, req)
 		}

@@ -94,11 +94,11 @@ type importState struct {
 	done    bool // committed or aborted: no more writes
 
 	recs     map[int64]*blockRec
-	recBits  []uint64 // a record exists
-	unmapped []uint64 // trimmed, nothing written since, no record needed
-	zeroed   []uint64 // WriteZeroes'd and freed, nothing written since
-	noFree   bool     // a backing file: WriteZeroes writes zero blocks instead
-	err      error    // too many records: the import cannot commit
+	recBits  *bitmap // a record exists
+	unmapped *bitmap // trimmed, nothing written since, no record needed
+	zeroed   *bitmap // WriteZeroes'd and freed, nothing written since
+	noFree   bool    // a backing file: WriteZeroes writes zero blocks instead
+	err      error   // too many records: the import cannot commit
 }
 
 func stagingName(layer string) string { return tmpName("import-" + layer + imgSuffix) }
@@ -145,10 +145,9 @@ func (r *Replica) BeginImport(opts ImportOptions) error {
 			return fmt.Errorf("begin import: %w", err)
 		}
 	}
-	words := len(r.headBits)
 	r.imp = &importState{
 		staging: map[string]*os.File{}, recs: map[int64]*blockRec{},
-		recBits: make([]uint64, words), unmapped: make([]uint64, words), zeroed: make([]uint64, words),
+		recBits: newBitmap(nblocks), unmapped: newBitmap(nblocks), zeroed: newBitmap(nblocks),
 		noFree: r.backing != nil,
 	}
 	return nil
@@ -162,7 +161,7 @@ func (r *Replica) headHolds() bool {
 
 func (r *Replica) headHoldsLocked() bool {
 	nblocks := r.size / bs
-	return runEnd(r.headBits, 0, nblocks, false) < nblocks
+	return r.headBits.runEnd(0, nblocks, false) < nblocks
 }
 
 // Importing reports whether an import runs.
@@ -214,7 +213,7 @@ func (imp *importState) stagingFile(dir, layer string, size int64) (*os.File, er
 		return f, nil
 	}
 	path := filepath.Join(dir, stagingName(layer))
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, fileMode)
 	if err == nil {
 		if err = f.Truncate(size); err != nil {
 			f.Close()
@@ -363,7 +362,7 @@ func (r *Replica) CommitImport(layers []ImportLayer, headParent string) (err err
 			return err
 		}
 		if f == nil {
-			f, err = os.OpenFile(filepath.Join(r.dir, stagingName(name)), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+			f, err = os.OpenFile(filepath.Join(r.dir, stagingName(name)), os.O_RDWR|os.O_CREATE|os.O_TRUNC, fileMode)
 			if err != nil {
 				return err
 			}

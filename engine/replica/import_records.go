@@ -54,8 +54,8 @@ func (r *Replica) importMarked(b, e int64) bool {
 	if imp == nil {
 		return false
 	}
-	for _, w := range [][]uint64{imp.recBits, imp.unmapped, imp.zeroed} {
-		if runEnd(w, b, e, false) < e {
+	for _, w := range []*bitmap{imp.recBits, imp.unmapped, imp.zeroed} {
+		if w.runEnd(b, e, false) < e {
 			return true
 		}
 	}
@@ -74,7 +74,7 @@ func (imp *importState) rec(b int64) *blockRec {
 	}
 	rec := &blockRec{}
 	imp.recs[b] = rec
-	setBits(imp.recBits, b, b+1)
+	imp.recBits.set(b, b+1)
 	return rec
 }
 
@@ -94,11 +94,11 @@ func (imp *importState) settle(b int64, rec *blockRec) {
 // forget drops every record of [b, e) and the bits.
 func (imp *importState) forget(b, e int64) {
 	for b < e {
-		b = runEnd(imp.recBits, b, e, false)
+		b = imp.recBits.runEnd(b, e, false)
 		if b >= e {
 			break
 		}
-		end := runEnd(imp.recBits, b, e, true)
+		end := imp.recBits.runEnd(b, e, true)
 		if end-b < int64(len(imp.recs)) {
 			for x := b; x < end; x++ {
 				delete(imp.recs, x)
@@ -110,7 +110,7 @@ func (imp *importState) forget(b, e int64) {
 				}
 			}
 		}
-		clearBits(imp.recBits, b, end)
+		imp.recBits.clear(b, end)
 		b = end
 	}
 }
@@ -118,8 +118,8 @@ func (imp *importState) forget(b, e int64) {
 // wholeBlocks forgets everything about [b, e): they were written whole.
 func (imp *importState) wholeBlocks(b, e int64) {
 	imp.forget(b, e)
-	clearBits(imp.unmapped, b, e)
-	clearBits(imp.zeroed, b, e)
+	imp.unmapped.clear(b, e)
+	imp.zeroed.clear(b, e)
 }
 
 // noteWrite updates the records for a write of [off, end) that is about to
@@ -135,14 +135,14 @@ func (r *Replica) noteImportWrite(off, end int64) {
 			imp.wholeBlocks(b, b+1)
 			return
 		}
-		if isSet(imp.zeroed, b) {
+		if imp.zeroed.has(b) {
 			// The head lacks it and T has nothing below: the write fills the
 			// rest with zeros, which is the block's content on S too.
-			clearBits(imp.zeroed, b, b+1)
+			imp.zeroed.clear(b, b+1)
 			return
 		}
 		var rec *blockRec
-		if isSet(imp.recBits, b) {
+		if imp.recBits.has(b) {
 			rec = imp.recs[b]
 		}
 		if !r.headHas(b) {
@@ -152,8 +152,8 @@ func (r *Replica) noteImportWrite(off, end int64) {
 			}
 			rec.tainted, rec.valid = true, nil
 		}
-		if isSet(imp.unmapped, b) {
-			clearBits(imp.unmapped, b, b+1)
+		if imp.unmapped.has(b) {
+			imp.unmapped.clear(b, b+1)
 			if rec == nil {
 				rec = imp.rec(b)
 			}
@@ -179,28 +179,24 @@ func (r *Replica) noteImportWrite(off, end int64) {
 	}
 }
 
-func isSet(words []uint64, b int64) bool {
-	return words[b>>6]&(1<<uint(b&63)) != 0
-}
-
 // noteImportUnmap records a trim of the whole blocks [b, e) instead of
 // punching them. Blocks the head lacks read the same on T and S whatever
 // the lower layers, so only head blocks are marked.
 func (r *Replica) noteImportUnmap(b, e int64) {
 	imp := r.imp
 	for b < e {
-		b = runEnd(r.headBits, b, e, false)
+		b = r.headBits.runEnd(b, e, false)
 		if b >= e {
 			break
 		}
-		end := runEnd(r.headBits, b, e, true)
-		setBits(imp.unmapped, b, end)
+		end := r.headBits.runEnd(b, e, true)
+		imp.unmapped.set(b, end)
 		for x := b; x < end; {
-			x = runEnd(imp.recBits, x, end, false)
+			x = imp.recBits.runEnd(x, end, false)
 			if x >= end {
 				break
 			}
-			rend := runEnd(imp.recBits, x, end, true)
+			rend := imp.recBits.runEnd(x, end, true)
 			for ; x < rend; x++ {
 				if rec := imp.recs[x]; rec != nil {
 					rec.unmapped, rec.since = false, nil
@@ -226,17 +222,17 @@ func (r *Replica) importZeroes(b, e int64) error {
 		return r.zeroHead(b, e)
 	}
 	for x := b; x < e; {
-		x = runEnd(r.headBits, x, e, false)
+		x = r.headBits.runEnd(x, e, false)
 		if x >= e {
 			break
 		}
-		end := runEnd(r.headBits, x, e, true)
+		end := r.headBits.runEnd(x, e, true)
 		if err := r.punchHead(x, end); err != nil {
 			return err
 		}
 		x = end
 	}
-	setBits(imp.zeroed, b, e)
+	imp.zeroed.set(b, e)
 	return nil
 }
 
@@ -245,7 +241,7 @@ func (r *Replica) importZeroes(b, e int64) error {
 type importFixer struct {
 	r     *Replica
 	imp   *importState
-	owner []uint16
+	owner *ownerMap
 	lower map[uint16]*layer
 	buf   []byte // two blocks
 }
@@ -292,16 +288,20 @@ func (f *importFixer) all() error { return f.resolve(f.candidates()) }
 func (f *importFixer) candidates() []Extent {
 	imp := f.imp
 	var out []Extent
-	for i := range imp.recBits {
-		w := imp.recBits[i] | imp.unmapped[i] | imp.zeroed[i]
-		for w != 0 {
-			b := int64(i)*64 + int64(bits.TrailingZeros64(w))
-			w &= w - 1
-			if n := len(out); n > 0 && out[n-1].End() == b {
-				out[n-1].Length++
-				continue
+	for pg := range imp.recBits.pages {
+		rec, unm, zer := imp.recBits.pages[pg].Load(), imp.unmapped.pages[pg].Load(), imp.zeroed.pages[pg].Load()
+		if rec == nil && unm == nil && zer == nil {
+			continue
+		}
+		for j := range int64(pageWords) {
+			for w := rec.word(j) | unm.word(j) | zer.word(j); w != 0; w &= w - 1 {
+				b := int64(pg)<<pageShift + j*64 + int64(bits.TrailingZeros64(w))
+				if n := len(out); n > 0 && out[n-1].End() == b {
+					out[n-1].Length++
+					continue
+				}
+				out = append(out, Extent{Offset: b, Length: 1})
 			}
-			out = append(out, Extent{Offset: b, Length: 1})
 		}
 	}
 	return out
@@ -323,14 +323,14 @@ func (f *importFixer) resolve(runs []Extent) error {
 // that S's lower layers are f.owner.
 func (f *importFixer) block(b int64) error {
 	r, imp := f.r, f.imp
-	lowerData := f.owner[b] != 0
+	lowerData := f.owner.get(b) != 0
 	var rec *blockRec
-	if isSet(imp.recBits, b) {
+	if imp.recBits.has(b) {
 		rec = imp.recs[b]
 	}
-	unmapped, zeroed := isSet(imp.unmapped, b), isSet(imp.zeroed, b)
-	clearBits(imp.unmapped, b, b+1)
-	clearBits(imp.zeroed, b, b+1)
+	unmapped, zeroed := imp.unmapped.has(b), imp.zeroed.has(b)
+	imp.unmapped.clear(b, b+1)
+	imp.zeroed.clear(b, b+1)
 	imp.forget(b, b+1)
 	switch {
 	case zeroed:
@@ -354,7 +354,7 @@ func (f *importFixer) block(b int64) error {
 	case rec != nil && rec.tainted && lowerData:
 		// The head's first write here was partial: the rest comes from below.
 		out, head := f.buf[:bs], f.buf[bs:]
-		if err := readFull(f.lower[f.owner[b]].f, out, b*bs); err != nil {
+		if err := readFull(f.lower[f.owner.get(b)].f, out, b*bs); err != nil {
 			return err
 		}
 		if err := readFull(r.head.f, head, b*bs); err != nil {
@@ -374,6 +374,6 @@ func (f *importFixer) writeHead(b int64, p []byte) error {
 	if _, err := r.head.f.WriteAt(p, b*bs); err != nil {
 		return fmt.Errorf("write %s at %d: %w", r.head.file, b*bs, err)
 	}
-	setBits(r.headBits, b, b+1)
+	r.headBits.set(b, b+1)
 	return nil
 }

@@ -2,8 +2,6 @@ package replica
 
 import (
 	"fmt"
-	"math/bits"
-	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -14,58 +12,7 @@ import (
 // modified.
 var zeroBuf = make([]byte, 1<<20)
 
-func (r *Replica) headHas(b int64) bool {
-	return atomic.LoadUint64(&r.headBits[b>>6])&(1<<uint(b&63)) != 0
-}
-
-// runEnd returns the end of the run of bits equal to set starting at b,
-// at most limit; it looks at whole words rather than bit by bit.
-func runEnd(words []uint64, b, limit int64, set bool) int64 {
-	for b < limit {
-		w := atomic.LoadUint64(&words[b>>6])
-		if !set {
-			w = ^w
-		}
-		s := b & 63
-		n := int64(bits.TrailingZeros64(^(w >> uint(s)))) // at most 64-s
-		b += n
-		if n < 64-s {
-			break
-		}
-	}
-	return min(b, limit)
-}
-
-// setBits sets bits [b, e). Writers sharing the I/O lock race on words, so
-// it uses atomic OR, skipped when the bits are already set.
-func setBits(words []uint64, b, e int64) {
-	for b < e {
-		s := b & 63
-		n := min(64-s, e-b)
-		mask := ^uint64(0)
-		if n < 64 {
-			mask = (1<<uint(n) - 1) << uint(s)
-		}
-		if atomic.LoadUint64(&words[b>>6])&mask != mask {
-			atomic.OrUint64(&words[b>>6], mask)
-		}
-		b += n
-	}
-}
-
-// clearBits clears bits [b, e); callers hold the exclusive lock.
-func clearBits(words []uint64, b, e int64) {
-	for b < e {
-		s := b & 63
-		n := min(64-s, e-b)
-		mask := ^uint64(0)
-		if n < 64 {
-			mask = (1<<uint(n) - 1) << uint(s)
-		}
-		atomic.AndUint64(&words[b>>6], ^mask)
-		b += n
-	}
-}
+func (r *Replica) headHas(b int64) bool { return r.headBits.has(b) }
 
 func (r *Replica) checkIO(off, length int64) error {
 	if r.closed {
@@ -95,14 +42,11 @@ func (r *Replica) readLocked(p []byte, off int64) error {
 		var runStop int64
 		if r.headHas(blk) {
 			l = r.head
-			runStop = runEnd(r.headBits, blk, last+1, true)
+			runStop = r.headBits.runEnd(blk, last+1, true)
 		} else {
-			clearStop := runEnd(r.headBits, blk, last+1, false)
-			slot := r.owner[blk]
-			runStop = blk + 1
-			for runStop < clearStop && r.owner[runStop] == slot {
-				runStop++
-			}
+			clearStop := r.headBits.runEnd(blk, last+1, false)
+			slot := r.owner.get(blk)
+			runStop = r.owner.runEnd(blk+1, clearStop, slot)
 			l = r.slots[slot] // nil for slot 0
 		}
 		lo, hi := max(off, blk*bs), min(end, runStop*bs)
@@ -119,7 +63,7 @@ func (r *Replica) readLocked(p []byte, off int64) error {
 
 // lowerRead reads block blk as the layers under the head hold it.
 func (r *Replica) lowerRead(p []byte, blk int64) error {
-	l := r.slots[r.owner[blk]]
+	l := r.slots[r.owner.get(blk)]
 	if l == nil {
 		clear(p)
 		return nil
@@ -153,7 +97,7 @@ func (r *Replica) WriteAt(p []byte, off int64) (int, error) {
 		// the head bit is set only once the data is in the file.
 		_, err := r.head.f.WriteAt(p, off)
 		if err == nil {
-			setBits(r.headBits, first, last+1)
+			r.headBits.set(first, last+1)
 		}
 		r.mu.RUnlock()
 		if err != nil {
@@ -213,7 +157,7 @@ func (r *Replica) writeLocked(p []byte, off int64) error {
 			return fmt.Errorf("write %s at %d: %w", r.head.file, lo, err)
 		}
 	}
-	setBits(r.headBits, first, last+1)
+	r.headBits.set(first, last+1)
 	return nil
 }
 
@@ -222,7 +166,7 @@ func (r *Replica) punchHead(b, e int64) error {
 	if err != nil {
 		return fmt.Errorf("punch %s at %d length %d: %w", r.head.file, b*bs, (e-b)*bs, err)
 	}
-	clearBits(r.headBits, b, e)
+	r.headBits.clear(b, e)
 	return nil
 }
 
@@ -236,7 +180,7 @@ func (r *Replica) zeroHead(b, e int64) error {
 		}
 		pos += n
 	}
-	setBits(r.headBits, b, e)
+	r.headBits.set(b, e)
 	return nil
 }
 
@@ -255,14 +199,11 @@ func (r *Replica) Unmap(off, length int64) error {
 		return nil
 	}
 	for b := (off + bs - 1) / bs; b < stop; {
-		if !r.headHas(b) || r.owner[b] != 0 {
+		if !r.headHas(b) || r.owner.get(b) != 0 {
 			b++
 			continue
 		}
-		e := b + 1
-		for e < stop && r.headHas(e) && r.owner[e] == 0 {
-			e++
-		}
+		e := min(r.headBits.runEnd(b, stop, true), r.owner.runEnd(b, stop, 0))
 		if err := r.punchHead(b, e); err != nil {
 			return err
 		}
@@ -297,11 +238,8 @@ func (r *Replica) WriteZeroes(off, length int64) error {
 		return r.importZeroes(off/bs, stop)
 	}
 	for b := off / bs; b < stop; {
-		lower := r.owner[b] != 0
-		e := b + 1
-		for e < stop && (r.owner[e] != 0) == lower {
-			e++
-		}
+		lower := r.owner.get(b) != 0
+		e := r.owner.lowerRunEnd(b, stop, lower)
 		if !lower {
 			if err := r.punchHead(b, e); err != nil {
 				return err

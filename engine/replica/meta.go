@@ -238,7 +238,7 @@ func loadLayerMeta(dir, img string) (layerMeta, error) {
 // of meta updates costs one directory sync.
 func writeFileAtomic(dir, name string, data []byte) error {
 	tmp := filepath.Join(dir, tmpName(name))
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, fileMode)
 	if err != nil {
 		return err
 	}

@@ -168,10 +168,10 @@ func (r *Replica) prune(ctx context.Context, s *layer, frac func(float64)) error
 	for _, e := range exts {
 		for b, stop := e.Offset/bs, e.End()/bs; b < stop; {
 			if !r.headHas(b) {
-				b = runEnd(r.headBits, b, stop, false)
+				b = r.headBits.runEnd(b, stop, false)
 				continue
 			}
-			end := runEnd(r.headBits, b, stop, true)
+			end := r.headBits.runEnd(b, stop, true)
 			punch = append(punch, Extent{Offset: b * bs, Length: (end - b) * bs})
 			b = end
 		}
@@ -305,11 +305,7 @@ func (r *Replica) coalesce(ctx context.Context, rem, c *layer, frac func(float64
 		oldF, c.f = c.f, rem.f
 	}
 	c.meta = m
-	for i, v := range r.owner {
-		if v == rem.slot {
-			r.owner[i] = c.slot
-		}
-	}
+	r.owner.replace(rem.slot, c.slot)
 	r.mu.Unlock()
 	if oldF != nil {
 		oldF.Close()

@@ -29,6 +29,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/strata-storage/strata/engine/blockdev"
+	"github.com/strata-storage/strata/internal/atomicfile"
 	"github.com/strata-storage/strata/types"
 )
 
@@ -113,11 +114,12 @@ type Replica struct {
 	// The location map, per 4 KiB block: owner is the slot of the topmost
 	// snapshot (or the backing file) of the head's chain holding the block,
 	// 0 if none; headBits says the head holds it. That is 2 bytes + 1 bit
-	// per block: 512 MiB + 32 MiB for a 1 TiB volume. Keeping the head apart
-	// lets Unmap and WriteZeroes see whether a lower layer holds a block,
-	// and lets writes mark blocks with an atomic OR under the shared lock.
-	owner    []uint16
-	headBits []uint64
+	// per block where the layers hold data (pages of 128 MiB of volume,
+	// allocated on first use: blockmap.go). Keeping the head apart lets
+	// Unmap and WriteZeroes see whether a lower layer holds a block, and
+	// lets writes mark blocks with an atomic OR under the shared lock.
+	owner    *ownerMap
+	headBits *bitmap
 
 	maxCount int
 	maxSize  int64
@@ -140,7 +142,9 @@ func Create(dir string, size int64, opts CreateOptions) (*Replica, error) {
 		return nil, fmt.Errorf("create replica %s: size %d is not a positive multiple of %d up to %d",
 			dir, size, bs, int64(maxBlocks)*bs)
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	// The parent is synced too: a crash must not lose the directory that
+	// the instance manager's list of replicas already names.
+	if err := atomicfile.MkdirAll(dir, dirMode); err != nil {
 		return nil, fmt.Errorf("create replica %s: %w", dir, err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, volumeMetaFile)); err == nil {
@@ -158,7 +162,7 @@ func Create(dir string, size int64, opts CreateOptions) (*Replica, error) {
 		backing = abs
 	}
 	head := headFileName(0)
-	f, err := os.OpenFile(filepath.Join(dir, head), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := os.OpenFile(filepath.Join(dir, head), os.O_RDWR|os.O_CREATE|os.O_TRUNC, fileMode)
 	if err != nil {
 		return nil, fmt.Errorf("create replica %s: %w", dir, err)
 	}
@@ -280,7 +284,10 @@ func (r *Replica) load() error {
 	if err != nil {
 		return fmt.Errorf("open replica %s: %w", r.dir, err)
 	}
-	return r.removeLeftovers()
+	if err := r.removeLeftovers(); err != nil {
+		return err
+	}
+	return r.tightenModes()
 }
 
 func (r *Replica) openLayerFile(img string) (*os.File, error) {
@@ -398,36 +405,30 @@ func (r *Replica) chainBelow(parent string) ([]*layer, error) {
 
 // buildOwnerMap walks the layers bottom to top; the topmost holder of each
 // block wins.
-func buildOwnerMap(chain []*layer, size int64) ([]uint16, error) {
-	owner := make([]uint16, size/bs)
+func buildOwnerMap(chain []*layer, size int64) (*ownerMap, error) {
+	owner := newOwnerMap(size / bs)
 	for _, l := range chain {
 		exts, err := dataExtents(l.f, size)
 		if err != nil {
 			return nil, fmt.Errorf("scan %s: %w", l.file, err)
 		}
 		for _, e := range exts {
-			fill(owner[e.Offset/bs:(e.Offset+e.Length)/bs], l.slot)
+			owner.fill(e.Offset/bs, (e.Offset+e.Length)/bs, l.slot)
 		}
 	}
 	return owner, nil
 }
 
-func fill(s []uint16, v uint16) {
-	for i := range s {
-		s[i] = v
-	}
-}
-
-func buildHeadBits(head *layer, size int64) ([]uint64, error) {
-	words := make([]uint64, (size/bs+63)/64)
+func buildHeadBits(head *layer, size int64) (*bitmap, error) {
+	m := newBitmap(size / bs)
 	exts, err := dataExtents(head.f, size)
 	if err != nil {
 		return nil, fmt.Errorf("scan %s: %w", head.file, err)
 	}
 	for _, e := range exts {
-		setBits(words, e.Offset/bs, (e.Offset+e.Length)/bs)
+		m.set(e.Offset/bs, (e.Offset+e.Length)/bs)
 	}
-	return words, nil
+	return m, nil
 }
 
 // Size returns the volume size in bytes.

@@ -75,7 +75,7 @@ func (r *Replica) replaceHead(parent, what string) error {
 	old.f.Close()
 	r.head = r.addLayer(&layer{kind: kindHead, file: newHead.file, f: newHead.f, meta: newHead.meta})
 	r.owner = owner
-	r.headBits = make([]uint64, len(r.headBits))
+	r.headBits = newBitmap(r.size / bs)
 	if err != nil {
 		return err
 	}
@@ -112,11 +112,10 @@ func (r *Replica) Expand(newSize int64) error {
 	if err := unix.Fsync(int(r.head.f.Fd())); err != nil {
 		return fmt.Errorf("expand: sync %s: %w", filepath.Join(r.dir, r.head.file), err)
 	}
-	// owner changes only under opMu, so it can be copied before stopping
-	// I/O; head bits change with every write, so they are copied under it.
-	owner := make([]uint16, newSize/bs)
-	copy(owner, r.owner)
-	headBits := make([]uint64, (newSize/bs+63)/64)
+	// owner changes only under opMu, so it can be extended before stopping
+	// I/O; head bits change with every write, so they are extended under
+	// it. Either shares its pages: only the page tables grow (blockmap.go).
+	owner := r.owner.grown(newSize / bs)
 	vol := r.volMeta()
 	vol.Size = newSize
 	r.mu.Lock()
@@ -125,8 +124,7 @@ func (r *Replica) Expand(newSize int64) error {
 	if !renamed {
 		return fmt.Errorf("expand to %d: %w", newSize, err)
 	}
-	copy(headBits, r.headBits)
-	r.vol, r.size, r.owner, r.headBits = vol, newSize, owner, headBits
+	r.vol, r.size, r.owner, r.headBits = vol, newSize, owner, r.headBits.grown(newSize/bs)
 	if err != nil {
 		return fmt.Errorf("expand to %d: %w", newSize, err)
 	}

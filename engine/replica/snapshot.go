@@ -3,7 +3,6 @@ package replica
 import (
 	"fmt"
 	"maps"
-	"math/bits"
 	"os"
 	"path/filepath"
 	"slices"
@@ -297,14 +296,14 @@ func (r *Replica) Snapshot(name string, opts SnapshotOptions) error {
 	r.snaps[name] = oldHead
 	r.head = r.addLayer(&layer{kind: kindHead, file: newHead.file, f: newHead.f, meta: newHead.meta})
 	// The old head's blocks now belong to the snapshot.
-	for i, w := range r.headBits {
-		for w != 0 {
-			b := int64(i)*64 + int64(bits.TrailingZeros64(w))
-			r.owner[b] = oldHead.slot
-			w &= w - 1
+	for b, n := int64(0), r.size/bs; b < n; {
+		if b = r.headBits.runEnd(b, n, false); b < n {
+			e := r.headBits.runEnd(b, n, true)
+			r.owner.fill(b, e, oldHead.slot)
+			b = e
 		}
-		r.headBits[i] = 0
 	}
+	r.headBits.clearAll()
 	if err == nil {
 		crashPoint("snapshot:committed")
 		r.removeFiles(oldFile, oldFile+metaSuffix)
@@ -327,7 +326,7 @@ func (r *Replica) prepareHead(parent string) (preparedHead, error) {
 	h.meta = layerMeta{Name: HeadName, Parent: parent, Created: formatTime(time.Now())}
 	path := filepath.Join(r.dir, h.file)
 	r.removeFiles(h.file, h.file+metaSuffix) // unreferenced, so a leftover
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, fileMode)
 	if err != nil {
 		return h, err
 	}

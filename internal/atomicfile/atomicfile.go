@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // WriteFile replaces path with data, readable by its owner only (small
@@ -53,10 +54,51 @@ func Rename(tmp, path string) error {
 	if err := os.Rename(tmp, path); err != nil {
 		return err
 	}
-	d, err := os.Open(filepath.Dir(path))
+	return SyncDir(filepath.Dir(path))
+}
+
+// MkdirAll creates dir and any missing parents with perm, as os.MkdirAll,
+// and fsyncs the parent of every directory it creates, top down: without
+// that a crash can lose a new directory's entry, and with it everything
+// written (and fsynced) inside. An existing dir is left as it is.
+func MkdirAll(dir string, perm os.FileMode) error {
+	dir = filepath.Clean(dir)
+	var missing []string
+	for d := dir; ; d = filepath.Dir(d) {
+		st, err := os.Stat(d)
+		if err == nil {
+			if !st.IsDir() {
+				return &os.PathError{Op: "mkdir", Path: d, Err: syscall.ENOTDIR}
+			}
+			break
+		}
+		if !os.IsNotExist(err) || filepath.Dir(d) == d {
+			return err
+		}
+		missing = append(missing, d)
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		d := missing[i]
+		if err := os.Mkdir(d, perm); err != nil && !os.IsExist(err) {
+			return err
+		}
+		if err := SyncDir(filepath.Dir(d)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// SyncDir fsyncs a directory, making the entries created, renamed or
+// removed in it durable.
+func SyncDir(dir string) error {
+	d, err := os.Open(dir)
 	if err != nil {
 		return err
 	}
-	defer d.Close()
-	return d.Sync()
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

@@ -72,7 +72,8 @@ func (e *env) start(ctx context.Context) error {
 	}
 	e.log.WithField("endpoint", e.s3.Endpoint).Info("S3 server started")
 
-	opts := localcluster.ManagerOptions{Bin: e.managerBin, RunDir: e.work}
+	// Every node's replicas go under one directory (see create below).
+	opts := localcluster.ManagerOptions{Bin: e.managerBin, RunDir: e.work, ExtraDiskPaths: []string{e.diskDir()}}
 	for i := range e.cfg.replicas {
 		im, err := localcluster.StartInstanceManager(opts, "node-"+strconv.Itoa(i+1), nil)
 		if err != nil {
@@ -141,8 +142,12 @@ func (e *env) target() engineapi.BackupTarget {
 		S3Endpoint: e.s3.Endpoint, AccessKey: e.s3.AccessKey, SecretKey: e.s3.SecretKey}
 }
 
+// diskDir holds the replicas of every node (one machine): each instance
+// manager's extra --disk-path.
+func (e *env) diskDir() string { return filepath.Join(e.work, "disk") }
+
 func (e *env) createVolume(ctx context.Context, name string, size int64, frontend string) (*impb.Instance, error) {
-	return benchvol.Create(ctx, e.clients, name, size, filepath.Join(e.work, "disk"), frontend)
+	return benchvol.Create(ctx, e.clients, name, size, e.diskDir(), frontend)
 }
 
 // deleteVolume deletes what createVolume made, and the replicas' data:

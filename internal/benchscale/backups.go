@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -78,10 +77,11 @@ func (b *bench) stepBackups(ctx context.Context) error {
 	return b.createSleepingJob(ctx)
 }
 
-// createTarget makes the BackupTarget default on runDir/backups (a file://
-// target needs no credential Secret) and waits until it is Available.
+// createTarget makes the BackupTarget default on runDir/backups, the
+// instance managers' --backup-path (a file:// target needs no credential
+// Secret) and waits until it is Available.
 func (b *bench) createTarget(ctx context.Context) error {
-	dir := filepath.Join(b.cfg.runDir, "backups")
+	dir := b.opts.BackupDir()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}

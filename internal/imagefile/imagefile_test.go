@@ -157,7 +157,7 @@ func TestPrepare(t *testing.T) {
 			work := t.TempDir()
 			src := writeFile(t, work, "download.part", tc.source)
 			final := filepath.Join(work, "image.raw")
-			res, err := Prepare(context.Background(), src, final, tc.want)
+			res, err := Prepare(context.Background(), src, final, tc.want, Limits{})
 			if tc.wantErr != "" {
 				require.ErrorContains(t, err, tc.wantErr)
 				require.ErrorIs(t, err, tc.wantIs)
@@ -192,8 +192,8 @@ func TestPrepareRefusesBackingFile(t *testing.T) {
 	overlay := filepath.Join(dir, "overlay.qcow2")
 	out, err := exec.Command("qemu-img", "create", "-f", "qcow2", "-F", "raw", "-b", base, overlay).CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	_, err = Prepare(context.Background(), overlay, filepath.Join(dir, "image.raw"), "")
-	assert.ErrorContains(t, err, "has a backing file ("+base+")")
+	_, err = Prepare(context.Background(), overlay, filepath.Join(dir, "image.raw"), "", Limits{})
+	assert.ErrorContains(t, err, `has a backing file ("`+base+`")`)
 	assert.ErrorIs(t, err, ErrNotAnImage)
 }
 
@@ -243,7 +243,7 @@ func TestDownload(t *testing.T) {
 				require.NoError(t, os.WriteFile(part, data[:tc.partial], 0o600))
 			}
 			var lastDone, lastTotal int64
-			n, err := Download(context.Background(), nil, srv.URL+tc.path, part, func(done, total int64) { lastDone, lastTotal = done, total })
+			n, err := Download(context.Background(), testPolicy, srv.URL+tc.path, part, func(done, total int64) { lastDone, lastTotal = done, total })
 			if tc.wantErr != "" {
 				assert.ErrorContains(t, err, tc.wantErr)
 				return
@@ -273,7 +273,7 @@ func TestDownloadInterruptedThenResumed(t *testing.T) {
 	srv := rangeServer(t, data, false, &ranged)
 	part := filepath.Join(t.TempDir(), "download.part")
 	ctx, cancel := context.WithCancel(context.Background())
-	_, err := Download(ctx, nil, srv.URL+"/image", part, func(done, _ int64) {
+	_, err := Download(ctx, testPolicy, srv.URL+"/image", part, func(done, _ int64) {
 		if done >= 2<<20 {
 			cancel()
 		}
@@ -284,7 +284,7 @@ func TestDownloadInterruptedThenResumed(t *testing.T) {
 	require.Less(t, len(got), imageSize)
 	assert.True(t, bytes.Equal(data[:len(got)], got), "what was written is a prefix")
 
-	_, err = Download(context.Background(), nil, srv.URL+"/image", part, nil)
+	_, err = Download(context.Background(), testPolicy, srv.URL+"/image", part, nil)
 	require.NoError(t, err)
 	got, err = os.ReadFile(part)
 	require.NoError(t, err)

@@ -5,17 +5,16 @@ import (
 	"context"
 	"crypto/sha512"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 
 	"github.com/klauspost/compress/gzip"
 	"github.com/ulikunitz/xz"
 
 	"github.com/strata-storage/strata/internal/atomicfile"
+	"github.com/strata-storage/strata/types"
 )
 
 // Result describes a prepared image file.
@@ -39,10 +38,12 @@ const blockSize = 4096
 // Prepare turns src (a fetched or uploaded source) into the sparse raw
 // image final: gzip and xz are decompressed as a stream, qcow2 is converted
 // with qemu-img, raw is taken as it is. When want is set, the SHA-512 of
-// the raw data must equal it. Work files sit beside final with a ".tmp"
-// suffix and go whatever happens; final appears, fsynced, only when every
-// check passed. src is left alone (it is the resumable download).
-func Prepare(ctx context.Context, src, final, want string) (Result, error) {
+// the raw data must equal it. src comes from outside, so limits cap what
+// each step may write (a decompression stops at its cap) and every step
+// stops when ctx ends. Work files sit beside final with a ".tmp" suffix and
+// go whatever happens; final appears, fsynced, only when every check
+// passed. src is left alone (it is the resumable download).
+func Prepare(ctx context.Context, src, final, want string, limits Limits) (Result, error) {
 	var res Result
 	if st, err := os.Stat(src); err == nil {
 		res.SourceSize = st.Size()
@@ -61,27 +62,37 @@ func Prepare(ctx context.Context, src, final, want string) (Result, error) {
 		if cur == next {
 			next = work
 		}
-		switch format {
-		case FormatGzip, FormatXZ:
-			err = decompress(cur, next, format)
-		case FormatQCOW2:
-			err = convertQCOW2(ctx, cur, next)
-		case FormatRaw:
-			if cur == src {
-				err = copySparse(cur, next)
-			} else {
-				next = cur
-			}
-		}
-		if err != nil {
+		if next, err = prepareStage(ctx, format, src, cur, next, limits); err != nil {
 			return res, fmt.Errorf("%s: %w", format, err)
 		}
 		cur = next
 		if format == FormatRaw {
-			return finish(cur, final, want, res)
+			return finish(ctx, cur, final, want, res)
 		}
 	}
 	return res, notAnImage("the image is nested more than 4 formats deep (%v)", res.Formats)
+}
+
+// prepareStage turns cur, in format, into the next stage's file and
+// returns its path (cur itself for a raw work file: nothing to do).
+func prepareStage(ctx context.Context, format Format, src, cur, next string, limits Limits) (string, error) {
+	switch format {
+	case FormatGzip, FormatXZ:
+		return next, decompress(ctx, cur, next, format, limits)
+	case FormatQCOW2:
+		return next, convertQCOW2(ctx, cur, next, limits)
+	}
+	st, err := os.Stat(cur)
+	if err != nil {
+		return "", err
+	}
+	if err := checkVirtualSize("the raw image", uint64(st.Size()), limits); err != nil {
+		return "", err
+	}
+	if cur != src {
+		return cur, nil
+	}
+	return next, copySparse(ctx, cur, next)
 }
 
 // PrepareRaw is Prepare for a source known to be a raw disk (a volume's
@@ -94,18 +105,17 @@ func PrepareRaw(ctx context.Context, src, final, want string) (Result, error) {
 	}
 	work := final + ".tmp"
 	defer os.Remove(work)
-	if err := copySparse(src, work); err != nil {
+	// No size cap: the source is a volume, whose size was admitted when
+	// it was created, not bytes from outside.
+	if err := copySparse(ctx, src, work); err != nil {
 		return res, err
 	}
-	if err := ctx.Err(); err != nil {
-		return res, err
-	}
-	return finish(work, final, want, res)
+	return finish(ctx, work, final, want, res)
 }
 
 // finish checks the raw file at cur and renames it into final.
-func finish(cur, final, want string, res Result) (Result, error) {
-	sum, size, err := Checksum(cur)
+func finish(ctx context.Context, cur, final, want string, res Result) (Result, error) {
+	sum, size, err := Checksum(ctx, cur)
 	if err != nil {
 		return res, err
 	}
@@ -122,23 +132,25 @@ func finish(cur, final, want string, res Result) (Result, error) {
 	return res, atomicfile.Rename(cur, final)
 }
 
-// Checksum is the SHA-512 of a file's bytes (holes read as zeros) and its size.
-func Checksum(path string) (string, int64, error) {
+// Checksum is the SHA-512 of a file's bytes (holes read as zeros) and its
+// size. It stops when ctx ends: reading a terabyte of holes takes a while.
+func Checksum(ctx context.Context, path string) (string, int64, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return "", 0, err
 	}
 	defer f.Close()
 	h := sha512.New()
-	n, err := io.Copy(h, f)
+	n, err := io.CopyBuffer(h, ctxReader{ctx, f}, make([]byte, 1<<20))
 	if err != nil {
 		return "", 0, fmt.Errorf("reading %s: %w", path, err)
 	}
 	return hex.EncodeToString(h.Sum(nil)), n, nil
 }
 
-// decompress streams a gzip or xz file into a sparse file.
-func decompress(src, dst string, format Format) error {
+// decompress streams a gzip or xz file into a sparse file of at most the
+// decompression cap: a bomb stops there, having written no more.
+func decompress(ctx context.Context, src, dst string, format Format, limits Limits) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
@@ -158,18 +170,24 @@ func decompress(src, dst string, format Format) error {
 			return err
 		}
 	}
-	return writeSparseFile(dst, r)
+	limit := limits.maxDecompressed()
+	capped := &cappedReader{r: ctxReader{ctx, r}, max: limit, tooLarge: func() error {
+		return limitExceeded(LimitVirtualSize, limits.maxVirtualSize(),
+			"the %s stream decompresses to more than %d bytes (the virtual size cap of %s and room for a qcow2's tables); stopped there",
+			format, limit, types.ApproxBytes(limits.maxVirtualSize()))
+	}}
+	return writeSparseFile(dst, capped)
 }
 
 // copySparse copies a raw file into a sparse one (the source, a download,
 // holds every zero it was sent).
-func copySparse(src, dst string) error {
+func copySparse(ctx context.Context, src, dst string) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
 	}
 	defer in.Close()
-	return writeSparseFile(dst, in)
+	return writeSparseFile(dst, ctxReader{ctx, in})
 }
 
 // writeSparseFile writes r to path, leaving holes for all-zero blocks.
@@ -208,29 +226,4 @@ func writeSparse(f *os.File, r io.Reader) (int64, error) {
 			return 0, err
 		}
 	}
-}
-
-// convertQCOW2 writes a qcow2 image as sparse raw (qemu-img; Debian
-// qemu-utils). qemu-img, not a Go reader: it knows every qcow2 feature
-// (compression, extended L2). An image naming a backing file is refused:
-// qemu-img would read that path on this node.
-func convertQCOW2(ctx context.Context, src, dst string) error {
-	info, err := exec.CommandContext(ctx, "qemu-img", "info", "-f", "qcow2", "--output=json", src).Output()
-	if err != nil {
-		return fmt.Errorf("qemu-img info: %w", err)
-	}
-	var meta struct {
-		BackingFilename string `json:"backing-filename"`
-	}
-	if err := json.Unmarshal(info, &meta); err != nil {
-		return fmt.Errorf("qemu-img info: %w", err)
-	}
-	if meta.BackingFilename != "" {
-		return notAnImage("the qcow2 image has a backing file (%s); only self-contained images are taken", meta.BackingFilename)
-	}
-	out, err := exec.CommandContext(ctx, "qemu-img", "convert", "-f", "qcow2", "-O", "raw", "-S", "4k", src, dst).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("qemu-img convert: %w: %s", err, bytes.TrimSpace(out))
-	}
-	return nil
 }

@@ -23,7 +23,19 @@ type ManagerOptions struct {
 	WithInstanceManager bool
 	// MaxRetryDelay is the managers' --max-retry-delay (0: their default).
 	MaxRetryDelay time.Duration
+	// ExtraDiskPaths are more --disk-path directories for every instance
+	// manager, beside its node's directory: benches that put the replicas
+	// of all nodes under one directory.
+	ExtraDiskPaths []string
 }
+
+// NodeDir is a simulated node's directory: its disks (disk-1, and any a
+// test adds beside it) and its instance manager's state.
+func (o ManagerOptions) NodeDir(node string) string { return filepath.Join(o.RunDir, "nodes", node) }
+
+// BackupDir is where file:// backup targets of the local cluster go: every
+// instance manager's --backup-path.
+func (o ManagerOptions) BackupDir() string { return filepath.Join(o.RunDir, "backups") }
 
 // Manager is one simulated node's strata-manager process, and its instance
 // manager if one was asked for.
@@ -49,9 +61,11 @@ type InstanceManager struct {
 
 // StartInstanceManager starts the data plane of one simulated node, keeping
 // its state under RunDir/nodes/<node>/im so a restart reopens its replicas.
+// It may act in the node's directory, where its disks are (the instance
+// manager refuses paths under its state directory), and in BackupDir.
 // A restart (same addresses) passes the previous one as prev.
 func StartInstanceManager(opts ManagerOptions, node string, prev *InstanceManager) (*InstanceManager, error) {
-	im := &InstanceManager{StateDir: filepath.Join(opts.RunDir, "nodes", node, "im")}
+	im := &InstanceManager{StateDir: filepath.Join(opts.NodeDir(node), "im")}
 	if prev != nil {
 		im.GRPCAddr, im.NBDAddr = prev.GRPCAddr, prev.NBDAddr
 	} else {
@@ -61,8 +75,13 @@ func StartInstanceManager(opts ManagerOptions, node string, prev *InstanceManage
 		}
 		im.GRPCAddr, im.NBDAddr = "127.0.0.1:"+strconv.Itoa(ports[0]), "127.0.0.1:"+strconv.Itoa(ports[1])
 	}
+	args := []string{"instance-manager", "--listen", im.GRPCAddr, "--nbd-listen", im.NBDAddr, "--state-dir", im.StateDir,
+		"--disk-path", opts.NodeDir(node), "--backup-path", opts.BackupDir()}
+	for _, d := range opts.ExtraDiskPaths {
+		args = append(args, "--disk-path", d)
+	}
 	p, err := StartProcess("instance-manager "+node, filepath.Join(opts.RunDir, "logs", "instance-manager-"+node+".log"),
-		opts.Bin, "instance-manager", "--listen", im.GRPCAddr, "--nbd-listen", im.NBDAddr, "--state-dir", im.StateDir)
+		opts.Bin, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -105,7 +124,7 @@ func (m *Manager) StopAll(timeout time.Duration) error {
 }
 
 func startManagerProcess(opts ManagerOptions, node string, im *InstanceManager) (*Manager, error) {
-	disk := filepath.Join(opts.RunDir, "nodes", node, "disk-1")
+	disk := filepath.Join(opts.NodeDir(node), "disk-1")
 	if err := os.MkdirAll(disk, 0o755); err != nil {
 		return nil, err
 	}

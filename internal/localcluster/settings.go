@@ -14,9 +14,14 @@ import (
 // LocalSettings differ from the defaults for a cluster whose disks are
 // directories on the developer's own filesystem: keeping 25% of that
 // filesystem free for Strata says nothing about Strata, and a busy disk
-// would refuse every replica. make run, the end-to-end suite and
+// would refuse every replica. Its image servers (the end-to-end suite's,
+// a developer's) listen on loopback like everything else here, which
+// downloads may not reach by default. make run, the end-to-end suite and
 // bench-scale all apply them.
-var LocalSettings = map[types.SettingName]string{types.SettingStorageMinimalAvailablePercentage: "1"}
+var LocalSettings = map[types.SettingName]string{
+	types.SettingStorageMinimalAvailablePercentage: "1",
+	types.SettingBackingImageDownloadAllowLocal:    "true",
+}
 
 // ApplyLocalSettings writes LocalSettings into the Setting CRs of namespace
 // (the managers create them at start, so call it once they run).
@@ -38,7 +43,7 @@ func (c *Cluster) ApplyLocalSettings(ctx context.Context, namespace string) erro
 		if err != nil {
 			return fmt.Errorf("setting %s to %q: %w", name, value, err)
 		}
-		c.log.WithField("setting", name).WithField("value", value).Info("local setting applied (disks are directories on this machine's filesystem)")
+		c.log.WithField("setting", name).WithField("value", value).Info("local setting applied (a cluster on one machine: disks are directories, image servers on loopback)")
 	}
 	return nil
 }

@@ -71,10 +71,11 @@ func run(sizeMiB, dataPct int, base string) error {
 	// imagefile: download, then prepare.
 	part, final := filepath.Join(work, "lib.part"), filepath.Join(work, "lib.raw")
 	libFetch := timed(func() error {
-		if _, err := imagefile.Download(ctx, nil, url+"/source.qcow2", part, nil); err != nil {
+		// AllowLoopback: the bench's server listens on loopback.
+		if _, err := imagefile.Download(ctx, imagefile.DownloadPolicy{AllowLoopback: true}, url+"/source.qcow2", part, nil); err != nil {
 			return err
 		}
-		_, err := imagefile.Prepare(ctx, part, final, "")
+		_, err := imagefile.Prepare(ctx, part, final, "", imagefile.Limits{})
 		return err
 	})
 	// By hand: curl, qemu-img convert, sha512sum.
@@ -99,7 +100,7 @@ func run(sizeMiB, dataPct int, base string) error {
 		if err := imagefile.FetchExtents(ctx, nil, url+"/extents/lib.raw", dst, nil); err != nil {
 			return err
 		}
-		_, _, err := imagefile.Checksum(dst)
+		_, _, err := imagefile.Checksum(ctx, dst)
 		return err
 	})
 	handPeer := timed(func() error {

@@ -83,7 +83,7 @@ func (n *node) start(t *testing.T) {
 	t.Helper()
 	p, err := localcluster.StartProcess("instance-manager "+n.name, filepath.Join(filepath.Dir(n.stateDir), "im.log"),
 		env.bin, "instance-manager", "--listen", n.grpcAddr, "--nbd-listen", n.nbdAddr, "--state-dir", n.stateDir,
-		"--size-report-interval", sizeReportInterval.String())
+		"--disk-path", n.diskDir, "--size-report-interval", sizeReportInterval.String())
 	require.NoError(t, err)
 	n.proc = p
 	require.Eventually(t, func() bool {

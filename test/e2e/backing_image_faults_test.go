@@ -1,10 +1,15 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -253,4 +258,177 @@ func TestBackingImageExportFromVolume(t *testing.T) {
 		return true
 	}, time.Minute, 200*time.Millisecond, "the export's snapshot and ticket are released")
 	waitVolume(t, "e2e-bi-src", time.Minute, "detached again", isDetached)
+}
+
+// Hostile images (issue 24). A qcow2 whose data is a file of the host
+// (data_file=…, data_file_raw=on), downloaded or uploaded, fails for good
+// with a message that says so, and no byte of that file reaches any copy.
+// An xz bomb fails at the virtual size cap, leaves no work file, and the
+// node goes on serving images.
+func TestBackingImageHostileImagesRefused(t *testing.T) {
+	srv := startImageServer(t)
+	secret := []byte("e2e-host-secret-")
+	hostFile := filepath.Join(t.TempDir(), "host-secret")
+	evil := filepath.Join(srv.dir, "evil.qcow2")
+	runCmd(t, "qemu-img", "create", "-f", "qcow2", "-o", "data_file="+hostFile+",data_file_raw=on", evil, "4M")
+	// Written after create, which sized it: what a converter that follows
+	// data_file would copy into the image.
+	require.NoError(t, os.WriteFile(hostFile, bytes.Repeat(secret, (4<<20)/len(secret)), 0o600))
+	evilBytes, err := os.ReadFile(evil)
+	require.NoError(t, err)
+	wantRefusal := `qcow2 image with an external data file (data_file="` + hostFile + `"): refused, it would read a file of the host`
+
+	t.Run("data file qcow2, downloaded", func(t *testing.T) {
+		createBackingImage(t, "e2e-bi-datafile", downloadSpec(srv.url+"/evil.qcow2", ""))
+		bi := waitBackingImage(t, "e2e-bi-datafile", time.Minute, "refused", messageHas("external data file"))
+		assert.Contains(t, bi.Status.Message, wantRefusal)
+		assert.Contains(t, bi.Status.Message, "not retried until the image's spec changes")
+		assertNoCopyHolds(t, bi, secret)
+	})
+	t.Run("data file qcow2, uploaded", func(t *testing.T) {
+		createBackingImage(t, "e2e-bi-datafile-up", v1beta1.BackingImageSpec{SourceType: v1beta1.BackingImageSourceTypeUpload})
+		waitBackingImage(t, "e2e-bi-datafile-up", time.Minute, "a UUID", func(bi *v1beta1.BackingImage) bool { return bi.Status.UUID != "" })
+		code, body := upload(t, env.managers["node-2"].APIAddr, "e2e-bi-datafile-up", evilBytes)
+		assert.Equal(t, http.StatusUnprocessableEntity, code, body)
+		assert.Contains(t, body, "external data file")
+		// A refused upload leaves the image waiting for the right bytes.
+		assertNoCopyHolds(t, getBackingImage(t, "e2e-bi-datafile-up"), secret)
+	})
+	t.Run("xz bomb", func(t *testing.T) {
+		restore := setSetting(t, types.SettingBackingImageMaxVirtualSize, "1") // GiB
+		defer restore()
+		// 1200 MiB of zeros, a few hundred KiB of xz: past the 1 GiB cap
+		// and the 1/16 a qcow2's tables may add.
+		runCmd(t, "sh", "-c", "head -c 1200M /dev/zero | xz -1 -T1 > "+filepath.Join(srv.dir, "bomb.xz"))
+		createBackingImage(t, "e2e-bi-bomb", downloadSpec(srv.url+"/bomb.xz", ""))
+		bi := waitBackingImage(t, "e2e-bi-bomb", 3*time.Minute, "stopped at the cap", messageHas("decompresses to more than"))
+		assert.Contains(t, bi.Status.Message, "the xz stream decompresses to more than 1140850688 bytes (the virtual size cap of 1Gi")
+		assert.Contains(t, bi.Status.Message, "not retried until the image's spec or the setting backing-image-max-virtual-size changes")
+		assert.NotContains(t, strings.Join(listCopyFiles(t, bi), ""), ".tmp", "no work file left")
+
+		_, sum := rawTestImage(t, srv.dir, "after-bomb.raw", 4<<20)
+		spec := downloadSpec(srv.url+"/after-bomb.raw", sum)
+		spec.DiskFileSpecMap = map[string]*v1beta1.BackingImageDiskFileSpec{bi.Status.FirstCopyDisk: {}}
+		createBackingImage(t, "e2e-bi-after-bomb", spec)
+		waitBackingImage(t, "e2e-bi-after-bomb", time.Minute, "the same disk serves the next image", allCopiesReady(1))
+		// Gone before the cap is restored: a changed cap retries the
+		// copies it refused, and this one would then unpack in full.
+		deleteBackingImage(t, "e2e-bi-bomb")
+		restore()
+	})
+}
+
+// Downloads reach neither link-local addresses (the cloud metadata
+// endpoint) nor loopback unless backing-image-download-allow-local-addresses
+// says so (the suite turns it on: its image servers listen on loopback).
+// The refusal happens at connect time, is not retried, and turning the
+// setting on fetches the held copy without a spec change.
+func TestBackingImageDownloadAddressesRefused(t *testing.T) {
+	restore := setSetting(t, types.SettingBackingImageDownloadAllowLocal, "false")
+	defer restore()
+	srv := startImageServer(t)
+	_, sum := rawTestImage(t, srv.dir, "local.raw", 4<<20)
+	tests := [2]struct {
+		name, image, url, want string
+	}{
+		{name: "metadata endpoint", image: "e2e-bi-metadata", url: "http://169.254.169.254/latest/meta-data/",
+			want: "connecting to 169.254.169.254:80 refused: a link-local address"},
+		{name: "loopback", image: "e2e-bi-loopback", url: srv.url + "/local.raw", want: "refused: a loopback address"},
+	}
+	// The images belong to the whole test (no subtests): the loopback one
+	// must outlive its check to be fetched at the end.
+	for _, tc := range tests {
+		createBackingImage(t, tc.image, downloadSpec(tc.url, ""))
+	}
+	for _, tc := range tests {
+		bi := waitBackingImage(t, tc.image, time.Minute, tc.name+" refused", messageHas("refused"))
+		assert.Contains(t, bi.Status.Message, tc.want, tc.name)
+		assert.Contains(t, bi.Status.Message,
+			"not retried until the image's spec or the setting backing-image-download-allow-local-addresses changes", tc.name)
+	}
+	// That a refusal is not retried is shown by the controller's unit tests
+	// (TestBackingImageHoldFailed) without waiting out a back-off here.
+	assert.Zero(t, srv.getsOf("/local.raw"), "no request reached the loopback server")
+
+	deleteBackingImage(t, "e2e-bi-metadata") // allowed, it would dial out for real
+	restore()
+	bi := waitBackingImage(t, "e2e-bi-loopback", time.Minute, "fetched once loopback is allowed", func(bi *v1beta1.BackingImage) bool {
+		return allCopiesReady(1)(bi) && bi.Status.Checksum != ""
+	})
+	assert.Equal(t, sum, bi.Status.Checksum)
+}
+
+// A server that stops sending in the middle of the image: the attempt
+// fails after the stall timeout (a minute), is retried after its back-off,
+// and the retry resumes where the first stopped.
+func TestLongBackingImageStalledDownloadRetried(t *testing.T) {
+	dir := t.TempDir()
+	rawPath, sum := rawTestImage(t, dir, "stall.raw", 8<<20)
+	data, err := os.ReadFile(rawPath)
+	require.NoError(t, err)
+	url, ranges := startStallingServer(t, data, 1<<20)
+
+	createBackingImage(t, "e2e-bi-stall", downloadSpec(url, sum))
+	waitBackingImage(t, "e2e-bi-stall", 3*time.Minute, "the stalled attempt failed", messageHas("no data from the server for 1m0s"))
+	bi := waitBackingImage(t, "e2e-bi-stall", 2*time.Minute, "ready after the retry", allCopiesReady(1))
+	assert.Equal(t, sum, bi.Status.Checksum)
+	assert.Contains(t, eventMessages(t, "e2e-bi-stall", "CopyFailed"), "stalled")
+	assert.Equal(t, []string{"bytes=1048576-"}, ranges(), "the retry asked for the rest only")
+}
+
+// startStallingServer serves data on loopback: the first GET sends the
+// first stallAt bytes and then nothing until the client leaves; later GETs
+// are served in full (Range included). ranges lists the Range headers seen.
+func startStallingServer(t *testing.T, data []byte, stallAt int) (url string, ranges func() []string) {
+	t.Helper()
+	var mu sync.Mutex
+	var seen []string
+	first := true
+	done := make(chan struct{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		stall := first
+		first = false
+		if rg := r.Header.Get("Range"); rg != "" {
+			seen = append(seen, rg)
+		}
+		mu.Unlock()
+		if !stall {
+			http.ServeContent(w, r, "stall.raw", time.Time{}, bytes.NewReader(data))
+			return
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+		_, _ = w.Write(data[:stallAt])
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-done:
+		}
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { close(done); _ = srv.Close() })
+	return "http://" + ln.Addr().String() + "/stall.raw", func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), seen...)
+	}
+}
+
+// messageHas: the image's status message contains s.
+func messageHas(s string) func(*v1beta1.BackingImage) bool {
+	return func(bi *v1beta1.BackingImage) bool { return strings.Contains(bi.Status.Message, s) }
+}
+
+// assertNoCopyHolds: no file in the image's directories on any node holds
+// needle.
+func assertNoCopyHolds(t *testing.T, bi *v1beta1.BackingImage, needle []byte) {
+	t.Helper()
+	for _, f := range listCopyFiles(t, bi) {
+		b, err := os.ReadFile(strings.TrimSpace(f))
+		if err == nil {
+			assert.False(t, bytes.Contains(b, needle), "%s holds bytes of the host file", f)
+		}
+	}
 }
