@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 )
 
 //go:embed packages.txt
@@ -30,14 +31,14 @@ type Entry struct {
 	File string
 }
 
-// Entries are packages.txt's entries, in its order.
-func Entries() []Entry {
+// Entries are packages.txt's entries, in its order, parsed once.
+var Entries = sync.OnceValue(func() []Entry {
 	entries, err := parse(list)
 	if err != nil {
 		panic(err) // the embedded list is checked by the package's tests
 	}
 	return entries
-}
+})
 
 // ForRole are the entries of one role.
 func ForRole(role string) []Entry {
