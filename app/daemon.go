@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -33,6 +34,7 @@ import (
 	"github.com/strata-storage/strata/controller"
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/internal/pki"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
 	stratascheme "github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned/scheme"
@@ -66,7 +68,7 @@ func DaemonCommand() *cli.Command {
 			&cli.StringFlag{Name: "upload-size-limit", Value: "256Gi", Usage: "largest backing image upload accepted (a quantity: 10Gi)"},
 			&cli.StringFlag{Name: "instance-manager-address", Sources: cli.EnvVars("STRATA_INSTANCE_MANAGER_ADDRESS"),
 				Usage: "gRPC address of this node's instance manager; empty: the node has no data plane"},
-		}, webhookFlags()...), // --webhook-*: app/daemon_webhook.go
+		}, append(webhookFlags(), tlsFlags()...)...), // --webhook-*: app/daemon_webhook.go; TLS: app/daemon_tls.go
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			disks, err := parseDisks(cmd.StringSlice("disk"))
 			if err != nil {
@@ -95,6 +97,7 @@ func DaemonCommand() *cli.Command {
 				workers:                 int(cmd.Int("workers")),
 				maxRetryDelay:           cmd.Duration("max-retry-delay"),
 				imAddress:               cmd.String("instance-manager-address"),
+				imTLSDir:                cmd.String("instance-manager-tls-dir"),
 				apiListen:               cmd.String("api-listen"),
 				apiAdvertise:            apiAdvertise,
 				uploadLimit:             uploadLimit.Value(),
@@ -114,6 +117,7 @@ type daemonConfig struct {
 	workers                         int
 	maxRetryDelay                   time.Duration
 	imAddress                       string
+	imTLSDir                        string
 	apiListen, apiAdvertise         string
 	uploadLimit                     int64
 	webhook                         webhookOptions // app/daemon_webhook.go
@@ -195,6 +199,16 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 			v1beta1.SchemeGroupVersion, err)
 	}
 
+	// This node's certificates (app/daemon_tls.go): the CA Secret is read,
+	// or created by the first manager, while the caches fill.
+	var wg sync.WaitGroup
+	defer func() { stop(); wg.Wait() }()
+	keeper, err := startCertificates(ctx, &wg, log, kubeClient, cfg)
+	if err != nil {
+		return err
+	}
+	managerID := &keeper.Manager
+
 	ds, err := datastore.New(cfg.namespace, strataClient, kubeClient)
 	if err != nil {
 		return err
@@ -209,7 +223,7 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 
 	// One pooled gRPC connection per instance manager, shared by every
 	// controller that reaches the data plane.
-	imPool := engineapi.NewPool(engineapi.DefaultTimeout)
+	imPool := engineapi.NewPool(engineapi.DefaultTimeout, pki.ClientConfig(managerID, pki.ComponentInstanceManager))
 	defer imPool.Close()
 	// The instance cache is this node's view of its instance manager, fed
 	// by the InstanceManager controller's Watch stream; nil without one.
@@ -238,7 +252,8 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	controllers.add(controller.NewRecurringJobController(log, ds, recorder, cfg.nodeName, imPool))
 	controllers.add(controller.NewEngineController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances))
 	controllers.add(controller.NewReplicaController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances))
-	backingImages, err := controller.NewBackingImageController(log, ds, recorder, cfg.nodeName, imPool, cfg.uploadLimit)
+	backingImages, err := controller.NewBackingImageController(log, ds, recorder, cfg.nodeName, imPool, cfg.uploadLimit,
+		pki.ClientConfig(managerID, pki.ComponentManager))
 	controllers.add(backingImages, err)
 	if controllers.err != nil {
 		return controllers.err
@@ -246,7 +261,14 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 
 	ready := make(chan struct{})
 	metricsErr := serveMetrics(ctx, lns.metrics, ready, log)
-	apiErr := serveHTTP(ctx, lns.api, api.NewHandler(backingImages, log), log.WithField("serving", "API"))
+	// Uploads: a bearer token, TokenReview, SubjectAccessReview of update on the image.
+	// Copies between disks: a peer manager's certificate.
+	apiHandler := api.NewHandler(backingImages, api.Options{Uploads: api.NewKubeAuth(kubeClient), Namespace: cfg.namespace,
+		PeerCheck: requirePeer(pki.ComponentManager), Log: log})
+	// HTTPS with this manager's certificate; a client certificate is asked
+	// for, not required (users upload with a bearer token).
+	apiErr := serveHTTP(ctx, lns.api, apiHandler, pki.OptionalClientServerConfig(managerID, pki.ComponentManager),
+		log.WithField("serving", "API"))
 
 	start := time.Now()
 	ds.Start(ctx)
@@ -262,7 +284,9 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	}
 	close(ready)
 
-	var wg sync.WaitGroup
+	if err := waitCertificates(ctx, keeper); err != nil {
+		return err
+	}
 	// Admission webhooks (app/daemon_webhook.go): their rules read the synced caches.
 	if err := startWebhook(ctx, &wg, log, ds, kubeClient, cfg); err != nil {
 		return err
@@ -316,7 +340,7 @@ func serveMetrics(ctx context.Context, ln net.Listener, ready <-chan struct{}, l
 			http.Error(w, "caches not synced", http.StatusServiceUnavailable)
 		}
 	})
-	return serveHTTP(ctx, ln, mux, log.WithField("serving", "metrics and health"))
+	return serveHTTP(ctx, ln, mux, nil, log.WithField("serving", "metrics and health"))
 }
 
 // listeners are the daemon's bound server sockets; nil where disabled.
@@ -354,15 +378,19 @@ func (l *listeners) close() {
 	}
 }
 
-// serveHTTP serves handler on ln until ctx ends (nil: serves nothing).
-// Errors after start-up arrive on the returned channel.
-func serveHTTP(ctx context.Context, ln net.Listener, handler http.Handler, log logrus.FieldLogger) <-chan error {
+// serveHTTP serves handler on ln until ctx ends (nil: serves nothing), over
+// TLS with tlsConfig unless it is nil. Errors after start-up arrive on the
+// returned channel.
+func serveHTTP(ctx context.Context, ln net.Listener, handler http.Handler, tlsConfig *tls.Config, log logrus.FieldLogger) <-chan error {
 	errc := make(chan error, 1)
 	if ln == nil {
 		return errc
 	}
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
-	log.WithField("address", ln.Addr().String()).Info("Serving HTTP")
+	if tlsConfig != nil {
+		ln = tls.NewListener(ln, tlsConfig)
+	}
+	log.WithFields(logrus.Fields{"address": ln.Addr().String(), "tls": tlsConfig != nil}).Info("Serving HTTP")
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errc <- err

@@ -24,9 +24,10 @@ func InstanceManagerCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "instance-manager",
 		Usage: "run the data plane of one node: engines, replicas, NBD frontend, gRPC control",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:8500", Usage: "gRPC control address"},
-			&cli.StringFlag{Name: "nbd-listen", Value: "127.0.0.1:10809", Usage: "NBD frontend address (host:port)"},
+			&cli.StringFlag{Name: "nbd-socket", Required: true, Usage: nbdSocketUsage},
+			&cli.StringFlag{Name: "nbd-listen", Usage: nbdListenUsage},
 			&cli.StringFlag{Name: "data-host", Value: "127.0.0.1",
 				Usage: "IP replicas serve engines on; must be reachable from other nodes"},
 			&cli.StringFlag{Name: "state-dir", Required: true,
@@ -38,19 +39,22 @@ func InstanceManagerCommand() *cli.Command {
 				Usage: "a directory file:// backup targets may lie in (an NFS mount); repeat for more. None: file:// targets are refused"},
 			&cli.DurationFlag{Name: "size-report-interval", Value: imserver.DefaultSizeReportInterval,
 				Usage: "how often engines' snapshot sizes, which grow with writes, are re-read and published if changed (0 or negative: never)"},
-		},
+		}, instanceManagerTLSFlags()...), // --tls-dir, --data-encryption: app/instance_manager_tls.go
 		Action: func(ctx context.Context, cmd *cli.Command) error {
-			return runInstanceManager(ctx, cmd.String("listen"), cmd.String("nbd-listen"), imserver.Options{
-				DataHost: cmd.String("data-host"), StateDir: cmd.String("state-dir"),
-				DiskPaths: cmd.StringSlice("disk-path"), BackupPaths: cmd.StringSlice("backup-path"),
-				SizeReportInterval: cmd.Duration("size-report-interval")})
+			var opts imserver.Options
+			creds := withInstanceManagerTLS(cmd, &opts)
+			opts.DataHost, opts.StateDir = cmd.String("data-host"), cmd.String("state-dir")
+			opts.DiskPaths, opts.BackupPaths = cmd.StringSlice("disk-path"), cmd.StringSlice("backup-path")
+			opts.SizeReportInterval = cmd.Duration("size-report-interval")
+			return runInstanceManager(ctx, cmd.String("listen"), cmd.String("nbd-socket"), cmd.String("nbd-listen"), opts, creds)
 		},
 	}
 }
 
-// runInstanceManager serves opts' instance manager; NBDAddress and Log are
+// runInstanceManager serves opts' instance manager; NBDSocket and Log are
 // filled in here.
-func runInstanceManager(parent context.Context, listen, nbdListen string, opts imserver.Options) error {
+func runInstanceManager(parent context.Context, listen, nbdSocket, nbdListen string, opts imserver.Options,
+	creds grpc.ServerOption) error {
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	log := logrus.WithField("component", "instance-manager")
@@ -59,31 +63,37 @@ func runInstanceManager(parent context.Context, listen, nbdListen string, opts i
 	if err != nil {
 		return fmt.Errorf("--listen %s: %w", listen, err)
 	}
-	nbdL, err := net.Listen("tcp", nbdListen)
+	nbdSocket, nbdLs, err := nbdListeners(nbdSocket, nbdListen, log)
 	if err != nil {
 		grpcL.Close()
-		return fmt.Errorf("--nbd-listen %s: %w", nbdListen, err)
+		return err
 	}
 	if opts.SizeReportInterval == 0 {
 		opts.SizeReportInterval = -1 // 0 would mean the default to imserver; here it means off
 	}
-	opts.NBDAddress, opts.Log = nbdL.Addr().String(), log
+	opts.NBDSocket, opts.Log = nbdSocket, log
 	srv, err := imserver.New(opts)
 	if err != nil {
 		grpcL.Close()
-		nbdL.Close()
+		for _, l := range nbdLs {
+			l.Close()
+		}
 		return err
 	}
 	// Managers ping every 10 s to notice a dead instance manager on an idle
 	// Watch; allow it (the default policy closes such clients).
-	gs := grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+	gs := grpc.NewServer(creds, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 		MinTime: 5 * time.Second, PermitWithoutStream: true}))
 	impb.RegisterInstanceManagerServer(gs, srv)
 
-	errc := make(chan error, 2)
+	errc := make(chan error, 1+len(nbdLs))
 	go func() { errc <- gs.Serve(grpcL) }()
-	go func() { errc <- srv.ServeNBD(nbdL) }()
-	log.WithFields(logrus.Fields{"grpc": grpcL.Addr().String(), "nbd": nbdL.Addr().String(),
+	var nbdAddrs []string
+	for _, l := range nbdLs {
+		go func() { errc <- srv.ServeNBD(l) }()
+		nbdAddrs = append(nbdAddrs, l.Addr().String())
+	}
+	log.WithFields(logrus.Fields{"grpc": grpcL.Addr().String(), "nbd": nbdAddrs,
 		"disks": opts.DiskPaths, "backupPaths": opts.BackupPaths}).Info("Instance manager is running")
 
 	var runErr error

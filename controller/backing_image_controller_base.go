@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"crypto/tls"
 	"net/http"
 	"slices"
 	"time"
@@ -29,6 +30,7 @@ type BackingImageController struct {
 	*baseController
 	files      *fileJobs
 	httpClient *http.Client
+	peerScheme string // https, or http in unit tests
 	// UploadLimit bounds an uploaded image's size in bytes.
 	uploadLimit int64
 }
@@ -36,14 +38,17 @@ type BackingImageController struct {
 // NewBackingImageController wires the backing image controller of node
 // controllerID. uploadLimit bounds uploads (bytes; 0: no upload accepted).
 func NewBackingImageController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
-	controllerID string, dataPlane engineapi.Connector, uploadLimit int64) (*BackingImageController, error) {
+	controllerID string, dataPlane engineapi.Connector, uploadLimit int64, peerTLS *tls.Config) (*BackingImageController, error) {
 	c := &BackingImageController{
 		baseController: newBaseController("strata-backing-image", controllerID, logger, ds, recorder),
 		// For copies from peers only (a download from the image's URL has
-		// its own client: imagefile.DownloadPolicy). No overall timeout: an
-		// image may take hours; a stalled peer is caught by the
-		// transport's header timeout and a cancelled job.
-		httpClient:  &http.Client{Transport: &http.Transport{Proxy: http.ProxyFromEnvironment, ResponseHeaderTimeout: time.Minute}},
+		// its own client: imagefile.DownloadPolicy), over HTTPS with this
+		// manager's certificate (peerTLS; nil: plain HTTP, unit tests). No
+		// overall timeout: an image may take hours; a stalled peer is
+		// caught by the transport's header timeout and a cancelled job.
+		httpClient: &http.Client{Transport: &http.Transport{Proxy: http.ProxyFromEnvironment,
+			ResponseHeaderTimeout: time.Minute, TLSClientConfig: peerTLS}},
+		peerScheme:  map[bool]string{true: "https", false: "http"}[peerTLS != nil],
 		uploadLimit: uploadLimit,
 	}
 	c.dataPlane = dataPlane
@@ -101,7 +106,7 @@ func NewBackingImageController(logger logrus.FieldLogger, ds *datastore.DataStor
 	if _, err := ds.Settings.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		UpdateFunc: onUpdate(func(o, st *v1beta1.Setting) {
 			if isBackingImageLimitSetting(st.Name) && o.Value != st.Value {
-				c.files.noteLimitSettingsChanged(c.ds.Clock.Now())
+				c.files.noteLimitSettingChanged(types.SettingName(st.Name))
 				c.enqueueAll()
 			}
 			if st.Name == string(types.SettingBackingImageCleanupWaitInterval) {

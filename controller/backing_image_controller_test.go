@@ -78,7 +78,7 @@ func readyDiskNode(name string) *v1beta1.Node {
 }
 
 func buildBackingImageController(env *dstest.Env, rec record.EventRecorder, me string, dp engineapi.Connector) (func(context.Context, string) error, error) {
-	c, err := NewBackingImageController(logrus.New(), env.DS, rec, me, dp, 1<<30)
+	c, err := NewBackingImageController(logrus.New(), env.DS, rec, me, dp, 1<<30, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -251,7 +251,7 @@ func TestBackingImageLocalCopies(t *testing.T) {
 			})},
 		[]runtime.Object{testLease("node-1", 0), testLease("node-2", 0)})
 	rec := record.NewFakeRecorder(20)
-	c, err := NewBackingImageController(logrus.New(), env.DS, rec, "node-1", newFakeConnector(nil), 1<<30)
+	c, err := NewBackingImageController(logrus.New(), env.DS, rec, "node-1", newFakeConnector(nil), 1<<30, nil)
 	require.NoError(t, err)
 	key := testNS + "/img"
 	waitCache := func(cond func(*v1beta1.BackingImage) bool) {
@@ -322,7 +322,7 @@ func TestBackingImageUpload(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			env := dstest.New(t, []runtime.Object{node.DeepCopy(), readyDiskNode("node-2"), cleanupWait("60"), tc.image},
 				[]runtime.Object{testLease("node-1", 0), testLease("node-2", 0)})
-			c, err := NewBackingImageController(logrus.New(), env.DS, record.NewFakeRecorder(20), "node-1", newFakeConnector(nil), 32<<10)
+			c, err := NewBackingImageController(logrus.New(), env.DS, record.NewFakeRecorder(20), "node-1", newFakeConnector(nil), 32<<10, nil)
 			require.NoError(t, err)
 			if tc.wantErr == nil {
 				c.uploadLimit = 1 << 20

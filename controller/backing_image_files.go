@@ -10,8 +10,10 @@ import (
 
 	k8stypes "k8s.io/apimachinery/pkg/types"
 
+	"github.com/strata-storage/strata/internal/atomicfile"
 	"github.com/strata-storage/strata/internal/imagefile"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
 )
 
 // Where a backing image's copy lives on a disk:
@@ -48,12 +50,13 @@ type fileJobKey struct {
 // fileJob is a transfer (fetch, upload, copy or verification) running in
 // the background. Its fields change under fileJobs.mu.
 type fileJob struct {
-	kind     string // for messages: "downloading", "copying from disk X", …
-	cancel   context.CancelFunc
-	done     bool
-	progress int32
-	result   imagefile.Result
-	err      error
+	startedAt time.Time // monotonic: compared with limit setting changes
+	kind      string    // for messages: "downloading", "copying from disk X", …
+	cancel    context.CancelFunc
+	done      bool
+	progress  int32
+	result    imagefile.Result
+	err       error
 	// generation is the image's metadata.generation when the job started:
 	// a failure for good holds the copy until the spec moves past it.
 	generation int64
@@ -74,17 +77,22 @@ type fileJobs struct {
 	// memory: a restarted manager tries such a copy once more, after the
 	// back-off, and then knows again.
 	failedForGood map[fileJobKey]int64
-	// limitsChangedAt is when a backing image limit setting last changed
-	// (backing_image_limits.go): failures for good before it get a new try.
-	limitsChangedAt time.Time
-	runCtx          context.Context
+	// limitChangedAt is when each backing image limit setting last changed
+	// in this process (monotonic clock; backing_image_limits.go).
+	limitChangedAt map[types.SettingName]time.Time
+	runCtx         context.Context
+	// uploads are the images an upload is arriving for at this manager,
+	// from the request's start (before its disk is chosen) to its end.
+	uploads map[k8stypes.UID]bool
 	// changed is told the image whose job moved (progress or end).
 	changed func(image k8stypes.UID)
 }
 
 func newFileJobs(changed func(k8stypes.UID)) *fileJobs {
 	return &fileJobs{jobs: map[fileJobKey]*fileJob{}, slots: make(chan struct{}, maxFileTransfers),
-		verified: map[fileJobKey]bool{}, failedForGood: map[fileJobKey]int64{}, runCtx: context.Background(), changed: changed}
+		verified: map[fileJobKey]bool{}, failedForGood: map[fileJobKey]int64{}, runCtx: context.Background(),
+		limitChangedAt: map[types.SettingName]time.Time{},
+		uploads:        map[k8stypes.UID]bool{}, changed: changed}
 }
 
 // jobReport is what a running transfer tells its job: percent done.
@@ -94,16 +102,28 @@ type jobReport func(percent int32)
 // generation is the image's when it starts.
 func (j *fileJobs) start(k fileJobKey, kind string, generation int64,
 	work func(ctx context.Context, report jobReport) (imagefile.Result, error)) {
+	j.startFrom(context.Background(), k, kind, generation, work)
+}
+
+// startFrom is start for a job that also ends with parent (an upload ends
+// with its request). ended is closed once the job is over (its outcome
+// recorded for take); nil when a job for k existed and nothing started.
+func (j *fileJobs) startFrom(parent context.Context, k fileJobKey, kind string, generation int64,
+	work func(ctx context.Context, report jobReport) (imagefile.Result, error)) (ended <-chan struct{}) {
 	j.mu.Lock()
 	if _, ok := j.jobs[k]; ok {
 		j.mu.Unlock()
-		return
+		return nil
 	}
 	ctx, cancel := context.WithCancel(j.runCtx)
-	job := &fileJob{kind: kind, generation: generation, cancel: cancel}
+	stopParent := context.AfterFunc(parent, cancel)
+	job := &fileJob{kind: kind, generation: generation, cancel: cancel, startedAt: time.Now()}
 	j.jobs[k] = job
 	j.mu.Unlock()
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
+		defer stopParent()
 		defer cancel()
 		res, err := j.run(ctx, k, job, work)
 		j.mu.Lock()
@@ -115,6 +135,32 @@ func (j *fileJobs) start(k fileJobKey, kind string, generation int64,
 		j.mu.Unlock()
 		j.changed(k.image)
 	}()
+	return done
+}
+
+// beginUpload marks an upload of image as arriving here; false if one
+// already is (the caller refuses the second at once).
+func (j *fileJobs) beginUpload(image k8stypes.UID) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.uploads[image] {
+		return false
+	}
+	j.uploads[image] = true
+	return true
+}
+
+func (j *fileJobs) endUpload(image k8stypes.UID) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	delete(j.uploads, image)
+}
+
+// uploading tells whether an upload of image is arriving here.
+func (j *fileJobs) uploading(image k8stypes.UID) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.uploads[image]
 }
 
 // run waits for a transfer slot, then does the work, reporting each whole
@@ -212,7 +258,7 @@ func (j *fileJobs) forgetVerified(k fileJobKey) {
 // source.part in it, where a fetched, uploaded or exported source lands
 // before it is prepared; the caller removes it.
 func createSourcePart(dir string) (*os.File, string, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := atomicfile.MkdirAll(dir, 0o700); err != nil {
 		return nil, "", err
 	}
 	part := filepath.Join(dir, backingSourcePart)

@@ -8,12 +8,13 @@ import (
 
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/internal/imagefile"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 )
 
 // backingImageLimitSettings bound what an image from outside may cost a
 // node (issue 24). A copy refused by one of them failed for good; a change
-// to any of them gives such copies one more try (see limitsChangedSince),
+// of that setting's value gives it one more try (see limitSettingMoved),
 // or raising a cap would only help images created afterwards.
 var backingImageLimitSettings = []types.SettingName{
 	types.SettingBackingImageMaxVirtualSize,
@@ -77,21 +78,30 @@ func notRetriedHint(kind string, err error) string {
 	return notRetried
 }
 
-// noteLimitSettingsChanged records when a limit setting changed: copies
-// that failed for good before then are tried once more.
-func (j *fileJobs) noteLimitSettingsChanged(at time.Time) {
+// noteLimitSettingChanged records that a limit setting's value changed:
+// a transfer it refused that had started before cannot be held for good
+// (it may have run with the old value).
+func (j *fileJobs) noteLimitSettingChanged(name types.SettingName) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	j.limitsChangedAt = at
+	j.limitChangedAt[name] = time.Now()
 }
 
-// limitsChangedSince tells whether a limit setting changed at or after the
-// copy's failure (its state's transition time, whole seconds: a failure in
-// the same second as the change gets one more try, never one too few).
-func (j *fileJobs) limitsChangedSince(failedAt string) bool {
+// limitChangedSince tells whether the setting changed after start (both
+// on this process's monotonic clock, so no rounding can hide a change).
+func (j *fileJobs) limitChangedSince(name types.SettingName, start time.Time) bool {
 	j.mu.Lock()
-	changed := j.limitsChangedAt
-	j.mu.Unlock()
-	at, err := time.Parse(time.RFC3339, failedAt)
-	return !changed.IsZero() && err == nil && !at.After(changed)
+	defer j.mu.Unlock()
+	return j.limitChangedAt[name].After(start)
+}
+
+// limitSettingMoved tells whether the setting that refused a copy for good
+// has another value now than when it refused it: then the copy is tried
+// again. It reads the cache (no API call).
+func limitSettingMoved(ds *datastore.DataStore, st *v1beta1.BackingImageDiskFileStatus) bool {
+	if st.FailedSetting == "" {
+		return false
+	}
+	value, err := ds.GetSettingValue(types.SettingName(st.FailedSetting))
+	return err == nil && value != st.FailedSettingValue
 }

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/internal/atomicfile"
 	"github.com/strata-storage/strata/internal/imagefile"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
@@ -100,6 +101,10 @@ func (s *imageSync) driveCopy(disk, diskPath string, st *v1beta1.BackingImageDis
 		s.files.take(k)
 		return s.recordJob(disk, st, job)
 	}
+	if disk == s.bi.Status.FirstCopyDisk && st.State == v1beta1.BackingImageStateInProgress && st.Message == jobUploading &&
+		s.files.uploading(s.bi.UID) {
+		return nil // an upload claimed this disk and its job is about to start: the claim stays
+	}
 	if st.State == v1beta1.BackingImageStateFailed && s.holdFailed(k, st) {
 		return nil
 	}
@@ -131,11 +136,11 @@ func (s *imageSync) holdFailed(k fileJobKey, st *v1beta1.BackingImageDiskFileSta
 		gen, ok = st.FailedGeneration, true
 	}
 	if ok {
-		if gen == s.bi.Generation && !s.files.limitsChangedSince(st.LastStateTransitionTime) {
+		if gen == s.bi.Generation && !limitSettingMoved(s.ds, st) {
 			return true
 		}
 		s.files.forgetFailure(k)
-		st.FailedGeneration = 0
+		st.FailedGeneration, st.FailedSetting, st.FailedSettingValue = 0, "", ""
 		return false
 	}
 	if wait := s.retryWait(st); wait > 0 {
@@ -206,13 +211,27 @@ func (s *imageSync) recordFailure(k fileJobKey, st *v1beta1.BackingImageDiskFile
 	st.Attempts++
 	msg := fmt.Sprintf("%s: %v", job.kind, job.err)
 	log := s.logger.WithFields(logrus.Fields{"backingImage": s.bi.Name, "disk": k.disk, "attempt": st.Attempts}).WithError(job.err)
+	name := limitSetting(job.err)
+	if name != "" && s.files.limitChangedSince(name, job.startedAt) {
+		// Refused by a cap whose value changed while it ran: it may have
+		// run with the old value, so it is retried now, not held.
+		setFileState(st, v1beta1.BackingImageStateFailed, 0, msg, s.now)
+		log.WithField("setting", name).Info("Backing image copy refused by a setting that changed meanwhile; retrying now")
+		s.queue.Add(s.key)
+		return
+	}
 	if permanentCopyError(job.err) {
 		s.files.markFailedForGood(k, job.generation)
 		st.FailedGeneration = job.generation // survives a manager restart
+		st.FailedSetting, st.FailedSettingValue = "", ""
+		if name != "" {
+			value, _ := s.ds.GetSettingValue(name) // from the cache; "" if unset, which any value differs from
+			st.FailedSetting, st.FailedSettingValue = string(name), value
+		}
 		msg += "; " + notRetriedHint(job.kind, job.err)
 		setFileState(st, v1beta1.BackingImageStateFailed, 0, msg, s.now)
 		s.recorder.Eventf(s.bi, corev1.EventTypeWarning, EventReasonBackingImageFailed, "disk %s: %s", k.disk, msg)
-		if name := limitSetting(job.err); name != "" {
+		if name != "" {
 			log = log.WithField("setting", name)
 		}
 		log.Warn("Backing image copy failed for good; not retried until the image's spec (or the setting named) changes")
@@ -252,7 +271,7 @@ func (s *imageSync) startTransfer(k fileJobKey, diskPath string, st *v1beta1.Bac
 	case src.localPath != "":
 		kind = "copying from disk " + src.disk
 		work = func(ctx context.Context, report jobReport) (imagefile.Result, error) {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
+			if err := atomicfile.MkdirAll(dir, 0o700); err != nil {
 				return imagefile.Result{}, err
 			}
 			err := imagefile.CopyFile(ctx, src.localPath, file, func(d, t int64) { report(percent(d, t)) })
@@ -261,7 +280,7 @@ func (s *imageSync) startTransfer(k fileJobKey, diskPath string, st *v1beta1.Bac
 	case src.url != "":
 		kind = "copying from disk " + src.disk + " of node " + src.node
 		work = func(ctx context.Context, report jobReport) (imagefile.Result, error) {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
+			if err := atomicfile.MkdirAll(dir, 0o700); err != nil {
 				return imagefile.Result{}, err
 			}
 			err := imagefile.FetchExtents(ctx, s.httpClient, src.url, file, func(d, t int64) { report(percent(d, t)) })
@@ -293,7 +312,7 @@ func (s *imageSync) download(ctx context.Context, report jobReport, imageURL, di
 	if err != nil {
 		return imagefile.Result{}, err
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := atomicfile.MkdirAll(dir, 0o700); err != nil {
 		return imagefile.Result{}, err
 	}
 	part := filepath.Join(dir, backingSourcePart)
@@ -366,8 +385,8 @@ func (s *imageSync) copySource(disk string) (copySource, string) {
 		}
 		node, err := s.ds.Nodes.GetRO(loc.Node)
 		if err == nil && node.Status.APIAddress != "" && s.ds.IsNodeAlive(loc.Node) {
-			remote = append(remote, copySource{disk: r, node: loc.Node, url: fmt.Sprintf("http://%s/v1/backingimages/%s/disks/%s/file?uuid=%s",
-				node.Status.APIAddress, url.PathEscape(bi.Name), url.PathEscape(r), url.QueryEscape(bi.Status.UUID))})
+			remote = append(remote, copySource{disk: r, node: loc.Node, url: fmt.Sprintf("%s://%s/v1/backingimages/%s/disks/%s/file?uuid=%s",
+				s.peerScheme, node.Status.APIAddress, url.PathEscape(bi.Name), url.PathEscape(r), url.QueryEscape(bi.Status.UUID))})
 		}
 	}
 	if len(remote) > 0 {

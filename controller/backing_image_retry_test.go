@@ -37,7 +37,7 @@ func fetchEnv(t *testing.T, mut ...func(*v1beta1.BackingImage)) (*dstest.Env, *B
 	env := dstest.New(t, []runtime.Object{node, readyDiskNode("node-2"), cleanupWait("60"), bi},
 		[]runtime.Object{testLease("node-1", 0), testLease("node-2", 0)})
 	rec := record.NewFakeRecorder(20)
-	c, err := NewBackingImageController(logrus.New(), env.DS, rec, "node-1", newFakeConnector(nil), 1<<30)
+	c, err := NewBackingImageController(logrus.New(), env.DS, rec, "node-1", newFakeConnector(nil), 1<<30, nil)
 	require.NoError(t, err)
 	return env, c, rec
 }
@@ -48,7 +48,7 @@ var fetchKey = fileJobKey{"uid-img", "uuid-node-1"}
 func finishJob(c *BackingImageController, kind string, err error) {
 	c.files.mu.Lock()
 	defer c.files.mu.Unlock()
-	c.files.jobs[fetchKey] = &fileJob{kind: kind, done: true, err: err, generation: 2}
+	c.files.jobs[fetchKey] = &fileJob{kind: kind, done: true, err: err, generation: 2, startedAt: time.Now()}
 }
 
 func mustErr(_ imagefile.Format, err error) error { return err }
@@ -124,18 +124,20 @@ func TestBackingImageFailureIsPermanentOrRetried(t *testing.T) {
 // moves, then goes at once; any other failed copy waits out its back-off.
 func TestBackingImageHoldFailed(t *testing.T) {
 	failedAt := dstest.Now.Add(-3 * time.Second).Format(time.RFC3339) // the first back-off is 5 s
+	allowLocal := string(types.SettingBackingImageDownloadAllowLocal) // false by default
 	tests := []struct {
 		name       string
 		forGoodAt  int64 // 0: not failed for good
 		generation int64
 		now        time.Time
-		limitsAt   time.Time // when a limit setting changed; zero: never
-		wantHold   bool
+		// The setting that refused the copy and its value then.
+		failedSetting, failedValue string
+		wantHold                   bool
 	}{
-		{name: "for good, a limit setting changed since: at once", forGoodAt: 2, generation: 2, now: dstest.Now,
-			limitsAt: dstest.Now, wantHold: false},
-		{name: "for good, a limit setting changed before the failure", forGoodAt: 2, generation: 2, now: dstest.Now,
-			limitsAt: dstest.Now.Add(-time.Hour), wantHold: true},
+		{name: "for good, the refusing setting has another value now: at once", forGoodAt: 2, generation: 2, now: dstest.Now,
+			failedSetting: allowLocal, failedValue: "true", wantHold: false},
+		{name: "for good, the refusing setting has the same value", forGoodAt: 2, generation: 2, now: dstest.Now,
+			failedSetting: allowLocal, failedValue: "false", wantHold: true},
 		{name: "for good, same spec", forGoodAt: 2, generation: 2, now: dstest.Now.Add(time.Hour), wantHold: true},
 		{name: "for good, the spec changed: at once", forGoodAt: 2, generation: 3, now: dstest.Now, wantHold: false},
 		{name: "retryable, within the back-off", generation: 2, now: dstest.Now, wantHold: true},
@@ -147,12 +149,10 @@ func TestBackingImageHoldFailed(t *testing.T) {
 			if tc.forGoodAt > 0 {
 				c.files.markFailedForGood(fetchKey, tc.forGoodAt)
 			}
-			if !tc.limitsAt.IsZero() {
-				c.files.noteLimitSettingsChanged(tc.limitsAt)
-			}
 			bi := testImage(nil, func(bi *v1beta1.BackingImage) { bi.Generation = tc.generation })
 			s := &imageSync{BackingImageController: c, key: testNS + "/img", bi: bi, now: tc.now}
-			st := &v1beta1.BackingImageDiskFileStatus{State: v1beta1.BackingImageStateFailed, Attempts: 1, LastStateTransitionTime: failedAt}
+			st := &v1beta1.BackingImageDiskFileStatus{State: v1beta1.BackingImageStateFailed, Attempts: 1, LastStateTransitionTime: failedAt,
+				FailedSetting: tc.failedSetting, FailedSettingValue: tc.failedValue}
 			assert.Equal(t, tc.wantHold, s.holdFailed(fetchKey, st))
 			_, still := c.files.failedForGoodAt(fetchKey)
 			assert.Equal(t, tc.forGoodAt > 0 && tc.wantHold, still, "the record is dropped once the spec moved")
@@ -244,8 +244,12 @@ func TestBackingImageLimitSettingChangeRetries(t *testing.T) {
 	setting.Value = "true"
 	_, err = env.Strata.StrataV1beta1().Settings(testNS).Update(ctx, setting, metav1.UpdateOptions{})
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return c.files.limitsChangedSince(st.LastStateTransitionTime) }, 5*time.Second, 5*time.Millisecond,
-		"the setting's update is heard")
+	assert.Equal(t, string(types.SettingBackingImageDownloadAllowLocal), st.FailedSetting, "the status names the setting")
+	assert.Equal(t, "false", st.FailedSettingValue, "and its value then")
+	require.Eventually(t, func() bool {
+		v, err := env.DS.GetSettingValue(types.SettingBackingImageDownloadAllowLocal)
+		return err == nil && v == "true"
+	}, 5*time.Second, 5*time.Millisecond, "the setting's update is in the cache")
 	require.NoError(t, c.sync(ctx, key))
 	job, started := c.files.get(fetchKey)
 	require.True(t, started, "the setting changed: fetched again")
@@ -253,4 +257,19 @@ func TestBackingImageLimitSettingChangeRetries(t *testing.T) {
 	require.Eventually(t, func() bool { j, _ := c.files.get(fetchKey); return j.done }, 10*time.Second, 10*time.Millisecond)
 	job, _ = c.files.get(fetchKey)
 	assert.ErrorContains(t, job.err, "connection refused", "allowed now: the dial goes out (and finds nothing on port 1)")
+}
+
+// A copy refused by a cap whose setting changed while the copy ran may have
+// run with the old value: it is not held for good but tried again at once.
+func TestBackingImageRefusedWhileItsSettingChanged(t *testing.T) {
+	env, c, _ := fetchEnv(t)
+	finishJob(c, jobDownloading, refusedDownload(t))
+	c.files.noteLimitSettingChanged(types.SettingBackingImageDownloadAllowLocal)
+	require.NoError(t, c.sync(context.Background(), testNS+"/img"))
+	st := imageSpec(t, env).Status.DiskFileStatusMap["uuid-node-1"]
+	assert.Equal(t, v1beta1.BackingImageStateFailed, st.State)
+	assert.Zero(t, st.FailedGeneration, "not held for good")
+	assert.Empty(t, st.FailedSetting)
+	_, forGood := c.files.failedForGoodAt(fetchKey)
+	assert.False(t, forGood)
 }

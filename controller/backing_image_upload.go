@@ -60,6 +60,14 @@ func (c *BackingImageController) localDiskPath(disk string) (string, bool) {
 // first copy; the other wanted disks then copy from it. size is the
 // request's Content-Length (-1: unknown); more than the upload limit is
 // refused before and while reading.
+//
+// One upload per image at a time, cluster-wide: a second one, to this
+// manager or another, is refused with ErrImageConflict before any byte of
+// it is read. Here an in-memory mark says so at once; across managers the
+// first-copy disk's status does (receiving the upload, claimed with the
+// image's resourceVersion, so of two racing claims one fails and looks
+// again). Upload returns once the transfer is over, never leaving the body
+// to a job still reading it; a client that goes away ends the transfer.
 func (c *BackingImageController) Upload(ctx context.Context, image string, body io.Reader, size int64) (imagefile.Result, error) {
 	var res imagefile.Result
 	bi, err := c.ds.BackingImages.GetROOrLive(ctx, image)
@@ -69,6 +77,17 @@ func (c *BackingImageController) Upload(ctx context.Context, image string, body 
 	if err != nil {
 		return res, err
 	}
+	if !c.files.beginUpload(bi.UID) {
+		return res, fmt.Errorf("an upload of backing image %s is already in progress on node %s; wait for it to end: %w",
+			image, c.controllerID, ErrImageConflict)
+	}
+	claimed := false
+	defer func() {
+		c.files.endUpload(bi.UID)
+		if claimed { // the sync sees the mark gone: a claim with no upload behind it is withdrawn
+			c.queue.Add(bi.Namespace + "/" + bi.Name)
+		}
+	}()
 	switch {
 	case bi.Spec.SourceType != v1beta1.BackingImageSourceTypeUpload:
 		return res, fmt.Errorf("backing image %s has sourceType %s, not upload: %w", image, bi.Spec.SourceType, ErrImageConflict)
@@ -81,31 +100,60 @@ func (c *BackingImageController) Upload(ctx context.Context, image string, body 
 	case size > c.uploadLimit:
 		return res, fmt.Errorf("the upload is %d bytes, more than this manager accepts (%d, --upload-size-limit): %w", size, c.uploadLimit, ErrImageTooLarge)
 	}
+	if err := c.uploadElsewhere(bi); err != nil {
+		return res, err
+	}
 	disk, diskPath, err := c.uploadDisk()
 	if err != nil {
 		return res, err
 	}
 	k := fileJobKey{bi.UID, disk}
-	if _, running := c.files.get(k); running {
-		return res, fmt.Errorf("an upload of %s onto disk %s is already running: %w", image, disk, ErrImageConflict)
+	if job, ok := c.files.get(k); ok {
+		if job.done { // the last upload's end, not recorded yet
+			return res, fmt.Errorf("the previous transfer of %s onto disk %s is being recorded; try again in a moment: %w", image, disk, ErrImageNotReady)
+		}
+		return res, fmt.Errorf("%s of %s onto disk %s is running: %w", job.kind, image, disk, ErrImageConflict)
 	}
+	claimed = true // from here status may hold a claim, even if the call below fails after writing it
 	if err := c.claimUploadDisk(ctx, image, disk); err != nil {
 		return res, err
 	}
 	dir := BackingImageDir(diskPath, bi.Name, bi.Status.UUID)
-	done := make(chan struct{})
-	c.files.start(k, jobUploading, bi.Generation, func(ctx context.Context, report jobReport) (imagefile.Result, error) {
-		defer close(done)
+	ran := false
+	ended := c.files.startFrom(ctx, k, jobUploading, bi.Generation, func(ctx context.Context, report jobReport) (imagefile.Result, error) {
+		ran = true
 		res, err = c.receive(ctx, report, body, size, dir, bi.Spec.Checksum)
 		return res, err
 	})
+	if ended == nil { // a job for the disk appeared since the check above
+		return res, fmt.Errorf("another transfer of %s onto disk %s started: %w", image, disk, ErrImageConflict)
+	}
 	c.queue.Add(bi.Namespace + "/" + bi.Name)
-	select {
-	case <-done:
-	case <-ctx.Done():
-		return res, ctx.Err()
+	<-ended
+	if !ran { // stopped while waiting for a transfer slot
+		if err = ctx.Err(); err == nil {
+			err = fmt.Errorf("the upload of %s was stopped before it began (the image changed): %w", image, context.Canceled)
+		}
 	}
 	return res, err
+}
+
+// uploadElsewhere refuses an upload while another manager receives one for
+// the image: its first-copy disk is receiving the upload and that disk's
+// node is alive. A manager that died mid-upload holds nothing: its copy
+// turns unknown, and when it is back it finds no upload and says so.
+func (c *BackingImageController) uploadElsewhere(bi *v1beta1.BackingImage) error {
+	first := bi.Status.FirstCopyDisk
+	st := bi.Status.DiskFileStatusMap[first]
+	if first == "" || st == nil || st.State != v1beta1.BackingImageStateInProgress || st.Message != jobUploading {
+		return nil
+	}
+	loc, ok := c.ds.LocateDisk(first)
+	if !ok || loc.Node == c.controllerID || !c.ds.IsNodeAlive(loc.Node) {
+		return nil // this node's own mark is in memory (beginUpload), not in status
+	}
+	return fmt.Errorf("an upload of backing image %s is already in progress on node %s; wait for it to end: %w",
+		bi.Name, loc.Node, ErrImageConflict)
 }
 
 // receive writes the upload into dir's source.part and prepares it.
@@ -190,6 +238,14 @@ func (c *BackingImageController) claimUploadDiskOnce(ctx context.Context, image,
 	if err != nil {
 		return err
 	}
+	// Checked again on each read: another manager's claim may have landed
+	// since the cached read, and then this claim's write conflicts.
+	if len(readyCopies(bi)) > 0 {
+		return fmt.Errorf("backing image %s already holds its data; create another image for other data: %w", image, ErrImageConflict)
+	}
+	if err := c.uploadElsewhere(bi); err != nil {
+		return err
+	}
 	if _, ok := bi.Spec.DiskFileSpecMap[disk]; !ok {
 		if bi.Spec.DiskFileSpecMap == nil {
 			bi.Spec.DiskFileSpecMap = map[string]*v1beta1.BackingImageDiskFileSpec{}
@@ -199,8 +255,18 @@ func (c *BackingImageController) claimUploadDiskOnce(ctx context.Context, image,
 			return err
 		}
 	}
-	if bi.Status.FirstCopyDisk != disk {
+	// The claim others see: the first copy is here, receiving the upload.
+	st := bi.Status.DiskFileStatusMap[disk]
+	if bi.Status.FirstCopyDisk != disk || st == nil || st.State != v1beta1.BackingImageStateInProgress || st.Message != jobUploading {
 		bi.Status.FirstCopyDisk = disk
+		if bi.Status.DiskFileStatusMap == nil {
+			bi.Status.DiskFileStatusMap = map[string]*v1beta1.BackingImageDiskFileStatus{}
+		}
+		if st == nil {
+			st = &v1beta1.BackingImageDiskFileStatus{}
+			bi.Status.DiskFileStatusMap[disk] = st
+		}
+		setFileState(st, v1beta1.BackingImageStateInProgress, 0, jobUploading, c.ds.Clock.Now())
 		if _, err := c.ds.BackingImages.UpdateStatus(ctx, bi); err != nil {
 			return err
 		}

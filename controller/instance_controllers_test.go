@@ -55,14 +55,14 @@ func startRealIMWith(t *testing.T, o realIMOptions) *realIM {
 	log.SetOutput(io.Discard)
 	// The tests' disks are t.TempDir()s.
 	srv, err := imserver.New(imserver.Options{StateDir: t.TempDir(), DiskPaths: []string{os.TempDir()},
-		DataHost: "127.0.0.1", NBDAddress: "127.0.0.1:10809", Log: log, SizeReportInterval: o.sizeReportInterval})
+		DataHost: "127.0.0.1", NBDSocket: "/run/strata/nbd.sock", Log: log, SizeReportInterval: o.sizeReportInterval})
 	require.NoError(t, err)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	gs := grpc.NewServer(o.serverOptions...)
 	impb.RegisterInstanceManagerServer(gs, srv)
 	go func() { _ = gs.Serve(l) }()
-	im := &realIM{addr: l.Addr().String(), pool: engineapi.NewPool(10 * time.Second), cache: NewInstanceCache()}
+	im := &realIM{addr: l.Addr().String(), pool: engineapi.NewPool(10*time.Second, nil), cache: NewInstanceCache()}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() { cancel(); im.pool.Close(); gs.Stop(); _ = srv.Close() })
 	client, err := im.pool.Get(im.addr)

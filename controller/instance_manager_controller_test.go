@@ -63,7 +63,7 @@ func TestInstanceManagerControllerSync(t *testing.T) {
 				tc.apiErr.install(env.Strata)
 			}
 			rec := record.NewFakeRecorder(10)
-			c, err := NewInstanceManagerController(logrus.New(), env.DS, rec, "node-1", addr, engineapi.NewPool(0), NewInstanceCache())
+			c, err := NewInstanceManagerController(logrus.New(), env.DS, rec, "node-1", addr, engineapi.NewPool(0, nil), NewInstanceCache())
 			require.NoError(t, err)
 			c.conn = tc.conn
 			env.ClearActions()

@@ -9,8 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -21,6 +19,7 @@ import (
 
 	"github.com/strata-storage/strata/csi/nbddev"
 	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/internal/unixsock"
 	"github.com/strata-storage/strata/types"
 )
 
@@ -126,24 +125,13 @@ func (d *Driver) Serve(ctx context.Context, path string) error {
 }
 
 // listenUnix listens on a unix socket, replacing a stale socket file (one
-// nothing answers on) and refusing to replace anything else.
+// left by a killed process) but not a live one.
 func listenUnix(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+	l, err := unixsock.Listen(path, unixsock.Options{DirMode: 0o750})
+	if err != nil {
 		return nil, err
 	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("%s exists and is not a socket", path)
-		}
-		if conn, err := net.Dial("unix", path); err == nil {
-			conn.Close()
-			return nil, fmt.Errorf("%s: another process serves this socket", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, err
-		}
-	}
-	return net.Listen("unix", path)
+	return l, nil
 }
 
 // serveUntilDone serves until ctx ends, then stops gracefully.

@@ -55,7 +55,7 @@ func TestControllerPublishVolume(t *testing.T) {
 		})
 	}
 	vol := existingVolume("pvc-1", 1<<20, 1)
-	vol.Status.FrontendEndpoint = "nbd://127.0.0.1:10809/pvc-1"
+	vol.Status.FrontendEndpoint = "nbd+unix:///pvc-1?socket=/var/lib/strata/im-nbd/nbd.sock"
 	tests := []struct {
 		name      string
 		strata    []runtime.Object

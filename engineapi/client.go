@@ -2,6 +2,7 @@ package engineapi
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 
@@ -35,18 +37,26 @@ type Client struct {
 }
 
 // NewClient connects lazily: the first call dials, and gRPC reconnects
-// after a failure by itself.
-func NewClient(address string, timeout time.Duration) (*Client, error) {
+// after a failure by itself. tlsConfig authenticates both ends (a manager's
+// certificate, an instance manager's expected: pki.ClientConfig); nil
+// speaks plain gRPC, which only in-process tests' servers accept.
+//
+// extra dial options come last (tests: a dialer from another address).
+func NewClient(address string, timeout time.Duration, tlsConfig *tls.Config, extra ...grpc.DialOption) (*Client, error) {
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
-	conn, err := grpc.NewClient(address,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	creds := insecure.NewCredentials()
+	if tlsConfig != nil {
+		creds = credentials.NewTLS(tlsConfig)
+	}
+	conn, err := grpc.NewClient(address, append([]grpc.DialOption{
+		grpc.WithTransportCredentials(creds),
 		// Notice a dead instance manager within seconds, even on an idle
 		// connection that only carries a Watch.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second,
 			PermitWithoutStream: true}),
-		grpc.WithUnaryInterceptor(countUnary), grpc.WithStreamInterceptor(countStream))
+		grpc.WithUnaryInterceptor(countUnary), grpc.WithStreamInterceptor(countStream)}, extra...)...)
 	if err != nil {
 		return nil, fmt.Errorf("instance manager %s: %w", address, err)
 	}
@@ -311,12 +321,14 @@ func (c *Client) ReplicaDataDelete(ctx context.Context, dataDir string) error {
 type Pool struct {
 	mu      sync.Mutex
 	timeout time.Duration
+	tls     *tls.Config
 	clients map[string]*Client
 }
 
-// NewPool returns an empty pool whose clients use timeout for unary calls.
-func NewPool(timeout time.Duration) *Pool {
-	return &Pool{timeout: timeout, clients: map[string]*Client{}}
+// NewPool returns an empty pool whose clients use timeout for unary calls
+// and tlsConfig (see NewClient).
+func NewPool(timeout time.Duration, tlsConfig *tls.Config) *Pool {
+	return &Pool{timeout: timeout, tls: tlsConfig, clients: map[string]*Client{}}
 }
 
 // Get returns the pooled client for an address, creating it on first use;
@@ -327,7 +339,7 @@ func (p *Pool) Get(address string) (*Client, error) {
 	if c, ok := p.clients[address]; ok {
 		return c, nil
 	}
-	c, err := NewClient(address, p.timeout)
+	c, err := NewClient(address, p.timeout, p.tls)
 	if err != nil {
 		return nil, err
 	}

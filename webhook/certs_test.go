@@ -8,6 +8,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/strata-storage/strata/internal/pki"
 )
 
 var t0 = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
@@ -28,20 +30,20 @@ func verifies(t *testing.T, s *ServingCerts, bundle []byte, now time.Time, host 
 }
 
 func TestCAStateRoundTripsThroughTheSecret(t *testing.T) {
-	state, err := newCAState(t0)
+	state, err := pki.NewCAState(t0)
 	require.NoError(t, err)
-	data, err := state.secretData()
+	data, err := state.SecretData()
 	require.NoError(t, err)
-	assert.ElementsMatch(t, []string{keyCACert, keyCAKey, keyBundle}, keys(data))
+	assert.ElementsMatch(t, []string{pki.KeyCACert, pki.KeyCAKey, pki.KeyBundle}, keys(data))
 
-	parsed, err := parseCAState(data)
+	parsed, err := pki.ParseCAState(data)
 	require.NoError(t, err)
-	assert.True(t, parsed.current.cert.Equal(state.current.cert))
-	assert.True(t, parsed.current.key.Equal(state.current.key))
-	assert.Nil(t, parsed.next)
-	assert.Equal(t, state.bundlePEM(), parsed.bundlePEM())
-	assert.True(t, state.current.cert.IsCA)
-	assert.Equal(t, t0.Add(CAValidity), state.current.cert.NotAfter)
+	assert.True(t, parsed.Current.Cert.Equal(state.Current.Cert))
+	assert.True(t, parsed.Current.Key.Equal(state.Current.Key))
+	assert.Nil(t, parsed.Next)
+	assert.Equal(t, state.BundlePEM(), parsed.BundlePEM())
+	assert.True(t, state.Current.Cert.IsCA)
+	assert.Equal(t, t0.Add(CAValidity), state.Current.Cert.NotAfter)
 }
 
 func keys(m map[string][]byte) []string {
@@ -53,13 +55,13 @@ func keys(m map[string][]byte) []string {
 }
 
 func TestParseCAStateRejectsDamage(t *testing.T) {
-	a, err := newCAState(t0)
+	a, err := pki.NewCAState(t0)
 	require.NoError(t, err)
-	b, err := newCAState(t0)
+	b, err := pki.NewCAState(t0)
 	require.NoError(t, err)
-	good, err := a.secretData()
+	good, err := a.SecretData()
 	require.NoError(t, err)
-	other, err := b.secretData()
+	other, err := b.SecretData()
 	require.NoError(t, err)
 
 	tests := []struct {
@@ -67,11 +69,11 @@ func TestParseCAStateRejectsDamage(t *testing.T) {
 		edit    func(map[string][]byte)
 		wantErr string
 	}{
-		{"no certificate", func(d map[string][]byte) { delete(d, keyCACert) }, "ca.crt/ca.key: want one certificate, found 0"},
-		{"no key", func(d map[string][]byte) { delete(d, keyCAKey) }, "ca.crt/ca.key: no PEM private key"},
-		{"another CA's key", func(d map[string][]byte) { d[keyCAKey] = other[keyCAKey] },
+		{"no certificate", func(d map[string][]byte) { delete(d, pki.KeyCACert) }, "ca.crt/ca.key: want one certificate, found 0"},
+		{"no key", func(d map[string][]byte) { delete(d, pki.KeyCAKey) }, "ca.crt/ca.key: no PEM private key"},
+		{"another CA's key", func(d map[string][]byte) { d[pki.KeyCAKey] = other[pki.KeyCAKey] },
 			"ca.crt/ca.key: the private key does not match the certificate"},
-		{"a next CA without its key", func(d map[string][]byte) { d[keyNextCert] = other[keyCACert] },
+		{"a next CA without its key", func(d map[string][]byte) { d[pki.KeyNextCert] = other[pki.KeyCACert] },
 			"next-ca.crt/next-ca.key: no PEM private key"},
 	}
 	for _, tc := range tests {
@@ -81,16 +83,16 @@ func TestParseCAStateRejectsDamage(t *testing.T) {
 				d[k] = v
 			}
 			tc.edit(d)
-			_, err := parseCAState(d)
+			_, err := pki.ParseCAState(d)
 			assert.EqualError(t, err, tc.wantErr)
 		})
 	}
 
 	t.Run("a lost bundle is rebuilt from the CA in use", func(t *testing.T) {
-		d := map[string][]byte{keyCACert: good[keyCACert], keyCAKey: good[keyCAKey]}
-		s, err := parseCAState(d)
+		d := map[string][]byte{pki.KeyCACert: good[pki.KeyCACert], pki.KeyCAKey: good[pki.KeyCAKey]}
+		s, err := pki.ParseCAState(d)
 		require.NoError(t, err)
-		assert.Equal(t, good[keyBundle], s.bundlePEM())
+		assert.Equal(t, good[pki.KeyBundle], s.BundlePEM())
 	})
 }
 
@@ -100,32 +102,32 @@ func TestParseCAStateRejectsDamage(t *testing.T) {
 func TestRotationNeverCutsOffAManager(t *testing.T) {
 	const rotateBefore = 30 * day
 	clk := clocktesting.NewFakeClock(t0)
-	state, err := newCAState(t0)
+	state, err := pki.NewCAState(t0)
 	require.NoError(t, err)
-	oldCA := state.current.cert
+	oldCA := state.Current.Cert
 	certs := NewServingCerts(servingHosts("strata-system"), clk)
 	host := "strata-webhook.strata-system.svc"
 
 	reissued, err := certs.Refresh(state)
 	require.NoError(t, err)
 	require.True(t, reissued)
-	require.NoError(t, verifies(t, certs, state.bundlePEM(), clk.Now(), host))
+	require.NoError(t, verifies(t, certs, state.BundlePEM(), clk.Now(), host))
 
 	// Not due yet: nothing changes.
 	clk.SetTime(oldCA.NotAfter.Add(-rotateBefore - time.Minute))
-	changed, err := state.rotate(clk.Now(), rotateBefore)
+	changed, err := state.Rotate(clk.Now(), rotateBefore)
 	require.NoError(t, err)
 	assert.False(t, changed)
 
 	// Phase 1: the next CA joins the bundle; serving still uses the current one.
 	clk.SetTime(oldCA.NotAfter.Add(-rotateBefore))
-	changed, err = state.rotate(clk.Now(), rotateBefore)
+	changed, err = state.Rotate(clk.Now(), rotateBefore)
 	require.NoError(t, err)
 	require.True(t, changed)
-	require.NotNil(t, state.next)
-	assert.Len(t, state.bundle, 2)
-	assert.True(t, state.current.cert.Equal(oldCA), "the current CA still signs")
-	changed, err = state.rotate(clk.Now().Add(time.Hour), rotateBefore)
+	require.NotNil(t, state.Next)
+	assert.Len(t, state.Bundle, 2)
+	assert.True(t, state.Current.Cert.Equal(oldCA), "the current CA still signs")
+	changed, err = state.Rotate(clk.Now().Add(time.Hour), rotateBefore)
 	require.NoError(t, err)
 	assert.False(t, changed, "one rotation at a time")
 
@@ -133,49 +135,49 @@ func TestRotationNeverCutsOffAManager(t *testing.T) {
 	// the old CA and is trusted.
 	_, err = certs.Refresh(state)
 	require.NoError(t, err)
-	require.NoError(t, verifies(t, certs, state.bundlePEM(), clk.Now(), host))
+	require.NoError(t, verifies(t, certs, state.BundlePEM(), clk.Now(), host))
 
 	// Phase 2: the next CA becomes current; the manager re-issues from it;
 	// the old CA stays in the bundle for managers that have not yet.
-	state.promote()
-	assert.Nil(t, state.next)
-	assert.False(t, state.current.cert.Equal(oldCA))
-	assert.Len(t, state.bundle, 2)
-	require.NoError(t, verifies(t, certs, state.bundlePEM(), clk.Now(), host), "an old-CA certificate is still trusted")
+	state.Promote()
+	assert.Nil(t, state.Next)
+	assert.False(t, state.Current.Cert.Equal(oldCA))
+	assert.Len(t, state.Bundle, 2)
+	require.NoError(t, verifies(t, certs, state.BundlePEM(), clk.Now(), host), "an old-CA certificate is still trusted")
 	reissued, err = certs.Refresh(state)
 	require.NoError(t, err)
 	assert.True(t, reissued, "a new CA means a new serving certificate")
-	require.NoError(t, verifies(t, certs, state.bundlePEM(), clk.Now(), host))
+	require.NoError(t, verifies(t, certs, state.BundlePEM(), clk.Now(), host))
 	cert, _ := certs.GetCertificate(nil)
-	assert.True(t, cert.Leaf.CheckSignatureFrom(state.current.cert) == nil, "signed by the new CA")
+	assert.True(t, cert.Leaf.CheckSignatureFrom(state.Current.Cert) == nil, "signed by the new CA")
 
 	// Once the old CA has expired it leaves the bundle.
 	clk.SetTime(oldCA.NotAfter.Add(time.Second))
-	changed, err = state.rotate(clk.Now(), rotateBefore)
+	changed, err = state.Rotate(clk.Now(), rotateBefore)
 	require.NoError(t, err)
 	assert.True(t, changed)
-	assert.Len(t, state.bundle, 1)
-	assert.True(t, state.bundle[0].Equal(state.current.cert))
-	require.NoError(t, verifies(t, certs, state.bundlePEM(), clk.Now(), host))
+	assert.Len(t, state.Bundle, 1)
+	assert.True(t, state.Bundle[0].Equal(state.Current.Cert))
+	require.NoError(t, verifies(t, certs, state.BundlePEM(), clk.Now(), host))
 }
 
 func TestAnExpiredCAIsReplacedAtOnce(t *testing.T) {
-	state, err := newCAState(t0)
+	state, err := pki.NewCAState(t0)
 	require.NoError(t, err)
-	old := state.current.cert
+	old := state.Current.Cert
 	later := old.NotAfter.Add(day)
-	changed, err := state.rotate(later, 30*day)
+	changed, err := state.Rotate(later, 30*day)
 	require.NoError(t, err)
 	assert.True(t, changed)
-	assert.Nil(t, state.next)
-	assert.False(t, state.current.cert.Equal(old))
-	assert.Len(t, state.bundle, 1, "the expired CA is dropped")
-	assert.True(t, later.Before(state.current.cert.NotAfter))
+	assert.Nil(t, state.Next)
+	assert.False(t, state.Current.Cert.Equal(old))
+	assert.Len(t, state.Bundle, 1, "the expired CA is dropped")
+	assert.True(t, later.Before(state.Current.Cert.NotAfter))
 }
 
 func TestServingCertificate(t *testing.T) {
 	clk := clocktesting.NewFakeClock(t0)
-	state, err := newCAState(t0)
+	state, err := pki.NewCAState(t0)
 	require.NoError(t, err)
 	certs := NewServingCerts(servingHosts("strata-system", "127.0.0.1", "10.1.2.3", "0.0.0.0", "", "node-1.example"), clk)
 	_, err = certs.GetCertificate(nil)
@@ -195,7 +197,7 @@ func TestServingCertificate(t *testing.T) {
 	assert.ElementsMatch(t, []string{"127.0.0.1", "10.1.2.3"}, ips)
 	assert.Equal(t, t0.Add(servingValidity), leaf.NotAfter)
 	for _, host := range []string{"127.0.0.1", "10.1.2.3", "strata-webhook.strata-system.svc.cluster.local"} {
-		assert.NoError(t, verifies(t, certs, state.bundlePEM(), t0, host), host)
+		assert.NoError(t, verifies(t, certs, state.BundlePEM(), t0, host), host)
 	}
 
 	// Unchanged CA, not due: the same certificate.
@@ -212,9 +214,9 @@ func TestServingCertificate(t *testing.T) {
 	assert.NotEqual(t, leaf.SerialNumber, next.Leaf.SerialNumber)
 
 	// Near the CA's end, a certificate never outlives its CA.
-	clk.SetTime(state.current.cert.NotAfter.Add(-10 * day))
+	clk.SetTime(state.Current.Cert.NotAfter.Add(-10 * day))
 	_, err = certs.Refresh(state)
 	require.NoError(t, err)
 	last, _ := certs.GetCertificate(nil)
-	assert.Equal(t, state.current.cert.NotAfter, last.Leaf.NotAfter)
+	assert.Equal(t, state.Current.Cert.NotAfter, last.Leaf.NotAfter)
 }

@@ -9,16 +9,20 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	admissionac "k8s.io/client-go/applyconfigurations/admissionregistration/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/strata-storage/strata/internal/pki"
 	"github.com/strata-storage/strata/types"
 	"github.com/strata-storage/strata/webhook/admission"
 )
 
 // Names of the webhook's objects.
 const (
-	// CASecretName holds the CA, in the manager namespace.
-	CASecretName = "strata-webhook-ca"
+	// CABundleConfigMap publishes the CA bundle (key CABundleKey) for
+	// users' tools.
+	CABundleConfigMap = "strata-ca-bundle"
+	CABundleKey       = "ca.crt"
 	// ServiceName is the Service in front of every manager (package mode).
 	ServiceName = "strata-webhook"
 	// ServicePort is the Service's port; it targets the managers' --webhook-listen port.
@@ -122,6 +126,20 @@ func applyConfigurations(ctx context.Context, kube kubernetes.Interface,
 	}
 	if _, err := c.ValidatingWebhookConfigurations().Apply(ctx, validating, opts); err != nil {
 		return fmt.Errorf("applying ValidatingWebhookConfiguration %s: %w", ValidatorConfigName, err)
+	}
+	return nil
+}
+
+// applyCABundle publishes the CA bundle in a ConfigMap anyone in the
+// namespace may read, so that users' tools (curl to the HTTPS API) can
+// trust Strata's certificates without reading the CA Secret.
+func applyCABundle(ctx context.Context, kube kubernetes.Interface, namespace string, bundle []byte) error {
+	cm := corev1ac.ConfigMap(CABundleConfigMap, namespace).
+		WithLabels(map[string]string{types.LabelComponent: pki.ComponentCA}).
+		WithData(map[string]string{CABundleKey: string(bundle)})
+	_, err := kube.CoreV1().ConfigMaps(namespace).Apply(ctx, cm, metav1.ApplyOptions{FieldManager: fieldManager, Force: true})
+	if err != nil {
+		return fmt.Errorf("applying ConfigMap %s: %w", CABundleConfigMap, err)
 	}
 	return nil
 }

@@ -10,6 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+
+	"github.com/strata-storage/strata/internal/pki"
 )
 
 // leaderTimings derives the election's timings from the heartbeat lease
@@ -86,26 +88,36 @@ func (s *Server) reconcileAsLeader(ctx context.Context, st *leaderState) (time.D
 	if err != nil {
 		return 0, err
 	}
-	state, err := parseCAState(secret.Data)
+	state, err := pki.ParseCAState(secret.Data)
 	if err != nil {
 		// Nothing can be served from a Secret that does not parse.
 		s.log.WithError(err).Error("The webhook CA Secret is unusable; replacing it with a new CA")
-		if state, err = newCAState(now); err != nil {
+		if state, err = pki.NewCAState(now); err != nil {
 			return 0, err
 		}
-		return retryWait, writeCAState(ctx, s.secretsClient, secret, state)
+		return retryWait, pki.WriteCAState(ctx, s.secretsClient, secret, state)
 	}
-	if changed, err := state.rotate(now, s.opts.CARotateBefore); err != nil {
+	if _, asked := secret.Annotations[pki.AnnotationRotateCA]; asked {
+		started, err := state.StartRotation(now)
+		if err != nil {
+			return 0, err
+		}
+		s.log.WithField("started", started).Info("Rotating the CA as the Secret's annotation asks")
+		secret = secret.DeepCopy()
+		delete(secret.Annotations, pki.AnnotationRotateCA)
+		return retryWait, pki.WriteCAState(ctx, s.secretsClient, secret, state)
+	}
+	if changed, err := state.Rotate(now, s.opts.CARotateBefore); err != nil {
 		return 0, err
 	} else if changed {
-		s.log.WithFields(logrus.Fields{"current": state.current.cert.Subject.CommonName,
-			"expires": state.current.cert.NotAfter.Format(time.RFC3339), "bundle": len(state.bundle),
-			"rotating": state.next != nil}).Info("Rotating the webhook CA")
+		s.log.WithFields(logrus.Fields{"current": state.Current.Cert.Subject.CommonName,
+			"expires": state.Current.Cert.NotAfter.Format(time.RFC3339), "bundle": len(state.Bundle),
+			"rotating": state.Next != nil}).Info("Rotating the webhook CA")
 		// The Secret's update event brings the next pass.
-		return retryWait, writeCAState(ctx, s.secretsClient, secret, state)
+		return retryWait, pki.WriteCAState(ctx, s.secretsClient, secret, state)
 	}
 
-	bundle := state.bundlePEM()
+	bundle := state.BundlePEM()
 	mutating := desiredMutating(s.target, bundle, s.handler.Rules(true))
 	validating := desiredValidating(s.target, bundle, s.handler.Rules(false))
 	desired, err := json.Marshal([]any{mutating, validating})
@@ -116,8 +128,11 @@ func (s *Server) reconcileAsLeader(ctx context.Context, st *leaderState) (time.D
 		if err := applyConfigurations(ctx, s.kube, mutating, validating); err != nil {
 			return 0, err
 		}
+		if err := applyCABundle(ctx, s.kube, s.opts.Namespace, bundle); err != nil {
+			return 0, err
+		}
 		if !bytes.Equal(desired, st.applied) {
-			s.log.WithFields(logrus.Fields{"target": s.target.String(), "cas": len(state.bundle)}).
+			s.log.WithFields(logrus.Fields{"target": s.target.String(), "cas": len(state.Bundle)}).
 				Info("Applied the webhook configurations")
 			st.changedAt = now
 		}
@@ -126,13 +141,13 @@ func (s *Server) reconcileAsLeader(ctx context.Context, st *leaderState) (time.D
 
 	// Phase 2 of a rotation: the bundle with the next CA has been in the
 	// configurations long enough for the API server to trust it.
-	if state.next != nil {
+	if state.Next != nil {
 		if wait := st.changedAt.Add(promoteAfter).Sub(now); wait > 0 {
 			return wait, nil
 		}
-		state.promote()
-		s.log.WithField("ca", state.current.cert.Subject.CommonName).Info("The new webhook CA now signs serving certificates")
-		return retryWait, writeCAState(ctx, s.secretsClient, secret, state)
+		state.Promote()
+		s.log.WithField("ca", state.Current.Cert.Subject.CommonName).Info("The new webhook CA now signs serving certificates")
+		return retryWait, pki.WriteCAState(ctx, s.secretsClient, secret, state)
 	}
 	return leaderResync, nil
 }

@@ -18,8 +18,6 @@ import (
 	"github.com/sirupsen/logrus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -29,6 +27,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/internal/pki"
 	"github.com/strata-storage/strata/webhook/admission"
 	"github.com/strata-storage/strata/webhook/resources/backingimage"
 	"github.com/strata-storage/strata/webhook/resources/recurringjob"
@@ -144,13 +143,7 @@ func New(log logrus.FieldLogger, ds *datastore.DataStore, kube kubernetes.Interf
 		s.target = urlTarget(opts.URLHost, ln.Addr().(*net.TCPAddr).Port)
 	}
 	// The CA Secret alone, so the managers' RBAC can name it.
-	s.factory = informers.NewSharedInformerFactoryWithOptions(kube, datastore.ResyncPeriod,
-		informers.WithNamespace(opts.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", CASecretName).String()
-		}))
-	secrets := s.factory.Core().V1().Secrets()
-	s.secretInformer, s.secrets = secrets.Informer(), secrets.Lister().Secrets(opts.Namespace)
+	s.factory, s.secretInformer, s.secrets = pki.NewCASecretInformer(kube, opts.Namespace)
 	// A VM snapshot or backup kind installed or removed changes the rules.
 	if ds.OptionalKinds != nil {
 		ds.OptionalKinds.OnChange(func(datastore.OptionalKind) { poke(s.leaderEvents) })
@@ -232,7 +225,7 @@ func (s *Server) caSecret(ctx context.Context) (*corev1.Secret, error) {
 	if !apierrors.IsNotFound(err) {
 		return nil, err
 	}
-	return loadOrCreateCASecret(ctx, s.secretsClient, s.opts.Clock.Now())
+	return pki.LoadOrCreateCASecret(ctx, s.secretsClient, s.opts.Clock.Now())
 }
 
 func (s *Server) refreshServingCert(ctx context.Context) error {
@@ -240,13 +233,13 @@ func (s *Server) refreshServingCert(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	state, err := parseCAState(secret.Data)
+	state, err := pki.ParseCAState(secret.Data)
 	if err != nil {
 		return fmt.Errorf("Secret %s: %w", CASecretName, err)
 	}
 	reissued, err := s.certs.Refresh(state)
 	if reissued {
-		s.log.WithFields(logrus.Fields{"ca": state.current.cert.Subject.CommonName,
+		s.log.WithFields(logrus.Fields{"ca": state.Current.Cert.Subject.CommonName,
 			"renewAt": s.certs.RenewAt().Format(time.RFC3339)}).Info("Issued the webhook serving certificate")
 	}
 	return err

@@ -28,6 +28,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/strata-storage/strata/datastore/dstest"
+	"github.com/strata-storage/strata/internal/pki"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 	"github.com/strata-storage/strata/webhook/admission"
@@ -112,7 +113,7 @@ func TestLeaderAppliesConfigurations(t *testing.T) {
 
 			secret, err := env.Kube.CoreV1().Secrets(ns).Get(ctx, CASecretName, metav1.GetOptions{})
 			require.NoError(t, err, "the first pass creates the CA Secret")
-			bundle := secret.Data[keyBundle]
+			bundle := secret.Data[pki.KeyBundle]
 			require.NotEmpty(t, bundle)
 
 			mc, err := env.Kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, MutatorConfigName, metav1.GetOptions{})
@@ -212,11 +213,11 @@ func TestLeaderRotatesTheCA(t *testing.T) {
 		require.NoError(t, err)
 		return next
 	}
-	current := func() *caState {
+	current := func() *pki.CAState {
 		t.Helper()
 		secret, err := env.Kube.CoreV1().Secrets(ns).Get(ctx, CASecretName, metav1.GetOptions{})
 		require.NoError(t, err)
-		state, err := parseCAState(secret.Data)
+		state, err := pki.ParseCAState(secret.Data)
 		require.NoError(t, err)
 		// Let the informer catch up, as the next pass would.
 		require.Eventually(t, func() bool {
@@ -235,30 +236,69 @@ func TestLeaderRotatesTheCA(t *testing.T) {
 	pass()
 	first := current()
 
-	clk.SetTime(first.current.cert.NotAfter.Add(-30 * day))
+	clk.SetTime(first.Current.Cert.NotAfter.Add(-30 * day))
 	assert.Equal(t, retryWait, pass(), "phase 1 writes the Secret")
 	rotating := current()
-	require.NotNil(t, rotating.next)
-	assert.True(t, rotating.current.cert.Equal(first.current.cert))
+	require.NotNil(t, rotating.Next)
+	assert.True(t, rotating.Current.Cert.Equal(first.Current.Cert))
 
 	wait := pass()
 	assert.Equal(t, promoteAfter, wait, "the new bundle is applied; promotion waits for the API server to load it")
-	assert.Equal(t, rotating.bundlePEM(), bundleInConfig())
+	assert.Equal(t, rotating.BundlePEM(), bundleInConfig())
 
 	clk.Step(promoteAfter)
 	assert.Equal(t, retryWait, pass(), "phase 2 writes the Secret")
 	promoted := current()
-	assert.Nil(t, promoted.next)
-	assert.True(t, promoted.current.cert.Equal(rotating.next.cert))
-	assert.Len(t, promoted.bundle, 2, "the old CA stays trusted until it expires")
+	assert.Nil(t, promoted.Next)
+	assert.True(t, promoted.Current.Cert.Equal(rotating.Next.Cert))
+	assert.Len(t, promoted.Bundle, 2, "the old CA stays trusted until it expires")
 
 	assert.Equal(t, leaderResync, pass())
-	assert.Equal(t, promoted.bundlePEM(), bundleInConfig())
+	assert.Equal(t, promoted.BundlePEM(), bundleInConfig())
+	cm, err := env.Kube.CoreV1().ConfigMaps(ns).Get(ctx, CABundleConfigMap, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, string(promoted.BundlePEM()), cm.Data[CABundleKey], "users' tools see the same bundle")
+}
+
+// An admin asks for a rotation with an annotation; the leader starts phase
+// 1 at once and removes the annotation.
+func TestLeaderRotatesTheCAWhenAsked(t *testing.T) {
+	env := dstest.New(t, nil, nil)
+	clk := clocktesting.NewFakeClock(dstest.Now)
+	s := newTestServer(t, env, "127.0.0.1", clk)
+	startSecretCache(t, s)
+	ctx := context.Background()
+	st := &leaderState{}
+	_, err := s.reconcileAsLeader(ctx, st)
+	require.NoError(t, err)
+	secret, err := env.Kube.CoreV1().Secrets(ns).Get(ctx, CASecretName, metav1.GetOptions{})
+	require.NoError(t, err)
+	first, err := pki.ParseCAState(secret.Data)
+	require.NoError(t, err)
+	secret.Annotations = map[string]string{pki.AnnotationRotateCA: "now"}
+	_, err = env.Kube.CoreV1().Secrets(ns).Update(ctx, secret, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		cached, err := s.secrets.Get(CASecretName)
+		return err == nil && cached.Annotations[pki.AnnotationRotateCA] != ""
+	}, 5*time.Second, 10*time.Millisecond)
+
+	next, err := s.reconcileAsLeader(ctx, st)
+	require.NoError(t, err)
+	assert.Equal(t, retryWait, next)
+	secret, err = env.Kube.CoreV1().Secrets(ns).Get(ctx, CASecretName, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.NotContains(t, secret.Annotations, pki.AnnotationRotateCA, "the request is consumed")
+	rotating, err := pki.ParseCAState(secret.Data)
+	require.NoError(t, err)
+	require.NotNil(t, rotating.Next, "phase 1 began")
+	assert.True(t, rotating.Current.Cert.Equal(first.Current.Cert), "the current CA still signs until promotion")
+	assert.Len(t, rotating.Bundle, 2)
 }
 
 func TestLeaderReplacesAnUnusableSecret(t *testing.T) {
 	broken := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: CASecretName, Namespace: ns},
-		Data: map[string][]byte{keyCACert: []byte("garbage")}}
+		Data: map[string][]byte{pki.KeyCACert: []byte("garbage")}}
 	env := dstest.New(t, nil, []runtime.Object{broken})
 	s := newTestServer(t, env, "127.0.0.1", clocktesting.NewFakeClock(dstest.Now))
 	startSecretCache(t, s)
@@ -266,7 +306,7 @@ func TestLeaderReplacesAnUnusableSecret(t *testing.T) {
 	require.NoError(t, err)
 	secret, err := env.Kube.CoreV1().Secrets(ns).Get(context.Background(), CASecretName, metav1.GetOptions{})
 	require.NoError(t, err)
-	_, err = parseCAState(secret.Data)
+	_, err = pki.ParseCAState(secret.Data)
 	assert.NoError(t, err)
 }
 

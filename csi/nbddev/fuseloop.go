@@ -1,8 +1,6 @@
 package nbddev
 
 import (
-	"strings"
-
 	"github.com/strata-storage/strata/internal/atomicfile"
 
 	"context"
@@ -134,7 +132,7 @@ func (c *FUSELoop) inspect(volumeID string) (fuseState, error) {
 		// lost file; the daemon's own arguments still say it.
 		st.endpoint = nbdfuseURI(st.daemons[0].Args[1:], dir)
 		if c.exportSuffix != "" {
-			st.endpoint = strings.TrimSuffix(st.endpoint, c.exportSuffix)
+			st.endpoint = withoutExportSuffix(st.endpoint, c.exportSuffix)
 		}
 	}
 	return st, nil
@@ -212,6 +210,15 @@ func (c *FUSELoop) existing(log logrus.FieldLogger, volumeID, endpoint string, s
 func (c *FUSELoop) startOver(ctx context.Context, log logrus.FieldLogger, volumeID, endpoint string, st fuseState) error {
 	if st.active() {
 		log.WithFields(stateFields(st)).Warn("nbddev: tearing down a broken connection before reconnecting")
+		// A dead connection whose nbdfuse is gone (libnbd 1.14's nbdfuse
+		// aborts on a request to an nbd+unix server that went away) is as
+		// much in use as one whose nbdfuse stays up failing requests.
+		if st.loop != "" {
+			if err := checkUnused(volumeID, st.loop); err != nil {
+				return fmt.Errorf("%w; and its connection to %s is dead (FUSE mounted: %v, nbdfuse processes: %d): unmount it, then connect again",
+					err, st.endpoint, st.mounted, len(st.daemons))
+			}
+		}
 		if err := c.teardown(ctx, volumeID, st); err != nil {
 			return err
 		}
@@ -233,6 +240,12 @@ func (c *FUSELoop) crash(step string) {
 // and waits until the export shows as <dir>/nbd.
 func (c *FUSELoop) startNBDFUSE(ctx context.Context, log logrus.FieldLogger, volumeID, endpoint string) error {
 	dir := c.mountDir(volumeID)
+	// The growable export: nbdfuse's file keeps the size it sees at connect,
+	// so it must see the ceiling for the loop device to grow later (Resize).
+	uri, err := withExportSuffix(endpoint, c.exportSuffix)
+	if err != nil {
+		return fmt.Errorf("volume %s: %w", volumeID, err)
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("volume %s: %w", volumeID, err)
 	}
@@ -247,9 +260,7 @@ func (c *FUSELoop) startNBDFUSE(ctx context.Context, log logrus.FieldLogger, vol
 		return fmt.Errorf("volume %s: %w", volumeID, err)
 	}
 	// Not CommandContext: the daemon must outlive this call and this process.
-	// The growable export: nbdfuse's file keeps the size it sees at connect,
-	// so it must see the ceiling for the loop device to grow later (Resize).
-	cmd := exec.Command("nbdfuse", dir+"/", endpoint+c.exportSuffix)
+	cmd := exec.Command("nbdfuse", dir+"/", uri)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Own session: no signal for our process group or terminal reaches it,
 	// and no Pdeathsig, so a plugin restart leaves the device working.

@@ -19,6 +19,8 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/strata-storage/strata/engineapi"
 )
 
 // testExportSize is the size of the test exports: big enough for ext4 and a
@@ -70,14 +72,25 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// nbdServer is a qemu-nbd serving a sparse raw file as one export, standing
-// in for the instance manager's NBD frontend.
+// nbdServer is a qemu-nbd serving a sparse raw file as one export on a unix
+// socket, standing in for the instance manager's NBD frontend; endpoint is
+// what the instance manager would publish (nbd+unix://).
 type nbdServer struct {
 	endpoint string
 	file     string
-	addr     string
+	socket   string
 	args     []string
 	cmd      *exec.Cmd
+}
+
+// shortDir is a fresh directory for unix sockets, whose paths may not
+// exceed 107 bytes (t.TempDir() is named after the test, and may be long).
+func shortDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "nbddev")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }
 
 // startNBDServer serves a fresh 64 MiB file as export name. --persistent
@@ -88,13 +101,13 @@ func startNBDServer(t testing.TB, name string) *nbdServer {
 	file := filepath.Join(t.TempDir(), name+".img")
 	require.NoError(t, os.WriteFile(file, nil, 0o600))
 	require.NoError(t, os.Truncate(file, testExportSize))
-	port := freePort(t)
+	socket := filepath.Join(shortDir(t), "nbd.sock")
 	s := &nbdServer{
-		endpoint: fmt.Sprintf("nbd://127.0.0.1:%d/%s", port, name),
+		endpoint: engineapi.UnixNBDEndpoint(socket, name).String(),
 		file:     file,
-		addr:     fmt.Sprintf("127.0.0.1:%d", port),
-		args: []string{"--format=raw", "--export-name=" + name, "--bind=127.0.0.1",
-			fmt.Sprintf("--port=%d", port), "--persistent", "--shared=16", file},
+		socket:   socket,
+		args: []string{"--format=raw", "--export-name=" + name, "--socket=" + socket,
+			"--persistent", "--shared=16", file},
 	}
 	s.start(t)
 	t.Cleanup(func() {
@@ -118,12 +131,12 @@ func (s *nbdServer) start(t testing.TB) {
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	require.NoError(t, s.cmd.Start())
 	require.Eventually(t, func() bool {
-		c, err := net.Dial("tcp", s.addr)
+		c, err := net.Dial("unix", s.socket)
 		if err == nil {
 			c.Close()
 		}
 		return err == nil
-	}, 10*time.Second, 20*time.Millisecond, "qemu-nbd listens on %s; log: %s", s.addr, logTail(logPath))
+	}, 10*time.Second, 20*time.Millisecond, "qemu-nbd listens on %s; log: %s", s.socket, logTail(logPath))
 }
 
 // kill stops the server as a crashed instance manager would stop.

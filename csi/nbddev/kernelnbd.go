@@ -4,8 +4,8 @@ package nbddev
 // module: the machines this was written on have no nbd module and no
 // /dev/nbd*. What is tested here is the choice of a free device from a fake
 // sysfs tree, the recovery of a connection from sysfs and /proc, and that
-// qemu-nbd opens an nbd:// URI with exactly the image options used for
-// --connect (by serving it again, which needs no module).
+// qemu-nbd opens an nbd+unix:// (and an nbd://) URI with exactly the image
+// options used for --connect (by serving it again, which needs no module).
 
 import (
 	"github.com/strata-storage/strata/internal/atomicfile"
@@ -61,7 +61,7 @@ func (c *KernelNBD) deviceFile(volumeID string) string {
 
 // qemuNBDImageArgs are the image options for the export: raw (the export
 // is the volume's bytes) and no host cache, so a flush reaches Strata. qemu's
-// block layer opens nbd:// URIs itself.
+// block layer opens nbd+unix:// and nbd:// URIs itself.
 func qemuNBDImageArgs(endpoint string) []string {
 	return []string{"--format=raw", "--cache=none", endpoint}
 }

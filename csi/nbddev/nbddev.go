@@ -13,7 +13,6 @@ package nbddev
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -21,11 +20,14 @@ import (
 	"sync"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/strata-storage/strata/engineapi"
 )
 
 // Connector turns an NBD export into a block device on this node.
 type Connector interface {
-	// Connect exposes endpoint (nbd://host:port/name) as a block device for volumeID and
+	// Connect exposes endpoint (nbd+unix:///name?socket=/path, or nbd://host:port/name)
+	// as a block device for volumeID and
 	// returns the device path. Idempotent: if volumeID is already connected to the same
 	// endpoint, it returns the existing device; connected to another endpoint → error naming both.
 	Connect(ctx context.Context, volumeID, endpoint string) (device string, err error)
@@ -98,17 +100,34 @@ func validateVolumeID(volumeID string) error {
 	return nil
 }
 
-// validateEndpoint accepts nbd://host:port/export, the form the instance
-// manager publishes as Volume.status.frontendEndpoint.
+// validateEndpoint accepts what engineapi.ParseNBDEndpoint does:
+// nbd+unix:///<export>?socket=<absolute path>, the form the instance manager
+// publishes as Volume.status.frontendEndpoint, and nbd://host:port/export
+// (older instance managers, connections made before an upgrade). Anything
+// else is refused before any tool sees it.
 func validateEndpoint(endpoint string) error {
-	u, err := url.Parse(endpoint)
+	_, err := engineapi.ParseNBDEndpoint(endpoint)
+	return err
+}
+
+// withExportSuffix is endpoint naming the export whose name is endpoint's
+// and suffix: the growable export nbdfuse reads.
+func withExportSuffix(endpoint, suffix string) (string, error) {
+	ep, err := engineapi.ParseNBDEndpoint(endpoint)
 	if err != nil {
-		return fmt.Errorf("endpoint %q: %w", endpoint, err)
+		return "", err
 	}
-	if u.Scheme != "nbd" || u.Host == "" || strings.Trim(u.Path, "/") == "" {
-		return fmt.Errorf("endpoint %q: want nbd://host:port/export", endpoint)
+	return ep.WithExport(ep.Export + suffix).String(), nil
+}
+
+// withoutExportSuffix undoes withExportSuffix; an endpoint that does not
+// parse or whose export does not end in suffix is returned as it is.
+func withoutExportSuffix(endpoint, suffix string) string {
+	ep, err := engineapi.ParseNBDEndpoint(endpoint)
+	if err != nil || !strings.HasSuffix(ep.Export, suffix) {
+		return endpoint
 	}
-	return nil
+	return ep.WithExport(strings.TrimSuffix(ep.Export, suffix)).String()
 }
 
 // absStateDir creates stateDir and resolves it to the path the kernel will

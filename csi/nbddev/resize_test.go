@@ -28,17 +28,21 @@ type growingDevice struct {
 func (d *growingDevice) Size() int64 { return d.size.Load() }
 
 // serveGrowable serves dev the way an instance manager serves an engine:
-// the plain export and the growable one (the engine's own NBD server code).
+// the plain export and the growable one (the engine's own NBD server code),
+// on a unix socket only this user and root may use, and returns the
+// endpoint the instance manager would publish.
 func serveGrowable(t *testing.T, name string, dev blockdev.Device) string {
 	t.Helper()
-	srv := nbd.NewServer(nbd.Options{Logger: logrus.New()})
+	log := logrus.New()
+	srv := nbd.NewServer(nbd.Options{Logger: log})
 	require.NoError(t, srv.AddExport(name, dev))
 	require.NoError(t, srv.AddExport(name+engineapi.GrowableExportSuffix, dev, nbd.Growable(engineapi.MaxVolumeSize)))
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	socket := filepath.Join(shortDir(t), "nbd.sock")
+	l, err := net.Listen("unix", socket)
 	require.NoError(t, err)
-	go func() { _ = srv.Serve(l) }()
+	go func() { _ = srv.Serve(nbd.PeerUIDListener(l, log, nbd.OwnUIDs()...)) }()
 	t.Cleanup(func() { _ = srv.Close() })
-	return fmt.Sprintf("nbd://%s/%s", l.Addr(), name)
+	return engineapi.UnixNBDEndpoint(socket, name).String()
 }
 
 // A mounted filesystem grows with its volume: the device follows Resize,

@@ -10,11 +10,25 @@ import (
 )
 
 // BenchmarkClient measures the protocol over loopback TCP against an
-// in-memory device, so the figures are the data path's own overhead.
+// in-memory device, so the figures are the data path's own overhead: plain
+// TCP as the baseline and mutual TLS (what instance managers use), in the
+// same run.
 func BenchmarkClient(b *testing.B) {
+	b.Run("plain", func(b *testing.B) { benchClient(b, false, false) })
+	b.Run("tls", func(b *testing.B) { benchClient(b, true, false) })
+	b.Run("tls-auth-only", func(b *testing.B) { benchClient(b, true, true) })
+}
+
+func benchClient(b *testing.B, withTLS, unencrypted bool) {
 	const size = 256 << 20
-	_, addr := startServer(b, &testHandler{Device: blockdev.NewMem(size)}, nil)
-	c := dial(b, addr, Options{})
+	var srvOpts []ServerOption
+	var opts Options
+	if withTLS {
+		server, client := testTLS(b)
+		srvOpts, opts.TLS, opts.Unencrypted = []ServerOption{WithTLS(server)}, client, unencrypted
+	}
+	_, addr := startServer(b, &testHandler{Device: blockdev.NewMem(size)}, nil, srvOpts...)
+	c := dial(b, addr, opts)
 
 	// seq: each goroutine takes the next chunk of the device in turn.
 	seq := func(n int, write bool) func(b *testing.B) {

@@ -1,6 +1,7 @@
 package dataconn
 
 import (
+	"bufio"
 	"io"
 	"net"
 	"sync"
@@ -55,14 +56,21 @@ const maxScratch = 1 << 20
 // payloads are referenced. One flush per batch means one syscall for many
 // pipelined frames.
 type frameWriter struct {
-	w       io.Writer
+	w io.Writer
+	// bw coalesces the pieces when w cannot take them in one writev (a TLS
+	// connection writes each piece as its own record otherwise).
+	bw      *bufio.Writer
 	scratch []byte
 	mark    int // scratch[:mark] is already referenced by bufs
 	bufs    net.Buffers
 }
 
 func newFrameWriter(w io.Writer) *frameWriter {
-	return &frameWriter{w: w, scratch: make([]byte, 0, 64<<10)}
+	fw := &frameWriter{w: w, scratch: make([]byte, 0, 64<<10)}
+	if _, ok := w.(*net.TCPConn); !ok {
+		fw.bw = bufio.NewWriterSize(w, 64<<10)
+	}
+	return fw
 }
 
 func (fw *frameWriter) request(h RequestHeader, payload []byte) {
@@ -99,8 +107,19 @@ func (fw *frameWriter) flush() error {
 	fw.cut()
 	var err error
 	if len(fw.bufs) > 0 {
-		bufs := fw.bufs // WriteTo consumes its receiver; keep fw.bufs' array
-		_, err = bufs.WriteTo(fw.w)
+		if fw.bw != nil {
+			for _, b := range fw.bufs {
+				if _, err = fw.bw.Write(b); err != nil {
+					break
+				}
+			}
+			if err == nil {
+				err = fw.bw.Flush()
+			}
+		} else {
+			bufs := fw.bufs // WriteTo consumes its receiver; keep fw.bufs' array
+			_, err = bufs.WriteTo(fw.w)
+		}
 	}
 	clear(fw.bufs)
 	fw.bufs = fw.bufs[:0]

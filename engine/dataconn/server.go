@@ -2,6 +2,7 @@ package dataconn
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"net"
@@ -29,6 +30,23 @@ type ServerOption func(*serverConfig)
 type serverConfig struct {
 	maxInFlight      int
 	maxInFlightBytes int64
+	tls              *tls.Config
+}
+
+// handshakeTimeout bounds a TLS handshake, so that a peer that connects and
+// says nothing holds no goroutine for long.
+const handshakeTimeout = 10 * time.Second
+
+// WithTLS makes every connection a TLS server connection with cfg (whose
+// client-certificate checks decide who may connect); a failed handshake
+// closes the connection before any frame is read.
+func WithTLS(cfg *tls.Config) ServerOption {
+	cfg = cfg.Clone()
+	// A TLS 1.3 server sends session tickets after the handshake; a
+	// connection that goes on unencrypted (negotiate) must see no TLS
+	// record after the mode byte.
+	cfg.SessionTicketsDisabled = true
+	return func(c *serverConfig) { c.tls = cfg }
 }
 
 // WithMaxInFlight bounds the requests one connection has admitted and not
@@ -135,6 +153,22 @@ func (s *Server) Serve(l net.Listener) error {
 	}
 }
 
+// handshake turns sc's connection into a TLS one; false (connection closed,
+// refusal logged) when the peer does not pass.
+func (s *Server) handshake(sc *serverConn) bool {
+	raw := sc.conn
+	ctx, cancel := context.WithTimeout(s.ctx, handshakeTimeout)
+	defer cancel()
+	conn, err := serverHandshake(ctx, raw, s.cfg.tls)
+	if err != nil {
+		s.log.WithError(err).WithField("remote", raw.RemoteAddr().String()).Warn("Refused a data connection")
+		raw.Close()
+		return false
+	}
+	sc.setConn(conn)
+	return true
+}
+
 func (s *Server) isClosed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -155,6 +189,12 @@ func (s *Server) startConn(conn net.Conn) {
 
 	go func() {
 		defer s.wg.Done()
+		if s.cfg.tls != nil && !s.handshake(sc) {
+			s.mu.Lock()
+			delete(s.conns, sc)
+			s.mu.Unlock()
+			return
+		}
 		sc.run()
 		s.mu.Lock()
 		delete(s.conns, sc)

@@ -311,3 +311,11 @@ func (sc *serverConn) writeLoop() {
 		}
 	}
 }
+
+// setConn replaces the connection (by its TLS wrapping) before run; under
+// the server's lock, which Close holds while it closes connections.
+func (sc *serverConn) setConn(c net.Conn) {
+	sc.s.mu.Lock()
+	sc.conn = c
+	sc.s.mu.Unlock()
+}

@@ -26,16 +26,22 @@ import (
 type confinement struct {
 	disks   []string // replica data and backing files (Options.DiskPaths)
 	backups []string // file:// backup targets (Options.BackupPaths)
-	state   string   // the instance manager's own state, never a request's; "" for none
+	// own are the instance manager's own files, never a request's: its
+	// state directory, NBD socket and TLS directory.
+	own []ownPath
 }
+
+type ownPath struct{ what, path string }
 
 func newConfinement(opts Options) (confinement, error) {
 	if len(opts.DiskPaths) == 0 {
 		return confinement{}, errors.New("no disk paths: every replica would be refused; give the node's disks (--disk-path)")
 	}
 	c := confinement{}
-	if opts.StateDir != "" {
-		c.state = filepath.Clean(opts.StateDir)
+	for _, o := range []ownPath{{"state directory", opts.StateDir}, {"NBD socket", opts.NBDSocket}, {"TLS directory", opts.TLSDir}} {
+		if o.path != "" {
+			c.own = append(c.own, ownPath{o.what, filepath.Clean(o.path)})
+		}
 	}
 	for _, roots := range []struct {
 		flag string
@@ -100,7 +106,7 @@ func (c confinement) backupTarget(t *impb.BackupTarget) error {
 
 // check refuses p unless it is absolute, has no "..", and resolves to a
 // path inside one of roots (strictly, unless orRoot) and apart from the
-// state directory.
+// state directory and the NBD socket.
 func (c confinement) check(field, p string, roots []string, rootsName string, orRoot bool) error {
 	invalid := func(format string, args ...any) error {
 		return fmt.Errorf("%s %q %s: %w", field, p, fmt.Sprintf(format, args...), engineapi.ErrInvalid)
@@ -124,8 +130,10 @@ func (c confinement) check(field, p string, roots []string, rootsName string, or
 		}
 		return invalid("is outside %s%s: allowed are paths inside %s", rootsName, via, strings.Join(roots, ", "))
 	}
-	if st, err := resolveExisting(c.state); c.state != "" && err == nil && pathsOverlap(resolved, st) {
-		return invalid("overlaps the instance manager's state directory %s", c.state)
+	for _, o := range c.own {
+		if p, err := resolveExisting(o.path); err == nil && pathsOverlap(resolved, p) {
+			return invalid("overlaps the instance manager's %s %s", o.what, o.path)
+		}
 	}
 	return nil
 }

@@ -38,7 +38,10 @@ func newConfinedDirs(t *testing.T) confinedDirs {
 
 func TestConfinementOfDiskPaths(t *testing.T) {
 	d := newConfinedDirs(t)
-	c, err := newConfinement(Options{DiskPaths: []string{d.disk}, StateDir: d.state})
+	socket := filepath.Join(d.disk, "im-nbd", "nbd.sock")
+	tlsDir := filepath.Join(d.disk, "im-tls")
+	require.NoError(t, os.MkdirAll(tlsDir, 0o700))
+	c, err := newConfinement(Options{DiskPaths: []string{d.disk}, StateDir: d.state, NBDSocket: socket, TLSDir: tlsDir})
 	require.NoError(t, err)
 	tests := []struct {
 		name    string
@@ -64,6 +67,10 @@ func TestConfinementOfDiskPaths(t *testing.T) {
 		{"a dangling link a mkdir would follow out", filepath.Join(d.disk, "dangling", "r1"), `is a symbolic link to nowhere`},
 		{"the state directory", filepath.Join(d.state, "replicas.json"), `overlaps the instance manager's state directory`},
 		{"a directory holding the state", filepath.Join(d.disk, ".im-state"), `overlaps the instance manager's state directory`},
+		{"the NBD socket", socket, `overlaps the instance manager's NBD socket ` + socket},
+		{"a directory holding the NBD socket", filepath.Dir(socket), `overlaps the instance manager's NBD socket`},
+		{"a sibling of the NBD socket's directory", filepath.Join(d.disk, "im-nbd-2"), ""},
+		{"the TLS directory's key", filepath.Join(tlsDir, "identity.pem"), `overlaps the instance manager's TLS directory ` + tlsDir},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -147,6 +154,19 @@ func TestConfinementOfBackupTargets(t *testing.T) {
 			require.ErrorIs(t, err, engineapi.ErrInvalid)
 			assert.Contains(t, err.Error(), tt.wantMsg)
 		})
+	}
+}
+
+// The NBD socket is required, and absolute: endpoints name it.
+func TestNewRefusesABadNBDSocket(t *testing.T) {
+	for _, tt := range []struct{ socket, wantMsg string }{
+		{"", "no NBD socket"},
+		{"run/nbd.sock", `--nbd-socket "run/nbd.sock": must be an absolute path`},
+		{"/run/../tmp/nbd.sock", "without .."},
+	} {
+		_, err := New(Options{StateDir: t.TempDir(), DiskPaths: []string{t.TempDir()}, NBDSocket: tt.socket, Log: quietLog()})
+		require.Error(t, err, tt.socket)
+		assert.Contains(t, err.Error(), tt.wantMsg)
 	}
 }
 

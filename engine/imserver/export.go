@@ -79,7 +79,7 @@ func (s *Server) dialReplica(ctx context.Context, address string) ([]*dataconn.C
 	var srcs []*dataconn.Client
 	for len(srcs) < layerReaders {
 		dctx, cancel := context.WithTimeout(ctx, dialTimeout)
-		c, err := dataconn.Dial(dctx, address, dataconn.Options{Timeout: layerCallTimeout, Log: s.log})
+		c, err := dataconn.Dial(dctx, address, s.dataOptions(address, layerCallTimeout))
 		cancel()
 		if err != nil {
 			if len(srcs) == 0 {

@@ -38,6 +38,10 @@ func quietLog() logrus.FieldLogger {
 	return l
 }
 
+// testNBDSocket is the test instance managers' NBD socket: only named in
+// endpoints, since the tests serve no NBD.
+const testNBDSocket = "/run/strata/nbd.sock"
+
 // newTestIM starts an instance manager. The size reporter is off unless
 // opts asks for it, so other tests see no background events.
 func newTestIM(t *testing.T, opts Options) *testIM {
@@ -58,7 +62,10 @@ func newTestIM(t *testing.T, opts Options) *testIM {
 	if opts.BackupPaths == nil {
 		opts.BackupPaths = []string{os.TempDir()}
 	}
-	opts.DataHost, opts.NBDAddress, opts.Log = "127.0.0.1", "127.0.0.1:10809", quietLog()
+	if opts.NBDSocket == "" {
+		opts.NBDSocket = testNBDSocket
+	}
+	opts.DataHost, opts.Log = "127.0.0.1", quietLog()
 	im := &testIM{opts: opts, diskDir: filepath.Join(dir, "disk")}
 	im.start(t)
 	t.Cleanup(func() { im.stop(t) })
@@ -74,7 +81,7 @@ func (im *testIM) start(t *testing.T) {
 	gs := grpc.NewServer()
 	impb.RegisterInstanceManagerServer(gs, s)
 	go func() { _ = gs.Serve(l) }()
-	c, err := engineapi.NewClient(l.Addr().String(), 20*time.Second)
+	c, err := engineapi.NewClient(l.Addr().String(), 20*time.Second, nil)
 	require.NoError(t, err)
 	im.s, im.c, im.gs, im.listener = s, c, gs, l.Addr().String()
 }

@@ -201,9 +201,10 @@ func (s *Server) startReplica(inst *instance, reopen bool) error {
 	}
 	log := s.log.WithField("replica", spec.Name)
 	inst.rep, inst.handler = rep, replicaserver.New(rep, log)
-	srv := dataconn.NewServer(inst.handler, log)
+	srv := dataconn.NewServer(inst.handler, log, s.dataServerOptions()...)
 	inst.dcServer = srv
 	inst.address = l.Addr().String()
+	s.ownData.Store(inst.address, true)
 	// The goroutine keeps its own reference: a failed create clears
 	// inst.dcServer (stopLocked) before the goroutine may have run.
 	go func() {
@@ -312,7 +313,7 @@ func stopEngine(eng *replication.Engine) {
 func (s *Server) dialReplicaConn(name, address string) (*dataconn.Client, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	client, err := dataconn.Dial(ctx, address, dataconn.Options{Timeout: 30 * time.Second, Log: s.log})
+	client, err := dataconn.Dial(ctx, address, s.dataOptions(address, 30*time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("replica %s at %s: %w", name, address, err)
 	}
@@ -354,7 +355,7 @@ func (s *Server) startFrontend(inst *instance) error {
 		s.releaseExport(inst)
 		return fmt.Errorf("engine %s: growable NBD export: %w", inst.spec.Name, err)
 	}
-	inst.endpoint = fmt.Sprintf("nbd://%s/%s", s.opts.NBDAddress, volume)
+	inst.endpoint = engineapi.UnixNBDEndpoint(s.opts.NBDSocket, volume).String()
 	return nil
 }
 
@@ -391,6 +392,7 @@ func (s *Server) stopLocked(inst *instance) error {
 	if inst.dcServer != nil {
 		errs = append(errs, inst.dcServer.Close())
 		inst.dcServer = nil
+		s.ownData.Delete(inst.address)
 	}
 	if inst.handler != nil {
 		inst.handler.Close()

@@ -225,7 +225,7 @@ func TestOneFrontendPerVolumePerInstanceManager(t *testing.T) {
 	require.NoError(t, err)
 	inst, err := im.c.FrontendStart(ctx, "b", "nbd")
 	require.NoError(t, err)
-	assert.Equal(t, "nbd://127.0.0.1:10809/vol", inst.FrontendEndpoint)
+	assert.Equal(t, "nbd+unix:///vol?socket=/run/strata/nbd.sock", inst.FrontendEndpoint)
 }
 
 // A replica is never made afresh where its data or its disk should be: on

@@ -38,7 +38,7 @@ func (s *Server) startRebuild(ctx context.Context, inst *instance, req *impb.Rep
 	}
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	target, err := dataconn.Dial(dctx, req.Address, dataconn.Options{Timeout: 30 * time.Second, Log: s.log})
+	target, err := dataconn.Dial(dctx, req.Address, s.dataOptions(req.Address, 30*time.Second))
 	if err != nil {
 		return fmt.Errorf("replica %s at %s: %w", req.Replica, req.Address, err)
 	}
@@ -47,7 +47,7 @@ func (s *Server) startRebuild(ctx context.Context, inst *instance, req *impb.Rep
 		Dial: func(ctx context.Context, address string) (replication.Backend, error) {
 			dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
-			return dataconn.Dial(dctx, address, dataconn.Options{Timeout: rebuildCallTimeout, Log: s.log})
+			return dataconn.Dial(dctx, address, s.dataOptions(address, rebuildCallTimeout))
 		},
 	})
 	if err != nil {

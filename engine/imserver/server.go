@@ -6,9 +6,11 @@ package imserver
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -42,9 +44,22 @@ type Options struct {
 	// DataHost is the address replicas' dataconn listeners bind to and
 	// advertise (an IP engines on other nodes can reach).
 	DataHost string
-	// NBDAddress is where clients reach the NBD frontend, host:port, as
-	// advertised in frontend endpoints.
-	NBDAddress string
+	// NBDSocket is the unix socket (an absolute path) the NBD frontend is
+	// served on, as frontend endpoints name it:
+	// nbd+unix:///<volume>?socket=<NBDSocket>. Requests may not name it
+	// (see confine.go). Required.
+	NBDSocket string
+	// DataServerTLS and DataClientTLS authenticate data connections (the
+	// replicas' listeners, and the engines, rebuilds and clones that dial
+	// them): peers must be instance managers of the cluster's CA. Nil speaks
+	// plain TCP, which only tests do.
+	DataServerTLS, DataClientTLS *tls.Config
+	// TLSDir is where the certificates are read from (--tls-dir): the
+	// instance manager's own, refused in requests like StateDir.
+	TLSDir string
+	// DataUnencrypted carries data connections' frames in the clear after
+	// the mutual-TLS handshake (dataconn.Options.Unencrypted).
+	DataUnencrypted bool
 	// SizeReportInterval is how often running engines' chain sizes (which
 	// grow with writes) are re-read and, if they changed, published to
 	// watchers; 0 means DefaultSizeReportInterval, negative turns it off.
@@ -74,6 +89,9 @@ type Server struct {
 	// export is named after the volume, so during a live migration only
 	// one of two engines of a volume on this node may have the frontend.
 	exports map[string]string
+	// ownData holds the data addresses of the replicas this process
+	// serves (see dataOptions).
+	ownData sync.Map
 
 	// clones holds the engines a SnapshotClone is filling (see clone.go).
 	clones sync.Map
@@ -134,6 +152,12 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.SizeReportInterval == 0 {
 		opts.SizeReportInterval = DefaultSizeReportInterval
+	}
+	switch p := opts.NBDSocket; {
+	case p == "":
+		return nil, errors.New("no NBD socket: engines would have no endpoint; give one (--nbd-socket)")
+	case !filepath.IsAbs(p) || hasDotDot(p):
+		return nil, fmt.Errorf("--nbd-socket %q: must be an absolute path without ..", p)
 	}
 	conf, err := newConfinement(opts)
 	if err != nil {
@@ -442,4 +466,23 @@ func modeToProto(m replication.Mode) impb.ReplicaMode {
 		return impb.ReplicaMode_REPLICA_MODE_ERR
 	}
 	return impb.ReplicaMode_REPLICA_MODE_UNSPECIFIED
+}
+
+// dataOptions are the options of a data connection this instance manager
+// dials to address (a replica, for an engine, a rebuild, a clone or an
+// export). A connection to a replica this process serves is authenticated
+// but not encrypted: its bytes never leave the process's own loopback
+// traffic, and a 1-replica volume would otherwise pay for encryption twice
+// per byte for nothing.
+func (s *Server) dataOptions(address string, timeout time.Duration) dataconn.Options {
+	_, own := s.ownData.Load(address)
+	return dataconn.Options{Timeout: timeout, Log: s.log, TLS: s.opts.DataClientTLS, Unencrypted: s.opts.DataUnencrypted || own}
+}
+
+// dataServerOptions are a replica's data listener's.
+func (s *Server) dataServerOptions() []dataconn.ServerOption {
+	if s.opts.DataServerTLS == nil {
+		return nil
+	}
+	return []dataconn.ServerOption{dataconn.WithTLS(s.opts.DataServerTLS)}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/strata-storage/strata/internal/backupstore"
 	"github.com/strata-storage/strata/internal/benchvol"
 	"github.com/strata-storage/strata/internal/localcluster"
+	"github.com/strata-storage/strata/internal/pki"
 	"github.com/strata-storage/strata/internal/s3server"
 )
 
@@ -74,13 +75,26 @@ func (e *env) start(ctx context.Context) error {
 
 	// Every node's replicas go under one directory (see create below).
 	opts := localcluster.ManagerOptions{Bin: e.managerBin, RunDir: e.work, ExtraDiskPaths: []string{e.diskDir()}}
+	// No managers here: the bench plays their part for the certificates.
+	ca, err := pki.NewAuthority()
+	if err != nil {
+		return err
+	}
+	manager, err := ca.Source(pki.Identity{Component: pki.ComponentManager, Node: "bench"})
+	if err != nil {
+		return err
+	}
 	for i := range e.cfg.replicas {
-		im, err := localcluster.StartInstanceManager(opts, "node-"+strconv.Itoa(i+1), nil)
+		node := "node-" + strconv.Itoa(i+1)
+		if err := ca.WriteDir(opts.TLSDir(node), pki.Identity{Component: pki.ComponentInstanceManager, Node: node}); err != nil {
+			return err
+		}
+		im, err := localcluster.StartInstanceManager(opts, node, nil)
 		if err != nil {
 			return err
 		}
 		e.ims = append(e.ims, im)
-		c, err := engineapi.NewClient(im.GRPCAddr, 0)
+		c, err := engineapi.NewClient(im.GRPCAddr, 0, pki.ClientConfig(manager, pki.ComponentInstanceManager))
 		if err != nil {
 			return err
 		}

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/strata-storage/strata/internal/unixsock"
 )
 
 // ManagerOptions are what every simulated node's strata-manager shares.
@@ -33,6 +35,19 @@ type ManagerOptions struct {
 // test adds beside it) and its instance manager's state.
 func (o ManagerOptions) NodeDir(node string) string { return filepath.Join(o.RunDir, "nodes", node) }
 
+// NBDSocket is the unix socket a simulated node's instance manager serves
+// its volumes on (--nbd-socket): apart from its disks, and short, since a
+// unix socket's path holds at most 107 bytes.
+func (o ManagerOptions) NBDSocket(node string) string {
+	return filepath.Join(o.RunDir, "nbd", node+".sock")
+}
+
+// TLSDir is where a simulated node's manager writes its instance
+// manager's certificate and the CA bundle (the manager's
+// --instance-manager-tls-dir, the instance manager's --tls-dir): apart from
+// its disks, as a hostPath beside them would be on a real node.
+func (o ManagerOptions) TLSDir(node string) string { return filepath.Join(o.RunDir, "tls", node) }
+
 // BackupDir is where file:// backup targets of the local cluster go: every
 // instance manager's --backup-path.
 func (o ManagerOptions) BackupDir() string { return filepath.Join(o.RunDir, "backups") }
@@ -56,7 +71,7 @@ type Manager struct {
 // InstanceManager is one simulated node's data plane process.
 type InstanceManager struct {
 	*Process
-	GRPCAddr, NBDAddr, StateDir string
+	GRPCAddr, NBDSocket, StateDir string
 }
 
 // StartInstanceManager starts the data plane of one simulated node, keeping
@@ -65,17 +80,21 @@ type InstanceManager struct {
 // manager refuses paths under its state directory), and in BackupDir.
 // A restart (same addresses) passes the previous one as prev.
 func StartInstanceManager(opts ManagerOptions, node string, prev *InstanceManager) (*InstanceManager, error) {
-	im := &InstanceManager{StateDir: filepath.Join(opts.NodeDir(node), "im")}
+	im := &InstanceManager{StateDir: filepath.Join(opts.NodeDir(node), "im"), NBDSocket: opts.NBDSocket(node)}
+	if len(im.NBDSocket) > unixsock.MaxPath {
+		return nil, fmt.Errorf("node %s: NBD socket %s is %d bytes, over the %d a unix socket may have: use a shorter run directory",
+			node, im.NBDSocket, len(im.NBDSocket), unixsock.MaxPath)
+	}
 	if prev != nil {
-		im.GRPCAddr, im.NBDAddr = prev.GRPCAddr, prev.NBDAddr
+		im.GRPCAddr = prev.GRPCAddr
 	} else {
-		ports, err := FreePorts(2)
+		ports, err := FreePorts(1)
 		if err != nil {
 			return nil, err
 		}
-		im.GRPCAddr, im.NBDAddr = "127.0.0.1:"+strconv.Itoa(ports[0]), "127.0.0.1:"+strconv.Itoa(ports[1])
+		im.GRPCAddr = "127.0.0.1:" + strconv.Itoa(ports[0])
 	}
-	args := []string{"instance-manager", "--listen", im.GRPCAddr, "--nbd-listen", im.NBDAddr, "--state-dir", im.StateDir,
+	args := []string{"instance-manager", "--listen", im.GRPCAddr, "--nbd-socket", im.NBDSocket, "--state-dir", im.StateDir, "--tls-dir", opts.TLSDir(node),
 		"--disk-path", opts.NodeDir(node), "--backup-path", opts.BackupDir()}
 	for _, d := range opts.ExtraDiskPaths {
 		args = append(args, "--disk-path", d)
@@ -153,7 +172,7 @@ func startManagerProcess(opts ManagerOptions, node string, im *InstanceManager) 
 		"--webhook-url-host", "127.0.0.1",
 	}
 	if im != nil {
-		args = append(args, "--instance-manager-address", im.GRPCAddr)
+		args = append(args, "--instance-manager-address", im.GRPCAddr, "--instance-manager-tls-dir", opts.TLSDir(node))
 	}
 	if opts.MaxRetryDelay > 0 {
 		args = append(args, "--max-retry-delay", opts.MaxRetryDelay.String())

@@ -278,7 +278,7 @@ func startManagers(log logrus.FieldLogger, bin, runDir, kubeconfig string, nodes
 		}
 		managers = append(managers, m)
 		log.WithFields(logrus.Fields{"node": m.Node, "pid": m.Pid(), "metrics": m.MetricsAddr, "log": m.LogPath,
-			"instanceManager": m.IM.GRPCAddr, "nbd": m.IM.NBDAddr}).Info("manager and instance manager started")
+			"instanceManager": m.IM.GRPCAddr, "nbd": m.IM.NBDSocket}).Info("manager and instance manager started")
 	}
 	return managers, nil
 }

@@ -13,6 +13,11 @@
 //	    waits until every instance manager answers
 //	bench free-ports N
 //	    prints N free TCP ports on 127.0.0.1, one a line
+//	bench identities -tls DIR -nodes N
+//	    plays the managers' part for certificates: a new CA, DIR/node<i>
+//	    for instance manager i's --tls-dir, DIR/manager for this tool
+//
+// Every command that calls instance managers takes -tls DIR too.
 package main
 
 import (
@@ -22,6 +27,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -29,12 +35,41 @@ import (
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/engineapi/impb"
 	"github.com/strata-storage/strata/internal/benchvol"
+	"github.com/strata-storage/strata/internal/pki"
 )
+
+// identities writes a CA's instance-manager identities and this tool's.
+func identities(args []string) error {
+	fs := flag.NewFlagSet("identities", flag.ExitOnError)
+	dir := fs.String("tls", "", "directory to write")
+	nodes := fs.Int("nodes", 1, "instance managers")
+	_ = fs.Parse(args)
+	if *dir == "" {
+		return errors.New("-tls is required")
+	}
+	ca, err := pki.NewAuthority()
+	if err != nil {
+		return err
+	}
+	for i := 1; i <= *nodes; i++ {
+		node := "node" + strconv.Itoa(i)
+		if err := ca.WriteDir(filepath.Join(*dir, node), pki.Identity{Component: pki.ComponentInstanceManager, Node: node}); err != nil {
+			return err
+		}
+	}
+	return ca.WriteDir(filepath.Join(*dir, "manager"), pki.Identity{Component: pki.ComponentManager, Node: "bench"})
+}
 
 func main() {
 	if len(os.Args) < 2 {
 		fmt.Fprintln(os.Stderr, "usage: bench create-volume|snapshot|remove|purge [flags]")
 		os.Exit(2)
+	}
+	if os.Args[1] == "identities" {
+		if err := identities(os.Args[2:]); err != nil {
+			fail(err)
+		}
+		return
 	}
 	if os.Args[1] == "free-ports" {
 		if err := freePorts(os.Args[2:]); err != nil {
@@ -43,6 +78,7 @@ func main() {
 		return
 	}
 	fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
+	tlsDir := fs.String("tls", "", "directory written by `bench identities`")
 	ims := fs.String("im", "", "instance-manager gRPC address(es), comma-separated; the engine runs on the first")
 	name := fs.String("name", "", "volume name (create-volume)")
 	size := fs.Int64("size", 0, "volume size in bytes (create-volume)")
@@ -60,7 +96,8 @@ func main() {
 	defer cancel()
 	clients := make([]*engineapi.Client, len(addrs))
 	for i, a := range addrs {
-		c, err := engineapi.NewClient(a, 0)
+		c, err := engineapi.NewClient(a, 0, pki.ClientConfig(pki.NewDirSource(filepath.Join(*tlsDir, "manager")),
+			pki.ComponentInstanceManager))
 		if err != nil {
 			fail(err)
 		}

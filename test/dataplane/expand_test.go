@@ -47,7 +47,9 @@ func TestVolumeExpandOnline(t *testing.T) {
 	v := createVolume(t, "grow-online", threeNodes(t))
 	ctx := context.Background()
 	qemuIO(t, v.endpoint, "write -P 0x61 0 1M")
-	growable := v.endpoint + engineapi.GrowableExportSuffix
+	ep, err := engineapi.ParseNBDEndpoint(v.endpoint)
+	require.NoError(t, err)
+	growable := ep.WithExport(ep.Export + engineapi.GrowableExportSuffix).String()
 	assert.Equal(t, strconv.Itoa(engineapi.MaxVolumeSize), strings.TrimSpace(tool(t, "nbdinfo", "--size", growable)),
 		"the growable export advertises the ceiling")
 

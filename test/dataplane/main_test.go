@@ -22,12 +22,14 @@ import (
 
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/internal/localcluster"
+	"github.com/strata-storage/strata/internal/pki"
 )
 
 var env struct {
 	bin  string
 	root string
 	pool *engineapi.Pool
+	ca   *pki.Authority
 }
 
 func TestMain(m *testing.M) {
@@ -41,7 +43,17 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	env.pool = engineapi.NewPool(30 * time.Second)
+	// The test plays every node's manager: one CA, a manager identity for
+	// its calls, and an instance-manager identity written for each node.
+	var manager *pki.MemorySource
+	if env.ca, err = pki.NewAuthority(); err == nil {
+		manager, err = env.ca.Source(pki.Identity{Component: pki.ComponentManager, Node: "test"})
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	env.pool = engineapi.NewPool(30*time.Second, pki.ClientConfig(manager, pki.ComponentInstanceManager))
 	code := m.Run()
 	env.pool.Close()
 	if code == 0 {
@@ -59,7 +71,8 @@ const sizeReportInterval = 500 * time.Millisecond
 // node is one simulated node's instance manager.
 type node struct {
 	name, stateDir, diskDir string
-	grpcAddr, nbdAddr       string
+	tlsDir                  string
+	grpcAddr, nbdSocket     string
 	proc                    *localcluster.Process
 }
 
@@ -68,11 +81,16 @@ func startNode(t *testing.T, name string) *node {
 	// A fresh directory per call, so -count=N and reruns never share state.
 	base, err := os.MkdirTemp(env.root, strings.ReplaceAll(t.Name(), "/", "_")+"-"+name+"-")
 	require.NoError(t, err)
-	n := &node{name: name, stateDir: filepath.Join(base, "state"), diskDir: filepath.Join(base, "disk")}
-	ports, err := localcluster.FreePorts(2)
+	n := &node{name: name, stateDir: filepath.Join(base, "state"), diskDir: filepath.Join(base, "disk"), tlsDir: filepath.Join(base, "tls")}
+	require.NoError(t, env.ca.WriteDir(n.tlsDir, pki.Identity{Component: pki.ComponentInstanceManager, Node: name}))
+	ports, err := localcluster.FreePorts(1)
 	require.NoError(t, err)
 	n.grpcAddr = "127.0.0.1:" + strconv.Itoa(ports[0])
-	n.nbdAddr = "127.0.0.1:" + strconv.Itoa(ports[1])
+	// Not under base, named after the test: a unix socket's path holds at
+	// most 107 bytes.
+	sockDir, err := os.MkdirTemp(env.root, "nbd-")
+	require.NoError(t, err)
+	n.nbdSocket = filepath.Join(sockDir, "nbd.sock")
 	n.start(t)
 	t.Cleanup(func() { _ = n.proc.Stop(10 * time.Second) })
 	return n
@@ -82,7 +100,7 @@ func startNode(t *testing.T, name string) *node {
 func (n *node) start(t *testing.T) {
 	t.Helper()
 	p, err := localcluster.StartProcess("instance-manager "+n.name, filepath.Join(filepath.Dir(n.stateDir), "im.log"),
-		env.bin, "instance-manager", "--listen", n.grpcAddr, "--nbd-listen", n.nbdAddr, "--state-dir", n.stateDir,
+		env.bin, "instance-manager", "--listen", n.grpcAddr, "--nbd-socket", n.nbdSocket, "--state-dir", n.stateDir, "--tls-dir", n.tlsDir,
 		"--disk-path", n.diskDir, "--size-report-interval", sizeReportInterval.String())
 	require.NoError(t, err)
 	n.proc = p

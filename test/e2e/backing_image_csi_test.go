@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -128,18 +127,13 @@ func TestBackingImageFormats(t *testing.T) {
 	_ = sum
 }
 
-// upload PUTs an image to a manager's API and returns the status and body.
+// upload PUTs an image to a manager's API, with the token of a
+// ServiceAccount that may upload (upload_auth_test.go), and returns the
+// status and body.
 func upload(t *testing.T, apiAddr, image string, data []byte) (int, string) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(context.Background(), http.MethodPut,
-		"http://"+apiAddr+"/v1/backingimages/"+image+"/upload", bytes.NewReader(data))
-	require.NoError(t, err)
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	var b bytes.Buffer
-	_, _ = b.ReadFrom(resp.Body)
-	return resp.StatusCode, b.String()
+	r := uploadWith(t, apiAddr, image, uploaderToken(t), bytes.NewReader(data), int64(len(data)))
+	return r.code, r.body
 }
 
 func gzipBytes(t *testing.T, data []byte) []byte {

@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -47,6 +49,18 @@ func TestManagerRunsUnderShippedRBAC(t *testing.T) {
 		}, false},
 		{"list leases in strata-system", func() error {
 			_, err := kube.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{})
+			return err
+		}, false},
+		// Uploads: the uploader's token and access are reviewed (api/auth.go).
+		{"create a TokenReview", func() error {
+			_, err := kube.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
+				Spec: authenticationv1.TokenReviewSpec{Token: "not-a-token"}}, metav1.CreateOptions{})
+			return err
+		}, false},
+		{"create a SubjectAccessReview", func() error {
+			_, err := kube.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+				Spec: authorizationv1.SubjectAccessReviewSpec{User: "someone", ResourceAttributes: &authorizationv1.ResourceAttributes{
+					Namespace: ns, Verb: "update", Group: "strata.io", Resource: "backingimages"}}}, metav1.CreateOptions{})
 			return err
 		}, false},
 		{"read secrets in kube-system", func() error {

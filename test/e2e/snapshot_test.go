@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/internal/pki"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	stypes "github.com/strata-storage/strata/types"
 )
@@ -178,7 +179,11 @@ func TestEngineSnapshotsGetCRsAndLostOnesGo(t *testing.T) {
 	list, err := env.adminStrata.StrataV1beta1().Engines(ns).List(ctx, metav1.ListOptions{LabelSelector: stypes.LabelVolume + "=e2e-sys"})
 	require.NoError(t, err)
 	engineName := list.Items[0].Name
-	client, err := engineapi.NewClient(env.managers["node-2"].IM.GRPCAddr, 10*time.Second)
+	// An admin may act as a manager: a manager identity from the CA Secret.
+	manager, err := pki.SourceFromSecret(ctx, env.adminKube, ns, pki.Identity{Component: pki.ComponentManager, Node: "e2e"})
+	require.NoError(t, err)
+	client, err := engineapi.NewClient(env.managers["node-2"].IM.GRPCAddr, 10*time.Second,
+		pki.ClientConfig(manager, pki.ComponentInstanceManager))
 	require.NoError(t, err)
 	defer client.Close()
 

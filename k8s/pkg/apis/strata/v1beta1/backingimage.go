@@ -67,6 +67,12 @@ type BackingImageDiskFileStatus struct {
 	// it is not tried again until the generation moves. 0 otherwise. At least 0.
 	// +kubebuilder:validation:Minimum=0
 	FailedGeneration int64 `json:"failedGeneration,omitempty"`
+	// FailedSetting names the setting whose cap refused this copy when it
+	// failed for good (backing-image-max-virtual-size, …), and
+	// FailedSettingValue that setting's value then: the copy is tried again
+	// once the value differs. Empty when no setting was involved.
+	FailedSetting      string `json:"failedSetting,omitempty"`
+	FailedSettingValue string `json:"failedSettingValue,omitempty"`
 }
 
 // BackingImageSpec is the desired state of a backing image.

@@ -204,7 +204,9 @@ type VolumeStatus struct {
 	// keeps its last value while the volume is detached. A backing image is
 	// not counted: one copy of it serves every volume on the disk.
 	ActualSize int64 `json:"actualSize,omitempty"`
-	// FrontendEndpoint is where the attached volume is served, for example nbd://127.0.0.1:10809/v1.
+	// FrontendEndpoint is where the attached volume is served: an NBD URI of
+	// its node's instance manager's unix socket, for example
+	// nbd+unix:///v1?socket=/var/lib/strata/im-nbd/nbd.sock.
 	FrontendEndpoint string `json:"frontendEndpoint,omitempty"`
 	// CloneStatus tells how filling the volume from spec.dataSource goes.
 	// The volume serves no workload before the clone is completed.

@@ -1,4 +1,4 @@
-package webhook
+package pki
 
 import (
 	"context"
@@ -13,11 +13,18 @@ import (
 	"github.com/strata-storage/strata/types"
 )
 
-// loadOrCreateCASecret reads the CA Secret from the API server and creates it
+// CASecretName is the Secret holding Strata's CA (its name is from when
+// only the admission webhook used it).
+const CASecretName = "strata-webhook-ca"
+
+// ComponentCA labels the CA Secret.
+const ComponentCA = "ca"
+
+// LoadOrCreateCASecret reads the CA Secret from the API server and creates it
 // with a new CA when it is absent. Managers start together: the one whose
 // create loses reads the winner's Secret, so every manager ends up with the
 // same CA.
-func loadOrCreateCASecret(ctx context.Context, secrets corev1client.SecretInterface, now time.Time) (*corev1.Secret, error) {
+func LoadOrCreateCASecret(ctx context.Context, secrets corev1client.SecretInterface, now time.Time) (*corev1.Secret, error) {
 	secret, err := secrets.Get(ctx, CASecretName, metav1.GetOptions{})
 	if err == nil {
 		return secret, nil
@@ -25,17 +32,17 @@ func loadOrCreateCASecret(ctx context.Context, secrets corev1client.SecretInterf
 	if !apierrors.IsNotFound(err) {
 		return nil, fmt.Errorf("reading Secret %s: %w", CASecretName, err)
 	}
-	state, err := newCAState(now)
+	state, err := NewCAState(now)
 	if err != nil {
 		return nil, err
 	}
-	data, err := state.secretData()
+	data, err := state.SecretData()
 	if err != nil {
 		return nil, err
 	}
 	secret = &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: CASecretName,
-			Labels: map[string]string{types.LabelComponent: ComponentWebhook}},
+			Labels: map[string]string{types.LabelComponent: ComponentCA}},
 		Type: corev1.SecretTypeOpaque,
 		Data: data,
 	}
@@ -50,10 +57,10 @@ func loadOrCreateCASecret(ctx context.Context, secrets corev1client.SecretInterf
 	return created, nil
 }
 
-// writeCAState stores state into the Secret it was read from. A Conflict
+// WriteCAState stores state into the Secret it was read from. A Conflict
 // means another writer was first; the caller tries again from the new Secret.
-func writeCAState(ctx context.Context, secrets corev1client.SecretInterface, from *corev1.Secret, state *caState) error {
-	data, err := state.secretData()
+func WriteCAState(ctx context.Context, secrets corev1client.SecretInterface, from *corev1.Secret, state *CAState) error {
+	data, err := state.SecretData()
 	if err != nil {
 		return err
 	}

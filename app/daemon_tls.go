@@ -1,0 +1,82 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+
+	"github.com/sirupsen/logrus"
+	"github.com/urfave/cli/v3"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/strata-storage/strata/internal/pki"
+)
+
+// tlsFlags are the daemon's certificate flags.
+func tlsFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "instance-manager-tls-dir", Sources: cli.EnvVars("STRATA_INSTANCE_MANAGER_TLS_DIR"),
+			Usage: "directory this manager writes its node's instance-manager certificate and the CA bundle into (the " +
+				"instance manager's --tls-dir); required with --instance-manager-address"},
+	}
+}
+
+// startCertificates runs this node's certificate keeper in wg until ctx
+// ends: the manager's identity (for its gRPC calls to instance managers and
+// its HTTPS API) and the instance manager's, from the CA Secret.
+func startCertificates(ctx context.Context, wg *sync.WaitGroup, log logrus.FieldLogger, kube kubernetes.Interface,
+	cfg daemonConfig) (*pki.Keeper, error) {
+	if cfg.imAddress != "" && cfg.imTLSDir == "" {
+		return nil, fmt.Errorf("--instance-manager-tls-dir is required with --instance-manager-address: " +
+			"the instance manager accepts only callers with certificates")
+	}
+	keeper, err := pki.NewKeeper(log, kube, pki.KeeperOptions{Namespace: cfg.namespace, Node: cfg.nodeName,
+		ManagerHosts: managerHosts(cfg), InstanceManagerDir: cfg.imTLSDir})
+	if err != nil {
+		return nil, err
+	}
+	wg.Go(func() { keeper.Run(ctx) })
+	return keeper, nil
+}
+
+// managerHosts are the names in this manager's certificate, for users'
+// tools that check them against the API address they dial.
+func managerHosts(cfg daemonConfig) []string {
+	hosts := []string{"localhost", "127.0.0.1", cfg.nodeName}
+	for _, addr := range []string{cfg.apiListen, cfg.apiAdvertise} {
+		if h, _, err := net.SplitHostPort(addr); err == nil && h != "" {
+			hosts = append(hosts, h)
+		}
+	}
+	return hosts
+}
+
+// waitCertificates blocks until the keeper has issued this node's
+// identities (the first manager to start creates the CA), or ctx ends.
+func waitCertificates(ctx context.Context, keeper *pki.Keeper) error {
+	select {
+	case <-keeper.Ready():
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// requirePeer admits requests whose TLS client certificate (verified by the
+// listener) names one of components.
+func requirePeer(components ...string) func(r *http.Request) error {
+	return func(r *http.Request) error {
+		id, ok := pki.PeerIdentity(r.TLS)
+		if !ok {
+			return errors.New("this route is for Strata's own components: no client certificate was presented")
+		}
+		if !slices.Contains(components, id.Component) {
+			return fmt.Errorf("%s may not call this route", id)
+		}
+		return nil
+	}
+}
