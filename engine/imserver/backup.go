@@ -2,7 +2,9 @@ package imserver
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -222,16 +224,72 @@ func (s *Server) openStore(t *impb.BackupTarget) (backupstore.ObjectStore, error
 // backup through it, and each backup syncs it (one List, and a GET of each
 // index object not yet known) instead of reading every index object again.
 func (s *Server) backupTarget(ctx context.Context, t *impb.BackupTarget, store backupstore.ObjectStore) (*backupstore.Target, error) {
-	key := strings.Join([]string{t.GetUrl(), t.GetS3Endpoint(), t.GetAccessKey(), t.GetSecretKey()}, "\x00")
-	if tgt, ok := s.targets.Load(key); ok {
-		return tgt.(*backupstore.Target), nil
+	// Keyed by a hash: the keys are not kept as map keys in the clear.
+	key := sha256.Sum256([]byte(strings.Join([]string{t.GetUrl(), t.GetS3Endpoint(), t.GetAccessKey(), t.GetSecretKey()}, "\x00")))
+	if tgt := s.targets.get(key); tgt != nil {
+		return tgt, nil
 	}
 	tgt, err := backupstore.Open(ctx, store, backupstore.Options{Logger: s.log.WithField("target", t.GetUrl())})
 	if err != nil {
 		return nil, err
 	}
-	shared, _ := s.targets.LoadOrStore(key, tgt)
-	return shared.(*backupstore.Target), nil
+	return s.targets.add(key, tgt), nil
+}
+
+// maxCachedTargets bounds the targets kept open: each identity a request
+// names (URL, endpoint, keys) would otherwise stay in memory for ever.
+const maxCachedTargets = 16
+
+// targetCache keeps the most recently used targets.
+type targetCache struct {
+	mu      sync.Mutex
+	entries map[[sha256.Size]byte]*cachedTarget
+	tick    uint64
+}
+
+type cachedTarget struct {
+	target *backupstore.Target
+	used   uint64
+}
+
+func (c *targetCache) get(key [sha256.Size]byte) *backupstore.Target {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.entries[key]
+	if e == nil {
+		return nil
+	}
+	c.tick++
+	e.used = c.tick
+	return e.target
+}
+
+// add keeps tgt unless another was added for key meanwhile (that one is
+// returned, so every backup shares one index), evicting the least
+// recently used when full.
+func (c *targetCache) add(key [sha256.Size]byte, tgt *backupstore.Target) *backupstore.Target {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.entries == nil {
+		c.entries = map[[sha256.Size]byte]*cachedTarget{}
+	}
+	c.tick++
+	if e := c.entries[key]; e != nil {
+		e.used = c.tick
+		return e.target
+	}
+	if len(c.entries) >= maxCachedTargets {
+		var oldest [sha256.Size]byte
+		var oldestUsed uint64 = math.MaxUint64
+		for k, e := range c.entries {
+			if e.used < oldestUsed {
+				oldest, oldestUsed = k, e.used
+			}
+		}
+		delete(c.entries, oldest)
+	}
+	c.entries[key] = &cachedTarget{target: tgt, used: c.tick}
+	return tgt
 }
 
 // SnapshotBackup starts a backup of a snapshot of an engine's volume and

@@ -99,7 +99,7 @@ type Server struct {
 	jobs dataJobs
 	// targets holds the backup targets opened for backups, by identity, so
 	// their chunk index is synced, not read again whole, per backup.
-	targets sync.Map
+	targets targetCache
 
 	// The size reporter (sizereport.go): stop ends it, wg waits for it.
 	stop     chan struct{}
