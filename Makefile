@@ -4,7 +4,7 @@ SHELL := /bin/bash
 GO    ?= go
 BIN   := bin
 
-.PHONY: build generate verify test test-long fuzz run clean bench-backup host-packages
+.PHONY: build generate verify test test-long fuzz run clean bench-backup host-packages deploy-manifest
 
 build:
 	$(GO) build -ldflags "-X github.com/strata-storage/strata/app.Version=$$(git describe --always --dirty 2>/dev/null || echo dev)" \
@@ -18,8 +18,21 @@ generate:
 	k8s/codegen.sh
 	engineapi/generate.sh
 
+# package/deploy/strata.yaml from the Helm chart package/chart/strata
+# (default values; helm is built once into the tools cache), after copying
+# the CRDs into the chart. Run it after changing the chart or the CRDs;
+# make verify fails while they differ.
+CHART = package/chart/strata
+deploy-manifest:
+	rm -f $(CHART)/crds/*.yaml $(CHART)/charts/snapshot-crds/crds/*.yaml
+	cp k8s/crds/*.yaml $(CHART)/crds/
+	cp "$$(scripts/build-tools.sh snapshot-crds)"/*.yaml $(CHART)/charts/snapshot-crds/crds/
+	scripts/deploy-manifest.sh >package/deploy/strata.yaml.tmp
+	mv package/deploy/strata.yaml.tmp package/deploy/strata.yaml
+
 # Fails on generated-code drift, untidy go.mod, gofmt/vet findings, a
-# non-zero informer resync, or an oversized hand-written file.
+# non-zero informer resync, an oversized hand-written file, helm lint
+# findings, or a package/deploy/strata.yaml the chart no longer renders.
 verify:
 	scripts/verify.sh
 

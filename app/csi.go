@@ -29,7 +29,8 @@ func CSICommand() *cli.Command {
 				Usage: "the kubelet's --root-dir; the node plugin registers in its plugins_registry/"},
 			&cli.StringFlag{Name: "state-dir", Value: "/var/lib/strata-csi",
 				Usage: "node mode: where the NBD connections' records and FUSE mount points live (a host path that survives restarts)"},
-			&cli.StringFlag{Name: "kubeconfig", Usage: "kubeconfig file; empty means in-cluster", Sources: cli.EnvVars("KUBECONFIG")},
+			&cli.StringFlag{Name: "kubeconfig", Usage: "kubeconfig file; empty means in-cluster (controller mode; node mode makes no API call)",
+				Sources: cli.EnvVars("KUBECONFIG")},
 			&cli.StringFlag{Name: "namespace", Value: types.DefaultNamespace, Usage: "namespace of Strata's objects",
 				Sources: cli.EnvVars("STRATA_NAMESPACE")},
 		},
@@ -54,16 +55,22 @@ func runCSI(parent context.Context, cfg csiConfig) error {
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	log := logrus.WithField("node", cfg.nodeName)
-	kubeClient, strataClient, _, err := newClients(cfg.kubeconfig, "strata-csi")
-	if err != nil {
-		return err
-	}
-	ds, err := datastore.New(cfg.namespace, strataClient, kubeClient)
-	if err != nil {
-		return err
+	// The node services read nothing from the API server: a node plugin
+	// makes no client at all (its ServiceAccount has no role). The
+	// controller services watch only the kinds they read.
+	var ds *datastore.DataStore
+	if cfg.mode != csi.ModeNode {
+		kubeClient, strataClient, _, err := newClients(cfg.kubeconfig, "strata-csi")
+		if err != nil {
+			return err
+		}
+		if ds, err = datastore.NewWatching(cfg.namespace, strataClient, kubeClient, csi.ControllerKinds); err != nil {
+			return err
+		}
 	}
 	var connector nbddev.Connector
 	if cfg.mode != csi.ModeController {
+		var err error
 		if connector, err = nbddev.New(cfg.stateDir, log); err != nil {
 			return err
 		}
@@ -84,11 +91,13 @@ func runCSI(parent context.Context, cfg csiConfig) error {
 		wg.Go(func() { errc <- registrar.Serve(ctx, csi.RegistrationSocket(cfg.kubeletRoot)) })
 	}
 	start := time.Now()
-	ds.Start(ctx)
-	if err := ds.WaitForCacheSync(ctx); err != nil {
-		stop()
-		wg.Wait()
-		return err
+	if ds != nil {
+		ds.Start(ctx)
+		if err := ds.WaitForCacheSync(ctx); err != nil {
+			stop()
+			wg.Wait()
+			return err
+		}
 	}
 	driver.SetReady(true)
 	log.WithField("elapsed", time.Since(start).Round(time.Millisecond)).Info("CSI driver ready")

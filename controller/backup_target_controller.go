@@ -15,6 +15,7 @@ import (
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/internal/backupstore"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
 )
 
 const (
@@ -29,6 +30,9 @@ const (
 	BackupTargetReasonReachable   = "Reachable"
 	BackupTargetReasonInvalid     = "InvalidTarget"
 	BackupTargetReasonCredentials = "CredentialsMissing"
+	// BackupTargetReasonForbidden: the managers' Role does not let them
+	// read the credential Secret (Secrets are readable by name only).
+	BackupTargetReasonForbidden   = "CredentialsForbidden"
 	BackupTargetReasonUnreachable = "Unreachable"
 
 	EventReasonBackupTargetUnavailable = "BackupTargetUnavailable"
@@ -76,6 +80,9 @@ func (c *BackupTargetController) syncBackupTarget(ctx context.Context, key strin
 // of failure an error is.
 func (c *BackupTargetController) lookAtTarget(ctx context.Context, bt *v1beta1.BackupTarget) (string, error) {
 	secret, err := targetCredentials(ctx, c.ds, bt)
+	if errors.Is(err, errCredentialsForbidden) {
+		return BackupTargetReasonForbidden, err
+	}
 	if err != nil {
 		return BackupTargetReasonCredentials, err
 	}
@@ -103,10 +110,15 @@ func (c *BackupTargetController) lookAtTarget(ctx context.Context, bt *v1beta1.B
 	return BackupTargetReasonReachable, nil
 }
 
+// errCredentialsForbidden marks a credential Secret the managers may not read.
+var errCredentialsForbidden = errors.New("forbidden")
+
 // targetCredentials reads a target's credential Secret in Strata's
 // namespace, live: a Secret is read only when a target is used, so no
 // informer (and no cluster-wide read of Secrets) is needed. Both the
-// BackupTarget and the Backup controller read it here.
+// BackupTarget and the Backup controller read it here. The managers' Role
+// lets them get Secrets by name only (types.BackupCredentialsSecret); a
+// Secret it does not name is Forbidden, said so with the fix.
 func targetCredentials(ctx context.Context, ds *datastore.DataStore, bt *v1beta1.BackupTarget) (map[string][]byte, error) {
 	if bt.Spec.CredentialSecret == "" {
 		return nil, nil
@@ -114,6 +126,12 @@ func targetCredentials(ctx context.Context, ds *datastore.DataStore, bt *v1beta1
 	s, err := ds.KubeClient.CoreV1().Secrets(ds.Namespace).Get(ctx, bt.Spec.CredentialSecret, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, fmt.Errorf("spec.credentialSecret: Secret %s/%s not found", ds.Namespace, bt.Spec.CredentialSecret)
+	}
+	if apierrors.IsForbidden(err) {
+		return nil, fmt.Errorf("spec.credentialSecret: reading Secret %s/%s is %w to the managers, who read Secrets by name "+
+			"only: add %q to the resourceNames of the secrets get rule of Role %s in %s, or use Secret %s (%v)",
+			ds.Namespace, bt.Spec.CredentialSecret, errCredentialsForbidden, bt.Spec.CredentialSecret, types.ManagerServiceAccount,
+			ds.Namespace, types.BackupCredentialsSecret, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading Secret %s/%s: %w", ds.Namespace, bt.Spec.CredentialSecret, err)

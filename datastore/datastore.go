@@ -7,10 +7,14 @@ package datastore
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/sirupsen/logrus"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	coordinationlisters "k8s.io/client-go/listers/coordination/v1"
@@ -81,6 +85,18 @@ type DataStore struct {
 // New builds the informers for every kind on the given clients. Nothing runs
 // until Start.
 func New(namespace string, strataClient versioned.Interface, kubeClient kubernetes.Interface) (*DataStore, error) {
+	return NewWatching(namespace, strataClient, kubeClient, nil)
+}
+
+// NewWatching is New for a process that reads only some kinds (the CSI
+// controller plugin): only the kinds listed are watched, so its
+// ServiceAccount needs list and watch on those alone. A Store of a kind not
+// watched still writes, and its reads fail with an error naming the kind
+// (never a silent NotFound); the listers of core kinds not watched
+// (KubeNodes, PersistentVolumes, PersistentVolumeClaims, Namespaces, Leases)
+// and their informers are nil. nil kinds means every kind.
+func NewWatching(namespace string, strataClient versioned.Interface, kubeClient kubernetes.Interface,
+	kinds []schema.GroupResource) (*DataStore, error) {
 	ds := &DataStore{Namespace: namespace, StrataClient: strataClient, KubeClient: kubeClient, Clock: clock.RealClock{}}
 
 	strataFactory := externalversions.NewSharedInformerFactoryWithOptions(strataClient, ResyncPeriod,
@@ -97,68 +113,88 @@ func New(namespace string, strataClient versioned.Interface, kubeClient kubernet
 	s := strataFactory.Strata().V1beta1()
 	typed := strataClient.StrataV1beta1()
 	var err error
-	add := func(informer cache.SharedIndexInformer, indexers cache.Indexers) cache.SharedIndexInformer {
-		if err == nil && len(indexers) > 0 {
-			err = informer.AddIndexers(indexers)
+	watched := func(gr schema.GroupResource) bool { return kinds == nil || slices.Contains(kinds, gr) }
+	// add makes (and so registers with its factory) the informer of a
+	// watched kind; nil for one not watched.
+	add := func(gr schema.GroupResource, informer func() cache.SharedIndexInformer, indexers cache.Indexers) cache.SharedIndexInformer {
+		if !watched(gr) {
+			return nil
 		}
-		ds.synced = append(ds.synced, informer.HasSynced)
-		return informer
+		inf := informer()
+		if err == nil && len(indexers) > 0 {
+			err = inf.AddIndexers(indexers)
+		}
+		ds.synced = append(ds.synced, inf.HasSynced)
+		return inf
 	}
 
-	ds.Volumes = newStore(v1beta1.Resource("volumes"), namespace, add(s.Volumes().Informer(), volumeIndexers),
+	ds.Volumes = newStore(v1beta1.Resource("volumes"), namespace, add(v1beta1.Resource("volumes"), s.Volumes().Informer, volumeIndexers),
 		func(ns string) objectClient[*v1beta1.Volume] { return typed.Volumes(ns) })
-	ds.Engines = newStore(v1beta1.Resource("engines"), namespace, add(s.Engines().Informer(), engineIndexers),
+	ds.Engines = newStore(v1beta1.Resource("engines"), namespace, add(v1beta1.Resource("engines"), s.Engines().Informer, engineIndexers),
 		func(ns string) objectClient[*v1beta1.Engine] { return typed.Engines(ns) })
-	ds.Replicas = newStore(v1beta1.Resource("replicas"), namespace, add(s.Replicas().Informer(), replicaIndexers),
+	ds.Replicas = newStore(v1beta1.Resource("replicas"), namespace, add(v1beta1.Resource("replicas"), s.Replicas().Informer, replicaIndexers),
 		func(ns string) objectClient[*v1beta1.Replica] { return typed.Replicas(ns) })
-	ds.Snapshots = newStore(v1beta1.Resource("snapshots"), namespace, add(s.Snapshots().Informer(), snapshotIndexers),
+	ds.Snapshots = newStore(v1beta1.Resource("snapshots"), namespace, add(v1beta1.Resource("snapshots"), s.Snapshots().Informer, snapshotIndexers),
 		func(ns string) objectClient[*v1beta1.Snapshot] { return typed.Snapshots(ns) })
 	ds.SnapshotUsage = newSnapshotUsage()
-	if _, herr := ds.Snapshots.Informer().AddEventHandler(ds.SnapshotUsage.handler()); herr != nil {
-		return nil, herr
+	if inf := ds.Snapshots.Informer(); inf != nil {
+		if _, herr := inf.AddEventHandler(ds.SnapshotUsage.handler()); herr != nil {
+			return nil, herr
+		}
 	}
 	ds.VolumeAttachments = newStore(v1beta1.Resource("volumeattachments"), namespace,
-		add(s.VolumeAttachments().Informer(), volumeAttachmentIndexers),
+		add(v1beta1.Resource("volumeattachments"), s.VolumeAttachments().Informer, volumeAttachmentIndexers),
 		func(ns string) objectClient[*v1beta1.VolumeAttachment] { return typed.VolumeAttachments(ns) })
-	ds.BackingImages = newStore(v1beta1.Resource("backingimages"), namespace, add(s.BackingImages().Informer(), backingImageIndexers),
+	ds.BackingImages = newStore(v1beta1.Resource("backingimages"), namespace,
+		add(v1beta1.Resource("backingimages"), s.BackingImages().Informer, backingImageIndexers),
 		func(ns string) objectClient[*v1beta1.BackingImage] { return typed.BackingImages(ns) })
-	ds.Nodes = newStore(v1beta1.Resource("nodes"), namespace, add(s.Nodes().Informer(), nodeIndexers),
+	ds.Nodes = newStore(v1beta1.Resource("nodes"), namespace, add(v1beta1.Resource("nodes"), s.Nodes().Informer, nodeIndexers),
 		func(ns string) objectClient[*v1beta1.Node] { return typed.Nodes(ns) })
-	ds.Settings = newStore(v1beta1.Resource("settings"), namespace, add(s.Settings().Informer(), nil),
+	ds.Settings = newStore(v1beta1.Resource("settings"), namespace, add(v1beta1.Resource("settings"), s.Settings().Informer, nil),
 		func(ns string) objectClient[*v1beta1.Setting] { return typed.Settings(ns) })
-	ds.BackupTargets = newStore(v1beta1.Resource("backuptargets"), namespace, add(s.BackupTargets().Informer(), nil),
+	ds.BackupTargets = newStore(v1beta1.Resource("backuptargets"), namespace,
+		add(v1beta1.Resource("backuptargets"), s.BackupTargets().Informer, nil),
 		func(ns string) objectClient[*v1beta1.BackupTarget] { return typed.BackupTargets(ns) })
-	ds.BackupVolumes = newStore(v1beta1.Resource("backupvolumes"), namespace, add(s.BackupVolumes().Informer(), nil),
+	ds.BackupVolumes = newStore(v1beta1.Resource("backupvolumes"), namespace,
+		add(v1beta1.Resource("backupvolumes"), s.BackupVolumes().Informer, nil),
 		func(ns string) objectClient[*v1beta1.BackupVolume] { return typed.BackupVolumes(ns) })
-	ds.Backups = newStore(v1beta1.Resource("backups"), namespace, add(s.Backups().Informer(), backupIndexers),
+	ds.Backups = newStore(v1beta1.Resource("backups"), namespace, add(v1beta1.Resource("backups"), s.Backups().Informer, backupIndexers),
 		func(ns string) objectClient[*v1beta1.Backup] { return typed.Backups(ns) })
-	ds.RecurringJobs = newStore(v1beta1.Resource("recurringjobs"), namespace, add(s.RecurringJobs().Informer(), nil),
+	ds.RecurringJobs = newStore(v1beta1.Resource("recurringjobs"), namespace,
+		add(v1beta1.Resource("recurringjobs"), s.RecurringJobs().Informer, nil),
 		func(ns string) objectClient[*v1beta1.RecurringJob] { return typed.RecurringJobs(ns) })
 	ds.InstanceManagers = newStore(v1beta1.Resource("instancemanagers"), namespace,
-		add(s.InstanceManagers().Informer(), instanceManagerIndexers),
+		add(v1beta1.Resource("instancemanagers"), s.InstanceManagers().Informer, instanceManagerIndexers),
 		func(ns string) objectClient[*v1beta1.InstanceManager] { return typed.InstanceManagers(ns) })
 	ds.ResourceQuotas = newStore(v1beta1.Resource("resourcequotas"), "",
-		add(quotaFactory.Strata().V1beta1().ResourceQuotas().Informer(), nil),
+		add(v1beta1.Resource("resourcequotas"), quotaFactory.Strata().V1beta1().ResourceQuotas().Informer, nil),
 		func(ns string) objectClient[*v1beta1.ResourceQuota] { return typed.ResourceQuotas(ns) })
 
 	ds.StorageVolumeAttachments = newStore(storagev1.Resource("volumeattachments"), "",
-		add(kubeFactory.Storage().V1().VolumeAttachments().Informer(), nil),
+		add(storagev1.Resource("volumeattachments"), kubeFactory.Storage().V1().VolumeAttachments().Informer, nil),
 		func(string) objectClient[*storagev1.VolumeAttachment] {
 			return kubeClient.StorageV1().VolumeAttachments()
 		})
 
 	core := kubeFactory.Core().V1()
-	ds.KubeNodeInformer = add(core.Nodes().Informer(), nil)
-	ds.KubeNodes = core.Nodes().Lister()
-	ds.PersistentVolumeInformer = add(core.PersistentVolumes().Informer(), persistentVolumeIndexers)
-	ds.PersistentVolumes = core.PersistentVolumes().Lister()
-	ds.PersistentVolumeClaimInformer = add(core.PersistentVolumeClaims().Informer(), nil)
-	ds.PersistentVolumeClaims = core.PersistentVolumeClaims().Lister()
-	ds.NamespaceInformer = add(core.Namespaces().Informer(), nil)
-	ds.Namespaces = core.Namespaces().Lister()
+	if ds.KubeNodeInformer = add(corev1.Resource("nodes"), core.Nodes().Informer, nil); ds.KubeNodeInformer != nil {
+		ds.KubeNodes = core.Nodes().Lister()
+	}
+	if ds.PersistentVolumeInformer = add(corev1.Resource("persistentvolumes"), core.PersistentVolumes().Informer,
+		persistentVolumeIndexers); ds.PersistentVolumeInformer != nil {
+		ds.PersistentVolumes = core.PersistentVolumes().Lister()
+	}
+	if ds.PersistentVolumeClaimInformer = add(corev1.Resource("persistentvolumeclaims"), core.PersistentVolumeClaims().Informer,
+		nil); ds.PersistentVolumeClaimInformer != nil {
+		ds.PersistentVolumeClaims = core.PersistentVolumeClaims().Lister()
+	}
+	if ds.NamespaceInformer = add(corev1.Resource("namespaces"), core.Namespaces().Informer, nil); ds.NamespaceInformer != nil {
+		ds.Namespaces = core.Namespaces().Lister()
+	}
 	leases := leaseFactory.Coordination().V1().Leases()
-	ds.LeaseInformer = add(leases.Informer(), nil)
-	ds.Leases = leases.Lister().Leases(namespace)
+	if ds.LeaseInformer = add(coordinationv1.Resource("leases"), leases.Informer, nil); ds.LeaseInformer != nil {
+		ds.Leases = leases.Lister().Leases(namespace)
+	}
 
 	if err != nil {
 		return nil, fmt.Errorf("adding cache indexers: %w", err)

@@ -52,8 +52,17 @@ func newStore[T Object](resource schema.GroupResource, namespace string, informe
 }
 
 // Informer is the shared informer behind the store, for controllers to add
-// event handlers to.
+// event handlers to; nil for a kind the DataStore does not watch
+// (NewWatching).
 func (s *Store[T]) Informer() cache.SharedIndexInformer { return s.informer }
+
+// indexer is the cache, or an error naming the kind when it is not watched.
+func (s *Store[T]) indexer() (cache.Indexer, error) {
+	if s.informer == nil {
+		return nil, fmt.Errorf("datastore: %s are not watched by this process, so not cached", s.resource)
+	}
+	return s.informer.GetIndexer(), nil
+}
 
 // GetRO returns the cached object in the store's namespace. Do not mutate it.
 func (s *Store[T]) GetRO(name string) (T, error) {
@@ -68,7 +77,11 @@ func (s *Store[T]) GetInNamespaceRO(namespace, name string) (T, error) {
 	if namespace != "" {
 		key = namespace + "/" + name
 	}
-	item, exists, err := s.informer.GetIndexer().GetByKey(key)
+	indexer, err := s.indexer()
+	if err != nil {
+		return zero, err
+	}
+	item, exists, err := indexer.GetByKey(key)
 	if err != nil {
 		return zero, err
 	}
@@ -124,8 +137,12 @@ func (s *Store[T]) ListRO(selector labels.Selector) ([]T, error) {
 	if selector == nil {
 		selector = labels.Everything()
 	}
+	indexer, err := s.indexer()
+	if err != nil {
+		return nil, err
+	}
 	var out []T
-	err := cache.ListAllByNamespace(s.informer.GetIndexer(), s.namespace, selector, func(item interface{}) {
+	err = cache.ListAllByNamespace(indexer, s.namespace, selector, func(item interface{}) {
 		if obj, ok := item.(T); ok {
 			out = append(out, obj)
 		}
@@ -136,7 +153,11 @@ func (s *Store[T]) ListRO(selector labels.Selector) ([]T, error) {
 // ListByIndexRO returns the cached objects whose index entry equals value,
 // for example every snapshot of one volume. Do not mutate them.
 func (s *Store[T]) ListByIndexRO(index, value string) ([]T, error) {
-	items, err := s.informer.GetIndexer().ByIndex(index, value)
+	indexer, err := s.indexer()
+	if err != nil {
+		return nil, err
+	}
+	items, err := indexer.ByIndex(index, value)
 	if err != nil {
 		return nil, err
 	}

@@ -8,7 +8,9 @@
 #   - containerd, its runc shim and ctr at $containerd_version, built from
 #     containerd's own module (kubelet 1.36 prefers containerd 2; Debian ships 1.6);
 #   - on demand only, by name: versitygw (an S3-compatible server on a
-#     local directory, for the backup tests; about 5-10 min cold), and the
+#     local directory, for the backup tests; about 5-10 min cold), helm
+#     (renders and lints package/chart/strata; 49 s here with the k8s.io
+#     modules already in the Go build cache, a few minutes without), and the
 #     upstream CSI sidecars: csi-provisioner,
 #     csi-attacher, csi-resizer, csi-snapshotter and snapshot-controller, each
 #     from its own module at the version pinned in $sidecars (about 2.5-3 min
@@ -24,6 +26,7 @@
 #   scripts/build-tools.sh            # everything the local cluster runs
 #   scripts/build-tools.sh kubectl    # only the names given (kubectl: for
 #                                     # machines that lack one)
+#   scripts/build-tools.sh helm       # make verify and package/deploy's test
 #   scripts/build-tools.sh csi-provisioner csi-attacher csi-resizer \
 #     csi-snapshotter snapshot-controller
 #   scripts/build-tools.sh snapshot-crds
@@ -41,6 +44,7 @@ mod="$root/scripts/tools/controlplane"
 containerd_version=v2.2.9
 snapshotter_version=v8.7.0
 snapshotter=github.com/kubernetes-csi/external-snapshotter
+helm_version=v3.22.0
 
 key=$(cat "$mod/go.mod" "$mod/go.sum" <(go version) | sha256sum | cut -c1-16)
 bin="$cache/controlplane-$key/bin"
@@ -57,6 +61,18 @@ declare -A pkgs=(
   [ctr]=github.com/containerd/containerd/v2/cmd/ctr@$containerd_version
   # the S3-compatible server backups are tested against (on demand)
   [versitygw]=github.com/versity/versitygw/cmd/versitygw@v1.8.0
+  # renders and lints the chart (on demand); its go.mod has no replaces
+  [helm]=helm.sh/helm/v3/cmd/helm@$helm_version
+)
+# Version stamps go install cannot derive: helm reports v3.22 without the
+# first, and its lint and `.Capabilities.KubeVersion` default to Kubernetes
+# 1.20 without the others (the make target of helm sets them from its
+# k8s.io modules, v0.37).
+declare -A ldflags=(
+  [helm]="-X helm.sh/helm/v3/internal/version.version=$helm_version
+    -X helm.sh/helm/v3/internal/version.gitTreeState=clean
+    -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=37
+    -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=37"
 )
 # CSI sidecars: name -> module@version; the command is the module's ./cmd/<name>.
 declare -A sidecars=(
@@ -171,7 +187,7 @@ if [ "$missing" = 1 ]; then
       case "${pkgs[$name]}" in
         *@*) # outside the tools module: containerd's own go.mod decides its dependencies
           tmp=$(mktemp -d "$bin/.gobin.XXXX")
-          GOBIN="$tmp" go install -trimpath -ldflags='-s -w' -tags no_btrfs "${pkgs[$name]}"
+          GOBIN="$tmp" go install -trimpath -ldflags="-s -w ${ldflags[$name]:-}" -tags no_btrfs "${pkgs[$name]}"
           mv "$tmp/$name" "$bin/$name.tmp"; rm -rf "$tmp" ;;
         *)
           (cd "$mod" && go build -trimpath -ldflags="$k8s_ldflags" -o "$bin/$name.tmp" "${pkgs[$name]}") ;;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# make verify: the checks that keep generated code, module files and a few
-# project rules honest. Exits non-zero on the first class of failure found,
-# after reporting every finding in it.
+# make verify: the checks that keep generated code, module files, the Helm
+# chart's rendering and a few project rules honest. Exits non-zero on the
+# first class of failure found, after reporting every finding in it.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -43,6 +43,17 @@ while read -r n f; do
   [ "$f" = total ] && continue
   [ "$n" -le 800 ] || { say "$f has $n lines; split plumbing from logic or by concern (limit 800)"; fail=1; }
 done < <(wc -l $(hand_written))
+
+say "== helm chart"
+# helm is built once into the tools cache (a few minutes cold) and reused.
+helm_bin=$(scripts/build-tools.sh helm)/helm
+chart=package/chart/strata
+{ diff -r k8s/crds "$chart/crds" && diff -r "$(scripts/build-tools.sh snapshot-crds)" "$chart/charts/snapshot-crds/crds"; } >&2 ||
+  { say "the chart's CRDs are not copies of k8s/crds and the snapshot CRDs: run make deploy-manifest"; fail=1; }
+"$helm_bin" lint --strict --with-subcharts "$chart" >&2 || { say "helm lint: $chart has findings"; fail=1; }
+if ! HELM="$helm_bin" scripts/deploy-manifest.sh | diff -u package/deploy/strata.yaml - >&2; then
+  say "package/deploy/strata.yaml is not what the chart renders: run make deploy-manifest"; fail=1
+fi
 
 say "== generated code is current"
 tmp=$(mktemp -d)

@@ -22,6 +22,19 @@ const (
 
 	// ManagerServiceAccount is the identity every manager runs as.
 	ManagerServiceAccount = "strata-manager"
+	// CSIControllerServiceAccount is the identity of the CSI controller
+	// plugin and its sidecars (csi-provisioner, csi-attacher, csi-resizer,
+	// csi-snapshotter); CSINodeServiceAccount the node plugin's, which has
+	// no role: it makes no API call.
+	CSIControllerServiceAccount = "strata-csi-controller"
+	CSINodeServiceAccount       = "strata-csi-node"
+
+	// BackupCredentialsSecret is the one Secret the shipped Role lets the
+	// managers read for a BackupTarget's spec.credentialSecret. A target
+	// naming another Secret needs it added to the Role's resourceNames
+	// (package/manifests/10-rbac.yaml); until then it reports the Secret
+	// as forbidden.
+	BackupCredentialsSecret = "strata-backup-credentials"
 
 	// DiskConfigFile is written in every disk directory; it holds the disk's
 	// UUID so a disk keeps its identity if its path changes.

@@ -40,6 +40,9 @@ type Options struct {
 	Namespace string
 	// Log receives progress; nil means logrus' standard logger.
 	Log logrus.FieldLogger
+	// Audit, when set, makes the API server write an audit log of the
+	// requests of the users and groups it names (Cluster.AuditLogPath).
+	Audit *AuditOptions
 }
 
 // Cluster is a running local control plane.
@@ -50,6 +53,11 @@ type Cluster struct {
 	APIServerURL    string // https://127.0.0.1:<port>
 	AdminConfig     *rest.Config
 	CAData          []byte // PEM that verifies the API server's certificate
+	// AuditLogPath is the API server's audit log (Dir/logs/audit.log, JSON
+	// lines), "" unless Options.Audit asked for one.
+	AuditLogPath string
+
+	audit *AuditOptions
 
 	namespace string     // of the admin kubeconfig
 	procs     []*Process // in start order
@@ -105,7 +113,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	for attempt := 1; ; attempt++ {
 		c := &Cluster{Dir: dir, BinDir: binDir, AdminKubeconfig: filepath.Join(dir, "admin.kubeconfig"),
-			namespace: opts.Namespace, log: log}
+			namespace: opts.Namespace, log: log, audit: opts.Audit}
 		started := time.Now()
 		err := c.start(ctx)
 		if err == nil {
@@ -178,36 +186,42 @@ func (c *Cluster) start(ctx context.Context) error {
 		return err
 	}
 
+	var auditFlags []string
+	if c.audit != nil {
+		if auditFlags, err = c.auditFlags(*c.audit); err != nil {
+			return err
+		}
+	}
 	// The API server retries etcd until it answers, so it need not wait for it.
 	c.APIServerURL = fmt.Sprintf("https://127.0.0.1:%d", apiPort)
-	if err := c.run("kube-apiserver",
-		"--etcd-servers="+etcdURL,
-		"--cert-dir="+pki,
+	if err := c.run("kube-apiserver", append([]string{
+		"--etcd-servers=" + etcdURL,
+		"--cert-dir=" + pki,
 		fmt.Sprintf("--secure-port=%d", apiPort),
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
 		"--service-cluster-ip-range=10.0.0.0/24",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-account-key-file="+c.saKey,
-		"--service-account-signing-key-file="+c.saKey,
-		"--service-account-max-token-expiration="+maxTokenTTL.String(),
-		"--token-auth-file="+tokenFile,
+		"--service-account-key-file=" + c.saKey,
+		"--service-account-signing-key-file=" + c.saKey,
+		"--service-account-max-token-expiration=" + maxTokenTTL.String(),
+		"--token-auth-file=" + tokenFile,
 		// Kubelets authenticate with certificates from our CA; the Node
 		// authorizer and NodeRestriction limit each to its own Node and Pods.
-		"--client-ca-file="+filepath.Join(pki, "ca.crt"),
+		"--client-ca-file=" + filepath.Join(pki, "ca.crt"),
 		"--authorization-mode=Node,RBAC",
 		"--enable-admission-plugins=NodeRestriction",
 		"--allow-privileged=true", // Strata's node Pods are privileged
-		"--kubelet-client-certificate="+kubeletClient+".crt",
-		"--kubelet-client-key="+kubeletClient+".key",
-		"--kubelet-certificate-authority="+filepath.Join(pki, "ca.crt"),
+		"--kubelet-client-certificate=" + kubeletClient + ".crt",
+		"--kubelet-client-key=" + kubeletClient + ".key",
+		"--kubelet-certificate-authority=" + filepath.Join(pki, "ca.crt"),
 		"--kubelet-preferred-address-types=InternalIP,Hostname",
 		// The default reconciler publishes 127.0.0.1 as the kubernetes
 		// Service's endpoint, which validation rejects every 10s.
 		"--endpoint-reconciler-type=none",
 		"--enable-priority-and-fairness=false", // less memory, faster start; no contention here
 		"--profiling=false",
-	); err != nil {
+	}, auditFlags...)...); err != nil {
 		return err
 	}
 	if err := c.waitFor(ctx, "kube-apiserver /readyz", apiServerReadyTimeout, func(ctx context.Context) error {

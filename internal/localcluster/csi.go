@@ -10,16 +10,33 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/strata-storage/strata/types"
 )
 
 // CSIOptions configures StartCSI.
 type CSIOptions struct {
-	ManagerBin        string // strata-manager
-	ManagerKubeconfig string // the manager ServiceAccount's kubeconfig, for the plugins
+	ManagerBin string // strata-manager
+	// Namespace is Strata's, where the CSI ServiceAccounts are.
+	Namespace string
 	// StrataNodes pairs each kubelet node (in StartNodes order) with the
 	// Strata node its plugin serves.
 	StrataNodes []string
 	RepoRoot    string
+}
+
+// The snapshot-controller's identity (package/manifests/12-rbac-snapshot-controller.yaml),
+// where the upstream deployment puts it.
+const (
+	SnapshotControllerNamespace      = "kube-system"
+	SnapshotControllerServiceAccount = "snapshot-controller"
+)
+
+// CSIControllerKubeconfig is the kubeconfig StartCSI wrote for the
+// controller plugin and its sidecars: the strata-csi-controller
+// ServiceAccount's.
+func (c *Cluster) CSIControllerKubeconfig() string {
+	return c.path("kubeconfigs", types.CSIControllerServiceAccount+".kubeconfig")
 }
 
 // CSISidecars are the upstream sidecars StartCSI runs beside the controller
@@ -52,19 +69,38 @@ func (c *Cluster) StartCSI(ctx context.Context, opts CSIOptions) error {
 	if err := c.ApplyManifests(ctx, crds, filepath.Join(opts.RepoRoot, "package", "csi")); err != nil {
 		return err
 	}
-	socket := c.path("csi", "controller.sock")
-	if err := c.runCSI("csi-controller", opts.ManagerBin, "csi", "--mode", "controller", "--csi-address", socket,
-		"--kubeconfig", opts.ManagerKubeconfig); err != nil {
+	// Each process authenticates as its Pod would in a cluster: the
+	// controller plugin and its sidecars as strata-csi-controller, the
+	// snapshot-controller as its own; the node plugins make no API call
+	// and get no credentials.
+	if opts.Namespace == "" {
+		opts.Namespace = types.DefaultNamespace
+	}
+	controllerKubeconfig := c.CSIControllerKubeconfig()
+	if err := c.ServiceAccountKubeconfig(ctx, opts.Namespace, types.CSIControllerServiceAccount, controllerKubeconfig); err != nil {
 		return err
 	}
-	common := []string{"--kubeconfig=" + c.AdminKubeconfig, "--leader-election=false"}
-	withSocket := append([]string{"--csi-address=" + socket}, common...)
+	snapshotKubeconfig := c.path("kubeconfigs", SnapshotControllerServiceAccount+".kubeconfig")
+	if err := c.ServiceAccountKubeconfig(ctx, SnapshotControllerNamespace, SnapshotControllerServiceAccount, snapshotKubeconfig); err != nil {
+		return err
+	}
+	socket := c.path("csi", "controller.sock")
+	if err := c.runCSI("csi-controller", opts.ManagerBin, "csi", "--mode", "controller", "--csi-address", socket,
+		"--namespace", opts.Namespace, "--kubeconfig", controllerKubeconfig); err != nil {
+		return err
+	}
+	// No leader election: one of each runs (and its RBAC grants no Lease).
+	// No volume group snapshots: Strata offers none and their CRDs are not
+	// installed (with the gate on, both snapshot processes would look for
+	// them for 30 s at start).
+	withSocket := []string{"--csi-address=" + socket, "--kubeconfig=" + controllerKubeconfig, "--leader-election=false"}
+	noGroups := "--feature-gates=CSIVolumeGroupSnapshot=false"
 	sidecars := map[string][]string{
 		"csi-provisioner":     append([]string{"--extra-create-metadata", "--timeout=60s"}, withSocket...),
 		"csi-attacher":        append([]string{"--timeout=120s"}, withSocket...),
 		"csi-resizer":         append([]string{"--timeout=120s"}, withSocket...),
-		"csi-snapshotter":     append([]string{"--extra-create-metadata", "--timeout=60s"}, withSocket...),
-		"snapshot-controller": common,
+		"csi-snapshotter":     append([]string{"--extra-create-metadata", "--timeout=60s", noGroups}, withSocket...),
+		"snapshot-controller": {"--kubeconfig=" + snapshotKubeconfig, "--leader-election=false", noGroups},
 	}
 	for _, name := range CSISidecars {
 		if err := c.runCSI(name, filepath.Join(binDir, name), sidecars[name]...); err != nil {
@@ -74,8 +110,7 @@ func (c *Cluster) StartCSI(ctx context.Context, opts CSIOptions) error {
 	for i, n := range c.nodes {
 		strataNode := opts.StrataNodes[i]
 		if err := c.runCSI("csi-node-"+strataNode, opts.ManagerBin, "csi", "--mode", "node", "--node-name", strataNode,
-			"--csi-address", n.CSISocket(), "--kubelet-root", n.KubeletRoot(), "--state-dir", n.CSIStateDir(),
-			"--kubeconfig", opts.ManagerKubeconfig); err != nil {
+			"--csi-address", n.CSISocket(), "--kubelet-root", n.KubeletRoot(), "--state-dir", n.CSIStateDir()); err != nil {
 			return err
 		}
 	}

@@ -156,8 +156,8 @@ func testServiceAccountRBAC(ctx context.Context, t *testing.T, c *Cluster) {
 			_, err := sa.CoordinationV1().Leases(systemNamespace).Create(ctx, lease, metav1.CreateOptions{})
 			return err
 		}, false},
-		{"get namespace strata-system", func(ctx context.Context) error {
-			_, err := sa.CoreV1().Namespaces().Get(ctx, systemNamespace, metav1.GetOptions{})
+		{"list namespaces", func(ctx context.Context) error {
+			_, err := sa.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
 			return err
 		}, false},
 		{"list nodes", func(ctx context.Context) error {

@@ -16,6 +16,7 @@ import (
 	"github.com/strata-storage/strata/internal/s3server"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
+	"github.com/strata-storage/strata/types"
 )
 
 // backupBucket is the local S3 server's bucket the default target uses.
@@ -60,7 +61,8 @@ func defaultBackupTarget(ctx context.Context, cluster *localcluster.Cluster, srv
 	if err != nil {
 		return err
 	}
-	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "backup-target-credentials", Namespace: systemNamespace},
+	// The one credential Secret name the shipped Role lets the managers read.
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: types.BackupCredentialsSecret, Namespace: systemNamespace},
 		StringData: map[string]string{backupstore.SecretEndpoint: srv.Endpoint,
 			backupstore.SecretAccessKey: srv.AccessKey, backupstore.SecretSecretKey: srv.SecretKey}}
 	if _, err := kube.CoreV1().Secrets(systemNamespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {

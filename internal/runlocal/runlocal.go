@@ -154,7 +154,7 @@ func run(log *logrus.Logger, managerBin, runDir string, nodes int, kubelets bool
 	defer func() { _ = s3.Stop() }()
 	if kubelets {
 		// PVCs and VolumeSnapshots: the CSI driver and the upstream sidecars.
-		if err := cluster.StartCSI(ctx, localcluster.CSIOptions{ManagerBin: bin, ManagerKubeconfig: kubeconfig,
+		if err := cluster.StartCSI(ctx, localcluster.CSIOptions{ManagerBin: bin, Namespace: systemNamespace,
 			StrataNodes: nodeNames(managers), RepoRoot: root}); err != nil {
 			return err
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/strata-storage/strata/internal/localcluster"
 	"github.com/strata-storage/strata/internal/s3server"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
 )
 
 // startS3 runs a real S3-compatible server (versitygw) for one test, with
@@ -40,24 +41,40 @@ func s3Config(srv *s3server.Server, prefix string) backupstore.S3Config {
 		AccessKey: srv.AccessKey, SecretKey: srv.SecretKey}
 }
 
-// s3Target creates a credential Secret and a BackupTarget polled every 2 s,
-// both deleted when the test ends.
+// s3Target creates the credential Secret (the one name the managers' Role
+// lets them read, so one such target at a time) and a BackupTarget polled
+// every 2 s, both deleted when the test ends.
 func s3Target(t *testing.T, name, url string, secret map[string]string) {
 	t.Helper()
 	ctx := context.Background()
-	_, err := env.adminKube.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name + "-creds", Namespace: ns},
-		StringData: secret}, metav1.CreateOptions{})
+	_, err := env.adminKube.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: types.BackupCredentialsSecret, Namespace: ns}, StringData: secret}, metav1.CreateOptions{})
 	require.NoError(t, err)
-	_, err = env.adminStrata.StrataV1beta1().BackupTargets(ns).Create(ctx, &v1beta1.BackupTarget{
+	t.Cleanup(func() {
+		_ = env.adminKube.CoreV1().Secrets(ns).Delete(ctx, types.BackupCredentialsSecret, metav1.DeleteOptions{})
+	})
+	createTarget(t, name, url, types.BackupCredentialsSecret)
+}
+
+// createTarget creates a BackupTarget polled every 2 s, deleted when the
+// test ends.
+func createTarget(t *testing.T, name, url, secret string) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := env.adminStrata.StrataV1beta1().BackupTargets(ns).Create(ctx, &v1beta1.BackupTarget{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: v1beta1.BackupTargetSpec{BackupTargetURL: url, CredentialSecret: name + "-creds",
+		Spec: v1beta1.BackupTargetSpec{BackupTargetURL: url, CredentialSecret: secret,
 			PollInterval: metav1.Duration{Duration: 2 * time.Second}}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		_ = env.adminStrata.StrataV1beta1().BackupTargets(ns).Delete(ctx, name, metav1.DeleteOptions{})
-		_ = env.adminKube.CoreV1().Secrets(ns).Delete(ctx, name+"-creds", metav1.DeleteOptions{})
 	})
 }
+
+// forbiddenCredentialSecret is a Secret name the managers' Role does not
+// list: a target naming it says so (and the audit check expects the
+// denial).
+const forbiddenCredentialSecret = "e2e-unlisted-credentials"
 
 func waitTarget(t *testing.T, name string, available bool, msg string) {
 	t.Helper()
@@ -78,7 +95,8 @@ func waitTarget(t *testing.T, name string, available bool, msg string) {
 
 // A cluster pointed at a target an older cluster wrote lists its backups;
 // the target turns unavailable when its S3 server stops, and available
-// again when it is back; wrong credentials are said so.
+// again when it is back; wrong credentials are said so, and so is a
+// credential Secret the managers may not read.
 func TestBackupTargetListsAnOldTargetAndReportsAvailability(t *testing.T) {
 	ctx := context.Background()
 	srv := startS3(t)
@@ -117,8 +135,18 @@ func TestBackupTargetListsAnOldTargetAndReportsAvailability(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, v1beta1.BackupStateCompleted, bk.Status.State, "an outage changes nothing listed before")
 
-	bad := map[string]string{backupstore.SecretEndpoint: srv.Endpoint, backupstore.SecretAccessKey: srv.AccessKey,
-		backupstore.SecretSecretKey: "wrong"}
-	s3Target(t, "e2e-s3-bad", "s3://backups@us-east-1/old-cluster", bad)
-	waitTarget(t, "e2e-s3-bad", false, "the credentials are refused")
+	// Wrong credentials are said so.
+	secret, err := env.adminKube.CoreV1().Secrets(ns).Get(ctx, types.BackupCredentialsSecret, metav1.GetOptions{})
+	require.NoError(t, err)
+	secret.Data[backupstore.SecretSecretKey] = []byte("wrong")
+	_, err = env.adminKube.CoreV1().Secrets(ns).Update(ctx, secret, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	waitTarget(t, "e2e-s3", false, "the credentials are refused")
+
+	// A Secret the managers' Role does not name: forbidden, with the fix.
+	createTarget(t, "e2e-s3-unlisted", "s3://backups@us-east-1/old-cluster", forbiddenCredentialSecret)
+	waitTarget(t, "e2e-s3-unlisted", false, `add "`+forbiddenCredentialSecret+`" to the resourceNames`)
+	bt, err := env.adminStrata.StrataV1beta1().BackupTargets(ns).Get(ctx, "e2e-s3-unlisted", metav1.GetOptions{})
+	require.NoError(t, err)
+	require.Equal(t, controller.BackupTargetReasonForbidden, meta.FindStatusCondition(bt.Status.Conditions, controller.ConditionTypeAvailable).Reason)
 }

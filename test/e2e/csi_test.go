@@ -144,7 +144,7 @@ func startCSIController(t *testing.T) *grpc.ClientConn {
 func startCSIPlugin(t *testing.T, name, socket string, args ...string) (*localcluster.Process, *grpc.ClientConn) {
 	t.Helper()
 	p, err := localcluster.StartProcess(name, filepath.Join(env.runDir, "logs", name+".log"), env.managerOpts.Bin,
-		append([]string{"csi", "--csi-address", socket, "--kubeconfig", env.managerKubeconfig}, args...)...)
+		append([]string{"csi", "--csi-address", socket, "--kubeconfig", env.cluster.CSIControllerKubeconfig()}, args...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.Stop(10 * time.Second) })
 	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()),

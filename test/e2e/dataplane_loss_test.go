@@ -222,7 +222,7 @@ func TestSupervisorRestartsKilledInstanceManager(t *testing.T) {
 // once the fault clears: no controller drops a key.
 func TestFailingKeyConvergesAfterTheFaultClears(t *testing.T) {
 	ctx := context.Background()
-	roles := env.adminKube.RbacV1().ClusterRoles()
+	roles := env.adminKube.RbacV1().Roles(stypes.DefaultNamespace)
 	orig, err := roles.Get(ctx, stypes.ManagerServiceAccount, metav1.GetOptions{})
 	require.NoError(t, err)
 	restore := func() {
@@ -250,30 +250,25 @@ func TestFailingKeyConvergesAfterTheFaultClears(t *testing.T) {
 	waitVolume(t, "e2e-retry", time.Minute, "detached once the fault cleared", isDetached)
 }
 
-// forbidVolumeStatusWrites replaces the manager role's wildcard on strata.io
-// with the same permissions spelt out per resource, less update and patch of
-// volumes/status.
+// forbidVolumeStatusWrites takes volumes/status out of the rules of the
+// manager's Role in strata-system (where Strata's kinds are granted), so
+// every status write of a volume is Forbidden.
 func forbidVolumeStatusWrites(t *testing.T) {
 	ctx := context.Background()
-	list, err := env.adminKube.Discovery().ServerResourcesForGroupVersion(v1beta1.SchemeGroupVersion.String())
-	require.NoError(t, err)
-	var writable []string
-	for _, r := range list.APIResources {
-		if r.Name != "volumes/status" {
-			writable = append(writable, r.Name)
-		}
-	}
-	roles := env.adminKube.RbacV1().ClusterRoles()
+	roles := env.adminKube.RbacV1().Roles(stypes.DefaultNamespace)
 	require.NoError(t, retryOnConflict(func() error {
 		role, err := roles.Get(ctx, stypes.ManagerServiceAccount, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
+		found := false
 		for i, rule := range role.Rules {
-			if slices.Contains(rule.APIGroups, v1beta1.SchemeGroupVersion.Group) && slices.Contains(rule.Resources, "*") {
-				role.Rules[i].Resources = writable
+			if slices.Contains(rule.APIGroups, v1beta1.SchemeGroupVersion.Group) && slices.Contains(rule.Resources, "volumes/status") {
+				role.Rules[i].Resources = slices.DeleteFunc(slices.Clone(rule.Resources), func(r string) bool { return r == "volumes/status" })
+				found = true
 			}
 		}
+		require.True(t, found, "Role %s grants volumes/status", role.Name)
 		_, err = roles.Update(ctx, role, metav1.UpdateOptions{})
 		return err
 	}))

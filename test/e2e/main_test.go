@@ -101,8 +101,10 @@ func run(m *testing.M) (int, error) {
 
 	clusterDir := filepath.Join(runDir, "cluster")
 	baseline := localcluster.TakeHostBaseline()
+	// The API server logs what Strata's components ask of it; after the
+	// suite, auditCheck holds that against the shipped RBAC.
 	cluster, err := localcluster.Start(ctx, localcluster.Options{Dir: clusterDir,
-		Namespace: types.DefaultNamespace, Log: log})
+		Namespace: types.DefaultNamespace, Log: log, Audit: &auditOptions})
 	if err != nil {
 		return 0, err
 	}
@@ -166,7 +168,7 @@ func run(m *testing.M) (int, error) {
 	// The disks are directories on the machine's shared filesystem, whose
 	// free share moves with everything else on it (seen at 25% here); the
 	// tests' volumes are tiny, so only a really full disk may stop them.
-	if err := cluster.StartCSI(ctx, localcluster.CSIOptions{ManagerBin: bin, ManagerKubeconfig: env.managerKubeconfig,
+	if err := cluster.StartCSI(ctx, localcluster.CSIOptions{ManagerBin: bin, Namespace: types.DefaultNamespace,
 		StrataNodes: nodeNames, RepoRoot: root}); err != nil {
 		return 0, err
 	}
@@ -188,6 +190,14 @@ func run(m *testing.M) (int, error) {
 	// Nothing the kubelet nodes made may outlive the suite.
 	if residue := localcluster.HostResidue(clusterDir, baseline); len(residue) > 0 {
 		fmt.Fprintf(os.Stderr, "left on the host after the cluster stopped:\n  %s\n", strings.Join(residue, "\n  "))
+		code = 1
+	}
+	// What the components asked of the API server against what their
+	// roles grant. Judged only over a suite that passed (a failed test may
+	// have stopped before using what it tests); after a failure the report
+	// is still written beside the kept logs.
+	if err := auditCheck(root, cluster.AuditLogPath, filepath.Join(runDir, "audit-report.txt"), code == 0); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		code = 1
 	}
 	if code != 0 {

@@ -343,23 +343,34 @@ func TestWebhookRBAC(t *testing.T) {
 		{"get the CA Secret", func() error { _, err := secrets.Get(ctx, webhook.CASecretName, metav1.GetOptions{}); return err }, false},
 		{"list the CA Secret by name", func() error { _, err := secrets.List(ctx, byName); return err }, false},
 		{"list every Secret in strata-system", func() error { _, err := secrets.List(ctx, metav1.ListOptions{}); return err }, true},
-		// A backup target's credential Secret is read by name (get only):
-		// a missing one is NotFound, not Forbidden.
-		{"get another Secret by name", func() error {
-			_, err := secrets.Get(ctx, "someone-elses", metav1.GetOptions{})
+		// A backup target's credential Secret is read by name (get only),
+		// and only the one the Role names: a missing one is NotFound, any
+		// other Forbidden.
+		{"get the backup credential Secret by name", func() error {
+			_, err := secrets.Get(ctx, types.BackupCredentialsSecret, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
 				return nil
 			}
 			return err
 		}, false},
+		{"get another Secret by name", func() error {
+			_, err := secrets.Get(ctx, "someone-elses", metav1.GetOptions{})
+			return err
+		}, true},
 		{"update another Secret", func() error {
 			_, err := secrets.Update(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "someone-elses"}}, metav1.UpdateOptions{})
 			return err
 		}, true},
+		// The leader only applies them (a patch; dry run here).
+		{"patch the validating configuration", func() error {
+			_, err := kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Patch(ctx, webhook.ValidatorConfigName,
+				k8stypes.MergePatchType, []byte(`{}`), metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+			return err
+		}, false},
 		{"get the validating configuration", func() error {
 			_, err := kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhook.ValidatorConfigName, metav1.GetOptions{})
 			return err
-		}, false},
+		}, true},
 		{"patch another webhook configuration", func() error {
 			_, err := kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Patch(ctx, "someone-elses",
 				k8stypes.MergePatchType, []byte(`{}`), metav1.PatchOptions{})

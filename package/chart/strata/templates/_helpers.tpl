@@ -1,0 +1,143 @@
+{{/* Labels every object of the release carries. */}}
+{{- define "strata.labels" -}}
+app.kubernetes.io/name: strata
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end }}
+
+{{- define "strata.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/* The downward API: the node's name and address, the Pod's namespace and IP. */}}
+{{- define "strata.env" -}}
+- name: NODE_NAME
+  valueFrom: {fieldRef: {fieldPath: spec.nodeName}}
+- name: HOST_IP
+  valueFrom: {fieldRef: {fieldPath: status.hostIP}}
+- name: POD_IP
+  valueFrom: {fieldRef: {fieldPath: status.podIP}}
+- name: POD_NAMESPACE
+  valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+- name: STRATA_LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+- name: STRATA_LOG_JSON
+  value: {{ .Values.logJSON | quote }}
+{{- end }}
+
+{{/* The path of a disk entry, PATH or NAME=PATH. */}}
+{{- define "strata.diskPath" -}}
+{{ regexReplaceAll "^[^=/]+=" . "" }}
+{{- end }}
+
+{{/*
+A node name as a label value (at most 63 characters): the name itself, or
+its start and a checksum when it is longer.
+*/}}
+{{- define "strata.nodeKey" -}}
+{{- if le (len .) 63 -}}
+{{ . }}
+{{- else -}}
+{{ printf "%s-%s" (trunc 52 .) (adler32sum .) }}
+{{- end -}}
+{{- end }}
+
+{{/*
+The disk sets, as YAML: one for the nodes disks.perNode does not list
+(key ""), one per listed node. The manager and the instance manager get a
+DaemonSet per set, so each node's Pods mount and are given its own disks.
+*/}}
+{{- define "strata.diskSets" -}}
+{{- $reserved := list "instance-manager" "tls" "run" "csi" -}}
+{{- range $node, $paths := merge (dict "disks.default" .Values.disks.default) .Values.disks.perNode -}}
+{{- if not $paths }}{{ fail (printf "disks (%s): at least one disk" $node) }}{{ end -}}
+{{- range $paths -}}
+{{- $p := printf "%s/" (include "strata.diskPath" . | trimSuffix "/") -}}
+{{- range $reserved -}}
+{{- $r := printf "%s/%s/" $.Values.hostDir . -}}
+{{- if or (hasPrefix $p $r) (hasPrefix $r $p) -}}
+{{- fail (printf "disk %s overlaps %s, which Strata keeps its own files in: put disks elsewhere" $p $r) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+sets:
+  - key: ""
+    suffix: ""
+    paths: {{ toJson .Values.disks.default }}
+    except: {{ keys .Values.disks.perNode | sortAlpha | toJson }}
+{{- range $node, $paths := .Values.disks.perNode }}
+  - key: {{ include "strata.nodeKey" $node | quote }}
+    suffix: {{ printf "-%s" (include "strata.nodeKey" $node) | quote }}
+    node: {{ $node | quote }}
+    paths: {{ toJson $paths }}
+{{- end }}
+{{- end }}
+
+{{/* Node affinity of a disk set: its node, or every node but the listed ones. */}}
+{{- define "strata.diskSetAffinity" -}}
+{{- if .node -}}
+affinity:
+  nodeAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      nodeSelectorTerms:
+        - matchFields:
+            - {key: metadata.name, operator: In, values: [{{ .node | quote }}]}
+{{- else if .except -}}
+affinity:
+  nodeAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      nodeSelectorTerms:
+        - matchFields:
+            - key: metadata.name
+              operator: NotIn
+              values: {{ toJson .except }}
+{{- end }}
+{{- end }}
+
+{{/* hostPath volumes and mounts of a disk set's disks and the backup paths. */}}
+{{- define "strata.diskVolumes" -}}
+{{- range $i, $d := .paths }}
+- name: disk-{{ $i }}
+  hostPath: {path: {{ include "strata.diskPath" $d | quote }}, type: DirectoryOrCreate}
+{{- end }}
+{{- range $i, $p := .backupPaths }}
+- name: backup-{{ $i }}
+  hostPath: {path: {{ $p | quote }}, type: Directory}
+{{- end }}
+{{- end }}
+
+{{/* Disks and backup paths appear at their host paths; a filesystem mounted
+on the host later (a disk, an NFS export) shows through (HostToContainer). */}}
+{{- define "strata.diskMounts" -}}
+{{- range $i, $d := .paths }}
+- name: disk-{{ $i }}
+  mountPath: {{ include "strata.diskPath" $d | quote }}
+  mountPropagation: HostToContainer
+{{- end }}
+{{- range $i, $p := .backupPaths }}
+- name: backup-{{ $i }}
+  mountPath: {{ $p | quote }}
+  mountPropagation: HostToContainer
+{{- end }}
+{{- end }}
+
+{{/* The credential Secrets the managers may read: the documented one first. */}}
+{{- define "strata.backupSecrets" -}}
+{{- $names := list "strata-backup-credentials" -}}
+{{- with .Values.backupTarget.credentialSecret }}{{ $names = append $names . }}{{ end -}}
+{{- $names = concat $names .Values.extraBackupCredentialSecrets | uniq -}}
+{{ toJson $names }}
+{{- end }}
+
+{{/* The security context of the manager and the instance manager: root (their
+host directories are root's), no capability, no escalation, read-only image. */}}
+{{- define "strata.unprivileged" -}}
+securityContext:
+  privileged: false
+  allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: true
+  capabilities: {drop: [ALL]}
+{{- end }}

@@ -1,0 +1,146 @@
+package deploy
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+)
+
+// leaderElectionGrant is what the chart adds to package/manifests' RBAC
+// with csiController.leaderElection on (its default): the sidecars' Lease.
+// The manifests grant none (the process mode runs them without election).
+var leaderElectionGrant = map[string][]string{
+	"Role strata-system/strata-csi-controller": {
+		"coordination.k8s.io/leases: create", "coordination.k8s.io/leases: get", "coordination.k8s.io/leases: update"},
+}
+
+// rbacKinds are the kinds whose content TestChartRBACMatchesManifests compares.
+var rbacKinds = []string{"ServiceAccount", "ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding"}
+
+// rbacSummary is every RBAC object of objs as lines a diff reads well:
+// a role's grants one per (group, resource, name, verb) — so rules split or
+// merged differently still compare equal — its aggregation labels, a
+// binding's roleRef and subjects, a ServiceAccount's token automount.
+func rbacSummary(t *testing.T, objs []object) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	for _, o := range objs {
+		if !slices.Contains(rbacKinds, o.Kind) {
+			continue
+		}
+		var lines []string
+		switch o.Kind {
+		case "ServiceAccount":
+			var sa corev1.ServiceAccount
+			o.decode(t, &sa)
+			lines = append(lines, fmt.Sprintf("automountServiceAccountToken: %v", deref(sa.AutomountServiceAccountToken)))
+		case "ClusterRole", "Role":
+			var r rbacv1.ClusterRole // a Role's fields are a subset
+			o.decode(t, &r)
+			lines = grants(r.Rules)
+			for k, v := range r.Labels {
+				if strings.HasPrefix(k, "rbac.authorization.k8s.io/") {
+					lines = append(lines, "label "+k+"="+v)
+				}
+			}
+			if r.AggregationRule != nil {
+				lines = append(lines, fmt.Sprintf("aggregationRule %v", r.AggregationRule.ClusterRoleSelectors))
+			}
+		case "ClusterRoleBinding", "RoleBinding":
+			var b rbacv1.RoleBinding
+			o.decode(t, &b)
+			lines = append(lines, fmt.Sprintf("roleRef %s %s", b.RoleRef.Kind, b.RoleRef.Name))
+			for _, s := range b.Subjects {
+				lines = append(lines, fmt.Sprintf("subject %s %s/%s", s.Kind, s.Namespace, s.Name))
+			}
+		}
+		slices.Sort(lines)
+		out[o.key()] = slices.Compact(lines)
+	}
+	return out
+}
+
+func grants(rules []rbacv1.PolicyRule) []string {
+	var out []string
+	for _, r := range rules {
+		for _, url := range r.NonResourceURLs {
+			for _, v := range r.Verbs {
+				out = append(out, "url "+url+": "+v)
+			}
+		}
+		names := r.ResourceNames
+		if len(names) == 0 {
+			names = []string{""}
+		}
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				for _, n := range names {
+					for _, v := range r.Verbs {
+						what := g + "/" + res
+						if n != "" {
+							what += "[" + n + "]"
+						}
+						out = append(out, what+": "+v)
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+func deref(b *bool) string {
+	if b == nil {
+		return "default"
+	}
+	return fmt.Sprint(*b)
+}
+
+// One truth for RBAC: the chart's ServiceAccounts, roles and bindings are
+// package/manifests' (the ones the audit-checked e2e suite runs under),
+// plus the sidecars' leader-election Lease.
+func TestChartRBACMatchesManifests(t *testing.T) {
+	want := rbacSummary(t, readObjects(t, filepath.Join(repoRoot(t), "package", "manifests", "*.yaml")))
+	for key, extra := range leaderElectionGrant {
+		require.Contains(t, want, key)
+		want[key] = slices.Compact(slices.Sorted(slices.Values(append(want[key], extra...))))
+	}
+	got := rbacSummary(t, rendered(t))
+	for key := range want {
+		assert.Equal(t, want[key], got[key], "%s: the chart (package/deploy/strata.yaml) and package/manifests differ", key)
+	}
+	for key := range got {
+		assert.Contains(t, want, key, "%s is in the chart, not in package/manifests", key)
+	}
+}
+
+// The options that change RBAC: no leader election gives exactly the
+// manifests' rules; a backup target's Secret (and extra ones) become
+// readable by name, and only those.
+func TestChartRBACOptions(t *testing.T) {
+	helm := helmBinary(t)
+	manifests := rbacSummary(t, readObjects(t, filepath.Join(repoRoot(t), "package", "manifests", "*.yaml")))
+	noElection := rbacSummary(t, parseObjects(t, renderChart(t, helm, "csiController.leaderElection=false")))
+	assert.Equal(t, manifests, noElection)
+
+	objs := parseObjects(t, renderChart(t, helm, "backupTarget.url=s3://b@us-east-1/p",
+		"backupTarget.credentialSecret=s3-keys", "extraBackupCredentialSecrets={other,s3-keys}"))
+	role := rbacSummary(t, objs)["Role strata-system/strata-manager"]
+	var secrets []string
+	for _, g := range role {
+		if strings.HasPrefix(g, "/secrets[") && strings.HasSuffix(g, ": get") && !strings.Contains(g, "strata-webhook-ca") {
+			secrets = append(secrets, g)
+		}
+	}
+	assert.Equal(t, []string{"/secrets[other]: get", "/secrets[s3-keys]: get", "/secrets[strata-backup-credentials]: get"}, secrets)
+	bt := find(t, objs, "BackupTarget", "default")
+	assert.Contains(t, string(bt.json), `"credentialSecret":"s3-keys"`)
+	assert.Contains(t, string(bt.json), `"backupTargetURL":"s3://b@us-east-1/p"`)
+}

@@ -1,0 +1,119 @@
+package e2e
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/strata-storage/strata/internal/auditcheck"
+	"github.com/strata-storage/strata/internal/localcluster"
+	"github.com/strata-storage/strata/types"
+)
+
+// Least privilege, proven by the API server's audit log: every request of
+// Strata's components (the managers, the CSI controller Pod, the CSI node
+// plugins, the snapshot-controller) is logged at level Metadata, and after
+// the suite auditCheck fails on any request RBAC denied a component and,
+// when the whole suite ran, on any verb a shipped role grants that no
+// request used. docs/security.md "Least privilege".
+
+var auditOptions = localcluster.AuditOptions{
+	Groups: []string{"system:serviceaccounts:" + types.DefaultNamespace},
+	Users: []string{auditcheck.ServiceAccountUser(localcluster.SnapshotControllerNamespace,
+		localcluster.SnapshotControllerServiceAccount)},
+}
+
+var auditConfig = auditcheck.Config{
+	Components: []auditcheck.Component{
+		{Name: "strata-manager", Namespace: types.DefaultNamespace, ServiceAccount: types.ManagerServiceAccount},
+		{Name: "strata-csi-controller", Namespace: types.DefaultNamespace, ServiceAccount: types.CSIControllerServiceAccount},
+		{Name: "strata-csi-node", Namespace: types.DefaultNamespace, ServiceAccount: types.CSINodeServiceAccount},
+		{Name: "snapshot-controller", Namespace: localcluster.SnapshotControllerNamespace,
+			ServiceAccount: localcluster.SnapshotControllerServiceAccount},
+	},
+	// The tests' own clients borrow the manager's token to probe its RBAC
+	// (TestManagerRunsUnderShippedRBAC, TestWebhookRBAC): what they are
+	// refused is the point of those tests.
+	IgnoreUserAgents: []string{"e2e.test/"},
+	// Grants no request used in the suite, each needed all the same: reads
+	// that go to the API server only when a cache is behind, and a repeat.
+	Unused: []auditcheck.Allowance{
+		{Component: "strata-manager", Verb: "get", Group: "strata.io", Resource: "engines",
+			Reason: "an orphaned engine instance's Engine is read live before the instance is stopped (the suite orphans replicas only)"},
+		{Component: "strata-manager", Verb: "get", Group: "strata.io", Resource: "backups",
+			Reason: "read live only when the cache lags: a ticket's owner Backup (reaper), a fromBackup volume made just after its Backup (webhook)"},
+		{Component: "strata-manager", Verb: "get", Group: "storage.k8s.io", Resource: "volumeattachments",
+			Reason: "the ticket reaper confirms live that a csi-attacher ticket's VolumeAttachment is gone; csi-attacher removes its tickets first"},
+		{Component: "strata-csi-controller", Verb: "get", Group: "strata.io", Resource: "backups",
+			Reason: "a restore's Backup is read live only when the plugin's cache does not hold it yet"},
+		{Component: "snapshot-controller", Verb: "patch", Resource: "events",
+			Reason: "client-go's event recorder patches an event that repeats (its count); none repeated in the suite"},
+	},
+	// Denials the suite causes on purpose.
+	Denied: []auditcheck.Allowance{
+		{Component: "strata-manager", Verb: "update", Group: "strata.io", Resource: "volumes/status", Name: "e2e-retry",
+			Reason: "TestFailingKeyConvergesAfterTheFaultClears takes this from the manager's role for a while"},
+		{Component: "strata-manager", Verb: "get", Resource: "secrets", Name: forbiddenCredentialSecret,
+			Reason: "TestBackupTargetListsAnOldTargetAndReportsAvailability names a Secret the Role does not list"},
+	},
+}
+
+// auditCheck reads the audit log, writes the full report to reportPath and
+// prints the summary. Run with -run (or -skip beyond the long tests), only
+// denials fail: what a part of the suite did not use says nothing. With
+// judge false (the suite failed) the report is written and nothing fails.
+func auditCheck(repoRoot, logPath, reportPath string, judge bool) error {
+	if logPath == "" {
+		return errors.New("audit check: the API server kept no audit log")
+	}
+	rbac, err := auditcheck.LoadManifests(filepath.Join(repoRoot, "package", "manifests"))
+	if err != nil {
+		return fmt.Errorf("audit check: %w", err)
+	}
+	log, err := auditcheck.ReadLogFile(logPath)
+	if err != nil {
+		return fmt.Errorf("audit check: %w", err)
+	}
+	cfg := auditConfig
+	cfg.PartialRun = !wholeSuite()
+	rep, err := auditcheck.Check(rbac, log, cfg)
+	if err != nil {
+		return fmt.Errorf("audit check: %w", err)
+	}
+	details := rep.Details()
+	if err := os.WriteFile(reportPath, []byte(details), 0o644); err != nil {
+		return err
+	}
+	if extra := os.Getenv("STRATA_AUDIT_REPORT"); extra != "" {
+		if err := os.WriteFile(extra, []byte(details), 0o644); err != nil {
+			return err
+		}
+	}
+	fmt.Print(rep.Summary())
+	switch {
+	case !judge:
+		fmt.Printf("audit check: not judged, the suite failed; report: %s\n", reportPath)
+		return nil
+	case cfg.PartialRun:
+		fmt.Println("audit check: part of the suite ran (-run or -skip): only denials and wildcards are checked")
+	}
+	if rep.Failed() {
+		return fmt.Errorf("audit check failed (report: %s):\n%s", reportPath, details)
+	}
+	return nil
+}
+
+// wholeSuite is true when no test was filtered out but the long ones
+// (make test's -skip '^TestLong').
+func wholeSuite() bool {
+	value := func(name string) string {
+		if f := flag.Lookup(name); f != nil {
+			return f.Value.String()
+		}
+		return ""
+	}
+	skip := value("test.skip")
+	return value("test.run") == "" && (skip == "" || skip == "^TestLong")
+}
