@@ -207,7 +207,7 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 		{
 			name:         "a snapshot yields to a workload on another node",
 			vol:          adVolume(v1beta1.VolumeStateAttached, "node-1", "node-1", func(v *v1beta1.Volume) { v.Spec.DisableFrontend = true }),
-			va:           adVA(ticket("snap-1", snapCtl, "node-1"), ticket("pod-b", csi, "node-2")),
+			va:           adVA(ticket("snap-1", snapCtl, "node-1", disableF, "any"), ticket("pod-b", csi, "node-2")),
 			wantWrites:   []string{"update volumes v1", "update volumeattachments/status v1"},
 			wantEvents:   []string{"Normal Detach"},
 			wantSpec:     &adSpec{DisableFrontend: true},

@@ -95,16 +95,18 @@ func selectAttachmentTicket(tickets map[string]*v1beta1.AttachmentTicket) *v1bet
 }
 
 // parametersCompatible tells whether a volume attached with disableFrontend
-// serves a ticket: the ticket may ask for "true", "false" or "any" (the
-// default when unset).
+// serves a ticket: the ticket may ask for "true", "false" (the default when
+// unset, as when the volume attaches for it) or "any". Unset cannot mean
+// "any": a user's ticket would then get a frontend or not depending on
+// whether a restore's frontend-less attachment was still there.
 func parametersCompatible(disableFrontend bool, t *v1beta1.AttachmentTicket) bool {
 	switch t.Parameters[v1beta1.AttachmentParameterDisableFrontend] {
 	case v1beta1.TrueValue:
 		return disableFrontend
-	case v1beta1.FalseValue:
-		return !disableFrontend
+	case v1beta1.AnyValue:
+		return true
 	}
-	return true
+	return !disableFrontend
 }
 
 // fillIncomplete tells a volume whose data source (spec.dataSource) or

@@ -222,13 +222,15 @@ func (c *VolumeCloneController) startCopy(s *cloneSync, source *v1beta1.Volume) 
 	if err != nil {
 		return err
 	}
-	s.status.State, s.status.Message, s.status.Progress = v1beta1.VolumeCloneStateCopying, "", 0
-	s.status.Attempts++
 	// Both on the same backing image: each replica has its disk's copy, so
 	// only the layers above it travel.
 	shared := source.Spec.BackingImage != "" && source.Spec.BackingImage == s.target.Spec.BackingImage
-	c.runCopy(s.target, client, engineapi.SnapshotCloneArgs{Engine: targetEng.Name, SourceAddress: sourceAddr, Snapshot: s.snap,
-		BackingShared: shared})
+	if !c.runCopy(s.target, client, engineapi.SnapshotCloneArgs{Engine: targetEng.Name, SourceAddress: sourceAddr,
+		Snapshot: s.snap, BackingShared: shared}) {
+		return nil // the copy ended meanwhile: its outcome requeued the volume
+	}
+	s.status.State, s.status.Message, s.status.Progress = v1beta1.VolumeCloneStateCopying, "", 0
+	s.status.Attempts++
 	c.recorder.Eventf(s.target, corev1.EventTypeNormal, EventReasonCloneStarted,
 		"copying snapshot %s of volume %s (attempt %d)", s.snap, source.Name, s.status.Attempts)
 	return nil

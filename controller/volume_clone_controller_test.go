@@ -279,3 +279,44 @@ func TestVolumeCloneSnapshotCleanup(t *testing.T) {
 		return c.syncCloneSnapshot, nil
 	})
 }
+
+// A copy starts only when none runs and none has ended unread, checked in
+// the same step as the start: a sync that read "not ended" just before the
+// first copy ended must not start a second one (it would zero the target
+// while the next sync releases the volume as completed).
+func TestVolumeCloneRunCopyOnlyOnce(t *testing.T) {
+	tests := []struct {
+		name        string
+		running     bool
+		ended       bool
+		wantStarted bool
+	}{
+		{name: "nothing ran: started", wantStarted: true},
+		{name: "a copy runs: not started", running: true},
+		{name: "a copy ended, its outcome unread: not started", ended: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			env := dstest.New(t, withNodes(), nil)
+			dp := newFakeConnector(nil)
+			c, err := NewVolumeCloneController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", dp)
+			require.NoError(t, err)
+			target := cloneTarget("snap://v1/s1")
+			if tc.running {
+				c.copies[target.UID] = func() {}
+			}
+			if tc.ended {
+				c.results[target.UID] = copyOutcome{}
+			}
+			client, err := dp.DataPlane("im-1:8500")
+			require.NoError(t, err)
+			started := c.runCopy(target, client, engineapi.SnapshotCloneArgs{Engine: "v2-e-0", SourceAddress: "10.0.0.1:v1", Snapshot: "s1"})
+			assert.Equal(t, tc.wantStarted, started)
+			if tc.wantStarted {
+				require.Eventually(t, func() bool { return len(dp.calls()) == 1 }, 5*time.Second, 10*time.Millisecond)
+				return
+			}
+			assert.Empty(t, dp.calls(), "no second SnapshotClone")
+		})
+	}
+}

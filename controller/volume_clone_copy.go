@@ -22,9 +22,19 @@ type copyOutcome struct {
 	seen bool // a sync has applied it already
 }
 
-// runCopy starts the copy into engine of target t in the background.
-func (c *VolumeCloneController) runCopy(t *v1beta1.Volume, client engineapi.DataPlane, args engineapi.SnapshotCloneArgs) {
+// runCopy starts the copy into engine of target t in the background, unless
+// a copy runs or has ended since the sync looked: the check and the start
+// are one step under the lock, because a copy that ended in between would
+// otherwise be started over (the data plane zeroes the target first) while
+// the next sync releases the volume on the first copy's outcome.
+func (c *VolumeCloneController) runCopy(t *v1beta1.Volume, client engineapi.DataPlane, args engineapi.SnapshotCloneArgs) bool {
 	c.mu.Lock()
+	_, running := c.copies[t.UID]
+	_, ended := c.results[t.UID]
+	if running || ended {
+		c.mu.Unlock()
+		return false
+	}
 	ctx, cancel := context.WithTimeout(c.runCtx, cloneTimeout)
 	c.copies[t.UID] = cancel
 	c.mu.Unlock()
@@ -46,6 +56,7 @@ func (c *VolumeCloneController) runCopy(t *v1beta1.Volume, client engineapi.Data
 		c.mu.Unlock()
 		c.queue.Add(key)
 	}()
+	return true
 }
 
 func (c *VolumeCloneController) copyRunning(t *v1beta1.Volume) bool {

@@ -192,8 +192,11 @@ func testRestoreBackupsIntoNewVolumes(t *testing.T) {
 	assert.Contains(t, eventMessages(t, "e2e-rs-r1", controller.EventReasonRestoreCompleted), "restored backup e2e-rs-b1")
 
 	restoreVolume(t, "e2e-rs-r2", "128Mi", "e2e-rs-b2")
-	waitRestored(t, "e2e-rs-r2")
+	// The admin's ticket comes before the restore's goes and leaves
+	// disableFrontend unset, which asks for the frontend: once restored,
+	// the volume is served for it, not left frontend-less.
 	got := attachAndSum(t, "e2e-rs-r2")
+	waitRestored(t, "e2e-rs-r2")
 	// r2 is larger: its first 64 MiB are s2, the rest zeros.
 	assert.Equal(t, sum2, headSum(t, getVolume(t, "e2e-rs-r2").Status.FrontendEndpoint, 64<<20), "r2 reads as the source at s2")
 	assert.NotEqual(t, sum2, got, "the whole 128 MiB differs from the 64 MiB source")

@@ -130,8 +130,8 @@ func validTicketShape(path *field.Path, key string, t *v1beta1.AttachmentTicket)
 // copy data).
 var disableFrontendValues = []string{v1beta1.TrueValue, v1beta1.FalseValue, v1beta1.AnyValue}
 
-// validDisableFrontend: any other value would be read as "any" by the
-// controller, silently attaching with whatever frontend the volume has.
+// validDisableFrontend: any other value would be read as "false" (the
+// default when unset) by the controller, hiding a typo such as "ture".
 func validDisableFrontend(path *field.Path, t *v1beta1.AttachmentTicket) *admission.FieldError {
 	value, ok := t.Parameters[v1beta1.AttachmentParameterDisableFrontend]
 	if !ok || slices.Contains(disableFrontendValues, value) {

@@ -65,8 +65,8 @@ type AttachmentTicket struct {
 	Type AttacherType `json:"type"`
 	// NodeID is the node the ticket asks for.
 	NodeID string `json:"nodeID"`
-	// Parameters of the attachment: disableFrontend ("true", "false", "any")
-	// and lastAttachedBy.
+	// Parameters of the attachment: disableFrontend ("true", "false" - the
+	// default when unset - or "any") and lastAttachedBy.
 	Parameters map[string]string `json:"parameters"`
 	// Generation is bumped by the system on every change of the ticket. Read-only.
 	Generation int64 `json:"generation"`
