@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -267,10 +268,24 @@ func TestDownload(t *testing.T) {
 }
 
 // A download cut off mid-transfer leaves a prefix that the next call resumes.
+// The first response stops after 2 MiB and holds the connection open, so
+// the cancel lands mid-transfer whatever the socket buffers hold.
 func TestDownloadInterruptedThenResumed(t *testing.T) {
 	data := rawImage(t)
 	var ranged atomic.Int32
-	srv := rangeServer(t, data, false, &ranged)
+	resume := rangeServer(t, data, false, &ranged)
+	var requests atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if requests.Add(1) > 1 {
+			resume.Config.Handler.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+		_, _ = w.Write(data[:2<<20])
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	t.Cleanup(srv.Close)
 	part := filepath.Join(t.TempDir(), "download.part")
 	ctx, cancel := context.WithCancel(context.Background())
 	_, err := Download(ctx, testPolicy, srv.URL+"/image", part, func(done, _ int64) {
