@@ -21,6 +21,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   valueFrom: {fieldRef: {fieldPath: status.podIP}}
 - name: POD_NAMESPACE
   valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+{{- include "strata.apiEnv" . }}
 - name: STRATA_LOG_LEVEL
   value: {{ .Values.logLevel | quote }}
 - name: STRATA_LOG_JSON
@@ -45,35 +46,37 @@ its start and a checksum when it is longer.
 {{- end }}
 
 {{/*
-The disk sets, as YAML: one for the nodes disks.perNode does not list
-(key ""), one per listed node. The manager and the instance manager get a
-DaemonSet per set, so each node's Pods mount and are given its own disks.
+The node sets, as YAML: one for the nodes that disks.perNode and nodeDirs
+do not list (key ""), one per listed node, each with its disks, hostDir
+and kubeletRoot. The manager, the instance manager and the CSI node plugin
+get a DaemonSet per set, so each node's Pods mount its own directories.
 */}}
 {{- define "strata.diskSets" -}}
 {{- $reserved := list "instance-manager" "tls" "run" "csi" -}}
-{{- range $node, $paths := merge (dict "disks.default" .Values.disks.default) .Values.disks.perNode -}}
-{{- if not $paths }}{{ fail (printf "disks (%s): at least one disk" $node) }}{{ end -}}
-{{- range $paths -}}
+{{- $listed := concat (keys .Values.disks.perNode) (keys .Values.nodeDirs) | uniq | sortAlpha -}}
+{{- $sets := list (dict "key" "" "suffix" "" "paths" .Values.disks.default "except" $listed
+    "hostDir" .Values.hostDir "kubeletRoot" .Values.kubeletRoot) -}}
+{{- range $node := $listed -}}
+{{- $dirs := get $.Values.nodeDirs $node | default dict -}}
+{{- $paths := $.Values.disks.default -}}
+{{- if hasKey $.Values.disks.perNode $node }}{{ $paths = get $.Values.disks.perNode $node }}{{ end -}}
+{{- $sets = append $sets (dict "key" (include "strata.nodeKey" $node) "suffix" (printf "-%s" (include "strata.nodeKey" $node))
+    "node" $node "paths" $paths "hostDir" ($dirs.hostDir | default $.Values.hostDir)
+    "kubeletRoot" ($dirs.kubeletRoot | default $.Values.kubeletRoot)) -}}
+{{- end -}}
+{{- range $set := $sets -}}
+{{- if not $set.paths }}{{ fail (printf "disks (%s): at least one disk" ($set.node | default "disks.default")) }}{{ end -}}
+{{- range $set.paths -}}
 {{- $p := printf "%s/" (include "strata.diskPath" . | trimSuffix "/") -}}
 {{- range $reserved -}}
-{{- $r := printf "%s/%s/" $.Values.hostDir . -}}
+{{- $r := printf "%s/%s/" $set.hostDir . -}}
 {{- if or (hasPrefix $p $r) (hasPrefix $r $p) -}}
 {{- fail (printf "disk %s overlaps %s, which Strata keeps its own files in: put disks elsewhere" $p $r) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
-sets:
-  - key: ""
-    suffix: ""
-    paths: {{ toJson .Values.disks.default }}
-    except: {{ keys .Values.disks.perNode | sortAlpha | toJson }}
-{{- range $node, $paths := .Values.disks.perNode }}
-  - key: {{ include "strata.nodeKey" $node | quote }}
-    suffix: {{ printf "-%s" (include "strata.nodeKey" $node) | quote }}
-    node: {{ $node | quote }}
-    paths: {{ toJson $paths }}
-{{- end }}
+sets: {{ toJson $sets }}
 {{- end }}
 
 {{/* Node affinity of a disk set: its node, or every node but the listed ones. */}}
@@ -140,4 +143,15 @@ securityContext:
   allowPrivilegeEscalation: false
   readOnlyRootFilesystem: true
   capabilities: {drop: [ALL]}
+{{- end }}
+
+{{/* The API server address when the kubernetes Service is not routed
+(values kubernetesAPI); nothing otherwise. */}}
+{{- define "strata.apiEnv" -}}
+{{- with .Values.kubernetesAPI.host }}
+- name: KUBERNETES_SERVICE_HOST
+  value: {{ . | quote }}
+- name: KUBERNETES_SERVICE_PORT
+  value: {{ required "kubernetesAPI.port: required with kubernetesAPI.host" $.Values.kubernetesAPI.port | quote }}
+{{- end }}
 {{- end }}
