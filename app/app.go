@@ -37,7 +37,7 @@ func NewCommand() *cli.Command {
 			}
 			return ctx, nil
 		},
-		Commands: []*cli.Command{DaemonCommand(), InstanceManagerCommand(), CSICommand()},
+		Commands: []*cli.Command{DaemonCommand(), InstanceManagerCommand(), CSICommand(), UninstallCheckCommand()},
 	}
 }
 

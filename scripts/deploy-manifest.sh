@@ -17,4 +17,5 @@ HEADER
 # From the repository root, so the chart's path in the "# Source:" lines
 # does not depend on where this runs.
 cd "$root"
-"$helm" template strata package/chart/strata --namespace strata-system --include-crds --set createNamespace=true
+# Without hooks: the pre-delete check belongs to helm uninstall.
+"$helm" template strata package/chart/strata --namespace strata-system --include-crds --no-hooks --set createNamespace=true

@@ -57,10 +57,16 @@ func helmBinary(t *testing.T) string {
 
 // renderChart is `helm template` of the chart as scripts/deploy-manifest.sh
 // runs it, with more --set flags.
+// renderChart renders the chart as strata.yaml is, without helm's hooks.
 func renderChart(t *testing.T, helm string, sets ...string) []byte {
 	t.Helper()
-	args := []string{"template", "strata", "package/chart/strata", "--namespace", "strata-system",
-		"--include-crds", "--set", "createNamespace=true"}
+	return renderChartArgs(t, helm, []string{"--no-hooks"}, sets...)
+}
+
+func renderChartArgs(t *testing.T, helm string, extra []string, sets ...string) []byte {
+	t.Helper()
+	args := append([]string{"template", "strata", "package/chart/strata", "--namespace", "strata-system",
+		"--include-crds", "--set", "createNamespace=true"}, extra...)
 	for _, s := range sets {
 		args = append(args, "--set", s)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 )
@@ -143,4 +144,35 @@ func TestChartRBACOptions(t *testing.T) {
 	bt := find(t, objs, "BackupTarget", "default")
 	assert.Contains(t, string(bt.json), `"credentialSecret":"s3-keys"`)
 	assert.Contains(t, string(bt.json), `"backupTargetURL":"s3://b@us-east-1/p"`)
+}
+
+// helm uninstall's pre-delete hook (left out of strata.yaml, which kubectl
+// applies): a Job running uninstall-check under an identity that may only
+// list volumes, gone again once it succeeds.
+func TestChartUninstallCheckHook(t *testing.T) {
+	objs := parseObjects(t, renderChartArgs(t, helmBinary(t), nil))
+	shipped := map[string]bool{}
+	for _, o := range rendered(t) {
+		shipped[o.key()] = true
+	}
+	for _, kind := range []string{"ServiceAccount", "Role", "RoleBinding", "Job"} {
+		o := find(t, objs, kind, "strata-uninstall-check")
+		assert.Equal(t, "pre-delete", o.Annotations["helm.sh/hook"], o.key())
+		assert.Contains(t, o.Annotations["helm.sh/hook-delete-policy"], "hook-succeeded", o.key())
+		assert.False(t, shipped[o.key()], "%s is a hook, not in strata.yaml", o.key())
+	}
+	assert.Equal(t, []string{"strata.io/volumes: list"},
+		grants(rbacSummaryRules(t, find(t, objs, "Role", "strata-uninstall-check"))))
+	var job batchv1.Job
+	find(t, objs, "Job", "strata-uninstall-check").decode(t, &job)
+	assert.Equal(t, int32(0), *job.Spec.BackoffLimit, "one failure fails the uninstall")
+	assert.Equal(t, "uninstall-check", job.Spec.Template.Spec.Containers[0].Args[0])
+	assert.Equal(t, "strata-uninstall-check", job.Spec.Template.Spec.ServiceAccountName)
+}
+
+func rbacSummaryRules(t *testing.T, o object) []rbacv1.PolicyRule {
+	t.Helper()
+	var r rbacv1.Role
+	o.decode(t, &r)
+	return r.Rules
 }
