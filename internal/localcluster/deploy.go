@@ -48,8 +48,8 @@ func (n *Node) DiskDir() string { return n.path("disks", "disk-1") }
 // tools cache) and waits for its Pods. The three nodes share one host, so
 // each gets its own directories (the chart's nodeDirs and disks.perNode),
 // and since no kube-proxy routes Service addresses here, the Pods reach the
-// API server at its own address (kubernetesAPI); the API server reaches the
-// webhook Service's endpoints directly (--enable-aggregator-routing).
+// API server at its own address (kubernetesAPI) and the webhooks are called
+// at the leading manager's address (see chartValues).
 func (c *Cluster) InstallChart(ctx context.Context, opts ChartOptions) error {
 	if len(c.nodes) == 0 {
 		return fmt.Errorf("InstallChart: no kubelet node runs")
@@ -127,10 +127,14 @@ func (c *Cluster) chartValues(opts ChartOptions) ([]byte, error) {
 	}
 	sidecar := func(name string) map[string]any { return map[string]any{"image": opts.SidecarImages[name]} }
 	values := map[string]any{
-		"image":          map[string]any{"repository": repo, "tag": tag, "pullPolicy": "Never"},
-		"kubernetesAPI":  map[string]any{"host": "127.0.0.1", "port": port},
-		"nodeDirs":       nodeDirs,
-		"disks":          map[string]any{"perNode": perNode},
+		"image":         map[string]any{"repository": repo, "tag": tag, "pullPolicy": "Never"},
+		"kubernetesAPI": map[string]any{"host": "127.0.0.1", "port": port},
+		"nodeDirs":      nodeDirs,
+		"disks":         map[string]any{"perNode": perNode},
+		// The nodes' loopback addresses cannot be Service endpoints
+		// (EndpointSlice validation refuses 127.0.0.0/8), so the leading
+		// manager points the webhook configurations at its own address.
+		"manager": map[string]any{"flags": map[string]any{"webhook-url-host": "$(HOST_IP)"}},
 		"csiController": map[string]any{"pullPolicy": "Never", "sidecars": map[string]any{
 			"provisioner": sidecar("csi-provisioner"), "attacher": sidecar("csi-attacher"),
 			"resizer": sidecar("csi-resizer"), "snapshotter": sidecar("csi-snapshotter")}},

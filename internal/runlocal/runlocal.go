@@ -41,6 +41,8 @@ func Main() {
 	managerBin := flag.String("manager-bin", "", "path to the strata-manager binary (required)")
 	nodes := flag.Int("nodes", 3, "number of simulated nodes, one manager and one kubelet each")
 	kubelets := flag.Bool("kubelets", true, "start a real kubelet node beside each manager (127.0.0.1, .2, …)")
+	processes := flag.Bool("processes", false, "run the managers, instance managers and CSI plugins as host processes "+
+		"(quick data-plane work) instead of installing the Helm chart onto the kubelet nodes")
 	runDir := flag.String("run-dir", "", "run directory, wiped at start (default <repo>/.run)")
 	verbose := flag.Bool("v", false, "debug logging")
 	flag.Parse()
@@ -58,13 +60,17 @@ func Main() {
 		log.Error("--nodes: at most 254 kubelet nodes (one loopback address each)")
 		os.Exit(2)
 	}
-	if err := run(log, *managerBin, *runDir, *nodes, *kubelets); err != nil {
+	if !*processes && !*kubelets {
+		log.Error("--kubelets=false needs --processes: the chart's Pods run on the kubelet nodes")
+		os.Exit(2)
+	}
+	if err := run(log, *managerBin, *runDir, *nodes, *kubelets, !*processes); err != nil {
 		log.WithError(err).Error("run-local failed")
 		os.Exit(1)
 	}
 }
 
-func run(log *logrus.Logger, managerBin, runDir string, nodes int, kubelets bool) error {
+func run(log *logrus.Logger, managerBin, runDir string, nodes int, kubelets, chart bool) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
@@ -116,6 +122,9 @@ func run(log *logrus.Logger, managerBin, runDir string, nodes int, kubelets bool
 		}
 		log.Info("control plane stopped")
 	}()
+	if chart {
+		return runChart(ctx, stop, log, cluster, bin, root, runDir, nodes)
+	}
 	if err := cluster.Install(ctx, root); err != nil {
 		return err
 	}

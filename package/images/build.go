@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"syscall"
 	"time"
@@ -25,7 +27,7 @@ const (
 
 // keyVersion goes into every cache key: bump it when this package changes
 // what it writes for the same inputs, so old tarballs are not reused.
-const keyVersion = "strata-images/2" // 2: Cmd rather than Entrypoint
+const keyVersion = "strata-images/3" // 2: Cmd rather than Entrypoint; 3: sidecars' Entrypoint
 
 // Image is a built image: Tar imports as Ref with `ctr images import`.
 type Image struct{ Ref, Tar string }
@@ -51,7 +53,11 @@ type Options struct {
 	// default: the nearest directory holding a go.mod, from the working
 	// directory up.
 	RepoDir string
-	Log     logrus.FieldLogger
+	// Sidecars are upstream programs (the CSI sidecars, snapshot-controller)
+	// by name -> binary path; each becomes an image SidecarRef(name), built
+	// after the other three.
+	Sidecars map[string]string
+	Log      logrus.FieldLogger
 }
 
 // BuildAll builds, or finds in the cache, the pause, workload and strata
@@ -76,6 +82,11 @@ func BuildAll(ctx context.Context, opts Options) ([]Image, error) {
 	defer unlock()
 	removeLeftovers(dir, opts.Log)
 	specs := []func(context.Context, Options) (*spec, error){pauseSpec, workloadSpec, strataSpec}
+	for _, name := range slices.Sorted(maps.Keys(opts.Sidecars)) {
+		specs = append(specs, func(ctx context.Context, _ Options) (*spec, error) {
+			return sidecarSpec(ctx, name, opts.Sidecars[name])
+		})
+	}
 	images := make([]Image, 0, len(specs))
 	for _, makeSpec := range specs {
 		start := time.Now() // finding tools and hashing inputs count too
@@ -155,7 +166,7 @@ func build(ctx context.Context, dir string, s *spec, out string) error {
 			return err
 		}
 	}
-	return WriteImage(ctx, stage, s.ref, s.cmd, out)
+	return WriteImageConfig(ctx, stage, s.ref, s.entrypoint, s.cmd, out)
 }
 
 // pruneAge is how long a tarball of an older version of an image is kept
@@ -205,10 +216,11 @@ type file struct {
 
 // spec is everything an image is made from.
 type spec struct {
-	name  string // tarball name prefix in the cache
-	ref   string
-	cmd   []string
-	files map[string]file
+	name       string // tarball name prefix in the cache
+	ref        string
+	entrypoint []string // only where Pods pass args alone (the sidecars)
+	cmd        []string
+	files      map[string]file
 	// keyExtra is further input for the cache key: the sources of what
 	// build makes.
 	keyExtra []byte
@@ -265,9 +277,11 @@ func (s *spec) key() (string, error) {
 	field := func(v string) { fmt.Fprintf(h, "%d:%s;", len(v), v) } // length-prefixed: no two inputs collide
 	field(keyVersion)
 	field(s.ref)
-	field(fmt.Sprint(len(s.cmd)))
-	for _, arg := range s.cmd {
-		field(arg)
+	for _, list := range [][]string{s.entrypoint, s.cmd} {
+		field(fmt.Sprint(len(list)))
+		for _, arg := range list {
+			field(arg)
+		}
 	}
 	for _, f := range s.sorted() {
 		field(f.path)

@@ -402,3 +402,54 @@ func sha(b []byte) string {
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
 }
+
+// A sidecar image is a drop-in for the upstream one as the chart runs it
+// (args only): the program at /<name> as the entrypoint; the second build
+// finds it in the cache; bad input is refused with the reason.
+func TestBuildAllSidecars(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds images")
+	}
+	busybox, err := lookTool(hostpackages.Entry{Package: "busybox-static", File: "busybox"})
+	require.NoError(t, err)
+	dir := t.TempDir()
+	manager, sidecar := filepath.Join(dir, "strata-manager"), filepath.Join(dir, "csi-provisioner")
+	copyForTest(t, busybox, manager)
+	copyForTest(t, busybox, sidecar)
+	opts := Options{CacheDir: t.TempDir(), ManagerBin: manager, Log: logrus.New(),
+		Sidecars: map[string]string{"csi-provisioner": sidecar}}
+
+	first, err := BuildAll(context.Background(), opts)
+	require.NoError(t, err)
+	require.Len(t, first, 4)
+	assert.Equal(t, SidecarRef("csi-provisioner"), first[3].Ref)
+	img := readImage(t, first[3].Tar)
+	assert.Equal(t, []string{SidecarRef("csi-provisioner")}, img.repoTags)
+	assert.Equal(t, []string{"/csi-provisioner"}, img.config.Config.Entrypoint)
+	assert.Empty(t, img.config.Config.Cmd, "the Pod's args are the program's")
+	assert.Equal(t, int64(0o755), img.entries["csi-provisioner"].Mode)
+	assert.Contains(t, img.entries, "tmp/")
+
+	again, err := BuildAll(context.Background(), opts)
+	require.NoError(t, err)
+	assert.Equal(t, first, again)
+
+	tests := []struct {
+		name, bin, wantErr string
+	}{
+		{"a name that is no path", sidecar, `sidecar name "../x": lower-case letters, digits and dashes only`},
+		{"csi-missing", filepath.Join(dir, "missing"), "sidecar csi-missing: stat"},
+		{"csi-dir", dir, "is not an executable file"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			name := tc.name
+			if strings.Contains(name, " ") {
+				name = "../x"
+			}
+			_, err := BuildAll(context.Background(), Options{CacheDir: opts.CacheDir, ManagerBin: manager,
+				Log: logrus.New(), Sidecars: map[string]string{name: tc.bin}})
+			assert.ErrorContains(t, err, tc.wantErr)
+		})
+	}
+}

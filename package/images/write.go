@@ -47,6 +47,12 @@ var imageEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:
 // epoch, so equal trees give byte-identical tarballs. out appears only once
 // complete.
 func WriteImage(ctx context.Context, rootfsDir, ref string, cmd []string, out string) error {
+	return WriteImageConfig(ctx, rootfsDir, ref, nil, cmd, out)
+}
+
+// WriteImageConfig is WriteImage with an entrypoint too: a Pod's args then
+// replace cmd only, as with the upstream sidecar images.
+func WriteImageConfig(ctx context.Context, rootfsDir, ref string, entrypoint, cmd []string, out string) error {
 	// StrictValidation: an explicit tag, so ctr imports exactly ref rather
 	// than a ":latest" it made up.
 	tag, err := name.NewTag(ref, name.StrictValidation)
@@ -65,7 +71,7 @@ func WriteImage(ctx context.Context, rootfsDir, ref string, cmd []string, out st
 	if err := layerFile.Close(); err != nil {
 		return err
 	}
-	img, err := imageFromLayer(layerFile.Name(), cmd)
+	img, err := imageFromLayer(layerFile.Name(), entrypoint, cmd)
 	if err != nil {
 		return err
 	}
@@ -73,7 +79,7 @@ func WriteImage(ctx context.Context, rootfsDir, ref string, cmd []string, out st
 }
 
 // imageFromLayer wraps a gzipped layer in a linux/amd64 image config.
-func imageFromLayer(layerPath string, cmd []string) (v1.Image, error) {
+func imageFromLayer(layerPath string, entrypoint, cmd []string) (v1.Image, error) {
 	// The layer is already gzipped, so tarball keeps its bytes as they are
 	// (and with them the digest we made deterministic).
 	layer, err := tarball.LayerFromFile(layerPath)
@@ -84,7 +90,7 @@ func imageFromLayer(layerPath string, cmd []string) (v1.Image, error) {
 		Architecture: "amd64",
 		OS:           "linux",
 		Created:      v1.Time{Time: epoch},
-		Config:       v1.Config{Cmd: cmd, Env: imageEnv, WorkingDir: "/"},
+		Config:       v1.Config{Entrypoint: entrypoint, Cmd: cmd, Env: imageEnv, WorkingDir: "/"},
 		RootFS:       v1.RootFS{Type: "layers"},
 	})
 	if err != nil {

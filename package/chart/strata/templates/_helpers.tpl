@@ -93,10 +93,11 @@ affinity:
   nodeAffinity:
     requiredDuringSchedulingIgnoredDuringExecution:
       nodeSelectorTerms:
+        # One requirement per node: a node field selector takes one value.
         - matchFields:
-            - key: metadata.name
-              operator: NotIn
-              values: {{ toJson .except }}
+            {{- range .except }}
+            - {key: metadata.name, operator: NotIn, values: [{{ . | quote }}]}
+            {{- end }}
 {{- end }}
 {{- end }}
 
