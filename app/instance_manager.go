@@ -102,7 +102,7 @@ func runInstanceManager(parent context.Context, listen, nbdSocket, nbdListen str
 	case runErr = <-errc:
 	}
 	log.Info("Shutting down")
-	gs.GracefulStop()
+	stopGRPC(gs, grpcStopTimeout)
 	if err := srv.Close(); err != nil {
 		log.WithError(err).Warn("Closing instances")
 	}
@@ -110,4 +110,25 @@ func runInstanceManager(parent context.Context, listen, nbdSocket, nbdListen str
 		runErr = nil
 	}
 	return runErr
+}
+
+// grpcStopTimeout bounds the wait for running calls at shutdown: the
+// managers' watch streams never end by themselves, so a graceful stop alone
+// would hold the Pod until the kubelet kills it (its grace period), with
+// the replicas and NBD exports never closed cleanly.
+const grpcStopTimeout = 5 * time.Second
+
+// stopGRPC stops gs gracefully, and at once after timeout.
+func stopGRPC(gs *grpc.Server, timeout time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		gs.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		gs.Stop()
+		<-done
+	}
 }

@@ -59,23 +59,34 @@ var nodeResource = schema.GroupVersionResource{Group: "strata.io", Version: "v1b
 // WaitForNodesReady waits until every named Strata Node CR reports Ready:
 // volume validation counts nodes, and scheduling needs them.
 func (c *Cluster) WaitForNodesReady(ctx context.Context, namespace string, names []string, timeout time.Duration) error {
+	return c.waitForNodeCondition(ctx, namespace, names, "Ready", timeout)
+}
+
+// WaitForNodesSchedulable waits until every named Strata Node's disks take
+// replicas (their size is known): a claim made earlier waits for them.
+func (c *Cluster) WaitForNodesSchedulable(ctx context.Context, namespace string, names []string, timeout time.Duration) error {
+	return c.waitForNodeCondition(ctx, namespace, names, "Schedulable", timeout)
+}
+
+func (c *Cluster) waitForNodeCondition(ctx context.Context, namespace string, names []string, condType string,
+	timeout time.Duration) error {
 	dyn, err := dynamic.NewForConfig(c.AdminConfig)
 	if err != nil {
 		return err
 	}
-	var notReady []string
+	var pending []string
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		notReady = notReady[:0]
+		pending = pending[:0]
 		for _, n := range names {
 			node, err := dyn.Resource(nodeResource).Namespace(namespace).Get(ctx, n, metav1.GetOptions{})
-			if err != nil || !conditionTrue(node, "Ready") {
-				notReady = append(notReady, n)
+			if err != nil || !conditionTrue(node, condType) {
+				pending = append(pending, n)
 			}
 		}
-		return len(notReady) == 0, nil
+		return len(pending) == 0, nil
 	})
 	if err != nil {
-		return fmt.Errorf("nodes not Ready after %s: %v", timeout, notReady)
+		return fmt.Errorf("nodes not %s after %s: %v", condType, timeout, pending)
 	}
 	return nil
 }

@@ -42,6 +42,9 @@ func runChart(ctx context.Context, stop context.CancelFunc, log logrus.FieldLogg
 	if err := cluster.ApplyLocalSettings(ctx, systemNamespace); err != nil {
 		return err
 	}
+	if err := cluster.WaitForNodesSchedulable(ctx, systemNamespace, names, time.Minute); err != nil {
+		return err
+	}
 	s3, err := startBackupTarget(ctx, log, cluster, root, runDir)
 	if err != nil {
 		return err

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -404,52 +405,180 @@ func sha(b []byte) string {
 }
 
 // A sidecar image is a drop-in for the upstream one as the chart runs it
-// (args only): the program at /<name> as the entrypoint; the second build
-// finds it in the cache; bad input is refused with the reason.
+// (args only): the program at /<name>, executable, as the entrypoint, with
+// only the base files beside it, or with its libraries if it is dynamic
+// (build-tools.sh's builds use cgo). A second build finds every image in the
+// cache; a changed binary rebuilds its image alone, under the same ref.
 func TestBuildAllSidecars(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds images")
 	}
+	dir := t.TempDir()
 	busybox, err := lookTool(hostpackages.Entry{Package: "busybox-static", File: "busybox"})
 	require.NoError(t, err)
-	dir := t.TempDir()
-	manager, sidecar := filepath.Join(dir, "strata-manager"), filepath.Join(dir, "csi-provisioner")
+	manager := filepath.Join(dir, "strata-manager")
 	copyForTest(t, busybox, manager)
-	copyForTest(t, busybox, sidecar)
-	opts := Options{CacheDir: t.TempDir(), ManagerBin: manager, Log: logrus.New(),
-		Sidecars: map[string]string{"csi-provisioner": sidecar}}
+	static := buildStaticProgram(t)
+	dynamic, err := lookTool(hostpackages.Entry{Package: "coreutils", File: "true"})
+	require.NoError(t, err)
+	libs, err := sharedLibs(context.Background(), dynamic)
+	require.NoError(t, err)
+	require.NotEmpty(t, libs, "%s should be dynamically linked", dynamic)
+
+	tests := []struct {
+		name, src string
+		libs      []string // host paths the image must hold too
+	}{
+		{name: "csi-provisioner", src: dynamic, libs: libs},
+		{name: "csi-attacher", src: static},
+		{name: "csi-resizer", src: static},
+		{name: "csi-snapshotter", src: static},
+		{name: "snapshot-controller", src: static},
+	}
+	sidecars := map[string]string{}
+	for _, tc := range tests {
+		// One file per name, as build-tools.sh leaves them.
+		sidecars[tc.name] = filepath.Join(dir, tc.name)
+		copyForTest(t, tc.src, sidecars[tc.name])
+	}
+	opts := Options{CacheDir: t.TempDir(), ManagerBin: manager, Log: logrus.New(), Sidecars: sidecars}
 
 	first, err := BuildAll(context.Background(), opts)
 	require.NoError(t, err)
-	require.Len(t, first, 4)
-	assert.Equal(t, SidecarRef("csi-provisioner"), first[3].Ref)
-	img := readImage(t, first[3].Tar)
-	assert.Equal(t, []string{SidecarRef("csi-provisioner")}, img.repoTags)
-	assert.Equal(t, []string{"/csi-provisioner"}, img.config.Config.Entrypoint)
-	assert.Empty(t, img.config.Config.Cmd, "the Pod's args are the program's")
-	assert.Equal(t, int64(0o755), img.entries["csi-provisioner"].Mode)
-	assert.Contains(t, img.entries, "tmp/")
-
-	again, err := BuildAll(context.Background(), opts)
-	require.NoError(t, err)
-	assert.Equal(t, first, again)
-
-	tests := []struct {
-		name, bin, wantErr string
-	}{
-		{"a name that is no path", sidecar, `sidecar name "../x": lower-case letters, digits and dashes only`},
-		{"csi-missing", filepath.Join(dir, "missing"), "sidecar csi-missing: stat"},
-		{"csi-dir", dir, "is not an executable file"},
+	require.Len(t, first, 3+len(tests))
+	byRef := map[string]Image{}
+	for _, img := range first[3:] {
+		byRef[img.Ref] = img
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			name := tc.name
-			if strings.Contains(name, " ") {
-				name = "../x"
+			ref := SidecarRef(tc.name)
+			assert.Equal(t, "localhost/strata/"+tc.name+":local", ref)
+			require.Contains(t, byRef, ref)
+			img := readImage(t, byRef[ref].Tar)
+			assert.Equal(t, []string{ref}, img.repoTags)
+			assert.Equal(t, []string{"/" + tc.name}, img.config.Config.Entrypoint)
+			assert.Empty(t, img.config.Config.Cmd, "the Pod's args are the program's")
+			bin := img.entries[tc.name]
+			require.NotNil(t, bin, "no /%s", tc.name)
+			assert.Equal(t, byte(tar.TypeReg), bin.Typeflag)
+			assert.Equal(t, int64(0o755), bin.Mode)
+			want, err := os.ReadFile(tc.src)
+			require.NoError(t, err)
+			assert.Equal(t, sha(want), sha([]byte(img.contents[tc.name])))
+			assert.Equal(t, int64(0o1777), img.entries["tmp/"].Mode)
+			assert.Contains(t, img.contents["etc/passwd"], "root:x:0:0:")
+
+			// A static program gets the base files alone; a dynamic one its
+			// libraries too, each at (or linked from) the path ldd printed.
+			regular := []string{"etc/group", "etc/passwd", tc.name}
+			for _, lib := range tc.libs {
+				real, ok := resolveInImage(img, lib)
+				if assert.True(t, ok, "%s does not resolve in the image", lib) {
+					regular = append(regular, real)
+				}
 			}
-			_, err := BuildAll(context.Background(), Options{CacheDir: opts.CacheDir, ManagerBin: manager,
-				Log: logrus.New(), Sidecars: map[string]string{name: tc.bin}})
+			var got []string
+			for _, name := range img.names {
+				if img.entries[name].Typeflag == tar.TypeReg {
+					got = append(got, name)
+				}
+			}
+			assert.ElementsMatch(t, regular, got)
+		})
+	}
+
+	before := stats(t, first)
+	again, err := BuildAll(context.Background(), opts)
+	require.NoError(t, err)
+	assert.Equal(t, first, again)
+	for i, info := range stats(t, again) {
+		assert.True(t, os.SameFile(before[i], info), "cached %s was rewritten", again[i].Ref)
+	}
+
+	appendTo(t, sidecars["csi-attacher"], "changed")
+	changed, err := BuildAll(context.Background(), opts)
+	require.NoError(t, err)
+	for i := range first {
+		if first[i].Ref == SidecarRef("csi-attacher") {
+			assert.Equal(t, first[i].Ref, changed[i].Ref)
+			assert.NotEqual(t, first[i].Tar, changed[i].Tar, "a changed binary rebuilds its image")
+		} else {
+			assert.Equal(t, first[i], changed[i])
+		}
+	}
+}
+
+// Bad sidecar input is refused with the reason, before anything is built
+// under a path made from it.
+func TestBuildAllSidecarsRefuses(t *testing.T) {
+	dir := t.TempDir()
+	busybox, err := lookTool(hostpackages.Entry{Package: "busybox-static", File: "busybox"})
+	require.NoError(t, err)
+	bin, notExec := filepath.Join(dir, "bin"), filepath.Join(dir, "notexec")
+	copyForTest(t, busybox, bin)
+	writeFile(t, notExec, "data", 0o644)
+	tests := []struct {
+		name, sidecar, bin, wantErr string
+	}{
+		{"a name that is a path", "../x", bin, `sidecar name "../x": lower-case letters, digits and dashes only`},
+		{"an upper-case name", "CSI", bin, `sidecar name "CSI"`},
+		{"an empty name", "", bin, `sidecar name ""`},
+		{"a missing binary", "csi-missing", filepath.Join(dir, "missing"), "sidecar csi-missing: stat"},
+		{"a directory", "csi-dir", dir, "is not an executable file"},
+		{"a file not executable", "csi-data", notExec, "is not an executable file"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := sidecarSpec(context.Background(), tc.sidecar, tc.bin)
 			assert.ErrorContains(t, err, tc.wantErr)
 		})
 	}
+}
+
+// resolveInImage follows path through the image's own symlinks, as the
+// container's loader would, to the regular file it names.
+func resolveInImage(img *image, path string) (string, bool) {
+	parts := strings.Split(strings.Trim(path, "/"), "/")
+	for i, hops := 0, 0; i < len(parts); i++ {
+		cur := strings.Join(parts[:i+1], "/")
+		hdr, ok := img.entries[cur]
+		if !ok {
+			hdr, ok = img.entries[cur+"/"]
+		}
+		if !ok || hops > 40 {
+			return "", false
+		}
+		if hdr.Typeflag == tar.TypeSymlink {
+			target := hdr.Linkname
+			if !filepath.IsAbs(target) {
+				target = filepath.Join("/", filepath.Dir("/"+cur), target)
+			}
+			parts = append(strings.Split(strings.Trim(target, "/"), "/"), parts[i+1:]...)
+			i, hops = -1, hops+1
+			continue
+		}
+		if i == len(parts)-1 {
+			return cur, hdr.Typeflag == tar.TypeReg
+		}
+	}
+	return "", false
+}
+
+// buildStaticProgram builds a tiny static Go program, as the pause image's,
+// to stand in for an upstream sidecar.
+func buildStaticProgram(t *testing.T) string {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "main.go"),
+		"package main\n\nimport \"os\"\n\nfunc main() { os.Stdout.WriteString(\"fake sidecar\\n\") }\n", 0o644)
+	out := filepath.Join(dir, "sidecar")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, "main.go")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
+	b, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", b)
+	libs, err := sharedLibs(context.Background(), out)
+	require.NoError(t, err)
+	require.Empty(t, libs, "CGO_ENABLED=0 gives a static program")
+	return out
 }

@@ -1,0 +1,174 @@
+package deployed
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+// Every component runs as a Pod on the three nodes, and no strata-manager
+// runs on the host outside a container.
+func TestEveryComponentIsAPod(t *testing.T) {
+	out := kubectl(t, "-n", ns, "get", "pods", "-o", "wide")
+	t.Logf("kubectl -n %s get pods -o wide:\n%s", ns, out)
+	for _, component := range []string{"strata-manager", "strata-instance-manager", "strata-csi-node"} {
+		for _, node := range env.nodes {
+			name := podOf(t, component, node)
+			assert.Eventually(t, func() bool {
+				p, err := env.kube.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+				return err == nil && podReady(p)
+			}, time.Minute, 250*time.Millisecond, "%s ready", name)
+		}
+	}
+	assert.Contains(t, out, "strata-csi-controller-")
+	assert.Contains(t, kubectl(t, "-n", "kube-system", "get", "pods"), "snapshot-controller-")
+
+	pids, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	found := 0
+	for _, p := range pids {
+		cmdline, err := os.ReadFile(p)
+		if err != nil || !strings.HasPrefix(string(cmdline), "/usr/local/bin/strata-manager\x00") {
+			continue
+		}
+		found++
+		cgroup, err := os.ReadFile(filepath.Join(filepath.Dir(p), "cgroup"))
+		require.NoError(t, err)
+		assert.Contains(t, string(cgroup), "kubepods", "strata-manager %s runs outside a Pod", filepath.Dir(p))
+	}
+	// Three managers, three instance managers, three CSI node plugins and
+	// the CSI controller plugin (more with other suites' Pods around).
+	assert.GreaterOrEqual(t, found, 10, "strata-manager processes in containers")
+}
+
+// The seed's flow on the install: a claim used by a Pod on one node, a
+// VolumeSnapshot of it, a claim restored from that read by a Pod on
+// another node.
+func TestSnapshotRestoredOnAnotherNode(t *testing.T) {
+	logsOnFailure(t)
+	claim(t, "src", "")
+	pod(t, "src", "127.0.0.1", "src", "mkdir -p /data/tree && for i in 1 2 3 4 5; do dd if=/dev/urandom of=/data/tree/f$i bs=64k count=8 2>/dev/null; done; sync; exec sleep 3600")
+	digest := "cd /data/tree && sha256sum f1 f2 f3 f4 f5"
+	var before string
+	require.Eventually(t, func() bool {
+		out, err := kubectlOut(context.Background(), "-n", podNamespace, "exec", "src", "--", "sh", "-c", digest)
+		before = out
+		return err == nil && strings.Count(out, "\n") == 4
+	}, time.Minute, 200*time.Millisecond, "the files are written")
+
+	apply(t, `apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: src-snap, namespace: default}
+spec: {volumeSnapshotClassName: strata, source: {persistentVolumeClaimName: src}}`)
+	t.Cleanup(func() {
+		_, _ = kubectlOut(context.Background(), "-n", podNamespace, "delete", "volumesnapshot", "src-snap", "--wait=false")
+	})
+	require.Eventually(t, func() bool {
+		out, err := kubectlOut(context.Background(), "-n", podNamespace, "get", "volumesnapshot", "src-snap",
+			"-o", "jsonpath={.status.readyToUse}")
+		return err == nil && out == "true"
+	}, 2*time.Minute, 200*time.Millisecond, "VolumeSnapshot readyToUse")
+	exec1(t, "src", "rm -f /data/tree/f1 && sync") // after the snapshot: not in the restore
+
+	claim(t, "restored", "src-snap")
+	pod(t, "restored", "127.0.0.2", "restored", "exec sleep 3600")
+	assert.Equal(t, before, exec1(t, "restored", digest), "the restored claim holds the files as snapshotted")
+	v := getVolume(t, volumeOfClaim(t, "restored"))
+	assert.Equal(t, "127.0.0.2", v.Status.CurrentNodeID)
+}
+
+// A manager Pod deleted (and brought back by its DaemonSet) on the node of a
+// Pod writing to its claim: the writes go on, every one reads back. The
+// data plane is the instance manager's Pod, which the manager's restart
+// leaves alone.
+func TestManagerPodDeletedWhileAWriterRuns(t *testing.T) {
+	logsOnFailure(t)
+	claim(t, "mgr-w", "")
+	pod(t, "mgr-w", "127.0.0.3", "mgr-w", writer)
+	waitWrites(t, "mgr-w", 5, "from the start")
+	volume := volumeOfClaim(t, "mgr-w")
+	owner := getVolume(t, volume).Status.OwnerID
+	for _, node := range uniq("127.0.0.3", owner) {
+		replaceNodePod(t, "strata-manager", node)
+		waitWrites(t, "mgr-w", 10, "after the manager of "+node+" was replaced")
+	}
+	require.Eventually(t, func() bool {
+		v := getVolume(t, volume)
+		return v.Status.Robustness == v1beta1.VolumeRobustnessHealthy && v.Status.State == v1beta1.VolumeStateAttached
+	}, time.Minute, 250*time.Millisecond, "the volume stays attached and healthy")
+	t.Logf("%d chunks written and verified across the managers' replacement", stopAndVerify(t, "mgr-w"))
+}
+
+// An instance-manager Pod deleted on a node holding one of a written
+// volume's replicas (not its engine): the volume degrades, the replica is
+// rebuilt once the DaemonSet's new Pod is up, the writer never sees an
+// error and every acknowledged write reads back.
+func TestInstanceManagerPodDeletedWhileAWriterRuns(t *testing.T) {
+	logsOnFailure(t)
+	claim(t, "im-w", "")
+	pod(t, "im-w", "127.0.0.1", "im-w", writer)
+	waitWrites(t, "im-w", 5, "from the start")
+	volume := volumeOfClaim(t, "im-w")
+	victim := replicaNodeOtherThan(t, volume, "127.0.0.1")
+	start := time.Now()
+	replaceNodePod(t, "strata-instance-manager", victim)
+	sawDegraded := false
+	var stopped error
+	require.Eventually(t, func() bool {
+		if stopped = writerStopped("im-w"); stopped != nil {
+			return true
+		}
+		v, err := env.strata.StrataV1beta1().Volumes(ns).Get(context.Background(), volume, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		if v.Status.Robustness == v1beta1.VolumeRobustnessDegraded {
+			sawDegraded = true
+		}
+		return sawDegraded && v.Status.Robustness == v1beta1.VolumeRobustnessHealthy
+	}, 3*time.Minute, 250*time.Millisecond, "the volume degrades, then is rebuilt healthy")
+	require.NoError(t, stopped)
+	t.Logf("instance manager of %s replaced; volume healthy again after %s", victim, time.Since(start).Round(time.Second))
+	waitWrites(t, "im-w", 5, "after the rebuild")
+	t.Logf("%d chunks written and verified across the instance manager's replacement", stopAndVerify(t, "im-w"))
+}
+
+// replicaNodeOtherThan is a node holding a running replica of volume that
+// is not node.
+func replicaNodeOtherThan(t *testing.T, volume, node string) string {
+	t.Helper()
+	var found string
+	require.Eventually(t, func() bool {
+		replicas, err := env.strata.StrataV1beta1().Replicas(ns).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		for _, r := range replicas.Items {
+			if r.Spec.VolumeName == volume && r.Spec.NodeID != node && r.Status.CurrentState == v1beta1.InstanceStateRunning {
+				found = r.Spec.NodeID
+				return true
+			}
+		}
+		return false
+	}, time.Minute, 250*time.Millisecond, "a running replica of %s off %s", volume, node)
+	return found
+}
+
+func uniq(items ...string) []string {
+	var out []string
+	for _, s := range items {
+		if s != "" && !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}

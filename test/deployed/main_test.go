@@ -1,0 +1,131 @@
+// Package deployed tests Strata as users install it: the Helm chart on the
+// local cluster's three kubelet nodes (what make run does), every component
+// a Pod, driven with kubectl and helm. The process-mode suite (test/e2e)
+// keeps the tests that kill processes by pid.
+package deployed
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/strata-storage/strata/internal/localcluster"
+	"github.com/strata-storage/strata/internal/runlocal"
+	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
+	"github.com/strata-storage/strata/package/images"
+	"github.com/strata-storage/strata/types"
+)
+
+const ns = types.DefaultNamespace
+
+var env struct {
+	cluster *localcluster.Cluster
+	kube    kubernetes.Interface
+	strata  versioned.Interface
+	root    string
+	bin     string // strata-manager
+	nodes   []string
+}
+
+func TestMain(m *testing.M) {
+	code, err := run(m)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "deployed setup:", err)
+		os.Exit(1)
+	}
+	os.Exit(code)
+}
+
+func run(m *testing.M) (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	log := logrus.New()
+	runDir, err := os.MkdirTemp("", "strata-d-") // short: unix socket paths below it have 107 bytes
+	if err != nil {
+		return 0, err
+	}
+	keep := false
+	defer func() {
+		if !keep {
+			os.RemoveAll(runDir)
+		}
+	}()
+	if env.root, err = localcluster.RepoRoot(); err != nil {
+		return 0, err
+	}
+	if env.bin, err = localcluster.ManagerBinary(ctx, runDir); err != nil {
+		return 0, err
+	}
+	clusterDir := filepath.Join(runDir, "cluster")
+	baseline := localcluster.TakeHostBaseline()
+	cluster, err := localcluster.Start(ctx, localcluster.Options{Dir: clusterDir, Namespace: ns, Log: log})
+	if err != nil {
+		return 0, err
+	}
+	env.cluster = cluster
+	defer cluster.Stop()
+	imgs, err := runlocal.BuildChartImages(ctx, log, env.bin)
+	if err != nil {
+		return 0, err
+	}
+	env.nodes = localcluster.DefaultNodeNames
+	if _, err := cluster.StartNodes(ctx, localcluster.NodeOptions{Names: env.nodes, ImageTars: images.Tars(imgs)}); err != nil {
+		return 0, err
+	}
+	// Ports of their own: a make run on this machine holds the chart's.
+	ports, err := localcluster.FreePorts(4)
+	if err != nil {
+		return 0, err
+	}
+	chart := runlocal.ChartOptions(env.root)
+	chart.Values = map[string]any{"ports": map[string]any{"metrics": ports[0], "api": ports[1], "webhook": ports[2],
+		"instanceManager": ports[3]}}
+	if err := cluster.InstallChart(ctx, chart); err != nil {
+		return 0, err
+	}
+	env.kube = kubernetes.NewForConfigOrDie(cluster.AdminConfig)
+	env.strata = versioned.NewForConfigOrDie(cluster.AdminConfig)
+	for _, step := range []func() error{
+		func() error { return cluster.WaitForNodesReady(ctx, ns, env.nodes, time.Minute) },
+		func() error { return cluster.WaitForWebhooks(ctx, ns, time.Minute) },
+		func() error { return cluster.ApplyLocalSettings(ctx, ns) },
+		func() error { return cluster.WaitForNodesSchedulable(ctx, ns, env.nodes, time.Minute) },
+	} {
+		if err := step(); err != nil {
+			return 0, err
+		}
+	}
+
+	code := m.Run()
+	if code != 0 {
+		keep = true
+		fmt.Fprintf(os.Stderr, "deployed tests failed; the run directory stays: %s\n", runDir)
+	}
+	if err := cluster.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stopping the cluster:", err)
+		code = 1
+	}
+	if residue := localcluster.HostResidue(clusterDir, baseline); len(residue) > 0 {
+		fmt.Fprintf(os.Stderr, "left on the host after the cluster stopped:\n  %s\n", strings.Join(residue, "\n  "))
+		code = 1
+	}
+	return code, nil
+}
+
+// podLogs is the last lines of every Strata Pod's log, for a failed run.
+func podLogs(ctx context.Context) string {
+	var b strings.Builder
+	out, _ := kubectlOut(ctx, "-n", ns, "get", "pods", "-o", "name")
+	for _, pod := range strings.Fields(out) {
+		logs, _ := kubectlOut(ctx, "-n", ns, "logs", pod, "--all-containers", "--tail=150")
+		fmt.Fprintf(&b, "--- %s:\n%s\n", pod, logs)
+	}
+	return b.String()
+}
