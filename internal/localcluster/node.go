@@ -262,6 +262,17 @@ func (n *Node) startContainerd(ctx context.Context) error {
 
 // importImages loads the image tarballs with ctr, as `kind load` does; the
 // CRI plugin sees images in the k8s.io namespace.
+// ImportImages imports image tarballs into every node's containerd (a new
+// image for helm upgrade, say).
+func (c *Cluster) ImportImages(ctx context.Context, tars []string) error {
+	for _, n := range c.nodes {
+		if err := n.importImages(ctx, tars); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+	}
+	return nil
+}
+
 func (n *Node) importImages(ctx context.Context, tars []string) error {
 	for _, tar := range tars {
 		if err := n.ctr(ctx, "-n", "k8s.io", "images", "import", "--digests", tar); err != nil {

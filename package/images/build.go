@@ -49,6 +49,9 @@ type Options struct {
 	CacheDir string
 	// ManagerBin is the strata-manager binary for the strata image (required).
 	ManagerBin string
+	// StrataRef is the strata image's reference; default StrataRef (a test
+	// of helm upgrade builds a second one under another tag).
+	StrataRef string
 	// RepoDir is the strata checkout the pause program is built from;
 	// default: the nearest directory holding a go.mod, from the working
 	// directory up.
@@ -109,6 +112,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Log == nil {
 		o.Log = logrus.StandardLogger()
+	}
+	if o.StrataRef == "" {
+		o.StrataRef = StrataRef
 	}
 	if o.CacheDir == "" {
 		o.CacheDir = os.Getenv("STRATA_CACHE")

@@ -90,7 +90,7 @@ func strataSpec(ctx context.Context, opts Options) (*spec, error) {
 	if info, err := os.Stat(manager); err != nil || !info.Mode().IsRegular() {
 		return nil, fmt.Errorf("strata-manager binary %s: not a regular file (%v)", manager, err)
 	}
-	s := newSpec("strata-manager", StrataRef, managerPath)
+	s := newSpec("strata-manager", opts.StrataRef, managerPath)
 	if err := addProgram(ctx, s, managerPath, manager); err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -184,13 +185,22 @@ spec:
 // killCSIController kills run-local's CSI controller plugin with SIGKILL.
 func killCSIController(t *testing.T, runDir string) {
 	t.Helper()
-	out, err := exec.Command("pgrep", "-f", "csi --mode controller --csi-address "+runDir).Output()
+	// The plugin runs in the strata-csi-controller Pod: its processes are
+	// those in that Pod's cgroup (pod<uid>).
+	uid, err := exec.Command("kubectl", "--kubeconfig", filepath.Join(runDir, "admin.kubeconfig"), "-n", "strata-system",
+		"get", "pods", "-l", "app=strata-csi-controller", "-o", "jsonpath={.items[0].metadata.uid}").Output()
+	require.NoError(t, err, "the CSI controller Pod of %s", runDir)
+	podCgroup := "pod" + strings.TrimSpace(string(uid))
+	out, err := exec.Command("pgrep", "-f", "csi --mode=controller").Output()
 	require.NoError(t, err, "the controller plugin of %s runs", runDir)
-	pids := strings.Fields(string(out))
-	require.NotEmpty(t, pids)
-	for _, p := range pids {
+	killed := 0
+	for _, p := range strings.Fields(string(out)) {
 		pid, err := strconv.Atoi(p)
 		require.NoError(t, err)
-		require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+		if cgroup, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid)); err == nil && strings.Contains(string(cgroup), podCgroup) {
+			require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+			killed++
+		}
 	}
+	require.Equal(t, 1, killed, "the controller plugin of %s's Pod", runDir)
 }

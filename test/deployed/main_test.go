@@ -32,6 +32,7 @@ var env struct {
 	root    string
 	bin     string // strata-manager
 	nodes   []string
+	chart   localcluster.ChartOptions // as installed
 }
 
 func TestMain(m *testing.M) {
@@ -90,6 +91,7 @@ func run(m *testing.M) (int, error) {
 	if err := cluster.InstallChart(ctx, chart); err != nil {
 		return 0, err
 	}
+	env.chart = chart
 	env.kube = kubernetes.NewForConfigOrDie(cluster.AdminConfig)
 	env.strata = versioned.NewForConfigOrDie(cluster.AdminConfig)
 	for _, step := range []func() error{
