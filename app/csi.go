@@ -29,6 +29,9 @@ func CSICommand() *cli.Command {
 				Usage: "the kubelet's --root-dir; the node plugin registers in its plugins_registry/"},
 			&cli.StringFlag{Name: "state-dir", Value: "/var/lib/strata-csi",
 				Usage: "node mode: where the NBD connections' records and FUSE mount points live (a host path that survives restarts)"},
+			&cli.StringFlag{Name: "daemon-cgroup-root",
+				Usage: "node mode in a Pod: the host's cgroup filesystem as mounted here; each nbdfuse moves to the cgroup " +
+					"strata-nbdfuse beside kubepods, so that a plugin restart or upgrade leaves volumes in use working"},
 			&cli.StringFlag{Name: "kubeconfig", Usage: "kubeconfig file; empty means in-cluster (controller mode; node mode makes no API call)",
 				Sources: cli.EnvVars("KUBECONFIG")},
 			&cli.StringFlag{Name: "namespace", Value: types.DefaultNamespace, Usage: "namespace of Strata's objects",
@@ -41,7 +44,7 @@ func CSICommand() *cli.Command {
 			}
 			return runCSI(ctx, csiConfig{mode: mode, address: cmd.String("csi-address"), nodeName: cmd.String("node-name"),
 				kubeletRoot: cmd.String("kubelet-root"), kubeconfig: cmd.String("kubeconfig"), namespace: cmd.String("namespace"),
-				stateDir: cmd.String("state-dir")})
+				stateDir: cmd.String("state-dir"), daemonCgroupRoot: cmd.String("daemon-cgroup-root")})
 		},
 	}
 }
@@ -49,6 +52,7 @@ func CSICommand() *cli.Command {
 type csiConfig struct {
 	mode                                                            csi.Mode
 	address, nodeName, kubeletRoot, kubeconfig, namespace, stateDir string
+	daemonCgroupRoot                                                string
 }
 
 func runCSI(parent context.Context, cfg csiConfig) error {
@@ -73,6 +77,9 @@ func runCSI(parent context.Context, cfg csiConfig) error {
 		var err error
 		if connector, err = nbddev.New(cfg.stateDir, log); err != nil {
 			return err
+		}
+		if fl, ok := connector.(*nbddev.FUSELoop); ok {
+			fl.DaemonCgroupRoot = cfg.daemonCgroupRoot
 		}
 	}
 	driver, err := csi.NewDriver(csi.Options{NodeID: cfg.nodeName, Mode: cfg.mode, Version: Version, Store: ds,

@@ -32,6 +32,11 @@ import (
 // the container's PID namespace (hostPID: true, as Longhorn's plugin runs):
 // when a namespace's first process dies, the kernel kills all the others.
 type FUSELoop struct {
+	// DaemonCgroupRoot, when set, is the host's cgroup filesystem as the
+	// plugin sees it: each nbdfuse is moved out of the plugin container's
+	// cgroup (moveToDaemonCgroup), so a container stop leaves it running.
+	DaemonCgroupRoot string
+
 	stateDir string
 	log      logrus.FieldLogger
 	locks    volumeLocks
@@ -274,6 +279,16 @@ func (c *FUSELoop) startNBDFUSE(ctx context.Context, log logrus.FieldLogger, vol
 	// a restart it is init's (or the subreaper's) child.
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
+	if c.DaemonCgroupRoot != "" {
+		self, err := os.ReadFile("/proc/self/cgroup")
+		if err == nil {
+			err = moveToDaemonCgroup(c.DaemonCgroupRoot, string(self), cmd.Process.Pid)
+		}
+		if err != nil {
+			// The device works; it only dies with this container.
+			log.WithError(err).Warn("nbddev: nbdfuse stays in the plugin's cgroup: a plugin restart will cut this volume off")
+		}
+	}
 
 	if err := c.waitReady(ctx, volumeID, exited); err != nil {
 		c.abandonStart(volumeID, cmd.Process.Pid, log)

@@ -89,10 +89,11 @@ var unset = map[string]map[string]string{
 		"namespace":  "node mode makes no API call",
 	},
 	"strata-csi-controller/csi-plugin": {
-		"node-name":    "node mode only",
-		"kubelet-root": "node mode only",
-		"state-dir":    "node mode only",
-		"kubeconfig":   "in-cluster credentials",
+		"node-name":          "node mode only",
+		"kubelet-root":       "node mode only",
+		"state-dir":          "node mode only",
+		"daemon-cgroup-root": "node mode only",
+		"kubeconfig":         "in-cluster credentials",
 	},
 }
 
