@@ -256,6 +256,7 @@ func TestBuildAllCaches(t *testing.T) {
 	strata := readImage(t, first[2].Tar)
 	assert.Equal(t, []string{managerPath}, strata.config.Config.Cmd)
 	assert.Contains(t, strata.entries, "usr/bin/qemu-img")
+	assert.Contains(t, strata.entries, "etc/ssl/certs/ca-certificates.crt", "HTTPS to S3 and image servers")
 
 	before := stats(t, first)
 	again, err := BuildAll(context.Background(), opts)

@@ -97,6 +97,12 @@ func strataSpec(ctx context.Context, opts Options) (*spec, error) {
 	// The programs strata-manager runs: qemu and libnbd for backing images,
 	// nbdfuse and the filesystem tools for CSI.
 	for _, t := range hostpackages.ForRole(hostpackages.RoleImage) {
+		if dataFile(t) {
+			if err := addHost(s, t.File); err != nil {
+				return nil, fmt.Errorf("%s (Debian %s): %w", t.File, t.Package, err)
+			}
+			continue
+		}
 		path, err := lookTool(t)
 		if err != nil {
 			return nil, err
@@ -113,6 +119,12 @@ func strataSpec(ctx context.Context, opts Options) (*spec, error) {
 		}
 	}
 	return s, errors.Join(baseFiles(s), mergedUsr(s))
+}
+
+// dataFile: an entry that names a file under /etc or /usr/share (the CA
+// bundle) rather than a program: copied as it is, no libraries to find.
+func dataFile(t hostpackages.Entry) bool {
+	return strings.HasPrefix(t.File, "/etc/") || strings.HasPrefix(t.File, "/usr/share/")
 }
 
 // mergedUsr gives the image the host's /bin, /sbin, /lib and /lib64
