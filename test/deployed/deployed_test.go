@@ -1,18 +1,22 @@
 package deployed
 
 import (
+	"bytes"
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/strata-storage/strata/internal/localcluster"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 
@@ -171,4 +175,24 @@ func uniq(items ...string) []string {
 		}
 	}
 	return out
+}
+
+// helm template with the install's values, applied as a server-side dry
+// run: a real API server (schemas, CRDs, admission webhooks) accepts every
+// object the chart renders. (package/deploy/strata.yaml is that rendering
+// with the default values; package/deploy's tests hold it to the chart.)
+func TestHelmTemplateAppliesServerSide(t *testing.T) {
+	helmDir, err := localcluster.BuildTools(context.Background(), logrus.New(), "helm")
+	require.NoError(t, err)
+	render := exec.Command(filepath.Join(helmDir, "helm"), "template", "strata", filepath.Join(env.root, "package", "chart", "strata"),
+		"--namespace", ns, "--values", filepath.Join(env.cluster.Dir, "helm-values.json"))
+	manifest, err := render.Output()
+	require.NoError(t, err, "helm template")
+	apply := exec.Command("kubectl", "apply", "--server-side", "--force-conflicts", "--dry-run=server", "-f", "-")
+	apply.Env = append(os.Environ(), "KUBECONFIG="+env.cluster.AdminKubeconfig)
+	apply.Stdin = bytes.NewReader(manifest)
+	out, err := apply.CombinedOutput()
+	require.NoError(t, err, "kubectl apply --dry-run=server:\n%s", out)
+	assert.Contains(t, string(out), "daemonset.apps/strata-manager-127.0.0.1 serverside-applied (server dry run)")
+	assert.Contains(t, string(out), "storageclass.storage.k8s.io/strata serverside-applied (server dry run)")
 }
