@@ -22,11 +22,11 @@ import (
 // backupBucket is the local S3 server's bucket the default target uses.
 const backupBucket = "backups"
 
-// startBackupTarget runs the local S3 server (versitygw, built and cached
+// StartBackupTarget runs the local S3 server (versitygw, built and cached
 // by scripts/build-tools.sh) with its data under runDir/s3, and points the
 // BackupTarget named default at it through a credential Secret, as an
 // admin would on a real cluster.
-func startBackupTarget(ctx context.Context, log logrus.FieldLogger, cluster *localcluster.Cluster, root, runDir string) (*s3server.Server, error) {
+func StartBackupTarget(ctx context.Context, log logrus.FieldLogger, cluster *localcluster.Cluster, root, runDir string) (*s3server.Server, error) {
 	bin, err := s3server.Binary(ctx, root)
 	if err != nil {
 		return nil, err

@@ -45,7 +45,7 @@ func runChart(ctx context.Context, stop context.CancelFunc, log logrus.FieldLogg
 	if err := cluster.WaitForNodesSchedulable(ctx, systemNamespace, names, time.Minute); err != nil {
 		return err
 	}
-	s3, err := startBackupTarget(ctx, log, cluster, root, runDir)
+	s3, err := StartBackupTarget(ctx, log, cluster, root, runDir)
 	if err != nil {
 		return err
 	}

@@ -156,7 +156,7 @@ func run(log *logrus.Logger, managerBin, runDir string, nodes int, kubelets, cha
 		return err
 	}
 	// Backups: a local S3 server and the default BackupTarget on it.
-	s3, err := startBackupTarget(ctx, log, cluster, root, runDir)
+	s3, err := StartBackupTarget(ctx, log, cluster, root, runDir)
 	if err != nil {
 		return err
 	}
