@@ -219,9 +219,6 @@ func (c *Cluster) start(ctx context.Context) error {
 		// The default reconciler publishes 127.0.0.1 as the kubernetes
 		// Service's endpoint, which validation rejects every 10s.
 		"--endpoint-reconciler-type=none",
-		// No kube-proxy routes Service addresses here: the API server calls
-		// webhook Services (the chart's strata-webhook) at their endpoints.
-		"--enable-aggregator-routing=true",
 		"--enable-priority-and-fairness=false", // less memory, faster start; no contention here
 		"--profiling=false",
 	}, auditFlags...)...); err != nil {
