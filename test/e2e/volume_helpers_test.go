@@ -158,11 +158,15 @@ func updateTickets(t *testing.T, volume string, edit func(map[string]*v1beta1.At
 }
 
 // useOn attaches a detached volume to node through an "admin" strata-api
-// ticket, runs qemu-io commands on it, and detaches it again.
+// ticket, runs qemu-io commands on it, and detaches it again. It first
+// waits for the volume to be detached: a snapshot's or a clone's
+// attachment may still be going, and its endpoint (about to be removed)
+// would pass for the admin's.
 func useOn(t *testing.T, volume, node string, cmds ...string) {
 	t.Helper()
+	waitVolume(t, volume, time.Minute, "detached before use", isDetached)
 	updateTickets(t, volume, addTicket("admin", v1beta1.AttacherTypeStrataAPI, node))
-	v := waitVolume(t, volume, time.Minute, "attached to "+node, attachedTo(node))
+	v := waitVolume(t, volume, time.Minute, "served on "+node, servedOn(node))
 	qemuIO(t, v.Status.FrontendEndpoint, cmds...)
 	updateTickets(t, volume, removeTicket("admin"))
 	waitVolume(t, volume, time.Minute, "detached", isDetached)
