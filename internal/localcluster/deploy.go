@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -119,7 +121,10 @@ func (c *Cluster) chartValues(opts ChartOptions) ([]byte, error) {
 	if !ok {
 		return nil, fmt.Errorf("InstallChart: image %q has no tag", opts.Image)
 	}
-	port := strings.TrimPrefix(c.APIServerURL[strings.LastIndex(c.APIServerURL, ":"):], ":")
+	api, err := url.Parse(c.APIServerURL)
+	if err != nil {
+		return nil, err
+	}
 	nodeDirs, perNode := map[string]any{}, map[string]any{}
 	for _, n := range c.nodes {
 		nodeDirs[n.Name] = map[string]any{"hostDir": n.StrataDir(), "kubeletRoot": n.KubeletRoot()}
@@ -128,7 +133,7 @@ func (c *Cluster) chartValues(opts ChartOptions) ([]byte, error) {
 	sidecar := func(name string) map[string]any { return map[string]any{"image": opts.SidecarImages[name]} }
 	values := map[string]any{
 		"image":         map[string]any{"repository": repo, "tag": tag, "pullPolicy": "Never"},
-		"kubernetesAPI": map[string]any{"host": "127.0.0.1", "port": port},
+		"kubernetesAPI": map[string]any{"host": api.Hostname(), "port": api.Port()},
 		"nodeDirs":      nodeDirs,
 		"disks":         map[string]any{"perNode": perNode},
 		// The nodes' loopback addresses cannot be Service endpoints
@@ -160,7 +165,7 @@ func (n *Node) prepareChartDirs() error {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return err
 		}
-		if isMountPoint(dir) {
+		if slices.Contains(MountPoints(), dir) {
 			continue
 		}
 		if err := syscall.Mount(dir, dir, "", syscall.MS_BIND, ""); err != nil {
@@ -171,13 +176,4 @@ func (n *Node) prepareChartDirs() error {
 		}
 	}
 	return os.MkdirAll(n.DiskDir(), 0o700)
-}
-
-func isMountPoint(dir string) bool {
-	for _, m := range MountPoints() {
-		if m == dir {
-			return true
-		}
-	}
-	return false
 }

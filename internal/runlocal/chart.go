@@ -18,31 +18,11 @@ import (
 func runChart(ctx context.Context, stop context.CancelFunc, log logrus.FieldLogger, cluster *localcluster.Cluster,
 	bin, root, runDir string, nodes int) error {
 	start := time.Now()
-	imgs, err := BuildChartImages(ctx, log, bin)
-	if err != nil {
-		return err
-	}
 	names := make([]string, 0, nodes)
 	for i := 1; i <= nodes; i++ {
 		names = append(names, fmt.Sprintf("127.0.0.%d", i))
 	}
-	if _, err := cluster.StartNodes(ctx, localcluster.NodeOptions{Names: names, ImageTars: images.Tars(imgs)}); err != nil {
-		return err
-	}
-	if err := cluster.InstallChart(ctx, ChartOptions(root)); err != nil {
-		return err
-	}
-	// Up means usable: every Strata node Ready and the webhooks answering.
-	if err := cluster.WaitForNodesReady(ctx, systemNamespace, names, time.Minute); err != nil {
-		return err
-	}
-	if err := cluster.WaitForWebhooks(ctx, systemNamespace, time.Minute); err != nil {
-		return err
-	}
-	if err := cluster.ApplyLocalSettings(ctx, systemNamespace); err != nil {
-		return err
-	}
-	if err := cluster.WaitForNodesSchedulable(ctx, systemNamespace, names, time.Minute); err != nil {
+	if err := StartChart(ctx, log, cluster, bin, names, ChartOptions(root)); err != nil {
 		return err
 	}
 	s3, err := StartBackupTarget(ctx, log, cluster, root, runDir)
@@ -56,6 +36,35 @@ func runChart(ctx context.Context, stop context.CancelFunc, log logrus.FieldLogg
 	<-ctx.Done()
 	stop()
 	log.Info("stopping: the nodes' teardown stops every Pod")
+	return nil
+}
+
+// StartChart starts a kubelet node per name with every image the chart
+// runs, installs the chart with opts and waits until Strata is usable: every
+// Strata node Ready, the webhooks answering, the local settings applied and
+// the disks taking replicas. make run and test/deployed start this way.
+func StartChart(ctx context.Context, log logrus.FieldLogger, cluster *localcluster.Cluster, bin string,
+	names []string, opts localcluster.ChartOptions) error {
+	imgs, err := BuildChartImages(ctx, log, bin)
+	if err != nil {
+		return err
+	}
+	if _, err := cluster.StartNodes(ctx, localcluster.NodeOptions{Names: names, ImageTars: images.Tars(imgs)}); err != nil {
+		return err
+	}
+	if err := cluster.InstallChart(ctx, opts); err != nil {
+		return err
+	}
+	for _, step := range []func() error{
+		func() error { return cluster.WaitForNodesReady(ctx, opts.Namespace, names, time.Minute) },
+		func() error { return cluster.WaitForWebhooks(ctx, opts.Namespace, time.Minute) },
+		func() error { return cluster.ApplyLocalSettings(ctx, opts.Namespace) },
+		func() error { return cluster.WaitForNodesSchedulable(ctx, opts.Namespace, names, time.Minute) },
+	} {
+		if err := step(); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

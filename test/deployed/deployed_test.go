@@ -1,7 +1,6 @@
 package deployed
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
@@ -188,11 +187,9 @@ func TestHelmTemplateAppliesServerSide(t *testing.T) {
 		"--namespace", ns, "--values", filepath.Join(env.cluster.Dir, "helm-values.json"))
 	manifest, err := render.Output()
 	require.NoError(t, err, "helm template")
-	apply := exec.Command("kubectl", "apply", "--server-side", "--force-conflicts", "--dry-run=server", "-f", "-")
-	apply.Env = append(os.Environ(), "KUBECONFIG="+env.cluster.AdminKubeconfig)
-	apply.Stdin = bytes.NewReader(manifest)
-	out, err := apply.CombinedOutput()
+	out, err := kubectlIn(context.Background(), string(manifest), "apply", "--server-side", "--force-conflicts",
+		"--dry-run=server", "-f", "-")
 	require.NoError(t, err, "kubectl apply --dry-run=server:\n%s", out)
-	assert.Contains(t, string(out), "daemonset.apps/strata-manager-127.0.0.1 serverside-applied (server dry run)")
-	assert.Contains(t, string(out), "storageclass.storage.k8s.io/strata serverside-applied (server dry run)")
+	assert.Contains(t, out, "daemonset.apps/strata-manager-127.0.0.1 serverside-applied (server dry run)")
+	assert.Contains(t, out, "storageclass.storage.k8s.io/strata serverside-applied (server dry run)")
 }

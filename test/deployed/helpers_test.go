@@ -32,8 +32,14 @@ func logsOnFailure(t *testing.T) {
 }
 
 func kubectlOut(ctx context.Context, args ...string) (string, error) {
+	return kubectlIn(ctx, "", args...)
+}
+
+// kubectlIn runs kubectl as the cluster's admin with stdin as its input.
+func kubectlIn(ctx context.Context, stdin string, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, "kubectl", args...)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+env.cluster.AdminKubeconfig)
+	cmd.Stdin = strings.NewReader(stdin)
 	out, err := cmd.CombinedOutput()
 	return strings.TrimSpace(string(out)), err
 }
@@ -47,10 +53,7 @@ func kubectl(t *testing.T, args ...string) string {
 
 func apply(t *testing.T, manifest string) {
 	t.Helper()
-	cmd := exec.Command("kubectl", "apply", "-f", "-")
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+env.cluster.AdminKubeconfig)
-	cmd.Stdin = strings.NewReader(manifest)
-	out, err := cmd.CombinedOutput()
+	out, err := kubectlIn(context.Background(), manifest, "apply", "-f", "-")
 	require.NoError(t, err, "kubectl apply:\n%s\n%s", manifest, out)
 }
 

@@ -19,7 +19,6 @@ import (
 	"github.com/strata-storage/strata/internal/localcluster"
 	"github.com/strata-storage/strata/internal/runlocal"
 	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
-	"github.com/strata-storage/strata/package/images"
 	"github.com/strata-storage/strata/types"
 )
 
@@ -72,38 +71,20 @@ func run(m *testing.M) (int, error) {
 	}
 	env.cluster = cluster
 	defer cluster.Stop()
-	imgs, err := runlocal.BuildChartImages(ctx, log, env.bin)
-	if err != nil {
-		return 0, err
-	}
 	env.nodes = localcluster.DefaultNodeNames
-	if _, err := cluster.StartNodes(ctx, localcluster.NodeOptions{Names: env.nodes, ImageTars: images.Tars(imgs)}); err != nil {
-		return 0, err
-	}
 	// Ports of their own: a make run on this machine holds the chart's.
 	ports, err := localcluster.FreePorts(4)
 	if err != nil {
 		return 0, err
 	}
-	chart := runlocal.ChartOptions(env.root)
-	chart.Values = map[string]any{"ports": map[string]any{"metrics": ports[0], "api": ports[1], "webhook": ports[2],
+	env.chart = runlocal.ChartOptions(env.root)
+	env.chart.Values = map[string]any{"ports": map[string]any{"metrics": ports[0], "api": ports[1], "webhook": ports[2],
 		"instanceManager": ports[3]}}
-	if err := cluster.InstallChart(ctx, chart); err != nil {
+	if err := runlocal.StartChart(ctx, log, cluster, env.bin, env.nodes, env.chart); err != nil {
 		return 0, err
 	}
-	env.chart = chart
 	env.kube = kubernetes.NewForConfigOrDie(cluster.AdminConfig)
 	env.strata = versioned.NewForConfigOrDie(cluster.AdminConfig)
-	for _, step := range []func() error{
-		func() error { return cluster.WaitForNodesReady(ctx, ns, env.nodes, time.Minute) },
-		func() error { return cluster.WaitForWebhooks(ctx, ns, time.Minute) },
-		func() error { return cluster.ApplyLocalSettings(ctx, ns) },
-		func() error { return cluster.WaitForNodesSchedulable(ctx, ns, env.nodes, time.Minute) },
-	} {
-		if err := step(); err != nil {
-			return 0, err
-		}
-	}
 
 	code := m.Run()
 	if code != 0 {
