@@ -13,8 +13,10 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/strata-storage/strata/controller"
 	"github.com/strata-storage/strata/internal/localcluster"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
@@ -124,25 +126,32 @@ func TestInstanceManagerPodDeletedWhileAWriterRuns(t *testing.T) {
 	victim := replicaNodeOtherThan(t, volume, "127.0.0.1")
 	start := time.Now()
 	replaceNodePod(t, "strata-instance-manager", victim)
-	sawDegraded := false
+	// The degradation may be over before the new Pod is ready (the rebuild
+	// takes seconds), so it is read from the volume's ReplicaFailed event,
+	// which stays, rather than sampled.
 	var stopped error
 	require.Eventually(t, func() bool {
 		if stopped = writerStopped("im-w"); stopped != nil {
 			return true
 		}
 		v, err := env.strata.StrataV1beta1().Volumes(ns).Get(context.Background(), volume, metav1.GetOptions{})
-		if err != nil {
-			return false
-		}
-		if v.Status.Robustness == v1beta1.VolumeRobustnessDegraded {
-			sawDegraded = true
-		}
-		return sawDegraded && v.Status.Robustness == v1beta1.VolumeRobustnessHealthy
-	}, 3*time.Minute, 250*time.Millisecond, "the volume degrades, then is rebuilt healthy")
+		return err == nil && replicaFailedOn(volume, victim) && v.Status.Robustness == v1beta1.VolumeRobustnessHealthy
+	}, 3*time.Minute, 250*time.Millisecond, "the volume degrades (a replica on %s failed), then is rebuilt healthy", victim)
 	require.NoError(t, stopped)
 	t.Logf("instance manager of %s replaced; volume healthy again after %s", victim, time.Since(start).Round(time.Second))
 	waitWrites(t, "im-w", 5, "after the rebuild")
 	t.Logf("%d chunks written and verified across the instance manager's replacement", stopAndVerify(t, "im-w"))
+}
+
+// replicaFailedOn tells whether the volume has a ReplicaFailed event for a
+// replica on node.
+func replicaFailedOn(volume, node string) bool {
+	events, err := env.kube.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{
+		FieldSelector: "involvedObject.name=" + volume + ",reason=" + controller.EventReasonReplicaFailed})
+	if err != nil {
+		return false
+	}
+	return slices.ContainsFunc(events.Items, func(e corev1.Event) bool { return strings.Contains(e.Message, " on "+node+" failed") })
 }
 
 // replicaNodeOtherThan is a node holding a running replica of volume that
