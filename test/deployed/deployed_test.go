@@ -70,18 +70,8 @@ func TestSnapshotRestoredOnAnotherNode(t *testing.T) {
 		return err == nil && strings.Count(out, "\n") == 4
 	}, time.Minute, 200*time.Millisecond, "the files are written")
 
-	apply(t, `apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata: {name: src-snap, namespace: default}
-spec: {volumeSnapshotClassName: strata, source: {persistentVolumeClaimName: src}}`)
-	t.Cleanup(func() {
-		_, _ = kubectlOut(context.Background(), "-n", podNamespace, "delete", "volumesnapshot", "src-snap", "--wait=false")
-	})
-	require.Eventually(t, func() bool {
-		out, err := kubectlOut(context.Background(), "-n", podNamespace, "get", "volumesnapshot", "src-snap",
-			"-o", "jsonpath={.status.readyToUse}")
-		return err == nil && out == "true"
-	}, 2*time.Minute, 200*time.Millisecond, "VolumeSnapshot readyToUse")
+	require.NoError(t, takeVolumeSnapshot(t, podNamespace, "src-snap", "src"))
+	waitVolumeSnapshotReady(t, podNamespace, "src-snap")
 	exec1(t, "src", "rm -f /data/tree/f1 && sync") // after the snapshot: not in the restore
 
 	claim(t, "restored", "src-snap")

@@ -57,20 +57,30 @@ func apply(t *testing.T, manifest string) {
 	require.NoError(t, err, "kubectl apply:\n%s\n%s", manifest, out)
 }
 
-// claim creates a claim of the default StorageClass (from a
+// claim creates a 64Mi claim of the default StorageClass (from a
 // VolumeSnapshot when snapshot is set), deleted when the test ends.
 func claim(t *testing.T, name, snapshot string) {
 	t.Helper()
 	source := ""
 	if snapshot != "" {
-		source = fmt.Sprintf(", dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: %s}", snapshot)
+		source = fmt.Sprintf("dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: %s}", snapshot)
+	}
+	claimIn(t, podNamespace, name, "64Mi", source)
+}
+
+// claimIn creates a claim in namespace with extra fields (YAML flow
+// style) added to its spec, deleted when the test ends.
+func claimIn(t *testing.T, namespace, name, size, extra string) {
+	t.Helper()
+	if extra != "" {
+		extra = ", " + extra
 	}
 	apply(t, fmt.Sprintf(`apiVersion: v1
 kind: PersistentVolumeClaim
 metadata: {name: %s, namespace: %s}
-spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 64Mi}}%s}`, name, podNamespace, source))
+spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: %s}}%s}`, name, namespace, size, extra))
 	t.Cleanup(func() {
-		_, _ = kubectlOut(context.Background(), "-n", podNamespace, "delete", "pvc", name, "--wait=false")
+		_, _ = kubectlOut(context.Background(), "-n", namespace, "delete", "pvc", name, "--wait=false")
 	})
 }
 
@@ -78,6 +88,18 @@ spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 64Mi}}%s}`,
 // it is deleted when the test ends.
 func pod(t *testing.T, name, node, claimName, script string) {
 	t.Helper()
+	podIn(t, podNamespace, name, node, claimName, script, false)
+}
+
+// podIn runs script in the workload image in namespace on node, with the
+// claim mounted at /data, or as the block device blockDevice; it is
+// deleted when the test ends.
+func podIn(t *testing.T, namespace, name, node, claimName, script string, block bool) {
+	t.Helper()
+	use := "volumeMounts: [{name: data, mountPath: /data}]"
+	if block {
+		use = "volumeDevices: [{name: data, devicePath: " + blockDevice + "}]"
+	}
 	apply(t, fmt.Sprintf(`apiVersion: v1
 kind: Pod
 metadata: {name: %s, namespace: %s}
@@ -85,14 +107,17 @@ spec:
   nodeName: %s
   restartPolicy: Never
   terminationGracePeriodSeconds: 1
-  containers: [{name: app, image: %s, command: [sh, -c, %s], volumeMounts: [{name: data, mountPath: /data}]}]
+  containers: [{name: app, image: %s, command: [sh, -c, %s], %s}]
   volumes: [{name: data, persistentVolumeClaim: {claimName: %s}}]`,
-		name, podNamespace, node, images.WorkloadRef, strconv.Quote(script), claimName))
+		name, namespace, node, images.WorkloadRef, strconv.Quote(script), use, claimName))
 	t.Cleanup(func() {
-		_, _ = kubectlOut(context.Background(), "-n", podNamespace, "delete", "pod", name, "--grace-period=1")
+		_, _ = kubectlOut(context.Background(), "-n", namespace, "delete", "pod", name, "--grace-period=1")
 	})
-	waitPodRunning(t, podNamespace, name)
+	waitPodRunning(t, namespace, name)
 }
+
+// blockDevice is where a Pod of podIn finds a block-mode claim.
+const blockDevice = "/dev/xvda"
 
 func waitPodRunning(t *testing.T, namespace, name string) *corev1.Pod {
 	t.Helper()
@@ -111,7 +136,12 @@ func waitPodRunning(t *testing.T, namespace, name string) *corev1.Pod {
 
 func exec1(t *testing.T, podName, script string) string {
 	t.Helper()
-	return kubectl(t, "-n", podNamespace, "exec", podName, "--", "sh", "-c", script)
+	return execIn(t, podNamespace, podName, script)
+}
+
+func execIn(t *testing.T, namespace, podName, script string) string {
+	t.Helper()
+	return kubectl(t, "-n", namespace, "exec", podName, "--", "sh", "-c", script)
 }
 
 // writer writes 256 KiB chunks into 100 slots round-robin (25 MiB of the
@@ -198,9 +228,14 @@ func stopAndVerify(t *testing.T, podName string) int {
 
 func volumeOfClaim(t *testing.T, name string) string {
 	t.Helper()
+	return volumeOfClaimIn(t, podNamespace, name)
+}
+
+func volumeOfClaimIn(t *testing.T, namespace, name string) string {
+	t.Helper()
 	var volume string
 	require.Eventually(t, func() bool {
-		pvc, err := env.kube.CoreV1().PersistentVolumeClaims(podNamespace).Get(context.Background(), name, metav1.GetOptions{})
+		pvc, err := env.kube.CoreV1().PersistentVolumeClaims(namespace).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil || pvc.Status.Phase != corev1.ClaimBound {
 			return false
 		}
@@ -261,4 +296,31 @@ func podReady(p *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// takeVolumeSnapshot asks for a VolumeSnapshot of claimName, deleted when
+// the test ends; the error is kubectl's (an admission denial among them).
+func takeVolumeSnapshot(t *testing.T, namespace, name, claimName string) error {
+	t.Helper()
+	out, err := kubectlIn(context.Background(), fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: %s, namespace: %s}
+spec: {volumeSnapshotClassName: strata, source: {persistentVolumeClaimName: %s}}`, name, namespace, claimName),
+		"apply", "-f", "-")
+	if err != nil {
+		return fmt.Errorf("%w: %s", err, out)
+	}
+	t.Cleanup(func() {
+		_, _ = kubectlOut(context.Background(), "-n", namespace, "delete", "volumesnapshot", name, "--wait=false")
+	})
+	return nil
+}
+
+func waitVolumeSnapshotReady(t *testing.T, namespace, name string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		out, err := kubectlOut(context.Background(), "-n", namespace, "get", "volumesnapshot", name,
+			"-o", "jsonpath={.status.readyToUse}")
+		return err == nil && out == "true"
+	}, 2*time.Minute, 200*time.Millisecond, "VolumeSnapshot %s/%s readyToUse", namespace, name)
 }
