@@ -68,6 +68,9 @@ func DaemonCommand() *cli.Command {
 			&cli.StringFlag{Name: "upload-size-limit", Value: "256Gi", Usage: "largest backing image upload accepted (a quantity: 10Gi)"},
 			&cli.StringFlag{Name: "instance-manager-address", Sources: cli.EnvVars("STRATA_INSTANCE_MANAGER_ADDRESS"),
 				Usage: "gRPC address of this node's instance manager; empty: the node has no data plane"},
+			&cli.StringFlag{Name: "instance-manager-pods",
+				Usage: "label selector of the instance managers' Pods in --namespace, when they are Pods of OnDelete DaemonSets " +
+					"(the chart): this node's is replaced by the DaemonSet's newest revision once no attached volume uses the node"},
 		}, append(webhookFlags(), tlsFlags()...)...), // --webhook-*: app/daemon_webhook.go; TLS: app/daemon_tls.go
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			disks, err := parseDisks(cmd.StringSlice("disk"))
@@ -98,6 +101,7 @@ func DaemonCommand() *cli.Command {
 				maxRetryDelay:           cmd.Duration("max-retry-delay"),
 				imAddress:               cmd.String("instance-manager-address"),
 				imTLSDir:                cmd.String("instance-manager-tls-dir"),
+				imPodSelector:           cmd.String("instance-manager-pods"),
 				apiListen:               cmd.String("api-listen"),
 				apiAdvertise:            apiAdvertise,
 				uploadLimit:             uploadLimit.Value(),
@@ -118,6 +122,7 @@ type daemonConfig struct {
 	maxRetryDelay                   time.Duration
 	imAddress                       string
 	imTLSDir                        string
+	imPodSelector                   string
 	apiListen, apiAdvertise         string
 	uploadLimit                     int64
 	webhook                         webhookOptions // app/daemon_webhook.go
@@ -255,6 +260,12 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	backingImages, err := controller.NewBackingImageController(log, ds, recorder, cfg.nodeName, imPool, cfg.uploadLimit,
 		pki.ClientConfig(managerID, pki.ComponentManager))
 	controllers.add(backingImages, err)
+	if cfg.imPodSelector != "" {
+		if err := ds.WatchInstanceManagerPods(cfg.imPodSelector); err != nil {
+			return fmt.Errorf("--instance-manager-pods: %w", err)
+		}
+		controllers.single(controller.NewInstanceManagerRolloutController(log, ds, recorder, cfg.nodeName))
+	}
 	if controllers.err != nil {
 		return controllers.err
 	}

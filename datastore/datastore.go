@@ -64,6 +64,9 @@ type DataStore struct {
 	// cluster-scoped) VolumeAttachments, which CSI attachment tickets name as
 	// their owners. Read-only.
 	StorageVolumeAttachments *Store[*storagev1.VolumeAttachment]
+	// InstanceManagerPods is set by WatchInstanceManagerPods (the chart's
+	// managers); nil otherwise.
+	InstanceManagerPods *InstanceManagerPods
 
 	KubeNodes              corelisters.NodeLister
 	PersistentVolumes      corelisters.PersistentVolumeLister

@@ -38,7 +38,15 @@ var Now = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
 // for its caches. Informers stop when the test ends.
 func New(t *testing.T, strataObjects []runtime.Object, kubeObjects []runtime.Object) *Env {
 	t.Helper()
-	return newEnv(t, strataObjects, kubeObjects, nil)
+	return newEnv(t, strataObjects, kubeObjects, nil, "")
+}
+
+// NewWithInstanceManagerPods is New with the instance managers' Pods and
+// revisions watched (datastore.WatchInstanceManagerPods with selector).
+func NewWithInstanceManagerPods(t *testing.T, strataObjects []runtime.Object, kubeObjects []runtime.Object,
+	selector string) *Env {
+	t.Helper()
+	return newEnv(t, strataObjects, kubeObjects, nil, selector)
 }
 
 // NewWithVMs is New with KubeVirt's and Harvester's kinds installed and the
@@ -46,10 +54,11 @@ func New(t *testing.T, strataObjects []runtime.Object, kubeObjects []runtime.Obj
 func NewWithVMs(t *testing.T, strataObjects []runtime.Object, kubeObjects []runtime.Object,
 	vms ...*unstructured.Unstructured) *Env {
 	t.Helper()
-	return newEnv(t, strataObjects, kubeObjects, vms)
+	return newEnv(t, strataObjects, kubeObjects, vms, "")
 }
 
-func newEnv(t *testing.T, strataObjects []runtime.Object, kubeObjects []runtime.Object, vms []*unstructured.Unstructured) *Env {
+func newEnv(t *testing.T, strataObjects []runtime.Object, kubeObjects []runtime.Object, vms []*unstructured.Unstructured,
+	imPodSelector string) *Env {
 	t.Helper()
 	env := &Env{
 		Strata: stratafake.NewSimpleClientset(strataObjects...),
@@ -61,6 +70,9 @@ func newEnv(t *testing.T, strataObjects []runtime.Object, kubeObjects []runtime.
 	ds.Clock = env.Clock
 	if vms != nil {
 		watchVMs(t, ds, vms)
+	}
+	if imPodSelector != "" {
+		require.NoError(t, ds.WatchInstanceManagerPods(imPodSelector))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)

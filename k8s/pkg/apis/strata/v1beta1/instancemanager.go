@@ -2,6 +2,10 @@ package v1beta1
 
 import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+// ConditionTypeUpToDate: the instance manager's Pod runs its DaemonSet's
+// newest revision.
+const ConditionTypeUpToDate = "UpToDate"
+
 // InstanceManagerSpec is the desired state of a node's data plane.
 type InstanceManagerSpec struct {
 	// NodeID is the node this instance manager runs on. Must not be empty.
@@ -19,6 +23,9 @@ type InstanceManagerStatus struct {
 	CurrentState InstanceState `json:"currentState,omitempty"`
 	// Endpoint is the instance manager's gRPC address.
 	Endpoint string `json:"endpoint,omitempty"`
+	// Conditions: Ready (the instance manager answers) and, where the
+	// instance managers are Pods, UpToDate (the Pod runs its DaemonSet's
+	// newest revision, or why it is not replaced yet).
 	// +optional
 	// +listType=map
 	// +listMapKey=type
