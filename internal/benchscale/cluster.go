@@ -88,7 +88,10 @@ func (b *bench) setup(ctx context.Context) error {
 		return err
 	}
 	b.opts = localcluster.ManagerOptions{Bin: b.cfg.managerBin, Kubeconfig: kubeconfig, Namespace: ns,
-		RunDir: b.cfg.runDir, LeaseDuration: leaseDuration, WithInstanceManager: true}
+		RunDir: b.cfg.runDir, LeaseDuration: leaseDuration, WithInstanceManager: true,
+		// The rollout controller runs as in the chart: with no outdated
+		// instance-manager Pod (none here) its queue must stay quiet too.
+		InstanceManagerPods: "app=strata-instance-manager"}
 	var names []string
 	for i := 1; i <= nodeCount; i++ {
 		m, err := localcluster.StartManager(b.opts, "node-"+strconv.Itoa(i))

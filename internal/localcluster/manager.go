@@ -25,6 +25,9 @@ type ManagerOptions struct {
 	WithInstanceManager bool
 	// MaxRetryDelay is the managers' --max-retry-delay (0: their default).
 	MaxRetryDelay time.Duration
+	// InstanceManagerPods is the managers' --instance-manager-pods (the
+	// rollout of instance managers that are Pods); empty: not set.
+	InstanceManagerPods string
 	// ExtraDiskPaths are more --disk-path directories for every instance
 	// manager, beside its node's directory: benches that put the replicas
 	// of all nodes under one directory.
@@ -173,6 +176,9 @@ func startManagerProcess(opts ManagerOptions, node string, im *InstanceManager) 
 	}
 	if im != nil {
 		args = append(args, "--instance-manager-address", im.GRPCAddr, "--instance-manager-tls-dir", opts.TLSDir(node))
+	}
+	if opts.InstanceManagerPods != "" {
+		args = append(args, "--instance-manager-pods", opts.InstanceManagerPods)
 	}
 	if opts.MaxRetryDelay > 0 {
 		args = append(args, "--max-retry-delay", opts.MaxRetryDelay.String())
