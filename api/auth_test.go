@@ -28,6 +28,8 @@ type fakeKube struct {
 	accessErr    error // SubjectAccessReview create fails
 	tokenReviews int
 	lastSAR      *authorizationv1.SubjectAccessReview
+	// verbs, when set, are the only verbs an allowed user may use.
+	verbs map[string]bool
 }
 
 var alice = authenticationv1.UserInfo{Username: "system:serviceaccount:apps:alice", UID: "uid-alice",
@@ -58,7 +60,7 @@ func newFakeKube(allowed ...string) *fakeKube {
 		}
 		sar := a.(k8stesting.CreateAction).GetObject().(*authorizationv1.SubjectAccessReview).DeepCopy()
 		f.lastSAR = sar.DeepCopy()
-		if f.allowed[sar.Spec.User] {
+		if f.allowed[sar.Spec.User] && (f.verbs == nil || f.verbs[sar.Spec.ResourceAttributes.Verb]) {
 			sar.Status = authorizationv1.SubjectAccessReviewStatus{Allowed: true, Reason: "RBAC: allowed by RoleBinding"}
 		} else {
 			sar.Status = authorizationv1.SubjectAccessReviewStatus{Reason: "no RBAC policy matched"}

@@ -39,20 +39,34 @@ type Options struct {
 	// disks); nil allows every caller. It sees the request (its TLS state
 	// once the listener is HTTPS) and returns an error to refuse it (403).
 	PeerCheck func(r *http.Request) error
-	Log       logrus.FieldLogger
+	// REST configures the REST routes (api/rest.go); they are always
+	// served, and refuse every request (503) without REST.Auth.
+	REST RESTOptions
+	Log  logrus.FieldLogger
 }
 
-// NewHandler routes the API:
+// Patterns of the routes NewHandler serves beside the REST routes.
+const (
+	uploadRoute   = "PUT /v1/backingimages/{name}/upload"
+	peerCopyRoute = "GET /v1/backingimages/{name}/disks/{disk}/file"
+)
+
+// NewHandler routes the API (every route is in api/openapi.yaml):
 //
 //	PUT /v1/backingimages/{name}/upload               the image's data (raw, qcow2, .gz, .xz); Authorization: Bearer <token>
 //	GET /v1/backingimages/{name}/disks/{disk}/file?uuid=   a ready copy as an extent stream (peers)
+//	the REST routes of api/rest.go
 func NewHandler(images BackingImages, opts Options) http.Handler {
 	log := opts.Log
 	if log == nil {
 		log = logrus.StandardLogger()
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("PUT /v1/backingimages/{name}/upload", func(w http.ResponseWriter, r *http.Request) {
+	if opts.REST.Log == nil {
+		opts.REST.Log = log
+	}
+	registerREST(mux, opts.REST)
+	mux.HandleFunc(uploadRoute, func(w http.ResponseWriter, r *http.Request) {
 		name := r.PathValue("name")
 		// Who asks comes first: a caller who may not upload learns nothing
 		// of the image, not even whether an upload is running.
@@ -74,7 +88,7 @@ func NewHandler(images BackingImages, opts Options) http.Handler {
 		writeJSON(w, http.StatusOK, map[string]any{"name": name, "virtualSize": res.VirtualSize, "checksum": res.Checksum,
 			"formats": res.Formats, "size": res.SourceSize})
 	})
-	mux.HandleFunc("GET /v1/backingimages/{name}/disks/{disk}/file", peerOnly(opts.PeerCheck, log, func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc(peerCopyRoute, peerOnly(opts.PeerCheck, log, func(w http.ResponseWriter, r *http.Request) {
 		path, err := images.CopyFile(r.PathValue("name"), r.PathValue("disk"), r.URL.Query().Get("uuid"))
 		if err != nil {
 			writeError(w, err)

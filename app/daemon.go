@@ -274,8 +274,10 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	metricsErr := serveMetrics(ctx, lns.metrics, ready, log)
 	// Uploads: a bearer token, TokenReview, SubjectAccessReview of update on the image.
 	// Copies between disks: a peer manager's certificate.
-	apiHandler := api.NewHandler(backingImages, api.Options{Uploads: api.NewKubeAuth(kubeClient), Namespace: cfg.namespace,
-		PeerCheck: requirePeer(pki.ComponentManager), Log: log})
+	kubeAuth := api.NewKubeAuth(kubeClient)
+	apiHandler := api.NewHandler(backingImages, api.Options{Uploads: kubeAuth, Namespace: cfg.namespace,
+		PeerCheck: requirePeer(pki.ComponentManager), Log: log,
+		REST: api.RESTOptions{Auth: kubeAuth, Clients: callerClients(restConfig), Cache: ds, Namespace: cfg.namespace}})
 	// HTTPS with this manager's certificate; a client certificate is asked
 	// for, not required (users upload with a bearer token).
 	apiErr := serveHTTP(ctx, lns.api, apiHandler, pki.OptionalClientServerConfig(managerID, pki.ComponentManager),
@@ -436,4 +438,18 @@ func advertiseAddress(listen, given, podIP string) (string, error) {
 		}
 	}
 	return net.JoinHostPort(host, port), nil
+}
+
+// callerClients makes the REST API's clients that act as the caller: the
+// manager's API server address and CA, the caller's bearer token and no
+// credential of the manager's (rest.AnonymousClientConfig), so a write
+// through the API is allowed exactly when the caller may make it.
+func callerClients(managerConfig *rest.Config) api.CallerClients {
+	return func(token string) (versioned.Interface, error) {
+		cfg := rest.AnonymousClientConfig(managerConfig)
+		cfg.BearerToken = token
+		cfg.UserAgent = "strata-manager-rest/" + Version
+		cfg.QPS, cfg.Burst = 20, 40
+		return versioned.NewForConfig(cfg)
+	}
 }

@@ -1,0 +1,216 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/sirupsen/logrus"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apiserver/pkg/authentication/user"
+
+	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
+)
+
+// The REST API: the seeds' actions for users (volumes, snapshot CRs,
+// snapshot quotas). Every request is authenticated (TokenReview) and the
+// verb it asks for is authorized as that user on what it touches
+// (SubjectAccessReview): 401 and 403 come with a JSON body naming the user,
+// verb and resource. Reads come from the manager's caches; writes are made
+// with the caller's own token, so the API server's RBAC and admission
+// judge them again and nothing is gained by going through the API.
+
+// CallerClients makes a Strata clientset that acts with a user's bearer
+// token (rest.AnonymousClientConfig of the manager's config plus the token).
+type CallerClients func(token string) (versioned.Interface, error)
+
+// RESTOptions are what the REST routes need.
+type RESTOptions struct {
+	// Auth checks every request; nil refuses them all (503).
+	Auth Auth
+	// Clients acts as the caller; nil refuses every write (503).
+	Clients CallerClients
+	// Cache answers reads (the manager's informers).
+	Cache *datastore.DataStore
+	// Namespace holds Strata's objects.
+	Namespace string
+	Log       logrus.FieldLogger
+}
+
+// route is one path and method of the REST API; a POST with actions
+// dispatches on ?action=. The OpenAPI document lists exactly these.
+type route struct {
+	method, path string
+	actions      map[string]func(*call) error // POST ?action=<name>
+	serve        func(*call) error
+}
+
+// call is one request on its way through a route.
+type call struct {
+	w       http.ResponseWriter
+	r       *http.Request
+	opts    RESTOptions
+	user    user.Info
+	token   string
+	written bool
+}
+
+// InputError is bad input: 400, naming the field and the reason.
+type InputError struct{ Field, Reason string }
+
+func (e *InputError) Error() string { return e.Field + ": " + e.Reason }
+
+func badInput(field, format string, args ...any) error {
+	return &InputError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// errNotFound is a 404 for something the cache does not hold.
+var errNotFound = errors.New("not found")
+
+// restRoutes is the REST API's route table.
+func restRoutes() []route {
+	return slices.Concat(volumeRoutes(), quotaRoutes(), []route{
+		{method: http.MethodGet, path: "/v1/openapi.yaml", serve: serveOpenAPI},
+	})
+}
+
+// registerREST adds the REST routes to mux.
+func registerREST(mux *http.ServeMux, opts RESTOptions) {
+	if opts.Log == nil {
+		opts.Log = logrus.StandardLogger()
+	}
+	for _, rt := range restRoutes() {
+		mux.HandleFunc(rt.method+" "+rt.path, func(w http.ResponseWriter, r *http.Request) {
+			c := &call{w: w, r: r, opts: opts}
+			err := c.authenticate()
+			if err == nil {
+				err = rt.dispatch(c)
+			}
+			if err != nil {
+				c.fail(err)
+			}
+		})
+	}
+}
+
+func (rt route) dispatch(c *call) error {
+	if rt.actions == nil {
+		return rt.serve(c)
+	}
+	name := c.r.URL.Query().Get("action")
+	act, ok := rt.actions[name]
+	if !ok {
+		known := make([]string, 0, len(rt.actions))
+		for a := range rt.actions {
+			known = append(known, a)
+		}
+		slices.Sort(known)
+		if name == "" {
+			return badInput("action", "missing: give ?action= one of %s", strings.Join(known, ", "))
+		}
+		return badInput("action", "unknown action %q: one of %s", name, strings.Join(known, ", "))
+	}
+	return act(c)
+}
+
+func (c *call) authenticate() error {
+	if c.opts.Auth == nil {
+		return fmt.Errorf("%w: this manager has no way to check who calls", ErrAuthUnavailable)
+	}
+	token, err := BearerToken(c.r)
+	if err != nil {
+		return err
+	}
+	u, err := c.opts.Auth.Authenticate(c.r.Context(), c.r)
+	if err != nil {
+		return err
+	}
+	c.user, c.token = u, token
+	return nil
+}
+
+// authorize asks whether the caller may do verb on a Strata resource.
+func (c *call) authorize(verb, resource, namespace, name string) error {
+	return c.opts.Auth.Authorize(c.r.Context(), c.user, authorizationv1.ResourceAttributes{
+		Namespace: namespace, Verb: verb, Group: v1beta1.SchemeGroupVersion.Group,
+		Version: v1beta1.SchemeGroupVersion.Version, Resource: resource, Name: name})
+}
+
+// strata is a clientset acting as the caller.
+func (c *call) strata() (versioned.Interface, error) {
+	if c.opts.Clients == nil {
+		return nil, fmt.Errorf("%w: this manager cannot act for users", ErrAuthUnavailable)
+	}
+	return c.opts.Clients(c.token)
+}
+
+// maxBody bounds a request's JSON body: none of them is more than a few
+// fields.
+const maxBody = 64 << 10
+
+// decode reads the JSON body into v; unknown fields are refused, so a
+// misspelt field is an error rather than ignored.
+func (c *call) decode(v any) error {
+	dec := json.NewDecoder(io.LimitReader(c.r.Body, maxBody+1))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return badInput("body", "empty: a JSON object is expected")
+		}
+		var field *json.UnmarshalTypeError
+		if errors.As(err, &field) && field.Field != "" {
+			return badInput(field.Field, "want a %s, got a JSON %s", field.Type, field.Value)
+		}
+		return badInput("body", "not the JSON object expected: %v", err)
+	}
+	return nil
+}
+
+func (c *call) reply(code int, v any) error {
+	c.written = true
+	if v == nil {
+		c.w.WriteHeader(code)
+		return nil
+	}
+	writeJSON(c.w, code, v)
+	return nil
+}
+
+// fail writes err as the JSON error body with its status code.
+func (c *call) fail(err error) {
+	log := c.opts.Log.WithError(err).WithFields(logrus.Fields{"method": c.r.Method, "path": c.r.URL.Path,
+		"action": c.r.URL.Query().Get("action"), "remote": c.r.RemoteAddr})
+	if c.user != nil {
+		log = log.WithField("user", c.user.GetName())
+	}
+	log.Info("REST request refused or failed")
+	if c.written {
+		return
+	}
+	var input *InputError
+	var status apierrors.APIStatus
+	switch {
+	case errors.As(err, &input):
+		writeJSON(c.w, http.StatusBadRequest, map[string]string{"error": err.Error(), "field": input.Field})
+	case errors.Is(err, errNotFound):
+		writeJSON(c.w, http.StatusNotFound, map[string]string{"error": err.Error()})
+	case errors.As(err, &status) && status.Status().Code != 0:
+		// The API server's answer to the caller's own request (RBAC,
+		// admission, validation, conflicts): its code and message.
+		writeJSON(c.w, int(status.Status().Code), map[string]string{"error": status.Status().Message,
+			"reason": string(status.Status().Reason)})
+	default:
+		writeError(c.w, err)
+	}
+}
+
+// ctx is the request's context.
+func (c *call) ctx() context.Context { return c.r.Context() }

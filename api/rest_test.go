@@ -1,0 +1,179 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/strata-storage/strata/datastore/dstest"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
+	"github.com/strata-storage/strata/types"
+)
+
+const restNS = types.DefaultNamespace
+
+func restVolume(name, size string) *v1beta1.Volume {
+	return &v1beta1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: restNS},
+		Spec: v1beta1.VolumeSpec{Size: resource.MustParse(size), NumberOfReplicas: 2}}
+}
+
+func restSnapshot(name, volume string) *v1beta1.Snapshot {
+	return &v1beta1.Snapshot{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: restNS,
+		Labels: map[string]string{types.LabelVolume: volume}},
+		Spec: v1beta1.SnapshotSpec{Volume: volume, CreateSnapshot: true}}
+}
+
+// Every REST route through the handler: authentication, the access review
+// of its verb, bad input naming the field, and what it writes.
+func TestRESTRoutes(t *testing.T) {
+	readOnly := map[string]bool{"get": true, "list": true}
+	tests := []struct {
+		name, method, path, body string
+		noToken                  bool
+		verbs                    map[string]bool // alice's verbs; nil: all
+		wantCode                 int
+		wantError, wantField     string
+		check                    func(t *testing.T, strata versioned.Interface, body map[string]any)
+	}{
+		{name: "no token", method: "GET", path: "/v1/volumes", noToken: true, wantCode: 401, wantError: "no Authorization header"},
+		{name: "list volumes", method: "GET", path: "/v1/volumes", wantCode: 200,
+			check: func(t *testing.T, _ versioned.Interface, body map[string]any) {
+				assert.Len(t, body["items"], 2)
+			}},
+		{name: "list volumes forbidden", method: "GET", path: "/v1/volumes", verbs: map[string]bool{}, wantCode: 403,
+			wantError: "may not list volumes.strata.io"},
+		{name: "get a volume", method: "GET", path: "/v1/volumes/v1", wantCode: 200,
+			check: func(t *testing.T, _ versioned.Interface, body map[string]any) {
+				assert.Equal(t, "v1", body["metadata"].(map[string]any)["name"])
+			}},
+		{name: "get a missing volume", method: "GET", path: "/v1/volumes/nope", wantCode: 404, wantError: `volume "nope": not found`},
+		{name: "create a volume", method: "POST", path: "/v1/volumes", body: `{"name":"v3","size":"1Gi","numberOfReplicas":2}`,
+			wantCode: 201, check: func(t *testing.T, strata versioned.Interface, _ map[string]any) {
+				v, err := strata.StrataV1beta1().Volumes(restNS).Get(context.Background(), "v3", metav1.GetOptions{})
+				require.NoError(t, err)
+				assert.Equal(t, "1Gi", v.Spec.Size.String())
+				assert.Equal(t, v1beta1.VolumeFrontendNBD, v.Spec.Frontend)
+			}},
+		{name: "create: a negative size", method: "POST", path: "/v1/volumes", body: `{"name":"v3","size":"-1Gi"}`,
+			wantCode: 400, wantField: "size", wantError: `"-1Gi" is not positive`},
+		{name: "create: a size that is no quantity", method: "POST", path: "/v1/volumes", body: `{"name":"v3","size":"abc"}`,
+			wantCode: 400, wantField: "size", wantError: `"abc" is not a size`},
+		{name: "create: a bad name", method: "POST", path: "/v1/volumes", body: `{"name":"V_3","size":"1Gi"}`,
+			wantCode: 400, wantField: "name"},
+		{name: "create: an unknown field", method: "POST", path: "/v1/volumes", body: `{"name":"v3","size":"1Gi","replicas":2}`,
+			wantCode: 400, wantField: "body", wantError: `unknown field "replicas"`},
+		{name: "create: a field of the wrong type", method: "POST", path: "/v1/volumes", body: `{"name":"v3","size":"1Gi","numberOfReplicas":"2"}`,
+			wantCode: 400, wantField: "numberOfReplicas"},
+		{name: "create forbidden to a reader", method: "POST", path: "/v1/volumes", body: `{"name":"v3","size":"1Gi"}`,
+			verbs: readOnly, wantCode: 403, wantError: `may not create volumes.strata.io "v3"`},
+		{name: "delete a volume", method: "DELETE", path: "/v1/volumes/v2", wantCode: 204,
+			check: func(t *testing.T, strata versioned.Interface, _ map[string]any) {
+				_, err := strata.StrataV1beta1().Volumes(restNS).Get(context.Background(), "v2", metav1.GetOptions{})
+				assert.Error(t, err)
+			}},
+		{name: "expand", method: "POST", path: "/v1/volumes/v1?action=expand", body: `{"size":"2Gi"}`, wantCode: 200,
+			check: func(t *testing.T, strata versioned.Interface, _ map[string]any) {
+				v, err := strata.StrataV1beta1().Volumes(restNS).Get(context.Background(), "v1", metav1.GetOptions{})
+				require.NoError(t, err)
+				assert.Equal(t, "2Gi", v.Spec.Size.String())
+			}},
+		{name: "expand: smaller", method: "POST", path: "/v1/volumes/v1?action=expand", body: `{"size":"512Mi"}`,
+			wantCode: 400, wantField: "size", wantError: "volumes only grow"},
+		{name: "an unknown action", method: "POST", path: "/v1/volumes/v1?action=shrink", body: `{}`,
+			wantCode: 400, wantField: "action", wantError: `unknown action "shrink": one of expand, snapshotCRCreate`},
+		{name: "no action", method: "POST", path: "/v1/volumes/v1", body: `{}`, wantCode: 400, wantField: "action"},
+		{name: "snapshotCRCreate", method: "POST", path: "/v1/volumes/v1?action=snapshotCRCreate", body: `{"name":"s9","labels":{"k":"v"}}`,
+			wantCode: 200, check: func(t *testing.T, strata versioned.Interface, _ map[string]any) {
+				s, err := strata.StrataV1beta1().Snapshots(restNS).Get(context.Background(), "s9", metav1.GetOptions{})
+				require.NoError(t, err)
+				assert.Equal(t, v1beta1.SnapshotSpec{Volume: "v1", CreateSnapshot: true, Labels: map[string]string{"k": "v"}}, s.Spec)
+			}},
+		{name: "snapshotCRCreate on a missing volume", method: "POST", path: "/v1/volumes/nope?action=snapshotCRCreate", body: `{}`,
+			wantCode: 404},
+		{name: "snapshotCRList", method: "POST", path: "/v1/volumes/v1?action=snapshotCRList", wantCode: 200,
+			check: func(t *testing.T, _ versioned.Interface, body map[string]any) {
+				require.Len(t, body["items"], 1)
+				assert.Equal(t, "s1", body["items"].([]any)[0].(map[string]any)["metadata"].(map[string]any)["name"])
+			}},
+		{name: "snapshotCRGet", method: "POST", path: "/v1/volumes/v1?action=snapshotCRGet", body: `{"name":"s1"}`, wantCode: 200},
+		{name: "snapshotCRGet of another volume's snapshot", method: "POST", path: "/v1/volumes/v1?action=snapshotCRGet",
+			body: `{"name":"s2"}`, wantCode: 404, wantError: `snapshot "s2" of volume "v1": not found`},
+		{name: "snapshotCRGet without a name", method: "POST", path: "/v1/volumes/v1?action=snapshotCRGet", body: `{}`,
+			wantCode: 400, wantField: "name"},
+		{name: "snapshotCRDelete", method: "POST", path: "/v1/volumes/v1?action=snapshotCRDelete", body: `{"name":"s1"}`, wantCode: 204,
+			check: func(t *testing.T, strata versioned.Interface, _ map[string]any) {
+				_, err := strata.StrataV1beta1().Snapshots(restNS).Get(context.Background(), "s1", metav1.GetOptions{})
+				assert.Error(t, err)
+			}},
+		{name: "snapshotCRDelete forbidden to a reader", method: "POST", path: "/v1/volumes/v1?action=snapshotCRDelete",
+			body: `{"name":"s1"}`, verbs: readOnly, wantCode: 403, wantError: `may not delete snapshots.strata.io "s1"`},
+		{name: "namespace quota", method: "POST", path: "/v1/namespaces/apps?action=updateResourceQuota",
+			body: `{"totalSnapshotSizeQuota":"10Gi"}`, wantCode: 200,
+			check: func(t *testing.T, strata versioned.Interface, _ map[string]any) {
+				rq, err := strata.StrataV1beta1().ResourceQuotas("apps").Get(context.Background(), v1beta1.DefaultResourceQuotaName, metav1.GetOptions{})
+				require.NoError(t, err)
+				assert.Equal(t, "10Gi", rq.Spec.SnapshotLimit.NamespaceTotalSnapshotSizeQuota.String())
+			}},
+		{name: "namespace quota: negative", method: "POST", path: "/v1/namespaces/apps?action=updateResourceQuota",
+			body: `{"totalSnapshotSizeQuota":"-1Gi"}`, wantCode: 400, wantField: "totalSnapshotSizeQuota", wantError: `"-1Gi" is negative`},
+		{name: "namespace quota: not a quantity", method: "POST", path: "/v1/namespaces/apps?action=updateResourceQuota",
+			body: `{"totalSnapshotSizeQuota":"abc"}`, wantCode: 400, wantField: "totalSnapshotSizeQuota", wantError: `"abc" is not a size`},
+		{name: "namespace quota: a reader may not", method: "POST", path: "/v1/namespaces/apps?action=updateResourceQuota",
+			body: `{"totalSnapshotSizeQuota":"10Gi"}`, verbs: readOnly, wantCode: 403,
+			wantError: `may not update resourcequotas.strata.io "default-resource-quota" in namespace apps`},
+		{name: "namespace quota deleted", method: "POST", path: "/v1/namespaces/quota?action=deleteResourceQuota", wantCode: 200,
+			check: func(t *testing.T, strata versioned.Interface, _ map[string]any) {
+				rq, err := strata.StrataV1beta1().ResourceQuotas("quota").Get(context.Background(), v1beta1.DefaultResourceQuotaName, metav1.GetOptions{})
+				require.NoError(t, err)
+				assert.Nil(t, rq.Spec.SnapshotLimit.NamespaceTotalSnapshotSizeQuota)
+			}},
+		{name: "VM quota of a VM the cluster does not have", method: "POST", path: "/v1/virtualmachines/apps/vm1?action=updateResourceQuota",
+			body: `{"totalSnapshotSizeQuota":"10Gi"}`, wantCode: 404, wantError: "virtual machine apps/vm1"},
+		{name: "the OpenAPI document", method: "GET", path: "/v1/openapi.yaml", wantCode: 200},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			quota := &v1beta1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: v1beta1.DefaultResourceQuotaName, Namespace: "quota"},
+				Spec: v1beta1.ResourceQuotaSpec{SnapshotLimit: v1beta1.SnapshotLimit{NamespaceTotalSnapshotSizeQuota: new(resource.MustParse("5Gi"))}}}
+			env := dstest.New(t, []runtime.Object{restVolume("v1", "1Gi"), restVolume("v2", "1Gi"),
+				restSnapshot("s1", "v1"), restSnapshot("s2", "v2"), quota}, nil)
+			kube := newFakeKube(alice.Username)
+			kube.verbs = tc.verbs
+			opts := Options{Log: quietLog(), REST: RESTOptions{Auth: NewKubeAuth(kube), Cache: env.DS, Namespace: restNS,
+				Clients: func(token string) (versioned.Interface, error) {
+					assert.Equal(t, "good", token, "writes are made with the caller's token")
+					return env.Strata, nil
+				}}}
+			r := httptest.NewRequest(tc.method, tc.path, strings.NewReader(tc.body))
+			if !tc.noToken {
+				r.Header.Set("Authorization", "Bearer good")
+			}
+			w := httptest.NewRecorder()
+			NewHandler(&fakeImages{}, opts).ServeHTTP(w, r)
+
+			require.Equal(t, tc.wantCode, w.Code, w.Body.String())
+			var got map[string]any
+			if w.Body.Len() > 0 && w.Header().Get("Content-Type") == "application/json" {
+				require.NoError(t, json.Unmarshal(w.Body.Bytes(), &got), w.Body.String())
+			}
+			if tc.wantError != "" {
+				assert.Contains(t, got["error"], tc.wantError)
+			}
+			if tc.wantField != "" {
+				assert.Equal(t, tc.wantField, got["field"])
+			}
+			if tc.check != nil {
+				tc.check(t, env.Strata, got)
+			}
+		})
+	}
+}
