@@ -14,6 +14,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/strata-storage/strata/internal/pki"
+
+	"github.com/strata-storage/strata/types"
 )
 
 // tlsFlags are the daemon's certificate flags.
@@ -47,6 +49,9 @@ func startCertificates(ctx context.Context, wg *sync.WaitGroup, log logrus.Field
 // tools that check them against the API address they dial.
 func managerHosts(cfg daemonConfig) []string {
 	hosts := []string{"localhost", "127.0.0.1", cfg.nodeName}
+	// The chart's Service in front of every manager's API.
+	svc := types.APIServiceName + "." + cfg.namespace
+	hosts = append(hosts, types.APIServiceName, svc, svc+".svc", svc+".svc.cluster.local")
 	for _, addr := range []string{cfg.apiListen, cfg.apiAdvertise} {
 		if h, _, err := net.SplitHostPort(addr); err == nil && h != "" {
 			hosts = append(hosts, h)

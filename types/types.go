@@ -20,6 +20,10 @@ const (
 	// ComponentNodeLease marks the Leases that carry manager heartbeats.
 	ComponentNodeLease = "node-lease"
 
+	// APIServiceName is the chart's Service in front of the managers'
+	// REST API (its names are in every manager's certificate).
+	APIServiceName = "strata-api"
+
 	// ManagerServiceAccount is the identity every manager runs as.
 	ManagerServiceAccount = "strata-manager"
 	// CSIControllerServiceAccount is the identity of the CSI controller
