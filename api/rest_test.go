@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -32,6 +33,27 @@ func restSnapshot(name, volume string) *v1beta1.Snapshot {
 		Spec: v1beta1.SnapshotSpec{Volume: volume, CreateSnapshot: true}}
 }
 
+func restNode(name string) *v1beta1.Node {
+	return &v1beta1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: restNS}}
+}
+
+// heldVA is a volume's VolumeAttachment with an API ticket.
+func heldVA(volume, ticketID string) *v1beta1.VolumeAttachment {
+	return &v1beta1.VolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: volume, Namespace: restNS},
+		Spec: v1beta1.VolumeAttachmentSpec{Volume: volume, AttachmentTickets: map[string]*v1beta1.AttachmentTicket{
+			ticketID: {ID: ticketID, Type: v1beta1.AttacherTypeStrataAPI, NodeID: "node-1",
+				Parameters: map[string]string{v1beta1.AttachmentParameterDisableFrontend: "false"},
+				OwnerRef: &v1beta1.TicketOwnerReference{APIVersion: "coordination.k8s.io/v1", Kind: "Lease",
+					Namespace: restNS, Name: ticketLeaseName(ticketID), UID: "lease-uid"}}}}}
+}
+
+func heldLease(ticketID, volume string) *coordinationv1.Lease {
+	return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: ticketLeaseName(ticketID), Namespace: restNS, UID: "lease-uid",
+		Labels: map[string]string{types.LabelComponent: types.ComponentAPITicket, types.LabelVolume: volume}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: new("alice"), LeaseDurationSeconds: new(int32(60)),
+			RenewTime: &metav1.MicroTime{Time: dstest.Now}}}
+}
+
 // Every REST route through the handler: authentication, the access review
 // of its verb, bad input naming the field, and what it writes.
 func TestRESTRoutes(t *testing.T) {
@@ -42,22 +64,23 @@ func TestRESTRoutes(t *testing.T) {
 		verbs                    map[string]bool // alice's verbs; nil: all
 		wantCode                 int
 		wantError, wantField     string
-		check                    func(t *testing.T, strata versioned.Interface, body map[string]any)
+		check                    func(t *testing.T, env *dstest.Env, body map[string]any)
 	}{
 		{name: "no token", method: "GET", path: "/v1/volumes", noToken: true, wantCode: 401, wantError: "no Authorization header"},
 		{name: "list volumes", method: "GET", path: "/v1/volumes", wantCode: 200,
-			check: func(t *testing.T, _ versioned.Interface, body map[string]any) {
+			check: func(t *testing.T, _ *dstest.Env, body map[string]any) {
 				assert.Len(t, body["items"], 2)
 			}},
 		{name: "list volumes forbidden", method: "GET", path: "/v1/volumes", verbs: map[string]bool{}, wantCode: 403,
 			wantError: "may not list volumes.strata.io"},
 		{name: "get a volume", method: "GET", path: "/v1/volumes/v1", wantCode: 200,
-			check: func(t *testing.T, _ versioned.Interface, body map[string]any) {
+			check: func(t *testing.T, _ *dstest.Env, body map[string]any) {
 				assert.Equal(t, "v1", body["metadata"].(map[string]any)["name"])
 			}},
 		{name: "get a missing volume", method: "GET", path: "/v1/volumes/nope", wantCode: 404, wantError: `volume "nope": not found`},
 		{name: "create a volume", method: "POST", path: "/v1/volumes", body: `{"name":"v3","size":"1Gi","numberOfReplicas":2}`,
-			wantCode: 201, check: func(t *testing.T, strata versioned.Interface, _ map[string]any) {
+			wantCode: 201, check: func(t *testing.T, env *dstest.Env, _ map[string]any) {
+				strata := env.Strata
 				v, err := strata.StrataV1beta1().Volumes(restNS).Get(context.Background(), "v3", metav1.GetOptions{})
 				require.NoError(t, err)
 				assert.Equal(t, "1Gi", v.Spec.Size.String())
@@ -76,12 +99,14 @@ func TestRESTRoutes(t *testing.T) {
 		{name: "create forbidden to a reader", method: "POST", path: "/v1/volumes", body: `{"name":"v3","size":"1Gi"}`,
 			verbs: readOnly, wantCode: 403, wantError: `may not create volumes.strata.io "v3"`},
 		{name: "delete a volume", method: "DELETE", path: "/v1/volumes/v2", wantCode: 204,
-			check: func(t *testing.T, strata versioned.Interface, _ map[string]any) {
+			check: func(t *testing.T, env *dstest.Env, _ map[string]any) {
+				strata := env.Strata
 				_, err := strata.StrataV1beta1().Volumes(restNS).Get(context.Background(), "v2", metav1.GetOptions{})
 				assert.Error(t, err)
 			}},
 		{name: "expand", method: "POST", path: "/v1/volumes/v1?action=expand", body: `{"size":"2Gi"}`, wantCode: 200,
-			check: func(t *testing.T, strata versioned.Interface, _ map[string]any) {
+			check: func(t *testing.T, env *dstest.Env, _ map[string]any) {
+				strata := env.Strata
 				v, err := strata.StrataV1beta1().Volumes(restNS).Get(context.Background(), "v1", metav1.GetOptions{})
 				require.NoError(t, err)
 				assert.Equal(t, "2Gi", v.Spec.Size.String())
@@ -89,10 +114,11 @@ func TestRESTRoutes(t *testing.T) {
 		{name: "expand: smaller", method: "POST", path: "/v1/volumes/v1?action=expand", body: `{"size":"512Mi"}`,
 			wantCode: 400, wantField: "size", wantError: "volumes only grow"},
 		{name: "an unknown action", method: "POST", path: "/v1/volumes/v1?action=shrink", body: `{}`,
-			wantCode: 400, wantField: "action", wantError: `unknown action "shrink": one of expand, snapshotCRCreate`},
+			wantCode: 400, wantField: "action", wantError: `unknown action "shrink": one of attach, detach, expand, snapshotCRCreate`},
 		{name: "no action", method: "POST", path: "/v1/volumes/v1", body: `{}`, wantCode: 400, wantField: "action"},
 		{name: "snapshotCRCreate", method: "POST", path: "/v1/volumes/v1?action=snapshotCRCreate", body: `{"name":"s9","labels":{"k":"v"}}`,
-			wantCode: 200, check: func(t *testing.T, strata versioned.Interface, _ map[string]any) {
+			wantCode: 200, check: func(t *testing.T, env *dstest.Env, _ map[string]any) {
+				strata := env.Strata
 				s, err := strata.StrataV1beta1().Snapshots(restNS).Get(context.Background(), "s9", metav1.GetOptions{})
 				require.NoError(t, err)
 				assert.Equal(t, v1beta1.SnapshotSpec{Volume: "v1", CreateSnapshot: true, Labels: map[string]string{"k": "v"}}, s.Spec)
@@ -100,7 +126,7 @@ func TestRESTRoutes(t *testing.T) {
 		{name: "snapshotCRCreate on a missing volume", method: "POST", path: "/v1/volumes/nope?action=snapshotCRCreate", body: `{}`,
 			wantCode: 404},
 		{name: "snapshotCRList", method: "POST", path: "/v1/volumes/v1?action=snapshotCRList", wantCode: 200,
-			check: func(t *testing.T, _ versioned.Interface, body map[string]any) {
+			check: func(t *testing.T, _ *dstest.Env, body map[string]any) {
 				require.Len(t, body["items"], 1)
 				assert.Equal(t, "s1", body["items"].([]any)[0].(map[string]any)["metadata"].(map[string]any)["name"])
 			}},
@@ -110,7 +136,8 @@ func TestRESTRoutes(t *testing.T) {
 		{name: "snapshotCRGet without a name", method: "POST", path: "/v1/volumes/v1?action=snapshotCRGet", body: `{}`,
 			wantCode: 400, wantField: "name"},
 		{name: "snapshotCRDelete", method: "POST", path: "/v1/volumes/v1?action=snapshotCRDelete", body: `{"name":"s1"}`, wantCode: 204,
-			check: func(t *testing.T, strata versioned.Interface, _ map[string]any) {
+			check: func(t *testing.T, env *dstest.Env, _ map[string]any) {
+				strata := env.Strata
 				_, err := strata.StrataV1beta1().Snapshots(restNS).Get(context.Background(), "s1", metav1.GetOptions{})
 				assert.Error(t, err)
 			}},
@@ -118,7 +145,8 @@ func TestRESTRoutes(t *testing.T) {
 			body: `{"name":"s1"}`, verbs: readOnly, wantCode: 403, wantError: `may not delete snapshots.strata.io "s1"`},
 		{name: "namespace quota", method: "POST", path: "/v1/namespaces/apps?action=updateResourceQuota",
 			body: `{"totalSnapshotSizeQuota":"10Gi"}`, wantCode: 200,
-			check: func(t *testing.T, strata versioned.Interface, _ map[string]any) {
+			check: func(t *testing.T, env *dstest.Env, _ map[string]any) {
+				strata := env.Strata
 				rq, err := strata.StrataV1beta1().ResourceQuotas("apps").Get(context.Background(), v1beta1.DefaultResourceQuotaName, metav1.GetOptions{})
 				require.NoError(t, err)
 				assert.Equal(t, "10Gi", rq.Spec.SnapshotLimit.NamespaceTotalSnapshotSizeQuota.String())
@@ -131,7 +159,8 @@ func TestRESTRoutes(t *testing.T) {
 			body: `{"totalSnapshotSizeQuota":"10Gi"}`, verbs: readOnly, wantCode: 403,
 			wantError: `may not update resourcequotas.strata.io "default-resource-quota" in namespace apps`},
 		{name: "namespace quota deleted", method: "POST", path: "/v1/namespaces/quota?action=deleteResourceQuota", wantCode: 200,
-			check: func(t *testing.T, strata versioned.Interface, _ map[string]any) {
+			check: func(t *testing.T, env *dstest.Env, _ map[string]any) {
+				strata := env.Strata
 				rq, err := strata.StrataV1beta1().ResourceQuotas("quota").Get(context.Background(), v1beta1.DefaultResourceQuotaName, metav1.GetOptions{})
 				require.NoError(t, err)
 				assert.Nil(t, rq.Spec.SnapshotLimit.NamespaceTotalSnapshotSizeQuota)
@@ -139,13 +168,59 @@ func TestRESTRoutes(t *testing.T) {
 		{name: "VM quota of a VM the cluster does not have", method: "POST", path: "/v1/virtualmachines/apps/vm1?action=updateResourceQuota",
 			body: `{"totalSnapshotSizeQuota":"10Gi"}`, wantCode: 404, wantError: "virtual machine apps/vm1"},
 		{name: "the OpenAPI document", method: "GET", path: "/v1/openapi.yaml", wantCode: 200},
+		{name: "attach", method: "POST", path: "/v1/volumes/v1?action=attach", body: `{"node":"node-1","ttlSeconds":60}`, wantCode: 200,
+			check: func(t *testing.T, env *dstest.Env, body map[string]any) {
+				id, _ := body["ticketID"].(string)
+				require.Regexp(t, ticketIDPattern, id)
+				va, err := env.Strata.StrataV1beta1().VolumeAttachments(restNS).Get(context.Background(), "v1", metav1.GetOptions{})
+				require.NoError(t, err)
+				ticket := va.Spec.AttachmentTickets[id]
+				require.NotNil(t, ticket)
+				assert.Equal(t, v1beta1.AttacherTypeStrataAPI, ticket.Type)
+				assert.Equal(t, "node-1", ticket.NodeID)
+				assert.Equal(t, "false", ticket.Parameters[v1beta1.AttachmentParameterDisableFrontend])
+				lease, err := env.Kube.CoordinationV1().Leases(restNS).Get(context.Background(), ticket.OwnerRef.Name, metav1.GetOptions{})
+				require.NoError(t, err, "the ticket is owned by a Lease")
+				assert.Equal(t, "Lease", ticket.OwnerRef.Kind)
+				assert.Equal(t, int32(60), *lease.Spec.LeaseDurationSeconds)
+				assert.Equal(t, alice.Username, *lease.Spec.HolderIdentity)
+				assert.Equal(t, types.ComponentAPITicket, lease.Labels[types.LabelComponent])
+			}},
+		{name: "attach renews its ticket's lease", method: "POST", path: "/v1/volumes/v1?action=attach",
+			body: `{"node":"node-1","ticketID":"api-held"}`, wantCode: 200,
+			check: func(t *testing.T, env *dstest.Env, body map[string]any) {
+				lease, err := env.Kube.CoordinationV1().Leases(restNS).Get(context.Background(), "strata-api-held", metav1.GetOptions{})
+				require.NoError(t, err)
+				assert.True(t, lease.Spec.RenewTime.After(dstest.Now), "renewed")
+				assert.Equal(t, int32(defaultTicketTTL.Seconds()), *lease.Spec.LeaseDurationSeconds)
+				assert.Equal(t, "api-held", body["ticketID"])
+			}},
+		{name: "attach to a node that is not Strata's", method: "POST", path: "/v1/volumes/v1?action=attach", body: `{"node":"node-9"}`,
+			wantCode: 400, wantField: "node"},
+		{name: "attach with a lease too short", method: "POST", path: "/v1/volumes/v1?action=attach",
+			body: `{"node":"node-1","ttlSeconds":5}`, wantCode: 400, wantField: "ttlSeconds"},
+		{name: "attach with a ticket ID the API did not give", method: "POST", path: "/v1/volumes/v1?action=attach",
+			body: `{"node":"node-1","ticketID":"csi-1"}`, wantCode: 400, wantField: "ticketID"},
+		{name: "attach forbidden to a reader", method: "POST", path: "/v1/volumes/v1?action=attach", body: `{"node":"node-1"}`,
+			verbs: readOnly, wantCode: 403, wantError: `may not update volumeattachments.strata.io "v1"`},
+		{name: "detach", method: "POST", path: "/v1/volumes/v1?action=detach", body: `{"ticketID":"api-held"}`, wantCode: 204,
+			check: func(t *testing.T, env *dstest.Env, _ map[string]any) {
+				va, err := env.Strata.StrataV1beta1().VolumeAttachments(restNS).Get(context.Background(), "v1", metav1.GetOptions{})
+				require.NoError(t, err)
+				assert.NotContains(t, va.Spec.AttachmentTickets, "api-held")
+				_, err = env.Kube.CoordinationV1().Leases(restNS).Get(context.Background(), "strata-api-held", metav1.GetOptions{})
+				assert.Error(t, err, "the Lease goes with the ticket")
+			}},
+		{name: "detach an unknown ticket", method: "POST", path: "/v1/volumes/v1?action=detach", body: `{"ticketID":"api-nope"}`,
+			wantCode: 404},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			quota := &v1beta1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: v1beta1.DefaultResourceQuotaName, Namespace: "quota"},
 				Spec: v1beta1.ResourceQuotaSpec{SnapshotLimit: v1beta1.SnapshotLimit{NamespaceTotalSnapshotSizeQuota: new(resource.MustParse("5Gi"))}}}
 			env := dstest.New(t, []runtime.Object{restVolume("v1", "1Gi"), restVolume("v2", "1Gi"),
-				restSnapshot("s1", "v1"), restSnapshot("s2", "v2"), quota}, nil)
+				restSnapshot("s1", "v1"), restSnapshot("s2", "v2"), quota, restNode("node-1"), heldVA("v1", "api-held")},
+				[]runtime.Object{heldLease("api-held", "v1")})
 			kube := newFakeKube(alice.Username)
 			kube.verbs = tc.verbs
 			opts := Options{Log: quietLog(), REST: RESTOptions{Auth: NewKubeAuth(kube), Cache: env.DS, Namespace: restNS,
@@ -172,7 +247,7 @@ func TestRESTRoutes(t *testing.T) {
 				assert.Equal(t, tc.wantField, got["field"])
 			}
 			if tc.check != nil {
-				tc.check(t, env.Strata, got)
+				tc.check(t, env, got)
 			}
 		})
 	}

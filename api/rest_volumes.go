@@ -24,6 +24,8 @@ func volumeRoutes() []route {
 		{method: http.MethodGet, path: "/v1/volumes/{name}", serve: (*call).getVolume},
 		{method: http.MethodDelete, path: "/v1/volumes/{name}", serve: (*call).deleteVolume},
 		{method: http.MethodPost, path: "/v1/volumes/{name}", actions: map[string]func(*call) error{
+			"attach":           (*call).attachVolume,
+			"detach":           (*call).detachVolume,
 			"expand":           (*call).expandVolume,
 			"snapshotCRCreate": (*call).createSnapshot,
 			"snapshotCRList":   (*call).listSnapshots,

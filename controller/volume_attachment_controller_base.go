@@ -64,6 +64,7 @@ func NewVolumeAttachmentController(logger logrus.FieldLogger, ds *datastore.Data
 		gkBackup:                  ds.Backups.Informer(),
 		gkBackingImage:            ds.BackingImages.Informer(),
 		gkStorageVolumeAttachment: ds.StorageVolumeAttachments.Informer(),
+		gkLease:                   ds.APITicketLeases.Informer(),
 	} {
 		if _, err := informer.AddEventHandler(c.ownerHandlers(gk)); err != nil {
 			return nil, err

@@ -1,17 +1,21 @@
 package controller
 
 // The ticket reaper: a ticket may name its owner (a Snapshot, a Backup, a
-// Kubernetes VolumeAttachment, a Volume being cloned). Once the owner is
-// gone, or replaced by an object of the same name with another UID, the
-// ticket goes too, so an interrupted operation never leaves a volume
-// attached. The AD sync drops such tickets before it decides anything.
+// Kubernetes VolumeAttachment, a Volume being cloned, the Lease of a REST
+// API client). Once the owner is gone, or replaced by an object of the same
+// name with another UID, or, for a Lease, no longer renewed, the ticket goes
+// too, so an interrupted operation or a vanished client never leaves a
+// volume attached. The AD sync drops such tickets before it decides anything.
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -19,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
 
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
@@ -38,6 +43,7 @@ var (
 	gkVolume                  = v1beta1.SchemeGroupVersion.WithKind("Volume").GroupKind()
 	gkBackingImage            = v1beta1.SchemeGroupVersion.WithKind("BackingImage").GroupKind()
 	gkStorageVolumeAttachment = storagev1.SchemeGroupVersion.WithKind("VolumeAttachment").GroupKind()
+	gkLease                   = coordinationv1.SchemeGroupVersion.WithKind("Lease").GroupKind()
 )
 
 // ownerLookup reads an owner from the cache and, to rule out a cache that
@@ -86,6 +92,9 @@ func (c *VolumeAttachmentController) ownerLookups() map[schema.GroupKind]ownerLo
 		gkBackingImage: {cachedOwner(c.ds.BackingImages), liveOwner(func(ctx context.Context, ns, name string) (*v1beta1.BackingImage, error) {
 			return strata.BackingImages(ns).Get(ctx, name, metav1.GetOptions{})
 		}), true},
+		gkLease: {cachedOwner(c.ds.APITicketLeases), liveOwner(func(ctx context.Context, ns, name string) (*coordinationv1.Lease, error) {
+			return c.ds.KubeClient.CoordinationV1().Leases(ns).Get(ctx, name, metav1.GetOptions{})
+		}), true},
 		gkStorageVolumeAttachment: {cachedOwner(c.ds.StorageVolumeAttachments),
 			liveOwner(func(ctx context.Context, _, name string) (*storagev1.VolumeAttachment, error) {
 				return kube.VolumeAttachments().Get(ctx, name, metav1.GetOptions{})
@@ -121,7 +130,10 @@ func (c *VolumeAttachmentController) ticketOwnerVerdict(ctx context.Context,
 	matches := func(obj metav1.Object) bool { return ref.UID == "" || obj.GetUID() == k8stypes.UID(ref.UID) }
 
 	if obj, err := lookup.cached(ns, ref.Name); err == nil && matches(obj) {
-		return ownerPresent, "", nil
+		if verdict, _, _ := c.presentUnlessLapsed(obj); verdict == ownerPresent {
+			return ownerPresent, "", nil
+		}
+		// Lapsed in the cache: its renewal may not have reached it yet.
 	} else if err != nil && !apierrors.IsNotFound(err) {
 		return ownerPresent, "", err
 	}
@@ -134,7 +146,60 @@ func (c *VolumeAttachmentController) ticketOwnerVerdict(ctx context.Context,
 	case !matches(obj):
 		return ownerGone, fmt.Sprintf("it was replaced (UID %s, the ticket names %s)", obj.GetUID(), ref.UID), nil
 	}
+	return c.presentUnlessLapsed(obj)
+}
+
+// presentUnlessLapsed: an owner that exists is present, unless it is a
+// Lease its holder stopped renewing.
+func (c *VolumeAttachmentController) presentUnlessLapsed(obj metav1.Object) (ownerVerdict, string, error) {
+	l, ok := obj.(*coordinationv1.Lease)
+	if !ok {
+		return ownerPresent, "", nil
+	}
+	if end := leaseEnd(l); !end.IsZero() && !c.ds.Clock.Now().Before(end) {
+		return ownerGone, fmt.Sprintf("its holder %q stopped renewing it (it lapsed at %s)",
+			ptr.Deref(l.Spec.HolderIdentity, ""), end.UTC().Format(time.RFC3339)), nil
+	}
 	return ownerPresent, "", nil
+}
+
+// leaseEnd is when a Lease lapses unless renewed: its renew (or acquire)
+// time plus its duration; zero for a Lease that says neither.
+func leaseEnd(l *coordinationv1.Lease) time.Time {
+	renewed := l.Spec.RenewTime
+	if renewed == nil {
+		renewed = l.Spec.AcquireTime
+	}
+	if renewed == nil || l.Spec.LeaseDurationSeconds == nil {
+		return time.Time{}
+	}
+	return renewed.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second)
+}
+
+// requeueAtLapse looks at the VolumeAttachment again when the Lease owning
+// one of its tickets would lapse: a lapse is no event.
+func (c *VolumeAttachmentController) requeueAtLapse(va *v1beta1.VolumeAttachment, ref *v1beta1.TicketOwnerReference) {
+	if datastore.TicketOwnerGroupKind(ref) != gkLease {
+		return
+	}
+	l, err := c.ds.APITicketLeases.GetInNamespaceRO(cmp.Or(ref.Namespace, c.ds.Namespace), ref.Name)
+	if err != nil {
+		return
+	}
+	if end := leaseEnd(l); !end.IsZero() {
+		c.queue.AddAfter(va.Namespace+"/"+va.Name, end.Sub(c.ds.Clock.Now())+time.Second)
+	}
+}
+
+// deleteLapsedLease removes the Lease of a ticket reaped because it lapsed
+// (a Lease the holder deleted is gone already).
+func (c *VolumeAttachmentController) deleteLapsedLease(ctx context.Context, ref *v1beta1.TicketOwnerReference) {
+	if datastore.TicketOwnerGroupKind(ref) != gkLease {
+		return
+	}
+	if _, err := c.ds.APITicketLeases.DeleteIfUID(ctx, ref.Name, k8stypes.UID(ref.UID)); err != nil && !apierrors.IsNotFound(err) {
+		c.logger.WithError(err).WithField("lease", ref.Name).Warn("Cannot delete a lapsed API ticket Lease")
+	}
 }
 
 // reapTickets removes the tickets whose owners are gone, writing the
@@ -143,7 +208,11 @@ func (c *VolumeAttachmentController) ticketOwnerVerdict(ctx context.Context,
 // conflict is returned: the key is retried with a fresh copy.
 func (c *VolumeAttachmentController) reapTickets(ctx context.Context,
 	va *v1beta1.VolumeAttachment) (*v1beta1.VolumeAttachment, map[string]string, error) {
-	type reaped struct{ id, msg string }
+	type reaped struct {
+		id    string
+		owner *v1beta1.TicketOwnerReference
+		msg   string
+	}
 	var gone []reaped
 	unwatched := map[string]string{}
 	for _, id := range slices.Sorted(maps.Keys(va.Spec.AttachmentTickets)) {
@@ -156,8 +225,10 @@ func (c *VolumeAttachmentController) reapTickets(ctx context.Context,
 			return va, nil, fmt.Errorf("checking the owner of ticket %s: %w", id, err)
 		}
 		switch verdict {
+		case ownerPresent:
+			c.requeueAtLapse(va, t.OwnerRef)
 		case ownerGone:
-			gone = append(gone, reaped{id, fmt.Sprintf("removed ticket %s (%s, node %s): its owner %s %s is gone: %s",
+			gone = append(gone, reaped{id, t.OwnerRef, fmt.Sprintf("removed ticket %s (%s, node %s): its owner %s %s is gone: %s",
 				id, t.Type, t.NodeID, describeOwner(t.OwnerRef), ownerName(t.OwnerRef), detail)})
 		case ownerNotWatched:
 			gk := datastore.TicketOwnerGroupKind(t.OwnerRef).String()
@@ -180,6 +251,7 @@ func (c *VolumeAttachmentController) reapTickets(ctx context.Context,
 		return va, nil, err
 	}
 	for _, g := range gone {
+		c.deleteLapsedLease(ctx, g.owner)
 		c.logger.WithField("volumeAttachment", va.Name).Info(g.msg)
 		c.recorder.Event(updated, corev1.EventTypeNormal, EventReasonADTicketRemoved, g.msg)
 	}

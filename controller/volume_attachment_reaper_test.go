@@ -4,21 +4,25 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	k8stypes "k8s.io/apimachinery/pkg/types"
 
 	"github.com/strata-storage/strata/datastore/dstest"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
 )
 
 func TestReaperOwnerVerdict(t *testing.T) {
 	backup := &v1beta1.Backup{ObjectMeta: metav1.ObjectMeta{Name: "bk-1", Namespace: testNS, UID: "b-uid"}}
 	clone := &v1beta1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "clone", Namespace: testNS, UID: "c-uid"}}
 	_, c, _ := adEnv(t, []runtime.Object{backup, clone, adSnapshot("snap-1", "s-uid")},
-		[]runtime.Object{adStorageVA("csi-1", "k-uid")})
+		[]runtime.Object{adStorageVA("csi-1", "k-uid"), apiLease("api-live", "l-uid", 0), apiLease("api-lapsed", "l2-uid", 2*time.Minute)})
 	ref := func(apiVersion, kind, namespace, name, uid string) *v1beta1.TicketOwnerReference {
 		return &v1beta1.TicketOwnerReference{APIVersion: apiVersion, Kind: kind, Namespace: namespace, Name: name, UID: uid}
 	}
@@ -41,6 +45,10 @@ func TestReaperOwnerVerdict(t *testing.T) {
 			ref("strata.io/v1beta1", "VolumeAttachment", testNS, "v1", "u"), ownerNotWatched},
 		{"a kind of another group is not watched", ref("example.com/v1", "Snapshot", testNS, "snap-1", "s-uid"), ownerNotWatched},
 		{"an unparsable apiVersion is not watched", ref("a/b/c", "Snapshot", testNS, "snap-1", "s-uid"), ownerNotWatched},
+		{"an API client's Lease, renewed", ref("coordination.k8s.io/v1", "Lease", testNS, "api-live", "l-uid"), ownerPresent},
+		{"an API client's Lease, not renewed for longer than its duration",
+			ref("coordination.k8s.io/v1", "Lease", testNS, "api-lapsed", "l2-uid"), ownerGone},
+		{"an API client's Lease, deleted", ref("coordination.k8s.io/v1", "Lease", testNS, "api-gone", "l3-uid"), ownerGone},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -52,6 +60,14 @@ func TestReaperOwnerVerdict(t *testing.T) {
 			}
 		})
 	}
+}
+
+// apiLease is a REST API client's ticket Lease of 60 s, renewed ago.
+func apiLease(name, uid string, ago time.Duration) *coordinationv1.Lease {
+	return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS, UID: k8stypes.UID(uid),
+		Labels: map[string]string{types.LabelComponent: types.ComponentAPITicket}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: new("alice"), LeaseDurationSeconds: new(int32(60)),
+			RenewTime: &metav1.MicroTime{Time: dstest.Now.Add(-ago)}}}
 }
 
 func TestReaperKeepsTicketWhenTheAPIServerCannotTell(t *testing.T) {
@@ -81,4 +97,23 @@ func TestReaperMarkUnwatchedOwners(t *testing.T) {
 	assert.Equal(t, TicketReasonOwnerKindNotWatched, statuses["a"].Conditions[1].Reason)
 	assert.Len(t, statuses["b"].Conditions, 1, "b's owner is watched now: the condition goes")
 	assert.Equal(t, v1beta1.AttachmentStatusConditionTypeSatisfied, statuses["b"].Conditions[0].Type)
+}
+
+// A REST API client's ticket whose Lease lapsed (the client vanished) is
+// removed, its Lease with it; a renewed one's ticket stays.
+func TestReaperRemovesTicketsOfLapsedAPILeases(t *testing.T) {
+	env, c, rec := adEnv(t, []runtime.Object{
+		adVolume(v1beta1.VolumeStateAttached, "node-1", "node-1"),
+		adVA(ownedBy(ticket("api-gone", v1beta1.AttacherTypeStrataAPI, "node-1"), "coordination.k8s.io/v1", "Lease", testNS, "api-lapsed", "l2-uid"),
+			ownedBy(ticket("api-here", v1beta1.AttacherTypeStrataAPI, "node-1"), "coordination.k8s.io/v1", "Lease", testNS, "api-live", "l-uid")),
+	}, []runtime.Object{apiLease("api-live", "l-uid", 30*time.Second), apiLease("api-lapsed", "l2-uid", 61*time.Second)})
+	env.ClearActions()
+
+	require.NoError(t, c.syncVolumeAttachment(context.Background(), testNS+"/"+adVolName))
+	va, err := env.Strata.StrataV1beta1().VolumeAttachments(testNS).Get(context.Background(), adVolName, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Contains(t, va.Spec.AttachmentTickets, "api-here")
+	assert.NotContains(t, va.Spec.AttachmentTickets, "api-gone")
+	assert.Equal(t, []string{"delete leases api-lapsed"}, writes(env.Kube.Actions()), "the lapsed Lease goes with its ticket")
+	assert.Contains(t, drainEvents(rec), "Normal "+EventReasonADTicketRemoved)
 }

@@ -64,6 +64,9 @@ type DataStore struct {
 	// cluster-scoped) VolumeAttachments, which CSI attachment tickets name as
 	// their owners. Read-only.
 	StorageVolumeAttachments *Store[*storagev1.VolumeAttachment]
+	// APITicketLeases are the Leases that own the REST API's attachment
+	// tickets (label strata.io/component=api-ticket), in Namespace.
+	APITicketLeases *Store[*coordinationv1.Lease]
 	// InstanceManagerPods is set by WatchInstanceManagerPods (the chart's
 	// managers); nil otherwise.
 	InstanceManagerPods *InstanceManagerPods
@@ -111,7 +114,12 @@ func NewWatching(namespace string, strataClient versioned.Interface, kubeClient 
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = types.LabelComponent + "=" + types.ComponentNodeLease
 		}))
-	ds.factories = []interface{ Start(<-chan struct{}) }{strataFactory, quotaFactory, kubeFactory, leaseFactory}
+	apiTicketFactory := informers.NewSharedInformerFactoryWithOptions(kubeClient, ResyncPeriod,
+		informers.WithNamespace(namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = types.LabelComponent + "=" + types.ComponentAPITicket
+		}))
+	ds.factories = []interface{ Start(<-chan struct{}) }{strataFactory, quotaFactory, kubeFactory, leaseFactory, apiTicketFactory}
 
 	s := strataFactory.Strata().V1beta1()
 	typed := strataClient.StrataV1beta1()
@@ -198,6 +206,10 @@ func NewWatching(namespace string, strataClient versioned.Interface, kubeClient 
 	if ds.LeaseInformer = add(coordinationv1.Resource("leases"), leases.Informer, nil); ds.LeaseInformer != nil {
 		ds.Leases = leases.Lister().Leases(namespace)
 	}
+
+	ds.APITicketLeases = newStore(coordinationv1.Resource("leases"), namespace,
+		add(coordinationv1.Resource("leases"), apiTicketFactory.Coordination().V1().Leases().Informer, nil),
+		func(ns string) objectClient[*coordinationv1.Lease] { return noStatus[*coordinationv1.Lease]{kubeClient.CoordinationV1().Leases(ns)} })
 
 	if err != nil {
 		return nil, fmt.Errorf("adding cache indexers: %w", err)

@@ -24,11 +24,24 @@ type Object interface {
 // objectClient is the write half of a generated typed client, which every
 // generated client satisfies through client-go's gentype.
 type objectClient[T Object] interface {
+	statuslessClient[T]
+	UpdateStatus(ctx context.Context, obj T, opts metav1.UpdateOptions) (T, error)
+}
+
+// statuslessClient is the client of a kind without a status subresource.
+type statuslessClient[T Object] interface {
 	Create(ctx context.Context, obj T, opts metav1.CreateOptions) (T, error)
 	Update(ctx context.Context, obj T, opts metav1.UpdateOptions) (T, error)
-	UpdateStatus(ctx context.Context, obj T, opts metav1.UpdateOptions) (T, error)
 	Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error
 	Get(ctx context.Context, name string, opts metav1.GetOptions) (T, error)
+}
+
+// noStatus makes a statuslessClient an objectClient (Leases).
+type noStatus[T Object] struct{ statuslessClient[T] }
+
+func (c noStatus[T]) UpdateStatus(_ context.Context, obj T, _ metav1.UpdateOptions) (T, error) {
+	var zero T
+	return zero, fmt.Errorf("%T has no status subresource", obj)
 }
 
 // Store is the cached view of one kind plus its typed writes. Reads come from

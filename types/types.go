@@ -19,6 +19,10 @@ const (
 
 	// ComponentNodeLease marks the Leases that carry manager heartbeats.
 	ComponentNodeLease = "node-lease"
+	// ComponentAPITicket marks the Leases that own the REST API's
+	// attachment tickets: a client renews its Lease, and once it lapses
+	// the ticket reaper removes the ticket.
+	ComponentAPITicket = "api-ticket"
 
 	// APIServiceName is the chart's Service in front of the managers'
 	// REST API (its names are in every manager's certificate).

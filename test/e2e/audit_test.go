@@ -54,6 +54,8 @@ var auditConfig = auditcheck.Config{
 		{Component: "strata-manager", Verb: "delete", Resource: "pods", Reason: "as list pods"},
 		{Component: "strata-manager", Verb: "list", Group: "apps", Resource: "controllerrevisions", Reason: "as list pods"},
 		{Component: "strata-manager", Verb: "watch", Group: "apps", Resource: "controllerrevisions", Reason: "as list pods"},
+		{Component: "strata-manager", Verb: "delete", Group: "coordination.k8s.io", Resource: "leases",
+			Reason: "the REST API's attachment ticket Leases, deleted on detach and when they lapse; test/deployed drives the REST API"},
 		{Component: "snapshot-controller", Verb: "patch", Resource: "events",
 			Reason: "client-go's event recorder patches an event that repeats (its count); none repeated in the suite"},
 	},
