@@ -209,7 +209,9 @@ func NewWatching(namespace string, strataClient versioned.Interface, kubeClient 
 
 	ds.APITicketLeases = newStore(coordinationv1.Resource("leases"), namespace,
 		add(coordinationv1.Resource("leases"), apiTicketFactory.Coordination().V1().Leases().Informer, nil),
-		func(ns string) objectClient[*coordinationv1.Lease] { return noStatus[*coordinationv1.Lease]{kubeClient.CoordinationV1().Leases(ns)} })
+		func(ns string) objectClient[*coordinationv1.Lease] {
+			return noStatus[*coordinationv1.Lease]{kubeClient.CoordinationV1().Leases(ns)}
+		})
 
 	if err != nil {
 		return nil, fmt.Errorf("adding cache indexers: %w", err)
