@@ -1,0 +1,188 @@
+package deployed
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/webhook"
+)
+
+// restClient calls one manager's REST API as a user does: HTTPS trusting
+// the CA bundle Strata publishes, a bearer token of the cluster.
+type restClient struct {
+	t     *testing.T
+	http  *http.Client
+	addr  string
+	token string
+}
+
+func newRESTClient(t *testing.T, node, token string) *restClient {
+	t.Helper()
+	cm, err := env.kube.CoreV1().ConfigMaps(ns).Get(context.Background(), webhook.CABundleConfigMap, metav1.GetOptions{})
+	require.NoError(t, err)
+	pool := x509.NewCertPool()
+	require.True(t, pool.AppendCertsFromPEM([]byte(cm.Data[webhook.CABundleKey])), "the published CA bundle")
+	n, err := env.strata.StrataV1beta1().Nodes(ns).Get(context.Background(), node, metav1.GetOptions{})
+	require.NoError(t, err)
+	require.NotEmpty(t, n.Status.APIAddress)
+	return &restClient{t: t, addr: n.Status.APIAddress, token: token, http: &http.Client{Timeout: 30 * time.Second,
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}}
+}
+
+// do sends body (JSON unless nil) and returns the status and the decoded
+// JSON reply (nil when there is none).
+func (c *restClient) do(method, path string, body any) (int, map[string]any) {
+	c.t.Helper()
+	var in io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		require.NoError(c.t, err)
+		in = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, "https://"+c.addr+path, in)
+	require.NoError(c.t, err)
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.http.Do(req)
+	require.NoError(c.t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(c.t, err)
+	var out map[string]any
+	if len(raw) > 0 && resp.Header.Get("Content-Type") == "application/json" {
+		require.NoError(c.t, json.Unmarshal(raw, &out), "%s %s: %s", method, path, raw)
+	}
+	c.t.Logf("%s %s -> %d %s", method, path, resp.StatusCode, truncate(string(raw), 200))
+	return resp.StatusCode, out
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// serviceAccountToken makes a ServiceAccount in podNamespace bound to
+// clusterRole (in namespace when set, else cluster-wide) and returns a
+// token of it; both go when the test ends.
+func serviceAccountToken(t *testing.T, name, clusterRole, namespace string) string {
+	t.Helper()
+	kubectl(t, "-n", podNamespace, "create", "serviceaccount", name)
+	t.Cleanup(func() { _, _ = kubectlOut(context.Background(), "-n", podNamespace, "delete", "serviceaccount", name) })
+	subject := "--serviceaccount=" + podNamespace + ":" + name
+	if namespace != "" {
+		kubectl(t, "-n", namespace, "create", "rolebinding", name, "--clusterrole="+clusterRole, subject)
+		t.Cleanup(func() { _, _ = kubectlOut(context.Background(), "-n", namespace, "delete", "rolebinding", name) })
+	} else {
+		kubectl(t, "create", "clusterrolebinding", name, "--clusterrole="+clusterRole, subject)
+		t.Cleanup(func() { _, _ = kubectlOut(context.Background(), "delete", "clusterrolebinding", name) })
+	}
+	ttl := int64(time.Hour.Seconds())
+	tr, err := env.kube.CoreV1().ServiceAccounts(podNamespace).CreateToken(context.Background(), name,
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &ttl}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	return tr.Status.Token
+}
+
+// The REST API on the install, with the real API server judging tokens
+// and access: 401 without a token, 403 for the seed's read-only quota
+// user, 400 naming the field, and the admin's volume, snapshot and quota
+// actions done for real. An attach whose client never renews it lapses:
+// the reaper removes the ticket and the volume detaches.
+func TestRESTAPI(t *testing.T) {
+	logsOnFailure(t)
+	const wns = "rest-d"
+	kubectl(t, "create", "namespace", wns)
+	t.Cleanup(func() { _, _ = kubectlOut(context.Background(), "delete", "namespace", wns, "--wait=false") })
+	admin := newRESTClient(t, "127.0.0.1", serviceAccountToken(t, "rest-admin", "cluster-admin", ""))
+	reader := newRESTClient(t, "127.0.0.2", serviceAccountToken(t, "rest-quota-reader", "strata-resourcequota-view", wns))
+	anonymous := newRESTClient(t, "127.0.0.3", "")
+
+	code, body := anonymous.do("GET", "/v1/volumes", nil)
+	assert.Equal(t, http.StatusUnauthorized, code)
+	assert.Contains(t, body["error"], "no Authorization header")
+
+	quotaPath := "/v1/namespaces/" + wns + "?action=updateResourceQuota"
+	code, body = reader.do("POST", quotaPath, map[string]string{"totalSnapshotSizeQuota": "10Gi"})
+	assert.Equal(t, http.StatusForbidden, code)
+	assert.Equal(t, "update", body["verb"])
+	assert.Equal(t, "resourcequotas.strata.io", body["resource"])
+	for _, bad := range []string{"-1Gi", "abc"} {
+		code, body = admin.do("POST", quotaPath, map[string]string{"totalSnapshotSizeQuota": bad})
+		assert.Equal(t, http.StatusBadRequest, code, bad)
+		assert.Equal(t, "totalSnapshotSizeQuota", body["field"], bad)
+	}
+	code, _ = admin.do("POST", quotaPath, map[string]string{"totalSnapshotSizeQuota": "10Gi"})
+	require.Equal(t, http.StatusOK, code)
+	assert.Equal(t, "10Gi", kubectl(t, "-n", wns, "get", "srq", v1beta1.DefaultResourceQuotaName,
+		"-o", "jsonpath={.spec.snapshotLimit.namespaceTotalSnapshotSizeQuota}"))
+	code, _ = admin.do("POST", "/v1/namespaces/"+wns+"?action=deleteResourceQuota", nil)
+	require.Equal(t, http.StatusOK, code)
+	code, body = admin.do("POST", "/v1/namespaces/"+wns+"?action=resize", nil)
+	assert.Equal(t, http.StatusBadRequest, code)
+	assert.Equal(t, "action", body["field"])
+
+	code, _ = admin.do("POST", "/v1/volumes", map[string]any{"name": "rest-v1", "size": "16Mi", "numberOfReplicas": 2})
+	require.Equal(t, http.StatusCreated, code)
+	t.Cleanup(func() { _, _ = kubectlOut(context.Background(), "-n", ns, "delete", "volume", "rest-v1", "--wait=false") })
+	code, _ = reader.do("POST", "/v1/volumes/rest-v1?action=snapshotCRCreate", map[string]string{"name": "rest-s1"})
+	assert.Equal(t, http.StatusForbidden, code, "the quota reader may not snapshot")
+	code, _ = admin.do("POST", "/v1/volumes/rest-v1?action=snapshotCRCreate", map[string]string{"name": "rest-s1"})
+	require.Equal(t, http.StatusOK, code)
+	require.Eventually(t, func() bool {
+		_, body := admin.do("POST", "/v1/volumes/rest-v1?action=snapshotCRGet", map[string]string{"name": "rest-s1"})
+		st, _ := body["status"].(map[string]any)
+		return st["readyToUse"] == true
+	}, 2*time.Minute, time.Second, "the snapshot taken through the API is ready")
+	code, body = admin.do("POST", "/v1/volumes/rest-v1?action=snapshotCRList", nil)
+	require.Equal(t, http.StatusOK, code)
+	assert.Len(t, body["items"], 1)
+	code, _ = admin.do("POST", "/v1/volumes/rest-v1?action=snapshotCRDelete", map[string]string{"name": "rest-s1"})
+	assert.Equal(t, http.StatusNoContent, code)
+
+	// A client attaches with a 10 s lease and vanishes.
+	start := time.Now()
+	code, body = admin.do("POST", "/v1/volumes/rest-v1?action=attach", map[string]any{"node": "127.0.0.2", "ttlSeconds": 10})
+	require.Equal(t, http.StatusOK, code)
+	ticket := body["ticketID"].(string)
+	require.Eventually(t, func() bool {
+		v := getVolume(t, "rest-v1")
+		return v.Status.State == v1beta1.VolumeStateAttached && v.Status.CurrentNodeID == "127.0.0.2"
+	}, time.Minute, 250*time.Millisecond, "attached through the API's ticket")
+	require.Eventually(t, func() bool {
+		va, err := env.strata.StrataV1beta1().VolumeAttachments(ns).Get(context.Background(), "rest-v1", metav1.GetOptions{})
+		return err == nil && va.Spec.AttachmentTickets[ticket] == nil && getVolume(t, "rest-v1").Status.State == v1beta1.VolumeStateDetached
+	}, time.Minute, 250*time.Millisecond, "the lapsed ticket is removed and the volume detached")
+	t.Logf("a vanished client's attachment ended %s after the attach (lease 10 s)", time.Since(start).Round(time.Millisecond))
+	_, err := env.kube.CoordinationV1().Leases(ns).Get(context.Background(), "strata-"+ticket, metav1.GetOptions{})
+	assert.Error(t, err, "the lapsed Lease is gone")
+
+	// A client that detaches itself.
+	code, body = admin.do("POST", "/v1/volumes/rest-v1?action=attach", map[string]any{"node": "127.0.0.3"})
+	require.Equal(t, http.StatusOK, code)
+	code, _ = admin.do("POST", "/v1/volumes/rest-v1?action=detach", map[string]any{"ticketID": body["ticketID"]})
+	assert.Equal(t, http.StatusNoContent, code)
+	code, _ = admin.do("POST", "/v1/volumes/rest-v1?action=expand", map[string]any{"size": "32Mi"})
+	assert.Equal(t, http.StatusOK, code)
+	require.Eventually(t, func() bool { return getVolume(t, "rest-v1").Status.State == v1beta1.VolumeStateDetached },
+		time.Minute, 250*time.Millisecond, "detached before the delete")
+	code, _ = admin.do("DELETE", "/v1/volumes/rest-v1", nil)
+	assert.Equal(t, http.StatusNoContent, code)
+	code, _ = admin.do("GET", "/v1/openapi.yaml", nil)
+	assert.Equal(t, http.StatusOK, code)
+}
