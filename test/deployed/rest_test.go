@@ -139,7 +139,9 @@ func TestRESTAPI(t *testing.T) {
 
 	code, _ = admin.do("POST", "/v1/volumes", map[string]any{"name": "rest-v1", "size": "16Mi", "numberOfReplicas": 2})
 	require.Equal(t, http.StatusCreated, code)
-	t.Cleanup(func() { _, _ = kubectlOut(context.Background(), "-n", ns, "delete", "volume", "rest-v1", "--wait=false") })
+	t.Cleanup(func() {
+		_, _ = kubectlOut(context.Background(), "-n", ns, "delete", "volume", "rest-v1", "--wait=false")
+	})
 	code, _ = reader.do("POST", "/v1/volumes/rest-v1?action=snapshotCRCreate", map[string]string{"name": "rest-s1"})
 	assert.Equal(t, http.StatusForbidden, code, "the quota reader may not snapshot")
 	code, _ = admin.do("POST", "/v1/volumes/rest-v1?action=snapshotCRCreate", map[string]string{"name": "rest-s1"})
