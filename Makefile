@@ -9,6 +9,7 @@ BIN   := bin
 build:
 	$(GO) build -ldflags "-X github.com/strata-storage/strata/app.Version=$$(git describe --always --dirty 2>/dev/null || echo dev)" \
 		-o $(BIN)/strata-manager .
+	ln -f $(BIN)/strata-manager $(BIN)/kubectl-strata # the kubectl plugin: the same binary under its name
 	$(GO) build -o $(BIN)/run-local ./scripts/run-local
 	$(GO) build -o $(BIN)/test-times ./scripts/test-times
 

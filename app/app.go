@@ -5,9 +5,13 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v3"
+
+	"github.com/strata-storage/strata/app/kubectlstrata"
 )
 
 // Version is set at build time with -ldflags "-X .../app.Version=...".
@@ -41,8 +45,13 @@ func NewCommand() *cli.Command {
 	}
 }
 
-// Main runs the command line and exits non-zero on error.
+// Main runs the command line and exits non-zero on error. Invoked as
+// kubectl-strata (a link to this binary) it is the kubectl plugin.
 func Main(args []string) {
+	if len(args) > 0 && strings.HasPrefix(filepath.Base(args[0]), "kubectl-strata") {
+		kubectlstrata.Main(args)
+		return
+	}
 	if err := NewCommand().Run(context.Background(), args); err != nil {
 		logrus.WithError(err).Error("strata-manager failed")
 		os.Exit(1)

@@ -1,0 +1,172 @@
+// Package kubectlstrata is the kubectl plugin `kubectl strata`: Strata's
+// REST API from the command line, with the kubeconfig's credentials. The
+// strata-manager binary runs it when invoked as kubectl-strata (make build
+// links bin/kubectl-strata to it).
+package kubectlstrata
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+
+	"github.com/urfave/cli/v3"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
+	"github.com/strata-storage/strata/types"
+	"github.com/strata-storage/strata/webhook"
+)
+
+// client reaches one manager's REST API, and the API server for what the
+// REST API does not serve (the quota's figures, the nodes).
+type client struct {
+	http   *http.Client
+	base   string // https://host:port
+	kube   kubernetes.Interface
+	strata versioned.Interface
+}
+
+// errNoToken: the kubeconfig's user has no bearer token to give.
+var errNoToken = errors.New("the Strata API authenticates bearer tokens, and this kubeconfig's user has none " +
+	"(it uses a client certificate): pass --token, for example --token $(kubectl create token <serviceaccount>)")
+
+func newClient(ctx context.Context, cmd *cli.Command) (*client, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	if k := cmd.String("kubeconfig"); k != "" {
+		rules.ExplicitPath = k
+	}
+	restCfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules,
+		&clientcmd.ConfigOverrides{CurrentContext: cmd.String("context")}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	c := &client{}
+	if c.kube, err = kubernetes.NewForConfig(restCfg); err != nil {
+		return nil, err
+	}
+	if c.strata, err = versioned.NewForConfig(restCfg); err != nil {
+		return nil, err
+	}
+	ns := cmd.String("strata-namespace")
+	cm, err := c.kube.CoreV1().ConfigMaps(ns).Get(ctx, webhook.CABundleConfigMap, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("reading Strata's CA bundle (ConfigMap %s/%s): %w", ns, webhook.CABundleConfigMap, err)
+	}
+	if c.base, err = apiBase(ctx, cmd, c.strata, ns); err != nil {
+		return nil, err
+	}
+	apiCfg, err := apiConfig(restCfg, []byte(cm.Data[webhook.CABundleKey]), cmd.String("token"))
+	if err != nil {
+		return nil, err
+	}
+	c.http, err = rest.HTTPClientFor(apiCfg)
+	return c, err
+}
+
+// apiConfig is restCfg's credentials (a token, a token file, an exec or
+// auth provider) for the Strata API, trusting Strata's CA. A client
+// certificate is not passed on: the API takes tokens.
+func apiConfig(restCfg *rest.Config, caBundle []byte, token string) (*rest.Config, error) {
+	cfg := rest.CopyConfig(restCfg)
+	cfg.TLSClientConfig = rest.TLSClientConfig{CAData: caBundle}
+	if token != "" {
+		cfg.BearerToken, cfg.BearerTokenFile, cfg.ExecProvider, cfg.AuthProvider = token, "", nil, nil
+	}
+	if cfg.BearerToken == "" && cfg.BearerTokenFile == "" && cfg.ExecProvider == nil && cfg.AuthProvider == nil {
+		return nil, errNoToken
+	}
+	cfg.Username, cfg.Password = "", ""
+	return cfg, nil
+}
+
+// apiBase is --api, or the API address of a ready Strata node.
+func apiBase(ctx context.Context, cmd *cli.Command, strata versioned.Interface, ns string) (string, error) {
+	if a := cmd.String("api"); a != "" {
+		if u, err := url.Parse(a); err != nil || u.Scheme != "https" || u.Host == "" {
+			return "", fmt.Errorf("--api %q: want https://host[:port]", a)
+		}
+		return strings.TrimSuffix(a, "/"), nil
+	}
+	nodes, err := strata.StrataV1beta1().Nodes(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return "", fmt.Errorf("finding a Strata manager (Nodes in %s): %w", ns, err)
+	}
+	slices.SortFunc(nodes.Items, func(a, b v1beta1.Node) int { return strings.Compare(a.Name, b.Name) })
+	for _, n := range nodes.Items {
+		if n.Status.APIAddress != "" && nodeReady(&n) {
+			return "https://" + n.Status.APIAddress, nil
+		}
+	}
+	return "", fmt.Errorf("no ready Strata node in %s serves the API; give --api https://%s.%s.svc", ns, types.APIServiceName, ns)
+}
+
+func nodeReady(n *v1beta1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == v1beta1.ConditionTypeReady {
+			return c.Status == metav1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// apiError is the API's JSON error.
+type apiError struct {
+	Code  int
+	Body  map[string]any
+	Plain string
+}
+
+func (e *apiError) Error() string {
+	if msg, ok := e.Body["error"].(string); ok {
+		return fmt.Sprintf("%s (HTTP %d)", msg, e.Code)
+	}
+	return fmt.Sprintf("HTTP %d: %s", e.Code, e.Plain)
+}
+
+// call sends in as JSON and decodes the reply into out (when both exist).
+func (c *client) call(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, c.base+path, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode >= 300 {
+		e := &apiError{Code: resp.StatusCode, Plain: strings.TrimSpace(string(raw))}
+		_ = json.Unmarshal(raw, &e.Body)
+		return e
+	}
+	if out != nil && len(raw) > 0 {
+		return json.Unmarshal(raw, out)
+	}
+	return nil
+}

@@ -1,0 +1,70 @@
+package kubectlstrata
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+)
+
+// --help names every command, and each command's help its examples.
+func TestHelp(t *testing.T) {
+	tests := []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"kubectl-strata", "--help"}, []string{"volume, vol", "snapshot, snap", "quota", "--token", "--output string, -o string",
+			"kubectl strata volume create data --size 1Gi --replicas 2"}},
+		{[]string{"kubectl-strata", "volume", "--help"}, []string{"ls", "create", "rm", "expand", "attach", "detach"}},
+		{[]string{"kubectl-strata", "volume", "attach", "--help"}, []string{"--node", "--keep", "--ttl", "renews it until"}},
+		{[]string{"kubectl-strata", "quota", "set", "--help"}, []string{"NAMESPACE SIZE", "--vm", "kubectl strata quota set apps 5Gi --vm vm1"}},
+	}
+	for _, tc := range tests {
+		t.Run(strings.Join(tc.args[1:], " "), func(t *testing.T) {
+			var out bytes.Buffer
+			cmd := NewCommand()
+			cmd.Writer = &out
+			require.NoError(t, cmd.Run(context.Background(), tc.args))
+			for _, w := range tc.want {
+				assert.Contains(t, out.String(), w)
+			}
+		})
+	}
+}
+
+// The API gets the kubeconfig's token, never its client certificate; a
+// user with a certificate alone is told to pass --token.
+func TestAPIConfig(t *testing.T) {
+	certUser := &rest.Config{Host: "https://k8s", TLSClientConfig: rest.TLSClientConfig{CertData: []byte("c"), KeyData: []byte("k")}}
+	_, err := apiConfig(certUser, []byte("ca"), "")
+	require.ErrorIs(t, err, errNoToken)
+
+	cfg, err := apiConfig(certUser, []byte("ca"), "tok")
+	require.NoError(t, err)
+	assert.Equal(t, "tok", cfg.BearerToken)
+	assert.Empty(t, cfg.CertData, "the client certificate stays with the API server")
+	assert.Equal(t, []byte("ca"), cfg.CAData)
+
+	tokenUser := &rest.Config{Host: "https://k8s", BearerToken: "kube-token"}
+	cfg, err = apiConfig(tokenUser, []byte("ca"), "")
+	require.NoError(t, err)
+	assert.Equal(t, "kube-token", cfg.BearerToken)
+}
+
+// Tables are aligned like kubectl's, three spaces between columns.
+func TestTable(t *testing.T) {
+	var out bytes.Buffer
+	p := printer{out: &out, now: func() time.Time { return time.Date(2026, 1, 2, 0, 0, 0, 0, time.UTC) }}
+	require.NoError(t, p.table([]string{"NAME", "SIZE", "AGE"}, [][]string{
+		{"a", "1Gi", p.age(metav1.NewTime(time.Date(2026, 1, 1, 23, 55, 0, 0, time.UTC)))},
+		{"longer-name", "16Mi", p.age(metav1.Time{})},
+	}))
+	assert.Equal(t, "NAME          SIZE   AGE\na             1Gi    5m\nlonger-name   16Mi   <unknown>\n", out.String())
+	assert.ErrorContains(t, printer{format: "xml"}.check(), `-o "xml": want json or yaml`)
+}

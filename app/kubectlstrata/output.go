@@ -1,0 +1,76 @@
+package kubectlstrata
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/duration"
+	"sigs.k8s.io/yaml"
+)
+
+// printer writes what a command got: a table aligned like kubectl's, or
+// with -o json|yaml the objects themselves.
+type printer struct {
+	out    io.Writer
+	format string // "", json, yaml
+	now    func() time.Time
+}
+
+func (p printer) check() error {
+	switch p.format {
+	case "", "json", "yaml":
+		return nil
+	}
+	return fmt.Errorf("-o %q: want json or yaml (or nothing, for a table)", p.format)
+}
+
+// objects prints v as JSON or YAML when asked; false when a table is wanted.
+func (p printer) objects(v any) (bool, error) {
+	switch p.format {
+	case "json":
+		b, err := json.MarshalIndent(v, "", "    ")
+		if err != nil {
+			return true, err
+		}
+		_, err = fmt.Fprintln(p.out, string(b))
+		return true, err
+	case "yaml":
+		b, err := yaml.Marshal(v)
+		if err != nil {
+			return true, err
+		}
+		_, err = p.out.Write(b)
+		return true, err
+	}
+	return false, nil
+}
+
+// table prints a header and rows with columns aligned, three spaces apart.
+func (p printer) table(header []string, rows [][]string) error {
+	w := tabwriter.NewWriter(p.out, 0, 8, 3, ' ', 0)
+	fmt.Fprintln(w, strings.Join(header, "\t"))
+	for _, r := range rows {
+		fmt.Fprintln(w, strings.Join(r, "\t"))
+	}
+	return w.Flush()
+}
+
+// age is a creation time as kubectl shows it (5m, 2d).
+func (p printer) age(t metav1.Time) string {
+	if t.IsZero() {
+		return "<unknown>"
+	}
+	return duration.HumanDuration(p.now().Sub(t.Time))
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "<none>"
+	}
+	return s
+}

@@ -1,0 +1,108 @@
+package deployed
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+// kubectlStrata runs the plugin as kubectl would (the binary under the
+// name kubectl-strata) with the admin's kubeconfig, and returns its
+// standard output, standard error and error.
+func kubectlStrata(t *testing.T, args ...string) (string, string, error) {
+	t.Helper()
+	plugin := filepath.Join(t.TempDir(), "kubectl-strata")
+	require.NoError(t, os.Symlink(env.bin, plugin))
+	cmd := exec.Command(plugin, args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+env.cluster.AdminKubeconfig)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	t.Logf("kubectl strata %s\n%s%s", strings.Join(args, " "), stdout.String(), stderr.String())
+	return stdout.String(), stderr.String(), err
+}
+
+// plugin runs kubectl strata and requires it to succeed.
+func plugin(t *testing.T, args ...string) []string {
+	t.Helper()
+	out, _, err := kubectlStrata(t, args...)
+	require.NoError(t, err)
+	return strings.Split(strings.TrimRight(out, "\n"), "\n")
+}
+
+// kubectl strata driven as a script, each output line checked: a volume
+// created, listed and expanded, a snapshot taken, listed (as a table and
+// as JSON) and deleted, an attachment made and removed, a quota set,
+// shown, refused bad input and removed, the volume deleted.
+func TestKubectlStrataPlugin(t *testing.T) {
+	logsOnFailure(t)
+	const wns = "plugin-d"
+	kubectl(t, "create", "namespace", wns)
+	t.Cleanup(func() { _, _ = kubectlOut(context.Background(), "delete", "namespace", wns, "--wait=false") })
+	t.Cleanup(func() { _, _ = kubectlOut(context.Background(), "-n", ns, "delete", "volume", "plug-v1", "--wait=false") })
+
+	assert.Equal(t, []string{"volume/plug-v1 created"}, plugin(t, "volume", "create", "plug-v1", "--size", "16Mi", "--replicas", "2"))
+	lines := plugin(t, "volume", "ls")
+	require.Regexp(t, `^NAME\s+SIZE\s+REPLICAS\s+STATE\s+ROBUSTNESS\s+NODE\s+AGE$`, lines[0])
+	assert.True(t, slicesMatch(lines[1:], `^plug-v1\s+16Mi\s+2\s+\S+\s+\S+\s+\S+\s+\S+$`), "the volume's row")
+
+	assert.Equal(t, []string{"snapshot/p1 of volume/plug-v1 created"}, plugin(t, "snapshot", "create", "plug-v1", "p1", "--label", "app=db"))
+	require.Eventually(t, func() bool {
+		lines := plugin(t, "snapshot", "ls", "plug-v1")
+		return regexp.MustCompile(`^NAME\s+SIZE\s+READY\s+USER\s+PARENT\s+AGE$`).MatchString(lines[0]) &&
+			slicesMatch(lines[1:], `^p1\s+\S+\s+true\s+true\s+\S+\s+\S+$`)
+	}, 2*time.Minute, time.Second, "the snapshot is listed ready")
+	var snaps struct {
+		Items []v1beta1.Snapshot `json:"items"`
+	}
+	out, _, err := kubectlStrata(t, "snapshot", "ls", "plug-v1", "-o", "json")
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal([]byte(out), &snaps))
+	require.Len(t, snaps.Items, 1)
+	assert.Equal(t, map[string]string{"app": "db"}, snaps.Items[0].Spec.Labels)
+
+	lines = plugin(t, "volume", "attach", "plug-v1", "--node", "127.0.0.1", "--ttl", "1m")
+	m := regexp.MustCompile(`^volume/plug-v1: ticket (api-[a-z0-9]+) on 127\.0\.0\.1, lasts until \S+ unless renewed$`).FindStringSubmatch(lines[0])
+	require.NotNil(t, m, lines[0])
+	require.Eventually(t, func() bool { return getVolume(t, "plug-v1").Status.CurrentNodeID == "127.0.0.1" },
+		time.Minute, 250*time.Millisecond, "attached")
+	assert.Equal(t, []string{"volume/plug-v1: ticket " + m[1] + " removed"}, plugin(t, "volume", "detach", "plug-v1", "--ticket", m[1]))
+
+	assert.Equal(t, []string{"quota of namespace plugin-d set to 10Gi"}, plugin(t, "quota", "set", wns, "10Gi"))
+	lines = plugin(t, "quota", "show", wns)
+	require.Len(t, lines, 2)
+	assert.Regexp(t, `^SUBJECT\s+USED\s+QUOTA$`, lines[0])
+	assert.Regexp(t, `^namespace/plugin-d\s+\S+\s+10Gi$`, lines[1])
+	_, stderr, err := kubectlStrata(t, "quota", "set", wns, "abc")
+	require.Error(t, err)
+	assert.Equal(t, "error: totalSnapshotSizeQuota: \"abc\" is not a size (a quantity such as 10Gi) (HTTP 400)\n", stderr)
+	assert.Equal(t, []string{"quota of namespace plugin-d removed"}, plugin(t, "quota", "rm", wns))
+
+	assert.Equal(t, []string{"snapshot/p1 of volume/plug-v1 deleted"}, plugin(t, "snapshot", "rm", "plug-v1", "p1"))
+	assert.Equal(t, []string{"volume/plug-v1 expanded to 32Mi"}, plugin(t, "volume", "expand", "plug-v1", "--size", "32Mi"))
+	require.Eventually(t, func() bool { return getVolume(t, "plug-v1").Status.State == v1beta1.VolumeStateDetached },
+		time.Minute, 250*time.Millisecond, "detached")
+	assert.Equal(t, []string{"volume/plug-v1 deleted"}, plugin(t, "volume", "rm", "plug-v1"))
+}
+
+// slicesMatch tells whether some line matches pattern.
+func slicesMatch(lines []string, pattern string) bool {
+	re := regexp.MustCompile(pattern)
+	for _, l := range lines {
+		if re.MatchString(l) {
+			return true
+		}
+	}
+	return false
+}
