@@ -32,7 +32,17 @@ func runChart(ctx context.Context, stop context.CancelFunc, log logrus.FieldLogg
 	defer func() { _ = s3.Stop() }()
 	log.WithField("took", time.Since(start).Round(time.Millisecond)).Info("local Strata is up (Helm chart)")
 	printUsage(cluster, runDir, nodes, names, s3.Endpoint)
-	fmt.Printf("Strata runs in Pods: kubectl -n %s get pods -o wide\n\n", systemNamespace)
+	fmt.Printf("Strata runs in Pods: kubectl -n %s get pods -o wide\n", systemNamespace)
+	fmt.Printf(`
+The kubectl plugin (Strata's REST API with the kubeconfig's token):
+
+    export PATH=$PATH:%s
+    kubectl strata volume create scratch --size 64Mi --replicas 2
+    kubectl strata snapshot create scratch first; kubectl strata snapshot ls scratch
+    kubectl strata volume attach scratch --node 127.0.0.1 --keep   # Ctrl-C detaches
+    kubectl strata quota set default 1Gi; kubectl strata quota show default
+
+`, filepath.Dir(bin))
 	<-ctx.Done()
 	stop()
 	log.Info("stopping: the nodes' teardown stops every Pod")

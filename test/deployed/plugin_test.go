@@ -50,7 +50,9 @@ func TestKubectlStrataPlugin(t *testing.T) {
 	const wns = "plugin-d"
 	kubectl(t, "create", "namespace", wns)
 	t.Cleanup(func() { _, _ = kubectlOut(context.Background(), "delete", "namespace", wns, "--wait=false") })
-	t.Cleanup(func() { _, _ = kubectlOut(context.Background(), "-n", ns, "delete", "volume", "plug-v1", "--wait=false") })
+	t.Cleanup(func() {
+		_, _ = kubectlOut(context.Background(), "-n", ns, "delete", "volume", "plug-v1", "--wait=false")
+	})
 
 	assert.Equal(t, []string{"volume/plug-v1 created"}, plugin(t, "volume", "create", "plug-v1", "--size", "16Mi", "--replicas", "2"))
 	lines := plugin(t, "volume", "ls")
