@@ -16,6 +16,7 @@ import (
 	"k8s.io/apiserver/pkg/authentication/user"
 
 	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
 )
@@ -42,6 +43,10 @@ type RESTOptions struct {
 	Cache *datastore.DataStore
 	// Namespace holds Strata's objects.
 	Namespace string
+	// NodeName is this manager's node, where revert attaches a volume;
+	// DataPlane reaches its instance manager. Without them revert is 503.
+	NodeName  string
+	DataPlane engineapi.Connector
 	Log       logrus.FieldLogger
 }
 
@@ -202,6 +207,8 @@ func (c *call) fail(err error) {
 		writeJSON(c.w, http.StatusBadRequest, map[string]string{"error": err.Error(), "field": input.Field})
 	case errors.Is(err, errNotFound):
 		writeJSON(c.w, http.StatusNotFound, map[string]string{"error": err.Error()})
+	case errors.Is(err, errInUse):
+		writeJSON(c.w, http.StatusConflict, map[string]string{"error": err.Error()})
 	case errors.As(err, &status) && status.Status().Code != 0:
 		// The API server's answer to the caller's own request (RBAC,
 		// admission, validation, conflicts): its code and message.

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -94,15 +95,25 @@ func (c *call) attachVolume() error {
 	if _, err := c.cachedVolume(volume); err != nil {
 		return err
 	}
+	va, lease, err := c.holdTicket(volume, req, ttl)
+	if err != nil {
+		return err
+	}
+	return c.reply(http.StatusOK, attachReply{TicketID: req.TicketID, VolumeAttachment: va,
+		LeaseExpiresAt: lease.Spec.RenewTime.Add(ttl).UTC()})
+}
+
+// holdTicket creates or renews the ticket req names and its Lease.
+func (c *call) holdTicket(volume string, req attachRequest, ttl time.Duration) (*v1beta1.VolumeAttachment, *coordinationv1.Lease, error) {
 	lease, err := c.renewTicketLease(req.TicketID, volume, ttl)
 	if err != nil {
-		return fmt.Errorf("keeping the ticket's lease: %w", err)
+		return nil, nil, fmt.Errorf("keeping the ticket's lease: %w", err)
 	}
 	ticket := &v1beta1.AttachmentTicket{ID: req.TicketID, Type: v1beta1.AttacherTypeStrataAPI, NodeID: req.Node,
 		Parameters: map[string]string{v1beta1.AttachmentParameterDisableFrontend: fmt.Sprint(req.DisableFrontend)},
 		OwnerRef: &v1beta1.TicketOwnerReference{APIVersion: "coordination.k8s.io/v1", Kind: "Lease",
 			Namespace: lease.Namespace, Name: lease.Name, UID: string(lease.UID)}}
-	va, err := c.editTickets(volume, func(tickets map[string]*v1beta1.AttachmentTicket) error {
+	va, err := c.editTickets(c.ctx(), volume, func(tickets map[string]*v1beta1.AttachmentTicket) error {
 		if old := tickets[ticket.ID]; old != nil {
 			ticket.Generation = old.Generation
 			if equality.Semantic.DeepEqual(old, ticket) {
@@ -112,11 +123,7 @@ func (c *call) attachVolume() error {
 		tickets[ticket.ID] = ticket
 		return nil
 	})
-	if err != nil {
-		return err
-	}
-	return c.reply(http.StatusOK, attachReply{TicketID: ticket.ID, VolumeAttachment: va,
-		LeaseExpiresAt: lease.Spec.RenewTime.Add(ttl).UTC()})
+	return va, lease, err
 }
 
 // detachRequest names the ticket to remove.
@@ -136,27 +143,44 @@ func (c *call) detachVolume() error {
 	if err := c.authorize("update", "volumeattachments", c.opts.Namespace, volume); err != nil {
 		return err
 	}
-	if _, err := c.editTickets(volume, func(tickets map[string]*v1beta1.AttachmentTicket) error {
-		t := tickets[req.TicketID]
-		if t == nil || t.Type != v1beta1.AttacherTypeStrataAPI {
-			return fmt.Errorf("ticket %q of volume %q: %w", req.TicketID, volume, errNotFound)
-		}
-		delete(tickets, req.TicketID)
-		return nil
-	}); err != nil {
+	if err := c.removeTicket(c.ctx(), volume, req.TicketID); err != nil {
 		return err
-	}
-	err := c.opts.Cache.APITicketLeases.Delete(c.ctx(), ticketLeaseName(req.TicketID))
-	if err != nil && !apierrors.IsNotFound(err) {
-		// The ticket is gone; a Lease left behind owns nothing.
-		c.opts.Log.WithError(err).WithField("ticket", req.TicketID).Warn("Cannot delete a detached ticket's Lease")
 	}
 	return c.reply(http.StatusNoContent, nil)
 }
 
+// removeTicket removes an API ticket of the volume, then its Lease.
+func (c *call) removeTicket(ctx context.Context, volume, ticketID string) error {
+	if _, err := c.editTickets(ctx, volume, func(tickets map[string]*v1beta1.AttachmentTicket) error {
+		t := tickets[ticketID]
+		if t == nil || t.Type != v1beta1.AttacherTypeStrataAPI {
+			return fmt.Errorf("ticket %q of volume %q: %w", ticketID, volume, errNotFound)
+		}
+		delete(tickets, ticketID)
+		return nil
+	}); err != nil {
+		return err
+	}
+	err := c.opts.Cache.APITicketLeases.Delete(ctx, ticketLeaseName(ticketID))
+	if err != nil && !apierrors.IsNotFound(err) {
+		// The ticket is gone; a Lease left behind owns nothing.
+		c.opts.Log.WithError(err).WithField("ticket", ticketID).Warn("Cannot delete a detached ticket's Lease")
+	}
+	return nil
+}
+
+// dropTicket is removeTicket for a ticket the API itself took: a failure
+// is logged (the Lease lapses, and the reaper removes the ticket then).
+func (c *call) dropTicket(ctx context.Context, volume, ticketID string) {
+	if err := c.removeTicket(ctx, volume, ticketID); err != nil {
+		c.opts.Log.WithError(err).WithField("volume", volume).WithField("ticket", ticketID).
+			Warn("Cannot remove the API's own ticket; its lease will lapse")
+	}
+}
+
 // editTickets changes the volume's tickets as the caller, writing only
 // when edit changed them.
-func (c *call) editTickets(volume string, edit func(map[string]*v1beta1.AttachmentTicket) error) (*v1beta1.VolumeAttachment, error) {
+func (c *call) editTickets(ctx context.Context, volume string, edit func(map[string]*v1beta1.AttachmentTicket) error) (*v1beta1.VolumeAttachment, error) {
 	strata, err := c.strata()
 	if err != nil {
 		return nil, err
@@ -164,7 +188,7 @@ func (c *call) editTickets(volume string, edit func(map[string]*v1beta1.Attachme
 	vas := strata.StrataV1beta1().VolumeAttachments(c.opts.Namespace)
 	var out *v1beta1.VolumeAttachment
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		va, err := vas.Get(c.ctx(), volume, metav1.GetOptions{})
+		va, err := vas.Get(ctx, volume, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -179,7 +203,7 @@ func (c *call) editTickets(volume string, edit func(map[string]*v1beta1.Attachme
 			out = va
 			return nil
 		}
-		out, err = vas.Update(c.ctx(), va, metav1.UpdateOptions{})
+		out, err = vas.Update(ctx, va, metav1.UpdateOptions{})
 		return err
 	})
 	return out, err

@@ -114,7 +114,7 @@ func TestRESTRoutes(t *testing.T) {
 		{name: "expand: smaller", method: "POST", path: "/v1/volumes/v1?action=expand", body: `{"size":"512Mi"}`,
 			wantCode: 400, wantField: "size", wantError: "volumes only grow"},
 		{name: "an unknown action", method: "POST", path: "/v1/volumes/v1?action=shrink", body: `{}`,
-			wantCode: 400, wantField: "action", wantError: `unknown action "shrink": one of attach, detach, expand, snapshotCRCreate`},
+			wantCode: 400, wantField: "action", wantError: `unknown action "shrink": one of attach, detach, expand, revert, snapshotCRCreate`},
 		{name: "no action", method: "POST", path: "/v1/volumes/v1", body: `{}`, wantCode: 400, wantField: "action"},
 		{name: "snapshotCRCreate", method: "POST", path: "/v1/volumes/v1?action=snapshotCRCreate", body: `{"name":"s9","labels":{"k":"v"}}`,
 			wantCode: 200, check: func(t *testing.T, env *dstest.Env, _ map[string]any) {
@@ -211,6 +211,14 @@ func TestRESTRoutes(t *testing.T) {
 				_, err = env.Kube.CoordinationV1().Leases(restNS).Get(context.Background(), "strata-api-held", metav1.GetOptions{})
 				assert.Error(t, err, "the Lease goes with the ticket")
 			}},
+		{name: "revert while a ticket holds the volume", method: "POST", path: "/v1/volumes/v1?action=revert", body: `{"snapshot":"s1"}`,
+			wantCode: 409, wantError: `volume "v1" is in use: a revert needs it detached and unclaimed, and tickets hold it: api-held (strata-api on node-1)`},
+		{name: "revert to another volume's snapshot", method: "POST", path: "/v1/volumes/v2?action=revert", body: `{"snapshot":"s1"}`,
+			wantCode: 404, wantError: `snapshot "s1" of volume "v2": not found`},
+		{name: "revert without a snapshot", method: "POST", path: "/v1/volumes/v2?action=revert", body: `{}`,
+			wantCode: 400, wantField: "snapshot"},
+		{name: "revert forbidden to a reader", method: "POST", path: "/v1/volumes/v2?action=revert", body: `{"snapshot":"s2"}`,
+			verbs: readOnly, wantCode: 403, wantError: `may not update volumes.strata.io "v2"`},
 		{name: "detach an unknown ticket", method: "POST", path: "/v1/volumes/v1?action=detach", body: `{"ticketID":"api-nope"}`,
 			wantCode: 404},
 	}

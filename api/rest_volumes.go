@@ -27,6 +27,7 @@ func volumeRoutes() []route {
 			"attach":           (*call).attachVolume,
 			"detach":           (*call).detachVolume,
 			"expand":           (*call).expandVolume,
+			"revert":           (*call).revertVolume,
 			"snapshotCRCreate": (*call).createSnapshot,
 			"snapshotCRList":   (*call).listSnapshots,
 			"snapshotCRGet":    (*call).getSnapshot,

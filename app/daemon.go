@@ -277,7 +277,8 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	kubeAuth := api.NewKubeAuth(kubeClient)
 	apiHandler := api.NewHandler(backingImages, api.Options{Uploads: kubeAuth, Namespace: cfg.namespace,
 		PeerCheck: requirePeer(pki.ComponentManager), Log: log,
-		REST: api.RESTOptions{Auth: kubeAuth, Clients: callerClients(restConfig), Cache: ds, Namespace: cfg.namespace}})
+		REST: api.RESTOptions{Auth: kubeAuth, Clients: callerClients(restConfig), Cache: ds, Namespace: cfg.namespace,
+			NodeName: cfg.nodeName, DataPlane: imPool}})
 	// HTTPS with this manager's certificate; a client certificate is asked
 	// for, not required (users upload with a bearer token).
 	apiErr := serveHTTP(ctx, lns.api, apiHandler, pki.OptionalClientServerConfig(managerID, pki.ComponentManager),

@@ -188,3 +188,59 @@ func TestRESTAPI(t *testing.T) {
 	code, _ = admin.do("GET", "/v1/openapi.yaml", nil)
 	assert.Equal(t, http.StatusOK, code)
 }
+
+// Revert through the REST API, as the seed's users reach it: a block
+// claim written by a Pod (pattern 1), a snapshot, then pattern 2 and a
+// second snapshot. While the Pod holds the volume the revert is refused
+// (409); once the Pod is gone it is reverted to the first snapshot: a new
+// Pod reads pattern 1 byte for byte, and the later snapshot is still
+// listed.
+func TestRESTRevert(t *testing.T) {
+	logsOnFailure(t)
+	admin := newRESTClient(t, "127.0.0.1", serviceAccountToken(t, "rest-revert-admin", "cluster-admin", ""))
+	claimIn(t, podNamespace, "rv", "16Mi", "volumeMode: Block")
+	podIn(t, podNamespace, "rv-1", "127.0.0.2", "rv", "exec sleep 3600", true)
+	volume := volumeOfClaim(t, "rv")
+	write := func(pattern string) string {
+		return exec1(t, "rv-1", "dd if=/dev/urandom of=/tmp/p bs=1M count=16 2>/dev/null && dd if=/tmp/p of="+blockDevice+
+			" bs=1M oflag=direct conv=fsync 2>/dev/null && sha256sum /tmp/p | cut -d' ' -f1")
+	}
+	snapshot := func(name string) {
+		code, _ := admin.do("POST", "/v1/volumes/"+volume+"?action=snapshotCRCreate", map[string]string{"name": name})
+		require.Equal(t, http.StatusOK, code)
+		t.Cleanup(func() { _, _ = kubectlOut(context.Background(), "-n", ns, "delete", "snapshot", name, "--wait=false") })
+		require.Eventually(t, func() bool {
+			s, err := env.strata.StrataV1beta1().Snapshots(ns).Get(context.Background(), name, metav1.GetOptions{})
+			return err == nil && s.Status.ReadyToUse
+		}, time.Minute, 250*time.Millisecond, "snapshot %s ready", name)
+	}
+	first := write("1")
+	snapshot("rv-s1")
+	second := write("2")
+	require.NotEqual(t, first, second)
+	snapshot("rv-s2")
+
+	code, body := admin.do("POST", "/v1/volumes/"+volume+"?action=revert", map[string]string{"snapshot": "rv-s1"})
+	assert.Equal(t, http.StatusConflict, code, "refused while the Pod holds the volume")
+	assert.Contains(t, body["error"], "csi-attacher")
+
+	kubectl(t, "-n", podNamespace, "delete", "pod", "rv-1", "--grace-period=1")
+	require.Eventually(t, func() bool {
+		va, err := env.strata.StrataV1beta1().VolumeAttachments(ns).Get(context.Background(), volume, metav1.GetOptions{})
+		return err == nil && len(va.Spec.AttachmentTickets) == 0 && getVolume(t, volume).Status.State == v1beta1.VolumeStateDetached
+	}, 2*time.Minute, 250*time.Millisecond, "the Pod's attachment is gone")
+	start := time.Now()
+	code, _ = admin.do("POST", "/v1/volumes/"+volume+"?action=revert", map[string]string{"snapshot": "rv-s1"})
+	require.Equal(t, http.StatusOK, code)
+	t.Logf("revert (attach without frontend, revert, detach) took %s", time.Since(start).Round(time.Millisecond))
+
+	podIn(t, podNamespace, "rv-2", "127.0.0.3", "rv", "exec sleep 3600", true)
+	assert.Equal(t, first, exec1(t, "rv-2", "dd if="+blockDevice+" bs=1M count=16 iflag=direct 2>/dev/null | sha256sum | cut -d' ' -f1"),
+		"the volume reads as the first snapshot")
+	_, body = admin.do("POST", "/v1/volumes/"+volume+"?action=snapshotCRList", nil)
+	var names []string
+	for _, item := range body["items"].([]any) {
+		names = append(names, item.(map[string]any)["metadata"].(map[string]any)["name"].(string))
+	}
+	assert.Subset(t, names, []string{"rv-s1", "rv-s2"}, "the later snapshot stays")
+}
