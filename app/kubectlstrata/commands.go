@@ -93,7 +93,7 @@ func arg(cmd *cli.Command, n int, name string) (string, error) {
 }
 
 func volumeCommand() *cli.Command {
-	return &cli.Command{Name: "volume", Aliases: []string{"vol"}, Usage: "list, create, attach, detach, expand, delete volumes",
+	return &cli.Command{Name: "volume", Aliases: []string{"vol"}, Usage: "list, create, attach, detach, expand, revert, delete volumes",
 		Commands: []*cli.Command{
 			{Name: "ls", Usage: "list the volumes", Action: action(listVolumes)},
 			{Name: "create", Usage: "create a volume", ArgsUsage: "NAME",
@@ -122,6 +122,10 @@ again with --ticket) or detach.
 					&cli.StringFlag{Name: "ticket", Usage: "renew this ticket instead of making one"},
 					&cli.BoolFlag{Name: "keep", Usage: "renew until interrupted, then detach"},
 				}, Action: action(attachVolume)},
+			{Name: "revert", Usage: "revert a detached volume to one of its snapshots (later snapshots stay)", ArgsUsage: "NAME",
+				Description: "kubectl strata volume revert data --snapshot before-upgrade",
+				Flags:       []cli.Flag{&cli.StringFlag{Name: "snapshot", Required: true, Usage: "the snapshot"}},
+				Action:      action(revertVolume)},
 			{Name: "detach", Usage: "remove an attach ticket", ArgsUsage: "NAME",
 				Flags:  []cli.Flag{&cli.StringFlag{Name: "ticket", Required: true, Usage: "the ticket attach printed"}},
 				Action: action(detachVolume)},
@@ -231,6 +235,19 @@ func (s *session) keep(ctx context.Context, volume string, body map[string]any, 
 			}
 		}
 	}
+}
+
+func revertVolume(ctx context.Context, s *session) error {
+	name, err := arg(s.cmd, 0, "NAME")
+	if err != nil {
+		return err
+	}
+	snapshot := s.cmd.String("snapshot")
+	var v v1beta1.Volume
+	if err := s.call(ctx, "POST", "/v1/volumes/"+name+"?action=revert", map[string]string{"snapshot": snapshot}, &v); err != nil {
+		return err
+	}
+	return s.done(v, "volume/%s reverted to snapshot/%s", name, snapshot)
 }
 
 func detachVolume(ctx context.Context, s *session) error {

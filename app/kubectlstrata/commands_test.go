@@ -21,7 +21,7 @@ func TestHelp(t *testing.T) {
 	}{
 		{[]string{"kubectl-strata", "--help"}, []string{"volume, vol", "snapshot, snap", "quota", "--token", "--output string, -o string",
 			"kubectl strata volume create data --size 1Gi --replicas 2"}},
-		{[]string{"kubectl-strata", "volume", "--help"}, []string{"ls", "create", "rm", "expand", "attach", "detach"}},
+		{[]string{"kubectl-strata", "volume", "--help"}, []string{"ls", "create", "rm", "expand", "attach", "detach", "revert"}},
 		{[]string{"kubectl-strata", "volume", "attach", "--help"}, []string{"--node", "--keep", "--ttl", "renews it until"}},
 		{[]string{"kubectl-strata", "quota", "set", "--help"}, []string{"NAMESPACE SIZE", "--vm", "kubectl strata quota set apps 5Gi --vm vm1"}},
 	}

@@ -43,7 +43,8 @@ func plugin(t *testing.T, args ...string) []string {
 
 // kubectl strata driven as a script, each output line checked: a volume
 // created, listed and expanded, a snapshot taken, listed (as a table and
-// as JSON) and deleted, an attachment made and removed, a quota set,
+// as JSON) and deleted, an attachment made and removed, the volume
+// reverted to the snapshot, a quota set,
 // shown, refused bad input and removed, the volume deleted.
 func TestKubectlStrataPlugin(t *testing.T) {
 	logsOnFailure(t)
@@ -80,6 +81,9 @@ func TestKubectlStrataPlugin(t *testing.T) {
 	require.Eventually(t, func() bool { return getVolume(t, "plug-v1").Status.CurrentNodeID == "127.0.0.1" },
 		time.Minute, 250*time.Millisecond, "attached")
 	assert.Equal(t, []string{"volume/plug-v1: ticket " + m[1] + " removed"}, plugin(t, "volume", "detach", "plug-v1", "--ticket", m[1]))
+	require.Eventually(t, func() bool { return getVolume(t, "plug-v1").Status.State == v1beta1.VolumeStateDetached },
+		time.Minute, 250*time.Millisecond, "detached")
+	assert.Equal(t, []string{"volume/plug-v1 reverted to snapshot/p1"}, plugin(t, "volume", "revert", "plug-v1", "--snapshot", "p1"))
 
 	assert.Equal(t, []string{"quota of namespace plugin-d set to 10Gi"}, plugin(t, "quota", "set", wns, "10Gi"))
 	lines = plugin(t, "quota", "show", wns)
