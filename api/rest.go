@@ -82,7 +82,7 @@ var errNotFound = errors.New("not found")
 
 // restRoutes is the REST API's route table.
 func restRoutes() []route {
-	return slices.Concat(volumeRoutes(), quotaRoutes(), []route{
+	return slices.Concat(volumeRoutes(), backupRoutes(), quotaRoutes(), []route{
 		{method: http.MethodGet, path: "/v1/openapi.yaml", serve: serveOpenAPI},
 	})
 }
@@ -207,7 +207,7 @@ func (c *call) fail(err error) {
 		writeJSON(c.w, http.StatusBadRequest, map[string]string{"error": err.Error(), "field": input.Field})
 	case errors.Is(err, errNotFound):
 		writeJSON(c.w, http.StatusNotFound, map[string]string{"error": err.Error()})
-	case errors.Is(err, errInUse):
+	case errors.Is(err, errInUse), errors.Is(err, errNotCompleted):
 		writeJSON(c.w, http.StatusConflict, map[string]string{"error": err.Error()})
 	case errors.As(err, &status) && status.Status().Code != 0:
 		// The API server's answer to the caller's own request (RBAC,

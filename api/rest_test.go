@@ -33,6 +33,11 @@ func restSnapshot(name, volume string) *v1beta1.Snapshot {
 		Spec: v1beta1.SnapshotSpec{Volume: volume, CreateSnapshot: true}}
 }
 
+func restBackup(name string, state v1beta1.BackupState) *v1beta1.Backup {
+	return &v1beta1.Backup{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: restNS, Labels: map[string]string{types.LabelVolume: "v1"}},
+		Status: v1beta1.BackupStatus{State: state, VolumeName: "v1", VolumeSize: 1 << 30}}
+}
+
 func restNode(name string) *v1beta1.Node {
 	return &v1beta1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: restNS}}
 }
@@ -219,6 +224,26 @@ func TestRESTRoutes(t *testing.T) {
 			wantCode: 400, wantField: "snapshot"},
 		{name: "revert forbidden to a reader", method: "POST", path: "/v1/volumes/v2?action=revert", body: `{"snapshot":"s2"}`,
 			verbs: readOnly, wantCode: 403, wantError: `may not update volumes.strata.io "v2"`},
+		{name: "list backups", method: "GET", path: "/v1/backups", wantCode: 200,
+			check: func(t *testing.T, _ *dstest.Env, body map[string]any) { assert.Len(t, body["items"], 2) }},
+		{name: "back a volume up", method: "POST", path: "/v1/backups", body: `{"name":"b9","volume":"v1"}`, wantCode: 201,
+			check: func(t *testing.T, env *dstest.Env, _ map[string]any) {
+				b, err := env.Strata.StrataV1beta1().Backups(restNS).Get(context.Background(), "b9", metav1.GetOptions{})
+				require.NoError(t, err)
+				assert.Equal(t, "v1", b.Labels[types.LabelVolume])
+			}},
+		{name: "back up without a volume", method: "POST", path: "/v1/backups", body: `{"name":"b9"}`, wantCode: 400, wantField: "volume"},
+		{name: "back up a missing volume", method: "POST", path: "/v1/backups", body: `{"volume":"nope"}`, wantCode: 404},
+		{name: "restore a completed backup", method: "POST", path: "/v1/backups/b1?action=restore", body: `{"name":"v9"}`, wantCode: 201,
+			check: func(t *testing.T, env *dstest.Env, _ map[string]any) {
+				v, err := env.Strata.StrataV1beta1().Volumes(restNS).Get(context.Background(), "v9", metav1.GetOptions{})
+				require.NoError(t, err)
+				assert.Equal(t, "b1", v.Spec.FromBackup)
+				assert.Equal(t, "1Gi", v.Spec.Size.String(), "the backed-up volume's size")
+			}},
+		{name: "restore a backup in progress", method: "POST", path: "/v1/backups/b2?action=restore", body: `{"name":"v9"}`,
+			wantCode: 409, wantError: `backup "b2" is InProgress: only a completed backup can be restored`},
+		{name: "delete a backup", method: "DELETE", path: "/v1/backups/b1", wantCode: 204},
 		{name: "detach an unknown ticket", method: "POST", path: "/v1/volumes/v1?action=detach", body: `{"ticketID":"api-nope"}`,
 			wantCode: 404},
 	}
@@ -227,7 +252,8 @@ func TestRESTRoutes(t *testing.T) {
 			quota := &v1beta1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: v1beta1.DefaultResourceQuotaName, Namespace: "quota"},
 				Spec: v1beta1.ResourceQuotaSpec{SnapshotLimit: v1beta1.SnapshotLimit{NamespaceTotalSnapshotSizeQuota: new(resource.MustParse("5Gi"))}}}
 			env := dstest.New(t, []runtime.Object{restVolume("v1", "1Gi"), restVolume("v2", "1Gi"),
-				restSnapshot("s1", "v1"), restSnapshot("s2", "v2"), quota, restNode("node-1"), heldVA("v1", "api-held")},
+				restSnapshot("s1", "v1"), restSnapshot("s2", "v2"), quota, restNode("node-1"), heldVA("v1", "api-held"),
+				restBackup("b1", v1beta1.BackupStateCompleted), restBackup("b2", v1beta1.BackupStateInProgress)},
 				[]runtime.Object{heldLease("api-held", "v1")})
 			kube := newFakeKube(alice.Username)
 			kube.verbs = tc.verbs

@@ -1,0 +1,173 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
+)
+
+// Backups: list, get, create (of a volume, from a snapshot or a new one),
+// delete, and restore into a new volume.
+func backupRoutes() []route {
+	return []route{
+		{method: http.MethodGet, path: "/v1/backups", serve: (*call).listBackups},
+		{method: http.MethodPost, path: "/v1/backups", serve: (*call).createBackup},
+		{method: http.MethodGet, path: "/v1/backups/{name}", serve: (*call).getBackup},
+		{method: http.MethodDelete, path: "/v1/backups/{name}", serve: (*call).deleteBackup},
+		{method: http.MethodPost, path: "/v1/backups/{name}", actions: map[string]func(*call) error{
+			"restore": (*call).restoreBackup,
+		}},
+	}
+}
+
+func (c *call) listBackups() error {
+	if err := c.authorize("list", "backups", c.opts.Namespace, ""); err != nil {
+		return err
+	}
+	backups, err := c.opts.Cache.Backups.ListRO(nil)
+	if err != nil {
+		return err
+	}
+	return c.reply(http.StatusOK, list[*v1beta1.Backup]{Items: sortedByName(backups)})
+}
+
+func (c *call) getBackup() error {
+	name := c.r.PathValue("name")
+	if err := c.authorize("get", "backups", c.opts.Namespace, name); err != nil {
+		return err
+	}
+	b, err := c.cachedBackup(name)
+	if err != nil {
+		return err
+	}
+	return c.reply(http.StatusOK, b)
+}
+
+func (c *call) cachedBackup(name string) (*v1beta1.Backup, error) {
+	b, err := c.opts.Cache.Backups.GetRO(name)
+	if err != nil {
+		return nil, fmt.Errorf("backup %q: %w", name, errNotFound)
+	}
+	return b, nil
+}
+
+// backupRequest is the body of a backup create: the volume, and the
+// snapshot to back up (empty: a new one).
+type backupRequest struct {
+	Name     string            `json:"name"`
+	Volume   string            `json:"volume"`
+	Snapshot string            `json:"snapshot"`
+	Labels   map[string]string `json:"labels"`
+}
+
+func (c *call) createBackup() error {
+	var req backupRequest
+	if err := c.decode(&req); err != nil {
+		return err
+	}
+	if req.Volume == "" {
+		return badInput("volume", "missing: name the volume to back up")
+	}
+	if req.Name != "" {
+		if errs := validation.IsDNS1123Subdomain(req.Name); len(errs) > 0 {
+			return badInput("name", "%q: %s", req.Name, strings.Join(errs, "; "))
+		}
+	}
+	if err := c.authorize("create", "backups", c.opts.Namespace, req.Name); err != nil {
+		return err
+	}
+	if _, err := c.cachedVolume(req.Volume); err != nil {
+		return err
+	}
+	strata, err := c.strata()
+	if err != nil {
+		return err
+	}
+	b := &v1beta1.Backup{ObjectMeta: metav1.ObjectMeta{Name: req.Name, Namespace: c.opts.Namespace,
+		Labels: map[string]string{types.LabelVolume: req.Volume}},
+		Spec: v1beta1.BackupSpec{SnapshotName: req.Snapshot, Labels: req.Labels}}
+	if req.Name == "" {
+		b.GenerateName = "backup-"
+	}
+	created, err := strata.StrataV1beta1().Backups(c.opts.Namespace).Create(c.ctx(), b, metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	return c.reply(http.StatusCreated, created)
+}
+
+func (c *call) deleteBackup() error {
+	name := c.r.PathValue("name")
+	if err := c.authorize("delete", "backups", c.opts.Namespace, name); err != nil {
+		return err
+	}
+	strata, err := c.strata()
+	if err != nil {
+		return err
+	}
+	if err := strata.StrataV1beta1().Backups(c.opts.Namespace).Delete(c.ctx(), name, metav1.DeleteOptions{}); err != nil {
+		return err
+	}
+	return c.reply(http.StatusNoContent, nil)
+}
+
+// restoreRequest names the new volume a backup is restored into; its size
+// is the backed-up volume's unless a larger one is given.
+type restoreRequest struct {
+	Name             string `json:"name"`
+	Size             string `json:"size"`
+	NumberOfReplicas int32  `json:"numberOfReplicas"`
+}
+
+func (c *call) restoreBackup() error {
+	backup := c.r.PathValue("name")
+	var req restoreRequest
+	if err := c.decode(&req); err != nil {
+		return err
+	}
+	b, err := c.cachedBackup(backup)
+	if err != nil {
+		return err
+	}
+	if b.Status.State != v1beta1.BackupStateCompleted {
+		return fmt.Errorf("backup %q is %s: %w", backup, orDash(string(b.Status.State)), errNotCompleted)
+	}
+	size := req.Size
+	if size == "" {
+		size = resource.NewQuantity(b.Status.VolumeSize, resource.BinarySI).String()
+	}
+	v, err := volumeRequest{Name: req.Name, Size: size, NumberOfReplicas: req.NumberOfReplicas, FromBackup: backup}.volume(c.opts.Namespace)
+	if err != nil {
+		return err
+	}
+	if err := c.authorize("create", "volumes", c.opts.Namespace, v.Name); err != nil {
+		return err
+	}
+	strata, err := c.strata()
+	if err != nil {
+		return err
+	}
+	created, err := strata.StrataV1beta1().Volumes(c.opts.Namespace).Create(c.ctx(), v, metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	return c.reply(http.StatusCreated, created)
+}
+
+// errNotCompleted is a 409: a restore needs a completed backup.
+var errNotCompleted = errors.New("only a completed backup can be restored")
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
