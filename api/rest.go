@@ -82,7 +82,7 @@ var errNotFound = errors.New("not found")
 
 // restRoutes is the REST API's route table.
 func restRoutes() []route {
-	return slices.Concat(volumeRoutes(), backupRoutes(), quotaRoutes(), []route{
+	return slices.Concat(volumeRoutes(), backupRoutes(), backingImageRoutes(), quotaRoutes(), []route{
 		{method: http.MethodGet, path: "/v1/openapi.yaml", serve: serveOpenAPI},
 	})
 }

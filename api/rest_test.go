@@ -38,6 +38,16 @@ func restBackup(name string, state v1beta1.BackupState) *v1beta1.Backup {
 		Status: v1beta1.BackupStatus{State: state, VolumeName: "v1", VolumeSize: 1 << 30}}
 }
 
+func restImage(name string, disks ...string) *v1beta1.BackingImage {
+	bi := &v1beta1.BackingImage{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: restNS},
+		Spec: v1beta1.BackingImageSpec{SourceType: v1beta1.BackingImageSourceTypeUpload,
+			DiskFileSpecMap: map[string]*v1beta1.BackingImageDiskFileSpec{}}}
+	for _, d := range disks {
+		bi.Spec.DiskFileSpecMap[d] = &v1beta1.BackingImageDiskFileSpec{}
+	}
+	return bi
+}
+
 func restNode(name string) *v1beta1.Node {
 	return &v1beta1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: restNS}}
 }
@@ -244,6 +254,30 @@ func TestRESTRoutes(t *testing.T) {
 		{name: "restore a backup in progress", method: "POST", path: "/v1/backups/b2?action=restore", body: `{"name":"v9"}`,
 			wantCode: 409, wantError: `backup "b2" is InProgress: only a completed backup can be restored`},
 		{name: "delete a backup", method: "DELETE", path: "/v1/backups/b1", wantCode: 204},
+		{name: "create a backing image", method: "POST", path: "/v1/backingimages",
+			body: `{"name":"img9","sourceType":"download","url":"https://example.com/img.qcow2"}`, wantCode: 201,
+			check: func(t *testing.T, env *dstest.Env, _ map[string]any) {
+				bi, err := env.Strata.StrataV1beta1().BackingImages(restNS).Get(context.Background(), "img9", metav1.GetOptions{})
+				require.NoError(t, err)
+				assert.Equal(t, "https://example.com/img.qcow2", bi.Spec.SourceParameters[v1beta1.BackingImageParameterURL])
+			}},
+		{name: "a backing image of an unknown source type", method: "POST", path: "/v1/backingimages",
+			body: `{"name":"img9","sourceType":"ftp"}`, wantCode: 400, wantField: "sourceType"},
+		{name: "a download without a URL", method: "POST", path: "/v1/backingimages",
+			body: `{"name":"img9","sourceType":"download","url":"file:///etc/passwd"}`, wantCode: 400, wantField: "url"},
+		{name: "list backing images", method: "GET", path: "/v1/backingimages", wantCode: 200,
+			check: func(t *testing.T, _ *dstest.Env, body map[string]any) { assert.Len(t, body["items"], 1) }},
+		{name: "clean a disk's copy up", method: "POST", path: "/v1/backingimages/img1?action=backingImageCleanup",
+			body: `{"disks":["disk-b"]}`, wantCode: 200,
+			check: func(t *testing.T, env *dstest.Env, _ map[string]any) {
+				bi, err := env.Strata.StrataV1beta1().BackingImages(restNS).Get(context.Background(), "img1", metav1.GetOptions{})
+				require.NoError(t, err)
+				assert.Contains(t, bi.Spec.DiskFileSpecMap, "disk-a")
+				assert.NotContains(t, bi.Spec.DiskFileSpecMap, "disk-b")
+			}},
+		{name: "clean up a disk without a copy", method: "POST", path: "/v1/backingimages/img1?action=backingImageCleanup",
+			body: `{"disks":["disk-z"]}`, wantCode: 400, wantField: "disks", wantError: `backing image "img1" has no copy on disk-z`},
+		{name: "delete a backing image", method: "DELETE", path: "/v1/backingimages/img1", wantCode: 204},
 		{name: "detach an unknown ticket", method: "POST", path: "/v1/volumes/v1?action=detach", body: `{"ticketID":"api-nope"}`,
 			wantCode: 404},
 	}
@@ -253,7 +287,8 @@ func TestRESTRoutes(t *testing.T) {
 				Spec: v1beta1.ResourceQuotaSpec{SnapshotLimit: v1beta1.SnapshotLimit{NamespaceTotalSnapshotSizeQuota: new(resource.MustParse("5Gi"))}}}
 			env := dstest.New(t, []runtime.Object{restVolume("v1", "1Gi"), restVolume("v2", "1Gi"),
 				restSnapshot("s1", "v1"), restSnapshot("s2", "v2"), quota, restNode("node-1"), heldVA("v1", "api-held"),
-				restBackup("b1", v1beta1.BackupStateCompleted), restBackup("b2", v1beta1.BackupStateInProgress)},
+				restBackup("b1", v1beta1.BackupStateCompleted), restBackup("b2", v1beta1.BackupStateInProgress),
+				restImage("img1", "disk-a", "disk-b")},
 				[]runtime.Object{heldLease("api-held", "v1")})
 			kube := newFakeKube(alice.Username)
 			kube.verbs = tc.verbs

@@ -1,0 +1,184 @@
+package api
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+// The backing-image seed's actions: create, delete, list, get and
+// backingImageCleanup of named disks (the webhook refuses to remove a copy
+// a replica uses). Uploads are api/server.go's.
+func backingImageRoutes() []route {
+	return []route{
+		{method: http.MethodGet, path: "/v1/backingimages", serve: (*call).listBackingImages},
+		{method: http.MethodPost, path: "/v1/backingimages", serve: (*call).createBackingImage},
+		{method: http.MethodGet, path: "/v1/backingimages/{name}", serve: (*call).getBackingImage},
+		{method: http.MethodDelete, path: "/v1/backingimages/{name}", serve: (*call).deleteBackingImage},
+		{method: http.MethodPost, path: "/v1/backingimages/{name}", actions: map[string]func(*call) error{
+			"backingImageCleanup": (*call).cleanupBackingImage,
+		}},
+	}
+}
+
+func (c *call) listBackingImages() error {
+	if err := c.authorize("list", "backingimages", c.opts.Namespace, ""); err != nil {
+		return err
+	}
+	images, err := c.opts.Cache.BackingImages.ListRO(nil)
+	if err != nil {
+		return err
+	}
+	return c.reply(http.StatusOK, list[*v1beta1.BackingImage]{Items: sortedByName(images)})
+}
+
+func (c *call) getBackingImage() error {
+	name := c.r.PathValue("name")
+	if err := c.authorize("get", "backingimages", c.opts.Namespace, name); err != nil {
+		return err
+	}
+	bi, err := c.opts.Cache.BackingImages.GetRO(name)
+	if err != nil {
+		return fmt.Errorf("backing image %q: %w", name, errNotFound)
+	}
+	return c.reply(http.StatusOK, bi)
+}
+
+// backingImageRequest is the body of a create.
+type backingImageRequest struct {
+	Name              string `json:"name"`
+	SourceType        string `json:"sourceType"`
+	URL               string `json:"url"`
+	Volume            string `json:"volume"`
+	ExportType        string `json:"exportType"`
+	Checksum          string `json:"checksum"`
+	MinNumberOfCopies int32  `json:"minNumberOfCopies"`
+}
+
+func (req backingImageRequest) image(namespace string) (*v1beta1.BackingImage, error) {
+	if req.Name == "" {
+		return nil, badInput("name", "missing")
+	}
+	if errs := validation.IsDNS1123Subdomain(req.Name); len(errs) > 0 {
+		return nil, badInput("name", "%q: %s", req.Name, strings.Join(errs, "; "))
+	}
+	params := map[string]string{}
+	switch v1beta1.BackingImageSourceType(req.SourceType) {
+	case v1beta1.BackingImageSourceTypeDownload:
+		if !strings.HasPrefix(req.URL, "http://") && !strings.HasPrefix(req.URL, "https://") {
+			return nil, badInput("url", "%q: a download needs an http:// or https:// URL", req.URL)
+		}
+		params[v1beta1.BackingImageParameterURL] = req.URL
+	case v1beta1.BackingImageSourceTypeUpload:
+	case v1beta1.BackingImageSourceTypeExportFromVolume:
+		if req.Volume == "" {
+			return nil, badInput("volume", "missing: an export names the volume")
+		}
+		params[v1beta1.BackingImageParameterVolumeName] = req.Volume
+		if req.ExportType != "" {
+			params[v1beta1.BackingImageParameterExportType] = req.ExportType
+		}
+	default:
+		return nil, badInput("sourceType", "%q: one of download, upload, export-from-volume", req.SourceType)
+	}
+	if req.MinNumberOfCopies < 0 {
+		return nil, badInput("minNumberOfCopies", "%d is negative", req.MinNumberOfCopies)
+	}
+	return &v1beta1.BackingImage{ObjectMeta: metav1.ObjectMeta{Name: req.Name, Namespace: namespace},
+		Spec: v1beta1.BackingImageSpec{SourceType: v1beta1.BackingImageSourceType(req.SourceType), SourceParameters: params,
+			Checksum: req.Checksum, MinNumberOfCopies: req.MinNumberOfCopies}}, nil
+}
+
+func (c *call) createBackingImage() error {
+	var req backingImageRequest
+	if err := c.decode(&req); err != nil {
+		return err
+	}
+	bi, err := req.image(c.opts.Namespace)
+	if err != nil {
+		return err
+	}
+	if err := c.authorize("create", "backingimages", c.opts.Namespace, bi.Name); err != nil {
+		return err
+	}
+	strata, err := c.strata()
+	if err != nil {
+		return err
+	}
+	created, err := strata.StrataV1beta1().BackingImages(c.opts.Namespace).Create(c.ctx(), bi, metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	return c.reply(http.StatusCreated, created)
+}
+
+func (c *call) deleteBackingImage() error {
+	name := c.r.PathValue("name")
+	if err := c.authorize("delete", "backingimages", c.opts.Namespace, name); err != nil {
+		return err
+	}
+	strata, err := c.strata()
+	if err != nil {
+		return err
+	}
+	if err := strata.StrataV1beta1().BackingImages(c.opts.Namespace).Delete(c.ctx(), name, metav1.DeleteOptions{}); err != nil {
+		return err
+	}
+	return c.reply(http.StatusNoContent, nil)
+}
+
+// cleanupRequest names the disks (UUIDs) whose copies go.
+type cleanupRequest struct {
+	Disks []string `json:"disks"`
+}
+
+func (c *call) cleanupBackingImage() error {
+	name := c.r.PathValue("name")
+	var req cleanupRequest
+	if err := c.decode(&req); err != nil {
+		return err
+	}
+	if len(req.Disks) == 0 {
+		return badInput("disks", "missing: name the disks (UUIDs) whose copies to remove")
+	}
+	if err := c.authorize("update", "backingimages", c.opts.Namespace, name); err != nil {
+		return err
+	}
+	strata, err := c.strata()
+	if err != nil {
+		return err
+	}
+	images := strata.StrataV1beta1().BackingImages(c.opts.Namespace)
+	var updated *v1beta1.BackingImage
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		bi, err := images.Get(c.ctx(), name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		var unknown []string
+		for _, d := range req.Disks {
+			if _, ok := bi.Spec.DiskFileSpecMap[d]; !ok {
+				unknown = append(unknown, d)
+			}
+			delete(bi.Spec.DiskFileSpecMap, d)
+		}
+		if len(unknown) > 0 {
+			slices.Sort(unknown)
+			return badInput("disks", "backing image %q has no copy on %s", name, strings.Join(unknown, ", "))
+		}
+		// The webhook refuses to take a copy a replica still uses.
+		updated, err = images.Update(c.ctx(), bi, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return c.reply(http.StatusOK, updated)
+}
