@@ -151,9 +151,15 @@ func (c *client) call(ctx context.Context, method, path string, in, out any) err
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	return c.do(req, out)
+}
+
+// do sends req and decodes a JSON reply into out; an error status is an
+// *apiError.
+func (c *client) do(req *http.Request, out any) error {
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, c.base+path, err)
+		return fmt.Errorf("%s %s: %w", req.Method, req.URL, err)
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))

@@ -33,7 +33,7 @@ func Main(args []string) {
 func NewCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "kubectl strata",
-		Usage: "Strata's actions: volumes, snapshots, attachments, snapshot quotas",
+		Usage: "Strata's actions: volumes, snapshots, attachments, backups, backing images, snapshot quotas",
 		Description: `Talks to Strata's REST API on a manager (found from the Strata Nodes, or --api),
 trusting Strata's CA (ConfigMap strata-ca-bundle) and sending the kubeconfig's token.
 
@@ -45,7 +45,9 @@ Examples:
   kubectl strata snapshot ls data -o yaml
   kubectl strata quota set apps 10Gi
   kubectl strata quota set apps 5Gi --vm vm1
-  kubectl strata quota show apps`,
+  kubectl strata quota show apps
+  kubectl strata backup create data nightly-1; kubectl strata backup restore nightly-1 data-2
+  kubectl strata image create golden --upload; kubectl strata image upload golden disk.qcow2`,
 		EnableShellCompletion: true,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "kubeconfig", Usage: "the kubeconfig (default: $KUBECONFIG or ~/.kube/config)"},
@@ -55,7 +57,7 @@ Examples:
 			&cli.StringFlag{Name: "strata-namespace", Value: types.DefaultNamespace, Usage: "where Strata runs"},
 			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "json or yaml (default: a table)"},
 		},
-		Commands: []*cli.Command{volumeCommand(), snapshotCommand(), quotaCommand()},
+		Commands: []*cli.Command{volumeCommand(), snapshotCommand(), backupCommand(), imageCommand(), quotaCommand()},
 	}
 }
 
@@ -289,7 +291,7 @@ func listSnapshots(ctx context.Context, s *session) error {
 	}
 	rows := make([][]string, 0, len(snaps.Items))
 	for _, sn := range snaps.Items {
-		rows = append(rows, []string{sn.Name, resource.NewQuantity(sn.Status.Size, resource.BinarySI).String(),
+		rows = append(rows, []string{sn.Name, size(sn.Status.Size),
 			strconv.FormatBool(sn.Status.ReadyToUse), strconv.FormatBool(sn.Status.UserCreated), orNone(sn.Status.Parent),
 			s.print.age(sn.CreationTimestamp)})
 	}

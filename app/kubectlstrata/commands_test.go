@@ -19,7 +19,7 @@ func TestHelp(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"kubectl-strata", "--help"}, []string{"volume, vol", "snapshot, snap", "quota", "--token", "--output string, -o string",
+		{[]string{"kubectl-strata", "--help"}, []string{"volume, vol", "snapshot, snap", "backup, bk", "image, bi", "quota", "--token", "--output string, -o string",
 			"kubectl strata volume create data --size 1Gi --replicas 2"}},
 		{[]string{"kubectl-strata", "volume", "--help"}, []string{"ls", "create", "rm", "expand", "attach", "detach", "revert"}},
 		{[]string{"kubectl-strata", "volume", "attach", "--help"}, []string{"--node", "--keep", "--ttl", "renews it until"}},
@@ -67,4 +67,10 @@ func TestTable(t *testing.T) {
 	}))
 	assert.Equal(t, "NAME          SIZE   AGE\na             1Gi    5m\nlonger-name   16Mi   <unknown>\n", out.String())
 	assert.ErrorContains(t, printer{format: "xml"}.check(), `-o "xml": want json or yaml`)
+}
+
+func TestSize(t *testing.T) {
+	for in, want := range map[int64]string{0: "0B", 512: "512B", 1024: "1Ki", 3153420: "3Mi", 3 << 20: "3Mi", 3500000: "3.3Mi", 1 << 40: "1Ti"} {
+		assert.Equal(t, want, size(in), "%d", in)
+	}
 }

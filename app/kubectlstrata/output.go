@@ -74,3 +74,17 @@ func orNone(s string) string {
 	}
 	return s
 }
+
+// size is a byte count as people read it: 3.2Mi, 4Mi, 512B.
+func size(bytes int64) string {
+	const unit = 1024
+	if bytes < unit {
+		return fmt.Sprintf("%dB", bytes)
+	}
+	value, i := float64(bytes), -1
+	for value >= unit && i < 4 {
+		value /= unit
+		i++
+	}
+	return strings.TrimSuffix(fmt.Sprintf("%.1f", value), ".0") + []string{"Ki", "Mi", "Gi", "Ti", "Pi"}[i]
+}

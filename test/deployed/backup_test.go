@@ -52,6 +52,14 @@ metadata: {name: bk-1, namespace: %s, labels: {strata.io/volume: %s}}`, ns, volu
 		return err == nil && b.Status.State == v1beta1.BackupStateCompleted
 	}, 2*time.Minute, 250*time.Millisecond, "backup completed")
 	t.Logf("backup of a claim in use: %s", time.Since(start).Round(time.Millisecond))
+	// The same backup through kubectl strata: listed, and restored into a
+	// volume of its own.
+	lines := plugin(t, "backup", "ls")
+	require.Regexp(t, `^NAME\s+VOLUME\s+SNAPSHOT\s+STATE\s+SIZE\s+AGE$`, lines[0])
+	assert.True(t, slicesMatch(lines[1:], `^bk-1\s+`+volume+`\s+\S+\s+Completed\s+\S+\s+\S+$`), "the backup's row")
+	t.Cleanup(func() { _, _ = kubectlOut(ctx, "-n", ns, "delete", "volume", "bk-plugin", "--wait=false") })
+	assert.Equal(t, []string{"volume/bk-plugin restoring from backup/bk-1"}, plugin(t, "backup", "restore", "bk-1", "bk-plugin"))
+	assert.Equal(t, "bk-1", getVolume(t, "bk-plugin").Spec.FromBackup)
 
 	apply(t, `apiVersion: storage.k8s.io/v1
 kind: StorageClass

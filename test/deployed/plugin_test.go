@@ -44,7 +44,8 @@ func plugin(t *testing.T, args ...string) []string {
 // kubectl strata driven as a script, each output line checked: a volume
 // created, listed and expanded, a snapshot taken, listed (as a table and
 // as JSON) and deleted, an attachment made and removed, the volume
-// reverted to the snapshot, a quota set,
+// reverted to the snapshot, a backing image created and uploaded from a
+// file, listed and deleted, a quota set,
 // shown, refused bad input and removed, the volume deleted.
 func TestKubectlStrataPlugin(t *testing.T) {
 	logsOnFailure(t)
@@ -94,6 +95,18 @@ func TestKubectlStrataPlugin(t *testing.T) {
 	require.Error(t, err)
 	assert.Equal(t, "error: totalSnapshotSizeQuota: \"abc\" is not a size (a quantity such as 10Gi) (HTTP 400)\n", stderr)
 	assert.Equal(t, []string{"quota of namespace plugin-d removed"}, plugin(t, "quota", "rm", wns))
+
+	raw := filepath.Join(t.TempDir(), "img.raw")
+	runCmd(t, "dd", "if=/dev/urandom", "of="+raw, "bs=1M", "count=4")
+	t.Cleanup(func() { _, _ = kubectlOut(context.Background(), "-n", ns, "delete", "backingimage", "plug-img", "--wait=false") })
+	assert.Equal(t, []string{"backingimage/plug-img created"}, plugin(t, "image", "create", "plug-img", "--upload"))
+	lines = plugin(t, "image", "upload", "plug-img", raw)
+	require.Len(t, lines, 1)
+	assert.Equal(t, "backingimage/plug-img: 4Mi uploaded, 4Mi of raw image, sha512 "+sha512File(t, raw), lines[0])
+	lines = plugin(t, "image", "ls")
+	require.Regexp(t, `^NAME\s+SOURCE\s+SIZE\s+COPIES\s+AGE$`, lines[0])
+	assert.True(t, slicesMatch(lines[1:], `^plug-img\s+upload\s+\S+\s+\S+\s+\S+$`), "the image's row")
+	assert.Equal(t, []string{"backingimage/plug-img deleted"}, plugin(t, "image", "rm", "plug-img"))
 
 	assert.Equal(t, []string{"snapshot/p1 of volume/plug-v1 deleted"}, plugin(t, "snapshot", "rm", "plug-v1", "p1"))
 	assert.Equal(t, []string{"volume/plug-v1 expanded to 32Mi"}, plugin(t, "volume", "expand", "plug-v1", "--size", "32Mi"))
