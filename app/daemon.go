@@ -270,6 +270,9 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 		return controllers.err
 	}
 
+	// Per-object series of what this manager is responsible for, read from
+	// the caches at scrape time (controller/metrics.go).
+	legacyregistry.RawMustRegister(controller.NewMetricsCollector(ds, cfg.nodeName))
 	ready := make(chan struct{})
 	metricsErr := serveMetrics(ctx, lns.metrics, ready, log)
 	// Uploads: a bearer token, TokenReview, SubjectAccessReview of update on the image.
@@ -325,7 +328,10 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 }
 
 // Instance-manager calls are counted on /metrics beside the workqueues.
-func init() { legacyregistry.RawMustRegister(engineapi.CallsTotal) }
+func init() {
+	legacyregistry.RawMustRegister(engineapi.Collectors()...)
+	legacyregistry.RawMustRegister(controller.BackupDuration, controller.BackupUploadedBytes, controller.BackupFailures)
+}
 
 func newEventRecorder(kubeClient kubernetes.Interface, nodeName string) (record.EventBroadcaster, record.EventRecorder) {
 	scheme := kubescheme.Scheme

@@ -417,6 +417,10 @@ func (c *BackupController) setCompleted(b *v1beta1.Backup, bt *v1beta1.BackupTar
 		// no base; the job's status does (the mirror keeps it).
 		st.IncrementalOn = jobBase
 	}
+	if b.Status.State != v1beta1.BackupStateCompleted {
+		BackupDuration.Observe(c.ds.Clock.Since(b.CreationTimestamp.Time).Seconds())
+		BackupUploadedBytes.Add(float64(h.Stats.NewBytes))
+	}
 	b.Status = st
 	c.retries.forget(b.UID)
 	how := "a full backup"
@@ -442,6 +446,7 @@ func (c *BackupController) jobFailed(ctx context.Context, s *backupSync, msg str
 		c.failBackup(b, fmt.Sprintf("failed %d times, last: %s", attempts, msg))
 		return nil
 	}
+	BackupFailures.WithLabelValues("false").Inc()
 	b.Status.State = v1beta1.BackupStatePending
 	b.Status.Error = fmt.Sprintf("attempt %d failed, retried in %s: %s", attempts, wait, msg)
 	c.recorder.Event(b, corev1.EventTypeWarning, EventReasonBackupFailed, b.Status.Error)
@@ -451,6 +456,9 @@ func (c *BackupController) jobFailed(ctx context.Context, s *backupSync, msg str
 
 // failBackup ends a backup for good; its ticket goes on the next sync.
 func (c *BackupController) failBackup(b *v1beta1.Backup, msg string) {
+	if b.Status.State != v1beta1.BackupStateError {
+		BackupFailures.WithLabelValues("true").Inc()
+	}
 	if b.Status.State != v1beta1.BackupStateError || b.Status.Error != msg {
 		c.recorder.Event(b, corev1.EventTypeWarning, EventReasonBackupFailed, msg)
 	}
