@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -243,4 +244,28 @@ func TestRESTRevert(t *testing.T) {
 		names = append(names, item.(map[string]any)["metadata"].(map[string]any)["name"].(string))
 	}
 	assert.Subset(t, names, []string{"rv-s1", "rv-s2"}, "the later snapshot stays")
+
+	// What a Prometheus scraping the managers now sees: the workqueues of
+	// the controllers this test drove, the gRPC calls of its snapshots and
+	// revert, and the snapshotted volume's series, from one manager.
+	var scrapes []map[string]*dto.MetricFamily
+	for _, node := range env.nodes {
+		scrapes = append(scrapes, scrape(t, node))
+	}
+	for _, queue := range []string{"strata-volume", "strata-engine", "strata-replica", "strata-volume-attachment",
+		"strata-snapshot", "strata-node", "strata-instance-manager", "strata-instance-manager-rollout"} {
+		adds, _ := sumOver(scrapes, "workqueue_adds_total", map[string]string{"name": queue})
+		assert.Positive(t, adds, "workqueue_adds_total of %s", queue)
+	}
+	for _, method := range []string{"/strata.instancemanager.v1.InstanceManager/SnapshotCreate", "/strata.instancemanager.v1.InstanceManager/SnapshotRevert"} {
+		calls, _ := sumOver(scrapes, "strata_engineapi_call_duration_seconds", map[string]string{"method": method})
+		assert.Positive(t, calls, "strata_engineapi_call_duration_seconds of %s", method)
+	}
+	snaps, series := sumOver(scrapes, "strata_volume_snapshots", map[string]string{"volume": volume})
+	assert.Equal(t, 1, series, "one manager reports the volume")
+	assert.GreaterOrEqual(t, snaps, 2.0, "its snapshots")
+	healthy, _ := sumOver(scrapes, "strata_volume_robustness", map[string]string{"volume": volume, "robustness": "healthy"})
+	assert.Equal(t, 1.0, healthy)
+	_, sizes := sumOver(scrapes, "strata_volume_actual_size_bytes", map[string]string{"volume": volume})
+	assert.Equal(t, 1, sizes)
 }
