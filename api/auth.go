@@ -48,13 +48,20 @@ type Auth interface {
 
 // ForbiddenError is a user denied an action; it names both.
 type ForbiddenError struct {
-	User   string
-	Attrs  authorizationv1.ResourceAttributes
+	User  string
+	Attrs authorizationv1.ResourceAttributes
+	// Path is set instead of Attrs' resource for a non-resource URL
+	// (/metrics); Attrs.Verb is the verb either way.
+	Path   string
 	Reason string // the authorizer's, may be empty
 }
 
-// Resource is the resource as RBAC names it: resource[/subresource][.group].
+// Resource is the resource as RBAC names it: resource[/subresource][.group],
+// or the non-resource path.
 func (e *ForbiddenError) Resource() string {
+	if e.Path != "" {
+		return e.Path
+	}
 	r := e.Attrs.Resource
 	if e.Attrs.Subresource != "" {
 		r += "/" + e.Attrs.Subresource
@@ -156,9 +163,23 @@ func (a *KubeAuth) Authenticate(ctx context.Context, r *http.Request) (user.Info
 }
 
 func (a *KubeAuth) Authorize(ctx context.Context, u user.Info, attrs authorizationv1.ResourceAttributes) error {
-	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-		ResourceAttributes: &attrs, User: u.GetName(), Groups: u.GetGroups(), UID: u.GetUID(),
-	}}
+	return a.review(ctx, u, authorizationv1.SubjectAccessReviewSpec{ResourceAttributes: &attrs},
+		&ForbiddenError{User: u.GetName(), Attrs: attrs})
+}
+
+// AuthorizeNonResource asks whether the user may use verb on a
+// non-resource path, as RBAC's nonResourceURLs grant it (/metrics).
+func (a *KubeAuth) AuthorizeNonResource(ctx context.Context, u user.Info, path, verb string) error {
+	return a.review(ctx, u, authorizationv1.SubjectAccessReviewSpec{
+		NonResourceAttributes: &authorizationv1.NonResourceAttributes{Path: path, Verb: verb}},
+		&ForbiddenError{User: u.GetName(), Attrs: authorizationv1.ResourceAttributes{Verb: verb}, Path: path})
+}
+
+// review runs a SubjectAccessReview of spec as u; denied is the error of
+// a refusal, its Reason filled in.
+func (a *KubeAuth) review(ctx context.Context, u user.Info, spec authorizationv1.SubjectAccessReviewSpec, denied *ForbiddenError) error {
+	spec.User, spec.Groups, spec.UID = u.GetName(), u.GetGroups(), u.GetUID()
+	sar := &authorizationv1.SubjectAccessReview{Spec: spec}
 	if extra := u.GetExtra(); len(extra) > 0 {
 		sar.Spec.Extra = make(map[string]authorizationv1.ExtraValue, len(extra))
 		for k, v := range extra {
@@ -172,11 +193,11 @@ func (a *KubeAuth) Authorize(ctx context.Context, u user.Info, attrs authorizati
 	if res.Status.Allowed && !res.Status.Denied {
 		return nil
 	}
-	reason := res.Status.Reason
+	denied.Reason = res.Status.Reason
 	if res.Status.EvaluationError != "" {
-		reason = strings.TrimPrefix(strings.Join([]string{reason, res.Status.EvaluationError}, "; "), "; ")
+		denied.Reason = strings.TrimPrefix(strings.Join([]string{denied.Reason, res.Status.EvaluationError}, "; "), "; ")
 	}
-	return &ForbiddenError{User: u.GetName(), Attrs: attrs, Reason: reason}
+	return denied
 }
 
 // tokenCache holds users of tokens a TokenReview accepted, by the token's

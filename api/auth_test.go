@@ -60,7 +60,11 @@ func newFakeKube(allowed ...string) *fakeKube {
 		}
 		sar := a.(k8stesting.CreateAction).GetObject().(*authorizationv1.SubjectAccessReview).DeepCopy()
 		f.lastSAR = sar.DeepCopy()
-		if f.allowed[sar.Spec.User] && (f.verbs == nil || f.verbs[sar.Spec.ResourceAttributes.Verb]) {
+		verb := ""
+		if a := sar.Spec.ResourceAttributes; a != nil {
+			verb = a.Verb
+		}
+		if f.allowed[sar.Spec.User] && (f.verbs == nil || f.verbs[verb]) {
 			sar.Status = authorizationv1.SubjectAccessReviewStatus{Allowed: true, Reason: "RBAC: allowed by RoleBinding"}
 		} else {
 			sar.Status = authorizationv1.SubjectAccessReviewStatus{Reason: "no RBAC policy matched"}
@@ -181,4 +185,37 @@ func TestTokenCacheBounded(t *testing.T) {
 	_, ok = c.get(key("c"))
 	assert.True(t, ok)
 	assert.Len(t, c.entries, 1)
+}
+
+// /metrics is served to a user RBAC lets get it, and to no one else.
+func TestRequireNonResource(t *testing.T) {
+	tests := []struct {
+		name     string
+		header   string
+		allowed  []string
+		wantCode int
+		wantBody string
+	}{
+		{name: "no token", wantCode: http.StatusUnauthorized, wantBody: "no Authorization header"},
+		{name: "not allowed", header: "Bearer good", wantCode: http.StatusForbidden,
+			wantBody: `user \"system:serviceaccount:apps:alice\" may not get /metrics`},
+		{name: "allowed", header: "Bearer good", allowed: []string{alice.Username}, wantCode: http.StatusOK, wantBody: "series"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			kube := newFakeKube(tc.allowed...)
+			next := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("series")) })
+			r := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+			if tc.header != "" {
+				r.Header.Set("Authorization", tc.header)
+			}
+			w := httptest.NewRecorder()
+			RequireNonResource(NewKubeAuth(kube), "/metrics", "get", next, quietLog()).ServeHTTP(w, r)
+			assert.Equal(t, tc.wantCode, w.Code)
+			assert.Contains(t, w.Body.String(), tc.wantBody)
+			if kube.lastSAR != nil {
+				assert.Equal(t, &authorizationv1.NonResourceAttributes{Path: "/metrics", Verb: "get"}, kube.lastSAR.Spec.NonResourceAttributes)
+			}
+		})
+	}
 }

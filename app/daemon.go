@@ -273,11 +273,13 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	// Per-object series of what this manager is responsible for, read from
 	// the caches at scrape time (controller/metrics.go).
 	legacyregistry.RawMustRegister(controller.NewMetricsCollector(ds, cfg.nodeName))
+	// Users' bearer tokens: TokenReview, then a SubjectAccessReview of what
+	// each request asks (/metrics, an upload, a REST action).
+	kubeAuth := api.NewKubeAuth(kubeClient)
 	ready := make(chan struct{})
-	metricsErr := serveMetrics(ctx, lns.metrics, ready, log)
+	metricsErr := serveMetrics(ctx, lns.metrics, ready, kubeAuth, pki.UserServerConfig(managerID), log)
 	// Uploads: a bearer token, TokenReview, SubjectAccessReview of update on the image.
 	// Copies between disks: a peer manager's certificate.
-	kubeAuth := api.NewKubeAuth(kubeClient)
 	apiHandler := api.NewHandler(backingImages, api.Options{Uploads: kubeAuth, Namespace: cfg.namespace,
 		PeerCheck: requirePeer(pki.ComponentManager), Log: log,
 		REST: api.RESTOptions{Auth: kubeAuth, Clients: callerClients(restConfig), Cache: ds, Namespace: cfg.namespace,
@@ -343,14 +345,18 @@ func newEventRecorder(kubeClient kubernetes.Interface, nodeName string) (record.
 	return broadcaster, broadcaster.NewRecorder(scheme, corev1.EventSource{Component: "strata-manager", Host: nodeName})
 }
 
-// serveMetrics serves /metrics, /healthz and /readyz (ready once caches have
-// synced). Errors after start-up arrive on the returned channel.
-func serveMetrics(ctx context.Context, ln net.Listener, ready <-chan struct{}, log logrus.FieldLogger) <-chan error {
+// serveMetrics serves, over HTTPS, /metrics to users RBAC lets get it (a
+// bearer token; nonResourceURLs ["/metrics"], as the Kubernetes components
+// do), and /healthz and /readyz (ready once caches have synced) to anyone:
+// the kubelet's probes carry no token and they tell nothing. Errors after
+// start-up arrive on the returned channel.
+func serveMetrics(ctx context.Context, ln net.Listener, ready <-chan struct{}, auth api.NonResourceAuth, tlsConfig *tls.Config,
+	log logrus.FieldLogger) <-chan error {
 	if ln == nil {
 		return make(chan error, 1)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", legacyregistry.Handler())
+	mux.Handle("/metrics", api.RequireNonResource(auth, "/metrics", "get", legacyregistry.Handler(), log.WithField("serving", "metrics")))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		select {
@@ -360,7 +366,7 @@ func serveMetrics(ctx context.Context, ln net.Listener, ready <-chan struct{}, l
 			http.Error(w, "caches not synced", http.StatusServiceUnavailable)
 		}
 	})
-	return serveHTTP(ctx, ln, mux, nil, log.WithField("serving", "metrics and health"))
+	return serveHTTP(ctx, ln, mux, tlsConfig, log.WithField("serving", "metrics and health"))
 }
 
 // listeners are the daemon's bound server sockets; nil where disabled.

@@ -3,6 +3,7 @@ package benchscale
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -48,6 +49,8 @@ type bench struct {
 
 	kube   kubernetes.Interface
 	strata versioned.Interface
+	// metrics reaches the managers' metrics ports (HTTPS, the admin's token).
+	metrics *http.Client
 
 	// The bench's own informers: waiting on thousands of objects by
 	// polling Gets would itself load the API server being measured.
@@ -106,6 +109,9 @@ func (b *bench) setup(ctx context.Context) error {
 			"instanceManager": m.IM.GRPCAddr, "log": m.LogPath}).Info("manager and instance manager started")
 	}
 	if err := b.cluster.WaitForNodesReady(ctx, ns, names, time.Minute); err != nil {
+		return err
+	}
+	if b.metrics, err = b.cluster.ManagerMetricsClient(ctx, ns); err != nil {
 		return err
 	}
 	if err := b.cluster.WaitForWebhooks(ctx, ns, time.Minute); err != nil {

@@ -113,13 +113,11 @@ type managerMetrics struct {
 	grpcByMethod      map[string]float64
 }
 
-var httpClient = &http.Client{Timeout: 10 * time.Second}
-
 // scrapeManagers reads every manager's /metrics.
 func (b *bench) scrapeManagers(ctx context.Context) (managerMetrics, error) {
 	total := managerMetrics{addsByQueue: map[string]float64{}, grpcByMethod: map[string]float64{}}
 	for _, m := range b.managers() {
-		body, err := httpGet(ctx, "http://"+m.MetricsAddr+"/metrics")
+		body, err := b.httpGet(ctx, "https://"+m.MetricsAddr+"/metrics")
 		if err != nil {
 			return total, fmt.Errorf("manager %s: %w", m.Node, err)
 		}
@@ -144,12 +142,12 @@ func (b *bench) scrapeManagers(ctx context.Context) (managerMetrics, error) {
 	return total, nil
 }
 
-func httpGet(ctx context.Context, url string) ([]byte, error) {
+func (b *bench) httpGet(ctx context.Context, url string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := httpClient.Do(req)
+	resp, err := b.metrics.Do(req)
 	if err != nil {
 		return nil, err
 	}

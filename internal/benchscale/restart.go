@@ -296,7 +296,7 @@ func (b *bench) waitReadyz(ctx context.Context, timeout time.Duration) (time.Tim
 	for {
 		notReady := ""
 		for _, m := range b.managers() {
-			if _, err := httpGet(ctx, "http://"+m.MetricsAddr+"/readyz"); err != nil {
+			if _, err := b.httpGet(ctx, "https://"+m.MetricsAddr+"/readyz"); err != nil {
 				notReady = fmt.Sprintf("%s: %v", m.Node, err)
 				break
 			}

@@ -40,6 +40,17 @@ func OptionalClientServerConfig(src Source, allow ...string) *tls.Config {
 	return cfg
 }
 
+// UserServerConfig serves its certificate to everyone and asks for no
+// client certificate: for listeners that only users reach and that
+// authenticate them otherwise (the metrics port's bearer tokens), where a
+// scraper's unrelated client certificate must not break the handshake.
+func UserServerConfig(src Source) *tls.Config {
+	return &tls.Config{
+		MinVersion:     tls.VersionTLS12, // users' tools
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return src.Certificate() },
+	}
+}
+
 // ClientConfig dials servers presenting a certificate of the Strata CA for
 // one of the allowed components, with src's certificate as the client's.
 //

@@ -1,10 +1,10 @@
 package deployed
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"testing"
-	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -16,8 +16,9 @@ import (
 func scrape(t *testing.T, node string) map[string]*dto.MetricFamily {
 	t.Helper()
 	port := env.chart.Values["ports"].(map[string]any)["metrics"]
-	client := &http.Client{Timeout: 10 * time.Second}
-	resp, err := client.Get(fmt.Sprintf("http://%s:%v/metrics", node, port))
+	client, err := env.cluster.ManagerMetricsClient(context.Background(), ns)
+	require.NoError(t, err)
+	resp, err := client.Get(fmt.Sprintf("https://%s:%v/metrics", node, port))
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)

@@ -98,7 +98,9 @@ func TestKubectlStrataPlugin(t *testing.T) {
 
 	raw := filepath.Join(t.TempDir(), "img.raw")
 	runCmd(t, "dd", "if=/dev/urandom", "of="+raw, "bs=1M", "count=4")
-	t.Cleanup(func() { _, _ = kubectlOut(context.Background(), "-n", ns, "delete", "backingimage", "plug-img", "--wait=false") })
+	t.Cleanup(func() {
+		_, _ = kubectlOut(context.Background(), "-n", ns, "delete", "backingimage", "plug-img", "--wait=false")
+	})
 	assert.Equal(t, []string{"backingimage/plug-img created"}, plugin(t, "image", "create", "plug-img", "--upload"))
 	lines = plugin(t, "image", "upload", "plug-img", raw)
 	require.Len(t, lines, 1)

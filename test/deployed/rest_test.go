@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"testing"
@@ -268,4 +269,12 @@ func TestRESTRevert(t *testing.T) {
 	assert.Equal(t, 1.0, healthy)
 	_, sizes := sumOver(scrapes, "strata_volume_actual_size_bytes", map[string]string{"volume": volume})
 	assert.Equal(t, 1, sizes)
+
+	// Without a token no metrics; the probes' paths answer anyone.
+	anonymous := newRESTClient(t, env.nodes[0], "")
+	anonymous.addr = fmt.Sprintf("%s:%v", env.nodes[0], env.chart.Values["ports"].(map[string]any)["metrics"])
+	code, _ = anonymous.do("GET", "/metrics", nil)
+	assert.Equal(t, http.StatusUnauthorized, code)
+	code, _ = anonymous.do("GET", "/healthz", nil)
+	assert.Equal(t, http.StatusOK, code)
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -274,15 +275,23 @@ func forbidVolumeStatusWrites(t *testing.T) {
 	}))
 }
 
+// metricsClient scrapes the managers as the admin (HTTPS, a bearer token).
+var metricsClient = sync.OnceValues(func() (*http.Client, error) {
+	return env.cluster.ManagerMetricsClient(context.Background(), ns)
+})
+
 // sumMetric adds up one metric series over every manager's /metrics.
 func sumMetric(t *testing.T, series string) float64 {
 	t.Helper()
+	client, err := metricsClient()
+	require.NoError(t, err)
 	var total float64
 	for _, mgr := range env.managers {
-		resp, err := http.Get("http://" + mgr.MetricsAddr + "/metrics")
+		resp, err := client.Get("https://" + mgr.MetricsAddr + "/metrics")
 		if err != nil {
 			continue // a manager being restarted by another test's leftovers
 		}
+		require.Equal(t, http.StatusOK, resp.StatusCode, "GET /metrics of %s", mgr.Node)
 		sc := bufio.NewScanner(resp.Body)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
