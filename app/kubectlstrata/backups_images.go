@@ -30,6 +30,7 @@ func backupCommand() *cli.Command {
 				Flags: []cli.Flag{
 					&cli.StringFlag{Name: "size", Usage: "the new volume's size (default: the backed-up volume's)"},
 					&cli.IntFlag{Name: "replicas", Usage: "replica count"},
+					&cli.BoolFlag{Name: "wait", Usage: "follow the restore to its end (a progress line on a terminal)"},
 				}, Action: action(restoreBackup)},
 		}}
 }
@@ -90,7 +91,10 @@ func restoreBackup(ctx context.Context, s *session) error {
 	if err := s.call(ctx, "POST", "/v1/backups/"+backup+"?action=restore", body, &v); err != nil {
 		return err
 	}
-	return s.done(v, "volume/%s restoring from backup/%s", v.Name, backup)
+	if err := s.done(v, "volume/%s restoring from backup/%s", v.Name, backup); err != nil || !s.cmd.Bool("wait") {
+		return err
+	}
+	return s.waitFilled(ctx, v.Name, "restore")
 }
 
 func imageCommand() *cli.Command {

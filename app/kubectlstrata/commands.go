@@ -106,6 +106,7 @@ func volumeCommand() *cli.Command {
 					&cli.StringFlag{Name: "backing-image", Usage: "a BackingImage the volume starts from"},
 					&cli.StringFlag{Name: "from-backup", Usage: "a Backup to restore into it"},
 					&cli.StringFlag{Name: "data-source", Usage: "vol://<volume> or snap://<volume>/<snapshot> to clone"},
+					&cli.BoolFlag{Name: "wait", Usage: "with --data-source or --from-backup: follow the fill to its end (a progress line on a terminal)"},
 				}, Action: action(createVolume)},
 			{Name: "rm", Usage: "delete a volume (refused while attached)", ArgsUsage: "NAME", Action: action(deleteVolume)},
 			{Name: "expand", Usage: "grow a volume", ArgsUsage: "NAME",
@@ -163,7 +164,16 @@ func createVolume(ctx context.Context, s *session) error {
 	if err := s.call(ctx, "POST", "/v1/volumes", body, &v); err != nil {
 		return err
 	}
-	return s.done(v, "volume/%s created", v.Name)
+	if err := s.done(v, "volume/%s created", v.Name); err != nil || !s.cmd.Bool("wait") {
+		return err
+	}
+	switch {
+	case v.Spec.DataSource != "":
+		return s.waitFilled(ctx, v.Name, "clone")
+	case v.Spec.FromBackup != "":
+		return s.waitFilled(ctx, v.Name, "restore")
+	}
+	return nil
 }
 
 func deleteVolume(ctx context.Context, s *session) error {

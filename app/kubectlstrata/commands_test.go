@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 
 // --help names every command, and each command's help its examples.
@@ -73,4 +75,19 @@ func TestSize(t *testing.T) {
 	for in, want := range map[int64]string{0: "0B", 512: "512B", 1024: "1Ki", 3153420: "3Mi", 3 << 20: "3Mi", 3500000: "3.3Mi", 1 << 40: "1Ti"} {
 		assert.Equal(t, want, size(in), "%d", in)
 	}
+}
+
+func TestFillOf(t *testing.T) {
+	_, ok := fillOf(&v1beta1.Volume{})
+	assert.False(t, ok, "no fill yet")
+	f, ok := fillOf(&v1beta1.Volume{Status: v1beta1.VolumeStatus{RestoreStatus: &v1beta1.VolumeRestoreStatus{
+		State: v1beta1.VolumeRestoreStateRestoring, Progress: 40}}})
+	require.True(t, ok)
+	assert.Equal(t, fill{state: "restoring", progress: 40}, f)
+	f, _ = fillOf(&v1beta1.Volume{Status: v1beta1.VolumeStatus{CloneStatus: &v1beta1.VolumeCloneStatus{
+		State: v1beta1.VolumeCloneStateFailed, Message: "source gone"}}})
+	assert.EqualError(t, f.err, "the clone failed: source gone")
+	f, _ = fillOf(&v1beta1.Volume{Status: v1beta1.VolumeStatus{CloneStatus: &v1beta1.VolumeCloneStatus{
+		State: v1beta1.VolumeCloneStateCompleted, Progress: 100}}})
+	assert.True(t, f.done)
 }

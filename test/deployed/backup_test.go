@@ -58,7 +58,8 @@ metadata: {name: bk-1, namespace: %s, labels: {strata.io/volume: %s}}`, ns, volu
 	require.Regexp(t, `^NAME\s+VOLUME\s+SNAPSHOT\s+STATE\s+SIZE\s+AGE$`, lines[0])
 	assert.True(t, slicesMatch(lines[1:], `^bk-1\s+`+volume+`\s+\S+\s+Completed\s+\S+\s+\S+$`), "the backup's row")
 	t.Cleanup(func() { _, _ = kubectlOut(ctx, "-n", ns, "delete", "volume", "bk-plugin", "--wait=false") })
-	assert.Equal(t, []string{"volume/bk-plugin restoring from backup/bk-1"}, plugin(t, "backup", "restore", "bk-1", "bk-plugin"))
+	assert.Equal(t, []string{"volume/bk-plugin restoring from backup/bk-1", "volume/bk-plugin: restore completed"},
+		plugin(t, "backup", "restore", "bk-1", "bk-plugin", "--wait"))
 	assert.Equal(t, "bk-1", getVolume(t, "bk-plugin").Spec.FromBackup)
 
 	apply(t, `apiVersion: storage.k8s.io/v1

@@ -110,6 +110,14 @@ func TestKubectlStrataPlugin(t *testing.T) {
 	assert.True(t, slicesMatch(lines[1:], `^plug-img\s+upload\s+\S+\s+\S+\s+\S+$`), "the image's row")
 	assert.Equal(t, []string{"backingimage/plug-img deleted"}, plugin(t, "image", "rm", "plug-img"))
 
+	t.Cleanup(func() {
+		_, _ = kubectlOut(context.Background(), "-n", ns, "delete", "volume", "plug-clone", "--wait=false")
+	})
+	assert.Equal(t, []string{"volume/plug-clone created", "volume/plug-clone: clone completed"},
+		plugin(t, "volume", "create", "plug-clone", "--size", "16Mi", "--data-source", "snap://plug-v1/p1", "--wait"))
+	require.Eventually(t, func() bool { return getVolume(t, "plug-clone").Status.State == v1beta1.VolumeStateDetached },
+		time.Minute, 250*time.Millisecond, "the clone detached")
+	assert.Equal(t, []string{"volume/plug-clone deleted"}, plugin(t, "volume", "rm", "plug-clone"))
 	assert.Equal(t, []string{"snapshot/p1 of volume/plug-v1 deleted"}, plugin(t, "snapshot", "rm", "plug-v1", "p1"))
 	assert.Equal(t, []string{"volume/plug-v1 expanded to 32Mi"}, plugin(t, "volume", "expand", "plug-v1", "--size", "32Mi"))
 	require.Eventually(t, func() bool { return getVolume(t, "plug-v1").Status.State == v1beta1.VolumeStateDetached },
