@@ -48,6 +48,8 @@ type RESTOptions struct {
 	NodeName  string
 	DataPlane engineapi.Connector
 	Log       logrus.FieldLogger
+
+	images BackingImages // NewHandler's, for downloads
 }
 
 // route is one path and method of the REST API; a POST with actions

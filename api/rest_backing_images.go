@@ -22,6 +22,7 @@ func backingImageRoutes() []route {
 		{method: http.MethodPost, path: "/v1/backingimages", serve: (*call).createBackingImage},
 		{method: http.MethodGet, path: "/v1/backingimages/{name}", serve: (*call).getBackingImage},
 		{method: http.MethodDelete, path: "/v1/backingimages/{name}", serve: (*call).deleteBackingImage},
+		{method: http.MethodGet, path: "/v1/backingimages/{name}/download", serve: (*call).downloadBackingImage},
 		{method: http.MethodPost, path: "/v1/backingimages/{name}", actions: map[string]func(*call) error{
 			"backingImageCleanup": (*call).cleanupBackingImage,
 		}},
@@ -181,4 +182,37 @@ func (c *call) cleanupBackingImage() error {
 		return err
 	}
 	return c.reply(http.StatusOK, updated)
+}
+
+// ExtentStreamType is the media type of a download: imagefile's extent
+// stream (the image's size, then its data extents; holes are not sent).
+const ExtentStreamType = "application/vnd.strata.extent-stream"
+
+func (c *call) downloadBackingImage() error {
+	name := c.r.PathValue("name")
+	if err := c.authorize("get", "backingimages", c.opts.Namespace, name); err != nil {
+		return err
+	}
+	if c.opts.images == nil {
+		return fmt.Errorf("%w: this manager serves no backing images", ErrAuthUnavailable)
+	}
+	err := c.opts.images.Download(c.ctx(), name, &streamStart{c: c})
+	if err != nil && c.written {
+		// The headers are gone: the stream's missing end tells the client.
+		c.opts.Log.WithError(err).WithField("backingImage", name).Warn("A download broke off")
+		return nil
+	}
+	return err
+}
+
+// streamStart sends the headers of a download with its first bytes, so an
+// error before any (no copy, a peer unreachable) is still a JSON error.
+type streamStart struct{ c *call }
+
+func (s *streamStart) Write(p []byte) (int, error) {
+	if !s.c.written {
+		s.c.written = true
+		s.c.w.Header().Set("Content-Type", ExtentStreamType)
+	}
+	return s.c.w.Write(p)
 }

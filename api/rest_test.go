@@ -278,6 +278,9 @@ func TestRESTRoutes(t *testing.T) {
 		{name: "clean up a disk without a copy", method: "POST", path: "/v1/backingimages/img1?action=backingImageCleanup",
 			body: `{"disks":["disk-z"]}`, wantCode: 400, wantField: "disks", wantError: `backing image "img1" has no copy on disk-z`},
 		{name: "delete a backing image", method: "DELETE", path: "/v1/backingimages/img1", wantCode: 204},
+		{name: "download a backing image", method: "GET", path: "/v1/backingimages/img1/download", wantCode: 200},
+		{name: "download forbidden", method: "GET", path: "/v1/backingimages/img1/download", verbs: map[string]bool{}, wantCode: 403,
+			wantError: `may not get backingimages.strata.io "img1"`},
 		{name: "detach an unknown ticket", method: "POST", path: "/v1/volumes/v1?action=detach", body: `{"ticketID":"api-nope"}`,
 			wantCode: 404},
 	}

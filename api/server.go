@@ -25,6 +25,8 @@ import (
 type BackingImages interface {
 	CopyFile(image, disk, uuid string) (string, error)
 	Upload(ctx context.Context, image string, body io.Reader, size int64) (imagefile.Result, error)
+	// Download writes a ready copy as an extent stream.
+	Download(ctx context.Context, image string, w io.Writer) error
 }
 
 // Options are what guards the routes.
@@ -65,6 +67,7 @@ func NewHandler(images BackingImages, opts Options) http.Handler {
 	if opts.REST.Log == nil {
 		opts.REST.Log = log
 	}
+	opts.REST.images = images
 	registerREST(mux, opts.REST)
 	mux.HandleFunc(uploadRoute, func(w http.ResponseWriter, r *http.Request) {
 		name := r.PathValue("name")

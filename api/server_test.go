@@ -31,6 +31,14 @@ func (f *fakeImages) CopyFile(image, disk, uuid string) (string, error) {
 	return "", f.copyErr
 }
 
+func (f *fakeImages) Download(_ context.Context, image string, w io.Writer) error {
+	if f.copyErr != nil {
+		return f.copyErr
+	}
+	_, err := w.Write([]byte("extents of " + image))
+	return err
+}
+
 func (f *fakeImages) Upload(_ context.Context, image string, body io.Reader, _ int64) (imagefile.Result, error) {
 	b, err := io.ReadAll(body)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/urfave/cli/v3"
 	"golang.org/x/term"
 
+	"github.com/strata-storage/strata/internal/imagefile"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 
@@ -114,6 +115,8 @@ kubectl strata image create from-data --volume data`,
 				}, Action: action(createImage)},
 			{Name: "upload", Usage: "send an image file (raw, qcow2, .gz, .xz) to a backing image created with --upload",
 				ArgsUsage: "NAME FILE", Action: action(uploadImage)},
+			{Name: "download", Usage: "write a ready copy to a file, sparse (holes are neither sent nor written)",
+				ArgsUsage: "NAME FILE", Action: action(downloadImage)},
 			{Name: "rm", Usage: "delete a backing image (refused while a volume uses it)", ArgsUsage: "NAME", Action: action(deleteImage)},
 			{Name: "cleanup", Usage: "remove the copies on named disks", ArgsUsage: "NAME DISK-UUID...", Action: action(cleanupImage)},
 		}}
@@ -234,6 +237,44 @@ func uploadImage(ctx context.Context, s *session) error {
 		size(st.Size()), size(reply.VirtualSize), reply.Checksum)
 }
 
+// downloadImage writes the image's extent stream to a sparse file; the
+// file appears only once the whole stream arrived.
+func downloadImage(ctx context.Context, s *session) error {
+	name, err := arg(s.cmd, 0, "NAME")
+	if err != nil {
+		return err
+	}
+	path, err := arg(s.cmd, 1, "FILE")
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.base+"/v1/backingimages/"+name+"/download", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := s.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return decodeReply(resp, nil)
+	}
+	var total atomic.Int64
+	body := &countingReader{r: resp.Body}
+	stop := progressOf(func() (int64, int64) { return body.n.Load(), total.Load() }, "downloaded")
+	err = imagefile.ReadExtents(ctx, body, path, func(_, size int64) { total.Store(size) })
+	stop()
+	if err != nil {
+		return fmt.Errorf("downloading backingimage/%s: %w", name, err)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	return s.line("backingimage/%s: %s written to %s (%s received)", name, size(st.Size()), path, size(body.n.Load()))
+}
+
 // uploadNotReadyWait bounds the retries of an upload the API answers 503.
 const uploadNotReadyWait = 30 * time.Second
 
@@ -265,30 +306,34 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // stderr is a terminal; otherwise it prints nothing (the result line says
 // it all). The returned func ends it.
 func progress(c *countingReader, total int64, verb string) func() {
+	return progressOf(func() (int64, int64) { return c.n.Load(), total }, verb)
+}
+
+// progressOf is progress with done and total read from now.
+func progressOf(now func() (done, total int64), verb string) func() {
 	if !term.IsTerminal(int(os.Stderr.Fd())) {
 		return func() {}
 	}
-	done := make(chan struct{})
+	stop := make(chan struct{})
 	finished := make(chan struct{})
 	go func() {
 		defer close(finished)
 		tick := time.NewTicker(500 * time.Millisecond)
 		defer tick.Stop()
 		for {
-			n := c.n.Load()
+			n, total := now()
 			pct := 100.0
 			if total > 0 {
 				pct = float64(n) * 100 / float64(total)
 			}
-			fmt.Fprintf(os.Stderr, "\r%s %s of %s (%.0f%%)  ", verb, size(n),
-				size(total), pct)
+			fmt.Fprintf(os.Stderr, "\r%s %s of %s (%.0f%%)  ", verb, size(n), size(total), pct)
 			select {
-			case <-done:
+			case <-stop:
 				fmt.Fprintln(os.Stderr)
 				return
 			case <-tick.C:
 			}
 		}
 	}()
-	return func() { close(done); <-finished }
+	return func() { close(stop); <-finished }
 }

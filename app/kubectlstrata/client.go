@@ -162,6 +162,11 @@ func (c *client) do(req *http.Request, out any) error {
 		return fmt.Errorf("%s %s: %w", req.Method, req.URL, err)
 	}
 	defer resp.Body.Close()
+	return decodeReply(resp, out)
+}
+
+// decodeReply reads a reply: JSON into out, or the API's error.
+func decodeReply(resp *http.Response, out any) error {
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
 		return err

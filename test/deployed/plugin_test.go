@@ -45,7 +45,7 @@ func plugin(t *testing.T, args ...string) []string {
 // created, listed and expanded, a snapshot taken, listed (as a table and
 // as JSON) and deleted, an attachment made and removed, the volume
 // reverted to the snapshot, a backing image created and uploaded from a
-// file, listed and deleted, a quota set,
+// file, listed, downloaded back byte for byte and deleted, a quota set,
 // shown, refused bad input and removed, the volume deleted.
 func TestKubectlStrataPlugin(t *testing.T) {
 	logsOnFailure(t)
@@ -108,6 +108,10 @@ func TestKubectlStrataPlugin(t *testing.T) {
 	lines = plugin(t, "image", "ls")
 	require.Regexp(t, `^NAME\s+SOURCE\s+SIZE\s+COPIES\s+AGE$`, lines[0])
 	assert.True(t, slicesMatch(lines[1:], `^plug-img\s+upload\s+\S+\s+\S+\s+\S+$`), "the image's row")
+	got := filepath.Join(t.TempDir(), "got.raw")
+	assert.Equal(t, []string{"backingimage/plug-img: 4Mi written to " + got + " (4Mi received)"},
+		plugin(t, "image", "download", "plug-img", got))
+	assert.Equal(t, sha512File(t, raw), sha512File(t, got), "the download is the image")
 	assert.Equal(t, []string{"backingimage/plug-img deleted"}, plugin(t, "image", "rm", "plug-img"))
 
 	t.Cleanup(func() {
