@@ -14,6 +14,7 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/engineapi"
@@ -47,7 +48,10 @@ type RESTOptions struct {
 	// DataPlane reaches its instance manager. Without them revert is 503.
 	NodeName  string
 	DataPlane engineapi.Connector
-	Log       logrus.FieldLogger
+	// Recorder tells, on the object, what a user did through the API that
+	// no controller reports (a revert); nil records nothing.
+	Recorder record.EventRecorder
+	Log      logrus.FieldLogger
 
 	images BackingImages // NewHandler's, for downloads
 }

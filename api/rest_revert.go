@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/strata-storage/strata/datastore"
@@ -27,6 +28,9 @@ const (
 	revertAttachTimeout = 2 * time.Minute
 	revertTicketTTL     = 5 * time.Minute
 )
+
+// EventReasonReverted is the Volume's event of a revert.
+const EventReasonReverted = "Reverted"
 
 // errInUse is a 409: the volume is attached, or asked for.
 var errInUse = errors.New("in use")
@@ -87,6 +91,10 @@ func (c *call) revertVolume() error {
 	v, err := c.cachedVolume(volume)
 	if err != nil {
 		return err
+	}
+	if c.opts.Recorder != nil {
+		c.opts.Recorder.Eventf(v, corev1.EventTypeNormal, EventReasonReverted, "reverted to snapshot %s by %s (REST API)",
+			req.Snapshot, c.user.GetName())
 	}
 	return c.reply(http.StatusOK, v)
 }

@@ -283,7 +283,7 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	apiHandler := api.NewHandler(backingImages, api.Options{Uploads: kubeAuth, Namespace: cfg.namespace,
 		PeerCheck: requirePeer(pki.ComponentManager), Log: log,
 		REST: api.RESTOptions{Auth: kubeAuth, Clients: callerClients(restConfig), Cache: ds, Namespace: cfg.namespace,
-			NodeName: cfg.nodeName, DataPlane: imPool}})
+			NodeName: cfg.nodeName, DataPlane: imPool, Recorder: recorder}})
 	// HTTPS with this manager's certificate; a client certificate is asked
 	// for, not required (users upload with a bearer token).
 	apiErr := serveHTTP(ctx, lns.api, apiHandler, pki.OptionalClientServerConfig(managerID, pki.ComponentManager),

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -235,6 +236,11 @@ func TestRESTRevert(t *testing.T) {
 	code, _ = admin.do("POST", "/v1/volumes/"+volume+"?action=revert", map[string]string{"snapshot": "rv-s1"})
 	require.Equal(t, http.StatusOK, code)
 	t.Logf("revert (attach without frontend, revert, detach) took %s", time.Since(start).Round(time.Millisecond))
+	require.Eventually(t, func() bool {
+		out, err := kubectlOut(context.Background(), "-n", ns, "get", "events", "--field-selector",
+			"involvedObject.name="+volume+",reason=Reverted", "-o", "jsonpath={.items[*].message}")
+		return err == nil && strings.Contains(out, "reverted to snapshot rv-s1 by system:serviceaccount:default:rest-revert-admin")
+	}, 30*time.Second, 250*time.Millisecond, "the volume's Reverted event names the snapshot and the user")
 
 	podIn(t, podNamespace, "rv-2", "127.0.0.3", "rv", "exec sleep 3600", true)
 	assert.Equal(t, first, exec1(t, "rv-2", "dd if="+blockDevice+" bs=1M count=16 iflag=direct 2>/dev/null | sha256sum | cut -d' ' -f1"),
