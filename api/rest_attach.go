@@ -92,7 +92,7 @@ func (c *call) attachVolume() error {
 	if err := c.authorize("update", "volumeattachments", c.opts.Namespace, volume); err != nil {
 		return err
 	}
-	if _, err := c.cachedVolume(volume); err != nil {
+	if _, err := volumes.cached(c, volume); err != nil {
 		return err
 	}
 	va, lease, err := c.holdTicket(volume, req, ttl)

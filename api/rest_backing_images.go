@@ -18,38 +18,15 @@ import (
 // a replica uses). Uploads are api/server.go's.
 func backingImageRoutes() []route {
 	return []route{
-		{method: http.MethodGet, path: "/v1/backingimages", serve: (*call).listBackingImages},
+		{method: http.MethodGet, path: "/v1/backingimages", serve: backingImages.list},
 		{method: http.MethodPost, path: "/v1/backingimages", serve: (*call).createBackingImage},
-		{method: http.MethodGet, path: "/v1/backingimages/{name}", serve: (*call).getBackingImage},
-		{method: http.MethodDelete, path: "/v1/backingimages/{name}", serve: (*call).deleteBackingImage},
+		{method: http.MethodGet, path: "/v1/backingimages/{name}", serve: backingImages.get},
+		{method: http.MethodDelete, path: "/v1/backingimages/{name}", serve: backingImages.delete},
 		{method: http.MethodGet, path: "/v1/backingimages/{name}/download", serve: (*call).downloadBackingImage},
 		{method: http.MethodPost, path: "/v1/backingimages/{name}", actions: map[string]func(*call) error{
 			"backingImageCleanup": (*call).cleanupBackingImage,
 		}},
 	}
-}
-
-func (c *call) listBackingImages() error {
-	if err := c.authorize("list", "backingimages", c.opts.Namespace, ""); err != nil {
-		return err
-	}
-	images, err := c.opts.Cache.BackingImages.ListRO(nil)
-	if err != nil {
-		return err
-	}
-	return c.reply(http.StatusOK, list[*v1beta1.BackingImage]{Items: sortedByName(images)})
-}
-
-func (c *call) getBackingImage() error {
-	name := c.r.PathValue("name")
-	if err := c.authorize("get", "backingimages", c.opts.Namespace, name); err != nil {
-		return err
-	}
-	bi, err := c.opts.Cache.BackingImages.GetRO(name)
-	if err != nil {
-		return fmt.Errorf("backing image %q: %w", name, errNotFound)
-	}
-	return c.reply(http.StatusOK, bi)
 }
 
 // backingImageRequest is the body of a create.
@@ -118,21 +95,6 @@ func (c *call) createBackingImage() error {
 		return err
 	}
 	return c.reply(http.StatusCreated, created)
-}
-
-func (c *call) deleteBackingImage() error {
-	name := c.r.PathValue("name")
-	if err := c.authorize("delete", "backingimages", c.opts.Namespace, name); err != nil {
-		return err
-	}
-	strata, err := c.strata()
-	if err != nil {
-		return err
-	}
-	if err := strata.StrataV1beta1().BackingImages(c.opts.Namespace).Delete(c.ctx(), name, metav1.DeleteOptions{}); err != nil {
-		return err
-	}
-	return c.reply(http.StatusNoContent, nil)
 }
 
 // cleanupRequest names the disks (UUIDs) whose copies go.

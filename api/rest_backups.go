@@ -18,45 +18,14 @@ import (
 // delete, and restore into a new volume.
 func backupRoutes() []route {
 	return []route{
-		{method: http.MethodGet, path: "/v1/backups", serve: (*call).listBackups},
+		{method: http.MethodGet, path: "/v1/backups", serve: backups.list},
 		{method: http.MethodPost, path: "/v1/backups", serve: (*call).createBackup},
-		{method: http.MethodGet, path: "/v1/backups/{name}", serve: (*call).getBackup},
-		{method: http.MethodDelete, path: "/v1/backups/{name}", serve: (*call).deleteBackup},
+		{method: http.MethodGet, path: "/v1/backups/{name}", serve: backups.get},
+		{method: http.MethodDelete, path: "/v1/backups/{name}", serve: backups.delete},
 		{method: http.MethodPost, path: "/v1/backups/{name}", actions: map[string]func(*call) error{
 			"restore": (*call).restoreBackup,
 		}},
 	}
-}
-
-func (c *call) listBackups() error {
-	if err := c.authorize("list", "backups", c.opts.Namespace, ""); err != nil {
-		return err
-	}
-	backups, err := c.opts.Cache.Backups.ListRO(nil)
-	if err != nil {
-		return err
-	}
-	return c.reply(http.StatusOK, list[*v1beta1.Backup]{Items: sortedByName(backups)})
-}
-
-func (c *call) getBackup() error {
-	name := c.r.PathValue("name")
-	if err := c.authorize("get", "backups", c.opts.Namespace, name); err != nil {
-		return err
-	}
-	b, err := c.cachedBackup(name)
-	if err != nil {
-		return err
-	}
-	return c.reply(http.StatusOK, b)
-}
-
-func (c *call) cachedBackup(name string) (*v1beta1.Backup, error) {
-	b, err := c.opts.Cache.Backups.GetRO(name)
-	if err != nil {
-		return nil, fmt.Errorf("backup %q: %w", name, errNotFound)
-	}
-	return b, nil
 }
 
 // backupRequest is the body of a backup create: the volume, and the
@@ -84,7 +53,7 @@ func (c *call) createBackup() error {
 	if err := c.authorize("create", "backups", c.opts.Namespace, req.Name); err != nil {
 		return err
 	}
-	if _, err := c.cachedVolume(req.Volume); err != nil {
+	if _, err := volumes.cached(c, req.Volume); err != nil {
 		return err
 	}
 	strata, err := c.strata()
@@ -104,21 +73,6 @@ func (c *call) createBackup() error {
 	return c.reply(http.StatusCreated, created)
 }
 
-func (c *call) deleteBackup() error {
-	name := c.r.PathValue("name")
-	if err := c.authorize("delete", "backups", c.opts.Namespace, name); err != nil {
-		return err
-	}
-	strata, err := c.strata()
-	if err != nil {
-		return err
-	}
-	if err := strata.StrataV1beta1().Backups(c.opts.Namespace).Delete(c.ctx(), name, metav1.DeleteOptions{}); err != nil {
-		return err
-	}
-	return c.reply(http.StatusNoContent, nil)
-}
-
 // restoreRequest names the new volume a backup is restored into; its size
 // is the backed-up volume's unless a larger one is given.
 type restoreRequest struct {
@@ -133,7 +87,7 @@ func (c *call) restoreBackup() error {
 	if err := c.decode(&req); err != nil {
 		return err
 	}
-	b, err := c.cachedBackup(backup)
+	b, err := backups.cached(c, backup)
 	if err != nil {
 		return err
 	}

@@ -88,7 +88,7 @@ func (c *call) revertVolume() error {
 	}
 	c.opts.Log.WithField("volume", volume).WithField("snapshot", req.Snapshot).WithField("user", c.user.GetName()).
 		Info("Volume reverted through the REST API")
-	v, err := c.cachedVolume(volume)
+	v, err := volumes.cached(c, volume)
 	if err != nil {
 		return err
 	}
@@ -101,7 +101,7 @@ func (c *call) revertVolume() error {
 
 // revertable: the snapshot is the volume's, and nothing holds the volume.
 func (c *call) revertable(volume, snapshot string) error {
-	v, err := c.cachedVolume(volume)
+	v, err := volumes.cached(c, volume)
 	if err != nil {
 		return err
 	}

@@ -19,10 +19,10 @@ import (
 // snapshot-crd seed.
 func volumeRoutes() []route {
 	return []route{
-		{method: http.MethodGet, path: "/v1/volumes", serve: (*call).listVolumes},
+		{method: http.MethodGet, path: "/v1/volumes", serve: volumes.list},
 		{method: http.MethodPost, path: "/v1/volumes", serve: (*call).createVolume},
-		{method: http.MethodGet, path: "/v1/volumes/{name}", serve: (*call).getVolume},
-		{method: http.MethodDelete, path: "/v1/volumes/{name}", serve: (*call).deleteVolume},
+		{method: http.MethodGet, path: "/v1/volumes/{name}", serve: volumes.get},
+		{method: http.MethodDelete, path: "/v1/volumes/{name}", serve: volumes.delete},
 		{method: http.MethodPost, path: "/v1/volumes/{name}", actions: map[string]func(*call) error{
 			"attach":           (*call).attachVolume,
 			"detach":           (*call).detachVolume,
@@ -39,38 +39,6 @@ func volumeRoutes() []route {
 // list is the body of a list: the objects as their CRs.
 type list[T any] struct {
 	Items []T `json:"items"`
-}
-
-func (c *call) listVolumes() error {
-	if err := c.authorize("list", "volumes", c.opts.Namespace, ""); err != nil {
-		return err
-	}
-	vols, err := c.opts.Cache.Volumes.ListRO(nil)
-	if err != nil {
-		return err
-	}
-	return c.reply(http.StatusOK, list[*v1beta1.Volume]{Items: sortedByName(vols)})
-}
-
-func (c *call) getVolume() error {
-	name := c.r.PathValue("name")
-	if err := c.authorize("get", "volumes", c.opts.Namespace, name); err != nil {
-		return err
-	}
-	v, err := c.cachedVolume(name)
-	if err != nil {
-		return err
-	}
-	return c.reply(http.StatusOK, v)
-}
-
-// cachedVolume is the named volume from the cache, or a 404.
-func (c *call) cachedVolume(name string) (*v1beta1.Volume, error) {
-	v, err := c.opts.Cache.Volumes.GetRO(name)
-	if err != nil {
-		return nil, fmt.Errorf("volume %q: %w", name, errNotFound)
-	}
-	return v, nil
 }
 
 // volumeRequest is the body of a volume create.
@@ -140,21 +108,6 @@ func (c *call) createVolume() error {
 	return c.reply(http.StatusCreated, created)
 }
 
-func (c *call) deleteVolume() error {
-	name := c.r.PathValue("name")
-	if err := c.authorize("delete", "volumes", c.opts.Namespace, name); err != nil {
-		return err
-	}
-	strata, err := c.strata()
-	if err != nil {
-		return err
-	}
-	if err := strata.StrataV1beta1().Volumes(c.opts.Namespace).Delete(c.ctx(), name, metav1.DeleteOptions{}); err != nil {
-		return err
-	}
-	return c.reply(http.StatusNoContent, nil)
-}
-
 // expandRequest is the body of expand.
 type expandRequest struct {
 	Size string `json:"size"`
@@ -221,7 +174,7 @@ func (c *call) createSnapshot() error {
 	if err := c.authorize("create", "snapshots", c.opts.Namespace, req.Name); err != nil {
 		return err
 	}
-	if _, err := c.cachedVolume(volume); err != nil {
+	if _, err := volumes.cached(c, volume); err != nil {
 		return err
 	}
 	strata, err := c.strata()
@@ -245,7 +198,7 @@ func (c *call) listSnapshots() error {
 	if err := c.authorize("list", "snapshots", c.opts.Namespace, ""); err != nil {
 		return err
 	}
-	if _, err := c.cachedVolume(volume); err != nil {
+	if _, err := volumes.cached(c, volume); err != nil {
 		return err
 	}
 	snaps, err := c.opts.Cache.Snapshots.ListByIndexRO(datastore.IndexByVolume, volume)

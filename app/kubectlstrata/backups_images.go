@@ -25,7 +25,7 @@ func backupCommand() *cli.Command {
 				Description: "kubectl strata backup create data nightly-1 --snapshot before-upgrade",
 				Flags:       []cli.Flag{&cli.StringFlag{Name: "snapshot", Usage: "a snapshot of the volume (default: a new one)"}},
 				Action:      action(createBackup)},
-			{Name: "rm", Usage: "delete a backup", ArgsUsage: "NAME", Action: action(deleteBackup)},
+			{Name: "rm", Usage: "delete a backup", ArgsUsage: "NAME", Action: action(deleteNamed("/v1/backups/", "backup"))},
 			{Name: "restore", Usage: "restore a completed backup into a new volume", ArgsUsage: "BACKUP VOLUME",
 				Description: "kubectl strata backup restore nightly-1 data-restored --replicas 2",
 				Flags: []cli.Flag{
@@ -37,21 +37,11 @@ func backupCommand() *cli.Command {
 }
 
 func listBackups(ctx context.Context, s *session) error {
-	var backups struct {
-		Items []v1beta1.Backup `json:"items"`
-	}
-	if err := s.call(ctx, "GET", "/v1/backups", nil, &backups); err != nil {
-		return err
-	}
-	if done, err := s.print.objects(backups); done {
-		return err
-	}
-	rows := make([][]string, 0, len(backups.Items))
-	for _, b := range backups.Items {
-		rows = append(rows, []string{b.Name, orNone(b.Status.VolumeName), orNone(b.Status.SnapshotName), orNone(string(b.Status.State)),
-			size(b.Status.Size), s.print.age(b.CreationTimestamp)})
-	}
-	return s.print.table([]string{"NAME", "VOLUME", "SNAPSHOT", "STATE", "SIZE", "AGE"}, rows)
+	return listTable(ctx, s, "GET", "/v1/backups", []string{"NAME", "VOLUME", "SNAPSHOT", "STATE", "SIZE", "AGE"},
+		func(b v1beta1.Backup) []string {
+			return []string{b.Name, orNone(b.Status.VolumeName), orNone(b.Status.SnapshotName), orNone(string(b.Status.State)),
+				size(b.Status.Size), s.print.age(b.CreationTimestamp)}
+		})
 }
 
 func createBackup(ctx context.Context, s *session) error {
@@ -65,17 +55,6 @@ func createBackup(ctx context.Context, s *session) error {
 		return err
 	}
 	return s.done(b, "backup/%s of volume/%s created", b.Name, volume)
-}
-
-func deleteBackup(ctx context.Context, s *session) error {
-	name, err := arg(s.cmd, 0, "NAME")
-	if err != nil {
-		return err
-	}
-	if err := s.call(ctx, "DELETE", "/v1/backups/"+name, nil, nil); err != nil {
-		return err
-	}
-	return s.done(nil, "backup/%s deleted", name)
 }
 
 func restoreBackup(ctx context.Context, s *session) error {
@@ -117,27 +96,17 @@ kubectl strata image create from-data --volume data`,
 				ArgsUsage: "NAME FILE", Action: action(uploadImage)},
 			{Name: "download", Usage: "write a ready copy to a file, sparse (holes are neither sent nor written)",
 				ArgsUsage: "NAME FILE", Action: action(downloadImage)},
-			{Name: "rm", Usage: "delete a backing image (refused while a volume uses it)", ArgsUsage: "NAME", Action: action(deleteImage)},
+			{Name: "rm", Usage: "delete a backing image (refused while a volume uses it)", ArgsUsage: "NAME", Action: action(deleteNamed("/v1/backingimages/", "backingimage"))},
 			{Name: "cleanup", Usage: "remove the copies on named disks", ArgsUsage: "NAME DISK-UUID...", Action: action(cleanupImage)},
 		}}
 }
 
 func listImages(ctx context.Context, s *session) error {
-	var images struct {
-		Items []v1beta1.BackingImage `json:"items"`
-	}
-	if err := s.call(ctx, "GET", "/v1/backingimages", nil, &images); err != nil {
-		return err
-	}
-	if done, err := s.print.objects(images); done {
-		return err
-	}
-	rows := make([][]string, 0, len(images.Items))
-	for _, bi := range images.Items {
-		rows = append(rows, []string{bi.Name, string(bi.Spec.SourceType), size(bi.Status.Size),
-			orNone(bi.Status.Copies), s.print.age(bi.CreationTimestamp)})
-	}
-	return s.print.table([]string{"NAME", "SOURCE", "SIZE", "COPIES", "AGE"}, rows)
+	return listTable(ctx, s, "GET", "/v1/backingimages", []string{"NAME", "SOURCE", "SIZE", "COPIES", "AGE"},
+		func(bi v1beta1.BackingImage) []string {
+			return []string{bi.Name, string(bi.Spec.SourceType), size(bi.Status.Size), orNone(bi.Status.Copies),
+				s.print.age(bi.CreationTimestamp)}
+		})
 }
 
 func createImage(ctx context.Context, s *session) error {
@@ -161,17 +130,6 @@ func createImage(ctx context.Context, s *session) error {
 		return err
 	}
 	return s.done(bi, "backingimage/%s created", name)
-}
-
-func deleteImage(ctx context.Context, s *session) error {
-	name, err := arg(s.cmd, 0, "NAME")
-	if err != nil {
-		return err
-	}
-	if err := s.call(ctx, "DELETE", "/v1/backingimages/"+name, nil, nil); err != nil {
-		return err
-	}
-	return s.done(nil, "backingimage/%s deleted", name)
 }
 
 func cleanupImage(ctx context.Context, s *session) error {

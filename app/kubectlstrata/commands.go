@@ -108,7 +108,7 @@ func volumeCommand() *cli.Command {
 					&cli.StringFlag{Name: "data-source", Usage: "vol://<volume> or snap://<volume>/<snapshot> to clone"},
 					&cli.BoolFlag{Name: "wait", Usage: "with --data-source or --from-backup: follow the fill to its end (a progress line on a terminal)"},
 				}, Action: action(createVolume)},
-			{Name: "rm", Usage: "delete a volume (refused while attached)", ArgsUsage: "NAME", Action: action(deleteVolume)},
+			{Name: "rm", Usage: "delete a volume (refused while attached)", ArgsUsage: "NAME", Action: action(deleteNamed("/v1/volumes/", "volume"))},
 			{Name: "expand", Usage: "grow a volume", ArgsUsage: "NAME",
 				Flags:  []cli.Flag{&cli.StringFlag{Name: "size", Required: true, Usage: "the new size: 2Gi"}},
 				Action: action(expandVolume)},
@@ -136,21 +136,11 @@ again with --ticket) or detach.
 }
 
 func listVolumes(ctx context.Context, s *session) error {
-	var vols struct {
-		Items []v1beta1.Volume `json:"items"`
-	}
-	if err := s.call(ctx, "GET", "/v1/volumes", nil, &vols); err != nil {
-		return err
-	}
-	if done, err := s.print.objects(vols); done {
-		return err
-	}
-	rows := make([][]string, 0, len(vols.Items))
-	for _, v := range vols.Items {
-		rows = append(rows, []string{v.Name, v.Spec.Size.String(), strconv.Itoa(int(v.Spec.NumberOfReplicas)),
-			orNone(string(v.Status.State)), orNone(string(v.Status.Robustness)), orNone(v.Status.CurrentNodeID), s.print.age(v.CreationTimestamp)})
-	}
-	return s.print.table([]string{"NAME", "SIZE", "REPLICAS", "STATE", "ROBUSTNESS", "NODE", "AGE"}, rows)
+	return listTable(ctx, s, "GET", "/v1/volumes", []string{"NAME", "SIZE", "REPLICAS", "STATE", "ROBUSTNESS", "NODE", "AGE"},
+		func(v v1beta1.Volume) []string {
+			return []string{v.Name, v.Spec.Size.String(), strconv.Itoa(int(v.Spec.NumberOfReplicas)), orNone(string(v.Status.State)),
+				orNone(string(v.Status.Robustness)), orNone(v.Status.CurrentNodeID), s.print.age(v.CreationTimestamp)}
+		})
 }
 
 func createVolume(ctx context.Context, s *session) error {
@@ -176,15 +166,18 @@ func createVolume(ctx context.Context, s *session) error {
 	return nil
 }
 
-func deleteVolume(ctx context.Context, s *session) error {
-	name, err := arg(s.cmd, 0, "NAME")
-	if err != nil {
-		return err
+// deleteNamed deletes the object NAME at path+NAME.
+func deleteNamed(path, noun string) func(context.Context, *session) error {
+	return func(ctx context.Context, s *session) error {
+		name, err := arg(s.cmd, 0, "NAME")
+		if err != nil {
+			return err
+		}
+		if err := s.call(ctx, "DELETE", path+name, nil, nil); err != nil {
+			return err
+		}
+		return s.done(nil, "%s/%s deleted", noun, name)
 	}
-	if err := s.call(ctx, "DELETE", "/v1/volumes/"+name, nil, nil); err != nil {
-		return err
-	}
-	return s.done(nil, "volume/%s deleted", name)
 }
 
 func expandVolume(ctx context.Context, s *session) error {
@@ -290,22 +283,11 @@ func listSnapshots(ctx context.Context, s *session) error {
 	if err != nil {
 		return err
 	}
-	var snaps struct {
-		Items []v1beta1.Snapshot `json:"items"`
-	}
-	if err := s.call(ctx, "POST", "/v1/volumes/"+volume+"?action=snapshotCRList", nil, &snaps); err != nil {
-		return err
-	}
-	if done, err := s.print.objects(snaps); done {
-		return err
-	}
-	rows := make([][]string, 0, len(snaps.Items))
-	for _, sn := range snaps.Items {
-		rows = append(rows, []string{sn.Name, size(sn.Status.Size),
-			strconv.FormatBool(sn.Status.ReadyToUse), strconv.FormatBool(sn.Status.UserCreated), orNone(sn.Status.Parent),
-			s.print.age(sn.CreationTimestamp)})
-	}
-	return s.print.table([]string{"NAME", "SIZE", "READY", "USER", "PARENT", "AGE"}, rows)
+	return listTable(ctx, s, "POST", "/v1/volumes/"+volume+"?action=snapshotCRList", []string{"NAME", "SIZE", "READY", "USER", "PARENT", "AGE"},
+		func(sn v1beta1.Snapshot) []string {
+			return []string{sn.Name, size(sn.Status.Size), strconv.FormatBool(sn.Status.ReadyToUse),
+				strconv.FormatBool(sn.Status.UserCreated), orNone(sn.Status.Parent), s.print.age(sn.CreationTimestamp)}
+		})
 }
 
 func createSnapshot(ctx context.Context, s *session) error {

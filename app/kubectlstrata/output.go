@@ -1,6 +1,7 @@
 package kubectlstrata
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -87,4 +88,23 @@ func size(bytes int64) string {
 		i++
 	}
 	return strings.TrimSuffix(fmt.Sprintf("%.1f", value), ".0") + []string{"Ki", "Mi", "Gi", "Ti", "Pi"}[i]
+}
+
+// listTable fetches a list from the API and prints it: as objects with
+// -o, else a table of header and one row per item.
+func listTable[T any](ctx context.Context, s *session, method, path string, header []string, row func(T) []string) error {
+	var items struct {
+		Items []T `json:"items"`
+	}
+	if err := s.call(ctx, method, path, nil, &items); err != nil {
+		return err
+	}
+	if done, err := s.print.objects(items); done {
+		return err
+	}
+	rows := make([][]string, 0, len(items.Items))
+	for _, it := range items.Items {
+		rows = append(rows, row(it))
+	}
+	return s.print.table(header, rows)
 }

@@ -1,0 +1,88 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
+)
+
+// kind is what list, get and delete of one Strata kind need: reads from
+// the cache, the delete made as the caller.
+type kind[T datastore.Object] struct {
+	resource string // as RBAC names it: volumes
+	noun     string // in errors: volume
+	store    func(*datastore.DataStore) *datastore.Store[T]
+	deleter  func(strata versioned.Interface, namespace string) func(context.Context, string, metav1.DeleteOptions) error
+}
+
+var (
+	volumes = kind[*v1beta1.Volume]{resource: "volumes", noun: "volume",
+		store: func(ds *datastore.DataStore) *datastore.Store[*v1beta1.Volume] { return ds.Volumes },
+		deleter: func(s versioned.Interface, ns string) func(context.Context, string, metav1.DeleteOptions) error {
+			return s.StrataV1beta1().Volumes(ns).Delete
+		}}
+	backups = kind[*v1beta1.Backup]{resource: "backups", noun: "backup",
+		store: func(ds *datastore.DataStore) *datastore.Store[*v1beta1.Backup] { return ds.Backups },
+		deleter: func(s versioned.Interface, ns string) func(context.Context, string, metav1.DeleteOptions) error {
+			return s.StrataV1beta1().Backups(ns).Delete
+		}}
+	backingImages = kind[*v1beta1.BackingImage]{resource: "backingimages", noun: "backing image",
+		store: func(ds *datastore.DataStore) *datastore.Store[*v1beta1.BackingImage] { return ds.BackingImages },
+		deleter: func(s versioned.Interface, ns string) func(context.Context, string, metav1.DeleteOptions) error {
+			return s.StrataV1beta1().BackingImages(ns).Delete
+		}}
+)
+
+func (k kind[T]) list(c *call) error {
+	if err := c.authorize("list", k.resource, c.opts.Namespace, ""); err != nil {
+		return err
+	}
+	objs, err := k.store(c.opts.Cache).ListRO(nil)
+	if err != nil {
+		return err
+	}
+	return c.reply(http.StatusOK, list[T]{Items: sortedByName(objs)})
+}
+
+func (k kind[T]) get(c *call) error {
+	name := c.r.PathValue("name")
+	if err := c.authorize("get", k.resource, c.opts.Namespace, name); err != nil {
+		return err
+	}
+	obj, err := k.cached(c, name)
+	if err != nil {
+		return err
+	}
+	return c.reply(http.StatusOK, obj)
+}
+
+// cached is the named object from the cache, or a 404.
+func (k kind[T]) cached(c *call, name string) (T, error) {
+	obj, err := k.store(c.opts.Cache).GetRO(name)
+	if err != nil {
+		var zero T
+		return zero, fmt.Errorf("%s %q: %w", k.noun, name, errNotFound)
+	}
+	return obj, nil
+}
+
+func (k kind[T]) delete(c *call) error {
+	name := c.r.PathValue("name")
+	if err := c.authorize("delete", k.resource, c.opts.Namespace, name); err != nil {
+		return err
+	}
+	strata, err := c.strata()
+	if err != nil {
+		return err
+	}
+	if err := k.deleter(strata, c.opts.Namespace)(c.ctx(), name, metav1.DeleteOptions{}); err != nil {
+		return err
+	}
+	return c.reply(http.StatusNoContent, nil)
+}
