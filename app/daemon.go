@@ -19,6 +19,8 @@ import (
 	"github.com/urfave/cli/v3"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	kubescheme "k8s.io/client-go/kubernetes/scheme"
@@ -336,9 +338,13 @@ func init() {
 }
 
 func newEventRecorder(kubeClient kubernetes.Interface, nodeName string) (record.EventBroadcaster, record.EventRecorder) {
-	scheme := kubescheme.Scheme
-	// Adding to client-go's scheme is safe: it only adds the strata.io kinds.
-	_ = stratascheme.AddToScheme(scheme)
+	// A scheme of the recorder's own: adding Strata's kinds to client-go's
+	// global scheme here raced with the informers already started (the
+	// certificate keeper's Secret watch reads that scheme): a fatal
+	// "concurrent map read and map write" at a manager's restart.
+	scheme := runtime.NewScheme()
+	utilruntime.Must(kubescheme.AddToScheme(scheme))
+	utilruntime.Must(stratascheme.AddToScheme(scheme))
 	broadcaster := record.NewBroadcaster()
 	broadcaster.StartStructuredLogging(4)
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kubeClient.CoreV1().Events("")})
