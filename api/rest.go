@@ -13,6 +13,8 @@ import (
 	"github.com/sirupsen/logrus"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/client-go/tools/record"
 
@@ -81,6 +83,39 @@ func (e *InputError) Error() string { return e.Field + ": " + e.Reason }
 
 func badInput(field, format string, args ...any) error {
 	return &InputError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// checkName checks the name a body gives (field "name"): a DNS-1123
+// subdomain; empty only when not required (the server then generates one).
+func checkName(name string, required bool) error {
+	if name == "" {
+		if required {
+			return badInput("name", "missing")
+		}
+		return nil
+	}
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return badInput("name", "%q: %s", name, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// parseQuantity reads a size a user wrote into field: a quantity that is
+// positive, or with zeroOK not negative; example shows one.
+func parseQuantity(field, s, example string, zeroOK bool) (resource.Quantity, error) {
+	if s == "" {
+		return resource.Quantity{}, badInput(field, "missing: give a size such as %s", example)
+	}
+	q, err := resource.ParseQuantity(s)
+	switch {
+	case err != nil:
+		return q, badInput(field, "%q is not a size (a quantity such as %s)", s, example)
+	case zeroOK && q.Sign() < 0:
+		return q, badInput(field, "%q is negative", s)
+	case !zeroOK && q.Sign() <= 0:
+		return q, badInput(field, "%q is not positive", s)
+	}
+	return q, nil
 }
 
 // errNotFound is a 404 for something the cache does not hold.

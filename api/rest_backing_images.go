@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/util/retry"
 
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
@@ -41,11 +40,8 @@ type backingImageRequest struct {
 }
 
 func (req backingImageRequest) image(namespace string) (*v1beta1.BackingImage, error) {
-	if req.Name == "" {
-		return nil, badInput("name", "missing")
-	}
-	if errs := validation.IsDNS1123Subdomain(req.Name); len(errs) > 0 {
-		return nil, badInput("name", "%q: %s", req.Name, strings.Join(errs, "; "))
+	if err := checkName(req.Name, true); err != nil {
+		return nil, err
 	}
 	params := map[string]string{}
 	switch v1beta1.BackingImageSourceType(req.SourceType) {

@@ -4,11 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
@@ -45,10 +43,8 @@ func (c *call) createBackup() error {
 	if req.Volume == "" {
 		return badInput("volume", "missing: name the volume to back up")
 	}
-	if req.Name != "" {
-		if errs := validation.IsDNS1123Subdomain(req.Name); len(errs) > 0 {
-			return badInput("name", "%q: %s", req.Name, strings.Join(errs, "; "))
-		}
+	if err := checkName(req.Name, false); err != nil {
+		return err
 	}
 	if err := c.authorize("create", "backups", c.opts.Namespace, req.Name); err != nil {
 		return err

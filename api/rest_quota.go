@@ -36,21 +36,6 @@ type quotaRequest struct {
 	TotalSnapshotSizeQuota string `json:"totalSnapshotSizeQuota"`
 }
 
-// parseQuota reads a quota a user wrote: a non-negative quantity.
-func parseQuota(s string) (resource.Quantity, error) {
-	if s == "" {
-		return resource.Quantity{}, badInput("totalSnapshotSizeQuota", "missing: give a size such as 10Gi")
-	}
-	q, err := resource.ParseQuantity(s)
-	if err != nil {
-		return q, badInput("totalSnapshotSizeQuota", "%q is not a size (a quantity such as 10Gi)", s)
-	}
-	if q.Sign() < 0 {
-		return q, badInput("totalSnapshotSizeQuota", "%q is negative", s)
-	}
-	return q, nil
-}
-
 // updateQuota sets the namespace's quota (vm "") or a VM's in the
 // namespace's ResourceQuota, creating it if needed.
 func (c *call) updateQuota(namespace, vm string, okCode int) error {
@@ -58,7 +43,7 @@ func (c *call) updateQuota(namespace, vm string, okCode int) error {
 	if err := c.decode(&req); err != nil {
 		return err
 	}
-	quota, err := parseQuota(req.TotalSnapshotSizeQuota)
+	quota, err := parseQuantity("totalSnapshotSizeQuota", req.TotalSnapshotSizeQuota, "10Gi", true)
 	if err != nil {
 		return err
 	}

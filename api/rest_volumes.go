@@ -6,9 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/util/retry"
 
 	"github.com/strata-storage/strata/datastore"
@@ -52,13 +50,10 @@ type volumeRequest struct {
 }
 
 func (req volumeRequest) volume(namespace string) (*v1beta1.Volume, error) {
-	if req.Name == "" {
-		return nil, badInput("name", "missing")
+	if err := checkName(req.Name, true); err != nil {
+		return nil, err
 	}
-	if errs := validation.IsDNS1123Subdomain(req.Name); len(errs) > 0 {
-		return nil, badInput("name", "%q: %s", req.Name, strings.Join(errs, "; "))
-	}
-	size, err := parseSize("size", req.Size)
+	size, err := parseQuantity("size", req.Size, "1Gi", false)
 	if err != nil {
 		return nil, err
 	}
@@ -68,21 +63,6 @@ func (req volumeRequest) volume(namespace string) (*v1beta1.Volume, error) {
 	return &v1beta1.Volume{ObjectMeta: metav1.ObjectMeta{Name: req.Name, Namespace: namespace},
 		Spec: v1beta1.VolumeSpec{Size: size, NumberOfReplicas: req.NumberOfReplicas, Frontend: v1beta1.VolumeFrontendNBD,
 			BackingImage: req.BackingImage, FromBackup: req.FromBackup, DataSource: req.DataSource}}, nil
-}
-
-// parseSize reads a size a user wrote: a positive quantity.
-func parseSize(field, s string) (resource.Quantity, error) {
-	if s == "" {
-		return resource.Quantity{}, badInput(field, "missing: give a size such as 1Gi")
-	}
-	q, err := resource.ParseQuantity(s)
-	if err != nil {
-		return q, badInput(field, "%q is not a size (a quantity such as 1Gi)", s)
-	}
-	if q.Sign() <= 0 {
-		return q, badInput(field, "%q is not positive", s)
-	}
-	return q, nil
 }
 
 func (c *call) createVolume() error {
@@ -119,7 +99,7 @@ func (c *call) expandVolume() error {
 	if err := c.decode(&req); err != nil {
 		return err
 	}
-	size, err := parseSize("size", req.Size)
+	size, err := parseQuantity("size", req.Size, "1Gi", false)
 	if err != nil {
 		return err
 	}
@@ -166,10 +146,8 @@ func (c *call) createSnapshot() error {
 	if err := c.decode(&req); err != nil {
 		return err
 	}
-	if req.Name != "" {
-		if errs := validation.IsDNS1123Subdomain(req.Name); len(errs) > 0 {
-			return badInput("name", "%q: %s", req.Name, strings.Join(errs, "; "))
-		}
+	if err := checkName(req.Name, false); err != nil {
+		return err
 	}
 	if err := c.authorize("create", "snapshots", c.opts.Namespace, req.Name); err != nil {
 		return err

@@ -58,11 +58,7 @@ func createBackup(ctx context.Context, s *session) error {
 }
 
 func restoreBackup(ctx context.Context, s *session) error {
-	backup, err := arg(s.cmd, 0, "BACKUP")
-	if err != nil {
-		return err
-	}
-	volume, err := arg(s.cmd, 1, "VOLUME")
+	backup, volume, err := twoArgs(s.cmd, "BACKUP", "VOLUME")
 	if err != nil {
 		return err
 	}
@@ -149,11 +145,7 @@ func cleanupImage(ctx context.Context, s *session) error {
 
 // uploadImage PUTs the file, with a progress line on a terminal.
 func uploadImage(ctx context.Context, s *session) error {
-	name, err := arg(s.cmd, 0, "NAME")
-	if err != nil {
-		return err
-	}
-	path, err := arg(s.cmd, 1, "FILE")
+	name, path, err := twoArgs(s.cmd, "NAME", "FILE")
 	if err != nil {
 		return err
 	}
@@ -198,11 +190,7 @@ func uploadImage(ctx context.Context, s *session) error {
 // downloadImage writes the image's extent stream to a sparse file; the
 // file appears only once the whole stream arrived.
 func downloadImage(ctx context.Context, s *session) error {
-	name, err := arg(s.cmd, 0, "NAME")
-	if err != nil {
-		return err
-	}
-	path, err := arg(s.cmd, 1, "FILE")
+	name, path, err := twoArgs(s.cmd, "NAME", "FILE")
 	if err != nil {
 		return err
 	}

@@ -94,6 +94,16 @@ func arg(cmd *cli.Command, n int, name string) (string, error) {
 	return cmd.Args().Get(n), nil
 }
 
+// twoArgs are the first two arguments, which must be there.
+func twoArgs(cmd *cli.Command, first, second string) (string, string, error) {
+	a, err := arg(cmd, 0, first)
+	if err != nil {
+		return "", "", err
+	}
+	b, err := arg(cmd, 1, second)
+	return a, b, err
+}
+
 func volumeCommand() *cli.Command {
 	return &cli.Command{Name: "volume", Aliases: []string{"vol"}, Usage: "list, create, attach, detach, expand, revert, delete volumes",
 		Commands: []*cli.Command{
@@ -312,11 +322,7 @@ func createSnapshot(ctx context.Context, s *session) error {
 }
 
 func deleteSnapshot(ctx context.Context, s *session) error {
-	volume, err := arg(s.cmd, 0, "VOLUME")
-	if err != nil {
-		return err
-	}
-	name, err := arg(s.cmd, 1, "NAME")
+	volume, name, err := twoArgs(s.cmd, "VOLUME", "NAME")
 	if err != nil {
 		return err
 	}
@@ -346,11 +352,7 @@ func quotaPath(namespace, vm, action string) string {
 }
 
 func setQuota(ctx context.Context, s *session) error {
-	namespace, err := arg(s.cmd, 0, "NAMESPACE")
-	if err != nil {
-		return err
-	}
-	size, err := arg(s.cmd, 1, "SIZE")
+	namespace, size, err := twoArgs(s.cmd, "NAMESPACE", "SIZE")
 	if err != nil {
 		return err
 	}
