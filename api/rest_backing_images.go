@@ -79,18 +79,7 @@ func (c *call) createBackingImage() error {
 	if err != nil {
 		return err
 	}
-	if err := c.authorize("create", "backingimages", c.opts.Namespace, bi.Name); err != nil {
-		return err
-	}
-	strata, err := c.strata()
-	if err != nil {
-		return err
-	}
-	created, err := strata.StrataV1beta1().BackingImages(c.opts.Namespace).Create(c.ctx(), bi, metav1.CreateOptions{})
-	if err != nil {
-		return err
-	}
-	return c.reply(http.StatusCreated, created)
+	return backingImages.create(c, bi)
 }
 
 // cleanupRequest names the disks (UUIDs) whose copies go.

@@ -98,18 +98,7 @@ func (c *call) restoreBackup() error {
 	if err != nil {
 		return err
 	}
-	if err := c.authorize("create", "volumes", c.opts.Namespace, v.Name); err != nil {
-		return err
-	}
-	strata, err := c.strata()
-	if err != nil {
-		return err
-	}
-	created, err := strata.StrataV1beta1().Volumes(c.opts.Namespace).Create(c.ctx(), v, metav1.CreateOptions{})
-	if err != nil {
-		return err
-	}
-	return c.reply(http.StatusCreated, created)
+	return volumes.create(c, v)
 }
 
 // errNotCompleted is a 409: a restore needs a completed backup.

@@ -19,6 +19,7 @@ type kind[T datastore.Object] struct {
 	noun     string // in errors: volume
 	store    func(*datastore.DataStore) *datastore.Store[T]
 	deleter  func(strata versioned.Interface, namespace string) func(context.Context, string, metav1.DeleteOptions) error
+	creator  func(strata versioned.Interface, namespace string) func(context.Context, T, metav1.CreateOptions) (T, error)
 }
 
 var (
@@ -26,16 +27,25 @@ var (
 		store: func(ds *datastore.DataStore) *datastore.Store[*v1beta1.Volume] { return ds.Volumes },
 		deleter: func(s versioned.Interface, ns string) func(context.Context, string, metav1.DeleteOptions) error {
 			return s.StrataV1beta1().Volumes(ns).Delete
+		},
+		creator: func(s versioned.Interface, ns string) func(context.Context, *v1beta1.Volume, metav1.CreateOptions) (*v1beta1.Volume, error) {
+			return s.StrataV1beta1().Volumes(ns).Create
 		}}
 	backups = kind[*v1beta1.Backup]{resource: "backups", noun: "backup",
 		store: func(ds *datastore.DataStore) *datastore.Store[*v1beta1.Backup] { return ds.Backups },
 		deleter: func(s versioned.Interface, ns string) func(context.Context, string, metav1.DeleteOptions) error {
 			return s.StrataV1beta1().Backups(ns).Delete
+		},
+		creator: func(s versioned.Interface, ns string) func(context.Context, *v1beta1.Backup, metav1.CreateOptions) (*v1beta1.Backup, error) {
+			return s.StrataV1beta1().Backups(ns).Create
 		}}
 	backingImages = kind[*v1beta1.BackingImage]{resource: "backingimages", noun: "backing image",
 		store: func(ds *datastore.DataStore) *datastore.Store[*v1beta1.BackingImage] { return ds.BackingImages },
 		deleter: func(s versioned.Interface, ns string) func(context.Context, string, metav1.DeleteOptions) error {
 			return s.StrataV1beta1().BackingImages(ns).Delete
+		},
+		creator: func(s versioned.Interface, ns string) func(context.Context, *v1beta1.BackingImage, metav1.CreateOptions) (*v1beta1.BackingImage, error) {
+			return s.StrataV1beta1().BackingImages(ns).Create
 		}}
 )
 
@@ -85,4 +95,21 @@ func (k kind[T]) delete(c *call) error {
 		return err
 	}
 	return c.reply(http.StatusNoContent, nil)
+}
+
+// create makes obj as the caller, after the access review of create on
+// its name (empty for a generated one), and answers 201 with it.
+func (k kind[T]) create(c *call, obj T) error {
+	if err := c.authorize("create", k.resource, c.opts.Namespace, obj.GetName()); err != nil {
+		return err
+	}
+	strata, err := c.strata()
+	if err != nil {
+		return err
+	}
+	created, err := k.creator(strata, c.opts.Namespace)(c.ctx(), obj, metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	return c.reply(http.StatusCreated, created)
 }

@@ -74,18 +74,7 @@ func (c *call) createVolume() error {
 	if err != nil {
 		return err
 	}
-	if err := c.authorize("create", "volumes", c.opts.Namespace, v.Name); err != nil {
-		return err
-	}
-	strata, err := c.strata()
-	if err != nil {
-		return err
-	}
-	created, err := strata.StrataV1beta1().Volumes(c.opts.Namespace).Create(c.ctx(), v, metav1.CreateOptions{})
-	if err != nil {
-		return err
-	}
-	return c.reply(http.StatusCreated, created)
+	return volumes.create(c, v)
 }
 
 // expandRequest is the body of expand.
