@@ -13,6 +13,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	x509request "k8s.io/apiserver/pkg/authentication/request/x509"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/client-go/kubernetes"
 )
@@ -95,6 +96,7 @@ type KubeAuth struct {
 	// (what kubectl create token gives by default).
 	Audiences []string
 	tokens    *tokenCache
+	certs     *x509request.Authenticator // WithClientCertificates'; nil: tokens only
 }
 
 // Positive TokenReview answers are kept briefly (a client sending many
@@ -127,7 +129,14 @@ func BearerToken(r *http.Request) (string, error) {
 	return token, nil
 }
 
+// Authenticate is the user of r's bearer token or, when r has no
+// Authorization header, of its client certificate (WithClientCertificates).
 func (a *KubeAuth) Authenticate(ctx context.Context, r *http.Request) (user.Info, error) {
+	if r.Header.Get("Authorization") == "" {
+		if u, presented, err := a.authenticateCertificate(r); presented {
+			return u, err
+		}
+	}
 	token, err := BearerToken(r)
 	if err != nil {
 		return nil, err

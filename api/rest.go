@@ -32,9 +32,10 @@ import (
 // with the caller's own token, so the API server's RBAC and admission
 // judge them again and nothing is gained by going through the API.
 
-// CallerClients makes a Strata clientset that acts with a user's bearer
-// token (rest.AnonymousClientConfig of the manager's config plus the token).
-type CallerClients func(token string) (versioned.Interface, error)
+// CallerClients makes a Strata clientset that acts as the caller: with the
+// caller's bearer token when there is one, else (a client certificate's
+// user) by impersonating u, so the API server judges the write as u's.
+type CallerClients func(token string, u user.Info) (versioned.Interface, error)
 
 // RESTOptions are what the REST routes need.
 type RESTOptions struct {
@@ -171,15 +172,12 @@ func (c *call) authenticate() error {
 	if c.opts.Auth == nil {
 		return fmt.Errorf("%w: this manager has no way to check who calls", ErrAuthUnavailable)
 	}
-	token, err := BearerToken(c.r)
-	if err != nil {
-		return err
-	}
 	u, err := c.opts.Auth.Authenticate(c.r.Context(), c.r)
 	if err != nil {
 		return err
 	}
-	c.user, c.token = u, token
+	c.user = u
+	c.token, _ = BearerToken(c.r) // none for a client certificate's user
 	return nil
 }
 
@@ -195,7 +193,7 @@ func (c *call) strata() (versioned.Interface, error) {
 	if c.opts.Clients == nil {
 		return nil, fmt.Errorf("%w: this manager cannot act for users", ErrAuthUnavailable)
 	}
-	return c.opts.Clients(c.token)
+	return c.opts.Clients(c.token, c.user)
 }
 
 // maxBody bounds a request's JSON body: none of them is more than a few

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"encoding/json"
+	"k8s.io/apiserver/pkg/authentication/user"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -296,8 +297,9 @@ func TestRESTRoutes(t *testing.T) {
 			kube := newFakeKube(alice.Username)
 			kube.verbs = tc.verbs
 			opts := Options{Log: quietLog(), REST: RESTOptions{Auth: NewKubeAuth(kube), Cache: env.DS, Namespace: restNS,
-				Clients: func(token string) (versioned.Interface, error) {
+				Clients: func(token string, u user.Info) (versioned.Interface, error) {
 					assert.Equal(t, "good", token, "writes are made with the caller's token")
+					assert.Equal(t, alice.Username, u.GetName())
 					return env.Strata, nil
 				}}}
 			r := httptest.NewRequest(tc.method, tc.path, strings.NewReader(tc.body))

@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	kubescheme "k8s.io/client-go/kubernetes/scheme"
@@ -103,6 +104,7 @@ func DaemonCommand() *cli.Command {
 				maxRetryDelay:           cmd.Duration("max-retry-delay"),
 				imAddress:               cmd.String("instance-manager-address"),
 				imTLSDir:                cmd.String("instance-manager-tls-dir"),
+				apiClientCA:             cmd.String("api-client-ca-configmap"),
 				imPodSelector:           cmd.String("instance-manager-pods"),
 				apiListen:               cmd.String("api-listen"),
 				apiAdvertise:            apiAdvertise,
@@ -124,6 +126,7 @@ type daemonConfig struct {
 	maxRetryDelay                   time.Duration
 	imAddress                       string
 	imTLSDir                        string
+	apiClientCA                     string // namespace/name, app/daemon_tls.go
 	imPodSelector                   string
 	apiListen, apiAdvertise         string
 	uploadLimit                     int64
@@ -278,17 +281,25 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	// Users' bearer tokens: TokenReview, then a SubjectAccessReview of what
 	// each request asks (/metrics, an upload, a REST action).
 	kubeAuth := api.NewKubeAuth(kubeClient)
+	usersCA, err := startUserClientCA(ctx, &wg, kubeClient, cfg.apiClientCA, log)
+	if err != nil {
+		return err
+	}
+	if usersCA != nil {
+		kubeAuth.WithClientCertificates(usersCA)
+	}
 	ready := make(chan struct{})
 	metricsErr := serveMetrics(ctx, lns.metrics, ready, kubeAuth, pki.UserServerConfig(managerID), log)
 	// Uploads: a bearer token, TokenReview, SubjectAccessReview of update on the image.
 	// Copies between disks: a peer manager's certificate.
 	apiHandler := api.NewHandler(backingImages, api.Options{Uploads: kubeAuth, Namespace: cfg.namespace,
-		PeerCheck: requirePeer(pki.ComponentManager), Log: log,
+		PeerCheck: requirePeer(managerID, pki.ComponentManager), Log: log,
 		REST: api.RESTOptions{Auth: kubeAuth, Clients: callerClients(restConfig), Cache: ds, Namespace: cfg.namespace,
 			NodeName: cfg.nodeName, DataPlane: imPool, Recorder: recorder}})
 	// HTTPS with this manager's certificate; a client certificate is asked
-	// for, not required (users upload with a bearer token).
-	apiErr := serveHTTP(ctx, lns.api, apiHandler, pki.OptionalClientServerConfig(managerID, pki.ComponentManager),
+	// for, not required: a peer's (Strata CA) or a user's (cluster client
+	// CA), else users send bearer tokens.
+	apiErr := serveHTTP(ctx, lns.api, apiHandler, pki.UserOrPeerServerConfig(managerID, usersCA, pki.ComponentManager),
 		log.WithField("serving", "API"))
 
 	start := time.Now()
@@ -459,16 +470,26 @@ func advertiseAddress(listen, given, podIP string) (string, error) {
 	return net.JoinHostPort(host, port), nil
 }
 
-// callerClients makes the REST API's clients that act as the caller: the
-// manager's API server address and CA, the caller's bearer token and no
-// credential of the manager's (rest.AnonymousClientConfig), so a write
-// through the API is allowed exactly when the caller may make it.
+// callerClients makes the REST API's clients that act as the caller, so a
+// write through the API is allowed exactly when the caller may make it: the
+// manager's API server address and CA with the caller's bearer token and no
+// credential of the manager's (rest.AnonymousClientConfig); for a client
+// certificate's user, whose key the manager never holds, the manager's
+// credentials impersonating that user and its groups.
 func callerClients(managerConfig *rest.Config) api.CallerClients {
-	return func(token string) (versioned.Interface, error) {
-		cfg := rest.AnonymousClientConfig(managerConfig)
-		cfg.BearerToken = token
-		cfg.UserAgent = "strata-manager-rest/" + Version
-		cfg.QPS, cfg.Burst = 20, 40
-		return versioned.NewForConfig(cfg)
+	return func(token string, u user.Info) (versioned.Interface, error) {
+		return versioned.NewForConfig(callerConfig(managerConfig, token, u))
 	}
+}
+
+func callerConfig(managerConfig *rest.Config, token string, u user.Info) *rest.Config {
+	cfg := rest.AnonymousClientConfig(managerConfig)
+	cfg.BearerToken = token
+	if token == "" {
+		cfg = rest.CopyConfig(managerConfig)
+		cfg.Impersonate = rest.ImpersonationConfig{UserName: u.GetName(), Groups: u.GetGroups()}
+	}
+	cfg.UserAgent = "strata-manager-rest/" + Version
+	cfg.QPS, cfg.Burst = 20, 40
+	return cfg
 }

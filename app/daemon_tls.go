@@ -2,17 +2,18 @@ package app
 
 import (
 	"context"
-	"errors"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"net/http"
-	"slices"
+	"strings"
 	"sync"
 
 	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v3"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/strata-storage/strata/api"
 	"github.com/strata-storage/strata/internal/pki"
 
 	"github.com/strata-storage/strata/types"
@@ -24,6 +25,9 @@ func tlsFlags() []cli.Flag {
 		&cli.StringFlag{Name: "instance-manager-tls-dir", Sources: cli.EnvVars("STRATA_INSTANCE_MANAGER_TLS_DIR"),
 			Usage: "directory this manager writes its node's instance-manager certificate and the CA bundle into (the " +
 				"instance manager's --tls-dir); required with --instance-manager-address"},
+		&cli.StringFlag{Name: "api-client-ca-configmap", Value: api.ClientCANamespace + "/" + api.ClientCAConfigMap,
+			Usage: "namespace/name of the ConfigMap whose client-ca-file verifies users' client certificates on the API " +
+				"(the API server publishes it); their writes impersonate them. Empty: users authenticate with bearer tokens only"},
 	}
 }
 
@@ -71,17 +75,30 @@ func waitCertificates(ctx context.Context, keeper *pki.Keeper) error {
 	}
 }
 
-// requirePeer admits requests whose TLS client certificate (verified by the
-// listener) names one of components.
-func requirePeer(components ...string) func(r *http.Request) error {
+// requirePeer admits requests whose TLS client certificate chains to src's
+// roots and names one of components.
+func requirePeer(src pki.Source, components ...string) func(r *http.Request) error {
 	return func(r *http.Request) error {
-		id, ok := pki.PeerIdentity(r.TLS)
-		if !ok {
-			return errors.New("this route is for Strata's own components: no client certificate was presented")
-		}
-		if !slices.Contains(components, id.Component) {
-			return fmt.Errorf("%s may not call this route", id)
+		if _, err := pki.VerifiedPeer(src, r.TLS, components...); err != nil {
+			return fmt.Errorf("this route is for Strata's own components (%v): %w", components, err)
 		}
 		return nil
 	}
+}
+
+// startUserClientCA follows the cluster's client CA named by
+// --api-client-ca-configmap (namespace/name) in wg until ctx ends, and
+// returns how users' certificates are verified; nil when the flag is empty.
+func startUserClientCA(ctx context.Context, wg *sync.WaitGroup, kube kubernetes.Interface, ref string,
+	log logrus.FieldLogger) (func() (x509.VerifyOptions, bool), error) {
+	if ref == "" {
+		return nil, nil
+	}
+	namespace, name, ok := strings.Cut(ref, "/")
+	if !ok || namespace == "" || name == "" {
+		return nil, fmt.Errorf("--api-client-ca-configmap %q: want namespace/name", ref)
+	}
+	ca := api.NewClusterClientCA(kube, namespace, name, log)
+	wg.Go(func() { ca.Run(ctx) })
+	return ca.VerifyOptions, nil
 }

@@ -37,9 +37,10 @@ type client struct {
 	strata versioned.Interface
 }
 
-// errNoToken: the kubeconfig's user has no bearer token to give.
-var errNoToken = errors.New("the Strata API authenticates bearer tokens, and this kubeconfig's user has none " +
-	"(it uses a client certificate): pass --token, for example --token $(kubectl create token <serviceaccount>)")
+// errNoCredentials: the kubeconfig's user has neither a token nor a client
+// certificate (a user name and password only) for the Strata API.
+var errNoCredentials = errors.New("the Strata API takes a bearer token or a client certificate, and this kubeconfig's user " +
+	"has neither: pass --token, for example --token $(kubectl create token <serviceaccount>)")
 
 func newClient(ctx context.Context, cmd *cli.Command) (*client, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
@@ -75,16 +76,22 @@ func newClient(ctx context.Context, cmd *cli.Command) (*client, error) {
 }
 
 // apiConfig is restCfg's credentials (a token, a token file, an exec or
-// auth provider) for the Strata API, trusting Strata's CA. A client
-// certificate is not passed on: the API takes tokens.
+// auth provider, else a client certificate) for the Strata API, trusting
+// Strata's CA.
 func apiConfig(restCfg *rest.Config, caBundle []byte, token string) (*rest.Config, error) {
 	cfg := rest.CopyConfig(restCfg)
+	userCert := rest.TLSClientConfig{CertFile: cfg.CertFile, KeyFile: cfg.KeyFile, CertData: cfg.CertData, KeyData: cfg.KeyData}
 	cfg.TLSClientConfig = rest.TLSClientConfig{CAData: caBundle}
 	if token != "" {
 		cfg.BearerToken, cfg.BearerTokenFile, cfg.ExecProvider, cfg.AuthProvider = token, "", nil, nil
 	}
 	if cfg.BearerToken == "" && cfg.BearerTokenFile == "" && cfg.ExecProvider == nil && cfg.AuthProvider == nil {
-		return nil, errNoToken
+		if len(userCert.CertData) == 0 && userCert.CertFile == "" {
+			return nil, errNoCredentials
+		}
+		// The API verifies it against the cluster's client CA, as the API
+		// server does (unless the chart's api.clientCertificates is off).
+		cfg.CertFile, cfg.KeyFile, cfg.CertData, cfg.KeyData = userCert.CertFile, userCert.KeyFile, userCert.CertData, userCert.KeyData
 	}
 	cfg.Username, cfg.Password = "", ""
 	return cfg, nil

@@ -216,6 +216,9 @@ func (r *RBAC) GrantsOf(namespace, name string) ([]Grant, error) {
 		case "Role":
 			role, ok := r.Roles[b.Namespace+"/"+b.RoleRef.Name]
 			if !ok {
+				role, ok = bootstrapRoles[b.Namespace+"/"+b.RoleRef.Name]
+			}
+			if !ok {
 				return nil, fmt.Errorf("RoleBinding %s/%s: no Role %s in the manifests", b.Namespace, b.Name, b.RoleRef.Name)
 			}
 			out = append(out, expand("Role "+b.Namespace+"/"+role.Name, b.Namespace, role.Rules)...)
@@ -224,6 +227,16 @@ func (r *RBAC) GrantsOf(namespace, name string) ([]Grant, error) {
 		}
 	}
 	return out, nil
+}
+
+// bootstrapRoles are the Roles of Kubernetes' bootstrap policy that the
+// manifests bind to, as the API server creates them.
+var bootstrapRoles = map[string]rbacv1.Role{
+	"kube-system/extension-apiserver-authentication-reader": {
+		ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "extension-apiserver-authentication-reader"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"},
+			ResourceNames: []string{"extension-apiserver-authentication"}, Verbs: []string{"get", "list", "watch"}}},
+	},
 }
 
 func expand(role, namespace string, rules []rbacv1.PolicyRule) []Grant {

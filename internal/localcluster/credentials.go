@@ -55,9 +55,29 @@ func writeAdminToken(path string) (string, error) {
 
 // writeKubeconfig writes a single-context kubeconfig using a bearer token.
 func writeKubeconfig(path, server string, caData []byte, user, token, namespace string) error {
+	return writeKubeconfigFor(path, server, caData, user, &clientcmdapi.AuthInfo{Token: token}, namespace)
+}
+
+// ClientCertificateKubeconfig writes a kubeconfig at path whose user is a
+// client certificate of the cluster's CA for user in groups (as kubeadm's
+// admin.conf is): no token anywhere in it.
+func (c *Cluster) ClientCertificateKubeconfig(path, user string, groups ...string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	base := filepath.Join(filepath.Dir(path), user+"-client")
+	certPEM, keyPEM, err := c.ca.issue(base, certRequest{CommonName: user, Groups: groups})
+	if err != nil {
+		return err
+	}
+	return writeKubeconfigFor(path, c.APIServerURL, c.CAData, user,
+		&clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}, c.namespace)
+}
+
+func writeKubeconfigFor(path, server string, caData []byte, user string, auth *clientcmdapi.AuthInfo, namespace string) error {
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters["strata-local"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: caData}
-	cfg.AuthInfos[user] = &clientcmdapi.AuthInfo{Token: token}
+	cfg.AuthInfos[user] = auth
 	cfg.Contexts["strata-local"] = &clientcmdapi.Context{Cluster: "strata-local", AuthInfo: user, Namespace: namespace}
 	cfg.CurrentContext = "strata-local"
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {

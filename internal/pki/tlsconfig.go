@@ -28,16 +28,47 @@ func ServerConfig(src Source, allow ...string) *tls.Config {
 	}
 }
 
-// OptionalClientServerConfig serves its certificate to everyone; a client
-// certificate, when one is presented, must be of the CA and an allowed
-// component (PeerIdentity then names it). For listeners where users
-// authenticate otherwise (a bearer token) and peers by certificate.
-func OptionalClientServerConfig(src Source, allow ...string) *tls.Config {
+// UserOrPeerServerConfig serves its certificate to everyone and asks for a
+// client certificate without requiring one. One that is presented must
+// verify either as a Strata component in allow (src's roots) or by users
+// (the cluster's client CA, for kubeconfigs that authenticate with a
+// certificate); nil users accepts components only. The listener lets both
+// kinds through, so a handler checks again which one it has: VerifiedPeer
+// for components, the user authenticator for users.
+func UserOrPeerServerConfig(src Source, users func() (x509.VerifyOptions, bool), allow ...string) *tls.Config {
 	cfg := ServerConfig(src, allow...)
 	cfg.MinVersion = tls.VersionTLS12 // users' tools
 	cfg.ClientAuth = tls.RequestClientCert
-	cfg.VerifyPeerCertificate = verifyPeer(src, true, allow)
+	peer := verifyPeer(src, true, allow)
+	cfg.VerifyPeerCertificate = func(raw [][]byte, chains [][]*x509.Certificate) error {
+		peerErr := peer(raw, chains)
+		if peerErr == nil || users == nil {
+			return peerErr
+		}
+		if opts, ok := users(); ok {
+			if err := verifyUser(opts, raw); err == nil {
+				return nil
+			}
+		}
+		return peerErr
+	}
 	return cfg
+}
+
+// verifyUser checks a client certificate chain against opts (a client CA)
+// for client authentication.
+func verifyUser(opts x509.VerifyOptions, raw [][]byte) error {
+	certs, err := parseChain(raw)
+	if err != nil {
+		return err
+	}
+	opts.Intermediates = x509.NewCertPool()
+	for _, c := range certs[1:] {
+		opts.Intermediates.AddCert(c)
+	}
+	opts.KeyUsages = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	_, err = certs[0].Verify(opts)
+	return err
 }
 
 // UserServerConfig serves its certificate to everyone and asks for no
@@ -87,13 +118,9 @@ func verifyChain(src Source, raw [][]byte, allow []string) (Identity, error) {
 	if err != nil {
 		return Identity{}, err
 	}
-	certs := make([]*x509.Certificate, 0, len(raw))
-	for _, r := range raw {
-		c, err := x509.ParseCertificate(r)
-		if err != nil {
-			return Identity{}, fmt.Errorf("peer certificate: %w", err)
-		}
-		certs = append(certs, c)
+	certs, err := parseChain(raw)
+	if err != nil {
+		return Identity{}, err
 	}
 	inter := x509.NewCertPool()
 	for _, c := range certs[1:] {
@@ -113,14 +140,34 @@ func verifyChain(src Source, raw [][]byte, allow []string) (Identity, error) {
 	return id, nil
 }
 
-// PeerIdentity is the verified identity of a TLS peer that presented a
-// certificate; false when it presented none.
-func PeerIdentity(cs *tls.ConnectionState) (Identity, bool) {
-	if cs == nil || len(cs.PeerCertificates) == 0 {
-		return Identity{}, false
+func parseChain(raw [][]byte) ([]*x509.Certificate, error) {
+	if len(raw) == 0 {
+		return nil, errors.New("no certificate presented")
 	}
-	id, err := IdentityOf(cs.PeerCertificates[0])
-	return id, err == nil
+	certs := make([]*x509.Certificate, 0, len(raw))
+	for _, r := range raw {
+		c, err := x509.ParseCertificate(r)
+		if err != nil {
+			return nil, fmt.Errorf("peer certificate: %w", err)
+		}
+		certs = append(certs, c)
+	}
+	return certs, nil
+}
+
+// VerifiedPeer is the identity of a TLS peer whose certificate chains to
+// src's roots and names a component in allow. It verifies the chain again:
+// a listener of UserOrPeerServerConfig also admits users' certificates of
+// another CA, whose subject could be made to read like a component's.
+func VerifiedPeer(src Source, cs *tls.ConnectionState, allow ...string) (Identity, error) {
+	if cs == nil || len(cs.PeerCertificates) == 0 {
+		return Identity{}, errors.New("no client certificate was presented")
+	}
+	raw := make([][]byte, len(cs.PeerCertificates))
+	for i, c := range cs.PeerCertificates {
+		raw[i] = c.Raw
+	}
+	return verifyChain(src, raw, allow)
 }
 
 // MemorySource holds a certificate and roots in memory (a manager's own,

@@ -106,13 +106,39 @@ func TestPeersAreCheckedByIdentity(t *testing.T) {
 		require.Error(t, cerr)
 	})
 	t.Run("optional client certificate", func(t *testing.T) {
-		cerr, serr := handshake(t, OptionalClientServerConfig(server, ComponentManager),
+		cerr, serr := handshake(t, UserOrPeerServerConfig(server, nil, ComponentManager),
 			&tls.Config{InsecureSkipVerify: true}) //nolint:gosec
 		assert.NoError(t, cerr)
 		assert.NoError(t, serr)
-		_, serr = handshake(t, OptionalClientServerConfig(server, ComponentManager),
+		_, serr = handshake(t, UserOrPeerServerConfig(server, nil, ComponentManager),
 			ClientConfig(memSource(t, other, mgr, ca.Bundle...), ComponentInstanceManager))
 		assert.Error(t, serr, "a certificate, when given, must verify")
+	})
+	t.Run("a user's certificate of the users' CA", func(t *testing.T) {
+		users := func() (x509.VerifyOptions, bool) {
+			pool := x509.NewCertPool()
+			pool.AddCert(other.Current.Cert)
+			return x509.VerifyOptions{Roots: pool}, true
+		}
+		user := memSource(t, other, mgr, ca.Bundle...)
+		_, serr := handshake(t, UserOrPeerServerConfig(server, users, ComponentManager),
+			ClientConfig(user, ComponentInstanceManager))
+		assert.NoError(t, serr, "the listener admits a user of the cluster's client CA")
+		_, serr = handshake(t, UserOrPeerServerConfig(server, users, ComponentManager),
+			ClientConfig(memSource(t, newState(t), mgr, ca.Bundle...), ComponentInstanceManager))
+		assert.Error(t, serr, "a certificate of neither CA is refused")
+
+		leaf, err := user.Certificate()
+		require.NoError(t, err)
+		_, err = VerifiedPeer(server, &tls.ConnectionState{PeerCertificates: []*x509.Certificate{leaf.Leaf}}, ComponentManager)
+		assert.Error(t, err, "a user's certificate naming a component is no Strata peer")
+		peerLeaf, err := memSource(t, ca, mgr).Certificate()
+		require.NoError(t, err)
+		id, err := VerifiedPeer(server, &tls.ConnectionState{PeerCertificates: []*x509.Certificate{peerLeaf.Leaf}}, ComponentManager)
+		require.NoError(t, err)
+		assert.Equal(t, mgr, id)
+		_, err = VerifiedPeer(server, &tls.ConnectionState{}, ComponentManager)
+		assert.ErrorContains(t, err, "no client certificate")
 	})
 }
 

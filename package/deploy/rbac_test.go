@@ -141,6 +141,15 @@ func TestChartRBACOptions(t *testing.T) {
 		}
 	}
 	assert.Equal(t, []string{"/secrets[other]: get", "/secrets[s3-keys]: get", "/secrets[strata-backup-credentials]: get"}, secrets)
+	// Tokens only: no impersonation, no reading of the cluster's client CA.
+	tokensOnly := parseObjects(t, renderChart(t, helm, "api.clientCertificates=false"))
+	summary := rbacSummary(t, tokensOnly)
+	assert.NotContains(t, summary, "RoleBinding kube-system/strata-manager-client-ca")
+	assert.NotContains(t, summary["ClusterRole /strata-manager"], "/users: impersonate")
+	assert.Contains(t, manifests["ClusterRole /strata-manager"], "/users: impersonate")
+	_, given := flags(t, container(t, pods(t, tokensOnly)["strata-manager"], "manager"))
+	assert.Equal(t, []string{""}, given["api-client-ca-configmap"])
+
 	bt := find(t, objs, "BackupTarget", "default")
 	assert.Contains(t, string(bt.json), `"credentialSecret":"s3-keys"`)
 	assert.Contains(t, string(bt.json), `"backupTargetURL":"s3://b@us-east-1/p"`)

@@ -78,6 +78,7 @@ var unset = map[string]map[string]string{
 		"upload-size-limit":          "manager.flags",
 		"webhook-url-host":           "local mode only: the chart uses the strata-webhook Service",
 		"webhook-ca-rotate-before":   "manager.flags",
+		"api-client-ca-configmap":    "the default (the API server's); api.clientCertificates=false empties it",
 	},
 	"strata-instance-manager/instance-manager": {
 		"nbd-listen":           "NBD over TCP is for one's own tools on the node's loopback",

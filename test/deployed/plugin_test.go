@@ -2,7 +2,15 @@ package deployed
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"math/big"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,10 +30,16 @@ import (
 // standard output, standard error and error.
 func kubectlStrata(t *testing.T, args ...string) (string, string, error) {
 	t.Helper()
+	return kubectlStrataAs(t, env.cluster.AdminKubeconfig, args...)
+}
+
+// kubectlStrataAs runs the plugin with the kubeconfig at path.
+func kubectlStrataAs(t *testing.T, kubeconfig string, args ...string) (string, string, error) {
+	t.Helper()
 	plugin := filepath.Join(t.TempDir(), "kubectl-strata")
 	require.NoError(t, os.Symlink(env.bin, plugin))
 	cmd := exec.Command(plugin, args...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+env.cluster.AdminKubeconfig)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -138,4 +152,63 @@ func slicesMatch(lines []string, pattern string) bool {
 		}
 	}
 	return false
+}
+
+// A user whose kubeconfig holds only a client certificate of the cluster's
+// CA (as kubeadm's admin.conf does) uses kubectl strata as is: the API
+// verifies the certificate against the client CA the API server publishes,
+// the access reviews judge the certificate's user and groups, and the
+// writes impersonate them. A verb RBAC does not grant the group is a 403
+// naming the user; a certificate of another CA is refused.
+func TestKubectlStrataWithAClientCertificate(t *testing.T) {
+	logsOnFailure(t)
+	const user, group = "cert-alice", "strata-cert-users"
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, env.cluster.ClientCertificateKubeconfig(kubeconfig, user, group))
+	kubectl(t, "-n", ns, "create", "role", "cert-users", "--verb=get,list,create", "--resource=volumes.strata.io,nodes.strata.io")
+	kubectl(t, "-n", ns, "create", "rolebinding", "cert-users", "--role=cert-users", "--group="+group)
+	t.Cleanup(func() {
+		_, _ = kubectlOut(context.Background(), "-n", ns, "delete", "rolebinding,role", "cert-users")
+		_, _ = kubectlOut(context.Background(), "-n", ns, "delete", "volume", "cert-v1", "--wait=false")
+	})
+	as := func(args ...string) (string, string, error) { return kubectlStrataAs(t, kubeconfig, args...) }
+
+	out, _, err := as("volume", "create", "cert-v1", "--size", "16Mi", "--replicas", "1")
+	require.NoError(t, err)
+	assert.Equal(t, "volume/cert-v1 created\n", out)
+	out, _, err = as("volume", "ls")
+	require.NoError(t, err)
+	assert.Regexp(t, `(?m)^cert-v1\s+16Mi\s+1\s`, out)
+
+	_, stderr, err := as("volume", "rm", "cert-v1")
+	require.Error(t, err)
+	assert.Contains(t, stderr, `user "cert-alice" may not delete volumes.strata.io "cert-v1"`)
+	assert.Contains(t, stderr, "(HTTP 403)")
+	getVolume(t, "cert-v1") // still there
+
+	// A certificate the cluster's CA did not sign is refused in the
+	// handshake, whatever groups it names.
+	c := newRESTClient(t, "127.0.0.1", "")
+	c.http.Transport.(*http.Transport).TLSClientConfig.Certificates = []tls.Certificate{selfSignedClientCertificate(t, "mallory", "system:masters")}
+	req, err := http.NewRequest("GET", "https://"+c.addr+"/v1/volumes", nil)
+	require.NoError(t, err)
+	resp, err := c.http.Do(req)
+	if err == nil {
+		resp.Body.Close()
+	}
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "bad certificate")
+}
+
+// selfSignedClientCertificate is a client certificate of no known CA.
+func selfSignedClientCertificate(t *testing.T, user string, groups ...string) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: user, Organization: groups},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
