@@ -12,6 +12,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -186,6 +187,19 @@ func (c *call) authorize(verb, resource, namespace, name string) error {
 	return c.opts.Auth.Authorize(c.r.Context(), c.user, authorizationv1.ResourceAttributes{
 		Namespace: namespace, Verb: verb, Group: v1beta1.SchemeGroupVersion.Group,
 		Version: v1beta1.SchemeGroupVersion.Version, Resource: resource, Name: name})
+}
+
+// event records, on the volume, what the caller did through the API, naming
+// the caller; nothing without a Recorder or when the cache lacks the volume.
+func (c *call) event(volume, reason, format string, args ...any) {
+	if c.opts.Recorder == nil {
+		return
+	}
+	v, err := volumes.cached(c, volume)
+	if err != nil {
+		return
+	}
+	c.opts.Recorder.Eventf(v, corev1.EventTypeNormal, reason, format+" by %s (REST API)", append(args, c.user.GetName())...)
 }
 
 // strata is a clientset acting as the caller.

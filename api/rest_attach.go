@@ -95,26 +95,33 @@ func (c *call) attachVolume() error {
 	if _, err := volumes.cached(c, volume); err != nil {
 		return err
 	}
-	va, lease, err := c.holdTicket(volume, req, ttl)
+	va, lease, added, err := c.holdTicket(volume, req, ttl)
 	if err != nil {
 		return err
+	}
+	if added { // not each renewal
+		c.event(volume, EventReasonAttachRequested, "ticket %s for node %s added", req.TicketID, req.Node)
 	}
 	return c.reply(http.StatusOK, attachReply{TicketID: req.TicketID, VolumeAttachment: va,
 		LeaseExpiresAt: lease.Spec.RenewTime.Add(ttl).UTC()})
 }
 
-// holdTicket creates or renews the ticket req names and its Lease.
-func (c *call) holdTicket(volume string, req attachRequest, ttl time.Duration) (*v1beta1.VolumeAttachment, *coordinationv1.Lease, error) {
-	lease, err := c.renewTicketLease(req.TicketID, volume, ttl)
+// holdTicket creates or renews the ticket req names and its Lease; added
+// says it is new.
+func (c *call) holdTicket(volume string, req attachRequest, ttl time.Duration) (
+	va *v1beta1.VolumeAttachment, lease *coordinationv1.Lease, added bool, err error) {
+	lease, err = c.renewTicketLease(req.TicketID, volume, ttl)
 	if err != nil {
-		return nil, nil, fmt.Errorf("keeping the ticket's lease: %w", err)
+		return nil, nil, false, fmt.Errorf("keeping the ticket's lease: %w", err)
 	}
 	ticket := &v1beta1.AttachmentTicket{ID: req.TicketID, Type: v1beta1.AttacherTypeStrataAPI, NodeID: req.Node,
 		Parameters: map[string]string{v1beta1.AttachmentParameterDisableFrontend: fmt.Sprint(req.DisableFrontend)},
 		OwnerRef: &v1beta1.TicketOwnerReference{APIVersion: "coordination.k8s.io/v1", Kind: "Lease",
 			Namespace: lease.Namespace, Name: lease.Name, UID: string(lease.UID)}}
-	va, err := c.editTickets(c.ctx(), volume, func(tickets map[string]*v1beta1.AttachmentTicket) error {
-		if old := tickets[ticket.ID]; old != nil {
+	va, err = c.editTickets(c.ctx(), volume, func(tickets map[string]*v1beta1.AttachmentTicket) error {
+		old := tickets[ticket.ID]
+		added = old == nil
+		if old != nil {
 			ticket.Generation = old.Generation
 			if equality.Semantic.DeepEqual(old, ticket) {
 				return nil
@@ -123,7 +130,7 @@ func (c *call) holdTicket(volume string, req attachRequest, ttl time.Duration) (
 		tickets[ticket.ID] = ticket
 		return nil
 	})
-	return va, lease, err
+	return va, lease, added, err
 }
 
 // detachRequest names the ticket to remove.
@@ -146,6 +153,7 @@ func (c *call) detachVolume() error {
 	if err := c.removeTicket(c.ctx(), volume, req.TicketID); err != nil {
 		return err
 	}
+	c.event(volume, EventReasonDetachRequested, "ticket %s removed", req.TicketID)
 	return c.reply(http.StatusNoContent, nil)
 }
 

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/strata-storage/strata/datastore"
@@ -29,8 +28,14 @@ const (
 	revertTicketTTL     = 5 * time.Minute
 )
 
-// EventReasonReverted is the Volume's event of a revert.
-const EventReasonReverted = "Reverted"
+// Events on a Volume of what users did through the API that no controller
+// reports: a revert, an attachment ticket added (not each renewal) or
+// removed. Each names the user.
+const (
+	EventReasonReverted        = "Reverted"
+	EventReasonAttachRequested = "AttachRequested"
+	EventReasonDetachRequested = "DetachRequested"
+)
 
 // errInUse is a 409: the volume is attached, or asked for.
 var errInUse = errors.New("in use")
@@ -59,7 +64,7 @@ func (c *call) revertVolume() error {
 	}
 	ticket := newTicketID()
 	attach := attachRequest{Node: c.opts.NodeName, DisableFrontend: true, TicketID: ticket}
-	if _, _, err := c.holdTicket(volume, attach, revertTicketTTL); err != nil {
+	if _, _, _, err := c.holdTicket(volume, attach, revertTicketTTL); err != nil {
 		return err
 	}
 	// Given back whatever happens; a context of its own, so a client that
@@ -92,10 +97,7 @@ func (c *call) revertVolume() error {
 	if err != nil {
 		return err
 	}
-	if c.opts.Recorder != nil {
-		c.opts.Recorder.Eventf(v, corev1.EventTypeNormal, EventReasonReverted, "reverted to snapshot %s by %s (REST API)",
-			req.Snapshot, c.user.GetName())
-	}
+	c.event(volume, EventReasonReverted, "reverted to snapshot %s", req.Snapshot)
 	return c.reply(http.StatusOK, v)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/client-go/tools/record"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -80,6 +81,7 @@ func TestRESTRoutes(t *testing.T) {
 		verbs                    map[string]bool // alice's verbs; nil: all
 		wantCode                 int
 		wantError, wantField     string
+		wantEvent                string // in the one event recorded; none when empty
 		check                    func(t *testing.T, env *dstest.Env, body map[string]any)
 	}{
 		{name: "no token", method: "GET", path: "/v1/volumes", noToken: true, wantCode: 401, wantError: "no Authorization header"},
@@ -185,6 +187,7 @@ func TestRESTRoutes(t *testing.T) {
 			body: `{"totalSnapshotSizeQuota":"10Gi"}`, wantCode: 404, wantError: "virtual machine apps/vm1"},
 		{name: "the OpenAPI document", method: "GET", path: "/v1/openapi.yaml", wantCode: 200},
 		{name: "attach", method: "POST", path: "/v1/volumes/v1?action=attach", body: `{"node":"node-1","ttlSeconds":60}`, wantCode: 200,
+			wantEvent: "Normal AttachRequested ticket api-",
 			check: func(t *testing.T, env *dstest.Env, body map[string]any) {
 				id, _ := body["ticketID"].(string)
 				require.Regexp(t, ticketIDPattern, id)
@@ -220,6 +223,7 @@ func TestRESTRoutes(t *testing.T) {
 		{name: "attach forbidden to a reader", method: "POST", path: "/v1/volumes/v1?action=attach", body: `{"node":"node-1"}`,
 			verbs: readOnly, wantCode: 403, wantError: `may not update volumeattachments.strata.io "v1"`},
 		{name: "detach", method: "POST", path: "/v1/volumes/v1?action=detach", body: `{"ticketID":"api-held"}`, wantCode: 204,
+			wantEvent: "Normal DetachRequested ticket api-held removed by " + alice.Username + " (REST API)",
 			check: func(t *testing.T, env *dstest.Env, _ map[string]any) {
 				va, err := env.Strata.StrataV1beta1().VolumeAttachments(restNS).Get(context.Background(), "v1", metav1.GetOptions{})
 				require.NoError(t, err)
@@ -296,7 +300,8 @@ func TestRESTRoutes(t *testing.T) {
 				[]runtime.Object{heldLease("api-held", "v1")})
 			kube := newFakeKube(alice.Username)
 			kube.verbs = tc.verbs
-			opts := Options{Log: quietLog(), REST: RESTOptions{Auth: NewKubeAuth(kube), Cache: env.DS, Namespace: restNS,
+			events := record.NewFakeRecorder(10)
+			opts := Options{Log: quietLog(), REST: RESTOptions{Auth: NewKubeAuth(kube), Cache: env.DS, Namespace: restNS, Recorder: events,
 				Clients: func(token string, u user.Info) (versioned.Interface, error) {
 					assert.Equal(t, "good", token, "writes are made with the caller's token")
 					assert.Equal(t, alice.Username, u.GetName())
@@ -322,6 +327,16 @@ func TestRESTRoutes(t *testing.T) {
 			}
 			if tc.check != nil {
 				tc.check(t, env, got)
+			}
+			close(events.Events)
+			var recorded []string
+			for e := range events.Events {
+				recorded = append(recorded, e)
+			}
+			if tc.wantEvent == "" {
+				assert.Empty(t, recorded, "no event: nothing a user did changed (a renewal, a refusal, a read)")
+			} else if assert.Len(t, recorded, 1) {
+				assert.Contains(t, recorded[0], tc.wantEvent)
 			}
 		})
 	}
