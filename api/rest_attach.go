@@ -95,7 +95,7 @@ func (c *call) attachVolume() error {
 	if _, err := volumes.cached(c, volume); err != nil {
 		return err
 	}
-	va, lease, added, err := c.holdTicket(volume, req, ttl)
+	va, lease, added, err := c.holdTicket(volume, req, ttl, false)
 	if err != nil {
 		return err
 	}
@@ -108,9 +108,9 @@ func (c *call) attachVolume() error {
 
 // holdTicket creates or renews the ticket req names and its Lease; added
 // says it is new.
-func (c *call) holdTicket(volume string, req attachRequest, ttl time.Duration) (
+func (c *call) holdTicket(volume string, req attachRequest, ttl time.Duration, reverting bool) (
 	va *v1beta1.VolumeAttachment, lease *coordinationv1.Lease, added bool, err error) {
-	lease, err = c.renewTicketLease(req.TicketID, volume, ttl)
+	lease, err = c.renewTicketLease(req.TicketID, volume, ttl, reverting)
 	if err != nil {
 		return nil, nil, false, fmt.Errorf("keeping the ticket's lease: %w", err)
 	}
@@ -219,7 +219,7 @@ func (c *call) editTickets(ctx context.Context, volume string, edit func(map[str
 
 // renewTicketLease creates the ticket's Lease or renews it, as the manager
 // (it is the API's bookkeeping, not the caller's object).
-func (c *call) renewTicketLease(ticketID, volume string, ttl time.Duration) (*coordinationv1.Lease, error) {
+func (c *call) renewTicketLease(ticketID, volume string, ttl time.Duration, reverting bool) (*coordinationv1.Lease, error) {
 	leases := c.opts.Cache.APITicketLeases
 	now := metav1.NewMicroTime(time.Now())
 	seconds := int32(ttl.Seconds())
@@ -229,6 +229,9 @@ func (c *call) renewTicketLease(ticketID, volume string, ttl time.Duration) (*co
 		l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: ticketLeaseName(ticketID), Namespace: c.opts.Namespace,
 			Labels: map[string]string{types.LabelComponent: types.ComponentAPITicket, types.LabelVolume: volume}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &seconds, AcquireTime: &now, RenewTime: &now}}
+		if reverting {
+			l.Labels[types.LabelRevertingNode] = c.opts.NodeName
+		}
 		return leases.Create(c.ctx(), l)
 	}
 	if err != nil {

@@ -9,11 +9,15 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sirupsen/logrus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
 )
 
 // revert: the volume, detached and held by no ticket, is attached without
@@ -64,7 +68,7 @@ func (c *call) revertVolume() error {
 	}
 	ticket := newTicketID()
 	attach := attachRequest{Node: c.opts.NodeName, DisableFrontend: true, TicketID: ticket}
-	if _, _, _, err := c.holdTicket(volume, attach, revertTicketTTL); err != nil {
+	if _, _, _, err := c.holdTicket(volume, attach, revertTicketTTL, true); err != nil {
 		return err
 	}
 	// Given back whatever happens; a context of its own, so a client that
@@ -162,4 +166,24 @@ func (c *call) engineDataPlane(e *v1beta1.Engine) (engineapi.DataPlane, error) {
 		return nil, fmt.Errorf("the instance manager of node %s has no endpoint", e.Spec.NodeID)
 	}
 	return c.opts.DataPlane.DataPlane(im.Status.Endpoint)
+}
+
+// ReleaseRevertTickets deletes the ticket Leases of reverts that node's
+// manager was running when it stopped (killed mid-revert): a manager that
+// starts runs none, and the volume they hold would otherwise stay attached,
+// refusing the user's retry, until the Lease lapsed. The attachment
+// reaper then removes their tickets. Call it once the caches are synced.
+func ReleaseRevertTickets(ctx context.Context, cache *datastore.DataStore, node string, log logrus.FieldLogger) error {
+	leases, err := cache.APITicketLeases.ListRO(labels.SelectorFromSet(labels.Set{types.LabelRevertingNode: node}))
+	if err != nil {
+		return err
+	}
+	for _, l := range leases {
+		if _, err := cache.APITicketLeases.DeleteIfUID(ctx, l.Name, l.UID); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("releasing the revert ticket Lease %s: %w", l.Name, err)
+		}
+		log.WithFields(logrus.Fields{"lease": l.Name, "volume": l.Labels[types.LabelVolume]}).
+			Warn("Released the ticket of a revert this manager was running when it stopped")
+	}
+	return nil
 }

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"encoding/json"
+	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/client-go/tools/record"
 	"net/http/httptest"
@@ -340,4 +341,26 @@ func TestRESTRoutes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A manager that starts releases the revert tickets of its own node (it
+// was killed mid-revert) and no other Lease: another node's revert, a
+// client's attachment.
+func TestReleaseRevertTickets(t *testing.T) {
+	reverting := func(ticketID, node string) *coordinationv1.Lease {
+		l := heldLease(ticketID, "v1")
+		l.UID = k8stypes.UID("uid-" + ticketID)
+		l.Labels[types.LabelRevertingNode] = node
+		return l
+	}
+	env := dstest.New(t, []runtime.Object{restVolume("v1", "1Gi")},
+		[]runtime.Object{reverting("api-mine", "node-1"), reverting("api-theirs", "node-2"), heldLease("api-client", "v1")})
+	require.NoError(t, ReleaseRevertTickets(context.Background(), env.DS, "node-1", quietLog()))
+	leases, err := env.Kube.CoordinationV1().Leases(restNS).List(context.Background(), metav1.ListOptions{})
+	require.NoError(t, err)
+	var names []string
+	for _, l := range leases.Items {
+		names = append(names, l.Name)
+	}
+	assert.ElementsMatch(t, []string{"strata-api-theirs", "strata-api-client"}, names)
 }

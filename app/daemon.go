@@ -314,6 +314,10 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	} else if len(created) > 0 {
 		log.WithField("settings", created).Info("Created default settings")
 	}
+	if err := api.ReleaseRevertTickets(ctx, ds, cfg.nodeName, log); err != nil {
+		// Not fatal: the Lease lapses in the end (revertTicketTTL).
+		log.WithError(err).Warn("Could not release the tickets of reverts this manager was running")
+	}
 	close(ready)
 
 	if err := waitCertificates(ctx, keeper); err != nil {

@@ -23,6 +23,10 @@ const (
 	// attachment tickets: a client renews its Lease, and once it lapses
 	// the ticket reaper removes the ticket.
 	ComponentAPITicket = "api-ticket"
+	// LabelRevertingNode marks the ticket Lease of a revert with the node
+	// whose manager runs it: a manager that starts runs none, so it
+	// releases those of its node at once (api.ReleaseRevertTickets).
+	LabelRevertingNode = "strata.io/reverting-node"
 
 	// APIServiceName is the chart's Service in front of the managers'
 	// REST API (its names are in every manager's certificate).
