@@ -4,7 +4,7 @@ SHELL := /bin/bash
 GO    ?= go
 BIN   := bin
 
-.PHONY: build generate verify test test-long fuzz run clean bench-backup host-packages deploy-manifest
+.PHONY: build generate verify test test-long fuzz run clean bench-backup bench-kbench host-packages deploy-manifest
 
 build:
 	$(GO) build -ldflags "-X github.com/strata-storage/strata/app.Version=$$(git describe --always --dirty 2>/dev/null || echo dev)" \
@@ -73,6 +73,13 @@ run: host-packages build
 # against nbdcopy and raw S3 PUT/GET (about 2 minutes; docs/bench-backup.md).
 bench-backup: build
 	$(GO) run ./scripts/bench-backup -manager-bin $(BIN)/strata-manager
+
+# The kbench-style suite through real Pods on the local cluster with the
+# chart (about 12 minutes; docs/bench-kbench.md): fio on a hostPath
+# directory, the raw NBD export and Strata claims, with ratios.
+bench-kbench: build
+	scripts/host-packages.sh bench
+	$(GO) run ./scripts/bench-kbench -manager-bin $(BIN)/strata-manager -out docs/bench-kbench-table.md
 
 # The Debian packages the local cluster's nodes and the Strata image need
 # (package/hostpackages/packages.txt): installed when run as root on Debian,

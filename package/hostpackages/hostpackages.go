@@ -20,6 +20,7 @@ const (
 	RoleBuild = "build" // make verify and the Makefile
 	RoleNode  = "node"  // the local cluster's kubelet nodes
 	RoleImage = "image" // the programs the Strata image carries
+	RoleBench = "bench" // the benchmarks' own tools (fio, and its image)
 )
 
 // Entry is one file a role needs and the Debian package that has it.
@@ -64,7 +65,7 @@ func parse(text string) ([]Entry, error) {
 		if len(f) != 3 {
 			return nil, fmt.Errorf("packages.txt line %d: want role, package and file, got %q", i+1, line)
 		}
-		if !slices.Contains([]string{RoleBuild, RoleNode, RoleImage}, f[0]) {
+		if !slices.Contains([]string{RoleBuild, RoleNode, RoleImage, RoleBench}, f[0]) {
 			return nil, fmt.Errorf("packages.txt line %d: unknown role %q", i+1, f[0])
 		}
 		out = append(out, Entry{Role: f[0], Package: f[1], File: f[2]})

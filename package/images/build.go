@@ -23,6 +23,8 @@ const (
 	PauseRef    = "localhost/strata/pause:v1"
 	WorkloadRef = "localhost/strata/workload:v1"
 	StrataRef   = "localhost/strata/strata-manager:dev"
+	// FioRef is built only for the benchmarks (BuildFio).
+	FioRef = "localhost/strata/fio:v1"
 )
 
 // keyVersion goes into every cache key: bump it when this package changes
@@ -68,6 +70,28 @@ type Options struct {
 // (file contents, reference, cmd) changed, so a second call costs a
 // few stats and hashes.
 func BuildAll(ctx context.Context, opts Options) ([]Image, error) {
+	specs := []func(context.Context, Options) (*spec, error){pauseSpec, workloadSpec, strataSpec}
+	for _, name := range slices.Sorted(maps.Keys(opts.Sidecars)) {
+		specs = append(specs, func(ctx context.Context, _ Options) (*spec, error) {
+			return sidecarSpec(ctx, name, opts.Sidecars[name])
+		})
+	}
+	return buildSpecs(ctx, opts, specs)
+}
+
+// BuildFio builds, or finds in the cache, the fio image the benchmarks run
+// in Pods (only opts.CacheDir and opts.Log are used).
+func BuildFio(ctx context.Context, opts Options) (Image, error) {
+	opts.ManagerBin = "unused" // the fio image carries no strata-manager
+	imgs, err := buildSpecs(ctx, opts, []func(context.Context, Options) (*spec, error){fioSpec})
+	if err != nil {
+		return Image{}, err
+	}
+	return imgs[0], nil
+}
+
+// buildSpecs makes each spec's image, or finds it in the cache, in order.
+func buildSpecs(ctx context.Context, opts Options, specs []func(context.Context, Options) (*spec, error)) ([]Image, error) {
 	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
@@ -84,12 +108,6 @@ func BuildAll(ctx context.Context, opts Options) ([]Image, error) {
 	}
 	defer unlock()
 	removeLeftovers(dir, opts.Log)
-	specs := []func(context.Context, Options) (*spec, error){pauseSpec, workloadSpec, strataSpec}
-	for _, name := range slices.Sorted(maps.Keys(opts.Sidecars)) {
-		specs = append(specs, func(ctx context.Context, _ Options) (*spec, error) {
-			return sidecarSpec(ctx, name, opts.Sidecars[name])
-		})
-	}
 	images := make([]Image, 0, len(specs))
 	for _, makeSpec := range specs {
 		start := time.Now() // finding tools and hashing inputs count too

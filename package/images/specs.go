@@ -51,6 +51,20 @@ func pauseSpec(ctx context.Context, opts Options) (*spec, error) {
 	return s, nil
 }
 
+// fioSpec is the benchmarks' fio image (scripts/bench-kbench): Debian's
+// fio with its libraries, run as the entrypoint.
+func fioSpec(ctx context.Context, _ Options) (*spec, error) {
+	fio, err := lookTool(hostpackages.Entry{Package: "fio", File: "fio"})
+	if err != nil {
+		return nil, fmt.Errorf("%w (scripts/host-packages.sh bench installs it)", err)
+	}
+	s := newSpec("fio", FioRef, fio)
+	if err := addProgram(ctx, s, fio, fio); err != nil {
+		return nil, err
+	}
+	return s, baseFiles(s)
+}
+
 // workloadSpec is a minimal shell image for test Pods: busybox with every
 // applet linked in /bin, and the few files programs expect.
 func workloadSpec(ctx context.Context, opts Options) (*spec, error) {

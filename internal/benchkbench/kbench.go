@@ -1,0 +1,152 @@
+// Package benchkbench is a kbench-style benchmark of what a Pod gets from
+// Strata (scripts/bench-kbench, docs/bench-kbench.md): the same fio jobs
+// in a Pod on a hostPath directory of the disk Strata's replicas live on
+// (the local-path baseline), on the raw NBD export of a Strata volume,
+// and in Pods on Strata claims (1 and 3 replicas, ext4 and block mode), on
+// the local cluster with the Helm chart installed, as make run starts it.
+// Every figure is printed with its ratio to the baseline of the same run.
+package benchkbench
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/strata-storage/strata/internal/localcluster"
+	"github.com/strata-storage/strata/internal/runlocal"
+	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
+	"github.com/strata-storage/strata/package/images"
+	"github.com/strata-storage/strata/types"
+)
+
+type config struct {
+	managerBin string
+	runtime    time.Duration
+	fileSize   string
+	out        string
+	only       string
+}
+
+// Main runs the benchmark and prints the table; its exit status is 0
+// unless the benchmark itself fails.
+func Main() {
+	var cfg config
+	flag.StringVar(&cfg.managerBin, "manager-bin", "", "strata-manager binary (default: built from this checkout)")
+	flag.DurationVar(&cfg.runtime, "runtime", 10*time.Second, "duration of each fio job (plus 2 s of ramp)")
+	flag.StringVar(&cfg.fileSize, "size", "512M", "fio's file or device span per target (claims are twice as large)")
+	flag.StringVar(&cfg.out, "out", "", "also write the Markdown table to this file")
+	flag.StringVar(&cfg.only, "only", "", "comma-separated target names to run (default all; the baseline always runs)")
+	flag.Parse()
+	log := logrus.New()
+	if err := run(context.Background(), log, cfg); err != nil {
+		log.WithError(err).Error("bench-kbench failed")
+		os.Exit(1)
+	}
+}
+
+// bench is a running cluster with Strata installed.
+type bench struct {
+	cfg     config
+	log     logrus.FieldLogger
+	cluster *localcluster.Cluster
+	kube    kubernetes.Interface
+	strata  versioned.Interface
+	node    string // where every fio runs
+}
+
+func run(ctx context.Context, log *logrus.Logger, cfg config) error {
+	root, err := localcluster.RepoRoot()
+	if err != nil {
+		return err
+	}
+	runDir, err := os.MkdirTemp("", "strata-kb-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(runDir)
+	if cfg.managerBin == "" {
+		if cfg.managerBin, err = localcluster.ManagerBinary(ctx, runDir); err != nil {
+			return err
+		}
+	}
+	fio, err := images.BuildFio(ctx, images.Options{Log: log})
+	if err != nil {
+		return err
+	}
+	cluster, err := localcluster.Start(ctx, localcluster.Options{Dir: filepath.Join(runDir, "cluster"),
+		Namespace: types.DefaultNamespace, Log: log})
+	if err != nil {
+		return err
+	}
+	defer cluster.Stop()
+	ports, err := localcluster.FreePorts(4)
+	if err != nil {
+		return err
+	}
+	chart := runlocal.ChartOptions(root)
+	chart.Values = map[string]any{"ports": map[string]any{"metrics": ports[0], "api": ports[1], "webhook": ports[2],
+		"instanceManager": ports[3]}}
+	if err := runlocal.StartChart(ctx, log, cluster, cfg.managerBin, localcluster.DefaultNodeNames, chart); err != nil {
+		return err
+	}
+	if err := cluster.ImportImages(ctx, []string{fio.Tar}); err != nil {
+		return err
+	}
+	b := &bench{cfg: cfg, log: log, cluster: cluster, node: localcluster.DefaultNodeNames[0],
+		kube: kubernetes.NewForConfigOrDie(cluster.AdminConfig), strata: versioned.NewForConfigOrDie(cluster.AdminConfig)}
+	if err := b.setUp(ctx); err != nil {
+		return err
+	}
+	start := time.Now()
+	targets, err := b.measureAll(ctx)
+	if err != nil {
+		return err
+	}
+	var table strings.Builder
+	fmt.Fprintf(&table, "kbench-style suite, %d cores, fio %s per target, each job %s + 2 s ramp, all on node %s; "+
+		"ratios to %s of the same run (latency: lower is better)\n\n", numCPU(), cfg.fileSize, cfg.runtime, b.node, targets[0].name)
+	writeTable(&table, targets)
+	fmt.Fprintf(&table, "\nmeasured in %s\n", time.Since(start).Round(time.Second))
+	fmt.Print("\n" + table.String())
+	if cfg.out != "" {
+		return os.WriteFile(cfg.out, []byte(table.String()), 0o644)
+	}
+	return nil
+}
+
+// measureAll runs fio on every target in turn, the baseline first.
+func (b *bench) measureAll(ctx context.Context) ([]target, error) {
+	all := []struct {
+		name string
+		run  func(context.Context) (figures, error)
+	}{
+		{"local-path (hostPath)", b.localPath},
+		{"raw NBD, 1 replica", func(ctx context.Context) (figures, error) { return b.rawNBD(ctx, 1) }},
+		{"ext4, 1 replica", func(ctx context.Context) (figures, error) { return b.claim(ctx, 1, false) }},
+		{"block, 1 replica", func(ctx context.Context) (figures, error) { return b.claim(ctx, 1, true) }},
+		{"raw NBD, 3 replicas", func(ctx context.Context) (figures, error) { return b.rawNBD(ctx, 3) }},
+		{"ext4, 3 replicas", func(ctx context.Context) (figures, error) { return b.claim(ctx, 3, false) }},
+		{"block, 3 replicas", func(ctx context.Context) (figures, error) { return b.claim(ctx, 3, true) }},
+	}
+	var out []target
+	for i, t := range all {
+		if i > 0 && b.cfg.only != "" && !strings.Contains(","+b.cfg.only+",", ","+t.name+",") {
+			continue
+		}
+		b.log.WithField("target", t.name).Info("Measuring")
+		f, err := t.run(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", t.name, err)
+		}
+		b.log.WithFields(logrus.Fields{"target": t.name, "figures": fmt.Sprintf("%+v", f)}).Info("Measured")
+		out = append(out, target{name: t.name, figures: f})
+	}
+	return out, nil
+}

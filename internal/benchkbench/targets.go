@@ -1,0 +1,231 @@
+package benchkbench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/package/images"
+	"github.com/strata-storage/strata/types"
+)
+
+const (
+	benchNamespace = "kbench"
+	driverName     = "driver.strata.io"
+	podTimeout     = 20 * time.Minute
+)
+
+func numCPU() int { return runtime.NumCPU() }
+
+func storageClassName(replicas int) string { return fmt.Sprintf("kbench-%dr", replicas) }
+
+// setUp makes the namespace and a StorageClass per replica count.
+func (b *bench) setUp(ctx context.Context) error {
+	_, err := b.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: benchNamespace}},
+		metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	bind := storagev1.VolumeBindingImmediate
+	for _, r := range []int{1, 3} {
+		sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: storageClassName(r)}, Provisioner: driverName,
+			Parameters: map[string]string{"numberOfReplicas": fmt.Sprint(r)}, VolumeBindingMode: &bind}
+		if _, err := b.kube.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// claimSize is twice fio's span: ext4's own metadata fits beside the file.
+func (b *bench) claimSize() (resource.Quantity, error) {
+	q, err := resource.ParseQuantity(b.cfg.fileSize + "i")
+	if err != nil {
+		return q, fmt.Errorf("-size %q: want a size such as 512M", b.cfg.fileSize)
+	}
+	q.Add(q)
+	return q, nil
+}
+
+// localPath runs fio in a Pod on a hostPath directory beside the node's
+// Strata disk: the same filesystem, without Strata.
+func (b *bench) localPath(ctx context.Context) (figures, error) {
+	n, err := b.strata.StrataV1beta1().Nodes(types.DefaultNamespace).Get(ctx, b.node, metav1.GetOptions{})
+	if err != nil {
+		return figures{}, err
+	}
+	var disk string
+	for _, d := range n.Spec.Disks {
+		disk = d.Path
+		break
+	}
+	if disk == "" {
+		return figures{}, fmt.Errorf("node %s has no disk", b.node)
+	}
+	dirType := corev1.HostPathDirectoryOrCreate
+	vol := corev1.Volume{Name: "data", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
+		Path: filepath.Join(filepath.Dir(disk), "kbench-local"), Type: &dirType}}}
+	return b.fioPod(ctx, "local-path", vol, false)
+}
+
+// claim runs fio in a Pod on a new Strata claim, then deletes both.
+func (b *bench) claim(ctx context.Context, replicas int, block bool) (figures, error) {
+	size, err := b.claimSize()
+	if err != nil {
+		return figures{}, err
+	}
+	mode, kind := corev1.PersistentVolumeFilesystem, "fs"
+	if block {
+		mode, kind = corev1.PersistentVolumeBlock, "block"
+	}
+	name := fmt.Sprintf("strata-%dr-%s", replicas, kind)
+	sc := storageClassName(replicas)
+	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: benchNamespace},
+		Spec: corev1.PersistentVolumeClaimSpec{StorageClassName: &sc, VolumeMode: &mode,
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: size}}}}
+	claims := b.kube.CoreV1().PersistentVolumeClaims(benchNamespace)
+	if _, err := claims.Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
+		return figures{}, err
+	}
+	defer func() {
+		_ = claims.Delete(context.Background(), name, metav1.DeleteOptions{})
+		b.waitGone(func(ctx context.Context) error { _, err := claims.Get(ctx, name, metav1.GetOptions{}); return err })
+	}()
+	vol := corev1.Volume{Name: "data", VolumeSource: corev1.VolumeSource{
+		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: name}}}
+	return b.fioPod(ctx, name, vol, block)
+}
+
+// fioPod runs fio in a Pod on b.node with vol mounted at /data (or, for
+// block, as the device /dev/kbench) and parses its output.
+func (b *bench) fioPod(ctx context.Context, name string, vol corev1.Volume, block bool) (figures, error) {
+	target := []string{"--ioengine=libaio", "--filename=/data/fio.dat"}
+	c := corev1.Container{Name: "fio", Image: images.FioRef, ImagePullPolicy: corev1.PullNever, Command: []string{"fio"}}
+	if block {
+		target[1] = "--filename=/dev/kbench"
+		c.VolumeDevices = []corev1.VolumeDevice{{Name: vol.Name, DevicePath: "/dev/kbench"}}
+	} else {
+		c.VolumeMounts = []corev1.VolumeMount{{Name: vol.Name, MountPath: "/data"}}
+	}
+	c.Args = fioArgs(target, b.cfg.fileSize, b.cfg.runtime)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "fio-" + name, Namespace: benchNamespace},
+		Spec: corev1.PodSpec{NodeName: b.node, RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{c}, Volumes: []corev1.Volume{vol}}}
+	pods := b.kube.CoreV1().Pods(benchNamespace)
+	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		return figures{}, err
+	}
+	defer func() {
+		_ = pods.Delete(context.Background(), pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+		b.waitGone(func(ctx context.Context) error { _, err := pods.Get(ctx, pod.Name, metav1.GetOptions{}); return err })
+	}()
+	var phase corev1.PodPhase
+	err := wait.PollUntilContextTimeout(ctx, time.Second, podTimeout, true, func(ctx context.Context) (bool, error) {
+		p, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		phase = p.Status.Phase
+		return phase == corev1.PodSucceeded || phase == corev1.PodFailed, nil
+	})
+	logs, lerr := pods.GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	if err != nil || phase != corev1.PodSucceeded {
+		return figures{}, fmt.Errorf("pod %s: %v (phase %s), logs: %s, %v", pod.Name, err, phase, truncate(logs, 2000), lerr)
+	}
+	if lerr != nil {
+		return figures{}, fmt.Errorf("pod %s's logs: %w", pod.Name, lerr)
+	}
+	return parseFio(logs)
+}
+
+// rawNBD attaches a new volume to b.node through a strata-api ticket and
+// runs fio's nbd engine on the host against its export.
+func (b *bench) rawNBD(ctx context.Context, replicas int) (figures, error) {
+	size, err := b.claimSize()
+	if err != nil {
+		return figures{}, err
+	}
+	name := fmt.Sprintf("kbench-raw-%dr", replicas)
+	volumes := b.strata.StrataV1beta1().Volumes(types.DefaultNamespace)
+	v := &v1beta1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: types.DefaultNamespace},
+		Spec: v1beta1.VolumeSpec{Size: size, NumberOfReplicas: int32(replicas), Frontend: v1beta1.VolumeFrontendNBD}}
+	if _, err := volumes.Create(ctx, v, metav1.CreateOptions{}); err != nil {
+		return figures{}, err
+	}
+	defer func() {
+		_ = b.editTickets(context.Background(), name, func(m map[string]*v1beta1.AttachmentTicket) { delete(m, "kbench") })
+		_ = wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, time.Minute, true,
+			func(ctx context.Context) (bool, error) {
+				v, err := volumes.Get(ctx, name, metav1.GetOptions{})
+				return err == nil && v.Status.State == v1beta1.VolumeStateDetached, nil
+			})
+		_ = volumes.Delete(context.Background(), name, metav1.DeleteOptions{})
+	}()
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		err := b.editTickets(ctx, name, func(m map[string]*v1beta1.AttachmentTicket) {
+			m["kbench"] = &v1beta1.AttachmentTicket{ID: "kbench", Type: v1beta1.AttacherTypeStrataAPI, NodeID: b.node,
+				Parameters: map[string]string{}}
+		})
+		return err == nil, nil // the VolumeAttachment may not exist yet
+	})
+	if err != nil {
+		return figures{}, fmt.Errorf("attaching %s: %w", name, err)
+	}
+	var endpoint string
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		v, err := volumes.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		endpoint = v.Status.FrontendEndpoint
+		return v.Status.State == v1beta1.VolumeStateAttached && endpoint != "", nil
+	})
+	if err != nil {
+		return figures{}, fmt.Errorf("%s has no frontend endpoint: %w", name, err)
+	}
+	out, err := exec.CommandContext(ctx, "fio", fioArgs([]string{"--ioengine=nbd", "--uri=" + endpoint},
+		b.cfg.fileSize, b.cfg.runtime)...).CombinedOutput()
+	if err != nil {
+		return figures{}, fmt.Errorf("fio on %s: %w: %s", endpoint, err, truncate(out, 2000))
+	}
+	return parseFio(out)
+}
+
+func (b *bench) editTickets(ctx context.Context, volume string, edit func(map[string]*v1beta1.AttachmentTicket)) error {
+	vas := b.strata.StrataV1beta1().VolumeAttachments(types.DefaultNamespace)
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		va, err := vas.Get(ctx, volume, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if va.Spec.AttachmentTickets == nil {
+			va.Spec.AttachmentTickets = map[string]*v1beta1.AttachmentTicket{}
+		}
+		edit(va.Spec.AttachmentTickets)
+		_, err = vas.Update(ctx, va, metav1.UpdateOptions{})
+		return err
+	})
+}
+
+// waitGone waits (a minute at most) until get says not found.
+func (b *bench) waitGone(get func(context.Context) error) {
+	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, 2*time.Minute, true,
+		func(ctx context.Context) (bool, error) { return apierrors.IsNotFound(get(ctx)), nil })
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		b.log.WithError(err).Warn("Waiting for a bench object to go")
+	}
+}
