@@ -101,16 +101,28 @@ func (b *backupRun) chunk(ctx context.Context, i int64, buf []byte, out chan<- b
 	}
 }
 
+// compressSample is how much of a chunk is tried first: a chunk whose
+// first compressSample bytes zstd cannot shrink (random or already
+// compressed data, the common case for incompressible chunks) is stored
+// raw without compressing the rest, a sixteenth of the CPU for such data.
+const compressSample = 64 << 10
+
 // compress returns a new slice: zstd when it saves at least 1/64 of the
 // chunk, else the raw bytes (random or already compressed data then costs
 // no decompression on restore).
 func (t *Target) compress(raw []byte) ([]byte, Codec) {
+	if len(raw) > 2*compressSample && !worthCompressing(t.enc.EncodeAll(raw[:compressSample], nil), compressSample) {
+		return append(make([]byte, 0, len(raw)), raw...), CodecRaw
+	}
 	c := t.enc.EncodeAll(raw, make([]byte, 0, len(raw)))
-	if len(c) < len(raw)-len(raw)/64 {
+	if worthCompressing(c, len(raw)) {
 		return c, CodecZstd
 	}
 	return append(c[:0], raw...), CodecRaw
 }
+
+// worthCompressing: the compressed form saves at least 1/64 of n bytes.
+func worthCompressing(compressed []byte, n int) bool { return len(compressed) < n-n/64 }
 
 // pack appends blobs to a pack and hands each sealed pack to the uploaders
 // before it would exceed the target pack size.

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"runtime"
 	"sort"
 
 	"github.com/klauspost/compress/zstd"
@@ -126,7 +127,10 @@ func Open(ctx context.Context, store ObjectStore, opts Options) (*Target, error)
 	if err != nil {
 		return nil, err
 	}
-	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedDefault), zstd.WithEncoderConcurrency(1))
+	// EncodeAll takes one of the encoder's concurrency states per call:
+	// with one, the backup's chunk workers would compress one at a time.
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedDefault),
+		zstd.WithEncoderConcurrency(runtime.GOMAXPROCS(0)))
 	if err != nil {
 		return nil, err
 	}

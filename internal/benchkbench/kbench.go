@@ -12,8 +12,10 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -45,7 +47,12 @@ func Main() {
 	flag.StringVar(&cfg.only, "only", "", "comma-separated target names to run (default all; the baseline always runs)")
 	flag.Parse()
 	log := logrus.New()
-	if err := run(context.Background(), log, cfg); err != nil {
+	// Ctrl-C or a kill ends the run through its cleanups: the cluster's
+	// processes, mounts and loop devices outlive a process that just dies.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := run(ctx, log, cfg)
+	stop()
+	if err != nil {
 		log.WithError(err).Error("bench-kbench failed")
 		os.Exit(1)
 	}
@@ -80,12 +87,20 @@ func run(ctx context.Context, log *logrus.Logger, cfg config) error {
 	if err != nil {
 		return err
 	}
-	cluster, err := localcluster.Start(ctx, localcluster.Options{Dir: filepath.Join(runDir, "cluster"),
-		Namespace: types.DefaultNamespace, Log: log})
+	clusterDir := filepath.Join(runDir, "cluster")
+	baseline := localcluster.TakeHostBaseline()
+	cluster, err := localcluster.Start(ctx, localcluster.Options{Dir: clusterDir, Namespace: types.DefaultNamespace, Log: log})
 	if err != nil {
 		return err
 	}
-	defer cluster.Stop()
+	defer func() {
+		if err := cluster.Stop(); err != nil {
+			log.WithError(err).Warn("Stopping the cluster")
+		}
+		if residue := localcluster.HostResidue(clusterDir, baseline); len(residue) > 0 {
+			log.WithField("residue", residue).Warn("Left on the host after the cluster stopped")
+		}
+	}()
 	ports, err := localcluster.FreePorts(4)
 	if err != nil {
 		return err
