@@ -79,7 +79,7 @@ bench-backup: build
 # directory, the raw NBD export and Strata claims, with ratios.
 bench-kbench: build
 	scripts/host-packages.sh bench
-	$(GO) run ./scripts/bench-kbench -manager-bin $(BIN)/strata-manager -out docs/bench-kbench-table.md
+	$(GO) run ./scripts/bench-kbench -manager-bin $(BIN)/strata-manager
 
 # The Debian packages the local cluster's nodes and the Strata image need
 # (package/hostpackages/packages.txt): installed when run as root on Debian,
