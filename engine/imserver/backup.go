@@ -511,12 +511,14 @@ func newLayerReader(ctx context.Context, srcs []*dataconn.Client, pieces []piece
 }
 
 func (r *layerReader) ReadAt(p []byte, off int64) (int, error) {
-	clear(p)
 	end := off + int64(len(p))
+	filled := off // p is written up to here; what no piece covers is zero
 	i := sort.Search(len(r.pieces), func(i int) bool { return r.pieces[i].off+r.pieces[i].length > off })
 	for ; i < len(r.pieces) && r.pieces[i].off < end; i++ {
 		pc := r.pieces[i]
 		start, stop := max(off, pc.off), min(end, pc.off+pc.length)
+		clear(p[filled-off : start-off])
+		filled = stop
 		src := r.srcs[int(r.next.Add(1))%len(r.srcs)]
 		var data dataconn.Raw
 		err := src.Control(r.ctx, replicactl.ReadLayer,
@@ -529,6 +531,7 @@ func (r *layerReader) ReadAt(p []byte, off int64) (int, error) {
 		}
 		copy(p[start-off:], data)
 	}
+	clear(p[filled-off:])
 	return len(p), nil
 }
 

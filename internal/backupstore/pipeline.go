@@ -15,6 +15,10 @@ type blob struct {
 	data  []byte
 	rlen  int
 	codec Codec
+	// readBuf, when set, is the worker's read buffer data points into (a
+	// raw chunk is packed from it, not copied first); the packer gives it
+	// back to the pool once the chunk is in the pack.
+	readBuf *[]byte
 }
 
 // upload reads, hashes and compresses the chunks toRead on b.workers
@@ -38,14 +42,16 @@ func (b *backupRun) upload(ctx context.Context, toRead []int64) error {
 			}
 		}
 	}()
+	// Read buffers: at most one per worker plus one per queued blob and the
+	// packer's, as newBackupRun counts them.
+	b.readBufs = sync.Pool{New: func() any { buf := make([]byte, b.hdr.ChunkSize); return &buf }}
 	var workers sync.WaitGroup
 	for range b.workers {
 		workers.Add(1)
 		go func() {
 			defer workers.Done()
-			buf := make([]byte, b.hdr.ChunkSize)
 			for i := range jobs {
-				if err := b.chunk(ctx, i, buf, blobs); err != nil {
+				if err := b.chunk(ctx, i, blobs); err != nil {
 					cancel(err)
 				}
 			}
@@ -73,12 +79,19 @@ func (b *backupRun) upload(ctx context.Context, toRead []int64) error {
 }
 
 // chunk handles one chunk: read, skip zeroes, hash, dedupe, compress.
-func (b *backupRun) chunk(ctx context.Context, i int64, buf []byte, out chan<- blob) error {
+func (b *backupRun) chunk(ctx context.Context, i int64, out chan<- blob) error {
 	if ctx.Err() != nil {
 		return nil
 	}
+	buf := b.readBufs.Get().(*[]byte)
+	handedOn := false
+	defer func() {
+		if !handedOn {
+			b.readBufs.Put(buf)
+		}
+	}()
 	off, n := i*b.hdr.ChunkSize, b.hdr.chunkLen(i)
-	raw := buf[:n]
+	raw := (*buf)[:n]
 	if got, err := b.in.Source.ReadAt(raw, off); got < len(raw) || (err != nil && err != io.EOF) {
 		return fmt.Errorf("read chunk %d (offset %d) of snapshot %s: %d of %d bytes: %v", i, off, b.in.Snapshot, got, n, err)
 	}
@@ -92,13 +105,18 @@ func (b *backupRun) chunk(ctx context.Context, i int64, buf []byte, out chan<- b
 	if b.t.index.has(id) || !b.claim(id) {
 		return nil
 	}
-	data, codec := b.t.compress(raw)
-	select {
-	case out <- blob{id: id, data: data, rlen: int(n), codec: codec}:
-		return nil
-	case <-ctx.Done():
-		return nil
+	bl := blob{id: id, rlen: int(n)}
+	if c, ok := b.t.compressed(raw); ok {
+		bl.data, bl.codec = c, CodecZstd
+	} else {
+		bl.data, bl.codec, bl.readBuf = raw, CodecRaw, buf
 	}
+	select {
+	case out <- bl:
+		handedOn = bl.readBuf != nil
+	case <-ctx.Done():
+	}
+	return nil
 }
 
 // compressSample is how much of a chunk is tried first: a chunk whose
@@ -107,18 +125,15 @@ func (b *backupRun) chunk(ctx context.Context, i int64, buf []byte, out chan<- b
 // raw without compressing the rest, a sixteenth of the CPU for such data.
 const compressSample = 64 << 10
 
-// compress returns a new slice: zstd when it saves at least 1/64 of the
-// chunk, else the raw bytes (random or already compressed data then costs
-// no decompression on restore).
-func (t *Target) compress(raw []byte) ([]byte, Codec) {
+// compressed is raw compressed with zstd, when that saves at least 1/64
+// of it; else raw is stored as is (random or already compressed data then
+// costs no decompression on restore).
+func (t *Target) compressed(raw []byte) ([]byte, bool) {
 	if len(raw) > 2*compressSample && !worthCompressing(t.enc.EncodeAll(raw[:compressSample], nil), compressSample) {
-		return append(make([]byte, 0, len(raw)), raw...), CodecRaw
+		return nil, false
 	}
 	c := t.enc.EncodeAll(raw, make([]byte, 0, len(raw)))
-	if worthCompressing(c, len(raw)) {
-		return c, CodecZstd
-	}
-	return append(c[:0], raw...), CodecRaw
+	return c, worthCompressing(c, len(raw))
 }
 
 // worthCompressing: the compressed form saves at least 1/64 of n bytes.
@@ -151,6 +166,9 @@ func (b *backupRun) pack(ctx context.Context, blobs <-chan blob, out chan<- *sea
 			pb = newPackBuilder(capacity)
 		}
 		pb.add(bl.id, bl.data, bl.rlen, bl.codec)
+		if bl.readBuf != nil {
+			b.readBufs.Put(bl.readBuf)
+		}
 	}
 	if ctx.Err() == nil {
 		send()
