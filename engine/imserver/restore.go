@@ -152,7 +152,8 @@ func (s *Server) restore(ctx context.Context, inst *instance, eng *replication.E
 	if size := eng.Size(); m.VolumeSize > size {
 		return fmt.Errorf("backup %s of volume %s has %d bytes, the volume only %d", req.Backup, req.Volume, m.VolumeSize, size)
 	}
-	opts := backupstore.RestoreOptions{BackingAlreadyThere: req.Backing, Concurrency: int(req.Concurrency)}
+	// The engine takes concurrent writes (its NBD export does the same).
+	opts := backupstore.RestoreOptions{BackingAlreadyThere: req.Backing, Concurrency: int(req.Concurrency), ParallelWrites: true}
 	var backing io.ReaderAt
 
 	// Start from zeros when the head holds an earlier attempt's data, or an

@@ -2,10 +2,15 @@ package backupstore
 
 import (
 	"bytes"
+	"context"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // A chunk is stored compressed only when that saves a 64th of it; a chunk
@@ -47,4 +52,41 @@ func TestCompressChoosesTheCodec(t *testing.T) {
 			assert.Equal(t, tc.raw, back)
 		})
 	}
+}
+
+// overlapDst records how many WriteAt calls run at once; each call waits
+// (up to a bound) for a second one to overlap it.
+type overlapDst struct {
+	memDst
+	active, most atomic.Int32
+	overlapped   chan struct{}
+	once         sync.Once
+}
+
+func (d *overlapDst) WriteAt(p []byte, off int64) (int, error) {
+	n := d.active.Add(1)
+	defer d.active.Add(-1)
+	for m := d.most.Load(); n > m && !d.most.CompareAndSwap(m, n); m = d.most.Load() {
+	}
+	if n >= 2 {
+		d.once.Do(func() { close(d.overlapped) })
+	}
+	select {
+	case <-d.overlapped:
+	case <-time.After(5 * time.Second):
+	}
+	return d.memDst.WriteAt(p, off)
+}
+
+// With ParallelWrites the fetch workers write at the same time (an engine
+// takes concurrent writes); the data restored is the backup's.
+func TestRestoreWritesInParallelWhenAsked(t *testing.T) {
+	e := newEnv(t, 2*testChunk) // small packs: several fetches
+	data := volume(11, 12*testChunk)
+	m := e.backup(BackupInput{Volume: "v1", Backup: "b1", Size: int64(len(data)), Source: bytes.NewReader(data)})
+	d := &overlapDst{memDst: memDst{buf: make([]byte, m.VolumeSize)}, overlapped: make(chan struct{})}
+	require.NoError(t, e.tgt.Restore(context.Background(), m, d, nil,
+		RestoreOptions{Concurrency: 4, MaxFetch: testChunk, ParallelWrites: true}))
+	assert.GreaterOrEqual(t, d.most.Load(), int32(2), "two chunk writes ran at once")
+	assert.Equal(t, data, d.buf)
 }

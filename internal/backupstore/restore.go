@@ -41,6 +41,11 @@ type RestoreOptions struct {
 	BackingAlreadyThere bool
 	Concurrency         int // fetch workers; default 4
 	MaxFetch            int64
+	// ParallelWrites: dst takes WriteAt calls from several goroutines at
+	// once (an engine does), so the fetch workers write without taking
+	// turns; a restore is otherwise one chunk write at a time, each
+	// waiting for every replica.
+	ParallelWrites bool
 }
 
 const (
@@ -180,13 +185,15 @@ func (t *Target) Restore(ctx context.Context, m *Manifest, dst io.WriterAt, back
 	if err := t.restoreLocal(ctx, m, dst, backing, opts); err != nil {
 		return err
 	}
-	var mu sync.Mutex // WriterAt implementations need not be safe for parallel use
+	var mu sync.Mutex // unless opts.ParallelWrites: WriterAt implementations need not be safe for parallel use
 	return t.readChunks(ctx, m, opts.Concurrency, opts.MaxFetch, func(e *Entry, data []byte, ce *ChunkError) error {
 		if ce != nil {
 			return ce
 		}
-		mu.Lock()
-		defer mu.Unlock()
+		if !opts.ParallelWrites {
+			mu.Lock()
+			defer mu.Unlock()
+		}
 		if _, err := dst.WriteAt(data, e.Index*m.ChunkSize); err != nil {
 			return fmt.Errorf("restore backup %s of volume %s: write chunk %d: %w", m.Backup, m.Volume, e.Index, err)
 		}
