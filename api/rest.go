@@ -26,12 +26,14 @@ import (
 )
 
 // The REST API: the seeds' actions for users (volumes, snapshot CRs,
-// snapshot quotas). Every request is authenticated (TokenReview) and the
+// snapshot quotas). Every request is authenticated (a bearer token's
+// TokenReview, or a client certificate of the cluster's client CA) and the
 // verb it asks for is authorized as that user on what it touches
 // (SubjectAccessReview): 401 and 403 come with a JSON body naming the user,
 // verb and resource. Reads come from the manager's caches; writes are made
-// with the caller's own token, so the API server's RBAC and admission
-// judge them again and nothing is gained by going through the API.
+// with the caller's own token (or impersonating a certificate's user), so
+// the API server's RBAC and admission judge them again and nothing is
+// gained by going through the API.
 
 // CallerClients makes a Strata clientset that acts as the caller: with the
 // caller's bearer token when there is one, else (a client certificate's
