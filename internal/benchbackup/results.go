@@ -16,6 +16,7 @@ type results struct {
 	changedChunks int64
 
 	fill, nbdcopy, put, get phase
+	lateFill                phase // a fill just before the restores
 	full, incr              phase
 	restoreFull             phase
 	restoreIncr             phase
@@ -106,7 +107,9 @@ func (r *results) print(w io.Writer) {
 		"the incremental's whole run %.2f s for the %d MiB volume (%.0f MiB/s of volume)\n",
 		fs.ReadChunks, fs.NewChunks, float64(fs.NewBytes)/(1<<20), is.ReadChunks, is.NewChunks, float64(is.NewBytes)/(1<<20),
 		r.incr.d.Seconds(), r.volumeBytes>>20, float64(r.volumeBytes>>20)/r.incr.d.Seconds())
-	fmt.Fprintf(w, "restore over nbdcopy into a new volume (the fill: the same engine write path, fresh replicas): full %s, incremental %s\n",
-		ratio(r.restoreFull, r.fill), ratio(r.restoreIncr, r.fill))
+	fmt.Fprintf(w, "restore over nbdcopy into a new volume (the fill: the same engine write path, fresh replicas): full %s, incremental %s; "+
+		"over the fill just before the restores (%.0f MiB/s): full %s, incremental %s\n",
+		ratio(r.restoreFull, r.fill), ratio(r.restoreIncr, r.fill), r.lateFill.mibs(),
+		ratio(r.restoreFull, r.lateFill), ratio(r.restoreIncr, r.lateFill))
 	fmt.Fprintln(w, "restored volumes: SHA-256 equal to the source's at s1 and at s2")
 }
