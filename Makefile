@@ -75,7 +75,7 @@ bench-backup: build
 	$(GO) run ./scripts/bench-backup -manager-bin $(BIN)/strata-manager
 
 # The kbench-style suite through real Pods on the local cluster with the
-# chart (about 12 minutes; docs/bench-kbench.md): fio on a hostPath
+# chart (about 10 minutes; docs/bench-kbench.md): fio on a hostPath
 # directory, the raw NBD export and Strata claims, with ratios.
 bench-kbench: build
 	scripts/host-packages.sh bench
