@@ -487,9 +487,11 @@ func callerClients(managerConfig *rest.Config) api.CallerClients {
 }
 
 func callerConfig(managerConfig *rest.Config, token string, u user.Info) *rest.Config {
-	cfg := rest.AnonymousClientConfig(managerConfig)
-	cfg.BearerToken = token
-	if token == "" {
+	var cfg *rest.Config
+	if token != "" {
+		cfg = rest.AnonymousClientConfig(managerConfig)
+		cfg.BearerToken = token
+	} else {
 		cfg = rest.CopyConfig(managerConfig)
 		cfg.Impersonate = rest.ImpersonationConfig{UserName: u.GetName(), Groups: u.GetGroups()}
 	}

@@ -101,13 +101,10 @@ func run(ctx context.Context, log *logrus.Logger, cfg config) error {
 			log.WithField("residue", residue).Warn("Left on the host after the cluster stopped")
 		}
 	}()
-	ports, err := localcluster.FreePorts(4)
+	chart, err := runlocal.ChartOptionsOnFreePorts(root)
 	if err != nil {
 		return err
 	}
-	chart := runlocal.ChartOptions(root)
-	chart.Values = map[string]any{"ports": map[string]any{"metrics": ports[0], "api": ports[1], "webhook": ports[2],
-		"instanceManager": ports[3]}}
 	if err := runlocal.StartChart(ctx, log, cluster, cfg.managerBin, localcluster.DefaultNodeNames, chart); err != nil {
 		return err
 	}

@@ -102,3 +102,17 @@ func ChartOptions(root string) localcluster.ChartOptions {
 	return localcluster.ChartOptions{RepoRoot: root, Namespace: systemNamespace, Image: images.StrataRef,
 		SidecarImages: refs}
 }
+
+// ChartOptionsOnFreePorts is ChartOptions with the node ports (metrics,
+// API, webhook, instance manager) on free ports of their own: for a test or
+// bench cluster beside a make run that holds the chart's defaults.
+func ChartOptionsOnFreePorts(root string) (localcluster.ChartOptions, error) {
+	ports, err := localcluster.FreePorts(4)
+	if err != nil {
+		return localcluster.ChartOptions{}, err
+	}
+	opts := ChartOptions(root)
+	opts.Values = map[string]any{"ports": map[string]any{"metrics": ports[0], "api": ports[1], "webhook": ports[2],
+		"instanceManager": ports[3]}}
+	return opts, nil
+}

@@ -73,13 +73,9 @@ func run(m *testing.M) (int, error) {
 	defer cluster.Stop()
 	env.nodes = localcluster.DefaultNodeNames
 	// Ports of their own: a make run on this machine holds the chart's.
-	ports, err := localcluster.FreePorts(4)
-	if err != nil {
+	if env.chart, err = runlocal.ChartOptionsOnFreePorts(env.root); err != nil {
 		return 0, err
 	}
-	env.chart = runlocal.ChartOptions(env.root)
-	env.chart.Values = map[string]any{"ports": map[string]any{"metrics": ports[0], "api": ports[1], "webhook": ports[2],
-		"instanceManager": ports[3]}}
 	if err := runlocal.StartChart(ctx, log, cluster, env.bin, env.nodes, env.chart); err != nil {
 		return 0, err
 	}
