@@ -67,10 +67,21 @@ func (c *ReplicaController) backingFile(ctx context.Context, r *v1beta1.Replica)
 		setWaiting(r, reasonBackingImageCopying, fmt.Sprintf("the copy of backing image %s on disk %s is %s", bi.Name, r.Spec.DiskID, why))
 		return "", nil
 	}
+	setNotWaiting(r)
+	return BackingImageFile(r.Spec.DiskPath, bi), nil
+}
+
+// setNotWaiting says the replica's copy is ready. It is also called for a
+// replica whose instance exists: the status write that follows the start
+// can meet a conflict, and the retry finds the instance and never asks
+// backingFile again, which would leave the condition True for good.
+func setNotWaiting(r *v1beta1.Replica) {
+	if r.Spec.BackingImage == "" {
+		return
+	}
 	meta.SetStatusCondition(&r.Status.Conditions, metav1.Condition{Type: ReplicaConditionWaitingForBackingImage,
 		Status: metav1.ConditionFalse, Reason: reasonBackingImageReady,
-		Message: fmt.Sprintf("the copy of backing image %s on disk %s is ready", bi.Name, r.Spec.DiskID)})
-	return BackingImageFile(r.Spec.DiskPath, bi), nil
+		Message: fmt.Sprintf("the copy of backing image %s on disk %s is ready", r.Spec.BackingImage, r.Spec.DiskID)})
 }
 
 // requestCopy adds the disk to the image's wanted copies.

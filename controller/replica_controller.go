@@ -78,6 +78,9 @@ func (c *ReplicaController) syncReplica(ctx context.Context, key string) error {
 // manager's Watch event brings the result back through the cache.
 func (c *ReplicaController) driveReplica(ctx context.Context, r *v1beta1.Replica, inst *engineapi.Instance, found bool) error {
 	wantRunning := r.Spec.DesireState == v1beta1.InstanceStateRunning
+	if found {
+		setNotWaiting(r) // it runs on its copy, so it waits for nothing
+	}
 	switch {
 	case wantRunning && !found:
 		backing, err := c.backingFile(ctx, r)

@@ -344,3 +344,19 @@ func TestVolumeEnqueueOnBackingImage(t *testing.T) {
 	require.NoError(t, images.Delete(ctx, "img2", metav1.DeleteOptions{}))
 	assert.Equal(t, []string{testNS + "/v2"}, drainThrough("v2"), "gone: the volumes on the image")
 }
+
+// The status write that follows a replica's start can meet a conflict; the
+// retry finds the instance running and must still clear the condition (CI
+// once saw a replica wait for good on an image it was already running on).
+func TestRunningReplicaNoLongerWaits(t *testing.T) {
+	r := vcReplica("r2", "node-2", onReplicaImage)
+	r.Spec.DesireState = v1beta1.InstanceStateRunning
+	setWaiting(r, reasonBackingImageCopying, "the copy of backing image img on disk uuid-node-2 is in-progress")
+	c := &ReplicaController{}
+	running := &engineapi.Instance{Name: "r2", State: engineapi.InstanceStateRunning}
+	require.NoError(t, c.driveReplica(context.Background(), r, running, true))
+	cond := meta.FindStatusCondition(r.Status.Conditions, ReplicaConditionWaitingForBackingImage)
+	require.NotNil(t, cond)
+	assert.Equal(t, metav1.ConditionFalse, cond.Status)
+	assert.Equal(t, "the copy of backing image img on disk uuid-node-2 is ready", cond.Message)
+}
