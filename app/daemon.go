@@ -289,7 +289,7 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 		kubeAuth.WithClientCertificates(usersCA)
 	}
 	ready := make(chan struct{})
-	metricsErr := serveMetrics(ctx, lns.metrics, ready, kubeAuth, pki.UserServerConfig(managerID), log)
+	metricsErr := serveMetrics(ctx, lns.metrics, metricsHandler(imPool, cfg.imAddress), ready, kubeAuth, pki.UserServerConfig(managerID), log)
 	// Uploads: a bearer token, TokenReview, SubjectAccessReview of update on the image.
 	// Copies between disks: a peer manager's certificate.
 	apiHandler := api.NewHandler(backingImages, api.Options{Uploads: kubeAuth, Namespace: cfg.namespace,
@@ -371,13 +371,13 @@ func newEventRecorder(kubeClient kubernetes.Interface, nodeName string) (record.
 // do), and /healthz and /readyz (ready once caches have synced) to anyone:
 // the kubelet's probes carry no token and they tell nothing. Errors after
 // start-up arrive on the returned channel.
-func serveMetrics(ctx context.Context, ln net.Listener, ready <-chan struct{}, auth api.NonResourceAuth, tlsConfig *tls.Config,
+func serveMetrics(ctx context.Context, ln net.Listener, metrics http.Handler, ready <-chan struct{}, auth api.NonResourceAuth, tlsConfig *tls.Config,
 	log logrus.FieldLogger) <-chan error {
 	if ln == nil {
 		return make(chan error, 1)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", api.RequireNonResource(auth, "/metrics", "get", legacyregistry.Handler(), log.WithField("serving", "metrics")))
+	mux.Handle("/metrics", api.RequireNonResource(auth, "/metrics", "get", metrics, log.WithField("serving", "metrics")))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		select {

@@ -1,6 +1,7 @@
 package engineapi
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -9,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -365,5 +368,24 @@ func (p *Pool) Close() {
 	for addr, c := range p.clients {
 		_ = c.Close()
 		delete(p.clients, addr)
+	}
+}
+
+// Metrics returns the instance manager's Prometheus series.
+func (c *Client) Metrics(ctx context.Context) ([]*dto.MetricFamily, error) {
+	resp, err := call(ctx, c, c.im.Metrics, &impb.Empty{})
+	if err != nil {
+		return nil, err
+	}
+	dec := expfmt.NewDecoder(bytes.NewReader(resp.Families), expfmt.NewFormat(expfmt.TypeProtoDelim))
+	var out []*dto.MetricFamily
+	for {
+		f := &dto.MetricFamily{}
+		if err := dec.Decode(f); errors.Is(err, io.EOF) {
+			return out, nil
+		} else if err != nil {
+			return nil, fmt.Errorf("decoding the instance manager's metrics: %w", err)
+		}
+		out = append(out, f)
 	}
 }

@@ -51,6 +51,7 @@ type replica struct {
 	backend Backend
 	mode    Mode
 	err     error
+	timers  replicaTimers
 }
 
 // ReplicaStatus is a replica as the engine sees it.
@@ -106,7 +107,8 @@ func (e *Engine) AddReplica(name, address string, backend Backend, mode Mode) er
 		e.mu.Unlock()
 		return fmt.Errorf("replica %s is already attached", name)
 	}
-	e.replicas[name] = &replica{name: name, address: address, backend: backend, mode: mode}
+	e.replicas[name] = &replica{name: name, address: address, backend: backend, mode: mode,
+		timers: newReplicaTimers(e.volume, name)}
 	e.mu.Unlock()
 	e.log.WithFields(logrus.Fields{"replica": name, "address": address, "mode": mode}).Info("Replica added")
 	e.onChange()
@@ -165,6 +167,7 @@ func (e *Engine) RemoveReplica(name string) error {
 		return fmt.Errorf("replica %s is not attached", name)
 	}
 	_ = r.backend.Close()
+	forgetReplicaTimers(e.volume, name)
 	e.log.WithField("replica", name).Info("Replica removed")
 	e.onChange()
 	return nil

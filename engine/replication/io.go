@@ -3,6 +3,7 @@ package replication
 import (
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/strata-storage/strata/engine/blockdev"
 )
@@ -30,7 +31,9 @@ func (e *Engine) ReadAt(p []byte, off int64) (int, error) {
 	var lastErr error
 	for i := range readers {
 		r := readers[(start+i)%len(readers)]
+		start := time.Now()
 		n, err := r.backend.ReadAt(p, off)
+		observeSince(r.timers.read, start)
 		if err == nil {
 			return n, nil
 		}
@@ -47,8 +50,10 @@ func (e *Engine) WriteAt(p []byte, off int64) (int, error) {
 	if err := blockdev.CheckRange(off, int64(len(p)), e.Size()); err != nil {
 		return 0, err
 	}
-	err := e.fanOutChange("write", func(b Backend) error {
-		_, err := b.WriteAt(p, off)
+	err := e.fanOutChange("write", func(r *replica) error {
+		start := time.Now()
+		_, err := r.backend.WriteAt(p, off)
+		observeSince(r.timers.write, start)
 		return err
 	})
 	if err != nil {
@@ -59,7 +64,7 @@ func (e *Engine) WriteAt(p []byte, off int64) (int, error) {
 
 // Flush flushes every replica.
 func (e *Engine) Flush() error {
-	return e.fanOut("flush", func(b Backend) error { return b.Flush() })
+	return e.fanOut("flush", func(r *replica) error { return r.backend.Flush() })
 }
 
 // Unmap passes a trim to every replica.
@@ -67,7 +72,7 @@ func (e *Engine) Unmap(off, length int64) error {
 	if err := blockdev.CheckRange(off, length, e.Size()); err != nil {
 		return err
 	}
-	return e.fanOutChange("unmap", func(b Backend) error { return b.Unmap(off, length) })
+	return e.fanOutChange("unmap", func(r *replica) error { return r.backend.Unmap(off, length) })
 }
 
 // WriteZeroes zeroes a range on every replica.
@@ -75,10 +80,10 @@ func (e *Engine) WriteZeroes(off, length int64) error {
 	if err := blockdev.CheckRange(off, length, e.Size()); err != nil {
 		return err
 	}
-	return e.fanOutChange("write-zeroes", func(b Backend) error { return b.WriteZeroes(off, length) })
+	return e.fanOutChange("write-zeroes", func(r *replica) error { return r.backend.WriteZeroes(off, length) })
 }
 
-func (e *Engine) fanOut(what string, op func(Backend) error) error {
+func (e *Engine) fanOut(what string, op func(*replica) error) error {
 	e.io.RLock()
 	defer e.io.RUnlock()
 	return e.fanOutLocked(what, op)
@@ -88,24 +93,24 @@ func (e *Engine) fanOut(what string, op func(Backend) error) error {
 // DataVersion moves only once the call has returned, so a reader that sees
 // the new version and then asks a replica for its sizes finds this change
 // in them.
-func (e *Engine) fanOutChange(what string, op func(Backend) error) error {
+func (e *Engine) fanOutChange(what string, op func(*replica) error) error {
 	defer e.changes.Add(1)
 	return e.fanOut(what, op)
 }
 
 // fanOutLocked runs op on every writer in parallel; the caller holds e.io.
-func (e *Engine) fanOutLocked(what string, op func(Backend) error) error {
+func (e *Engine) fanOutLocked(what string, op func(*replica) error) error {
 	writers, _, modes := e.targets()
 	if len(writers) == 0 {
 		return ErrNoHealthyReplica
 	}
 	errs := make([]error, len(writers))
 	if len(writers) == 1 {
-		errs[0] = op(writers[0].backend)
+		errs[0] = op(writers[0])
 	} else {
 		var wg sync.WaitGroup
 		for i, r := range writers {
-			wg.Go(func() { errs[i] = op(r.backend) })
+			wg.Go(func() { errs[i] = op(r) })
 		}
 		wg.Wait()
 	}

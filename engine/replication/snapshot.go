@@ -183,7 +183,7 @@ func (e *Engine) controlAllWith(ctx context.Context, what string, call func(cont
 // bounds each call.
 func (e *Engine) fanOutControlLocked(ctx context.Context, what string, call func(context.Context, Backend) error) error {
 	ctx = context.WithoutCancel(ctx)
-	return e.fanOutLocked(what, func(b Backend) error { return call(ctx, b) })
+	return e.fanOutLocked(what, func(r *replica) error { return call(ctx, r.backend) })
 }
 
 // controlOne makes a read-only control call on one RW replica, falling back

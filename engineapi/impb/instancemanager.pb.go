@@ -235,7 +235,7 @@ func (x WatchEvent_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchEvent_Kind.Descriptor instead.
 func (WatchEvent_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{14, 0}
+	return file_instancemanager_proto_rawDescGZIP(), []int{15, 0}
 }
 
 type Empty struct {
@@ -274,6 +274,52 @@ func (*Empty) Descriptor() ([]byte, []int) {
 	return file_instancemanager_proto_rawDescGZIP(), []int{0}
 }
 
+type MetricsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// io.prometheus.client.MetricFamily messages, each length-delimited
+	// (the Prometheus protobuf exposition format).
+	Families      []byte `protobuf:"bytes,1,opt,name=families,proto3" json:"families,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MetricsResponse) Reset() {
+	*x = MetricsResponse{}
+	mi := &file_instancemanager_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetricsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetricsResponse) ProtoMessage() {}
+
+func (x *MetricsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_instancemanager_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetricsResponse.ProtoReflect.Descriptor instead.
+func (*MetricsResponse) Descriptor() ([]byte, []int) {
+	return file_instancemanager_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *MetricsResponse) GetFamilies() []byte {
+	if x != nil {
+		return x.Families
+	}
+	return nil
+}
+
 type InstanceRef struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -283,7 +329,7 @@ type InstanceRef struct {
 
 func (x *InstanceRef) Reset() {
 	*x = InstanceRef{}
-	mi := &file_instancemanager_proto_msgTypes[1]
+	mi := &file_instancemanager_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -295,7 +341,7 @@ func (x *InstanceRef) String() string {
 func (*InstanceRef) ProtoMessage() {}
 
 func (x *InstanceRef) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[1]
+	mi := &file_instancemanager_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -308,7 +354,7 @@ func (x *InstanceRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceRef.ProtoReflect.Descriptor instead.
 func (*InstanceRef) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{1}
+	return file_instancemanager_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *InstanceRef) GetName() string {
@@ -345,7 +391,7 @@ type InstanceCreateRequest struct {
 
 func (x *InstanceCreateRequest) Reset() {
 	*x = InstanceCreateRequest{}
-	mi := &file_instancemanager_proto_msgTypes[2]
+	mi := &file_instancemanager_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -357,7 +403,7 @@ func (x *InstanceCreateRequest) String() string {
 func (*InstanceCreateRequest) ProtoMessage() {}
 
 func (x *InstanceCreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[2]
+	mi := &file_instancemanager_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -370,7 +416,7 @@ func (x *InstanceCreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceCreateRequest.ProtoReflect.Descriptor instead.
 func (*InstanceCreateRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{2}
+	return file_instancemanager_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *InstanceCreateRequest) GetName() string {
@@ -478,7 +524,7 @@ type Instance struct {
 
 func (x *Instance) Reset() {
 	*x = Instance{}
-	mi := &file_instancemanager_proto_msgTypes[3]
+	mi := &file_instancemanager_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -490,7 +536,7 @@ func (x *Instance) String() string {
 func (*Instance) ProtoMessage() {}
 
 func (x *Instance) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[3]
+	mi := &file_instancemanager_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -503,7 +549,7 @@ func (x *Instance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Instance.ProtoReflect.Descriptor instead.
 func (*Instance) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{3}
+	return file_instancemanager_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Instance) GetName() string {
@@ -632,7 +678,7 @@ type BackupTarget struct {
 
 func (x *BackupTarget) Reset() {
 	*x = BackupTarget{}
-	mi := &file_instancemanager_proto_msgTypes[4]
+	mi := &file_instancemanager_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -644,7 +690,7 @@ func (x *BackupTarget) String() string {
 func (*BackupTarget) ProtoMessage() {}
 
 func (x *BackupTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[4]
+	mi := &file_instancemanager_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -657,7 +703,7 @@ func (x *BackupTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupTarget.ProtoReflect.Descriptor instead.
 func (*BackupTarget) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{4}
+	return file_instancemanager_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *BackupTarget) GetUrl() string {
@@ -699,7 +745,7 @@ type BackingImageRef struct {
 
 func (x *BackingImageRef) Reset() {
 	*x = BackingImageRef{}
-	mi := &file_instancemanager_proto_msgTypes[5]
+	mi := &file_instancemanager_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -711,7 +757,7 @@ func (x *BackingImageRef) String() string {
 func (*BackingImageRef) ProtoMessage() {}
 
 func (x *BackingImageRef) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[5]
+	mi := &file_instancemanager_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -724,7 +770,7 @@ func (x *BackingImageRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackingImageRef.ProtoReflect.Descriptor instead.
 func (*BackingImageRef) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{5}
+	return file_instancemanager_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *BackingImageRef) GetName() string {
@@ -772,7 +818,7 @@ type SnapshotBackupRequest struct {
 
 func (x *SnapshotBackupRequest) Reset() {
 	*x = SnapshotBackupRequest{}
-	mi := &file_instancemanager_proto_msgTypes[6]
+	mi := &file_instancemanager_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -784,7 +830,7 @@ func (x *SnapshotBackupRequest) String() string {
 func (*SnapshotBackupRequest) ProtoMessage() {}
 
 func (x *SnapshotBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[6]
+	mi := &file_instancemanager_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -797,7 +843,7 @@ func (x *SnapshotBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotBackupRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotBackupRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{6}
+	return file_instancemanager_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SnapshotBackupRequest) GetEngine() string {
@@ -900,7 +946,7 @@ type BackupStatus struct {
 
 func (x *BackupStatus) Reset() {
 	*x = BackupStatus{}
-	mi := &file_instancemanager_proto_msgTypes[7]
+	mi := &file_instancemanager_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -912,7 +958,7 @@ func (x *BackupStatus) String() string {
 func (*BackupStatus) ProtoMessage() {}
 
 func (x *BackupStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[7]
+	mi := &file_instancemanager_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -925,7 +971,7 @@ func (x *BackupStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupStatus.ProtoReflect.Descriptor instead.
 func (*BackupStatus) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{7}
+	return file_instancemanager_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *BackupStatus) GetSnapshot() string {
@@ -1063,7 +1109,7 @@ type BackupRestoreRequest struct {
 
 func (x *BackupRestoreRequest) Reset() {
 	*x = BackupRestoreRequest{}
-	mi := &file_instancemanager_proto_msgTypes[8]
+	mi := &file_instancemanager_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1075,7 +1121,7 @@ func (x *BackupRestoreRequest) String() string {
 func (*BackupRestoreRequest) ProtoMessage() {}
 
 func (x *BackupRestoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[8]
+	mi := &file_instancemanager_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1088,7 +1134,7 @@ func (x *BackupRestoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupRestoreRequest.ProtoReflect.Descriptor instead.
 func (*BackupRestoreRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{8}
+	return file_instancemanager_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *BackupRestoreRequest) GetEngine() string {
@@ -1150,7 +1196,7 @@ type RestoreStatus struct {
 
 func (x *RestoreStatus) Reset() {
 	*x = RestoreStatus{}
-	mi := &file_instancemanager_proto_msgTypes[9]
+	mi := &file_instancemanager_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1162,7 +1208,7 @@ func (x *RestoreStatus) String() string {
 func (*RestoreStatus) ProtoMessage() {}
 
 func (x *RestoreStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[9]
+	mi := &file_instancemanager_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1175,7 +1221,7 @@ func (x *RestoreStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreStatus.ProtoReflect.Descriptor instead.
 func (*RestoreStatus) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{9}
+	return file_instancemanager_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RestoreStatus) GetBackup() string {
@@ -1240,7 +1286,7 @@ type CloneStatus struct {
 
 func (x *CloneStatus) Reset() {
 	*x = CloneStatus{}
-	mi := &file_instancemanager_proto_msgTypes[10]
+	mi := &file_instancemanager_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1252,7 +1298,7 @@ func (x *CloneStatus) String() string {
 func (*CloneStatus) ProtoMessage() {}
 
 func (x *CloneStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[10]
+	mi := &file_instancemanager_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1265,7 +1311,7 @@ func (x *CloneStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloneStatus.ProtoReflect.Descriptor instead.
 func (*CloneStatus) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{10}
+	return file_instancemanager_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CloneStatus) GetSnapshot() string {
@@ -1311,7 +1357,7 @@ type InstanceListRequest struct {
 
 func (x *InstanceListRequest) Reset() {
 	*x = InstanceListRequest{}
-	mi := &file_instancemanager_proto_msgTypes[11]
+	mi := &file_instancemanager_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1323,7 +1369,7 @@ func (x *InstanceListRequest) String() string {
 func (*InstanceListRequest) ProtoMessage() {}
 
 func (x *InstanceListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[11]
+	mi := &file_instancemanager_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1336,7 +1382,7 @@ func (x *InstanceListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceListRequest.ProtoReflect.Descriptor instead.
 func (*InstanceListRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{11}
+	return file_instancemanager_proto_rawDescGZIP(), []int{12}
 }
 
 type InstanceListResponse struct {
@@ -1348,7 +1394,7 @@ type InstanceListResponse struct {
 
 func (x *InstanceListResponse) Reset() {
 	*x = InstanceListResponse{}
-	mi := &file_instancemanager_proto_msgTypes[12]
+	mi := &file_instancemanager_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1360,7 +1406,7 @@ func (x *InstanceListResponse) String() string {
 func (*InstanceListResponse) ProtoMessage() {}
 
 func (x *InstanceListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[12]
+	mi := &file_instancemanager_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1373,7 +1419,7 @@ func (x *InstanceListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceListResponse.ProtoReflect.Descriptor instead.
 func (*InstanceListResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{12}
+	return file_instancemanager_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *InstanceListResponse) GetInstances() []*Instance {
@@ -1391,7 +1437,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_instancemanager_proto_msgTypes[13]
+	mi := &file_instancemanager_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1403,7 +1449,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[13]
+	mi := &file_instancemanager_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1416,7 +1462,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{13}
+	return file_instancemanager_proto_rawDescGZIP(), []int{14}
 }
 
 type WatchEvent struct {
@@ -1429,7 +1475,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_instancemanager_proto_msgTypes[14]
+	mi := &file_instancemanager_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1441,7 +1487,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[14]
+	mi := &file_instancemanager_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1454,7 +1500,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{14}
+	return file_instancemanager_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WatchEvent) GetKind() WatchEvent_Kind {
@@ -1487,7 +1533,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_instancemanager_proto_msgTypes[15]
+	mi := &file_instancemanager_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1499,7 +1545,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[15]
+	mi := &file_instancemanager_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1512,7 +1558,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{15}
+	return file_instancemanager_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Snapshot) GetName() string {
@@ -1583,7 +1629,7 @@ type SnapshotCreateRequest struct {
 
 func (x *SnapshotCreateRequest) Reset() {
 	*x = SnapshotCreateRequest{}
-	mi := &file_instancemanager_proto_msgTypes[16]
+	mi := &file_instancemanager_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1595,7 +1641,7 @@ func (x *SnapshotCreateRequest) String() string {
 func (*SnapshotCreateRequest) ProtoMessage() {}
 
 func (x *SnapshotCreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[16]
+	mi := &file_instancemanager_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1608,7 +1654,7 @@ func (x *SnapshotCreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCreateRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotCreateRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{16}
+	return file_instancemanager_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SnapshotCreateRequest) GetEngine() string {
@@ -1648,7 +1694,7 @@ type SnapshotCreateResponse struct {
 
 func (x *SnapshotCreateResponse) Reset() {
 	*x = SnapshotCreateResponse{}
-	mi := &file_instancemanager_proto_msgTypes[17]
+	mi := &file_instancemanager_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1660,7 +1706,7 @@ func (x *SnapshotCreateResponse) String() string {
 func (*SnapshotCreateResponse) ProtoMessage() {}
 
 func (x *SnapshotCreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[17]
+	mi := &file_instancemanager_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1673,7 +1719,7 @@ func (x *SnapshotCreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCreateResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotCreateResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{17}
+	return file_instancemanager_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SnapshotCreateResponse) GetName() string {
@@ -1692,7 +1738,7 @@ type SnapshotListResponse struct {
 
 func (x *SnapshotListResponse) Reset() {
 	*x = SnapshotListResponse{}
-	mi := &file_instancemanager_proto_msgTypes[18]
+	mi := &file_instancemanager_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1704,7 +1750,7 @@ func (x *SnapshotListResponse) String() string {
 func (*SnapshotListResponse) ProtoMessage() {}
 
 func (x *SnapshotListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[18]
+	mi := &file_instancemanager_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1717,7 +1763,7 @@ func (x *SnapshotListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotListResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotListResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{18}
+	return file_instancemanager_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SnapshotListResponse) GetSnapshots() map[string]*Snapshot {
@@ -1737,7 +1783,7 @@ type SnapshotRemoveRequest struct {
 
 func (x *SnapshotRemoveRequest) Reset() {
 	*x = SnapshotRemoveRequest{}
-	mi := &file_instancemanager_proto_msgTypes[19]
+	mi := &file_instancemanager_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1749,7 +1795,7 @@ func (x *SnapshotRemoveRequest) String() string {
 func (*SnapshotRemoveRequest) ProtoMessage() {}
 
 func (x *SnapshotRemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[19]
+	mi := &file_instancemanager_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1762,7 +1808,7 @@ func (x *SnapshotRemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRemoveRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRemoveRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{19}
+	return file_instancemanager_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SnapshotRemoveRequest) GetEngine() string {
@@ -1791,7 +1837,7 @@ type PurgeStatus struct {
 
 func (x *PurgeStatus) Reset() {
 	*x = PurgeStatus{}
-	mi := &file_instancemanager_proto_msgTypes[20]
+	mi := &file_instancemanager_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1803,7 +1849,7 @@ func (x *PurgeStatus) String() string {
 func (*PurgeStatus) ProtoMessage() {}
 
 func (x *PurgeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[20]
+	mi := &file_instancemanager_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1816,7 +1862,7 @@ func (x *PurgeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeStatus.ProtoReflect.Descriptor instead.
 func (*PurgeStatus) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{20}
+	return file_instancemanager_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PurgeStatus) GetIsPurging() bool {
@@ -1856,7 +1902,7 @@ type PurgeStatusResponse struct {
 
 func (x *PurgeStatusResponse) Reset() {
 	*x = PurgeStatusResponse{}
-	mi := &file_instancemanager_proto_msgTypes[21]
+	mi := &file_instancemanager_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1868,7 +1914,7 @@ func (x *PurgeStatusResponse) String() string {
 func (*PurgeStatusResponse) ProtoMessage() {}
 
 func (x *PurgeStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[21]
+	mi := &file_instancemanager_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1881,7 +1927,7 @@ func (x *PurgeStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeStatusResponse.ProtoReflect.Descriptor instead.
 func (*PurgeStatusResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{21}
+	return file_instancemanager_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PurgeStatusResponse) GetStatus() map[string]*PurgeStatus {
@@ -1901,7 +1947,7 @@ type SnapshotRevertRequest struct {
 
 func (x *SnapshotRevertRequest) Reset() {
 	*x = SnapshotRevertRequest{}
-	mi := &file_instancemanager_proto_msgTypes[22]
+	mi := &file_instancemanager_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1913,7 +1959,7 @@ func (x *SnapshotRevertRequest) String() string {
 func (*SnapshotRevertRequest) ProtoMessage() {}
 
 func (x *SnapshotRevertRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[22]
+	mi := &file_instancemanager_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1926,7 +1972,7 @@ func (x *SnapshotRevertRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRevertRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRevertRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{22}
+	return file_instancemanager_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SnapshotRevertRequest) GetEngine() string {
@@ -1960,7 +2006,7 @@ type SnapshotCloneRequest struct {
 
 func (x *SnapshotCloneRequest) Reset() {
 	*x = SnapshotCloneRequest{}
-	mi := &file_instancemanager_proto_msgTypes[23]
+	mi := &file_instancemanager_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1972,7 +2018,7 @@ func (x *SnapshotCloneRequest) String() string {
 func (*SnapshotCloneRequest) ProtoMessage() {}
 
 func (x *SnapshotCloneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[23]
+	mi := &file_instancemanager_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1985,7 +2031,7 @@ func (x *SnapshotCloneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCloneRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotCloneRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{23}
+	return file_instancemanager_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SnapshotCloneRequest) GetEngine() string {
@@ -2026,7 +2072,7 @@ type SnapshotExportRequest struct {
 
 func (x *SnapshotExportRequest) Reset() {
 	*x = SnapshotExportRequest{}
-	mi := &file_instancemanager_proto_msgTypes[24]
+	mi := &file_instancemanager_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2038,7 +2084,7 @@ func (x *SnapshotExportRequest) String() string {
 func (*SnapshotExportRequest) ProtoMessage() {}
 
 func (x *SnapshotExportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[24]
+	mi := &file_instancemanager_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2051,7 +2097,7 @@ func (x *SnapshotExportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotExportRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotExportRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{24}
+	return file_instancemanager_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SnapshotExportRequest) GetEngine() string {
@@ -2080,7 +2126,7 @@ type ExportChunk struct {
 
 func (x *ExportChunk) Reset() {
 	*x = ExportChunk{}
-	mi := &file_instancemanager_proto_msgTypes[25]
+	mi := &file_instancemanager_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2092,7 +2138,7 @@ func (x *ExportChunk) String() string {
 func (*ExportChunk) ProtoMessage() {}
 
 func (x *ExportChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[25]
+	mi := &file_instancemanager_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2105,7 +2151,7 @@ func (x *ExportChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportChunk.ProtoReflect.Descriptor instead.
 func (*ExportChunk) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{25}
+	return file_instancemanager_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ExportChunk) GetOffset() int64 {
@@ -2140,7 +2186,7 @@ type SnapshotLimitsRequest struct {
 
 func (x *SnapshotLimitsRequest) Reset() {
 	*x = SnapshotLimitsRequest{}
-	mi := &file_instancemanager_proto_msgTypes[26]
+	mi := &file_instancemanager_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2152,7 +2198,7 @@ func (x *SnapshotLimitsRequest) String() string {
 func (*SnapshotLimitsRequest) ProtoMessage() {}
 
 func (x *SnapshotLimitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[26]
+	mi := &file_instancemanager_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2165,7 +2211,7 @@ func (x *SnapshotLimitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotLimitsRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotLimitsRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{26}
+	return file_instancemanager_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SnapshotLimitsRequest) GetEngine() string {
@@ -2199,7 +2245,7 @@ type VolumeExpandRequest struct {
 
 func (x *VolumeExpandRequest) Reset() {
 	*x = VolumeExpandRequest{}
-	mi := &file_instancemanager_proto_msgTypes[27]
+	mi := &file_instancemanager_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2211,7 +2257,7 @@ func (x *VolumeExpandRequest) String() string {
 func (*VolumeExpandRequest) ProtoMessage() {}
 
 func (x *VolumeExpandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[27]
+	mi := &file_instancemanager_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2224,7 +2270,7 @@ func (x *VolumeExpandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeExpandRequest.ProtoReflect.Descriptor instead.
 func (*VolumeExpandRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{27}
+	return file_instancemanager_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *VolumeExpandRequest) GetEngine() string {
@@ -2251,7 +2297,7 @@ type FrontendStartRequest struct {
 
 func (x *FrontendStartRequest) Reset() {
 	*x = FrontendStartRequest{}
-	mi := &file_instancemanager_proto_msgTypes[28]
+	mi := &file_instancemanager_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2263,7 +2309,7 @@ func (x *FrontendStartRequest) String() string {
 func (*FrontendStartRequest) ProtoMessage() {}
 
 func (x *FrontendStartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[28]
+	mi := &file_instancemanager_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2276,7 +2322,7 @@ func (x *FrontendStartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FrontendStartRequest.ProtoReflect.Descriptor instead.
 func (*FrontendStartRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{28}
+	return file_instancemanager_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *FrontendStartRequest) GetEngine() string {
@@ -2306,7 +2352,7 @@ type ReplicaAddRequest struct {
 
 func (x *ReplicaAddRequest) Reset() {
 	*x = ReplicaAddRequest{}
-	mi := &file_instancemanager_proto_msgTypes[29]
+	mi := &file_instancemanager_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2318,7 +2364,7 @@ func (x *ReplicaAddRequest) String() string {
 func (*ReplicaAddRequest) ProtoMessage() {}
 
 func (x *ReplicaAddRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[29]
+	mi := &file_instancemanager_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2331,7 +2377,7 @@ func (x *ReplicaAddRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaAddRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaAddRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{29}
+	return file_instancemanager_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReplicaAddRequest) GetEngine() string {
@@ -2372,7 +2418,7 @@ type ReplicaRemoveRequest struct {
 
 func (x *ReplicaRemoveRequest) Reset() {
 	*x = ReplicaRemoveRequest{}
-	mi := &file_instancemanager_proto_msgTypes[30]
+	mi := &file_instancemanager_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2384,7 +2430,7 @@ func (x *ReplicaRemoveRequest) String() string {
 func (*ReplicaRemoveRequest) ProtoMessage() {}
 
 func (x *ReplicaRemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[30]
+	mi := &file_instancemanager_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2397,7 +2443,7 @@ func (x *ReplicaRemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaRemoveRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaRemoveRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{30}
+	return file_instancemanager_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReplicaRemoveRequest) GetEngine() string {
@@ -2437,7 +2483,7 @@ type RebuildStatus struct {
 
 func (x *RebuildStatus) Reset() {
 	*x = RebuildStatus{}
-	mi := &file_instancemanager_proto_msgTypes[31]
+	mi := &file_instancemanager_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2449,7 +2495,7 @@ func (x *RebuildStatus) String() string {
 func (*RebuildStatus) ProtoMessage() {}
 
 func (x *RebuildStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[31]
+	mi := &file_instancemanager_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2462,7 +2508,7 @@ func (x *RebuildStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebuildStatus.ProtoReflect.Descriptor instead.
 func (*RebuildStatus) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{31}
+	return file_instancemanager_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RebuildStatus) GetIsRebuilding() bool {
@@ -2537,7 +2583,7 @@ type ReplicaDataDeleteRequest struct {
 
 func (x *ReplicaDataDeleteRequest) Reset() {
 	*x = ReplicaDataDeleteRequest{}
-	mi := &file_instancemanager_proto_msgTypes[32]
+	mi := &file_instancemanager_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2549,7 +2595,7 @@ func (x *ReplicaDataDeleteRequest) String() string {
 func (*ReplicaDataDeleteRequest) ProtoMessage() {}
 
 func (x *ReplicaDataDeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[32]
+	mi := &file_instancemanager_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2562,7 +2608,7 @@ func (x *ReplicaDataDeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaDataDeleteRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaDataDeleteRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{32}
+	return file_instancemanager_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReplicaDataDeleteRequest) GetDataDir() string {
@@ -2581,7 +2627,7 @@ type RebuildStatusResponse struct {
 
 func (x *RebuildStatusResponse) Reset() {
 	*x = RebuildStatusResponse{}
-	mi := &file_instancemanager_proto_msgTypes[33]
+	mi := &file_instancemanager_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2593,7 +2639,7 @@ func (x *RebuildStatusResponse) String() string {
 func (*RebuildStatusResponse) ProtoMessage() {}
 
 func (x *RebuildStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[33]
+	mi := &file_instancemanager_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2606,7 +2652,7 @@ func (x *RebuildStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebuildStatusResponse.ProtoReflect.Descriptor instead.
 func (*RebuildStatusResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{33}
+	return file_instancemanager_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RebuildStatusResponse) GetStatus() map[string]*RebuildStatus {
@@ -2621,7 +2667,9 @@ var File_instancemanager_proto protoreflect.FileDescriptor
 const file_instancemanager_proto_rawDesc = "" +
 	"\n" +
 	"\x15instancemanager.proto\x12\x19strata.instancemanager.v1\"\a\n" +
-	"\x05Empty\"!\n" +
+	"\x05Empty\"-\n" +
+	"\x0fMetricsResponse\x12\x1a\n" +
+	"\bfamilies\x18\x01 \x01(\fR\bfamilies\"!\n" +
 	"\vInstanceRef\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\xea\x03\n" +
 	"\x15InstanceCreateRequest\x12\x12\n" +
@@ -2876,7 +2924,7 @@ const file_instancemanager_proto_rawDesc = "" +
 	"\x18REPLICA_MODE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fREPLICA_MODE_RW\x10\x01\x12\x13\n" +
 	"\x0fREPLICA_MODE_WO\x10\x02\x12\x14\n" +
-	"\x10REPLICA_MODE_ERR\x10\x032\xc2\x12\n" +
+	"\x10REPLICA_MODE_ERR\x10\x032\x9b\x13\n" +
 	"\x0fInstanceManager\x12g\n" +
 	"\x0eInstanceCreate\x120.strata.instancemanager.v1.InstanceCreateRequest\x1a#.strata.instancemanager.v1.Instance\x12]\n" +
 	"\x0eInstanceDelete\x12&.strata.instancemanager.v1.InstanceRef\x1a#.strata.instancemanager.v1.Instance\x12Z\n" +
@@ -2901,7 +2949,8 @@ const file_instancemanager_proto_rawDesc = "" +
 	"ReplicaAdd\x12,.strata.instancemanager.v1.ReplicaAddRequest\x1a .strata.instancemanager.v1.Empty\x12b\n" +
 	"\rReplicaRemove\x12/.strata.instancemanager.v1.ReplicaRemoveRequest\x1a .strata.instancemanager.v1.Empty\x12p\n" +
 	"\x14ReplicaRebuildStatus\x12&.strata.instancemanager.v1.InstanceRef\x1a0.strata.instancemanager.v1.RebuildStatusResponse\x12j\n" +
-	"\x11ReplicaDataDelete\x123.strata.instancemanager.v1.ReplicaDataDeleteRequest\x1a .strata.instancemanager.v1.EmptyB1Z/github.com/strata-storage/strata/engineapi/impbb\x06proto3"
+	"\x11ReplicaDataDelete\x123.strata.instancemanager.v1.ReplicaDataDeleteRequest\x1a .strata.instancemanager.v1.Empty\x12W\n" +
+	"\aMetrics\x12 .strata.instancemanager.v1.Empty\x1a*.strata.instancemanager.v1.MetricsResponseB1Z/github.com/strata-storage/strata/engineapi/impbb\x06proto3"
 
 var (
 	file_instancemanager_proto_rawDescOnce sync.Once
@@ -2916,139 +2965,142 @@ func file_instancemanager_proto_rawDescGZIP() []byte {
 }
 
 var file_instancemanager_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_instancemanager_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_instancemanager_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_instancemanager_proto_goTypes = []any{
 	(InstanceType)(0),                // 0: strata.instancemanager.v1.InstanceType
 	(InstanceState)(0),               // 1: strata.instancemanager.v1.InstanceState
 	(ReplicaMode)(0),                 // 2: strata.instancemanager.v1.ReplicaMode
 	(WatchEvent_Kind)(0),             // 3: strata.instancemanager.v1.WatchEvent.Kind
 	(*Empty)(nil),                    // 4: strata.instancemanager.v1.Empty
-	(*InstanceRef)(nil),              // 5: strata.instancemanager.v1.InstanceRef
-	(*InstanceCreateRequest)(nil),    // 6: strata.instancemanager.v1.InstanceCreateRequest
-	(*Instance)(nil),                 // 7: strata.instancemanager.v1.Instance
-	(*BackupTarget)(nil),             // 8: strata.instancemanager.v1.BackupTarget
-	(*BackingImageRef)(nil),          // 9: strata.instancemanager.v1.BackingImageRef
-	(*SnapshotBackupRequest)(nil),    // 10: strata.instancemanager.v1.SnapshotBackupRequest
-	(*BackupStatus)(nil),             // 11: strata.instancemanager.v1.BackupStatus
-	(*BackupRestoreRequest)(nil),     // 12: strata.instancemanager.v1.BackupRestoreRequest
-	(*RestoreStatus)(nil),            // 13: strata.instancemanager.v1.RestoreStatus
-	(*CloneStatus)(nil),              // 14: strata.instancemanager.v1.CloneStatus
-	(*InstanceListRequest)(nil),      // 15: strata.instancemanager.v1.InstanceListRequest
-	(*InstanceListResponse)(nil),     // 16: strata.instancemanager.v1.InstanceListResponse
-	(*WatchRequest)(nil),             // 17: strata.instancemanager.v1.WatchRequest
-	(*WatchEvent)(nil),               // 18: strata.instancemanager.v1.WatchEvent
-	(*Snapshot)(nil),                 // 19: strata.instancemanager.v1.Snapshot
-	(*SnapshotCreateRequest)(nil),    // 20: strata.instancemanager.v1.SnapshotCreateRequest
-	(*SnapshotCreateResponse)(nil),   // 21: strata.instancemanager.v1.SnapshotCreateResponse
-	(*SnapshotListResponse)(nil),     // 22: strata.instancemanager.v1.SnapshotListResponse
-	(*SnapshotRemoveRequest)(nil),    // 23: strata.instancemanager.v1.SnapshotRemoveRequest
-	(*PurgeStatus)(nil),              // 24: strata.instancemanager.v1.PurgeStatus
-	(*PurgeStatusResponse)(nil),      // 25: strata.instancemanager.v1.PurgeStatusResponse
-	(*SnapshotRevertRequest)(nil),    // 26: strata.instancemanager.v1.SnapshotRevertRequest
-	(*SnapshotCloneRequest)(nil),     // 27: strata.instancemanager.v1.SnapshotCloneRequest
-	(*SnapshotExportRequest)(nil),    // 28: strata.instancemanager.v1.SnapshotExportRequest
-	(*ExportChunk)(nil),              // 29: strata.instancemanager.v1.ExportChunk
-	(*SnapshotLimitsRequest)(nil),    // 30: strata.instancemanager.v1.SnapshotLimitsRequest
-	(*VolumeExpandRequest)(nil),      // 31: strata.instancemanager.v1.VolumeExpandRequest
-	(*FrontendStartRequest)(nil),     // 32: strata.instancemanager.v1.FrontendStartRequest
-	(*ReplicaAddRequest)(nil),        // 33: strata.instancemanager.v1.ReplicaAddRequest
-	(*ReplicaRemoveRequest)(nil),     // 34: strata.instancemanager.v1.ReplicaRemoveRequest
-	(*RebuildStatus)(nil),            // 35: strata.instancemanager.v1.RebuildStatus
-	(*ReplicaDataDeleteRequest)(nil), // 36: strata.instancemanager.v1.ReplicaDataDeleteRequest
-	(*RebuildStatusResponse)(nil),    // 37: strata.instancemanager.v1.RebuildStatusResponse
-	nil,                              // 38: strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
-	nil,                              // 39: strata.instancemanager.v1.Instance.ReplicaModesEntry
-	nil,                              // 40: strata.instancemanager.v1.Instance.SnapshotsEntry
-	nil,                              // 41: strata.instancemanager.v1.Instance.PurgeStatusEntry
-	nil,                              // 42: strata.instancemanager.v1.Instance.RebuildStatusEntry
-	nil,                              // 43: strata.instancemanager.v1.Instance.BackupStatusEntry
-	nil,                              // 44: strata.instancemanager.v1.SnapshotBackupRequest.LabelsEntry
-	nil,                              // 45: strata.instancemanager.v1.Snapshot.LabelsEntry
-	nil,                              // 46: strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
-	nil,                              // 47: strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
-	nil,                              // 48: strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
-	nil,                              // 49: strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
+	(*MetricsResponse)(nil),          // 5: strata.instancemanager.v1.MetricsResponse
+	(*InstanceRef)(nil),              // 6: strata.instancemanager.v1.InstanceRef
+	(*InstanceCreateRequest)(nil),    // 7: strata.instancemanager.v1.InstanceCreateRequest
+	(*Instance)(nil),                 // 8: strata.instancemanager.v1.Instance
+	(*BackupTarget)(nil),             // 9: strata.instancemanager.v1.BackupTarget
+	(*BackingImageRef)(nil),          // 10: strata.instancemanager.v1.BackingImageRef
+	(*SnapshotBackupRequest)(nil),    // 11: strata.instancemanager.v1.SnapshotBackupRequest
+	(*BackupStatus)(nil),             // 12: strata.instancemanager.v1.BackupStatus
+	(*BackupRestoreRequest)(nil),     // 13: strata.instancemanager.v1.BackupRestoreRequest
+	(*RestoreStatus)(nil),            // 14: strata.instancemanager.v1.RestoreStatus
+	(*CloneStatus)(nil),              // 15: strata.instancemanager.v1.CloneStatus
+	(*InstanceListRequest)(nil),      // 16: strata.instancemanager.v1.InstanceListRequest
+	(*InstanceListResponse)(nil),     // 17: strata.instancemanager.v1.InstanceListResponse
+	(*WatchRequest)(nil),             // 18: strata.instancemanager.v1.WatchRequest
+	(*WatchEvent)(nil),               // 19: strata.instancemanager.v1.WatchEvent
+	(*Snapshot)(nil),                 // 20: strata.instancemanager.v1.Snapshot
+	(*SnapshotCreateRequest)(nil),    // 21: strata.instancemanager.v1.SnapshotCreateRequest
+	(*SnapshotCreateResponse)(nil),   // 22: strata.instancemanager.v1.SnapshotCreateResponse
+	(*SnapshotListResponse)(nil),     // 23: strata.instancemanager.v1.SnapshotListResponse
+	(*SnapshotRemoveRequest)(nil),    // 24: strata.instancemanager.v1.SnapshotRemoveRequest
+	(*PurgeStatus)(nil),              // 25: strata.instancemanager.v1.PurgeStatus
+	(*PurgeStatusResponse)(nil),      // 26: strata.instancemanager.v1.PurgeStatusResponse
+	(*SnapshotRevertRequest)(nil),    // 27: strata.instancemanager.v1.SnapshotRevertRequest
+	(*SnapshotCloneRequest)(nil),     // 28: strata.instancemanager.v1.SnapshotCloneRequest
+	(*SnapshotExportRequest)(nil),    // 29: strata.instancemanager.v1.SnapshotExportRequest
+	(*ExportChunk)(nil),              // 30: strata.instancemanager.v1.ExportChunk
+	(*SnapshotLimitsRequest)(nil),    // 31: strata.instancemanager.v1.SnapshotLimitsRequest
+	(*VolumeExpandRequest)(nil),      // 32: strata.instancemanager.v1.VolumeExpandRequest
+	(*FrontendStartRequest)(nil),     // 33: strata.instancemanager.v1.FrontendStartRequest
+	(*ReplicaAddRequest)(nil),        // 34: strata.instancemanager.v1.ReplicaAddRequest
+	(*ReplicaRemoveRequest)(nil),     // 35: strata.instancemanager.v1.ReplicaRemoveRequest
+	(*RebuildStatus)(nil),            // 36: strata.instancemanager.v1.RebuildStatus
+	(*ReplicaDataDeleteRequest)(nil), // 37: strata.instancemanager.v1.ReplicaDataDeleteRequest
+	(*RebuildStatusResponse)(nil),    // 38: strata.instancemanager.v1.RebuildStatusResponse
+	nil,                              // 39: strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
+	nil,                              // 40: strata.instancemanager.v1.Instance.ReplicaModesEntry
+	nil,                              // 41: strata.instancemanager.v1.Instance.SnapshotsEntry
+	nil,                              // 42: strata.instancemanager.v1.Instance.PurgeStatusEntry
+	nil,                              // 43: strata.instancemanager.v1.Instance.RebuildStatusEntry
+	nil,                              // 44: strata.instancemanager.v1.Instance.BackupStatusEntry
+	nil,                              // 45: strata.instancemanager.v1.SnapshotBackupRequest.LabelsEntry
+	nil,                              // 46: strata.instancemanager.v1.Snapshot.LabelsEntry
+	nil,                              // 47: strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
+	nil,                              // 48: strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
+	nil,                              // 49: strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
+	nil,                              // 50: strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
 }
 var file_instancemanager_proto_depIdxs = []int32{
 	0,  // 0: strata.instancemanager.v1.InstanceCreateRequest.type:type_name -> strata.instancemanager.v1.InstanceType
-	38, // 1: strata.instancemanager.v1.InstanceCreateRequest.replicas:type_name -> strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
+	39, // 1: strata.instancemanager.v1.InstanceCreateRequest.replicas:type_name -> strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
 	0,  // 2: strata.instancemanager.v1.Instance.type:type_name -> strata.instancemanager.v1.InstanceType
 	1,  // 3: strata.instancemanager.v1.Instance.state:type_name -> strata.instancemanager.v1.InstanceState
-	39, // 4: strata.instancemanager.v1.Instance.replica_modes:type_name -> strata.instancemanager.v1.Instance.ReplicaModesEntry
-	40, // 5: strata.instancemanager.v1.Instance.snapshots:type_name -> strata.instancemanager.v1.Instance.SnapshotsEntry
-	41, // 6: strata.instancemanager.v1.Instance.purge_status:type_name -> strata.instancemanager.v1.Instance.PurgeStatusEntry
-	42, // 7: strata.instancemanager.v1.Instance.rebuild_status:type_name -> strata.instancemanager.v1.Instance.RebuildStatusEntry
-	14, // 8: strata.instancemanager.v1.Instance.clone_status:type_name -> strata.instancemanager.v1.CloneStatus
-	43, // 9: strata.instancemanager.v1.Instance.backup_status:type_name -> strata.instancemanager.v1.Instance.BackupStatusEntry
-	13, // 10: strata.instancemanager.v1.Instance.restore_status:type_name -> strata.instancemanager.v1.RestoreStatus
-	8,  // 11: strata.instancemanager.v1.SnapshotBackupRequest.target:type_name -> strata.instancemanager.v1.BackupTarget
-	44, // 12: strata.instancemanager.v1.SnapshotBackupRequest.labels:type_name -> strata.instancemanager.v1.SnapshotBackupRequest.LabelsEntry
-	9,  // 13: strata.instancemanager.v1.SnapshotBackupRequest.backing_image:type_name -> strata.instancemanager.v1.BackingImageRef
-	8,  // 14: strata.instancemanager.v1.BackupRestoreRequest.target:type_name -> strata.instancemanager.v1.BackupTarget
-	7,  // 15: strata.instancemanager.v1.InstanceListResponse.instances:type_name -> strata.instancemanager.v1.Instance
+	40, // 4: strata.instancemanager.v1.Instance.replica_modes:type_name -> strata.instancemanager.v1.Instance.ReplicaModesEntry
+	41, // 5: strata.instancemanager.v1.Instance.snapshots:type_name -> strata.instancemanager.v1.Instance.SnapshotsEntry
+	42, // 6: strata.instancemanager.v1.Instance.purge_status:type_name -> strata.instancemanager.v1.Instance.PurgeStatusEntry
+	43, // 7: strata.instancemanager.v1.Instance.rebuild_status:type_name -> strata.instancemanager.v1.Instance.RebuildStatusEntry
+	15, // 8: strata.instancemanager.v1.Instance.clone_status:type_name -> strata.instancemanager.v1.CloneStatus
+	44, // 9: strata.instancemanager.v1.Instance.backup_status:type_name -> strata.instancemanager.v1.Instance.BackupStatusEntry
+	14, // 10: strata.instancemanager.v1.Instance.restore_status:type_name -> strata.instancemanager.v1.RestoreStatus
+	9,  // 11: strata.instancemanager.v1.SnapshotBackupRequest.target:type_name -> strata.instancemanager.v1.BackupTarget
+	45, // 12: strata.instancemanager.v1.SnapshotBackupRequest.labels:type_name -> strata.instancemanager.v1.SnapshotBackupRequest.LabelsEntry
+	10, // 13: strata.instancemanager.v1.SnapshotBackupRequest.backing_image:type_name -> strata.instancemanager.v1.BackingImageRef
+	9,  // 14: strata.instancemanager.v1.BackupRestoreRequest.target:type_name -> strata.instancemanager.v1.BackupTarget
+	8,  // 15: strata.instancemanager.v1.InstanceListResponse.instances:type_name -> strata.instancemanager.v1.Instance
 	3,  // 16: strata.instancemanager.v1.WatchEvent.kind:type_name -> strata.instancemanager.v1.WatchEvent.Kind
-	7,  // 17: strata.instancemanager.v1.WatchEvent.instance:type_name -> strata.instancemanager.v1.Instance
-	45, // 18: strata.instancemanager.v1.Snapshot.labels:type_name -> strata.instancemanager.v1.Snapshot.LabelsEntry
-	46, // 19: strata.instancemanager.v1.SnapshotCreateRequest.labels:type_name -> strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
-	47, // 20: strata.instancemanager.v1.SnapshotListResponse.snapshots:type_name -> strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
-	48, // 21: strata.instancemanager.v1.PurgeStatusResponse.status:type_name -> strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
-	49, // 22: strata.instancemanager.v1.RebuildStatusResponse.status:type_name -> strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
+	8,  // 17: strata.instancemanager.v1.WatchEvent.instance:type_name -> strata.instancemanager.v1.Instance
+	46, // 18: strata.instancemanager.v1.Snapshot.labels:type_name -> strata.instancemanager.v1.Snapshot.LabelsEntry
+	47, // 19: strata.instancemanager.v1.SnapshotCreateRequest.labels:type_name -> strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
+	48, // 20: strata.instancemanager.v1.SnapshotListResponse.snapshots:type_name -> strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
+	49, // 21: strata.instancemanager.v1.PurgeStatusResponse.status:type_name -> strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
+	50, // 22: strata.instancemanager.v1.RebuildStatusResponse.status:type_name -> strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
 	2,  // 23: strata.instancemanager.v1.Instance.ReplicaModesEntry.value:type_name -> strata.instancemanager.v1.ReplicaMode
-	19, // 24: strata.instancemanager.v1.Instance.SnapshotsEntry.value:type_name -> strata.instancemanager.v1.Snapshot
-	24, // 25: strata.instancemanager.v1.Instance.PurgeStatusEntry.value:type_name -> strata.instancemanager.v1.PurgeStatus
-	35, // 26: strata.instancemanager.v1.Instance.RebuildStatusEntry.value:type_name -> strata.instancemanager.v1.RebuildStatus
-	11, // 27: strata.instancemanager.v1.Instance.BackupStatusEntry.value:type_name -> strata.instancemanager.v1.BackupStatus
-	19, // 28: strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry.value:type_name -> strata.instancemanager.v1.Snapshot
-	24, // 29: strata.instancemanager.v1.PurgeStatusResponse.StatusEntry.value:type_name -> strata.instancemanager.v1.PurgeStatus
-	35, // 30: strata.instancemanager.v1.RebuildStatusResponse.StatusEntry.value:type_name -> strata.instancemanager.v1.RebuildStatus
-	6,  // 31: strata.instancemanager.v1.InstanceManager.InstanceCreate:input_type -> strata.instancemanager.v1.InstanceCreateRequest
-	5,  // 32: strata.instancemanager.v1.InstanceManager.InstanceDelete:input_type -> strata.instancemanager.v1.InstanceRef
-	5,  // 33: strata.instancemanager.v1.InstanceManager.InstanceGet:input_type -> strata.instancemanager.v1.InstanceRef
-	15, // 34: strata.instancemanager.v1.InstanceManager.InstanceList:input_type -> strata.instancemanager.v1.InstanceListRequest
-	17, // 35: strata.instancemanager.v1.InstanceManager.Watch:input_type -> strata.instancemanager.v1.WatchRequest
-	20, // 36: strata.instancemanager.v1.InstanceManager.SnapshotCreate:input_type -> strata.instancemanager.v1.SnapshotCreateRequest
-	5,  // 37: strata.instancemanager.v1.InstanceManager.SnapshotList:input_type -> strata.instancemanager.v1.InstanceRef
-	23, // 38: strata.instancemanager.v1.InstanceManager.SnapshotRemove:input_type -> strata.instancemanager.v1.SnapshotRemoveRequest
-	5,  // 39: strata.instancemanager.v1.InstanceManager.SnapshotPurge:input_type -> strata.instancemanager.v1.InstanceRef
-	5,  // 40: strata.instancemanager.v1.InstanceManager.SnapshotPurgeStatus:input_type -> strata.instancemanager.v1.InstanceRef
-	26, // 41: strata.instancemanager.v1.InstanceManager.SnapshotRevert:input_type -> strata.instancemanager.v1.SnapshotRevertRequest
-	27, // 42: strata.instancemanager.v1.InstanceManager.SnapshotClone:input_type -> strata.instancemanager.v1.SnapshotCloneRequest
-	28, // 43: strata.instancemanager.v1.InstanceManager.SnapshotExport:input_type -> strata.instancemanager.v1.SnapshotExportRequest
-	30, // 44: strata.instancemanager.v1.InstanceManager.SnapshotLimitsSet:input_type -> strata.instancemanager.v1.SnapshotLimitsRequest
-	10, // 45: strata.instancemanager.v1.InstanceManager.SnapshotBackup:input_type -> strata.instancemanager.v1.SnapshotBackupRequest
-	12, // 46: strata.instancemanager.v1.InstanceManager.BackupRestore:input_type -> strata.instancemanager.v1.BackupRestoreRequest
-	31, // 47: strata.instancemanager.v1.InstanceManager.VolumeExpand:input_type -> strata.instancemanager.v1.VolumeExpandRequest
-	32, // 48: strata.instancemanager.v1.InstanceManager.FrontendStart:input_type -> strata.instancemanager.v1.FrontendStartRequest
-	5,  // 49: strata.instancemanager.v1.InstanceManager.FrontendStop:input_type -> strata.instancemanager.v1.InstanceRef
-	33, // 50: strata.instancemanager.v1.InstanceManager.ReplicaAdd:input_type -> strata.instancemanager.v1.ReplicaAddRequest
-	34, // 51: strata.instancemanager.v1.InstanceManager.ReplicaRemove:input_type -> strata.instancemanager.v1.ReplicaRemoveRequest
-	5,  // 52: strata.instancemanager.v1.InstanceManager.ReplicaRebuildStatus:input_type -> strata.instancemanager.v1.InstanceRef
-	36, // 53: strata.instancemanager.v1.InstanceManager.ReplicaDataDelete:input_type -> strata.instancemanager.v1.ReplicaDataDeleteRequest
-	7,  // 54: strata.instancemanager.v1.InstanceManager.InstanceCreate:output_type -> strata.instancemanager.v1.Instance
-	7,  // 55: strata.instancemanager.v1.InstanceManager.InstanceDelete:output_type -> strata.instancemanager.v1.Instance
-	7,  // 56: strata.instancemanager.v1.InstanceManager.InstanceGet:output_type -> strata.instancemanager.v1.Instance
-	16, // 57: strata.instancemanager.v1.InstanceManager.InstanceList:output_type -> strata.instancemanager.v1.InstanceListResponse
-	18, // 58: strata.instancemanager.v1.InstanceManager.Watch:output_type -> strata.instancemanager.v1.WatchEvent
-	21, // 59: strata.instancemanager.v1.InstanceManager.SnapshotCreate:output_type -> strata.instancemanager.v1.SnapshotCreateResponse
-	22, // 60: strata.instancemanager.v1.InstanceManager.SnapshotList:output_type -> strata.instancemanager.v1.SnapshotListResponse
-	4,  // 61: strata.instancemanager.v1.InstanceManager.SnapshotRemove:output_type -> strata.instancemanager.v1.Empty
-	4,  // 62: strata.instancemanager.v1.InstanceManager.SnapshotPurge:output_type -> strata.instancemanager.v1.Empty
-	25, // 63: strata.instancemanager.v1.InstanceManager.SnapshotPurgeStatus:output_type -> strata.instancemanager.v1.PurgeStatusResponse
-	4,  // 64: strata.instancemanager.v1.InstanceManager.SnapshotRevert:output_type -> strata.instancemanager.v1.Empty
-	4,  // 65: strata.instancemanager.v1.InstanceManager.SnapshotClone:output_type -> strata.instancemanager.v1.Empty
-	29, // 66: strata.instancemanager.v1.InstanceManager.SnapshotExport:output_type -> strata.instancemanager.v1.ExportChunk
-	4,  // 67: strata.instancemanager.v1.InstanceManager.SnapshotLimitsSet:output_type -> strata.instancemanager.v1.Empty
-	4,  // 68: strata.instancemanager.v1.InstanceManager.SnapshotBackup:output_type -> strata.instancemanager.v1.Empty
-	4,  // 69: strata.instancemanager.v1.InstanceManager.BackupRestore:output_type -> strata.instancemanager.v1.Empty
-	4,  // 70: strata.instancemanager.v1.InstanceManager.VolumeExpand:output_type -> strata.instancemanager.v1.Empty
-	7,  // 71: strata.instancemanager.v1.InstanceManager.FrontendStart:output_type -> strata.instancemanager.v1.Instance
-	7,  // 72: strata.instancemanager.v1.InstanceManager.FrontendStop:output_type -> strata.instancemanager.v1.Instance
-	4,  // 73: strata.instancemanager.v1.InstanceManager.ReplicaAdd:output_type -> strata.instancemanager.v1.Empty
-	4,  // 74: strata.instancemanager.v1.InstanceManager.ReplicaRemove:output_type -> strata.instancemanager.v1.Empty
-	37, // 75: strata.instancemanager.v1.InstanceManager.ReplicaRebuildStatus:output_type -> strata.instancemanager.v1.RebuildStatusResponse
-	4,  // 76: strata.instancemanager.v1.InstanceManager.ReplicaDataDelete:output_type -> strata.instancemanager.v1.Empty
-	54, // [54:77] is the sub-list for method output_type
-	31, // [31:54] is the sub-list for method input_type
+	20, // 24: strata.instancemanager.v1.Instance.SnapshotsEntry.value:type_name -> strata.instancemanager.v1.Snapshot
+	25, // 25: strata.instancemanager.v1.Instance.PurgeStatusEntry.value:type_name -> strata.instancemanager.v1.PurgeStatus
+	36, // 26: strata.instancemanager.v1.Instance.RebuildStatusEntry.value:type_name -> strata.instancemanager.v1.RebuildStatus
+	12, // 27: strata.instancemanager.v1.Instance.BackupStatusEntry.value:type_name -> strata.instancemanager.v1.BackupStatus
+	20, // 28: strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry.value:type_name -> strata.instancemanager.v1.Snapshot
+	25, // 29: strata.instancemanager.v1.PurgeStatusResponse.StatusEntry.value:type_name -> strata.instancemanager.v1.PurgeStatus
+	36, // 30: strata.instancemanager.v1.RebuildStatusResponse.StatusEntry.value:type_name -> strata.instancemanager.v1.RebuildStatus
+	7,  // 31: strata.instancemanager.v1.InstanceManager.InstanceCreate:input_type -> strata.instancemanager.v1.InstanceCreateRequest
+	6,  // 32: strata.instancemanager.v1.InstanceManager.InstanceDelete:input_type -> strata.instancemanager.v1.InstanceRef
+	6,  // 33: strata.instancemanager.v1.InstanceManager.InstanceGet:input_type -> strata.instancemanager.v1.InstanceRef
+	16, // 34: strata.instancemanager.v1.InstanceManager.InstanceList:input_type -> strata.instancemanager.v1.InstanceListRequest
+	18, // 35: strata.instancemanager.v1.InstanceManager.Watch:input_type -> strata.instancemanager.v1.WatchRequest
+	21, // 36: strata.instancemanager.v1.InstanceManager.SnapshotCreate:input_type -> strata.instancemanager.v1.SnapshotCreateRequest
+	6,  // 37: strata.instancemanager.v1.InstanceManager.SnapshotList:input_type -> strata.instancemanager.v1.InstanceRef
+	24, // 38: strata.instancemanager.v1.InstanceManager.SnapshotRemove:input_type -> strata.instancemanager.v1.SnapshotRemoveRequest
+	6,  // 39: strata.instancemanager.v1.InstanceManager.SnapshotPurge:input_type -> strata.instancemanager.v1.InstanceRef
+	6,  // 40: strata.instancemanager.v1.InstanceManager.SnapshotPurgeStatus:input_type -> strata.instancemanager.v1.InstanceRef
+	27, // 41: strata.instancemanager.v1.InstanceManager.SnapshotRevert:input_type -> strata.instancemanager.v1.SnapshotRevertRequest
+	28, // 42: strata.instancemanager.v1.InstanceManager.SnapshotClone:input_type -> strata.instancemanager.v1.SnapshotCloneRequest
+	29, // 43: strata.instancemanager.v1.InstanceManager.SnapshotExport:input_type -> strata.instancemanager.v1.SnapshotExportRequest
+	31, // 44: strata.instancemanager.v1.InstanceManager.SnapshotLimitsSet:input_type -> strata.instancemanager.v1.SnapshotLimitsRequest
+	11, // 45: strata.instancemanager.v1.InstanceManager.SnapshotBackup:input_type -> strata.instancemanager.v1.SnapshotBackupRequest
+	13, // 46: strata.instancemanager.v1.InstanceManager.BackupRestore:input_type -> strata.instancemanager.v1.BackupRestoreRequest
+	32, // 47: strata.instancemanager.v1.InstanceManager.VolumeExpand:input_type -> strata.instancemanager.v1.VolumeExpandRequest
+	33, // 48: strata.instancemanager.v1.InstanceManager.FrontendStart:input_type -> strata.instancemanager.v1.FrontendStartRequest
+	6,  // 49: strata.instancemanager.v1.InstanceManager.FrontendStop:input_type -> strata.instancemanager.v1.InstanceRef
+	34, // 50: strata.instancemanager.v1.InstanceManager.ReplicaAdd:input_type -> strata.instancemanager.v1.ReplicaAddRequest
+	35, // 51: strata.instancemanager.v1.InstanceManager.ReplicaRemove:input_type -> strata.instancemanager.v1.ReplicaRemoveRequest
+	6,  // 52: strata.instancemanager.v1.InstanceManager.ReplicaRebuildStatus:input_type -> strata.instancemanager.v1.InstanceRef
+	37, // 53: strata.instancemanager.v1.InstanceManager.ReplicaDataDelete:input_type -> strata.instancemanager.v1.ReplicaDataDeleteRequest
+	4,  // 54: strata.instancemanager.v1.InstanceManager.Metrics:input_type -> strata.instancemanager.v1.Empty
+	8,  // 55: strata.instancemanager.v1.InstanceManager.InstanceCreate:output_type -> strata.instancemanager.v1.Instance
+	8,  // 56: strata.instancemanager.v1.InstanceManager.InstanceDelete:output_type -> strata.instancemanager.v1.Instance
+	8,  // 57: strata.instancemanager.v1.InstanceManager.InstanceGet:output_type -> strata.instancemanager.v1.Instance
+	17, // 58: strata.instancemanager.v1.InstanceManager.InstanceList:output_type -> strata.instancemanager.v1.InstanceListResponse
+	19, // 59: strata.instancemanager.v1.InstanceManager.Watch:output_type -> strata.instancemanager.v1.WatchEvent
+	22, // 60: strata.instancemanager.v1.InstanceManager.SnapshotCreate:output_type -> strata.instancemanager.v1.SnapshotCreateResponse
+	23, // 61: strata.instancemanager.v1.InstanceManager.SnapshotList:output_type -> strata.instancemanager.v1.SnapshotListResponse
+	4,  // 62: strata.instancemanager.v1.InstanceManager.SnapshotRemove:output_type -> strata.instancemanager.v1.Empty
+	4,  // 63: strata.instancemanager.v1.InstanceManager.SnapshotPurge:output_type -> strata.instancemanager.v1.Empty
+	26, // 64: strata.instancemanager.v1.InstanceManager.SnapshotPurgeStatus:output_type -> strata.instancemanager.v1.PurgeStatusResponse
+	4,  // 65: strata.instancemanager.v1.InstanceManager.SnapshotRevert:output_type -> strata.instancemanager.v1.Empty
+	4,  // 66: strata.instancemanager.v1.InstanceManager.SnapshotClone:output_type -> strata.instancemanager.v1.Empty
+	30, // 67: strata.instancemanager.v1.InstanceManager.SnapshotExport:output_type -> strata.instancemanager.v1.ExportChunk
+	4,  // 68: strata.instancemanager.v1.InstanceManager.SnapshotLimitsSet:output_type -> strata.instancemanager.v1.Empty
+	4,  // 69: strata.instancemanager.v1.InstanceManager.SnapshotBackup:output_type -> strata.instancemanager.v1.Empty
+	4,  // 70: strata.instancemanager.v1.InstanceManager.BackupRestore:output_type -> strata.instancemanager.v1.Empty
+	4,  // 71: strata.instancemanager.v1.InstanceManager.VolumeExpand:output_type -> strata.instancemanager.v1.Empty
+	8,  // 72: strata.instancemanager.v1.InstanceManager.FrontendStart:output_type -> strata.instancemanager.v1.Instance
+	8,  // 73: strata.instancemanager.v1.InstanceManager.FrontendStop:output_type -> strata.instancemanager.v1.Instance
+	4,  // 74: strata.instancemanager.v1.InstanceManager.ReplicaAdd:output_type -> strata.instancemanager.v1.Empty
+	4,  // 75: strata.instancemanager.v1.InstanceManager.ReplicaRemove:output_type -> strata.instancemanager.v1.Empty
+	38, // 76: strata.instancemanager.v1.InstanceManager.ReplicaRebuildStatus:output_type -> strata.instancemanager.v1.RebuildStatusResponse
+	4,  // 77: strata.instancemanager.v1.InstanceManager.ReplicaDataDelete:output_type -> strata.instancemanager.v1.Empty
+	5,  // 78: strata.instancemanager.v1.InstanceManager.Metrics:output_type -> strata.instancemanager.v1.MetricsResponse
+	55, // [55:79] is the sub-list for method output_type
+	31, // [31:55] is the sub-list for method input_type
 	31, // [31:31] is the sub-list for extension type_name
 	31, // [31:31] is the sub-list for extension extendee
 	0,  // [0:31] is the sub-list for field type_name
@@ -3065,7 +3117,7 @@ func file_instancemanager_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_instancemanager_proto_rawDesc), len(file_instancemanager_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   46,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -46,6 +46,7 @@ const (
 	InstanceManager_ReplicaRemove_FullMethodName        = "/strata.instancemanager.v1.InstanceManager/ReplicaRemove"
 	InstanceManager_ReplicaRebuildStatus_FullMethodName = "/strata.instancemanager.v1.InstanceManager/ReplicaRebuildStatus"
 	InstanceManager_ReplicaDataDelete_FullMethodName    = "/strata.instancemanager.v1.InstanceManager/ReplicaDataDelete"
+	InstanceManager_Metrics_FullMethodName              = "/strata.instancemanager.v1.InstanceManager/Metrics"
 )
 
 // InstanceManagerClient is the client API for InstanceManager service.
@@ -95,6 +96,9 @@ type InstanceManagerClient interface {
 	// that is not absolute or a non-empty directory without volume.meta
 	// (InvalidArgument), so a mistake cannot wipe an unrelated directory.
 	ReplicaDataDelete(ctx context.Context, in *ReplicaDataDeleteRequest, opts ...grpc.CallOption) (*Empty, error)
+	// Metrics returns this process's Prometheus series (the engines'
+	// per-replica I/O latency) for the node's manager to serve on /metrics.
+	Metrics(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*MetricsResponse, error)
 }
 
 type instanceManagerClient struct {
@@ -353,6 +357,16 @@ func (c *instanceManagerClient) ReplicaDataDelete(ctx context.Context, in *Repli
 	return out, nil
 }
 
+func (c *instanceManagerClient) Metrics(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*MetricsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MetricsResponse)
+	err := c.cc.Invoke(ctx, InstanceManager_Metrics_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // InstanceManagerServer is the server API for InstanceManager service.
 // All implementations must embed UnimplementedInstanceManagerServer
 // for forward compatibility.
@@ -400,6 +414,9 @@ type InstanceManagerServer interface {
 	// that is not absolute or a non-empty directory without volume.meta
 	// (InvalidArgument), so a mistake cannot wipe an unrelated directory.
 	ReplicaDataDelete(context.Context, *ReplicaDataDeleteRequest) (*Empty, error)
+	// Metrics returns this process's Prometheus series (the engines'
+	// per-replica I/O latency) for the node's manager to serve on /metrics.
+	Metrics(context.Context, *Empty) (*MetricsResponse, error)
 	mustEmbedUnimplementedInstanceManagerServer()
 }
 
@@ -478,6 +495,9 @@ func (UnimplementedInstanceManagerServer) ReplicaRebuildStatus(context.Context, 
 }
 func (UnimplementedInstanceManagerServer) ReplicaDataDelete(context.Context, *ReplicaDataDeleteRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReplicaDataDelete not implemented")
+}
+func (UnimplementedInstanceManagerServer) Metrics(context.Context, *Empty) (*MetricsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Metrics not implemented")
 }
 func (UnimplementedInstanceManagerServer) mustEmbedUnimplementedInstanceManagerServer() {}
 func (UnimplementedInstanceManagerServer) testEmbeddedByValue()                         {}
@@ -900,6 +920,24 @@ func _InstanceManager_ReplicaDataDelete_Handler(srv interface{}, ctx context.Con
 	return interceptor(ctx, in, info, handler)
 }
 
+func _InstanceManager_Metrics_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(Empty)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(InstanceManagerServer).Metrics(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: InstanceManager_Metrics_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(InstanceManagerServer).Metrics(ctx, req.(*Empty))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // InstanceManager_ServiceDesc is the grpc.ServiceDesc for InstanceManager service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -990,6 +1028,10 @@ var InstanceManager_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReplicaDataDelete",
 			Handler:    _InstanceManager_ReplicaDataDelete_Handler,
+		},
+		{
+			MethodName: "Metrics",
+			Handler:    _InstanceManager_Metrics_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -271,6 +271,11 @@ func TestRESTRevert(t *testing.T) {
 	assert.Equal(t, 1.0, healthy)
 	_, sizes := sumOver(scrapes, "strata_volume_actual_size_bytes", map[string]string{"volume": volume})
 	assert.Equal(t, 1, sizes)
+	// The engine's per-replica latency, gathered from the instance manager
+	// of the node rv-2 reads on: one series per replica, each one read.
+	reads, readSeries := sumOver(scrapes, "strata_engine_replica_io_duration_seconds", map[string]string{"volume": volume, "op": "read"})
+	assert.Equal(t, int(getVolume(t, volume).Spec.NumberOfReplicas), readSeries, "a read-latency series per replica")
+	assert.GreaterOrEqual(t, reads, 16.0, "the reads of rv-2's checksum")
 
 	// Without a token no metrics; the probes' paths answer anyone.
 	anonymous := newRESTClient(t, env.nodes[0], "")
