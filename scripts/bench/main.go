@@ -9,6 +9,9 @@
 //	bench remove   -im ADDR -engine NAME -snapshot NAME
 //	bench purge    -im ADDR -engine NAME
 //	    purges and waits for every replica; prints the seconds it took
+//	bench replica-latency -im ADDR -name VOLUME [-op write|read]
+//	    each replica's count, p50 and p99 in µs of the engine's op on it,
+//	    from the instance manager's metrics: "NAME COUNT P50 P99" lines
 //	bench wait -im ADDR[,ADDR...]
 //	    waits until every instance manager answers
 //	bench free-ports N
@@ -85,6 +88,7 @@ func main() {
 	dir := fs.String("dir", "", "directory for replica data (create-volume)")
 	engine := fs.String("engine", "", "engine instance name")
 	snapshot := fs.String("snapshot", "", "snapshot name")
+	op := fs.String("op", "write", "operation (replica-latency)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "overall timeout")
 	_ = fs.Parse(os.Args[2:])
 
@@ -113,6 +117,8 @@ func main() {
 		if err == nil {
 			fmt.Println(inst.FrontendEndpoint)
 		}
+	case "replica-latency":
+		err = replicaLatency(ctx, clients[0], *name, *op)
 	case "wait":
 		for _, c := range clients {
 			for {
