@@ -1,5 +1,4 @@
 //go:build ignore
-
 // Prototype: a one-file FUSE server over FUSE-over-io_uring (kernel 6.14+),
 // serving a backing file with pread/pwrite, to measure the ceiling.
 package main
@@ -17,6 +16,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"github.com/strata-storage/strata/engine/replication"
 )
 
 const (
@@ -40,6 +41,7 @@ var pin = flag.Bool("pin", false, "pin each queue's thread to its CPU")
 
 type server struct {
 	nbd     []*nbdConn
+	eng     *replication.Engine
 	rnbd    []*ringNBD
 	fd      int
 	backing *os.File
@@ -383,6 +385,17 @@ func (s *server) serveQueue(qid int, ready chan<- error) {
 			return
 		}
 	}
+	if s.eng != nil {
+		efd, _, e := syscall.Syscall(syscall.SYS_EVENTFD2, 0, syscall.O_CLOEXEC, 0)
+		if e != 0 {
+			ready <- e
+			return
+		}
+		r.efd = int(efd)
+		r.mu.Lock()
+		r.armWake()
+		r.mu.Unlock()
+	}
 	if s.nbd != nil {
 		s.nbd[qid].ents = ents
 		efd, _, e := syscall.Syscall(syscall.SYS_EVENTFD2, 0, syscall.O_CLOEXEC, 0)
@@ -453,6 +466,10 @@ func (s *server) serveQueue(qid int, ready chan<- error) {
 			psz := le.Uint32(e.hdr[256+16:])
 			opIn := e.hdr[128 : 128+opSize(op)]
 			commit := le.Uint64(e.hdr[256+8:])
+			if s.eng != nil && (op == opRead || op == opWrite) {
+				s.engineIO(r, e, i, op, opIn)
+				continue
+			}
 			if s.rnbd != nil && (op == opRead || op == opWrite) {
 				s.rnbd[qid].send(op, opIn, i)
 				continue
@@ -503,6 +520,7 @@ func main() {
 	useRing := flag.Bool("ring", true, "")
 	nbdSock := flag.String("nbd-socket", "", "serve this NBD export instead of -backing")
 	nbdExport := flag.String("nbd-export", "", "")
+	engDir := flag.String("engine-dir", "", "serve a 1-replica engine with its replica in this directory")
 	ringRecv := flag.Bool("ring-recv", true, "drive the NBD connection from the ring thread")
 	flag.Parse()
 	f, err := os.OpenFile(*backing, os.O_RDWR, 0)
@@ -519,6 +537,18 @@ func main() {
 		log.Fatalf("mount: %v", err)
 	}
 	s := &server{fd: fd, backing: f, size: st.Size()}
+	if *engDir != "" {
+		eng, err := newEngine(*engDir, st.Size())
+		if err != nil {
+			log.Fatal(err)
+		}
+		s.eng = eng
+		buf := make([]byte, 1<<20)
+		for off := int64(0); off < st.Size(); off += 1 << 20 {
+			f.ReadAt(buf, off)
+			eng.WriteAt(buf, off)
+		}
+	}
 	if *nbdSock != "" && *ringRecv {
 		for range runtime.NumCPU() {
 			c, size, err := dialNBD(*nbdSock, *nbdExport)

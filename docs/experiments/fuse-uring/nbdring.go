@@ -1,5 +1,4 @@
 //go:build ignore
-
 package main
 
 import (
