@@ -1,4 +1,5 @@
 //go:build ignore
+
 // Prototype: a one-file FUSE server over FUSE-over-io_uring (kernel 6.14+),
 // serving a backing file with pread/pwrite, to measure the ceiling.
 package main
