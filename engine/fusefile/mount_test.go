@@ -1,0 +1,168 @@
+package fusefile
+
+import (
+	"bytes"
+	"crypto/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/sirupsen/logrus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/strata-storage/strata/engine/blockdev"
+)
+
+const uringParam = "/sys/module/fuse/parameters/enable_uring"
+
+// withURing sets the kernel's fuse.enable_uring for the test and puts it
+// back after.
+func withURing(t *testing.T, on bool) {
+	t.Helper()
+	old, err := os.ReadFile(uringParam)
+	require.NoError(t, err, "this kernel has no FUSE over io_uring parameter")
+	want := "N"
+	if on {
+		want = "Y"
+	}
+	require.NoError(t, os.WriteFile(uringParam, []byte(want), 0))
+	t.Cleanup(func() { _ = os.WriteFile(uringParam, bytes.TrimSpace(old), 0) })
+}
+
+func mountMem(t *testing.T, size int64, opts Options) (*Server, *blockdev.Mem) {
+	t.Helper()
+	dev := blockdev.NewMem(size)
+	log := logrus.New()
+	log.SetOutput(testWriter{t})
+	opts.Log = log
+	s, err := Mount(t.TempDir(), dev, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, s.Close()) })
+	return s, dev
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// The file reads and writes the device's bytes, with and without direct
+// I/O, over io_uring queues where the kernel has them on and over
+// /dev/fuse reads where not; a punched hole reads back as zeros.
+func TestFileIsTheDevice(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		uring     bool
+		wantURing bool
+	}{{"io_uring queues", true, true}, {"classic /dev/fuse", false, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			withURing(t, tc.uring)
+			s, dev := mountMem(t, 8<<20, Options{})
+			assert.Equal(t, tc.wantURing, s.UsesIOURing())
+			st, err := os.Stat(s.Path())
+			require.NoError(t, err)
+			assert.EqualValues(t, 8<<20, st.Size())
+
+			data := make([]byte, 1<<20)
+			_, _ = rand.Read(data)
+			f := openRaw(t, s.Path(), os.O_RDWR|syscall.O_DIRECT)
+			_, err = f.WriteAt(alignedCopy(data), 3<<20)
+			require.NoError(t, err)
+			require.NoError(t, f.Sync())
+			got := make([]byte, len(data))
+			_, err = dev.ReadAt(got, 3<<20)
+			require.NoError(t, err)
+			assert.True(t, bytes.Equal(data, got), "the device holds what was written through the file")
+
+			back := alignedCopy(make([]byte, len(data)))
+			_, err = f.ReadAt(back, 3<<20)
+			require.NoError(t, err)
+			assert.True(t, bytes.Equal(data, back), "the file reads the device")
+
+			require.NoError(t, unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 3<<20, 4096))
+			_, err = f.ReadAt(back[:4096], 3<<20)
+			require.NoError(t, err)
+			assert.Equal(t, make([]byte, 4096), back[:4096], "a punched hole reads as zeros")
+
+			_, err = f.WriteAt(alignedCopy(data[:4096]), 8<<20)
+			assert.ErrorIs(t, err, syscall.ENOSPC, "the file does not grow past the device")
+			names, err := os.ReadDir(filepath.Dir(s.Path()))
+			require.NoError(t, err)
+			require.Len(t, names, 1)
+			assert.Equal(t, "disk", names[0].Name())
+		})
+	}
+}
+
+// openRaw opens the served file without the runtime's poller: os.OpenFile
+// would have the poller ask the file (FUSE_POLL) from the thread the queues
+// need to be woken by, in this same process.
+func openRaw(t *testing.T, path string, flags int) *os.File {
+	t.Helper()
+	fd, err := unix.Open(path, flags|unix.O_CLOEXEC, 0)
+	require.NoError(t, err)
+	f := os.NewFile(uintptr(fd), path) // blocking fd: not added to the poller
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// alignedCopy returns b's bytes in a 4096-aligned buffer, as O_DIRECT needs.
+func alignedCopy(b []byte) []byte {
+	buf := make([]byte, len(b)+4096)
+	off := 4096 - int(uintptr(unsafePointer(buf))%4096)
+	if off == 4096 {
+		off = 0
+	}
+	out := buf[off : off+len(b)]
+	copy(out, b)
+	return out
+}
+
+// What the node plugin builds on it: a loop device in direct-I/O mode and
+// ext4 on that; a file written there reads back after a remount.
+func TestLoopDeviceAndExt4OnTheFile(t *testing.T) {
+	withURing(t, true)
+	s, _ := mountMem(t, 64<<20, Options{})
+	out, err := exec.Command("losetup", "-f", "--show", "--direct-io=on", s.Path()).CombinedOutput()
+	require.NoError(t, err, string(out))
+	loop := strings.TrimSpace(string(out))
+	t.Cleanup(func() { _ = exec.Command("losetup", "-d", loop).Run() })
+	run := func(args ...string) {
+		t.Helper()
+		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+		require.NoError(t, err, "%v: %s", args, out)
+	}
+	run("mkfs.ext4", "-q", "-F", loop)
+	mnt := t.TempDir()
+	run("mount", loop, mnt)
+	data := make([]byte, 5<<20)
+	_, _ = rand.Read(data)
+	require.NoError(t, os.WriteFile(filepath.Join(mnt, "f"), data, 0o600))
+	run("umount", mnt)
+	run("mount", loop, mnt)
+	got, err := os.ReadFile(filepath.Join(mnt, "f"))
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(data, got), "the file reads back after a remount")
+	run("fstrim", mnt) // discards reach the server as punched holes
+	run("umount", mnt)
+}
+
+// Closing the server while a loop device still holds the file does not
+// hang: the connection is aborted and the loop device sees errors.
+func TestCloseWhileInUse(t *testing.T) {
+	withURing(t, true)
+	dev := blockdev.NewMem(8 << 20)
+	s, err := Mount(t.TempDir(), dev, Options{Log: logrus.New()})
+	require.NoError(t, err)
+	f := openRaw(t, s.Path(), os.O_RDWR)
+	require.NoError(t, s.Close())
+	_, err = f.ReadAt(make([]byte, 4096), 0)
+	assert.Error(t, err, "the aborted connection answers no more")
+}
