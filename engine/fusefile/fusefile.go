@@ -14,10 +14,11 @@
 // what takes this path from 0.35x to 0.75-0.93x of the raw NBD export for
 // random reads (docs/bench-kbench.md). One file needs a dozen opcodes.
 //
-// The queues wait for completions through the Go runtime's poller, so no
-// thread is held per queue. The process serving a file must therefore not
-// open that file through os.OpenFile: the poller would ask the file
-// (FUSE_POLL) on the thread the queues need.
+// Each queue is served by one OS thread that registers its entries,
+// submits every command and waits in io_uring_enter: the kernel completes
+// a FUSE command through task work of the thread that submitted it, so
+// one thread must own each ring (as libfuse does). Device requests run on
+// goroutines and come back to that thread through an eventfd.
 package fusefile
 
 import (
@@ -35,8 +36,9 @@ import (
 	"github.com/strata-storage/strata/engine/blockdev"
 )
 
-// DefaultMaxWrite is the largest request; each io_uring entry holds one.
-const DefaultMaxWrite = 256 << 10
+// DefaultMaxWrite is the largest request; each io_uring entry holds one
+// (its memory is touched only where requests land).
+const DefaultMaxWrite = 1 << 20
 
 // Options configure a Server.
 type Options struct {

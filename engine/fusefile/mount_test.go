@@ -101,9 +101,9 @@ func TestFileIsTheDevice(t *testing.T) {
 	}
 }
 
-// openRaw opens the served file without the runtime's poller: os.OpenFile
-// would have the poller ask the file (FUSE_POLL) from the thread the queues
-// need to be woken by, in this same process.
+// openRaw opens the served file as a plain blocking descriptor, outside
+// the runtime's poller (which would ask the file by FUSE_POLL), so the
+// test sees plain reads and writes only.
 func openRaw(t *testing.T, path string, flags int) *os.File {
 	t.Helper()
 	fd, err := unix.Open(path, flags|unix.O_CLOEXEC, 0)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,10 +58,9 @@ type entry struct {
 }
 
 type queue struct {
-	s    *Server
-	id   int
-	fd   int
-	file *os.File // fd, for waiting through the runtime's poller
+	s  *Server
+	id int
+	fd int
 
 	ringMem, sqeMem                  []byte
 	sqTail, sqMask, sqArray, sqeBase unsafe.Pointer
@@ -68,7 +68,7 @@ type queue struct {
 	ents                             []*entry
 	live                             int // entries the kernel still holds
 
-	mu      sync.Mutex // SQ, pending, done, woken
+	mu      sync.Mutex // done, woken (the SQ is the queue thread's alone)
 	pending uint32
 	done    []uint64 // entries answered by request goroutines
 	woken   bool
@@ -92,8 +92,15 @@ func startRings(s *Server) (*rings, error) {
 		}
 		r.queues = append(r.queues, q)
 	}
+	// Each queue's thread registers its entries itself: the kernel
+	// completes a FUSE command through task work of the thread that
+	// submitted it, so one thread must own each ring.
 	for _, q := range r.queues {
-		r.wg.Go(q.serve)
+		registered := make(chan error, 1)
+		r.wg.Go(func() { q.serve(registered) })
+		if err := <-registered; err != nil {
+			return nil, fmt.Errorf("queue %d: registering entries: %w", q.id, err)
+		}
 	}
 	return r, nil
 }
@@ -135,7 +142,7 @@ func newQueue(s *Server, id int) (*queue, error) {
 		return nil, fmt.Errorf("eventfd: %w", e)
 	}
 	q.efd = int(efd)
-	for i := range entriesPerQueue {
+	for range entriesPerQueue {
 		mem, err := syscall.Mmap(-1, 0, 4096+s.maxWrite, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
 		if err != nil {
 			q.free()
@@ -146,17 +153,7 @@ func newQueue(s *Server, id int) (*queue, error) {
 		iov[0] = syscall.Iovec{Base: &e.hdr[0], Len: ringHeaderSize}
 		iov[1] = syscall.Iovec{Base: &e.payload[0], Len: uint64(s.maxWrite)}
 		q.ents = append(q.ents, e)
-		q.command(cmdRegister, uint64(i), 0)
 	}
-	q.armWake()
-	q.mu.Lock()
-	err := q.submit()
-	q.mu.Unlock()
-	if err != nil {
-		q.free()
-		return nil, fmt.Errorf("registering entries: %w", err)
-	}
-	q.live = entriesPerQueue
 	return q, nil
 }
 
@@ -186,18 +183,12 @@ func (q *queue) setup(entries uint32) error {
 	q.sqTail, q.sqMask, q.sqArray = at(sqOff, 4), at(sqOff, 8), at(sqOff, 24)
 	q.cqHead, q.cqTail, q.cqMask, q.cqes = at(cqOff, 0), at(cqOff, 4), at(cqOff, 8), at(cqOff, 20)
 	q.sqeBase = unsafe.Pointer(&q.sqeMem[0])
-	// Waiting goes through the runtime's poller (the ring's fd is readable
-	// while completions wait), so no thread sits blocked per queue.
-	if err := syscall.SetNonblock(q.fd, true); err != nil {
-		return err
-	}
-	q.file = os.NewFile(uintptr(q.fd), "io_uring")
 	return nil
 }
 
 func u32(p unsafe.Pointer) *uint32 { return (*uint32)(p) }
 
-// sqe returns the next SQE, zeroed; q.mu held.
+// sqe returns the next SQE, zeroed; on the queue's thread.
 func (q *queue) sqe() []byte {
 	tail := atomic.LoadUint32(u32(q.sqTail))
 	idx := tail & *u32(q.sqMask)
@@ -209,8 +200,7 @@ func (q *queue) sqe() []byte {
 	return b
 }
 
-// command queues a FUSE ring command for entry i; q.mu held (or the queue
-// not yet serving).
+// command queues a FUSE ring command for entry i; on the queue's thread.
 func (q *queue) command(cmd uint32, i, commitID uint64) {
 	b := q.sqe()
 	b[0] = opURingCmd
@@ -224,8 +214,8 @@ func (q *queue) command(cmd uint32, i, commitID uint64) {
 	le.PutUint16(b[64:], uint16(q.id))
 }
 
-// armWake queues a read of the eventfd request goroutines write to; q.mu
-// held (or not yet serving).
+// armWake queues a read of the eventfd request goroutines write to; on
+// the queue's thread.
 func (q *queue) armWake() {
 	b := q.sqe()
 	b[0] = opReadFixedless
@@ -235,10 +225,15 @@ func (q *queue) armWake() {
 	le.PutUint64(b[32:], wakeTag)
 }
 
-// submit hands the pending SQEs to the kernel; q.mu held.
-func (q *queue) submit() error {
-	for q.pending > 0 {
-		n, _, e := syscall.Syscall6(sysIOURingEnter, uintptr(q.fd), uintptr(q.pending), 0, 0, 0, 0)
+// enter hands the pending SQEs to the kernel and, with wait, blocks until
+// a completion is there; on the queue's thread.
+func (q *queue) enter(wait bool) error {
+	minComplete, flags := uintptr(0), uintptr(0)
+	if wait {
+		minComplete, flags = 1, enterGetEvents
+	}
+	for {
+		n, _, e := syscall.Syscall6(sysIOURingEnter, uintptr(q.fd), uintptr(q.pending), minComplete, flags, 0, 0)
 		if e == syscall.EINTR || e == syscall.EAGAIN {
 			continue
 		}
@@ -246,34 +241,34 @@ func (q *queue) submit() error {
 			return fmt.Errorf("io_uring_enter: %w", e)
 		}
 		q.pending -= uint32(n)
+		if q.pending == 0 {
+			return nil
+		}
 	}
-	return nil
 }
 
-// serve handles completions until every entry has come back with the
-// connection's end.
-func (q *queue) serve() {
-	rc, err := q.file.SyscallConn()
-	if err != nil {
-		q.s.log.WithError(err).Error("FUSE ring: no poller for the ring")
+// serve registers the queue's entries, reports that on registered, then
+// handles completions until every entry has come back with the
+// connection's end. It keeps its OS thread: see startRings.
+func (q *queue) serve(registered chan<- error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	for i := range q.ents {
+		q.command(cmdRegister, uint64(i), 0)
+	}
+	q.armWake()
+	if err := q.enter(false); err != nil {
+		registered <- err
 		return
 	}
-	ready := func(uintptr) bool {
-		return atomic.LoadUint32(u32(q.cqHead)) != atomic.LoadUint32(u32(q.cqTail))
-	}
+	q.live = len(q.ents)
+	registered <- nil
 	for q.live > 0 {
-		if err := rc.Read(ready); err != nil {
+		if err := q.enter(true); err != nil {
 			q.s.log.WithError(err).Error("FUSE ring: waiting for completions failed")
 			return
 		}
 		q.reap()
-		q.mu.Lock()
-		err := q.submit()
-		q.mu.Unlock()
-		if err != nil {
-			q.s.log.WithError(err).Error("FUSE ring: submitting failed")
-			return
-		}
 	}
 }
 
@@ -309,9 +304,7 @@ func (q *queue) dispatch(i uint64) {
 	if !blocks(op) {
 		status, n := q.s.serve(req, e.payload)
 		q.answer(e, req.unique(), status, n)
-		q.mu.Lock()
 		q.command(cmdCommitAndFetch, i, le.Uint64(e.hdr[ringEntInOut+8:]))
-		q.mu.Unlock()
 		return
 	}
 	q.s.readers.Go(func() {
@@ -343,11 +336,12 @@ func (q *queue) answer(e *entry, unique uint64, status int32, n int) {
 // eventfd read (res is that read's result).
 func (q *queue) commitDone(res int32) {
 	q.mu.Lock()
-	defer q.mu.Unlock()
-	for _, i := range q.done {
+	done := q.done
+	q.done, q.woken = nil, false
+	q.mu.Unlock()
+	for _, i := range done {
 		q.command(cmdCommitAndFetch, i, le.Uint64(q.ents[i].hdr[ringEntInOut+8:]))
 	}
-	q.done, q.woken = q.done[:0], false
 	if res >= 0 || !errors.Is(syscall.Errno(-res), syscall.ECANCELED) {
 		q.armWake()
 	}
@@ -355,9 +349,7 @@ func (q *queue) commitDone(res int32) {
 
 // free releases the ring and the entries' memory.
 func (q *queue) free() {
-	if q.file != nil {
-		q.file.Close()
-	} else if q.fd >= 0 {
+	if q.fd >= 0 {
 		syscall.Close(q.fd)
 	}
 	if q.efd >= 0 {

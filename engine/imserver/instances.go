@@ -356,6 +356,10 @@ func (s *Server) startFrontend(inst *instance) error {
 		return fmt.Errorf("engine %s: growable NBD export: %w", inst.spec.Name, err)
 	}
 	inst.endpoint = engineapi.UnixNBDEndpoint(s.opts.NBDSocket, volume).String()
+	if err := s.startFUSE(inst); err != nil {
+		_ = s.stopFrontend(inst)
+		return err
+	}
 	return nil
 }
 
@@ -372,7 +376,7 @@ func (s *Server) stopFrontend(inst *instance) error {
 		return nil
 	}
 	inst.endpoint = ""
-	err := errors.Join(s.nbd.RemoveExport(inst.spec.VolumeName),
+	err := errors.Join(s.stopFUSE(inst), s.nbd.RemoveExport(inst.spec.VolumeName),
 		s.nbd.RemoveExport(inst.spec.VolumeName+engineapi.GrowableExportSuffix))
 	s.releaseExport(inst)
 	return err

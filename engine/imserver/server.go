@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/strata-storage/strata/engine/dataconn"
+	"github.com/strata-storage/strata/engine/fusefile"
 	"github.com/strata-storage/strata/engine/nbd"
 	"github.com/strata-storage/strata/engine/replica"
 	"github.com/strata-storage/strata/engine/replicaserver"
@@ -65,7 +66,12 @@ type Options struct {
 	// watchers; 0 means DefaultSizeReportInterval, negative turns it off.
 	// Writes themselves never publish (see sizereport.go).
 	SizeReportInterval time.Duration
-	Log                logrus.FieldLogger
+	// FUSEDir, when set (an absolute path), is where each exported volume
+	// is also served as a file, FUSEDir/<volume>/disk (engine/fusefile),
+	// beside its NBD export: a loop device on it skips the NBD hop that
+	// costs the node path (docs/bench-kbench.md). Empty: NBD only.
+	FUSEDir string
+	Log     logrus.FieldLogger
 }
 
 // Server is one node's instance manager.
@@ -126,6 +132,7 @@ type instance struct {
 	// engine instances
 	eng       *replication.Engine
 	endpoint  string
+	fuse      *fusefile.Server // the volume as a file, with FUSEDir
 	snapshots map[string]*impb.Snapshot
 	// chainGen counts updates of snapshots, so the size reporter, which
 	// reads the chain without the lock, never overwrites a newer chain.
@@ -159,8 +166,14 @@ func New(opts Options) (*Server, error) {
 	case !filepath.IsAbs(p) || hasDotDot(p):
 		return nil, fmt.Errorf("--nbd-socket %q: must be an absolute path without ..", p)
 	}
+	if p := opts.FUSEDir; p != "" && (!filepath.IsAbs(p) || hasDotDot(p)) {
+		return nil, fmt.Errorf("--fuse-dir %q: must be an absolute path without ..", p)
+	}
 	conf, err := newConfinement(opts)
 	if err != nil {
+		return nil, err
+	}
+	if err := cleanStaleFUSE(opts.FUSEDir, opts.Log); err != nil {
 		return nil, err
 	}
 	s := &Server{opts: opts, log: opts.Log.WithField("component", "instance-manager"), conf: conf, hub: newHub(),
