@@ -37,6 +37,9 @@ func InstanceManagerCommand() *cli.Command {
 					"of the node, or a directory holding its disks; repeat for more. Paths in requests outside every one are refused"},
 			&cli.StringSliceFlag{Name: "backup-path",
 				Usage: "a directory file:// backup targets may lie in (an NFS mount); repeat for more. None: file:// targets are refused"},
+			&cli.StringFlag{Name: "fuse-dir",
+				Usage: "serve each exported volume also as the file DIR/<volume>/disk (FUSE, over io_uring where the kernel's " +
+					"fuse.enable_uring is on), beside its NBD export; needs CAP_SYS_ADMIN and /dev/fuse. Empty: NBD only"},
 			&cli.DurationFlag{Name: "size-report-interval", Value: imserver.DefaultSizeReportInterval,
 				Usage: "how often engines' snapshot sizes, which grow with writes, are re-read and published if changed (0 or negative: never)"},
 		}, instanceManagerTLSFlags()...), // --tls-dir, --data-encryption: app/instance_manager_tls.go
@@ -46,6 +49,7 @@ func InstanceManagerCommand() *cli.Command {
 			opts.DataHost, opts.StateDir = cmd.String("data-host"), cmd.String("state-dir")
 			opts.DiskPaths, opts.BackupPaths = cmd.StringSlice("disk-path"), cmd.StringSlice("backup-path")
 			opts.SizeReportInterval = cmd.Duration("size-report-interval")
+			opts.FUSEDir = cmd.String("fuse-dir")
 			return runInstanceManager(ctx, cmd.String("listen"), cmd.String("nbd-socket"), cmd.String("nbd-listen"), opts, creds)
 		},
 	}

@@ -142,6 +142,8 @@ func TestLoopDeviceAndExt4OnTheFile(t *testing.T) {
 	run("mkfs.ext4", "-q", "-F", loop)
 	mnt := t.TempDir()
 	run("mount", loop, mnt)
+	// Runs before the loop device's detach (cleanups run last first).
+	t.Cleanup(func() { _ = exec.Command("umount", mnt).Run() })
 	data := make([]byte, 5<<20)
 	_, _ = rand.Read(data)
 	require.NoError(t, os.WriteFile(filepath.Join(mnt, "f"), data, 0o600))
