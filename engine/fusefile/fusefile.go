@@ -176,10 +176,26 @@ func (s *Server) abortConnection() {
 	}
 }
 
-// CleanStale unmounts dir if a FUSE server that is gone left its mount
-// there (reads then fail with ENOTCONN), so a new one can mount it.
+// CleanStale unmounts what is mounted on dir, for a caller that knows no
+// live server of its own is there: a FUSE server that died (kill -9) left
+// its mount, whose file answers ENOTCONN and whose directory cannot be
+// mounted again. The directory's own stat may still succeed from cached
+// attributes, so a mount is told by its device differing from the
+// parent's as well as by a failing stat.
 func CleanStale(dir string) error {
-	if _, err := os.Stat(dir); err == nil || !errors.Is(err, syscall.ENOTCONN) {
+	var st, parent unix.Stat_t
+	err := unix.Stat(dir, &st)
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	mounted := err != nil
+	if !mounted {
+		if perr := unix.Stat(filepath.Dir(dir), &parent); perr != nil {
+			return fmt.Errorf("fusefile: %s: %w", filepath.Dir(dir), perr)
+		}
+		mounted = st.Dev != parent.Dev
+	}
+	if !mounted {
 		return nil
 	}
 	if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {

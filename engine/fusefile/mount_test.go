@@ -168,3 +168,20 @@ func TestCloseWhileInUse(t *testing.T) {
 	_, err = f.ReadAt(make([]byte, 4096), 0)
 	assert.Error(t, err, "the aborted connection answers no more")
 }
+
+// CleanStale unmounts a mount whose server is gone, and leaves a plain
+// directory and a missing one alone.
+func TestCleanStale(t *testing.T) {
+	withURing(t, false)
+	plain := t.TempDir()
+	require.NoError(t, CleanStale(plain))
+	require.NoError(t, CleanStale(filepath.Join(plain, "missing")))
+
+	dir := t.TempDir()
+	s, err := Mount(dir, blockdev.NewMem(1<<20), Options{Log: logrus.New()})
+	require.NoError(t, err)
+	require.NoError(t, CleanStale(dir), "a live mount is unmounted too: callers know it is not theirs")
+	_, err = os.Stat(s.Path())
+	assert.ErrorIs(t, err, os.ErrNotExist, "nothing is mounted there any more")
+	require.NoError(t, s.Close())
+}

@@ -71,6 +71,7 @@ const sizeReportInterval = 500 * time.Millisecond
 // node is one simulated node's instance manager.
 type node struct {
 	name, stateDir, diskDir string
+	fuseDir                 string // --fuse-dir, when set
 	tlsDir                  string
 	grpcAddr, nbdSocket     string
 	proc                    *localcluster.Process
@@ -78,10 +79,20 @@ type node struct {
 
 func startNode(t *testing.T, name string) *node {
 	t.Helper()
+	return startNodeWith(t, name, false)
+}
+
+// startNodeWith starts a node's instance manager, serving volumes as files
+// too (--fuse-dir) when withFUSE.
+func startNodeWith(t *testing.T, name string, withFUSE bool) *node {
+	t.Helper()
 	// A fresh directory per call, so -count=N and reruns never share state.
 	base, err := os.MkdirTemp(env.root, strings.ReplaceAll(t.Name(), "/", "_")+"-"+name+"-")
 	require.NoError(t, err)
 	n := &node{name: name, stateDir: filepath.Join(base, "state"), diskDir: filepath.Join(base, "disk"), tlsDir: filepath.Join(base, "tls")}
+	if withFUSE {
+		n.fuseDir = filepath.Join(base, "fuse")
+	}
 	require.NoError(t, env.ca.WriteDir(n.tlsDir, pki.Identity{Component: pki.ComponentInstanceManager, Node: name}))
 	ports, err := localcluster.FreePorts(1)
 	require.NoError(t, err)
@@ -99,9 +110,13 @@ func startNode(t *testing.T, name string) *node {
 // start (re)starts the node's instance-manager process with the same state.
 func (n *node) start(t *testing.T) {
 	t.Helper()
+	args := []string{"instance-manager", "--listen", n.grpcAddr, "--nbd-socket", n.nbdSocket, "--state-dir", n.stateDir,
+		"--tls-dir", n.tlsDir, "--disk-path", n.diskDir, "--size-report-interval", sizeReportInterval.String()}
+	if n.fuseDir != "" {
+		args = append(args, "--fuse-dir", n.fuseDir)
+	}
 	p, err := localcluster.StartProcess("instance-manager "+n.name, filepath.Join(filepath.Dir(n.stateDir), "im.log"),
-		env.bin, "instance-manager", "--listen", n.grpcAddr, "--nbd-socket", n.nbdSocket, "--state-dir", n.stateDir, "--tls-dir", n.tlsDir,
-		"--disk-path", n.diskDir, "--size-report-interval", sizeReportInterval.String())
+		env.bin, args...)
 	require.NoError(t, err)
 	n.proc = p
 	require.Eventually(t, func() bool {
