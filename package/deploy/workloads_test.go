@@ -84,6 +84,7 @@ var unset = map[string]map[string]string{
 		"nbd-listen":           "NBD over TCP is for one's own tools on the node's loopback",
 		"backup-path":          "backupPaths (none by default)",
 		"size-report-interval": "instanceManager.flags",
+		"fuse-dir":             "not used by the node plugin yet; needs the instance manager privileged and a bidirectional host path",
 	},
 	"strata-csi-node/csi-plugin": {
 		"kubeconfig": "node mode makes no API call",

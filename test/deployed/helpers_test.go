@@ -139,9 +139,19 @@ func exec1(t *testing.T, podName, script string) string {
 	return execIn(t, podNamespace, podName, script)
 }
 
+// execIn runs script in the Pod and returns its standard output alone:
+// kubectl exec writes its own client warnings (such as the websocket's
+// "Unknown stream id") to stderr, which must not mix into what a test
+// compares.
 func execIn(t *testing.T, namespace, podName, script string) string {
 	t.Helper()
-	return kubectl(t, "-n", namespace, "exec", podName, "--", "sh", "-c", script)
+	cmd := exec.Command("kubectl", "-n", namespace, "exec", podName, "--", "sh", "-c", script)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+env.cluster.AdminKubeconfig)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, "kubectl exec %s: %s\n%s\n%s", podName, script, out, stderr.String())
+	return strings.TrimSpace(string(out))
 }
 
 // writer writes 256 KiB chunks into 100 slots round-robin (25 MiB of the
