@@ -111,8 +111,11 @@ func (s *Server) init(req request) {
 	if offered&want&initOverIOUring != 0 {
 		r, err := startRings(s)
 		if err != nil {
-			// Requests keep coming by read: slower, not broken.
+			// The kernel uses the rings only once every queue has
+			// registered, so requests keep coming by read: slower, not
+			// broken. Queues already serving end with the connection.
 			s.log.WithError(err).Warn("FUSE over io_uring offered but its queues failed; serving by /dev/fuse reads")
+			s.failed = r
 		} else {
 			s.rings = r
 		}

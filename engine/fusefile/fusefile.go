@@ -10,9 +10,10 @@
 //
 // The FUSE side is written here rather than taken from a library because
 // none available to us speaks FUSE over io_uring (libfuse 3.14 predates it;
-// go-fuse has an open request, hanwen/go-fuse#560), and that transport is
-// what takes this path from 0.35x to 0.75-0.93x of the raw NBD export for
-// random reads (docs/bench-kbench.md). One file needs a dozen opcodes.
+// go-fuse has an open request, hanwen/go-fuse#560). Served beside the
+// engine, ext4 on a loop device on this file got 0.63-0.87x of the raw NBD
+// export for 4 KiB random reads, against 0.28-0.35x through nbdfuse
+// (docs/bench-kbench.md). One file needs a dozen opcodes.
 //
 // Each queue is served by one OS thread that registers its entries,
 // submits every command and waits in io_uring_enter: the kernel completes
@@ -65,6 +66,7 @@ type Server struct {
 	connKnown bool
 	readers   sync.WaitGroup // classic readers and request goroutines
 	rings     *rings         // nil until INIT accepted io_uring
+	failed    *rings         // queues that started before one failed to register; closed with the server
 	buffers   *sync.Pool     // of *[]byte, maxWrite plus headers
 	ready     chan error     // the INIT exchange's outcome
 	closeMu   sync.Mutex
@@ -143,8 +145,10 @@ func (s *Server) Close() error {
 	}
 	s.abortConnection() // wakes readers and ring queues still waiting
 	s.readers.Wait()
-	if s.rings != nil {
-		s.rings.close()
+	for _, r := range []*rings{s.rings, s.failed} {
+		if r != nil {
+			r.close()
+		}
 	}
 	syscall.Close(s.fd)
 	if err != nil {

@@ -77,7 +77,9 @@ type queue struct {
 }
 
 // startRings registers a queue per possible CPU (the kernel's requirement
-// before it routes requests to them) and starts serving them.
+// before it routes requests to them) and starts serving them. On an error
+// it also returns the queues already serving, to be closed with the
+// server.
 func startRings(s *Server) (*rings, error) {
 	n, err := possibleCPUs()
 	if err != nil {
@@ -92,17 +94,24 @@ func startRings(s *Server) (*rings, error) {
 		}
 		r.queues = append(r.queues, q)
 	}
+	started := &rings{}
 	// Each queue's thread registers its entries itself: the kernel
 	// completes a FUSE command through task work of the thread that
 	// submitted it, so one thread must own each ring.
-	for _, q := range r.queues {
+	for i, q := range r.queues {
 		registered := make(chan error, 1)
-		r.wg.Go(func() { q.serve(registered) })
+		started.wg.Go(func() { q.serve(registered) })
+		started.queues = append(started.queues, q)
 		if err := <-registered; err != nil {
-			return nil, fmt.Errorf("queue %d: registering entries: %w", q.id, err)
+			for _, rest := range r.queues[i+1:] {
+				rest.free() // never served
+			}
+			// started's queues wait for the connection's end; the caller
+			// closes them with the server.
+			return started, fmt.Errorf("queue %d: registering entries: %w", q.id, err)
 		}
 	}
-	return r, nil
+	return started, nil
 }
 
 // close waits for the queues to end (the connection's end completes every
