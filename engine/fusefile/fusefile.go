@@ -25,6 +25,7 @@ package fusefile
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -33,6 +34,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
+	"k8s.io/mount-utils"
 
 	"github.com/strata-storage/strata/engine/blockdev"
 )
@@ -157,25 +159,33 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// abortConnection ends the connection through the fusectl file system,
-// mounting it if needed: a file still open (a loop device on it) keeps a
-// detached mount and its connection alive, and readers waiting on it.
+// abortConnection ends the connection through the fusectl file system: a
+// file still open (a loop device on it) keeps a detached mount and its
+// connection alive, and readers waiting on it. Where fusectl is not
+// mounted, a private mount of it serves for the write and goes after, so
+// the host is left as it was.
 func (s *Server) abortConnection() {
 	if !s.connKnown {
 		return // never initialised: the unmount ended it
 	}
-	const ctl = "/sys/fs/fuse/connections"
-	abort := filepath.Join(ctl, strconv.FormatUint(s.conn, 10), "abort")
-	if _, err := os.Stat(abort); errors.Is(err, os.ErrNotExist) {
-		if _, err := os.Stat(filepath.Join(ctl, strconv.FormatUint(s.conn, 10))); err == nil {
-			return // mounted, and the connection is already gone
+	conn := strconv.FormatUint(s.conn, 10)
+	ctl := "/sys/fs/fuse/connections"
+	if _, err := os.Stat(filepath.Join(ctl, conn)); err != nil {
+		tmp, err := os.MkdirTemp("", "strata-fusectl-")
+		if err != nil {
+			s.log.WithError(err).Warn("FUSE: cannot abort the connection; waiting for its users")
+			return
 		}
-		if err := syscall.Mount("fusectl", ctl, "fusectl", 0, ""); err != nil && !errors.Is(err, syscall.EBUSY) {
+		defer os.Remove(tmp)
+		if err := syscall.Mount("fusectl", tmp, "fusectl", 0, ""); err != nil {
 			s.log.WithError(err).Warn("FUSE: cannot mount fusectl to abort the connection; waiting for its users")
 			return
 		}
+		defer func() { _ = syscall.Unmount(tmp, 0) }()
+		ctl = tmp
 	}
-	if err := os.WriteFile(abort, []byte("1"), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+	// Not there: the connection is already gone.
+	if err := os.WriteFile(filepath.Join(ctl, conn, "abort"), []byte("1"), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
 		s.log.WithError(err).Warn("FUSE: aborting the connection failed; waiting for its users")
 	}
 }
@@ -183,23 +193,18 @@ func (s *Server) abortConnection() {
 // CleanStale unmounts what is mounted on dir, for a caller that knows no
 // live server of its own is there: a FUSE server that died (kill -9) left
 // its mount, whose file answers ENOTCONN and whose directory cannot be
-// mounted again. The directory's own stat may still succeed from cached
-// attributes, so a mount is told by its device differing from the
-// parent's as well as by a failing stat.
+// mounted again. mount-utils tells a mount point by its device (the
+// directory's stat may still succeed from cached attributes) or by a
+// corrupted mount's stat error. The unmount is lazy: a loop device may
+// still hold the dead file.
 func CleanStale(dir string) error {
-	var st, parent unix.Stat_t
-	err := unix.Stat(dir, &st)
-	if errors.Is(err, unix.ENOENT) {
+	notMount, err := mount.New("").IsLikelyNotMountPoint(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
 		return nil
-	}
-	mounted := err != nil
-	if !mounted {
-		if perr := unix.Stat(filepath.Dir(dir), &parent); perr != nil {
-			return fmt.Errorf("fusefile: %s: %w", filepath.Dir(dir), perr)
-		}
-		mounted = st.Dev != parent.Dev
-	}
-	if !mounted {
+	case err != nil && !mount.IsCorruptedMnt(err):
+		return fmt.Errorf("fusefile: %s: %w", dir, err)
+	case err == nil && notMount:
 		return nil
 	}
 	if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {

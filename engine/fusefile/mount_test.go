@@ -113,14 +113,12 @@ func openRaw(t *testing.T, path string, flags int) *os.File {
 	return f
 }
 
-// alignedCopy returns b's bytes in a 4096-aligned buffer, as O_DIRECT needs.
+// alignedCopy returns b's bytes in page-aligned memory, as O_DIRECT needs.
 func alignedCopy(b []byte) []byte {
-	buf := make([]byte, len(b)+4096)
-	off := 4096 - int(uintptr(unsafePointer(buf))%4096)
-	if off == 4096 {
-		off = 0
+	out, err := unix.Mmap(-1, 0, len(b), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		panic(err)
 	}
-	out := buf[off : off+len(b)]
 	copy(out, b)
 	return out
 }

@@ -41,9 +41,10 @@ func (s *Server) stopFUSE(inst *instance) error {
 	if inst.fuse == nil {
 		return nil
 	}
+	dir := filepath.Dir(inst.fuse.Path())
 	err := inst.fuse.Close()
 	inst.fuse = nil
-	if rmErr := os.Remove(filepath.Dir(FUSEFile(s.opts.FUSEDir, inst.spec.VolumeName))); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
+	if rmErr := os.Remove(dir); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
 		s.log.WithError(rmErr).Warn("Could not remove the FUSE directory")
 	}
 	return err

@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/strata-storage/strata/engine/replication"
 )
 
 // The engine's per-replica latency reaches a client of the control API:
@@ -25,19 +27,8 @@ func TestMetricsCarryTheEnginesReplicaLatency(t *testing.T) {
 	families, err := im.c.Metrics(context.Background())
 	require.NoError(t, err)
 	writes := map[string]uint64{}
-	for _, f := range families {
-		if f.GetName() != "strata_engine_replica_io_duration_seconds" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["op"] == "write" && labels["volume"] == "vol" {
-				writes[labels["replica"]] = m.GetHistogram().GetSampleCount()
-			}
-		}
+	for replica, h := range replication.ReplicaHistograms(families, "vol", "write") {
+		writes[replica] = h.GetSampleCount()
 	}
 	assert.Equal(t, map[string]uint64{"mr1": 5, "mr2": 5}, writes)
 }

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // ReplicaIODuration shows where an engine waits: a write returns when the
@@ -12,10 +13,34 @@ import (
 // engines of one instance manager times their replicas; a replica's series
 // go when it leaves the engine.
 var ReplicaIODuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-	Name:    "strata_engine_replica_io_duration_seconds",
+	Name:    replicaIODurationName,
 	Help:    "How long one replica took to answer the engine's reads and writes, by volume, replica and operation.",
 	Buckets: prometheus.ExponentialBuckets(25e-6, 2.5, 12), // 25 µs … 0.6 s
 }, []string{"volume", "replica", "op"})
+
+const replicaIODurationName = "strata_engine_replica_io_duration_seconds"
+
+// ReplicaHistograms picks one volume's histograms of op ("read" or
+// "write"), by replica, out of gathered families (what the instance
+// manager's Metrics call returns).
+func ReplicaHistograms(families []*dto.MetricFamily, volume, op string) map[string]*dto.Histogram {
+	out := map[string]*dto.Histogram{}
+	for _, f := range families {
+		if f.GetName() != replicaIODurationName {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["volume"] == volume && labels["op"] == op {
+				out[labels["replica"]] = m.GetHistogram()
+			}
+		}
+	}
+	return out
+}
 
 // replicaTimers are a replica's observers, looked up once when it joins so
 // the I/O path does no label lookups.

@@ -3,11 +3,13 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
-	"sort"
+	"slices"
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/strata-storage/strata/engine/replication"
 	"github.com/strata-storage/strata/engineapi"
 )
 
@@ -19,34 +21,13 @@ func replicaLatency(ctx context.Context, c *engineapi.Client, volume, op string)
 	if err != nil {
 		return err
 	}
-	type row struct {
-		replica  string
-		count    uint64
-		p50, p99 float64
-	}
-	var rows []row
-	for _, f := range families {
-		if f.GetName() != "strata_engine_replica_io_duration_seconds" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["volume"] != volume || labels["op"] != op {
-				continue
-			}
-			h := m.GetHistogram()
-			rows = append(rows, row{labels["replica"], h.GetSampleCount(), quantile(h, 0.5), quantile(h, 0.99)})
-		}
-	}
-	if len(rows) == 0 {
+	hists := replication.ReplicaHistograms(families, volume, op)
+	if len(hists) == 0 {
 		return fmt.Errorf("no %s latency series for volume %s", op, volume)
 	}
-	sort.Slice(rows, func(i, j int) bool { return rows[i].replica < rows[j].replica })
-	for _, r := range rows {
-		fmt.Printf("%s %d %.0f %.0f\n", r.replica, r.count, r.p50*1e6, r.p99*1e6)
+	for _, r := range slices.Sorted(maps.Keys(hists)) {
+		h := hists[r]
+		fmt.Printf("%s %d %.0f %.0f\n", r, h.GetSampleCount(), quantile(h, 0.5)*1e6, quantile(h, 0.99)*1e6)
 	}
 	return nil
 }

@@ -37,11 +37,17 @@ func kubectlOut(ctx context.Context, args ...string) (string, error) {
 
 // kubectlIn runs kubectl as the cluster's admin with stdin as its input.
 func kubectlIn(ctx context.Context, stdin string, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, "kubectl", args...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+env.cluster.AdminKubeconfig)
+	cmd := kubectlCmd(ctx, args...)
 	cmd.Stdin = strings.NewReader(stdin)
 	out, err := cmd.CombinedOutput()
 	return strings.TrimSpace(string(out)), err
+}
+
+// kubectlCmd is kubectl as the cluster's admin.
+func kubectlCmd(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, "kubectl", args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+env.cluster.AdminKubeconfig)
+	return cmd
 }
 
 func kubectl(t *testing.T, args ...string) string {
@@ -145,8 +151,7 @@ func exec1(t *testing.T, podName, script string) string {
 // compares.
 func execIn(t *testing.T, namespace, podName, script string) string {
 	t.Helper()
-	cmd := exec.Command("kubectl", "-n", namespace, "exec", podName, "--", "sh", "-c", script)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+env.cluster.AdminKubeconfig)
+	cmd := kubectlCmd(context.Background(), "-n", namespace, "exec", podName, "--", "sh", "-c", script)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
