@@ -32,6 +32,9 @@ func CSICommand() *cli.Command {
 			&cli.StringFlag{Name: "daemon-cgroup-root",
 				Usage: "node mode in a Pod: the host's cgroup filesystem as mounted here; each nbdfuse moves to the cgroup " +
 					"strata-nbdfuse beside kubepods, so that a plugin restart or upgrade leaves volumes in use working"},
+			&cli.StringFlag{Name: "instance-manager-file-dir",
+				Usage: "node mode: the instance manager's --fuse-dir as mounted here; a volume served there gets its loop device " +
+					"on that file instead of on nbdfuse's (no NBD hop). Empty: nbdfuse for every volume"},
 			&cli.StringFlag{Name: "kubeconfig", Usage: "kubeconfig file; empty means in-cluster (controller mode; node mode makes no API call)",
 				Sources: cli.EnvVars("KUBECONFIG")},
 			&cli.StringFlag{Name: "namespace", Value: types.DefaultNamespace, Usage: "namespace of Strata's objects",
@@ -44,7 +47,8 @@ func CSICommand() *cli.Command {
 			}
 			return runCSI(ctx, csiConfig{mode: mode, address: cmd.String("csi-address"), nodeName: cmd.String("node-name"),
 				kubeletRoot: cmd.String("kubelet-root"), kubeconfig: cmd.String("kubeconfig"), namespace: cmd.String("namespace"),
-				stateDir: cmd.String("state-dir"), daemonCgroupRoot: cmd.String("daemon-cgroup-root")})
+				stateDir: cmd.String("state-dir"), daemonCgroupRoot: cmd.String("daemon-cgroup-root"),
+				imFileDir: cmd.String("instance-manager-file-dir")})
 		},
 	}
 }
@@ -52,7 +56,7 @@ func CSICommand() *cli.Command {
 type csiConfig struct {
 	mode                                                            csi.Mode
 	address, nodeName, kubeletRoot, kubeconfig, namespace, stateDir string
-	daemonCgroupRoot                                                string
+	daemonCgroupRoot, imFileDir                                     string
 }
 
 func runCSI(parent context.Context, cfg csiConfig) error {
@@ -75,11 +79,10 @@ func runCSI(parent context.Context, cfg csiConfig) error {
 	var connector nbddev.Connector
 	if cfg.mode != csi.ModeController {
 		var err error
-		if connector, err = nbddev.New(cfg.stateDir, log); err != nil {
+		connector, err = nbddev.New(nbddev.Options{StateDir: cfg.stateDir, InstanceManagerFileDir: cfg.imFileDir,
+			DaemonCgroupRoot: cfg.daemonCgroupRoot}, log)
+		if err != nil {
 			return err
-		}
-		if fl, ok := connector.(*nbddev.FUSELoop); ok {
-			fl.DaemonCgroupRoot = cfg.daemonCgroupRoot
 		}
 	}
 	driver, err := csi.NewDriver(csi.Options{NodeID: cfg.nodeName, Mode: cfg.mode, Version: Version, Store: ds,

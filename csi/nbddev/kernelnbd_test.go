@@ -84,7 +84,7 @@ func TestNewPicksConnectorBySystem(t *testing.T) {
 		})
 	}
 	// On this machine: whichever applies, New must say which and work.
-	c, err := New(t.TempDir(), testLogger(t))
+	c, err := New(Options{StateDir: t.TempDir()}, testLogger(t))
 	require.NoError(t, err)
 	_, isKernel := c.(*KernelNBD)
 	require.Equal(t, kernelNBDAvailable("/sys", "/dev"), isKernel)

@@ -44,17 +44,41 @@ type Connector interface {
 	Resize(ctx context.Context, volumeID string) (int64, error)
 }
 
+// Options say where a connector keeps its state and finds its peers.
+type Options struct {
+	// StateDir holds the per-volume records (and, for nbdfuse, the FUSE
+	// mount points); it must survive plugin restarts, so on a real node it
+	// is a host path.
+	StateDir string
+	// InstanceManagerFileDir is the instance manager's --fuse-dir as
+	// mounted here; "" when it serves NBD only.
+	InstanceManagerFileDir string
+	// DaemonCgroupRoot: FUSELoop.DaemonCgroupRoot.
+	DaemonCgroupRoot string
+}
+
 // New returns the kernel nbd connector where the nbd module is loaded and
-// /dev/nbd0 exists, else the nbdfuse + loop connector. stateDir holds the
-// per-volume records (and, for nbdfuse, the FUSE mount points); it must
-// survive plugin restarts, so on a real node it is a host path.
-func New(stateDir string, log logrus.FieldLogger) (Connector, error) {
+// /dev/nbd0 exists; else, with InstanceManagerFileDir, a loop device on the
+// instance manager's file (FileLoop), nbdfuse + loop for what it cannot
+// serve; else nbdfuse + loop.
+func New(opts Options, log logrus.FieldLogger) (Connector, error) {
+	log = log.WithField("stateDir", opts.StateDir)
 	if kernelNBDAvailable("/sys", "/dev") {
-		log.WithField("stateDir", stateDir).Info("nbddev: using the kernel nbd client (qemu-nbd --connect)")
-		return NewKernelNBD(stateDir, log)
+		log.Info("nbddev: using the kernel nbd client (qemu-nbd --connect)")
+		return NewKernelNBD(opts.StateDir, log)
 	}
-	log.WithField("stateDir", stateDir).Info("nbddev: no kernel nbd module; using nbdfuse + loop devices")
-	return NewFUSELoop(stateDir, log)
+	fuseLoop, err := NewFUSELoop(opts.StateDir, log)
+	if err != nil {
+		return nil, err
+	}
+	fuseLoop.DaemonCgroupRoot = opts.DaemonCgroupRoot
+	if opts.InstanceManagerFileDir == "" {
+		log.Info("nbddev: no kernel nbd module; using nbdfuse + loop devices")
+		return fuseLoop, nil
+	}
+	log.WithField("fileDir", opts.InstanceManagerFileDir).Info(
+		"nbddev: no kernel nbd module; loop devices on the instance manager's files, nbdfuse + loop where there is none")
+	return NewFileLoop(opts.InstanceManagerFileDir, fuseLoop, log)
 }
 
 // kernelNBDAvailable reports whether the nbd module is loaded and its device

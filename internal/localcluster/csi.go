@@ -23,6 +23,9 @@ type CSIOptions struct {
 	// Strata node its plugin serves.
 	StrataNodes []string
 	RepoRoot    string
+	// InstanceManagerFileDir is where a Strata node's instance manager
+	// serves volumes as files (ManagerOptions.FUSEDir); nil or "": nbdfuse.
+	InstanceManagerFileDir func(strataNode string) string
 }
 
 // The snapshot-controller's identity (package/manifests/12-rbac-snapshot-controller.yaml),
@@ -109,8 +112,14 @@ func (c *Cluster) StartCSI(ctx context.Context, opts CSIOptions) error {
 	}
 	for i, n := range c.nodes {
 		strataNode := opts.StrataNodes[i]
-		if err := c.runCSI("csi-node-"+strataNode, opts.ManagerBin, "csi", "--mode", "node", "--node-name", strataNode,
-			"--csi-address", n.CSISocket(), "--kubelet-root", n.KubeletRoot(), "--state-dir", n.CSIStateDir()); err != nil {
+		args := []string{"csi", "--mode", "node", "--node-name", strataNode,
+			"--csi-address", n.CSISocket(), "--kubelet-root", n.KubeletRoot(), "--state-dir", n.CSIStateDir()}
+		if opts.InstanceManagerFileDir != nil {
+			if dir := opts.InstanceManagerFileDir(strataNode); dir != "" {
+				args = append(args, "--instance-manager-file-dir", dir)
+			}
+		}
+		if err := c.runCSI("csi-node-"+strataNode, opts.ManagerBin, args...); err != nil {
 			return err
 		}
 	}

@@ -32,6 +32,10 @@ type ManagerOptions struct {
 	// manager, beside its node's directory: benches that put the replicas
 	// of all nodes under one directory.
 	ExtraDiskPaths []string
+	// FUSEFiles has each instance manager serve its volumes also as files
+	// in FUSEDir (--fuse-dir), where the CSI node plugins put their loop
+	// devices.
+	FUSEFiles bool
 }
 
 // NodeDir is a simulated node's directory: its disks (disk-1, and any a
@@ -50,6 +54,15 @@ func (o ManagerOptions) NBDSocket(node string) string {
 // --instance-manager-tls-dir, the instance manager's --tls-dir): apart from
 // its disks, as a hostPath beside them would be on a real node.
 func (o ManagerOptions) TLSDir(node string) string { return filepath.Join(o.RunDir, "tls", node) }
+
+// FUSEDir is where a simulated node's instance manager serves its volumes
+// as files (--fuse-dir) when FUSEFiles is set, else "".
+func (o ManagerOptions) FUSEDir(node string) string {
+	if !o.FUSEFiles {
+		return ""
+	}
+	return filepath.Join(o.RunDir, "fuse", node)
+}
 
 // BackupDir is where file:// backup targets of the local cluster go: every
 // instance manager's --backup-path.
@@ -101,6 +114,9 @@ func StartInstanceManager(opts ManagerOptions, node string, prev *InstanceManage
 		"--disk-path", opts.NodeDir(node), "--backup-path", opts.BackupDir()}
 	for _, d := range opts.ExtraDiskPaths {
 		args = append(args, "--disk-path", d)
+	}
+	if dir := opts.FUSEDir(node); dir != "" {
+		args = append(args, "--fuse-dir", dir)
 	}
 	p, err := StartProcess("instance-manager "+node, filepath.Join(opts.RunDir, "logs", "instance-manager-"+node+".log"),
 		opts.Bin, args...)

@@ -164,7 +164,8 @@ func run(log *logrus.Logger, managerBin, runDir string, nodes int, kubelets, cha
 	if kubelets {
 		// PVCs and VolumeSnapshots: the CSI driver and the upstream sidecars.
 		if err := cluster.StartCSI(ctx, localcluster.CSIOptions{ManagerBin: bin, Namespace: systemNamespace,
-			StrataNodes: nodeNames(managers), RepoRoot: root}); err != nil {
+			StrataNodes: nodeNames(managers), RepoRoot: root,
+			InstanceManagerFileDir: managerOptions(bin, runDir, kubeconfig).FUSEDir}); err != nil {
 			return err
 		}
 		cluster.SuperviseCSI(log)
@@ -294,7 +295,7 @@ func startManagers(log logrus.FieldLogger, bin, runDir, kubeconfig string, nodes
 
 func managerOptions(bin, runDir, kubeconfig string) localcluster.ManagerOptions {
 	return localcluster.ManagerOptions{Bin: bin, Kubeconfig: kubeconfig, Namespace: systemNamespace,
-		RunDir: runDir, LeaseDuration: 10 * time.Second, WithInstanceManager: true}
+		RunDir: runDir, LeaseDuration: 10 * time.Second, WithInstanceManager: true, FUSEFiles: true}
 }
 
 // stopSupervised ends supervision and stops every node at once.

@@ -84,18 +84,18 @@ var unset = map[string]map[string]string{
 		"nbd-listen":           "NBD over TCP is for one's own tools on the node's loopback",
 		"backup-path":          "backupPaths (none by default)",
 		"size-report-interval": "instanceManager.flags",
-		"fuse-dir":             "not used by the node plugin yet; needs the instance manager privileged and a bidirectional host path",
 	},
 	"strata-csi-node/csi-plugin": {
 		"kubeconfig": "node mode makes no API call",
 		"namespace":  "node mode makes no API call",
 	},
 	"strata-csi-controller/csi-plugin": {
-		"node-name":          "node mode only",
-		"kubelet-root":       "node mode only",
-		"state-dir":          "node mode only",
-		"daemon-cgroup-root": "node mode only",
-		"kubeconfig":         "in-cluster credentials",
+		"node-name":                 "node mode only",
+		"kubelet-root":              "node mode only",
+		"state-dir":                 "node mode only",
+		"daemon-cgroup-root":        "node mode only",
+		"instance-manager-file-dir": "node mode only",
+		"kubeconfig":                "in-cluster credentials",
 	},
 }
 
@@ -153,7 +153,8 @@ func TestChartWiresEveryFlag(t *testing.T) {
 }
 
 // What each Pod may do on its node: privileged only for the CSI node
-// plugin; the host network for the Pods that listen or reach the API
+// plugin and, serving volumes as FUSE files (instanceManager.fuseFiles,
+// the default), the instance manager; the host network for the Pods that listen or reach the API
 // server; requests everywhere; the update strategies.
 func TestChartPodsBehaveOnANode(t *testing.T) {
 	objs := rendered(t)
@@ -165,7 +166,7 @@ func TestChartPodsBehaveOnANode(t *testing.T) {
 			sc := c.SecurityContext
 			require.NotNil(t, sc, "%s/%s has no securityContext", name, c.Name)
 			privileged := sc.Privileged != nil && *sc.Privileged
-			assert.Equal(t, name == "strata-csi-node", privileged, "%s/%s privileged", name, c.Name)
+			assert.Equal(t, name == "strata-csi-node" || name == "strata-instance-manager", privileged, "%s/%s privileged", name, c.Name)
 			if !privileged {
 				assert.Equal(t, false, *sc.AllowPrivilegeEscalation, "%s/%s", name, c.Name)
 				assert.Equal(t, []corev1.Capability{"ALL"}, sc.Capabilities.Drop, "%s/%s", name, c.Name)
@@ -185,6 +186,7 @@ func TestChartPodsBehaveOnANode(t *testing.T) {
 		assert.Equal(t, "system-node-critical", specs[name].PriorityClassName, name)
 	}
 	assert.True(t, specs["strata-csi-node"].HostPID, "nbdfuse must outlive the CSI node container")
+	requireFUSEFilesShared(t, specs)
 
 	var im, mgr appsv1.DaemonSet
 	find(t, objs, "DaemonSet", "strata-instance-manager").decode(t, &im)
@@ -344,4 +346,37 @@ func keys[V any](m map[string]V) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// The instance manager's files reach the host (Bidirectional) and the CSI
+// node plugin (HostToContainer) at the path both are told; without
+// instanceManager.fuseFiles the instance manager is unprivileged and the
+// plugin is told of no files.
+func requireFUSEFilesShared(t *testing.T, specs map[string]corev1.PodSpec) {
+	t.Helper()
+	im, plugin := container(t, specs["strata-instance-manager"], "instance-manager"), container(t, specs["strata-csi-node"], "csi-plugin")
+	_, imFlags := flags(t, im)
+	_, pluginFlags := flags(t, plugin)
+	require.Len(t, imFlags["fuse-dir"], 1)
+	dir := imFlags["fuse-dir"][0]
+	assert.Equal(t, []string{dir}, pluginFlags["instance-manager-file-dir"])
+	propagation := func(c corev1.Container) corev1.MountPropagationMode {
+		for _, m := range c.VolumeMounts {
+			if m.MountPath == dir && m.MountPropagation != nil {
+				return *m.MountPropagation
+			}
+		}
+		return ""
+	}
+	assert.Equal(t, corev1.MountPropagationBidirectional, propagation(im))
+	assert.Equal(t, corev1.MountPropagationHostToContainer, propagation(plugin))
+
+	off := pods(t, parseObjects(t, renderChart(t, helmBinary(t), "instanceManager.fuseFiles=false")))
+	im, plugin = container(t, off["strata-instance-manager"], "instance-manager"), container(t, off["strata-csi-node"], "csi-plugin")
+	assert.False(t, *im.SecurityContext.Privileged)
+	assert.Equal(t, []corev1.Capability{"ALL"}, im.SecurityContext.Capabilities.Drop)
+	_, imFlags = flags(t, im)
+	_, pluginFlags = flags(t, plugin)
+	assert.NotContains(t, imFlags, "fuse-dir")
+	assert.NotContains(t, pluginFlags, "instance-manager-file-dir")
 }

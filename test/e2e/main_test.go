@@ -133,6 +133,7 @@ func run(m *testing.M) (int, error) {
 
 	env.managerOpts = localcluster.ManagerOptions{Bin: bin, Kubeconfig: env.managerKubeconfig,
 		Namespace: types.DefaultNamespace, RunDir: runDir, LeaseDuration: leaseDuration, WithInstanceManager: true,
+		FUSEFiles: true,
 		// Short, so a test can see a key fail many times and then converge.
 		MaxRetryDelay: maxRetryDelay}
 	env.managers = map[string]*localcluster.Manager{}
@@ -169,7 +170,7 @@ func run(m *testing.M) (int, error) {
 	// free share moves with everything else on it (seen at 25% here); the
 	// tests' volumes are tiny, so only a really full disk may stop them.
 	if err := cluster.StartCSI(ctx, localcluster.CSIOptions{ManagerBin: bin, Namespace: types.DefaultNamespace,
-		StrataNodes: nodeNames, RepoRoot: root}); err != nil {
+		StrataNodes: nodeNames, RepoRoot: root, InstanceManagerFileDir: env.managerOpts.FUSEDir}); err != nil {
 		return 0, err
 	}
 	if err := cluster.ApplyLocalSettings(ctx, types.DefaultNamespace); err != nil {
