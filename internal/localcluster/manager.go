@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -88,6 +89,27 @@ type Manager struct {
 type InstanceManager struct {
 	*Process
 	GRPCAddr, NBDSocket, StateDir string
+	// FUSEDir is its --fuse-dir, or "".
+	FUSEDir string
+}
+
+// Stop stops the instance manager and leaves nothing of its files on the
+// host: loop devices the CSI node plugin bound to them (recorded while the
+// files are live, since the kernel names a file relative to its lost mount
+// once it is unmounted) detach on their last close, and mounts a killed
+// instance manager left go.
+func (im *InstanceManager) Stop(timeout time.Duration) error {
+	if im.FUSEDir == "" {
+		return im.Process.Stop(timeout)
+	}
+	var loops []string
+	for dev, file := range LoopDevices() {
+		if strings.HasPrefix(file, im.FUSEDir+"/") {
+			loops = append(loops, dev)
+		}
+	}
+	err := im.Process.Stop(timeout)
+	return errors.Join(err, unmountUnder(im.FUSEDir), detachLoopDevices(loops))
 }
 
 // StartInstanceManager starts the data plane of one simulated node, keeping
@@ -96,7 +118,7 @@ type InstanceManager struct {
 // manager refuses paths under its state directory), and in BackupDir.
 // A restart (same addresses) passes the previous one as prev.
 func StartInstanceManager(opts ManagerOptions, node string, prev *InstanceManager) (*InstanceManager, error) {
-	im := &InstanceManager{StateDir: filepath.Join(opts.NodeDir(node), "im"), NBDSocket: opts.NBDSocket(node)}
+	im := &InstanceManager{StateDir: filepath.Join(opts.NodeDir(node), "im"), NBDSocket: opts.NBDSocket(node), FUSEDir: opts.FUSEDir(node)}
 	if len(im.NBDSocket) > unixsock.MaxPath {
 		return nil, fmt.Errorf("node %s: NBD socket %s is %d bytes, over the %d a unix socket may have: use a shorter run directory",
 			node, im.NBDSocket, len(im.NBDSocket), unixsock.MaxPath)

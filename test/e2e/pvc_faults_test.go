@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/strata-storage/strata/engine/imserver"
 	"github.com/strata-storage/strata/internal/localcluster"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
@@ -95,19 +96,19 @@ spec: {volumeSnapshotClassName: strata, source: {persistentVolumeClaimName: faul
 
 // The node plugin of the Pod's node killed while the Pod starts, at three
 // points: as soon as the VolumeAttachment is attached (before the kubelet
-// stages), as soon as nbdfuse runs for the volume (inside NodeStageVolume's
-// connect), and as soon as the staging mount is up (before or during
+// stages), as soon as the volume's loop device is bound to its instance
+// manager's file (inside NodeStageVolume's connect), and as soon as the staging mount is up (before or during
 // NodePublishVolume). Restarted, the plugin stages and publishes; the Pod
 // runs and uses the volume; once the Pod and the claim are deleted, nothing
 // of the volume is left on the node. make test kills at the middle point
 // (inside the connect, the one with the most to undo); make test-long at
 // all three.
 func TestCSINodePluginKilledWhilePodStarts(t *testing.T) {
-	nodePluginKilledWhilePodStarts(t, "nbdfuse started")
+	nodePluginKilledWhilePodStarts(t, "loop device bound")
 }
 
 func TestLongCSINodePluginKilledWhilePodStarts(t *testing.T) {
-	nodePluginKilledWhilePodStarts(t, "VolumeAttachment attached", "nbdfuse started", "staging mount up")
+	nodePluginKilledWhilePodStarts(t, "VolumeAttachment attached", "loop device bound", "staging mount up")
 }
 
 func nodePluginKilledWhilePodStarts(t *testing.T, points ...string) {
@@ -121,8 +122,8 @@ func nodePluginKilledWhilePodStarts(t *testing.T, points ...string) {
 		{"VolumeAttachment attached", "fault-node-attached", func(t *testing.T, pv, _ string) bool {
 			return storageAttached(t, pv, node.Name)
 		}},
-		{"nbdfuse started", "fault-node-connect", func(t *testing.T, _, volume string) bool {
-			return len(nbdfuseProcesses(filepath.Join(node.CSIStateDir(), volume))) > 0
+		{"loop device bound", "fault-node-connect", func(t *testing.T, _, volume string) bool {
+			return len(loopsOnTheInstanceManagersFile(volume)) > 0
 		}},
 		{"staging mount up", "fault-node-staged", func(t *testing.T, _, _ string) bool {
 			return len(localcluster.MountsUnder(filepath.Join(node.KubeletRoot(), "plugins/kubernetes.io/csi/driver.strata.io"))) > 0
@@ -169,7 +170,8 @@ func nodePluginKilledWhilePodStarts(t *testing.T, points ...string) {
 			assert.Equal(t, "written", strings.TrimSpace(kubectl(t, "-n", podNamespace, "exec", pod.Name, "--", "cat", "/data/f")))
 			kubectl(t, "-n", podNamespace, "exec", pod.Name, "--", "sh", "-c", "echo more >> /data/f; sync")
 			assert.Equal(t, "node-2", getVolume(t, volume).Status.CurrentNodeID)
-			assert.Len(t, nbdfuseProcesses(stateDir), 1, "one nbdfuse serves the volume")
+			assert.Len(t, loopsOnTheInstanceManagersFile(volume), 1, "one loop device, on the instance manager's file")
+			assert.Empty(t, nbdfuseProcesses(stateDir), "no nbdfuse: the instance manager serves the volume as a file")
 
 			deletePod(t, pod.Name)
 			require.NoError(t, env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Delete(ctx, pvc.Name, metav1.DeleteOptions{}))
@@ -178,6 +180,19 @@ func nodePluginKilledWhilePodStarts(t *testing.T, points ...string) {
 			newCSINodeClient(t, 1).assertNothingLeft(t)
 		})
 	}
+}
+
+// loopsOnTheInstanceManagersFile lists the loop devices on the file node-2's
+// instance manager serves volume as.
+func loopsOnTheInstanceManagersFile(volume string) []string {
+	var out []string
+	file := imserver.FUSEFile(env.managerOpts.FUSEDir("node-2"), volume)
+	for dev, backing := range localcluster.LoopDevices() {
+		if backing == file {
+			out = append(out, dev)
+		}
+	}
+	return out
 }
 
 // storageAttached says whether Kubernetes' VolumeAttachment of the PV on
