@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/strata-storage/strata/controller"
+	"github.com/strata-storage/strata/engine/imserver"
 	"github.com/strata-storage/strata/internal/localcluster"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
@@ -69,6 +70,7 @@ func TestSnapshotRestoredOnAnotherNode(t *testing.T) {
 		before = out
 		return err == nil && strings.Count(out, "\n") == 4
 	}, time.Minute, 200*time.Millisecond, "the files are written")
+	requireOnTheInstanceManagersFile(t, "127.0.0.1", volumeOfClaim(t, "src"))
 
 	require.NoError(t, takeVolumeSnapshot(t, podNamespace, "src-snap", "src"))
 	waitVolumeSnapshotReady(t, podNamespace, "src-snap")
@@ -79,6 +81,28 @@ func TestSnapshotRestoredOnAnotherNode(t *testing.T) {
 	assert.Equal(t, before, exec1(t, "restored", digest), "the restored claim holds the files as snapshotted")
 	v := getVolume(t, volumeOfClaim(t, "restored"))
 	assert.Equal(t, "127.0.0.2", v.Status.CurrentNodeID)
+}
+
+// requireOnTheInstanceManagersFile checks that the node plugin put the
+// claim's device on the file the instance manager's Pod serves in the
+// node's hostDir (instanceManager.fuseFiles), not on nbdfuse.
+func requireOnTheInstanceManagersFile(t *testing.T, nodeName, volume string) {
+	t.Helper()
+	for _, n := range env.cluster.Nodes() {
+		if n.Name != nodeName {
+			continue
+		}
+		file := imserver.FUSEFile(filepath.Join(n.StrataDir(), "fuse"), volume)
+		var on []string
+		for dev, backing := range localcluster.LoopDevices() {
+			if backing == file {
+				on = append(on, dev)
+			}
+		}
+		require.Len(t, on, 1, "one loop device on %s", file)
+		return
+	}
+	t.Fatalf("no node %s", nodeName)
 }
 
 // A manager Pod deleted (and brought back by its DaemonSet) on the node of a

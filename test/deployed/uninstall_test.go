@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,6 +62,9 @@ func TestUninstall(t *testing.T) {
 		}
 		replicas, _ := filepath.Glob(filepath.Join(n.DiskDir(), "replicas", "*"))
 		assert.Empty(t, replicas, "replica directories left on %s", n.Name)
+		for dev, file := range localcluster.LoopDevices() {
+			assert.False(t, strings.HasPrefix(file, n.StrataDir()+"/") || file == "/disk", "loop device %s on %s left", dev, file)
+		}
 		sockets, _ := filepath.Glob(filepath.Join(n.StrataDir(), "run", "nbd", "*"))
 		assert.Empty(t, sockets, "NBD sockets left on %s", n.Name)
 	}
