@@ -360,10 +360,7 @@ func (c *FileLoop) Resize(ctx context.Context, volumeID string) (int64, error) {
 	if want <= have {
 		return have, nil
 	}
-	if err := setLoopSizeLimit(live, want); err != nil {
-		return 0, fmt.Errorf("volume %s: %w", volumeID, err)
-	}
-	got, err := deviceSize(live)
+	got, err := growLoop(volumeID, live, want)
 	if err != nil {
 		return 0, err
 	}

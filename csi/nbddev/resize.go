@@ -59,6 +59,15 @@ func setLoopSizeLimit(device string, size int64) error {
 	return nil
 }
 
+// growLoop moves a loop device's end to want bytes and returns its size
+// after: less than want when its backing file is smaller.
+func growLoop(volumeID, loop string, want int64) (int64, error) {
+	if err := setLoopSizeLimit(loop, want); err != nil {
+		return 0, fmt.Errorf("volume %s: %w", volumeID, err)
+	}
+	return deviceSize(loop)
+}
+
 // Resize grows the loop device to the export's size. The FUSE file is the
 // growable export, so only the loop device's size limit moves.
 func (c *FUSELoop) Resize(ctx context.Context, volumeID string) (int64, error) {
@@ -81,10 +90,7 @@ func (c *FUSELoop) Resize(ctx context.Context, volumeID string) (int64, error) {
 	if want <= have {
 		return have, nil
 	}
-	if err := setLoopSizeLimit(st.loop, want); err != nil {
-		return 0, fmt.Errorf("volume %s: %w", volumeID, err)
-	}
-	got, err := deviceSize(st.loop)
+	got, err := growLoop(volumeID, st.loop, want)
 	if err != nil {
 		return 0, err
 	}
