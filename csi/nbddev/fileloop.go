@@ -88,34 +88,40 @@ func (c *FileLoop) Connect(ctx context.Context, volumeID, endpoint string) (stri
 	if err := validateConnect(volumeID, endpoint); err != nil {
 		return "", err
 	}
-	unlock := c.locks.lock(volumeID)
+	dev, fallback, err := c.connect(ctx, volumeID, endpoint)
+	if fallback {
+		return c.Fallback.Connect(ctx, volumeID, endpoint)
+	}
+	return dev, err
+}
+
+// connect connects volumeID through its file, or says it is Fallback's: a
+// connection Fallback made (whole or in part) stays Fallback's, and so
+// does a volume this node's instance manager does not serve as a file.
+func (c *FileLoop) connect(ctx context.Context, volumeID, endpoint string) (dev string, fallback bool, err error) {
+	defer c.locks.lock(volumeID)()
 	live, stale, err := c.loops(volumeID)
 	if err == nil && stale.device != "" {
 		err = c.detachStale(ctx, volumeID, stale)
 	}
 	if err != nil {
-		unlock()
-		return "", err
+		return "", false, err
 	}
 	if live == "" {
-		// A connection Fallback made, whole or in part, stays Fallback's.
 		fb, err := c.Fallback.inspect(volumeID)
 		if err != nil {
-			unlock()
-			return "", err
+			return "", false, err
 		}
 		served, err := c.served(volumeID, endpoint)
 		if err != nil {
-			unlock()
-			return "", fmt.Errorf("volume %s: %w", volumeID, err)
+			return "", false, fmt.Errorf("volume %s: %w", volumeID, err)
 		}
 		if fb.active() || !served {
-			unlock()
-			return c.Fallback.Connect(ctx, volumeID, endpoint)
+			return "", true, nil
 		}
 	}
-	defer unlock()
-	return c.connectFile(ctx, volumeID, live)
+	dev, err = c.connectFile(ctx, volumeID, live)
+	return dev, false, err
 }
 
 // detachStale detaches a loop device left on the file of an instance
@@ -336,37 +342,42 @@ func (c *FileLoop) Connected() (map[string]string, error) {
 // Resize grows the loop device to the file's size, which FORCE_SYNC reads
 // from the engine.
 func (c *FileLoop) Resize(ctx context.Context, volumeID string) (int64, error) {
-	unlock := c.locks.lock(volumeID)
-	live, stale, err := c.loops(volumeID)
-	if err != nil || live == "" {
-		unlock()
-		if err != nil {
-			return 0, err
-		}
-		if stale.device != "" {
-			return 0, fmt.Errorf("volume %s: %s is on the file of an instance manager that is gone; restage the volume", volumeID, stale.device)
-		}
+	size, fallback, err := c.resize(volumeID)
+	if fallback {
 		return c.Fallback.Resize(ctx, volumeID)
 	}
-	defer unlock()
+	return size, err
+}
+
+func (c *FileLoop) resize(volumeID string) (size int64, fallback bool, err error) {
+	defer c.locks.lock(volumeID)()
+	live, stale, err := c.loops(volumeID)
+	switch {
+	case err != nil:
+		return 0, false, err
+	case stale.device != "":
+		return 0, false, fmt.Errorf("volume %s: %s is on the file of an instance manager that is gone; restage the volume", volumeID, stale.device)
+	case live == "":
+		return 0, true, nil
+	}
 	have, err := deviceSize(live)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	want, err := fileSize(c.file(volumeID))
 	if err != nil {
-		return 0, fmt.Errorf("volume %s: %w", volumeID, err)
+		return 0, false, fmt.Errorf("volume %s: %w", volumeID, err)
 	}
 	if want <= have {
-		return have, nil
+		return have, false, nil
 	}
 	got, err := growLoop(volumeID, live, want)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if got < want {
-		return got, fmt.Errorf("volume %s: %s grew to %d bytes, not %d", volumeID, live, got, want)
+		return got, false, fmt.Errorf("volume %s: %s grew to %d bytes, not %d", volumeID, live, got, want)
 	}
 	c.log.WithFields(logrus.Fields{"volume": volumeID, "device": live, "from": have, "to": got}).Info("nbddev: device grown")
-	return got, nil
+	return got, false, nil
 }
