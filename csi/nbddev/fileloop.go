@@ -63,8 +63,8 @@ func NewFileLoop(fileDir string, fallback *FUSELoop, log logrus.FieldLogger) (*F
 	return &FileLoop{Fallback: fallback, fileDir: dir, log: log, probeTimeout: 5 * time.Second}, nil
 }
 
-// file is where the instance manager serves volumeID (imserver.FUSEFile).
-func (c *FileLoop) file(volumeID string) string { return filepath.Join(c.fileDir, volumeID, "disk") }
+// file is where the instance manager serves volumeID.
+func (c *FileLoop) file(volumeID string) string { return engineapi.FUSEFile(c.fileDir, volumeID) }
 
 // served reports whether endpoint is this node's instance manager's export
 // of volumeID and the instance manager serves the volume as a file now.
@@ -218,6 +218,11 @@ func (c *FileLoop) loops(volumeID string) (live string, stale staleLoop, err err
 	if err != nil {
 		return "", stale, fmt.Errorf("volume %s: listing loop devices: %w", volumeID, err)
 	}
+	return c.loopsIn(all, volumeID)
+}
+
+// loopsIn is loops on all, the loop devices by backing file.
+func (c *FileLoop) loopsIn(all map[string]string, volumeID string) (live string, stale staleLoop, err error) {
 	if dev, ok := all[c.file(volumeID)]; ok {
 		return dev, stale, nil
 	}
@@ -324,16 +329,16 @@ func (c *FileLoop) Connected() (map[string]string, error) {
 		ids[strings.TrimSuffix(filepath.Base(r), deviceSuffix)] = true
 	}
 	for backing := range loops {
-		if filepath.Base(backing) == "disk" && filepath.Dir(filepath.Dir(backing)) == c.fileDir {
-			ids[filepath.Base(filepath.Dir(backing))] = true
+		if id, ok := engineapi.FUSEFileVolume(c.fileDir, backing); ok {
+			ids[id] = true
 		}
 	}
 	for id := range ids {
 		if validateVolumeID(id) != nil {
 			continue
 		}
-		if dev, ok, err := c.Device(id); err == nil && ok {
-			volumes[id] = dev
+		if live, stale, err := c.loopsIn(loops, id); err == nil && live+stale.device != "" {
+			volumes[id] = live + stale.device
 		}
 	}
 	return volumes, nil

@@ -9,25 +9,22 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/strata-storage/strata/engine/fusefile"
+	"github.com/strata-storage/strata/engineapi"
 )
-
-// FUSEFile is where an instance manager with fuseDir serves volume as a
-// file; the node plugin puts its loop device there.
-func FUSEFile(fuseDir, volume string) string { return filepath.Join(fuseDir, volume, "disk") }
 
 // startFUSE serves the engine's volume as FUSEDir/<volume>/disk.
 func (s *Server) startFUSE(inst *instance) error {
 	if s.opts.FUSEDir == "" {
 		return nil
 	}
-	dir := filepath.Dir(FUSEFile(s.opts.FUSEDir, inst.spec.VolumeName))
+	dir := filepath.Dir(engineapi.FUSEFile(s.opts.FUSEDir, inst.spec.VolumeName))
 	if err := fusefile.CleanStale(dir); err != nil {
 		return fmt.Errorf("engine %s: %w", inst.spec.Name, err)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("engine %s: FUSE directory: %w", inst.spec.Name, err)
 	}
-	f, err := fusefile.Mount(dir, inst.eng, fusefile.Options{Log: s.log.WithField("engine", inst.spec.Name)})
+	f, err := fusefile.Mount(dir, inst.eng, fusefile.Options{Name: engineapi.FUSEFileName, Log: s.log.WithField("engine", inst.spec.Name)})
 	if err != nil {
 		return fmt.Errorf("engine %s: serving the volume as a file: %w", inst.spec.Name, err)
 	}

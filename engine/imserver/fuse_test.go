@@ -9,6 +9,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/strata-storage/strata/engineapi"
 )
 
 // With a FUSE directory, an exported volume is also a file there holding
@@ -26,7 +28,7 @@ func TestVolumeServedAsAFile(t *testing.T) {
 	_, err = im.engine(t, "e").WriteAt(pattern(0x6b, mib), mib)
 	require.NoError(t, err)
 
-	file := FUSEFile(fuseDir, "vol")
+	file := engineapi.FUSEFile(fuseDir, "vol")
 	st, err := os.Stat(file)
 	require.NoError(t, err)
 	assert.EqualValues(t, 4*mib, st.Size())

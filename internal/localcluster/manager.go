@@ -102,12 +102,7 @@ func (im *InstanceManager) Stop(timeout time.Duration) error {
 	if im.FUSEDir == "" {
 		return im.Process.Stop(timeout)
 	}
-	var loops []string
-	for dev, file := range LoopDevices() {
-		if strings.HasPrefix(file, im.FUSEDir+"/") {
-			loops = append(loops, dev)
-		}
-	}
+	loops := LoopDevicesOn(func(file string) bool { return strings.HasPrefix(file, im.FUSEDir+"/") })
 	err := im.Process.Stop(timeout)
 	return errors.Join(err, unmountUnder(im.FUSEDir), detachLoopDevices(loops))
 }

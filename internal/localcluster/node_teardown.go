@@ -218,9 +218,14 @@ func LoopDevices() map[string]string {
 // loopDevices lists the loop devices on the node's files (raw block volumes
 // and the CSI plugin's NBD exports are attached through loop devices).
 func (n *Node) loopDevices() []string {
+	return LoopDevicesOn(func(file string) bool { return strings.HasPrefix(file, n.Dir+"/") })
+}
+
+// LoopDevicesOn lists the loop devices whose backing file matches.
+func LoopDevicesOn(match func(file string) bool) []string {
 	var out []string
 	for dev, file := range LoopDevices() {
-		if strings.HasPrefix(file, n.Dir+"/") {
+		if match(file) {
 			out = append(out, dev)
 		}
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/strata-storage/strata/engine/imserver"
+	"github.com/strata-storage/strata/engineapi"
 )
 
 // kill -9 of an instance manager while a client streams direct writes into
@@ -24,7 +24,7 @@ func TestInstanceManagerKilledWhileServingTheFile(t *testing.T) {
 	const chunk, killAfter = 1 << 20, 12
 	n := startNodeWith(t, "fuse1", true)
 	v := createVolume(t, "fusek", []*node{n})
-	file := imserver.FUSEFile(n.fuseDir, v.name)
+	file := engineapi.FUSEFile(n.fuseDir, v.name)
 
 	fd, err := unix.Open(file, unix.O_WRONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
 	require.NoError(t, err)

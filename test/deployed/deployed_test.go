@@ -17,7 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/strata-storage/strata/controller"
-	"github.com/strata-storage/strata/engine/imserver"
+	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/internal/localcluster"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
@@ -92,13 +92,8 @@ func requireOnTheInstanceManagersFile(t *testing.T, nodeName, volume string) {
 		if n.Name != nodeName {
 			continue
 		}
-		file := imserver.FUSEFile(filepath.Join(n.StrataDir(), "fuse"), volume)
-		var on []string
-		for dev, backing := range localcluster.LoopDevices() {
-			if backing == file {
-				on = append(on, dev)
-			}
-		}
+		file := engineapi.FUSEFile(filepath.Join(n.StrataDir(), "fuse"), volume)
+		on := localcluster.LoopDevicesOn(func(backing string) bool { return backing == file })
 		require.Len(t, on, 1, "one loop device on %s", file)
 		return
 	}

@@ -14,7 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/strata-storage/strata/engine/imserver"
+	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/internal/localcluster"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
@@ -185,14 +185,8 @@ func nodePluginKilledWhilePodStarts(t *testing.T, points ...string) {
 // loopsOnTheInstanceManagersFile lists the loop devices on the file node-2's
 // instance manager serves volume as.
 func loopsOnTheInstanceManagersFile(volume string) []string {
-	var out []string
-	file := imserver.FUSEFile(env.managerOpts.FUSEDir("node-2"), volume)
-	for dev, backing := range localcluster.LoopDevices() {
-		if backing == file {
-			out = append(out, dev)
-		}
-	}
-	return out
+	file := engineapi.FUSEFile(env.managerOpts.FUSEDir("node-2"), volume)
+	return localcluster.LoopDevicesOn(func(backing string) bool { return backing == file })
 }
 
 // storageAttached says whether Kubernetes' VolumeAttachment of the PV on
