@@ -31,6 +31,9 @@ const (
 	envCrashPoint = "STRATA_REPLICA_CRASH_POINT"
 )
 
+// discardZeroes is how much of the volume the discard mode zeroes.
+const discardZeroes = 8 << 20
+
 // fillRandom fills p from seed; the parent regenerates acknowledged writes.
 func fillRandom(p []byte, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
@@ -91,6 +94,22 @@ func TestCrashChild(t *testing.T) {
 		say("R kid")
 		return
 	}
+	if mode == "discard" {
+		// The whole volume goes: zeroes at the start, a trim of the rest.
+		// The purge then frees every block of the removed snapshot.
+		size := r.Size()
+		say("U %d %d", discardZeroes, size-discardZeroes)
+		if err := r.Unmap(discardZeroes, size-discardZeroes); err != nil {
+			say("E unmap: %v", err)
+			os.Exit(2)
+		}
+		if err := r.WriteZeroes(0, discardZeroes); err != nil {
+			say("E write-zeroes: %v", err)
+			os.Exit(2)
+		}
+		say("Z 0 %d", discardZeroes)
+		mode = "purge"
+	}
 	if mode == "purge" {
 		go func() {
 			err := r.Purge(context.Background(), func(pct int) { say("P %d", pct) })
@@ -143,6 +162,9 @@ type crashModel struct {
 	reverted bool
 	point    string // crash point the child killed itself at
 	lines    int
+	// loose: blocks trimmed and not rewritten whole since; each byte may
+	// read as it was or as zero.
+	loose map[int64]bool
 }
 
 func (m *crashModel) apply(t *testing.T, line string) {
@@ -163,7 +185,22 @@ func (m *crashModel) apply(t *testing.T, line string) {
 	case "A":
 		w := m.inflight
 		fillRandom(m.data[w.off:w.off+w.length], w.seed)
+		for b := (w.off + bs - 1) / bs; b < (w.off+w.length)/bs; b++ {
+			delete(m.loose, b)
+		}
 		m.inflight = nil
+	case "U":
+		if m.loose == nil {
+			m.loose = map[int64]bool{}
+		}
+		for b := (num(1) + bs - 1) / bs; b < (num(1)+num(2))/bs; b++ {
+			m.loose[b] = true
+		}
+	case "Z":
+		clear(m.data[num(1) : num(1)+num(2)])
+		for b := num(1) / bs; b < (num(1)+num(2))/bs; b++ {
+			delete(m.loose, b)
+		}
 	case "s":
 		m.started = f[1]
 	case "S":
@@ -195,10 +232,19 @@ func (m *crashModel) checkData(t *testing.T, r *Replica, what string) {
 	_, err := r.ReadAt(got, 0)
 	require.NoError(t, err)
 	want := m.data
+	if m.inflight != nil || len(m.loose) > 0 {
+		want = slices.Clone(want)
+	}
 	if m.inflight != nil {
 		off, length := m.inflight.off, m.inflight.length
-		want = slices.Clone(want)
 		copy(want[off:off+length], got[off:off+length])
+	}
+	for b := range m.loose {
+		for i := b * bs; i < (b+1)*bs; i++ {
+			if got[i] == 0 {
+				want[i] = 0
+			}
+		}
 	}
 	if i := firstDiff(got, want); i >= 0 {
 		t.Fatalf("%s: byte %d differs: got %#x, want %#x (in-flight write %v)", what, i, got[i], want[i], m.inflight)
@@ -347,7 +393,7 @@ func purgeSetup(t *testing.T, dir, kind string, m *crashModel) {
 	}
 	write(bigData, 256<<10)
 	require.NoError(t, r.Snapshot("big", SnapshotOptions{}))
-	if kind == "prune" {
+	if kind == "prune" || kind == "discard" {
 		write(16<<20, 64<<10)
 	} else {
 		write(kidData, 64<<10)
@@ -376,13 +422,17 @@ func TestLongCrashPurge(t *testing.T) {
 }
 
 func crashPurge(t *testing.T, kills []purgeKill) {
-	for _, kind := range []string{"into-snapshot", "into-child", "prune"} {
+	for _, kind := range []string{"into-snapshot", "into-child", "prune", "discard"} {
 		for i, k := range kills {
 			t.Run(fmt.Sprintf("%s/pct-%d+%v", kind, k.pct, k.delay), func(t *testing.T) {
 				dir := filepath.Join(t.TempDir(), "r")
 				m := &crashModel{snaps: map[string][]byte{}}
 				purgeSetup(t, dir, kind, m)
-				killed := runChild(t, "purge", dir, uint64(2000+i), m, func(m *crashModel) bool {
+				mode := "purge"
+				if kind == "discard" {
+					mode = kind // trims first
+				}
+				killed := runChild(t, mode, dir, uint64(2000+i), m, func(m *crashModel) bool {
 					return (m.pct >= k.pct && k.pct <= 100) || m.done
 				}, k.delay)
 				require.True(t, killed)
@@ -414,8 +464,17 @@ func verifyPurge(t *testing.T, dir, kind string, m *crashModel) {
 	for _, l := range info.Layers {
 		names = append(names, l.Name)
 	}
-	if kind == "prune" {
+	switch {
+	case kind == "prune":
 		require.Equal(t, []string{"big", HeadName}, names)
+		return
+	case kind == "discard" && (m.done || m.point == "prune:punched" || m.point == "prune:reparented"):
+		// Every block of big was punched before the kill: the purge
+		// after the restart drops it, though the trims were forgotten.
+		require.Equal(t, []string{HeadName}, names)
+		return
+	case kind == "discard":
+		require.Contains(t, [][]string{{HeadName}, {"big", HeadName}}, names)
 		return
 	}
 	require.Equal(t, []string{"kid", HeadName}, names)
@@ -440,6 +499,9 @@ func TestCrashPoints(t *testing.T) {
 		{"revert", "into-child", "revert:committed"},
 		{"purge", "prune", "prune:synced"},
 		{"purge", "prune", "prune:half"},
+		{"discard", "discard", "prune:half"},
+		{"discard", "discard", "prune:punched"},
+		{"discard", "discard", "prune:reparented"},
 	}
 	for _, p := range []string{"coalesce:copied", "coalesce:meta", "coalesce:swapped", "drop:committed"} {
 		cases = append(cases, struct{ mode, setup, point string }{"purge", "into-child", p})
@@ -469,7 +531,7 @@ func TestCrashPoints(t *testing.T) {
 				// Before the commit the snapshot must not exist, after it must.
 				require.Equal(t, tc.point == "snapshot:committed", names[m.started],
 					"snapshot %s in flight at %s", m.started, tc.point)
-			case "purge":
+			case "purge", "discard":
 				verifyPurge(t, dir, tc.setup, m)
 			case "revert":
 				r, err := Open(dir)

@@ -145,6 +145,7 @@ func (r *Replica) BeginImport(opts ImportOptions) error {
 			return fmt.Errorf("begin import: %w", err)
 		}
 	}
+	r.discarded.clearAll() // the head is rebuilt; so are its marks
 	r.imp = &importState{
 		staging: map[string]*os.File{}, recs: map[int64]*blockRec{},
 		recBits: newBitmap(nblocks), unmapped: newBitmap(nblocks), zeroed: newBitmap(nblocks),

@@ -98,6 +98,7 @@ func (r *Replica) WriteAt(p []byte, off int64) (int, error) {
 		_, err := r.head.f.WriteAt(p, off)
 		if err == nil {
 			r.headBits.set(first, last+1)
+			r.discarded.clear(first, last+1)
 		}
 		r.mu.RUnlock()
 		if err != nil {
@@ -158,6 +159,7 @@ func (r *Replica) writeLocked(p []byte, off int64) error {
 		}
 	}
 	r.headBits.set(first, last+1)
+	r.discarded.clear(first, last+1)
 	return nil
 }
 
@@ -186,7 +188,9 @@ func (r *Replica) zeroHead(b, e int64) error {
 
 // Unmap frees whole head blocks no lower layer holds: freeing a block a
 // lower layer holds would reveal older data, which even the TRIM contract
-// does not allow. Everything else is left as it is.
+// does not allow. Blocks a lower layer holds are marked discarded instead,
+// so that a purge can free them once that layer is a removed snapshot
+// under the head (discard.go).
 func (r *Replica) Unmap(off, length int64) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -199,12 +203,11 @@ func (r *Replica) Unmap(off, length int64) error {
 		return nil
 	}
 	for b := (off + bs - 1) / bs; b < stop; {
-		if !r.headHas(b) || r.owner.get(b) != 0 {
-			b++
-			continue
-		}
-		e := min(r.headBits.runEnd(b, stop, true), r.owner.runEnd(b, stop, 0))
-		if err := r.punchHead(b, e); err != nil {
+		lower := r.owner.get(b) != 0
+		e := r.owner.lowerRunEnd(b, stop, lower)
+		if lower {
+			r.discarded.set(b, e)
+		} else if err := r.punchHeld(b, e); err != nil {
 			return err
 		}
 		b = e
@@ -246,6 +249,8 @@ func (r *Replica) WriteZeroes(off, length int64) error {
 			}
 		} else if err := r.zeroHead(b, e); err != nil {
 			return err
+		} else {
+			r.discarded.set(b, e) // a zero block only hides lower data
 		}
 		b = e
 	}

@@ -150,36 +150,39 @@ func (r *Replica) dropSnapshot(s *layer, closeFile bool) error {
 func (r *Replica) deleteLeaf(s *layer) error { return r.dropSnapshot(s, true) }
 
 // prune punches out the blocks of s (the head's parent) that the head
-// holds. The head never drops a block a lower layer holds (Unmap and
-// WriteZeroes keep those), so the set only grows while we work, and reads
-// of those blocks go to the head: no lock is needed for the punches. The
-// location map keeps naming s under those head blocks; that only makes
-// Unmap keep them, and the next snapshot overwrites the entries.
+// holds, and those the head discarded that nothing below s holds
+// (discard.go); a snapshot left empty is dropped. The head never drops a
+// block a lower layer holds until settlePrune, and writes only add head
+// blocks, so reads of the punched blocks go to the head or are of blocks
+// the user trimmed: no lock is needed for the punches. Blocks the head
+// holds keep naming s in the location map unless nothing below s holds
+// them; that only makes Unmap keep them, and the next snapshot overwrites
+// the entries.
 func (r *Replica) prune(ctx context.Context, s *layer, frac func(float64)) error {
 	r.mu.RLock()
 	size := r.size
 	r.mu.RUnlock()
-	exts, err := dataExtents(s.f, size)
+	plan, err := r.planPrune(s, size)
 	if err != nil {
-		return fmt.Errorf("prune %s: %w", s.file, err)
+		return err
 	}
-	var punch []Extent
-	r.mu.RLock()
-	for _, e := range exts {
-		for b, stop := e.Offset/bs, e.End()/bs; b < stop; {
-			if !r.headHas(b) {
-				b = r.headBits.runEnd(b, stop, false)
-				continue
-			}
-			end := r.headBits.runEnd(b, stop, true)
-			punch = append(punch, Extent{Offset: b * bs, Length: (end - b) * bs})
-			b = end
+	if len(plan.punch) > 0 {
+		if err := r.punchPruned(ctx, s, plan.punch, frac); err != nil {
+			return err
 		}
 	}
-	r.mu.RUnlock()
-	if len(punch) == 0 {
-		return nil
+	if err := r.settlePrune(plan); err != nil {
+		return err
 	}
+	empty, err := isEmpty(s, size)
+	if err != nil || !empty {
+		return err
+	}
+	return r.dropEmptyUnderHead(s, size)
+}
+
+// punchPruned punches blocks punch out of s, durably, giving s a new ID.
+func (r *Replica) punchPruned(ctx context.Context, s *layer, punch []Extent, frac func(float64)) error {
 	// s's blocks change: its ID goes first and comes back as another once
 	// the punches are durable (see layerid.go for why a prune needs one).
 	id := s.meta.ID
@@ -204,11 +207,13 @@ func (r *Replica) prune(ctx context.Context, s *layer, frac func(float64)) error
 			crashPoint("prune:half")
 		}
 	}
-	if id == "" {
-		return nil
-	}
+	// Durable before settlePrune drops the head's zero blocks over them.
 	if err := unix.Fsync(int(s.f.Fd())); err != nil {
 		return fmt.Errorf("prune: sync %s: %w", s.file, err)
+	}
+	crashPoint("prune:punched")
+	if id == "" {
+		return nil
 	}
 	m := s.meta
 	m.ID = prunedID(id, punch)

@@ -120,6 +120,10 @@ type Replica struct {
 	// lets writes mark blocks with an atomic OR under the shared lock.
 	owner    *ownerMap
 	headBits *bitmap
+	// discarded: blocks the head's user trimmed or zeroed while a lower
+	// layer held them, not written since. Memory only: a hint that lets a
+	// purge free them from a removed snapshot under the head (discard.go).
+	discarded *bitmap
 
 	maxCount int
 	maxSize  int64
@@ -284,6 +288,7 @@ func (r *Replica) load() error {
 	if err != nil {
 		return fmt.Errorf("open replica %s: %w", r.dir, err)
 	}
+	r.discarded = newBitmap(r.size / bs)
 	if err := r.removeLeftovers(); err != nil {
 		return err
 	}

@@ -76,6 +76,7 @@ func (r *Replica) replaceHead(parent, what string) error {
 	r.head = r.addLayer(&layer{kind: kindHead, file: newHead.file, f: newHead.f, meta: newHead.meta})
 	r.owner = owner
 	r.headBits = newBitmap(r.size / bs)
+	r.discarded = newBitmap(r.size / bs)
 	if err != nil {
 		return err
 	}
@@ -125,6 +126,7 @@ func (r *Replica) Expand(newSize int64) error {
 		return fmt.Errorf("expand to %d: %w", newSize, err)
 	}
 	r.vol, r.size, r.owner, r.headBits = vol, newSize, owner, r.headBits.grown(newSize/bs)
+	r.discarded = r.discarded.grown(newSize / bs)
 	if err != nil {
 		return fmt.Errorf("expand to %d: %w", newSize, err)
 	}

@@ -304,6 +304,9 @@ func (r *Replica) Snapshot(name string, opts SnapshotOptions) error {
 		}
 	}
 	r.headBits.clearAll()
+	// The snapshot keeps the old head's trims unapplied: reads of those
+	// blocks may return the older data again, as TRIM allows.
+	r.discarded.clearAll()
 	if err == nil {
 		crashPoint("snapshot:committed")
 		r.removeFiles(oldFile, oldFile+metaSuffix)

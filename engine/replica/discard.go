@@ -1,0 +1,202 @@
+package replica
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// Discarded blocks: what a trim gives back once a snapshot is deleted.
+//
+// A user writes 64 MiB, takes a snapshot, deletes the files and trims. The
+// data lives in the snapshot, so the trim cannot free it: a head block a
+// lower layer holds is never dropped (that would reveal older data). Once
+// the snapshot is deleted it becomes a removed snapshot under the head,
+// and its blocks the user trimmed are garbage nothing can read. So Unmap
+// (and WriteZeroes, whose zero block in the head only hides lower data)
+// marks such blocks discarded, and a write clears the mark. When a purge
+// prunes a removed snapshot s under the head, every discarded block that
+// no layer below s holds is freed: s's copy is punched, then the head's
+// copy if it has one (a trimmed block or a zero block), and the location
+// map names no layer for it, so it reads as zeros. Discarded blocks a layer
+// below s holds keep s's copy: freeing it would reveal that older data.
+//
+// The marks live in memory only; a reopen or a snapshot forgets them,
+// which leaves space unfreed but never changes what the volume reads
+// wrongly (a trimmed block may read as anything it held). Every replica
+// gets the same trims at the same point of the write stream, so all mark
+// the same blocks. A removed snapshot emptied by a prune no longer sits
+// between the head and its parent: it is dropped at once.
+
+// punchHeld frees the head's blocks in [b, e); the caller holds the
+// exclusive lock and knows no lower layer holds them.
+func (r *Replica) punchHeld(b, e int64) error {
+	for b < e {
+		if !r.headHas(b) {
+			b = r.headBits.runEnd(b, e, false)
+			continue
+		}
+		end := r.headBits.runEnd(b, e, true)
+		if err := r.punchHead(b, end); err != nil {
+			return err
+		}
+		b = end
+	}
+	return nil
+}
+
+// bitmapExtents lists the runs of set bits of m in [0, nblocks) as byte
+// extents.
+func bitmapExtents(m *bitmap, nblocks int64) []Extent {
+	var out []Extent
+	for b := int64(0); b < nblocks; {
+		if b = m.runEnd(b, nblocks, false); b >= nblocks {
+			break
+		}
+		e := m.runEnd(b, nblocks, true)
+		out = append(out, Extent{Offset: b * bs, Length: (e - b) * bs})
+		b = e
+	}
+	return out
+}
+
+// unionExtents merges two sorted lists of non-overlapping extents.
+func unionExtents(a, b []Extent) []Extent {
+	out := make([]Extent, 0, len(a)+len(b))
+	add := func(e Extent) {
+		if n := len(out); n > 0 && out[n-1].End() >= e.Offset {
+			out[n-1].Length = max(out[n-1].End(), e.End()) - out[n-1].Offset
+			return
+		}
+		out = append(out, e)
+	}
+	for len(a) > 0 || len(b) > 0 {
+		if len(b) == 0 || (len(a) > 0 && a[0].Offset <= b[0].Offset) {
+			add(a[0])
+			a = a[1:]
+		} else {
+			add(b[0])
+			b = b[1:]
+		}
+	}
+	return out
+}
+
+// intersectExtents returns what both sorted lists cover.
+func intersectExtents(a, b []Extent) []Extent { return subtractExtents(a, subtractExtents(a, b)) }
+
+// dataBelow lists the data of every layer under s, the backing file
+// included. The caller holds opMu, so those layers do not change.
+func (r *Replica) dataBelow(s *layer, size int64) ([]Extent, error) {
+	chain, err := r.chainBelow(s.meta.Parent)
+	if err != nil {
+		return nil, err
+	}
+	var all []Extent
+	for _, l := range chain {
+		exts, err := dataExtents(l.f, size)
+		if err != nil {
+			return nil, fmt.Errorf("scan %s: %w", l.file, err)
+		}
+		all = unionExtents(all, exts)
+	}
+	return all, nil
+}
+
+// prunePlan is what a prune of s frees: punch, s's blocks the head holds
+// or discarded; free, the blocks that then read from no layer under the
+// head (the punched ones nothing below s holds, and the discarded ones
+// nothing below s holds); discarded, the latter, whose head copies go too.
+type prunePlan struct {
+	punch, free, discarded []Extent
+}
+
+// planPrune reads s's data, the data below it and the head's maps.
+func (r *Replica) planPrune(s *layer, size int64) (prunePlan, error) {
+	exts, err := dataExtents(s.f, size)
+	if err != nil {
+		return prunePlan{}, fmt.Errorf("prune %s: %w", s.file, err)
+	}
+	below, err := r.dataBelow(s, size)
+	if err != nil {
+		return prunePlan{}, fmt.Errorf("prune %s: %w", s.file, err)
+	}
+	r.mu.RLock()
+	held := bitmapExtents(r.headBits, size/bs)
+	discarded := subtractExtents(bitmapExtents(r.discarded, size/bs), below)
+	r.mu.RUnlock()
+	punch := intersectExtents(exts, unionExtents(held, discarded))
+	return prunePlan{
+		punch:     punch,
+		free:      unionExtents(subtractExtents(punch, below), discarded),
+		discarded: discarded,
+	}, nil
+}
+
+// settlePrune runs once s's punches are durable: blocks still discarded
+// lose their head copy, and no freed block names a layer any more. Under
+// the exclusive lock, so no write slips between the check and the punch.
+func (r *Replica) settlePrune(p prunePlan) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range p.discarded {
+		for b, stop := e.Offset/bs, e.End()/bs; b < stop; {
+			if !r.discarded.has(b) {
+				b = r.discarded.runEnd(b, stop, false)
+				continue
+			}
+			end := r.discarded.runEnd(b, stop, true)
+			if err := r.punchHeld(b, end); err != nil {
+				return fmt.Errorf("prune: %w", err)
+			}
+			r.discarded.clear(b, end)
+			b = end
+		}
+	}
+	for _, e := range p.free {
+		r.owner.fill(e.Offset/bs, e.End()/bs, 0)
+	}
+	return nil
+}
+
+// dropEmptyUnderHead takes removed snapshot s, which holds no data any
+// more, from under the head: the head's .meta names s's parent, then
+// volume.meta drops s. A crash in between leaves s a removed leaf that
+// Open keeps and the next purge deletes; either way the volume reads the
+// same, since s held nothing.
+func (r *Replica) dropEmptyUnderHead(s *layer, size int64) error {
+	chain, err := r.chainBelow(s.meta.Parent)
+	if err != nil {
+		return err
+	}
+	owner, err := buildOwnerMap(chain, size)
+	if err != nil {
+		return err
+	}
+	m := r.head.meta
+	m.Parent = s.meta.Parent
+	if err := writeLayerMeta(r.dir, r.head.file, m); err != nil {
+		return fmt.Errorf("take %s from under the head: %w", s.file, err)
+	}
+	if err := syncDir(r.dir); err != nil {
+		return fmt.Errorf("take %s from under the head: %w", s.file, err)
+	}
+	crashPoint("prune:reparented")
+	r.mu.Lock()
+	r.head.meta = m
+	r.owner = owner
+	r.mu.Unlock()
+	return r.dropSnapshot(s, true)
+}
+
+// isEmpty reports whether l holds no data below size.
+func isEmpty(l *layer, size int64) (bool, error) {
+	off, err := unix.Seek(int(l.f.Fd()), 0, unix.SEEK_DATA)
+	if err == unix.ENXIO {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("SEEK_DATA in %s: %w", l.file, err)
+	}
+	return off >= size, nil
+}

@@ -1,0 +1,155 @@
+package replica
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// dirAllocated is what every file of the replica's directory holds on disk.
+func dirAllocated(t *testing.T, dir string) int64 {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var n int64
+	for _, e := range entries {
+		var st syscall.Stat_t
+		require.NoError(t, syscall.Stat(filepath.Join(dir, e.Name()), &st))
+		n += st.Blocks * 512
+	}
+	return n
+}
+
+// TestPurgeFreesDiscardedBlocks: a trim (or write-zeroes) of data a
+// snapshot holds frees it once the snapshot is deleted, unless a kept
+// snapshot below holds the same blocks; what the user wrote since stays.
+func TestPurgeFreesDiscardedBlocks(t *testing.T) {
+	tests := []struct {
+		name string
+		// build leaves snapshot "s" removed under the head.
+		build func(t *testing.T, r *Replica)
+		// want: the chain after the purge (without the head), each
+		// snapshot's allocated blocks, and what blocks read as.
+		chain map[string]int64
+		vals  []byte
+		// kept: a snapshot to revert to at the end, and its content.
+		kept     string
+		keptVals []byte
+	}{
+		{"trim, then delete the snapshot", func(t *testing.T, r *Replica) {
+			fillBlocks(t, r, 0, 16, 1)
+			require.NoError(t, r.Snapshot("s", SnapshotOptions{}))
+			require.NoError(t, r.Unmap(0, 16*bs))
+			require.NoError(t, r.RemoveSnapshot("s"))
+		}, map[string]int64{}, make([]byte, 16), "", nil},
+		{"write-zeroes, then delete the snapshot", func(t *testing.T, r *Replica) {
+			fillBlocks(t, r, 0, 16, 1)
+			require.NoError(t, r.Snapshot("s", SnapshotOptions{}))
+			require.NoError(t, r.WriteZeroes(0, 16*bs))
+			require.NoError(t, r.RemoveSnapshot("s"))
+		}, map[string]int64{}, make([]byte, 16), "", nil},
+		{"trim of data rewritten in the head", func(t *testing.T, r *Replica) {
+			fillBlocks(t, r, 0, 16, 1)
+			require.NoError(t, r.Snapshot("s", SnapshotOptions{}))
+			fillBlocks(t, r, 0, 8, 2)
+			require.NoError(t, r.Unmap(0, 16*bs))
+			require.NoError(t, r.RemoveSnapshot("s"))
+		}, map[string]int64{}, make([]byte, 16), "", nil},
+		{"a write after the trim stays", func(t *testing.T, r *Replica) {
+			fillBlocks(t, r, 0, 16, 1)
+			require.NoError(t, r.Snapshot("s", SnapshotOptions{}))
+			require.NoError(t, r.Unmap(0, 16*bs))
+			fillBlocks(t, r, 3, 1, 7)
+			require.NoError(t, r.RemoveSnapshot("s"))
+		}, map[string]int64{}, []byte{0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, "", nil},
+		{"part trimmed: the rest stays in the snapshot", func(t *testing.T, r *Replica) {
+			fillBlocks(t, r, 0, 16, 1)
+			require.NoError(t, r.Snapshot("s", SnapshotOptions{}))
+			require.NoError(t, r.Unmap(4*bs, 8*bs))
+			require.NoError(t, r.RemoveSnapshot("s"))
+		}, map[string]int64{"s": 8}, []byte{1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1}, "", nil},
+		{"a kept snapshot below keeps its blocks", func(t *testing.T, r *Replica) {
+			fillBlocks(t, r, 0, 8, 1)
+			require.NoError(t, r.Snapshot("old", SnapshotOptions{UserCreated: true}))
+			fillBlocks(t, r, 0, 2, 2) // over old's blocks
+			fillBlocks(t, r, 8, 8, 3) // s's own
+			require.NoError(t, r.Snapshot("s", SnapshotOptions{}))
+			require.NoError(t, r.Unmap(0, 16*bs))
+			require.NoError(t, r.RemoveSnapshot("s"))
+		}, map[string]int64{"old": 8, "s": 2},
+			[]byte{2, 2, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0},
+			"old", []byte{1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
+		{"a snapshot after the trim keeps it unapplied", func(t *testing.T, r *Replica) {
+			fillBlocks(t, r, 0, 16, 1)
+			require.NoError(t, r.Snapshot("s", SnapshotOptions{}))
+			require.NoError(t, r.Unmap(0, 16*bs))
+			require.NoError(t, r.Snapshot("t", SnapshotOptions{UserCreated: true}))
+			require.NoError(t, r.RemoveSnapshot("s"))
+		}, map[string]int64{"t": 16}, bytes.Repeat([]byte{1}, 16), "t", bytes.Repeat([]byte{1}, 16)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r, dir := newReplica(t, 16)
+			tc.build(t, r)
+			require.NoError(t, r.Purge(context.Background(), nil))
+			got := layers(t, r)
+			delete(got, HeadName)
+			require.Len(t, got, len(tc.chain), "chain %v", got)
+			var want int64
+			for name, blocks := range tc.chain {
+				require.Contains(t, got, name)
+				assert.Equal(t, blocks*bs, got[name].Size, "allocated by %s", name)
+				want += blocks * bs
+			}
+			assert.Equal(t, tc.vals, blockVals(t, r))
+			head := layers(t, r)[HeadName].Size
+			assert.LessOrEqual(t, dirAllocated(t, dir)-head, want+64<<10, "the snapshots' files and metadata")
+
+			require.NoError(t, r.Close()) // what the purge did is on disk
+			r2, err := Open(dir)
+			require.NoError(t, err)
+			defer r2.Close()
+			assert.Equal(t, tc.vals, blockVals(t, r2), "after a reopen")
+			if tc.kept != "" {
+				require.NoError(t, r2.Revert(tc.kept))
+				assert.Equal(t, tc.keptVals, blockVals(t, r2), "content of %s", tc.kept)
+			}
+		})
+	}
+}
+
+// TestUnmapAfterPruneFreesHeadBlocks: once a prune left nothing below a
+// head block, a trim frees it.
+func TestUnmapAfterPruneFreesHeadBlocks(t *testing.T) {
+	r, _ := newReplica(t, 16)
+	fillBlocks(t, r, 0, 16, 1)
+	require.NoError(t, r.Snapshot("s", SnapshotOptions{}))
+	fillBlocks(t, r, 0, 8, 2)
+	require.NoError(t, r.RemoveSnapshot("s"))
+	require.NoError(t, r.Purge(context.Background(), nil))
+	require.NoError(t, r.Unmap(0, 8*bs))
+	assert.Zero(t, layers(t, r)[HeadName].Size, "the head's blocks over nothing are freed")
+	assert.Equal(t, []byte{0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1}, blockVals(t, r))
+}
+
+func TestUnionExtents(t *testing.T) {
+	e := func(off, n int64) Extent { return Extent{Offset: off, Length: n} }
+	tests := []struct {
+		a, b, want []Extent
+	}{
+		{nil, nil, []Extent{}},
+		{[]Extent{e(0, 4)}, nil, []Extent{e(0, 4)}},
+		{[]Extent{e(0, 4), e(10, 2)}, []Extent{e(2, 4), e(12, 1)}, []Extent{e(0, 6), e(10, 3)}},
+		{[]Extent{e(5, 1)}, []Extent{e(0, 1), e(9, 1)}, []Extent{e(0, 1), e(5, 1), e(9, 1)}},
+	}
+	for _, tc := range tests {
+		assert.Equal(t, tc.want, unionExtents(tc.a, tc.b))
+	}
+	assert.Equal(t, []Extent{e(2, 2), e(9, 2)}, intersectExtents([]Extent{e(0, 4), e(9, 3)}, []Extent{e(2, 9)}))
+}
