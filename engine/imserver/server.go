@@ -139,6 +139,8 @@ type instance struct {
 	chainGen uint64
 	// reportedVersion is the engine's DataVersion the cached sizes reflect.
 	reportedVersion uint64
+	// chainStale: a purge ended after the cached chain was read.
+	chainStale bool
 	// purging is set by SnapshotPurge and cleared once no replica reports
 	// a purge running; meanwhile the size reporter follows it.
 	purging bool

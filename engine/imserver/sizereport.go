@@ -87,7 +87,7 @@ func (s *Server) reportEngine(inst *instance) {
 	if eng != nil {
 		version = eng.DataVersion()
 	}
-	idle := eng == nil || (version == inst.reportedVersion && !purging)
+	idle := eng == nil || (version == inst.reportedVersion && !purging && !inst.chainStale)
 	inst.mu.Unlock()
 	if idle {
 		return
@@ -96,23 +96,26 @@ func (s *Server) reportEngine(inst *instance) {
 	s.sizeReads.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), sizeReadTimeout)
 	defer cancel()
-	chain, err := eng.Chain(ctx)
+	// The purge status first: a purge seen finished here has finished
+	// before the chain is read, so the last chain published shows its end
+	// (a snapshot it dropped is gone), not a moment before.
 	var purge map[string]*impb.PurgeStatus
 	if purging {
 		purge = purgeStatusProto(eng.PurgeStatus(ctx))
 	}
+	chain, err := eng.Chain(ctx)
 
 	inst.mu.Lock()
 	defer inst.mu.Unlock()
 	if inst.eng != eng {
 		return // stopped or recreated meanwhile
 	}
+	if purging && inst.purging {
+		s.setPurgeLocked(inst, purge)
+	}
 	// An operation that refreshed the chain meanwhile has a newer one.
 	if inst.chainGen == gen {
 		s.setChainLocked(inst, chain, err, version)
-	}
-	if purging && inst.purging {
-		s.setPurgeLocked(inst, purge)
 	}
 	s.publishLocked(inst)
 }
@@ -125,8 +128,10 @@ func (s *Server) setPurgeLocked(inst *instance, st map[string]*impb.PurgeStatus)
 	for _, p := range st {
 		running = running || p.IsPurging
 	}
-	if !running {
-		inst.purging = false
+	if !running && inst.purging {
+		// The chain may have changed up to the purge's end, after the
+		// last read: the next round reads it once more.
+		inst.purging, inst.chainStale = false, true
 	}
 }
 

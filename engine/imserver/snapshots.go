@@ -66,7 +66,7 @@ func (s *Server) setChainLocked(inst *instance, chain replicactl.ChainReply, err
 		inst.err = fmt.Sprintf("reading the snapshot chain: %v", err)
 		return
 	}
-	inst.reportedVersion = version
+	inst.reportedVersion, inst.chainStale = version, false
 	snaps := make(map[string]*impb.Snapshot, len(chain.Layers))
 	for name, l := range chain.Layers {
 		children := append([]string(nil), l.Children...)
