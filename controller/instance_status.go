@@ -87,7 +87,7 @@ func snapshotInfos(in map[string]*engineapi.Snapshot) map[string]*v1beta1.Snapsh
 			labels = s.Labels
 		}
 		out[name] = &v1beta1.SnapshotInfo{Name: name, Parent: s.Parent, Children: children, Removed: s.Removed,
-			UserCreated: s.UserCreated, Created: s.Created, Size: s.Size, Labels: labels}
+			UserCreated: s.UserCreated, Created: s.Created, Size: s.Size, Labels: labels, Exclusive: s.Exclusive}
 	}
 	return out
 }

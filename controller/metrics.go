@@ -19,6 +19,9 @@ var (
 		"The volume's size (spec.size).", []string{"volume"}, nil)
 	descVolumeActual = prometheus.NewDesc("strata_volume_actual_size_bytes",
 		"The space the volume's data takes on one replica.", []string{"volume"}, nil)
+	descVolumeSpace = prometheus.NewDesc("strata_volume_space_bytes",
+		"The volume's actual size on one replica by layer kind: the live head, snapshots, "+
+			"and removed snapshots still in the chain.", []string{"volume", "kind"}, nil)
 	descVolumeSnapshots = prometheus.NewDesc("strata_volume_snapshots",
 		"The volume's snapshots (Snapshot CRs).", []string{"volume"}, nil)
 	descVolumeSnapshotBytes = prometheus.NewDesc("strata_volume_snapshot_bytes",
@@ -58,7 +61,7 @@ func NewMetricsCollector(ds *datastore.DataStore, me string) *MetricsCollector {
 }
 
 func (m *MetricsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descVolumeSize, descVolumeActual, descVolumeSnapshots, descVolumeSnapshotBytes,
+	for _, d := range []*prometheus.Desc{descVolumeSize, descVolumeActual, descVolumeSpace, descVolumeSnapshots, descVolumeSnapshotBytes,
 		descVolumeRobustness, descVolumeRebuild, descVolumeClone, descVolumeRestore, descQuotaUsage, descQuotaLimit,
 		descImageCopies, descBackups, descBackupBytes} {
 		ch <- d
@@ -90,6 +93,9 @@ func (m *MetricsCollector) collectVolumes(ch chan<- prometheus.Metric, mine func
 		}
 		gauge(ch, descVolumeSize, float64(v.Spec.Size.Value()), v.Name)
 		gauge(ch, descVolumeActual, float64(v.Status.ActualSize), v.Name)
+		gauge(ch, descVolumeSpace, float64(v.Status.HeadSize), v.Name, "head")
+		gauge(ch, descVolumeSpace, float64(v.Status.SnapshotsSize), v.Name, "snapshots")
+		gauge(ch, descVolumeSpace, float64(v.Status.RemovedSnapshotsSize), v.Name, "removed")
 		snaps, _ := m.ds.Snapshots.ListByIndexRO(datastore.IndexByVolume, v.Name)
 		var bytes int64
 		for _, s := range snaps {

@@ -21,6 +21,7 @@ func TestMetricsCollector(t *testing.T) {
 	mine := vcVolume(func(v *v1beta1.Volume) {
 		v.Status.Robustness = v1beta1.VolumeRobustnessDegraded
 		v.Status.ActualSize = 3 << 20
+		v.Status.HeadSize, v.Status.SnapshotsSize, v.Status.RemovedSnapshotsSize = 1<<20, 2<<20-4096, 4096
 		v.Status.CloneStatus = &v1beta1.VolumeCloneStatus{Progress: 40}
 	})
 	theirs := vcVolume(func(v *v1beta1.Volume) { v.Name, v.Status.OwnerID = "v2", "node-2" })
@@ -47,12 +48,17 @@ strata_volume_robustness{robustness="degraded",volume="v1"} 1
 strata_volume_robustness{robustness="faulted",volume="v1"} 0
 strata_volume_robustness{robustness="healthy",volume="v1"} 0
 strata_volume_robustness{robustness="unknown",volume="v1"} 0
+# HELP strata_volume_space_bytes The volume's actual size on one replica by layer kind: the live head, snapshots, and removed snapshots still in the chain.
+# TYPE strata_volume_space_bytes gauge
+strata_volume_space_bytes{kind="head",volume="v1"} 1.048576e+06
+strata_volume_space_bytes{kind="removed",volume="v1"} 4096
+strata_volume_space_bytes{kind="snapshots",volume="v1"} 2.093056e+06
 # HELP strata_volume_clone_progress_percent How much of the clone's source is copied; absent for a volume not cloned.
 # TYPE strata_volume_clone_progress_percent gauge
 strata_volume_clone_progress_percent{volume="v1"} 40
 `
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want), "strata_volume_snapshot_bytes",
-		"strata_volume_snapshots", "strata_volume_robustness", "strata_volume_clone_progress_percent"))
+		"strata_volume_snapshots", "strata_volume_robustness", "strata_volume_space_bytes", "strata_volume_clone_progress_percent"))
 	// The quota has no owner: exactly one of the two managers reports it.
 	other := NewMetricsCollector(env.DS, "node-2")
 	require.Equal(t, 1, testutil.CollectAndCount(c, "strata_quota_snapshot_limit_bytes")+

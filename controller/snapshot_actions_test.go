@@ -274,9 +274,9 @@ func TestSnapshotControllerActionsAgainstRealInstanceManager(t *testing.T) {
 			wantEvents: []string{"Normal SnapshotRemoved"},
 		},
 		{
-			name:     "deleted under the head: removed and purged (pruned), it stays marked removed",
+			name:     "deleted under the head, holding nothing the volume reads: removed, then dropped by the purge",
 			existing: []string{"s1"}, remove: "s1",
-			wantChain:  map[string]bool{"s1": true},
+			wantChain:  map[string]bool{},
 			wantEvents: []string{"Normal SnapshotRemoved"},
 		},
 		{

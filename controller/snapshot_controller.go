@@ -127,6 +127,7 @@ func mirrorSnapshot(s *v1beta1.Snapshot, view snapshotView) {
 	s.Status.UserCreated = info.UserCreated
 	s.Status.CreationTime = info.Created
 	s.Status.Size = info.Size
+	s.Status.ExclusiveSize = info.Exclusive
 	s.Status.Labels = info.Labels
 	s.Status.RestoreSize = view.vol.Status.CurrentSize
 	if view.eng.Status.CurrentSize > 0 {

@@ -96,7 +96,9 @@ func limitedChain(n int) map[string]*v1beta1.SnapshotInfo {
 // withActualSizeOf gives the volume the actualSize the engine's chain makes,
 // as reported before.
 func withActualSizeOf(v *v1beta1.Volume, e *v1beta1.Engine) *v1beta1.Volume {
-	v.Status.ActualSize, _ = e.Status.ActualSize()
+	sp, _ := e.Status.Space()
+	v.Status.ActualSize = sp.Head + sp.Snapshots + sp.Removed
+	v.Status.HeadSize, v.Status.SnapshotsSize, v.Status.RemovedSnapshotsSize = sp.Head, sp.Snapshots, sp.Removed
 	return v
 }
 

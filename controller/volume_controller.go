@@ -154,8 +154,9 @@ func (s *volumeSync) reconcile() error {
 // interval), so this writes nothing in a quiet minute.
 func (s *volumeSync) updateActualSize() {
 	if e := s.primaryEngine(); e != nil {
-		if size, ok := e.Status.ActualSize(); ok {
-			s.v.Status.ActualSize = size
+		if sp, ok := e.Status.Space(); ok {
+			s.v.Status.ActualSize = sp.Head + sp.Snapshots + sp.Removed
+			s.v.Status.HeadSize, s.v.Status.SnapshotsSize, s.v.Status.RemovedSnapshotsSize = sp.Head, sp.Snapshots, sp.Removed
 		}
 	}
 }

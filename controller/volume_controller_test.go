@@ -195,12 +195,14 @@ func TestVolumeControllerSync(t *testing.T) {
 				v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v1", metav1.GetOptions{})
 				require.NoError(t, err)
 				assert.EqualValues(t, 72<<20, v.Status.ActualSize)
+				assert.EqualValues(t, 72<<20, v.Status.HeadSize)
+				assert.Zero(t, v.Status.SnapshotsSize+v.Status.RemovedSnapshotsSize)
 			},
 		},
 		{
 			name: "actualSize already reported: nothing to write",
 			me:   "node-2",
-			objects: append([]runtime.Object{vcVolume(attachedOn("node-2"), func(v *v1beta1.Volume) { v.Status.ActualSize = 72 << 20 }),
+			objects: append([]runtime.Object{vcVolume(attachedOn("node-2"), func(v *v1beta1.Volume) { v.Status.ActualSize, v.Status.HeadSize = 72<<20, 72<<20 }),
 				vcEngine(engineRunningOn("node-2", allRW()), headHolding(72<<20))}, threeReplicas(replicaRunning)...),
 			wantWrites: nil,
 		},

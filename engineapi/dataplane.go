@@ -233,6 +233,8 @@ type Snapshot struct {
 	Created     string
 	Size        int64
 	Labels      map[string]string
+	// Exclusive is what deleting the snapshot would free now, in bytes.
+	Exclusive int64
 }
 
 // PurgeStatus is one replica's purge.

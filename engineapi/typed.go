@@ -211,7 +211,8 @@ func snapshotFromWire(s *impb.Snapshot) *Snapshot {
 		children = append(children, s.GetChildren()...)
 	}
 	return &Snapshot{Name: s.GetName(), Parent: s.GetParent(), Children: children, Removed: s.GetRemoved(),
-		UserCreated: s.GetUserCreated(), Created: s.GetCreated(), Size: s.GetSize(), Labels: labels}
+		UserCreated: s.GetUserCreated(), Created: s.GetCreated(), Size: s.GetSize(), Labels: labels,
+		Exclusive: s.GetExclusive()}
 }
 
 func purgeStatusFromWire(p *impb.PurgeStatus) *PurgeStatus {

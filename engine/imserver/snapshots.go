@@ -72,7 +72,7 @@ func (s *Server) setChainLocked(inst *instance, chain replicactl.ChainReply, err
 		children := append([]string(nil), l.Children...)
 		sort.Strings(children)
 		snaps[name] = &impb.Snapshot{Name: name, Parent: l.Parent, Children: children, Removed: l.Removed,
-			UserCreated: l.UserCreated, Created: l.Created, Size: l.Size, Labels: l.Labels}
+			UserCreated: l.UserCreated, Created: l.Created, Size: l.Size, Labels: l.Labels, Exclusive: l.Exclusive}
 	}
 	inst.snapshots = snaps
 }

@@ -2,6 +2,7 @@ package replica
 
 import (
 	"fmt"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -199,4 +200,108 @@ func isEmpty(l *layer, size int64) (bool, error) {
 		return false, fmt.Errorf("SEEK_DATA in %s: %w", l.file, err)
 	}
 	return off >= size, nil
+}
+
+// extentCache keeps a snapshot layer's data extents between Chain calls:
+// SEEK_DATA over every layer on every size report would be a scan of the
+// whole chain each time. An entry is valid while the file's allocated
+// blocks and change time are what they were when it was read; a punch or
+// a copy into the layer changes both.
+type extentCache struct {
+	mu      sync.Mutex
+	byLayer map[*layer]cachedExtents
+}
+
+type cachedExtents struct {
+	ino    uint64
+	blocks int64
+	ctime  unix.Timespec
+	exts   []Extent
+}
+
+func (c *extentCache) extents(l *layer, size int64) ([]Extent, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(l.f.Fd()), &st); err != nil {
+		return nil, fmt.Errorf("stat %s: %w", l.file, err)
+	}
+	c.mu.Lock()
+	e, ok := c.byLayer[l]
+	c.mu.Unlock()
+	if ok && e.ino == st.Ino && e.blocks == st.Blocks && e.ctime == st.Ctim {
+		return e.exts, nil
+	}
+	exts, err := dataExtents(l.f, size)
+	if err != nil {
+		return nil, fmt.Errorf("scan %s: %w", l.file, err)
+	}
+	c.mu.Lock()
+	if c.byLayer == nil {
+		c.byLayer = map[*layer]cachedExtents{}
+	}
+	c.byLayer[l] = cachedExtents{ino: st.Ino, blocks: st.Blocks, ctime: st.Ctim, exts: exts}
+	c.mu.Unlock()
+	return exts, nil
+}
+
+// forget drops the entries of layers no longer in the chain.
+func (c *extentCache) forget(keep func(*layer) bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for l := range c.byLayer {
+		if !keep(l) {
+			delete(c.byLayer, l)
+		}
+	}
+}
+
+// exclusiveBytes is what deleting snapshot s would free now, by the
+// purge's rules: a leaf, its whole layer; one snapshot child, the blocks
+// both hold (the child's win in the merge); the head as only child, the
+// blocks the head holds or discarded that nothing below s holds (the
+// prune); several children, nothing. The caller holds the I/O lock
+// (shared is enough: head blocks written meanwhile only add to it).
+func (r *Replica) exclusiveBytes(s *layer) (int64, error) {
+	snaps, head := r.children(s.meta.Name)
+	switch {
+	case len(snaps) == 0 && !head:
+		return allocated(s)
+	case len(snaps)+btoi(head) > 1:
+		return 0, nil
+	}
+	exts, err := r.exts.extents(s, r.size)
+	if err != nil {
+		return 0, err
+	}
+	if len(snaps) == 1 {
+		cExts, err := r.exts.extents(snaps[0], r.size)
+		if err != nil {
+			return 0, err
+		}
+		return extentBytes(intersectExtents(exts, cExts)), nil
+	}
+	nblocks := r.size / bs
+	gone := bitmapExtents(r.discarded, nblocks)
+	if len(gone) > 0 {
+		var below []Extent
+		chain, err := r.chainBelow(s.meta.Parent)
+		if err != nil {
+			return 0, err
+		}
+		for _, l := range chain {
+			lExts, err := r.exts.extents(l, r.size)
+			if err != nil {
+				return 0, err
+			}
+			below = unionExtents(below, lExts)
+		}
+		gone = subtractExtents(gone, below)
+	}
+	return extentBytes(intersectExtents(exts, unionExtents(bitmapExtents(r.headBits, nblocks), gone))), nil
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -153,3 +153,71 @@ func TestUnionExtents(t *testing.T) {
 	}
 	assert.Equal(t, []Extent{e(2, 2), e(9, 2)}, intersectExtents([]Extent{e(0, 4), e(9, 3)}, []Extent{e(2, 9)}))
 }
+
+// TestChainExclusive: each snapshot's Exclusive is what a purge frees once
+// it is deleted; the table deletes and purges to check that.
+func TestChainExclusive(t *testing.T) {
+	tests := []struct {
+		name   string
+		build  func(t *testing.T, r *Replica)
+		target string
+		want   int64 // blocks
+	}{
+		{"newest, the head overwrote part", func(t *testing.T, r *Replica) {
+			fillBlocks(t, r, 0, 8, 1)
+			require.NoError(t, r.Snapshot("s", SnapshotOptions{}))
+			fillBlocks(t, r, 0, 3, 2)
+		}, "s", 3},
+		{"newest, the head trimmed part, nothing below", func(t *testing.T, r *Replica) {
+			fillBlocks(t, r, 0, 8, 1)
+			require.NoError(t, r.Snapshot("s", SnapshotOptions{}))
+			require.NoError(t, r.Unmap(2*bs, 4*bs))
+		}, "s", 4},
+		{"newest, trimmed over a kept snapshot's blocks", func(t *testing.T, r *Replica) {
+			fillBlocks(t, r, 0, 4, 1)
+			require.NoError(t, r.Snapshot("old", SnapshotOptions{}))
+			fillBlocks(t, r, 0, 8, 2)
+			require.NoError(t, r.Snapshot("s", SnapshotOptions{}))
+			require.NoError(t, r.Unmap(0, 8*bs))
+		}, "s", 4},
+		{"older, merged into its child", func(t *testing.T, r *Replica) {
+			fillBlocks(t, r, 0, 8, 1)
+			require.NoError(t, r.Snapshot("s", SnapshotOptions{}))
+			fillBlocks(t, r, 4, 2, 2)
+			require.NoError(t, r.Snapshot("c", SnapshotOptions{}))
+		}, "s", 2},
+		{"a leaf left by a revert", func(t *testing.T, r *Replica) {
+			fillBlocks(t, r, 0, 2, 1)
+			require.NoError(t, r.Snapshot("a", SnapshotOptions{}))
+			fillBlocks(t, r, 2, 5, 2)
+			require.NoError(t, r.Snapshot("s", SnapshotOptions{}))
+			require.NoError(t, r.Revert("a"))
+		}, "s", 5},
+		{"several children", func(t *testing.T, r *Replica) {
+			fillBlocks(t, r, 0, 2, 1)
+			require.NoError(t, r.Snapshot("s", SnapshotOptions{}))
+			fillBlocks(t, r, 0, 2, 2)
+			require.NoError(t, r.Snapshot("b", SnapshotOptions{}))
+			require.NoError(t, r.Revert("s"))
+			fillBlocks(t, r, 0, 1, 3)
+		}, "s", 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r, _ := newReplica(t, 16)
+			tc.build(t, r)
+			l := layers(t, r)
+			require.Equal(t, tc.want*bs, l[tc.target].Exclusive)
+			total := func() (n int64) {
+				for _, li := range layers(t, r) {
+					n += li.Size
+				}
+				return n
+			}
+			before := total()
+			require.NoError(t, r.RemoveSnapshot(tc.target))
+			require.NoError(t, r.Purge(context.Background(), nil))
+			assert.Equal(t, tc.want*bs, before-total(), "what the purge freed")
+		})
+	}
+}

@@ -124,6 +124,7 @@ type Replica struct {
 	// layer held them, not written since. Memory only: a hint that lets a
 	// purge free them from a removed snapshot under the head (discard.go).
 	discarded *bitmap
+	exts      extentCache // snapshot layers' data extents, for Chain
 
 	maxCount int
 	maxSize  int64

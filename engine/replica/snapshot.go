@@ -39,6 +39,9 @@ type LayerInfo struct {
 	Size        int64 // allocated bytes (st_blocks * 512)
 	Labels      map[string]string
 	ID          string // snapshots: the content's ID, "" if unknown (see layerid.go)
+	// Exclusive: snapshots, the allocated bytes deleting the snapshot
+	// would free now (for a removed one, what the next purge frees).
+	Exclusive int64
 }
 
 // Info describes the whole replica.
@@ -117,6 +120,9 @@ func (r *Replica) Chain() (Info, error) {
 			Created: l.meta.createdTime(), Size: size, Labels: maps.Clone(l.meta.Labels), ID: l.meta.ID,
 		}
 		if l.kind == kindSnapshot {
+			if li.Exclusive, err = r.exclusiveBytes(l); err != nil {
+				return LayerInfo{}, err
+			}
 			snaps, head := r.children(l.meta.Name)
 			for _, c := range snaps {
 				li.Children = append(li.Children, c.meta.Name)
@@ -134,6 +140,7 @@ func (r *Replica) Chain() (Info, error) {
 		}
 		info.Layers = append(info.Layers, li)
 	}
+	r.exts.forget(func(l *layer) bool { return l == r.backing || r.snaps[l.meta.Name] == l })
 	return info, nil
 }
 

@@ -165,6 +165,8 @@ type Layer struct {
 	// ID names a snapshot's content: the same on every replica holding the
 	// same blocks under that name; "" when unknown (never matches).
 	ID string `json:"id,omitempty"`
+	// Exclusive: a snapshot's allocated bytes its deletion would free now.
+	Exclusive int64 `json:"exclusive,omitempty"`
 }
 
 // ChainReply is a replica's chain, keyed by layer name; the head is

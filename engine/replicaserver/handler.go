@@ -215,7 +215,8 @@ func (h *Handler) chain() (json.RawMessage, error) {
 			created = l.Created.UTC().Format("2006-01-02T15:04:05Z07:00")
 		}
 		reply.Layers[l.Name] = replicactl.Layer{Name: l.Name, Parent: l.Parent, Children: l.Children,
-			Removed: l.Removed, UserCreated: l.UserCreated, Created: created, Size: l.Size, Labels: l.Labels, ID: l.ID}
+			Removed: l.Removed, UserCreated: l.UserCreated, Created: created, Size: l.Size, Labels: l.Labels, ID: l.ID,
+			Exclusive: l.Exclusive}
 	}
 	return json.Marshal(reply)
 }

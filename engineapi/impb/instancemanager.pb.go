@@ -1518,15 +1518,17 @@ func (x *WatchEvent) GetInstance() *Instance {
 }
 
 type Snapshot struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Parent        string                 `protobuf:"bytes,2,opt,name=parent,proto3" json:"parent,omitempty"`
-	Children      []string               `protobuf:"bytes,3,rep,name=children,proto3" json:"children,omitempty"`
-	Removed       bool                   `protobuf:"varint,4,opt,name=removed,proto3" json:"removed,omitempty"`
-	UserCreated   bool                   `protobuf:"varint,5,opt,name=user_created,json=userCreated,proto3" json:"user_created,omitempty"`
-	Created       string                 `protobuf:"bytes,6,opt,name=created,proto3" json:"created,omitempty"`
-	Size          int64                  `protobuf:"varint,7,opt,name=size,proto3" json:"size,omitempty"`
-	Labels        map[string]string      `protobuf:"bytes,8,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Name        string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Parent      string                 `protobuf:"bytes,2,opt,name=parent,proto3" json:"parent,omitempty"`
+	Children    []string               `protobuf:"bytes,3,rep,name=children,proto3" json:"children,omitempty"`
+	Removed     bool                   `protobuf:"varint,4,opt,name=removed,proto3" json:"removed,omitempty"`
+	UserCreated bool                   `protobuf:"varint,5,opt,name=user_created,json=userCreated,proto3" json:"user_created,omitempty"`
+	Created     string                 `protobuf:"bytes,6,opt,name=created,proto3" json:"created,omitempty"`
+	Size        int64                  `protobuf:"varint,7,opt,name=size,proto3" json:"size,omitempty"`
+	Labels      map[string]string      `protobuf:"bytes,8,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// exclusive: the allocated bytes deleting the snapshot would free now.
+	Exclusive     int64 `protobuf:"varint,9,opt,name=exclusive,proto3" json:"exclusive,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1615,6 +1617,13 @@ func (x *Snapshot) GetLabels() map[string]string {
 		return x.Labels
 	}
 	return nil
+}
+
+func (x *Snapshot) GetExclusive() int64 {
+	if x != nil {
+		return x.Exclusive
+	}
+	return 0
 }
 
 type SnapshotCreateRequest struct {
@@ -2814,7 +2823,7 @@ const file_instancemanager_proto_rawDesc = "" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fKIND_UPDATED\x10\x01\x12\x10\n" +
 	"\fKIND_DELETED\x10\x02\x12\x0f\n" +
-	"\vKIND_SYNCED\x10\x03\"\xc1\x02\n" +
+	"\vKIND_SYNCED\x10\x03\"\xdf\x02\n" +
 	"\bSnapshot\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\tR\x06parent\x12\x1a\n" +
@@ -2823,7 +2832,8 @@ const file_instancemanager_proto_rawDesc = "" +
 	"\fuser_created\x18\x05 \x01(\bR\vuserCreated\x12\x18\n" +
 	"\acreated\x18\x06 \x01(\tR\acreated\x12\x12\n" +
 	"\x04size\x18\a \x01(\x03R\x04size\x12G\n" +
-	"\x06labels\x18\b \x03(\v2/.strata.instancemanager.v1.Snapshot.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\b \x03(\v2/.strata.instancemanager.v1.Snapshot.LabelsEntryR\x06labels\x12\x1c\n" +
+	"\texclusive\x18\t \x01(\x03R\texclusive\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf7\x01\n" +

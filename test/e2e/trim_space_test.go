@@ -53,6 +53,7 @@ func TestTrimFreesADeletedSnapshotsSpace(t *testing.T) {
 	got := waitReplicaBytes(t, volume, "within 1 MiB of empty", func(r string, n int64) bool { return n <= empty[r]+1<<20 })
 	t.Logf("after the snapshot's delete: %v (empty: %v)", mibOf(got), mibOf(empty))
 	waitRemovedHoldAtMost(t, volume, 1<<20)
+	waitSpaceMatchesDisk(t, volume)
 
 	// Two snapshots, the older kept: what only the newer one held goes.
 	sh("dd if=/dev/urandom of=/data/old bs=1M count=16 2>/dev/null && sync")
@@ -73,6 +74,16 @@ spec: {volumeSnapshotClassName: strata, source: {persistentVolumeClaimName: trim
 	createSnapshot(t, volume, "trim-newer")
 	waitSnapshotsReady(t, volume, 2, time.Minute)
 	sh("rm /data/old /data/new && sync && fstrim /data")
+	// What deleting it would free: the newer file, which the older
+	// snapshot does not hold, and the few blocks of the filesystem's own
+	// the volume rewrote since.
+	var exclusive int64
+	require.Eventually(t, func() bool {
+		s, err := env.adminStrata.StrataV1beta1().Snapshots(ns).Get(context.Background(), "trim-newer", metav1.GetOptions{})
+		exclusive = s.Status.ExclusiveSize
+		return err == nil && exclusive >= 32<<20 && exclusive <= 33<<20
+	}, 30*time.Second, 200*time.Millisecond, "trim-newer's exclusiveSize: the newer file's 32 MiB")
+	t.Logf("trim-newer: exclusiveSize %.2f MiB", float64(exclusive)/(1<<20))
 	deleteSnapshotCR(t, "trim-newer")
 	// On the node plugin's path (a loop device on the instance manager's
 	// file) a trim arrives as a punched hole, which must read as zeros: over
@@ -87,6 +98,7 @@ spec: {volumeSnapshotClassName: strata, source: {persistentVolumeClaimName: trim
 	}
 	t.Logf("with the older snapshot kept: %v (before the newer file: %v)", mibOf(got), mibOf(withOld))
 	waitRemovedHoldAtMost(t, volume, 1<<20)
+	waitSpaceMatchesDisk(t, volume)
 
 	restored := createPVCFrom(t, "trim-restored", "128Mi", "snapshot.storage.k8s.io", "VolumeSnapshot", "trim-kept")
 	waitCloned(t, boundVolume(t, restored))
@@ -172,4 +184,66 @@ func waitRemovedHoldAtMost(t *testing.T, volume string, limit int64) {
 	}
 	require.Eventually(t, ok, 30*time.Second, 200*time.Millisecond, "removed snapshots of %s hold at most %d bytes", volume, limit)
 	t.Logf("removed snapshots left in the chain: %v", mibOf(held))
+}
+
+// waitSpaceMatchesDisk checks what kubectl get vol -o wide shows (the
+// Head, Snapshots and Removed columns, from the volume's status) against
+// the layer files of every replica on disk: equal within a block per
+// layer.
+func waitSpaceMatchesDisk(t *testing.T, volume string) {
+	t.Helper()
+	var last string
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		v := getVolume(t, volume)
+		out := kubectl(t, "-n", ns, "get", "vol", volume, "-o", "wide", "--no-headers")
+		want := fmt.Sprintf(" %d %d %d ", v.Status.HeadSize, v.Status.SnapshotsSize, v.Status.RemovedSnapshotsSize)
+		require.Contains(t, strings.Join(strings.Fields(out), " ")+" ", want, "kubectl get vol -o wide shows the status")
+		var bad []string
+		for _, r := range replicasOf(t, volume) {
+			head, snaps, layers := layerFileBytes(t, filepath.Join(env.managers[r.Spec.NodeID].DiskDir, "replicas", r.Spec.DataDirectoryName))
+			slack := int64(4096 * layers)
+			if abs(head-v.Status.HeadSize) > 4096 || abs(snaps-v.Status.SnapshotsSize-v.Status.RemovedSnapshotsSize) > slack {
+				bad = append(bad, fmt.Sprintf("%s: head %d, snapshots %d on disk", r.Name, head, snaps))
+			}
+		}
+		last = fmt.Sprintf("status head %d, snapshots %d, removed %d; %v", v.Status.HeadSize, v.Status.SnapshotsSize,
+			v.Status.RemovedSnapshotsSize, bad)
+		if len(bad) == 0 {
+			t.Logf("kubectl get vol -o wide: %s", strings.Join(strings.Fields(out), " "))
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the volume's space does not match its replicas' disks: %s", last)
+		}
+	}
+}
+
+// layerFileBytes is the allocated bytes of a replica's head and snapshot
+// layer files, and how many layers it has.
+func layerFileBytes(t *testing.T, dir string) (head, snaps int64, layers int) {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasSuffix(name, ".img") {
+			continue
+		}
+		var st syscall.Stat_t
+		require.NoError(t, syscall.Stat(filepath.Join(dir, name), &st))
+		layers++
+		if strings.HasPrefix(name, "volume-head-") {
+			head += st.Blocks * 512
+		} else {
+			snaps += st.Blocks * 512
+		}
+	}
+	return head, snaps, layers
+}
+
+func abs(n int64) int64 {
+	if n < 0 {
+		return -n
+	}
+	return n
 }

@@ -38,6 +38,9 @@ type SnapshotInfo struct {
 	Size int64 `json:"size,omitempty"`
 	// +nullable
 	Labels map[string]string `json:"labels,omitempty"`
+	// Exclusive is the allocated bytes deleting the snapshot would free
+	// now, given the chain (for a removed one, what the next purge frees).
+	Exclusive int64 `json:"exclusive,omitempty"`
 }
 
 // PurgeStatus is the progress of a snapshot purge on one replica.
@@ -155,12 +158,31 @@ func (st *EngineStatus) SnapshotUsage() (userCount int, size int64) {
 // and removed snapshots included; ok is false while the engine has never
 // reported its chain.
 func (st *EngineStatus) ActualSize() (size int64, ok bool) {
-	for _, s := range st.Snapshots {
-		if s != nil {
-			size += s.Size
+	sp, ok := st.Space()
+	return sp.Head + sp.Snapshots + sp.Removed, ok
+}
+
+// ChainSpace splits a chain's allocated bytes: the head, snapshots, and
+// removed snapshots.
+type ChainSpace struct {
+	Head, Snapshots, Removed int64
+}
+
+// Space is the chain's allocated bytes by kind; ok is false while the
+// engine has never reported its chain.
+func (st *EngineStatus) Space() (sp ChainSpace, ok bool) {
+	for name, s := range st.Snapshots {
+		switch {
+		case s == nil:
+		case name == types.VolumeHeadName:
+			sp.Head += s.Size
+		case s.Removed:
+			sp.Removed += s.Size
+		default:
+			sp.Snapshots += s.Size
 		}
 	}
-	return size, len(st.Snapshots) > 0
+	return sp, len(st.Snapshots) > 0
 }
 
 // Engine is the single writer of a volume: it fans writes out to the replicas

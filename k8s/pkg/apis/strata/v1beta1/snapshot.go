@@ -31,6 +31,14 @@ type SnapshotStatus struct {
 	CreationTime string `json:"creationTime"`
 	// Size is the allocated bytes of the snapshot's layer.
 	Size int64 `json:"size"`
+	// ExclusiveSize is the allocated bytes deleting this snapshot would
+	// free now, given the chain: its whole layer if nothing was taken on
+	// top of it; the blocks a newer snapshot on top of it also holds (the
+	// purge merges the two, the newer blocks win); the blocks the live
+	// volume overwrote or trimmed since, when it is the newest; nothing
+	// while it has several children. The rest of its layer is data the
+	// volume or a newer snapshot still reads.
+	ExclusiveSize int64 `json:"exclusiveSize"`
 	// Labels are the labels the engine holds for the snapshot.
 	// +nullable
 	Labels map[string]string `json:"labels"`
@@ -55,6 +63,7 @@ type SnapshotStatus struct {
 // +kubebuilder:printcolumn:name="Volume",type=string,JSONPath=`.spec.volume`
 // +kubebuilder:printcolumn:name="Ready",type=boolean,JSONPath=`.status.readyToUse`
 // +kubebuilder:printcolumn:name="Size",type=integer,JSONPath=`.status.size`
+// +kubebuilder:printcolumn:name="Exclusive",type=integer,JSONPath=`.status.exclusiveSize`
 // +kubebuilder:printcolumn:name="Created",type=string,JSONPath=`.status.creationTime`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Snapshot struct {

@@ -204,6 +204,14 @@ type VolumeStatus struct {
 	// keeps its last value while the volume is detached. A backing image is
 	// not counted: one copy of it serves every volume on the disk.
 	ActualSize int64 `json:"actualSize,omitempty"`
+	// HeadSize, SnapshotsSize and RemovedSnapshotsSize split ActualSize:
+	// the live head's layer; the layers of the snapshots a user can see
+	// (kubectl get snap); and removed snapshots still in the chain, whose
+	// data the volume still reads (a purge frees the rest) or a purge
+	// has not yet freed. Each is what the layers allocate on one replica.
+	HeadSize             int64 `json:"headSize"`
+	SnapshotsSize        int64 `json:"snapshotsSize"`
+	RemovedSnapshotsSize int64 `json:"removedSnapshotsSize"`
 	// FrontendEndpoint is where the attached volume is served: an NBD URI of
 	// its node's instance manager's unix socket, for example
 	// nbd+unix:///v1?socket=/var/lib/strata/im-nbd/nbd.sock.
@@ -232,6 +240,9 @@ type VolumeStatus struct {
 // +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.spec.numberOfReplicas`
 // +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.spec.size`
 // +kubebuilder:printcolumn:name="Actual",type=integer,JSONPath=`.status.actualSize`
+// +kubebuilder:printcolumn:name="Head",type=integer,JSONPath=`.status.headSize`,priority=1
+// +kubebuilder:printcolumn:name="Snapshots",type=integer,JSONPath=`.status.snapshotsSize`,priority=1
+// +kubebuilder:printcolumn:name="Removed",type=integer,JSONPath=`.status.removedSnapshotsSize`,priority=1
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.currentNodeID`
 // +kubebuilder:printcolumn:name="Clone",type=string,JSONPath=`.status.cloneStatus.state`
 // +kubebuilder:printcolumn:name="Clone%",type=integer,JSONPath=`.status.cloneStatus.progress`
