@@ -8,6 +8,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/sirupsen/logrus"
@@ -111,7 +112,10 @@ func TestVolumeSnapshotLimitCondition(t *testing.T) {
 			v.Spec.SnapshotMaxCount = maxCount
 			if cond != nil {
 				cond.LastTransitionTime = metav1.NewTime(dstest.Now)
-				v.Status.Conditions = []metav1.Condition{*cond}
+				v.Status.Conditions = slices.DeleteFunc(v.Status.Conditions, func(c metav1.Condition) bool {
+					return c.Type == VolumeConditionSnapshotLimit
+				})
+				v.Status.Conditions = append(v.Status.Conditions, *cond)
 			}
 		})
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -26,6 +27,9 @@ const (
 	// VolumeConditionSnapshotLimit is True when the volume's next user
 	// snapshot would be refused, or nearly so (see snapshotLimitCondition).
 	VolumeConditionSnapshotLimit = "SnapshotLimit"
+	// VolumeConditionSnapshotSpaceRetained is True when removed snapshots
+	// hold data a purge would free and purge is disabled.
+	VolumeConditionSnapshotSpaceRetained = "SnapshotSpaceRetained"
 
 	EventReasonVolumeAttached    = "Attached"
 	EventReasonVolumeDetached    = "Detached"
@@ -40,6 +44,7 @@ const (
 	EventReasonReplicaUnschedule = "ReplicaUnschedulable"
 	EventReasonMigrated          = "Migrated"
 	EventReasonSnapshotLimit     = "SnapshotLimit"
+	EventReasonSpaceRetained     = "SnapshotSpaceRetained"
 
 	// unschedulableRetry is how soon a volume missing replicas tries to
 	// place them again; node and disk changes do not enqueue every volume.
@@ -145,6 +150,7 @@ func (s *volumeSync) reconcile() error {
 	}
 	s.updateRobustness()
 	s.updateSnapshotLimitCondition()
+	s.updateSpaceRetainedCondition()
 	s.updateActualSize()
 	return nil
 }
@@ -196,6 +202,11 @@ func (s *volumeSync) statusEvents(old, cur *v1beta1.Volume) {
 		}
 	}
 	s.snapshotLimitEvent(old, cur)
+	if c := findCondition(cur.Status.Conditions, VolumeConditionSnapshotSpaceRetained); c != nil && c.Status == metav1.ConditionTrue {
+		if o := findCondition(old.Status.Conditions, VolumeConditionSnapshotSpaceRetained); o == nil || o.Status != c.Status {
+			s.recorder.Event(cur, corev1.EventTypeWarning, EventReasonSpaceRetained, c.Message)
+		}
+	}
 	s.backingImageEvent(old, cur)
 	if old.Status.Robustness != cur.Status.Robustness {
 		switch cur.Status.Robustness {
@@ -428,4 +439,37 @@ func withinLimitsMessage(maxCount int32, maxSize int64) string {
 		size = fmt.Sprintf("under %s of snapshots (spec.snapshotMaxSize)", types.ApproxBytes(maxSize))
 	}
 	return count + "; " + size
+}
+
+// updateSpaceRetainedCondition says when removed snapshots keep space only
+// because snapshot purge is disabled: deleted snapshots' data a purge
+// would free, by the engine's last chain.
+func (s *volumeSync) updateSpaceRetainedCondition() {
+	var held int64
+	var names []string
+	if e := s.primaryEngine(); e != nil {
+		for name, snap := range e.Status.Snapshots {
+			if snap != nil && snap.Removed && snap.Exclusive > 0 {
+				held += snap.Exclusive
+				names = append(names, name)
+			}
+		}
+	}
+	noPurge, _ := s.ds.GetSettingBool(types.SettingDisableSnapshotPurge)
+	ok, reason, message := spaceRetainedCondition(noPurge, held, names)
+	s.setCondition(VolumeConditionSnapshotSpaceRetained, ok, reason, message)
+}
+
+// spaceRetainedCondition is pure, so table-tested.
+func spaceRetainedCondition(noPurge bool, held int64, removed []string) (bool, string, string) {
+	switch {
+	case !noPurge:
+		return false, "PurgeEnabled", "deleted snapshots' data is freed by a purge"
+	case held == 0:
+		return false, "NothingRetained", "snapshot purge is disabled; no deleted snapshot holds data a purge would free"
+	}
+	slices.Sort(removed)
+	return true, "PurgeDisabled", fmt.Sprintf("deleted snapshots %s hold %s (%d bytes) that a purge would free; "+
+		"snapshot purge is disabled (setting %s)", strings.Join(removed, ", "), types.ApproxBytes(held), held,
+		types.SettingDisableSnapshotPurge)
 }

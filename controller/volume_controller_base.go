@@ -10,6 +10,7 @@ import (
 
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
 )
 
 // VolumeController owns a volume's engine and replicas: it creates and
@@ -64,7 +65,19 @@ func NewVolumeController(logger logrus.FieldLogger, ds *datastore.DataStore, rec
 	if err := c.onInstanceManagerStateChange(c.enqueueVolumesConcerning); err != nil {
 		return nil, err
 	}
-	return c, c.requeueOnNodeReadyChange(c.enqueueEveryKey(ds.Volumes.Informer()))
+	enqueueAll := c.enqueueEveryKey(ds.Volumes.Informer())
+	// Turning snapshot purge off or on decides every volume's
+	// SnapshotSpaceRetained condition; an admin flips it rarely.
+	if _, err := ds.Settings.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: onUpdate(func(o, st *v1beta1.Setting) {
+			if st.Name == string(types.SettingDisableSnapshotPurge) && o.Value != st.Value {
+				enqueueAll()
+			}
+		}),
+	}); err != nil {
+		return nil, err
+	}
+	return c, c.requeueOnNodeReadyChange(enqueueAll)
 }
 
 // enqueueVolume enqueues a volume by name ("" is none: an object of no volume).

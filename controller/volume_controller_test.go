@@ -60,7 +60,9 @@ func attachedOn(node string) func(*v1beta1.Volume) {
 func withinSnapshotLimits(v *v1beta1.Volume) {
 	v.Status.Conditions = append(v.Status.Conditions, metav1.Condition{Type: VolumeConditionSnapshotLimit,
 		Status: metav1.ConditionFalse, Reason: SnapshotLimitReasonWithin,
-		Message: "under 250 user snapshots (spec.snapshotMaxCount); no size limit", LastTransitionTime: metav1.NewTime(dstest.Now)})
+		Message: "under 250 user snapshots (spec.snapshotMaxCount); no size limit", LastTransitionTime: metav1.NewTime(dstest.Now)},
+		metav1.Condition{Type: VolumeConditionSnapshotSpaceRetained, Status: metav1.ConditionFalse, Reason: "PurgeEnabled",
+			Message: "deleted snapshots' data is freed by a purge", LastTransitionTime: metav1.NewTime(dstest.Now)})
 }
 
 func replicaRunning(r *v1beta1.Replica) {
