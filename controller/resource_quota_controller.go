@@ -44,8 +44,10 @@ func (c *ResourceQuotaController) syncResourceQuota(ctx context.Context, key str
 // namespace's total, and a total for every VM of the namespace with Strata
 // volumes or a quota of its own.
 func (c *ResourceQuotaController) snapshotUsage(rq *v1beta1.ResourceQuota) v1beta1.SnapshotLimitStatus {
+	volumes := c.ds.VolumesInNamespace(rq.Namespace)
 	st := v1beta1.SnapshotLimitStatus{
-		NamespaceTotalSnapshotSizeUsage: bytesQuantity(c.ds.SnapshotBytesOf(c.ds.VolumesInNamespace(rq.Namespace))),
+		NamespaceTotalSnapshotSizeUsage:   bytesQuantity(c.ds.SnapshotBytesOf(volumes)),
+		NamespaceRemovedSnapshotSizeUsage: bytesQuantity(c.ds.RemovedBytesOf(volumes)),
 	}
 	vms := map[string]resource.Quantity{}
 	for name := range rq.Spec.SnapshotLimit.VMTotalSnapshotSizeQuota {
@@ -68,8 +70,8 @@ func bytesQuantity(n int64) *resource.Quantity { return resource.NewQuantity(n, 
 // sameUsage compares by value: a quantity read back from the API server
 // prints differently from one made here.
 func sameUsage(a, b v1beta1.SnapshotLimitStatus) bool {
-	if (a.NamespaceTotalSnapshotSizeUsage == nil) != (b.NamespaceTotalSnapshotSizeUsage == nil) ||
-		(a.NamespaceTotalSnapshotSizeUsage != nil && a.NamespaceTotalSnapshotSizeUsage.Cmp(*b.NamespaceTotalSnapshotSizeUsage) != 0) ||
+	if !sameQuantity(a.NamespaceTotalSnapshotSizeUsage, b.NamespaceTotalSnapshotSizeUsage) ||
+		!sameQuantity(a.NamespaceRemovedSnapshotSizeUsage, b.NamespaceRemovedSnapshotSizeUsage) ||
 		len(a.VMTotalSnapshotSizeUsage) != len(b.VMTotalSnapshotSizeUsage) {
 		return false
 	}
@@ -80,4 +82,8 @@ func sameUsage(a, b v1beta1.SnapshotLimitStatus) bool {
 		}
 	}
 	return true
+}
+
+func sameQuantity(a, b *resource.Quantity) bool {
+	return (a == nil) == (b == nil) && (a == nil || a.Cmp(*b) == 0)
 }

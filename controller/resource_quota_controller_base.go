@@ -44,6 +44,16 @@ func NewResourceQuotaController(logger logrus.FieldLogger, ds *datastore.DataSto
 		return nil, err
 	}
 	ds.SnapshotUsage.OnChange(c.enqueueVolume)
+	// Deleted snapshots' data still on disk counts too.
+	if _, err := ds.Volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: onUpdate(func(o, n *v1beta1.Volume) {
+			if o.Status.RemovedSnapshotsSize != n.Status.RemovedSnapshotsSize {
+				c.enqueueVolume(n.Name)
+			}
+		}),
+	}); err != nil {
+		return nil, err
+	}
 	if _, err := ds.PersistentVolumeInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: onAdd(c.enqueuePV),
 		UpdateFunc: onUpdate(func(o, n *corev1.PersistentVolume) {

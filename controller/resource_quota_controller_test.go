@@ -44,6 +44,9 @@ func sizedSnapshot(name, volume string, size int64, removed bool) *v1beta1.Snaps
 	})
 }
 
+// quotaWorldRemoved is what deleted snapshots of va still hold.
+const quotaWorldRemoved = 40
+
 func testQuota(mut ...func(*v1beta1.ResourceQuota)) *v1beta1.ResourceQuota {
 	rq := &v1beta1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: v1beta1.DefaultResourceQuotaName, Namespace: "apps"}}
 	for _, m := range mut {
@@ -55,6 +58,7 @@ func testQuota(mut ...func(*v1beta1.ResourceQuota)) *v1beta1.ResourceQuota {
 func withUsage(ns int64, vms map[string]int64) func(*v1beta1.ResourceQuota) {
 	return func(rq *v1beta1.ResourceQuota) {
 		rq.Status.SnapshotLimitStatus.NamespaceTotalSnapshotSizeUsage = resource.NewQuantity(ns, resource.BinarySI)
+		rq.Status.SnapshotLimitStatus.NamespaceRemovedSnapshotSizeUsage = resource.NewQuantity(quotaWorldRemoved, resource.BinarySI)
 		for name, n := range vms {
 			if rq.Status.SnapshotLimitStatus.VMTotalSnapshotSizeUsage == nil {
 				rq.Status.SnapshotLimitStatus.VMTotalSnapshotSizeUsage = map[string]resource.Quantity{}
@@ -74,13 +78,16 @@ func testVM(namespace, name string, claims ...string) *unstructured.Unstructured
 		"spec":     map[string]any{"template": map[string]any{"spec": map[string]any{"volumes": volumes}}}}}
 }
 
-// quotaWorld: apps has claims a (volume va, 10+20 bytes, one removed snapshot
-// of 100 not counted) and b (vb, 5); other has vo (1000); vx belongs to
-// another driver. VM vm1 uses a and b, vm2 uses b alone.
+// quotaWorld: apps has claims a (volume va, 10+20 bytes; a removed
+// snapshot's CR of 100 not counted, but the 40 bytes its volume's status
+// says deleted snapshots still hold are) and b (vb, 5); other has vo
+// (1000); vx belongs to another driver. VM vm1 uses a and b, vm2 uses b
+// alone.
 func quotaWorld() (strata []runtime.Object, kube []runtime.Object, vms []*unstructured.Unstructured) {
 	strata = []runtime.Object{schedNode("node-1"), schedNode("node-2"), schedNode("node-3"),
 		sizedSnapshot("a1", "va", 10, false), sizedSnapshot("a2", "va", 20, false), sizedSnapshot("a3", "va", 100, true),
-		sizedSnapshot("b1", "vb", 5, false), sizedSnapshot("o1", "vo", 1000, false), sizedSnapshot("x1", "vx", 7, false)}
+		sizedSnapshot("b1", "vb", 5, false), sizedSnapshot("o1", "vo", 1000, false), sizedSnapshot("x1", "vx", 7, false),
+		vcVolume(func(v *v1beta1.Volume) { v.Name, v.Status.RemovedSnapshotsSize = "va", quotaWorldRemoved })}
 	kube = []runtime.Object{testLease("node-1", 0), testLease("node-2", 0), testLease("node-3", 0),
 		quotaPV(types.CSIDriverName, "va", "apps", "a"), quotaPVC("apps", "a", "pv-va"),
 		quotaPV(types.CSIDriverName, "vb", "apps", "b"), quotaPVC("apps", "b", "pv-vb"),
@@ -115,21 +122,21 @@ func TestSyncResourceQuota(t *testing.T) {
 		wantWrites []string
 		check      func(*testing.T, *dstest.Env)
 	}{
-		{name: "namespace and VM totals: removed snapshots, other namespaces and other drivers left out",
+		{name: "namespace and VM totals: deleted snapshots' data still on disk counted, other namespaces and other drivers left out",
 			quota:      testQuota(),
 			wantWrites: []string{"update resourcequotas/status default-resource-quota"},
-			check:      usage(35, map[string]int64{"vm1": 35, "vm2": 5})},
+			check:      usage(75, map[string]int64{"vm1": 75, "vm2": 5})},
 		{name: "a VM with a quota of its own but no Strata volume shows 0",
 			quota: testQuota(func(rq *v1beta1.ResourceQuota) {
 				rq.Spec.SnapshotLimit.VMTotalSnapshotSizeQuota = map[string]resource.Quantity{"idle": resource.MustParse("1Gi")}
 			}),
 			wantWrites: []string{"update resourcequotas/status default-resource-quota"},
-			check:      usage(35, map[string]int64{"vm1": 35, "vm2": 5, "idle": 0})},
+			check:      usage(75, map[string]int64{"vm1": 75, "vm2": 5, "idle": 0})},
 		{name: "without KubeVirt only the namespace total", quota: testQuota(), noVMs: true,
 			wantWrites: []string{"update resourcequotas/status default-resource-quota"},
-			check:      usage(35, nil)},
+			check:      usage(75, nil)},
 		{name: "status already right: no write",
-			quota: testQuota(withUsage(35, map[string]int64{"vm1": 35, "vm2": 5}))},
+			quota: testQuota(withUsage(75, map[string]int64{"vm1": 75, "vm2": 5}))},
 		{name: "another manager keeps it", quota: testQuota(), me: notMe},
 		{name: "no quota in the namespace: nothing to keep"},
 		{name: "a failed status write is retried", quota: testQuota(),

@@ -7,11 +7,26 @@ import (
 	"github.com/strata-storage/strata/types"
 )
 
-// SnapshotBytesOf sums what the volumes' snapshots hold (SnapshotUsage).
+// SnapshotBytesOf sums what the volumes' snapshots hold: their Snapshot
+// CRs (SnapshotUsage), and what deleted snapshots still hold on disk
+// (RemovedBytesOf): that data occupies the disk as much as a snapshot's,
+// so a quota counts it until a purge frees it.
 func (ds *DataStore) SnapshotBytesOf(volumes []string) int64 {
 	var total int64
 	for _, v := range volumes {
 		total += ds.SnapshotUsage.VolumeBytes(v)
+	}
+	return total + ds.RemovedBytesOf(volumes)
+}
+
+// RemovedBytesOf sums the volumes' status.removedSnapshotsSize: deleted
+// snapshots' layers still in their chains.
+func (ds *DataStore) RemovedBytesOf(volumes []string) int64 {
+	var total int64
+	for _, name := range volumes {
+		if v, err := ds.Volumes.GetRO(name); err == nil {
+			total += v.Status.RemovedSnapshotsSize
+		}
 	}
 	return total
 }

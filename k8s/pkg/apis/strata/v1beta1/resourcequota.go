@@ -30,7 +30,13 @@ type SnapshotLimit struct {
 // behind the namespace's PVCs, and of each VM's PVCs. The quota controller
 // keeps it current; admission reads the same figures from the cache.
 type SnapshotLimitStatus struct {
-	NamespaceTotalSnapshotSizeUsage *resource.Quantity           `json:"namespaceTotalSnapshotSizeUsage,omitempty"`
+	// NamespaceTotalSnapshotSizeUsage is what the namespace's volumes'
+	// snapshots hold, deleted snapshots whose data is still on disk
+	// included: it occupies the disk until a purge frees it.
+	NamespaceTotalSnapshotSizeUsage *resource.Quantity `json:"namespaceTotalSnapshotSizeUsage,omitempty"`
+	// NamespaceRemovedSnapshotSizeUsage is the part of the total that
+	// deleted snapshots still hold (see Volume status.removedSnapshotsSize).
+	NamespaceRemovedSnapshotSizeUsage *resource.Quantity `json:"namespaceRemovedSnapshotSizeUsage,omitempty"`
 	VMTotalSnapshotSizeUsage        map[string]resource.Quantity `json:"vmTotalSnapshotSizeUsage,omitempty"`
 }
 

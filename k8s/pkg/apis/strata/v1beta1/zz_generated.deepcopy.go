@@ -1624,6 +1624,11 @@ func (in *SnapshotLimitStatus) DeepCopyInto(out *SnapshotLimitStatus) {
 		x := (*in).DeepCopy()
 		*out = &x
 	}
+	if in.NamespaceRemovedSnapshotSizeUsage != nil {
+		in, out := &in.NamespaceRemovedSnapshotSizeUsage, &out.NamespaceRemovedSnapshotSizeUsage
+		x := (*in).DeepCopy()
+		*out = &x
+	}
 	if in.VMTotalSnapshotSizeUsage != nil {
 		in, out := &in.VMTotalSnapshotSizeUsage, &out.VMTotalSnapshotSizeUsage
 		*out = make(map[string]resource.Quantity, len(*in))
