@@ -36,8 +36,8 @@ type SnapshotLimitStatus struct {
 	NamespaceTotalSnapshotSizeUsage *resource.Quantity `json:"namespaceTotalSnapshotSizeUsage,omitempty"`
 	// NamespaceRemovedSnapshotSizeUsage is the part of the total that
 	// deleted snapshots still hold (see Volume status.removedSnapshotsSize).
-	NamespaceRemovedSnapshotSizeUsage *resource.Quantity `json:"namespaceRemovedSnapshotSizeUsage,omitempty"`
-	VMTotalSnapshotSizeUsage        map[string]resource.Quantity `json:"vmTotalSnapshotSizeUsage,omitempty"`
+	NamespaceRemovedSnapshotSizeUsage *resource.Quantity           `json:"namespaceRemovedSnapshotSizeUsage,omitempty"`
+	VMTotalSnapshotSizeUsage          map[string]resource.Quantity `json:"vmTotalSnapshotSizeUsage,omitempty"`
 }
 
 // ResourceQuotaSpec is the desired limits.
