@@ -331,29 +331,8 @@ func (c *RecurringJobController) purgeRemoved(ctx context.Context, vol *v1beta1.
 	return nil
 }
 
-// snapshotsInUse names the volume's snapshots that a backup not yet
-// finished or a clone still copying reads: no task deletes them.
 func (c *RecurringJobController) snapshotsInUse(volume string) map[string]bool {
-	inUse := map[string]bool{}
-	if backups, err := c.ds.Backups.ListByIndexRO(datastore.IndexByVolume, volume); err == nil {
-		for _, b := range backups {
-			if !backupFinished(b) {
-				inUse[b.Spec.SnapshotName], inUse[b.Status.SnapshotName] = true, true
-			}
-		}
-	}
-	if clones, err := c.ds.Volumes.ListByIndexRO(datastore.IndexByCloneSource, volume); err == nil {
-		for _, v := range clones {
-			if src, ok := types.ParseDataSource(v.Spec.DataSource); ok && src.Snapshot != "" && !volumeSettled(v) {
-				inUse[src.Snapshot] = true
-			}
-			if cs := v.Status.CloneStatus; cs != nil && cs.State != v1beta1.VolumeCloneStateCompleted {
-				inUse[cs.Snapshot] = true
-			}
-		}
-	}
-	delete(inUse, "")
-	return inUse
+	return snapshotReaders(c.ds, volume).names()
 }
 
 // deleteSnapshots deletes the named Snapshot CRs but those in use; the

@@ -21,6 +21,7 @@ import (
 const (
 	EventReasonSnapshotCreated = "SnapshotCreated"
 	EventReasonSnapshotRemoved = "SnapshotRemoved"
+	EventReasonSnapshotWaiting = "WaitingForReaders"
 	EventReasonSnapshotLost    = "SnapshotLost"
 	EventReasonSnapshotFailed  = "SnapshotFailed"
 
@@ -233,6 +234,11 @@ func (c *SnapshotController) deleteSnapshot(ctx context.Context, s *v1beta1.Snap
 		return c.ensureSnapshotTicket(ctx, s, view.vol)
 	}
 	if !view.info.Removed {
+		// The readers' progress enqueues it again (snapshot_controller_base).
+		if who := snapshotReaders(c.ds, s.Spec.Volume).describe(s.Name); who != "" {
+			c.recorder.Event(s, corev1.EventTypeNormal, EventReasonSnapshotWaiting, waitingForReaders(s.Name, who))
+			return nil
+		}
 		if err := c.removeFromEngine(ctx, s, view); err != nil {
 			return err
 		}

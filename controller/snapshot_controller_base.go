@@ -49,7 +49,23 @@ func NewSnapshotController(logger logrus.FieldLogger, ds *datastore.DataStore, r
 				o.Status.OwnerID != n.Status.OwnerID || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) {
 				c.enqueueVolumeSnapshots(n.Name)
 			}
+			// A clone done with its source's snapshot lets a delete go on.
+			if volumeSettled(o) != volumeSettled(n) {
+				c.enqueueSourceSnapshot(n)
+			}
 		}),
+		DeleteFunc: onDelete(c.enqueueSourceSnapshot),
+	}); err != nil {
+		return nil, err
+	}
+	// So does a backup that finished (or went) with its snapshot.
+	if _, err := ds.Backups.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: onUpdate(func(o, n *v1beta1.Backup) {
+			if backupFinished(o) != backupFinished(n) {
+				c.enqueueBackupSnapshot(n)
+			}
+		}),
+		DeleteFunc: onDelete(c.enqueueBackupSnapshot),
 	}); err != nil {
 		return nil, err
 	}
@@ -110,4 +126,24 @@ func engineSnapshotDiff(old, cur *v1beta1.Engine) (changed []string, all, appear
 		}
 	}
 	return changed, all, appeared
+}
+
+func (c *SnapshotController) enqueueSnapshot(name string) {
+	if name != "" {
+		c.queue.Add(c.ds.Namespace + "/" + name)
+	}
+}
+
+func (c *SnapshotController) enqueueBackupSnapshot(b *v1beta1.Backup) {
+	c.enqueueSnapshot(b.Spec.SnapshotName)
+	c.enqueueSnapshot(b.Status.SnapshotName)
+}
+
+func (c *SnapshotController) enqueueSourceSnapshot(v *v1beta1.Volume) {
+	if src, ok := types.ParseDataSource(v.Spec.DataSource); ok {
+		c.enqueueSnapshot(src.Snapshot)
+	}
+	if cs := v.Status.CloneStatus; cs != nil {
+		c.enqueueSnapshot(cs.Snapshot)
+	}
 }

@@ -296,6 +296,19 @@ func TestSnapshotControllerActs(t *testing.T) {
 			wantEvents: []string{"Normal SnapshotRemoved"},
 		},
 		{
+			name: "deleted while a backup reads it: kept in the chain, an event names the backup",
+			objects: []runtime.Object{im, attached(), running(s1UnderS2), testVA(), testSnapshot("s1", true, deleting),
+				testBackup("b1", "s1", backupState(v1beta1.BackupStateInProgress, 40))},
+			wantEvents: []string{"Normal WaitingForReaders"},
+		},
+		{
+			name: "deleted after its backup finished: removed, then purged",
+			objects: []runtime.Object{im, attached(), running(s1UnderS2), testVA(), testSnapshot("s1", true, deleting),
+				testBackup("b1", "s1", backupState(v1beta1.BackupStateCompleted, 100))},
+			wantCalls:  []string{"SnapshotRemove v1-e-0 s1", "SnapshotPurge v1-e-0"},
+			wantEvents: []string{"Normal SnapshotRemoved"},
+		},
+		{
 			name: "already removed: only the purge",
 			objects: []runtime.Object{im, attached(), running(chain(snapInfo("s1", func(i *v1beta1.SnapshotInfo) {
 				i.Removed, i.Children = true, map[string]bool{"s2": true}
