@@ -109,8 +109,8 @@ spec: {volume: e2e-snap, createSnapshot: true}
 	require.Len(t, s.OwnerReferences, 1)
 	assert.Equal(t, getVolume(t, "e2e-snap").UID, s.OwnerReferences[0].UID)
 	out := kubectl(t, "-n", ns, "get", "snap", "-l", "strata.io/volume=e2e-snap")
-	assert.Regexp(t, `NAME\s+VOLUME\s+READY\s+SIZE\s+CREATED\s+AGE`, out)
-	assert.Regexp(t, `e2e-snap-b\s+e2e-snap\s+true\s+\d+\s+20\d\d-`, out)
+	assert.Regexp(t, `NAME\s+VOLUME\s+READY\s+SIZE\s+EXCLUSIVE\s+CREATED\s+AGE`, out)
+	assert.Regexp(t, `e2e-snap-b\s+e2e-snap\s+true\s+\d+\s+\d+\s+20\d\d-`, out)
 	chain := engineChain(t, "e2e-snap")
 	// The three were asked for while the volume was detached and are taken
 	// in the order the controller's workers get to them: b follows one of

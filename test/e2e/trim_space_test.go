@@ -77,13 +77,22 @@ spec: {volumeSnapshotClassName: strata, source: {persistentVolumeClaimName: trim
 	// What deleting it would free: the newer file, which the older
 	// snapshot does not hold, and the few blocks of the filesystem's own
 	// the volume rewrote since.
-	var exclusive int64
+	var exclusive, size int64
 	require.Eventually(t, func() bool {
 		s, err := env.adminStrata.StrataV1beta1().Snapshots(ns).Get(context.Background(), "trim-newer", metav1.GetOptions{})
-		exclusive = s.Status.ExclusiveSize
-		return err == nil && exclusive >= 32<<20 && exclusive <= 33<<20
+		if err != nil {
+			return false
+		}
+		exclusive, size = s.Status.ExclusiveSize, s.Status.Size
+		return exclusive >= 32<<20 && exclusive <= 33<<20
 	}, 30*time.Second, 200*time.Millisecond, "trim-newer's exclusiveSize: the newer file's 32 MiB")
-	t.Logf("trim-newer: exclusiveSize %.2f MiB", float64(exclusive)/(1<<20))
+	t.Logf("trim-newer: size %.2f MiB, exclusiveSize %.2f MiB", float64(size)/(1<<20), float64(exclusive)/(1<<20))
+	for _, r := range replicasOf(t, volume) {
+		var st syscall.Stat_t
+		require.NoError(t, syscall.Stat(filepath.Join(env.managers[r.Spec.NodeID].DiskDir, "replicas", r.Spec.DataDirectoryName,
+			"volume-snap-trim-newer.img"), &st))
+		assert.InDelta(t, st.Blocks*512, size, 4096, "trim-newer's status.size against its layer file on %s", r.Name)
+	}
 	deleteSnapshotCR(t, "trim-newer")
 	// On the node plugin's path (a loop device on the instance manager's
 	// file) a trim arrives as a punched hole, which must read as zeros: over
