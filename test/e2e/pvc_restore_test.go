@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -65,17 +66,7 @@ func TestAliceSnapshotRestoreAndClone(t *testing.T) {
 	}, time.Minute, 100*time.Millisecond, "the writer paused")
 	paused := exec("alice-db", treeDigest)
 	start := time.Now()
-	kubectlApply(t, `apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata: {name: alice-snap, namespace: default}
-spec: {volumeSnapshotClassName: strata, source: {persistentVolumeClaimName: alice}}`)
-	t.Cleanup(func() {
-		_, _ = tryKubectl(t, "-n", podNamespace, "delete", "volumesnapshot", "alice-snap", "--ignore-not-found")
-	})
-	require.Eventually(t, func() bool {
-		out, err := tryKubectl(t, "-n", podNamespace, "get", "volumesnapshot", "alice-snap", "-o", "jsonpath={.status.readyToUse}")
-		return err == nil && out == "true"
-	}, 2*time.Minute, 200*time.Millisecond, "VolumeSnapshot readyToUse")
+	createVolumeSnapshot(t, "alice-snap", "alice")
 	t.Logf("VolumeSnapshot create→readyToUse: %s", time.Since(start).Round(time.Millisecond))
 	exec("alice-db", "rm /tmp/pause")
 	require.Eventually(t, func() bool {
@@ -205,4 +196,21 @@ func waitCloned(t *testing.T, volume string) time.Duration {
 		return time.Millisecond // the copy ran between two polls
 	}
 	return time.Since(copyStart)
+}
+
+// createVolumeSnapshot takes a VolumeSnapshot of the claim (class strata),
+// deleted when the test ends, and waits until it is ready to use.
+func createVolumeSnapshot(t *testing.T, name, claim string) {
+	t.Helper()
+	kubectlApply(t, fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: %s, namespace: %s}
+spec: {volumeSnapshotClassName: strata, source: {persistentVolumeClaimName: %s}}`, name, podNamespace, claim))
+	t.Cleanup(func() {
+		_, _ = tryKubectl(t, "-n", podNamespace, "delete", "volumesnapshot", name, "--ignore-not-found")
+	})
+	require.Eventually(t, func() bool {
+		out, err := tryKubectl(t, "-n", podNamespace, "get", "volumesnapshot", name, "-o", "jsonpath={.status.readyToUse}")
+		return err == nil && out == "true"
+	}, 2*time.Minute, 200*time.Millisecond, "VolumeSnapshot %s readyToUse", name)
 }

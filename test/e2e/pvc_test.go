@@ -64,14 +64,7 @@ func TestPVCUsedByPodsOnTwoNodes(t *testing.T) {
 	// A VolumeSnapshot of the claim in use: csi-snapshotter makes it a
 	// Strata snapshot; deleting it (Delete policy) removes that snapshot.
 	start = time.Now()
-	kubectlApply(t, `apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata: {name: data-snap, namespace: default}
-spec: {volumeSnapshotClassName: strata, source: {persistentVolumeClaimName: data}}`)
-	require.Eventually(t, func() bool {
-		out, err := tryKubectl(t, "-n", podNamespace, "get", "volumesnapshot", "data-snap", "-o", "jsonpath={.status.readyToUse}")
-		return err == nil && out == "true"
-	}, 2*time.Minute, 200*time.Millisecond, "VolumeSnapshot readyToUse")
+	createVolumeSnapshot(t, "data-snap", "data")
 	t.Logf("VolumeSnapshot create→readyToUse: %s", time.Since(start).Round(time.Millisecond))
 	handle := kubectl(t, "get", "volumesnapshotcontent", "-o",
 		"jsonpath={.items[?(@.spec.volumeSnapshotRef.name==\"data-snap\")].status.snapshotHandle}")

@@ -58,17 +58,7 @@ func TestTrimFreesADeletedSnapshotsSpace(t *testing.T) {
 	// Two snapshots, the older kept: what only the newer one held goes.
 	sh("dd if=/dev/urandom of=/data/old bs=1M count=16 2>/dev/null && sync")
 	oldSum := sh("sha256sum /data/old | cut -d' ' -f1")
-	kubectlApply(t, `apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata: {name: trim-kept, namespace: default}
-spec: {volumeSnapshotClassName: strata, source: {persistentVolumeClaimName: trim}}`)
-	t.Cleanup(func() {
-		_, _ = tryKubectl(t, "-n", podNamespace, "delete", "volumesnapshot", "trim-kept", "--ignore-not-found")
-	})
-	require.Eventually(t, func() bool {
-		out, err := tryKubectl(t, "-n", podNamespace, "get", "volumesnapshot", "trim-kept", "-o", "jsonpath={.status.readyToUse}")
-		return err == nil && out == "true"
-	}, 2*time.Minute, 200*time.Millisecond, "VolumeSnapshot readyToUse")
+	createVolumeSnapshot(t, "trim-kept", pvc.Name)
 	withOld := replicaBytes(t, volume)
 	sh("dd if=/dev/urandom of=/data/new bs=1M count=32 2>/dev/null && sync")
 	createSnapshot(t, volume, "trim-newer")
