@@ -188,7 +188,8 @@ func (c *EngineController) driveEngine(ctx context.Context, e *v1beta1.Engine, i
 	if err := c.reconcileEngineReplicas(ctx, client, e, inst); err != nil {
 		return err
 	}
-	return errors.Join(c.applySnapshotLimits(ctx, client, e), c.expandEngine(ctx, client, e, inst))
+	return errors.Join(c.applySnapshotLimits(ctx, client, e), c.expandEngine(ctx, client, e, inst),
+		c.purgeFreeable(ctx, client, e))
 }
 
 // expandEngine grows a running engine and its replicas to spec.volumeSize

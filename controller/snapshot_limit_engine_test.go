@@ -242,3 +242,50 @@ func mustList(t *testing.T, r *snapshotRig) map[string]*engineapi.Snapshot {
 	require.NoError(t, err)
 	return snaps
 }
+
+// TestEnginePurgesFreeableRemovedSnapshots: a removed snapshot the engine
+// reports holding 16 MiB or more that a purge frees (the head overwrote or
+// trimmed its blocks after its delete) gets a purge; less, a running
+// purge, or purge disabled: none.
+func TestEnginePurgesFreeableRemovedSnapshots(t *testing.T) {
+	withRemoved := func(exclusive int64, purging bool) *engineapi.Instance {
+		return &engineapi.Instance{Name: "v1-e-0", Type: engineapi.InstanceTypeEngine, VolumeName: "v1", Size: gib,
+			State: engineapi.InstanceStateRunning, FrontendEndpoint: "nbd://127.0.0.1:10809/v1",
+			ReplicaModes: map[string]engineapi.ReplicaMode{"r1": engineapi.ReplicaModeRW},
+			Snapshots: map[string]*engineapi.Snapshot{
+				"s1":          {Name: "s1", Removed: true, Size: 64 << 20, Exclusive: exclusive, Children: []string{"volume-head"}},
+				"volume-head": {Name: "volume-head", Parent: "s1"},
+			},
+			PurgeStatus: map[string]*engineapi.PurgeStatus{"r1": {IsPurging: purging}}}
+	}
+	noPurge := &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: "disable-snapshot-purge", Namespace: testNS}, Value: "true"}
+	tests := []struct {
+		name      string
+		inst      *engineapi.Instance
+		objects   []runtime.Object
+		wantCalls []string
+	}{
+		{"64 MiB freeable: purged", withRemoved(64<<20, false), nil, []string{"SnapshotPurge v1-e-0"}},
+		{"under 16 MiB: left for the next delete", withRemoved(8<<20, false), nil, nil},
+		{"a purge runs: none more", withRemoved(64<<20, true), nil, nil},
+		{"purge disabled: none", withRemoved(64<<20, false), []runtime.Object{noPurge}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := vcEngine(func(e *v1beta1.Engine) {
+				e.Spec.NodeID, e.Spec.DesireState = "node-1", v1beta1.InstanceStateRunning
+				e.Spec.ReplicaAddressMap = map[string]string{"r1": "10.0.0.1:9001"}
+				e.Status.OwnerID = "node-1"
+				e.Status.CurrentReplicaAddressMap = map[string]string{"r1": "10.0.0.1:9001"}
+			})
+			observeEngine(e, tc.inst, true, true, instanceManagerName("node-1"))
+			e.Status.SnapshotLimits = &v1beta1.EngineSnapshotLimits{}
+			env := dstest.New(t, append([]runtime.Object{e, schedNode("node-1")}, tc.objects...), []runtime.Object{testLease("node-1", 0)})
+			dp := newFakeConnector(nil)
+			c, err := NewEngineController(logrus.New(), env.DS, record.NewFakeRecorder(20), "node-1", "im-node-1:8500", dp, syncedCache(tc.inst))
+			require.NoError(t, err)
+			require.NoError(t, c.syncEngine(context.Background(), testNS+"/v1-e-0"))
+			assert.Equal(t, tc.wantCalls, dp.calls(), "data-plane calls")
+		})
+	}
+}
