@@ -169,6 +169,14 @@ func (c *baseController) enqueue(obj interface{}) {
 	c.queue.Add(key)
 }
 
+// enqueueName adds the key of the object named name in the manager's
+// namespace ("" is none).
+func (c *baseController) enqueueName(name string) {
+	if name != "" {
+		c.queue.Add(c.ds.Namespace + "/" + name)
+	}
+}
+
 // enqueueOnChange is the handler of a controller's own kind: every add,
 // update and delete enqueues the object's key.
 func (c *baseController) enqueueOnChange() cache.ResourceEventHandlerFuncs {

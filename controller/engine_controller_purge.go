@@ -18,24 +18,12 @@ import (
 // volume writing over it is not purged at every size report.
 const purgeFreeableAt = 16 << 20
 
-// removedFreeable is what a purge would free from the chain's removed
-// snapshots now, as the engine last reported.
-func removedFreeable(e *v1beta1.Engine) int64 {
-	var n int64
-	for _, s := range e.Status.Snapshots {
-		if s != nil && s.Removed {
-			n += s.Exclusive
-		}
-	}
-	return n
-}
-
 // purgeFreeable starts a purge of a running engine whose removed
 // snapshots hold purgeFreeableAt or more that a purge frees, unless one
 // runs or purge is disabled (the volume's SnapshotSpaceRetained condition
 // says so then). A busy engine (a rebuild) is left for a later event.
 func (c *EngineController) purgeFreeable(ctx context.Context, client engineapi.DataPlane, e *v1beta1.Engine) error {
-	freeable := removedFreeable(e)
+	freeable, _ := e.Status.RemovedExclusive()
 	if freeable < purgeFreeableAt || isPurging(e) {
 		return nil
 	}

@@ -128,22 +128,16 @@ func engineSnapshotDiff(old, cur *v1beta1.Engine) (changed []string, all, appear
 	return changed, all, appeared
 }
 
-func (c *SnapshotController) enqueueSnapshot(name string) {
-	if name != "" {
-		c.queue.Add(c.ds.Namespace + "/" + name)
-	}
-}
-
 func (c *SnapshotController) enqueueBackupSnapshot(b *v1beta1.Backup) {
-	c.enqueueSnapshot(b.Spec.SnapshotName)
-	c.enqueueSnapshot(b.Status.SnapshotName)
+	c.enqueueName(b.Spec.SnapshotName)
+	c.enqueueName(b.Status.SnapshotName)
 }
 
 func (c *SnapshotController) enqueueSourceSnapshot(v *v1beta1.Volume) {
 	if src, ok := types.ParseDataSource(v.Spec.DataSource); ok {
-		c.enqueueSnapshot(src.Snapshot)
+		c.enqueueName(src.Snapshot)
 	}
 	if cs := v.Status.CloneStatus; cs != nil {
-		c.enqueueSnapshot(cs.Snapshot)
+		c.enqueueName(cs.Snapshot)
 	}
 }

@@ -98,7 +98,7 @@ func limitedChain(n int) map[string]*v1beta1.SnapshotInfo {
 // as reported before.
 func withActualSizeOf(v *v1beta1.Volume, e *v1beta1.Engine) *v1beta1.Volume {
 	sp, _ := e.Status.Space()
-	v.Status.ActualSize = sp.Head + sp.Snapshots + sp.Removed
+	v.Status.ActualSize = sp.Total()
 	v.Status.HeadSize, v.Status.SnapshotsSize, v.Status.RemovedSnapshotsSize = sp.Head, sp.Snapshots, sp.Removed
 	return v
 }

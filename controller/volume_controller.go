@@ -161,7 +161,7 @@ func (s *volumeSync) reconcile() error {
 func (s *volumeSync) updateActualSize() {
 	if e := s.primaryEngine(); e != nil {
 		if sp, ok := e.Status.Space(); ok {
-			s.v.Status.ActualSize = sp.Head + sp.Snapshots + sp.Removed
+			s.v.Status.ActualSize = sp.Total()
 			s.v.Status.HeadSize, s.v.Status.SnapshotsSize, s.v.Status.RemovedSnapshotsSize = sp.Head, sp.Snapshots, sp.Removed
 		}
 	}
@@ -201,12 +201,12 @@ func (s *volumeSync) statusEvents(old, cur *v1beta1.Volume) {
 			}
 		}
 	}
-	s.snapshotLimitEvent(old, cur)
-	if c := findCondition(cur.Status.Conditions, VolumeConditionSnapshotSpaceRetained); c != nil && c.Status == metav1.ConditionTrue {
-		if o := findCondition(old.Status.Conditions, VolumeConditionSnapshotSpaceRetained); o == nil || o.Status != c.Status {
-			s.recorder.Event(cur, corev1.EventTypeWarning, EventReasonSpaceRetained, c.Message)
-		}
-	}
+	// SnapshotLimit warns when it turns True or moves from near a limit to
+	// at it: the admin learns before (or as) user snapshots are refused,
+	// not from a failed backup. SnapshotSpaceRetained, when purge being
+	// disabled starts keeping deleted snapshots' data.
+	s.conditionWarning(old, cur, VolumeConditionSnapshotLimit, EventReasonSnapshotLimit)
+	s.conditionWarning(old, cur, VolumeConditionSnapshotSpaceRetained, EventReasonSpaceRetained)
 	s.backingImageEvent(old, cur)
 	if old.Status.Robustness != cur.Status.Robustness {
 		switch cur.Status.Robustness {
@@ -222,18 +222,17 @@ func (s *volumeSync) statusEvents(old, cur *v1beta1.Volume) {
 	}
 }
 
-// snapshotLimitEvent warns when the SnapshotLimit condition turns True or
-// moves from near a limit to at it: the admin learns before (or as) user
-// snapshots are refused, not from a failed backup.
-func (s *volumeSync) snapshotLimitEvent(old, cur *v1beta1.Volume) {
-	c := findCondition(cur.Status.Conditions, VolumeConditionSnapshotLimit)
+// conditionWarning warns with condType's message when it turns True or,
+// True already, changes reason; not at every status write.
+func (s *volumeSync) conditionWarning(old, cur *v1beta1.Volume, condType, eventReason string) {
+	c := findCondition(cur.Status.Conditions, condType)
 	if c == nil || c.Status != metav1.ConditionTrue {
 		return
 	}
-	if o := findCondition(old.Status.Conditions, VolumeConditionSnapshotLimit); o != nil && o.Status == c.Status && o.Reason == c.Reason {
+	if o := findCondition(old.Status.Conditions, condType); o != nil && o.Status == c.Status && o.Reason == c.Reason {
 		return
 	}
-	s.recorder.Event(cur, corev1.EventTypeWarning, EventReasonSnapshotLimit, c.Message)
+	s.recorder.Event(cur, corev1.EventTypeWarning, eventReason, c.Message)
 }
 
 func (s *volumeSync) setCondition(condType string, ok bool, reason, message string) {
@@ -448,12 +447,7 @@ func (s *volumeSync) updateSpaceRetainedCondition() {
 	var held int64
 	var names []string
 	if e := s.primaryEngine(); e != nil {
-		for name, snap := range e.Status.Snapshots {
-			if snap != nil && snap.Removed && snap.Exclusive > 0 {
-				held += snap.Exclusive
-				names = append(names, name)
-			}
-		}
+		held, names = e.Status.RemovedExclusive()
 	}
 	noPurge, _ := s.ds.GetSettingBool(types.SettingDisableSnapshotPurge)
 	ok, reason, message := spaceRetainedCondition(noPurge, held, names)

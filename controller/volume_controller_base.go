@@ -81,11 +81,7 @@ func NewVolumeController(logger logrus.FieldLogger, ds *datastore.DataStore, rec
 }
 
 // enqueueVolume enqueues a volume by name ("" is none: an object of no volume).
-func (c *VolumeController) enqueueVolume(volume string) {
-	if volume != "" {
-		c.queue.Add(c.ds.Namespace + "/" + volume)
-	}
-}
+func (c *VolumeController) enqueueVolume(volume string) { c.enqueueName(volume) }
 
 // enqueueVolumeOf enqueues the volume of a cached engine or replica, as the
 // by-node index lists them.

@@ -86,18 +86,32 @@ func unionExtents(a, b []Extent) []Extent {
 // intersectExtents returns what both sorted lists cover.
 func intersectExtents(a, b []Extent) []Extent { return subtractExtents(a, subtractExtents(a, b)) }
 
+// extentsFunc lists a layer's data: scanExtents always reads the file, a
+// purge's choice (what it frees must be exact); Chain's report reads
+// through the cache.
+type extentsFunc func(l *layer, size int64) ([]Extent, error)
+
+func scanExtents(l *layer, size int64) ([]Extent, error) {
+	exts, err := dataExtents(l.f, size)
+	if err != nil {
+		return nil, fmt.Errorf("scan %s: %w", l.file, err)
+	}
+	return exts, nil
+}
+
 // dataBelow lists the data of every layer under s, the backing file
-// included. The caller holds opMu, so those layers do not change.
-func (r *Replica) dataBelow(s *layer, size int64) ([]Extent, error) {
+// included. The caller holds opMu or the I/O lock, so the chain does not
+// change.
+func (r *Replica) dataBelow(s *layer, size int64, extents extentsFunc) ([]Extent, error) {
 	chain, err := r.chainBelow(s.meta.Parent)
 	if err != nil {
 		return nil, err
 	}
 	var all []Extent
 	for _, l := range chain {
-		exts, err := dataExtents(l.f, size)
+		exts, err := extents(l, size)
 		if err != nil {
-			return nil, fmt.Errorf("scan %s: %w", l.file, err)
+			return nil, err
 		}
 		all = unionExtents(all, exts)
 	}
@@ -114,18 +128,24 @@ type prunePlan struct {
 
 // planPrune reads s's data, the data below it and the head's maps.
 func (r *Replica) planPrune(s *layer, size int64) (prunePlan, error) {
-	exts, err := dataExtents(s.f, size)
-	if err != nil {
-		return prunePlan{}, fmt.Errorf("prune %s: %w", s.file, err)
-	}
-	below, err := r.dataBelow(s, size)
-	if err != nil {
-		return prunePlan{}, fmt.Errorf("prune %s: %w", s.file, err)
-	}
 	r.mu.RLock()
-	held := bitmapExtents(r.headBits, size/bs)
-	discarded := subtractExtents(bitmapExtents(r.discarded, size/bs), below)
+	held, discarded := bitmapExtents(r.headBits, size/bs), bitmapExtents(r.discarded, size/bs)
 	r.mu.RUnlock()
+	return r.prunable(s, size, held, discarded, scanExtents)
+}
+
+// prunable is what a prune of s would do given the head's blocks (held)
+// and its discarded blocks; Chain's exclusive bytes are its punch.
+func (r *Replica) prunable(s *layer, size int64, held, discarded []Extent, extents extentsFunc) (prunePlan, error) {
+	exts, err := extents(s, size)
+	if err != nil {
+		return prunePlan{}, fmt.Errorf("prune %s: %w", s.file, err)
+	}
+	below, err := r.dataBelow(s, size, extents)
+	if err != nil {
+		return prunePlan{}, fmt.Errorf("prune %s: %w", s.file, err)
+	}
+	discarded = subtractExtents(discarded, below)
 	punch := intersectExtents(exts, unionExtents(held, discarded))
 	return prunePlan{
 		punch:     punch,
@@ -230,9 +250,9 @@ func (c *extentCache) extents(l *layer, size int64) ([]Extent, error) {
 	if ok && e.ino == st.Ino && e.blocks == st.Blocks && e.ctime == st.Ctim {
 		return e.exts, nil
 	}
-	exts, err := dataExtents(l.f, size)
+	exts, err := scanExtents(l, size)
 	if err != nil {
-		return nil, fmt.Errorf("scan %s: %w", l.file, err)
+		return nil, err
 	}
 	c.mu.Lock()
 	if c.byLayer == nil {
@@ -255,53 +275,31 @@ func (c *extentCache) forget(keep func(*layer) bool) {
 }
 
 // exclusiveBytes is what deleting snapshot s would free now, by the
-// purge's rules: a leaf, its whole layer; one snapshot child, the blocks
-// both hold (the child's win in the merge); the head as only child, the
-// blocks the head holds or discarded that nothing below s holds (the
-// prune); several children, nothing. The caller holds the I/O lock
-// (shared is enough: head blocks written meanwhile only add to it).
+// purge's rules (nextPurgeStep): a leaf, its whole layer; one snapshot
+// child, the blocks both hold (the child's win in the merge); the head as
+// only child, what a prune punches; several children, nothing. The caller
+// holds the I/O lock (shared is enough: head blocks written meanwhile only
+// add to it).
 func (r *Replica) exclusiveBytes(s *layer) (int64, error) {
 	snaps, head := r.children(s.meta.Name)
 	switch {
 	case len(snaps) == 0 && !head:
 		return allocated(s)
-	case len(snaps)+btoi(head) > 1:
-		return 0, nil
-	}
-	exts, err := r.exts.extents(s, r.size)
-	if err != nil {
-		return 0, err
-	}
-	if len(snaps) == 1 {
+	case len(snaps) == 1 && !head:
+		exts, err := r.exts.extents(s, r.size)
+		if err != nil {
+			return 0, err
+		}
 		cExts, err := r.exts.extents(snaps[0], r.size)
 		if err != nil {
 			return 0, err
 		}
 		return extentBytes(intersectExtents(exts, cExts)), nil
+	case len(snaps) == 0 && head:
+		nblocks := r.size / bs
+		plan, err := r.prunable(s, r.size, bitmapExtents(r.headBits, nblocks), bitmapExtents(r.discarded, nblocks),
+			r.exts.extents)
+		return extentBytes(plan.punch), err
 	}
-	nblocks := r.size / bs
-	gone := bitmapExtents(r.discarded, nblocks)
-	if len(gone) > 0 {
-		var below []Extent
-		chain, err := r.chainBelow(s.meta.Parent)
-		if err != nil {
-			return 0, err
-		}
-		for _, l := range chain {
-			lExts, err := r.exts.extents(l, r.size)
-			if err != nil {
-				return 0, err
-			}
-			below = unionExtents(below, lExts)
-		}
-		gone = subtractExtents(gone, below)
-	}
-	return extentBytes(intersectExtents(exts, unionExtents(bitmapExtents(r.headBits, nblocks), gone))), nil
-}
-
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
+	return 0, nil
 }

@@ -124,13 +124,18 @@ func TestLostInstanceManagerVolumeRebuiltElsewhere(t *testing.T) {
 	waitNoOrphans(t, victim)
 }
 
+// replicaDataDir is where replica r keeps its layers.
+func replicaDataDir(r v1beta1.Replica) string {
+	return filepath.Join(env.managers[r.Spec.NodeID].DiskDir, "replicas", r.Spec.DataDirectoryName)
+}
+
 // replicaDirOn is the data directory of volume's replica on node, which
 // must exist.
 func replicaDirOn(t *testing.T, volume, node string) string {
 	t.Helper()
 	for _, r := range replicasOf(t, volume) {
 		if r.Spec.NodeID == node {
-			dir := filepath.Join(env.managers[node].DiskDir, "replicas", r.Spec.DataDirectoryName)
+			dir := replicaDataDir(r)
 			require.DirExists(t, dir)
 			return dir
 		}

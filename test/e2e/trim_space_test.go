@@ -94,10 +94,9 @@ func TestTrimFreesADeletedSnapshotsSpace(t *testing.T) {
 	}, 30*time.Second, 200*time.Millisecond, "trim-newer's exclusiveSize: the newer file's 32 MiB")
 	t.Logf("trim-newer: size %.2f MiB, exclusiveSize %.2f MiB", float64(size)/(1<<20), float64(exclusive)/(1<<20))
 	for _, r := range replicasOf(t, volume) {
-		var st syscall.Stat_t
-		require.NoError(t, syscall.Stat(filepath.Join(env.managers[r.Spec.NodeID].DiskDir, "replicas", r.Spec.DataDirectoryName,
-			"volume-snap-trim-newer.img"), &st))
-		assert.InDelta(t, st.Blocks*512, size, 4096, "trim-newer's status.size against its layer file on %s", r.Name)
+		onDisk, ok := fileBytes(t, replicaDataDir(r))["volume-snap-trim-newer.img"]
+		require.True(t, ok, "trim-newer's layer file on %s", r.Name)
+		assert.InDelta(t, onDisk, size, 4096, "trim-newer's status.size against its layer file on %s", r.Name)
 	}
 	deleteSnapshotCR(t, "trim-newer")
 	// On the node plugin's path (a loop device on the instance manager's
@@ -129,17 +128,24 @@ func replicaBytes(t *testing.T, volume string) map[string]int64 {
 	t.Helper()
 	out := map[string]int64{}
 	for _, r := range replicasOf(t, volume) {
-		dir := filepath.Join(env.managers[r.Spec.NodeID].DiskDir, "replicas", r.Spec.DataDirectoryName)
-		entries, err := os.ReadDir(dir)
-		require.NoError(t, err)
-		var n int64
-		for _, e := range entries {
-			var st syscall.Stat_t
-			if err := syscall.Stat(filepath.Join(dir, e.Name()), &st); err == nil {
-				n += st.Blocks * 512
-			}
+		for _, n := range fileBytes(t, replicaDataDir(r)) {
+			out[r.Name] += n
 		}
-		out[r.Name] = n
+	}
+	return out
+}
+
+// fileBytes is the allocated bytes (st_blocks) of each file in dir.
+func fileBytes(t *testing.T, dir string) map[string]int64 {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	out := map[string]int64{}
+	for _, e := range entries {
+		var st syscall.Stat_t
+		if err := syscall.Stat(filepath.Join(dir, e.Name()), &st); err == nil {
+			out[e.Name()] = st.Blocks * 512
+		}
 	}
 	return out
 }
@@ -222,7 +228,7 @@ func waitSpaceMatchesDisk(t *testing.T, volume string) {
 		head, snapsAndRemoved := cols[0], cols[1]+cols[2]
 		var bad []string
 		for _, r := range replicasOf(t, volume) {
-			onDisk, snaps, layers := layerFileBytes(t, filepath.Join(env.managers[r.Spec.NodeID].DiskDir, "replicas", r.Spec.DataDirectoryName))
+			onDisk, snaps, layers := layerFileBytes(t, replicaDataDir(r))
 			if abs(onDisk-head) > 4096 || abs(snaps-snapsAndRemoved) > int64(4096*layers) {
 				bad = append(bad, fmt.Sprintf("%s: head %d, snapshots %d on disk", r.Name, onDisk, snaps))
 			}
@@ -242,20 +248,13 @@ func waitSpaceMatchesDisk(t *testing.T, volume string) {
 // layer files, and how many layers it has.
 func layerFileBytes(t *testing.T, dir string) (head, snaps int64, layers int) {
 	t.Helper()
-	entries, err := os.ReadDir(dir)
-	require.NoError(t, err)
-	for _, e := range entries {
-		name := e.Name()
-		if !strings.HasSuffix(name, ".img") {
-			continue
-		}
-		var st syscall.Stat_t
-		require.NoError(t, syscall.Stat(filepath.Join(dir, name), &st))
-		layers++
-		if strings.HasPrefix(name, "volume-head-") {
-			head += st.Blocks * 512
-		} else {
-			snaps += st.Blocks * 512
+	for name, n := range fileBytes(t, dir) {
+		switch {
+		case !strings.HasSuffix(name, ".img"):
+		case strings.HasPrefix(name, "volume-head-"):
+			head, layers = head+n, layers+1
+		default:
+			snaps, layers = snaps+n, layers+1
 		}
 	}
 	return head, snaps, layers

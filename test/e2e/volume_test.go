@@ -598,7 +598,7 @@ func TestVolumeDeleteRemovesReplicaData(t *testing.T) {
 	qemuIO(t, v.Status.FrontendEndpoint, "write -P 0x66 0 1M")
 	var dirs []string
 	for _, r := range replicasOf(t, "e2e-del") {
-		dir := filepath.Join(env.managers[r.Spec.NodeID].DiskDir, "replicas", r.Spec.DataDirectoryName)
+		dir := replicaDataDir(r)
 		require.DirExists(t, dir)
 		dirs = append(dirs, dir)
 	}

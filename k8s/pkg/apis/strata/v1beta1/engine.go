@@ -159,13 +159,28 @@ func (st *EngineStatus) SnapshotUsage() (userCount int, size int64) {
 // reported its chain.
 func (st *EngineStatus) ActualSize() (size int64, ok bool) {
 	sp, ok := st.Space()
-	return sp.Head + sp.Snapshots + sp.Removed, ok
+	return sp.Total(), ok
 }
 
 // ChainSpace splits a chain's allocated bytes: the head, snapshots, and
 // removed snapshots.
 type ChainSpace struct {
 	Head, Snapshots, Removed int64
+}
+
+// Total is every layer's bytes.
+func (sp ChainSpace) Total() int64 { return sp.Head + sp.Snapshots + sp.Removed }
+
+// RemovedExclusive is what a purge would free from the chain's removed
+// snapshots now, and their names.
+func (st *EngineStatus) RemovedExclusive() (bytes int64, names []string) {
+	for name, s := range st.Snapshots {
+		if s != nil && s.Removed && s.Exclusive > 0 {
+			bytes += s.Exclusive
+			names = append(names, name)
+		}
+	}
+	return bytes, names
 }
 
 // Space is the chain's allocated bytes by kind; ok is false while the
