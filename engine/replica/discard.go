@@ -22,9 +22,9 @@ import (
 // map names no layer for it, so it reads as zeros. Discarded blocks a layer
 // below s holds keep s's copy: freeing it would reveal that older data.
 //
-// The marks live in memory only; a reopen or a snapshot forgets them,
-// which leaves space unfreed but never changes what the volume reads
-// wrongly (a trimmed block may read as anything it held). Every replica
+// The marks outlive a reopen (discard_store.go); a snapshot starts the new
+// head without them, which leaves space unfreed but never changes what a
+// kept snapshot reads (applying them would zero its trimmed blocks). Every replica
 // gets the same trims at the same point of the write stream, so all mark
 // the same blocks. A removed snapshot emptied by a prune no longer sits
 // between the head and its parent: it is dropped at once.
@@ -128,8 +128,12 @@ type prunePlan struct {
 
 // planPrune reads s's data, the data below it and the head's maps.
 func (r *Replica) planPrune(s *layer, size int64) (prunePlan, error) {
+	// Writers share the read lock and set a block's head bit before they
+	// clear its mark, so reading the marks first sees every block in one
+	// of the two: a write racing the reads cannot hide its block from both.
 	r.mu.RLock()
-	held, discarded := bitmapExtents(r.headBits, size/bs), bitmapExtents(r.discarded, size/bs)
+	discarded := bitmapExtents(r.discarded, size/bs)
+	held := bitmapExtents(r.headBits, size/bs)
 	r.mu.RUnlock()
 	return r.prunable(s, size, held, discarded, scanExtents)
 }
@@ -171,6 +175,7 @@ func (r *Replica) settlePrune(p prunePlan) error {
 				return fmt.Errorf("prune: %w", err)
 			}
 			r.discarded.clear(b, end)
+			r.persistDiscarded(b, end)
 			b = end
 		}
 	}

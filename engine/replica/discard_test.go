@@ -3,6 +3,7 @@ package replica
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -218,6 +219,105 @@ func TestChainExclusive(t *testing.T) {
 			require.NoError(t, r.RemoveSnapshot(tc.target))
 			require.NoError(t, r.Purge(context.Background(), nil))
 			assert.Equal(t, tc.want*bs, before-total(), "what the purge freed")
+		})
+	}
+}
+
+// TestDiscardMarksSurviveReopen: an instance manager restarted between a
+// trim and the snapshot's delete still frees the trimmed blocks; a block
+// written after the trim keeps its data though the discard file still
+// marks it.
+func TestDiscardMarksSurviveReopen(t *testing.T) {
+	tests := []struct {
+		name  string
+		build func(t *testing.T, r *Replica)
+		// fileMarks: the first word of the discard file before the reopen
+		// (0: no file); chain and vals: after the delete and purge.
+		fileMarks uint64
+		chain     map[string]int64
+		vals      []byte
+	}{
+		{"trim", func(t *testing.T, r *Replica) {
+			require.NoError(t, r.Unmap(0, 16*bs))
+		}, 0xffff, map[string]int64{}, make([]byte, 16)},
+		{"write-zeroes", func(t *testing.T, r *Replica) {
+			require.NoError(t, r.WriteZeroes(0, 16*bs))
+		}, 0xffff, map[string]int64{}, make([]byte, 16)},
+		{"a write after the trim: the stale mark is dropped", func(t *testing.T, r *Replica) {
+			require.NoError(t, r.Unmap(0, 16*bs))
+			fillBlocks(t, r, 3, 1, 7)
+		}, 0xffff, map[string]int64{}, []byte{0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+		{"zeros written after the trim read as zeros", func(t *testing.T, r *Replica) {
+			require.NoError(t, r.Unmap(0, 16*bs))
+			fillBlocks(t, r, 3, 1, 0)
+		}, 0xffff, map[string]int64{}, make([]byte, 16)},
+		{"a trim of head data keeps it: Open cannot tell it from a later write", func(t *testing.T, r *Replica) {
+			fillBlocks(t, r, 0, 4, 2)
+			require.NoError(t, r.Unmap(0, 16*bs))
+		}, 0xffff, map[string]int64{}, []byte{2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+		{"part trimmed", func(t *testing.T, r *Replica) {
+			require.NoError(t, r.Unmap(4*bs, 8*bs))
+		}, 0x0ff0, map[string]int64{"s": 8}, []byte{1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1}},
+		{"a snapshot after the trim starts without marks", func(t *testing.T, r *Replica) {
+			require.NoError(t, r.Unmap(0, 16*bs))
+			require.NoError(t, r.Snapshot("t", SnapshotOptions{UserCreated: true}))
+		}, 0, map[string]int64{"t": 16}, bytes.Repeat([]byte{1}, 16)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r, dir := newReplica(t, 16)
+			fillBlocks(t, r, 0, 16, 1)
+			require.NoError(t, r.Snapshot("s", SnapshotOptions{}))
+			tc.build(t, r)
+			assert.Equal(t, tc.fileMarks, discardFileWord(t, dir, r.head.file), "the discard file")
+			require.NoError(t, r.Close())
+
+			r2, err := Open(dir)
+			require.NoError(t, err)
+			defer r2.Close()
+			require.NoError(t, r2.RemoveSnapshot("s"))
+			require.NoError(t, r2.Purge(context.Background(), nil))
+			got := layers(t, r2)
+			delete(got, HeadName)
+			require.Len(t, got, len(tc.chain), "chain %v", got)
+			for name, blocks := range tc.chain {
+				require.Contains(t, got, name)
+				assert.Equal(t, blocks*bs, got[name].Size, "allocated by %s", name)
+			}
+			assert.Equal(t, tc.vals, blockVals(t, r2))
+			assert.Zero(t, discardFileWord(t, dir, r2.head.file)&^tc.fileMarks, "marks the purge cleared stay cleared")
+		})
+	}
+}
+
+// discardFileWord is the first word of head's discard file, 0 if none.
+func discardFileWord(t *testing.T, dir, head string) uint64 {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, discardFileName(head)))
+	if os.IsNotExist(err) {
+		return 0
+	}
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(data), 8)
+	return binary.LittleEndian.Uint64(data)
+}
+
+// TestDiscardFileDamaged: a discard file Open cannot use costs its marks,
+// never the replica.
+func TestDiscardFileDamaged(t *testing.T) {
+	for name, content := range map[string][]byte{"short": {0xff, 0x01}, "empty": {}, "too long": bytes.Repeat([]byte{0xff}, 1<<20)} {
+		t.Run(name, func(t *testing.T) {
+			r, dir := newReplica(t, 16)
+			fillBlocks(t, r, 0, 16, 1)
+			require.NoError(t, r.Snapshot("s", SnapshotOptions{}))
+			fillBlocks(t, r, 0, 2, 2)
+			head := r.head.file
+			require.NoError(t, r.Close())
+			require.NoError(t, os.WriteFile(filepath.Join(dir, discardFileName(head)), content, fileMode))
+			r2, err := Open(dir)
+			require.NoError(t, err)
+			defer r2.Close()
+			assert.Equal(t, []byte{2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, blockVals(t, r2))
 		})
 	}
 }

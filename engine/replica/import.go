@@ -146,6 +146,7 @@ func (r *Replica) BeginImport(opts ImportOptions) error {
 		}
 	}
 	r.discarded.clearAll() // the head is rebuilt; so are its marks
+	r.dropDiscardFile()
 	r.imp = &importState{
 		staging: map[string]*os.File{}, recs: map[int64]*blockRec{},
 		recBits: newBitmap(nblocks), unmapped: newBitmap(nblocks), zeroed: newBitmap(nblocks),

@@ -207,6 +207,7 @@ func (r *Replica) Unmap(off, length int64) error {
 		e := r.owner.lowerRunEnd(b, stop, lower)
 		if lower {
 			r.discarded.set(b, e)
+			r.persistDiscarded(b, e)
 		} else if err := r.punchHeld(b, e); err != nil {
 			return err
 		}
@@ -251,6 +252,7 @@ func (r *Replica) WriteZeroes(off, length int64) error {
 			return err
 		} else {
 			r.discarded.set(b, e) // a zero block only hides lower data
+			r.persistDiscarded(b, e)
 		}
 		b = e
 	}

@@ -305,7 +305,8 @@ func isLayerFile(name string) bool {
 	if !strings.HasPrefix(name, headPrefix) && !strings.HasPrefix(name, snapPrefix) {
 		return false
 	}
-	return strings.HasSuffix(name, imgSuffix) || strings.HasSuffix(name, imgSuffix+metaSuffix)
+	return strings.HasSuffix(name, imgSuffix) || strings.HasSuffix(name, imgSuffix+metaSuffix) ||
+		strings.HasSuffix(name, discardSuffix)
 }
 
 func isTmpFile(name string) bool {

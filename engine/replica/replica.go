@@ -121,9 +121,11 @@ type Replica struct {
 	owner    *ownerMap
 	headBits *bitmap
 	// discarded: blocks the head's user trimmed or zeroed while a lower
-	// layer held them, not written since. Memory only: a hint that lets a
-	// purge free them from a removed snapshot under the head (discard.go).
+	// layer held them, not written since: a hint that lets a purge free
+	// them from a removed snapshot under the head (discard.go), kept in
+	// discardF too (discard_store.go).
 	discarded *bitmap
+	discardF  *os.File
 	exts      extentCache // snapshot layers' data extents, for Chain
 
 	maxCount int
@@ -289,10 +291,10 @@ func (r *Replica) load() error {
 	if err != nil {
 		return fmt.Errorf("open replica %s: %w", r.dir, err)
 	}
-	r.discarded = newBitmap(r.size / bs)
 	if err := r.removeLeftovers(); err != nil {
 		return err
 	}
+	r.loadDiscarded()
 	return r.tightenModes()
 }
 
@@ -335,7 +337,7 @@ func (r *Replica) checkParents() error {
 // reference: they belong to an operation that did not commit (or committed
 // and had not yet deleted what it replaced).
 func (r *Replica) removeLeftovers() error {
-	keep := map[string]bool{r.head.file: true, r.head.file + metaSuffix: true}
+	keep := map[string]bool{r.head.file: true, r.head.file + metaSuffix: true, discardFileName(r.head.file): true}
 	for _, s := range r.snaps {
 		keep[s.file] = true
 		keep[s.file+metaSuffix] = true
@@ -482,6 +484,7 @@ func (r *Replica) Close() error {
 	}
 	r.closed = true
 	r.closeImport()
+	r.closeDiscardFile()
 	err := r.head.f.Sync()
 	if cerr := r.closeFiles(); err == nil {
 		err = cerr

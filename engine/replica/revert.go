@@ -77,11 +77,12 @@ func (r *Replica) replaceHead(parent, what string) error {
 	r.owner = owner
 	r.headBits = newBitmap(r.size / bs)
 	r.discarded = newBitmap(r.size / bs)
+	r.closeDiscardFile()
 	if err != nil {
 		return err
 	}
 	crashPoint(what + ":committed")
-	r.removeFiles(old.file, old.file+metaSuffix)
+	r.removeFiles(old.file, old.file+metaSuffix, discardFileName(old.file))
 	return nil
 }
 

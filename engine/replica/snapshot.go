@@ -314,9 +314,10 @@ func (r *Replica) Snapshot(name string, opts SnapshotOptions) error {
 	// The snapshot keeps the old head's trims unapplied: reads of those
 	// blocks may return the older data again, as TRIM allows.
 	r.discarded.clearAll()
+	r.closeDiscardFile()
 	if err == nil {
 		crashPoint("snapshot:committed")
-		r.removeFiles(oldFile, oldFile+metaSuffix)
+		r.removeFiles(oldFile, oldFile+metaSuffix, discardFileName(oldFile))
 	}
 	return err
 }
