@@ -134,6 +134,28 @@ func (c *Client) SnapshotCreate(ctx context.Context, engine, name string, userCr
 	return resp.Name, nil
 }
 
+// EngineFreeze freezes the engine for a group cut: writes wait, those in flight drain, until EngineThaw of
+// the cut or the timeout (at most a minute); ErrBusy while frozen for another cut or a rebuild runs, ErrInvalid
+// for a missing cut or a timeout out of range, and the engine errors.
+func (c *Client) EngineFreeze(ctx context.Context, engine, cut string, timeout time.Duration) error {
+	_, err := call(ctx, c, c.im.EngineFreeze, &impb.EngineFreezeRequest{Engine: engine, Cut: cut, TimeoutMs: timeout.Milliseconds()})
+	return err
+}
+
+// EngineThaw ends the engine's freeze for the cut; a cut no longer frozen is success.
+func (c *Client) EngineThaw(ctx context.Context, engine, cut string) error {
+	_, err := call(ctx, c, c.im.EngineThaw, &impb.EngineThawRequest{Engine: engine, Cut: cut})
+	return err
+}
+
+// SnapshotCreateInCut is SnapshotCreate inside the engine's freeze for cut; ErrFreezeLost (nothing taken) once
+// that freeze has ended.
+func (c *Client) SnapshotCreateInCut(ctx context.Context, engine, cut, name string, userCreated bool, labels map[string]string) error {
+	_, err := call(ctx, c, c.im.SnapshotCreate, &impb.SnapshotCreateRequest{Engine: engine, Name: name,
+		UserCreated: userCreated, Labels: labels, Cut: cut})
+	return err
+}
+
 // SnapshotList returns the engine's snapshot chain keyed by name, the live head (types.VolumeHeadName)
 // included; the engine errors.
 func (c *Client) SnapshotList(ctx context.Context, engine string) (map[string]*impb.Snapshot, error) {

@@ -20,6 +20,9 @@ var (
 	ErrBusy          = errors.New("busy")
 	ErrInvalid       = errors.New("invalid argument")
 	ErrUnavailable   = errors.New("instance manager unavailable")
+	// ErrFreezeLost: a snapshot of a group cut asked of an engine that is
+	// no longer frozen for it (timed out or thawed); nothing was taken.
+	ErrFreezeLost = errors.New("freeze lost")
 )
 
 var errorCodes = []struct {
@@ -32,6 +35,7 @@ var errorCodes = []struct {
 	{ErrBusy, codes.Aborted},
 	{ErrInvalid, codes.InvalidArgument},
 	{ErrUnavailable, codes.Unavailable},
+	{ErrFreezeLost, codes.FailedPrecondition},
 }
 
 // Error is a failure reported by an instance manager: the message it sent

@@ -386,6 +386,8 @@ func (s *Server) stopFrontend(inst *instance) error {
 func (s *Server) stopLocked(inst *instance) error {
 	var errs []error
 	if inst.eng != nil {
+		inst.eng.ThawAny() // writes a freeze holds must end before the frontend stops
+		s.frozen.Delete(inst.spec.Name)
 		s.stopJobs(inst.eng)
 		errs = append(errs, s.stopFrontend(inst))
 		for _, r := range inst.eng.Replicas() {

@@ -97,6 +97,14 @@ func TestRequestsAreBounded(t *testing.T) {
 				Concurrency: 1000})
 			return err
 		}, "concurrency 1000 must be between 0 (the default) and 64"},
+		{"freeze without a cut", func() error {
+			_, err := im.s.EngineFreeze(ctx, &impb.EngineFreezeRequest{Engine: "e", TimeoutMs: 1000})
+			return err
+		}, "cut: required"},
+		{"freeze beyond a minute", func() error {
+			_, err := im.s.EngineFreeze(ctx, &impb.EngineFreezeRequest{Engine: "e", Cut: "c", TimeoutMs: 60001})
+			return err
+		}, "timeout_ms 60001: must be above 0 and at most 60000"},
 		{"negative restore concurrency", func() error {
 			_, err := im.s.BackupRestore(ctx, &impb.BackupRestoreRequest{Engine: "e", Backup: "b", Volume: "v", Concurrency: -1})
 			return err

@@ -99,6 +99,9 @@ type Server struct {
 	// serves (see dataOptions).
 	ownData sync.Map
 
+	// frozen holds the engines frozen for a group cut, by name, so a thaw
+	// reaches one without its instance lock (freeze.go).
+	frozen sync.Map
 	// clones holds the engines a SnapshotClone is filling (see clone.go).
 	clones sync.Map
 	// jobs holds the engines' backups and restores (see backup.go).

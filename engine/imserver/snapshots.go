@@ -45,6 +45,7 @@ func translate(err error) error {
 		errclass.Rule{From: dataconn.ErrLimitExceeded, To: engineapi.ErrLimitExceeded},
 		errclass.Rule{From: dataconn.ErrInvalidArgument, To: engineapi.ErrInvalid},
 		errclass.Rule{From: replication.ErrBusy, To: engineapi.ErrBusy},
+		errclass.Rule{From: replication.ErrFreezeLost, To: engineapi.ErrFreezeLost},
 		errclass.Rule{From: replicactl.ErrBackingMismatch, To: engineapi.ErrInvalid},
 	)
 }
@@ -93,7 +94,11 @@ func (s *Server) SnapshotCreate(ctx context.Context, req *impb.SnapshotCreateReq
 		if _, ok := inst.snapshots[name]; ok {
 			return fmt.Errorf("snapshot %s of engine %s: %w", name, req.Engine, engineapi.ErrAlreadyExists)
 		}
-		return inst.eng.Snapshot(ctx, name, replication.SnapshotOptions{UserCreated: req.UserCreated, Labels: req.Labels})
+		opts := replication.SnapshotOptions{UserCreated: req.UserCreated, Labels: req.Labels}
+		if req.Cut != "" {
+			return inst.eng.SnapshotInCut(ctx, req.Cut, name, opts)
+		}
+		return inst.eng.Snapshot(ctx, name, opts)
 	})
 	if err != nil {
 		return nil, err

@@ -75,6 +75,7 @@ type Engine struct {
 	replicas map[string]*replica
 	nextRead atomic.Uint64
 	rb       rebuilds // see rebuild.go
+	fz       freeze   // a group cut's freeze, see freeze.go
 	// changes counts completed data-changing calls (write, trim, zeroing),
 	// so a size reporter can tell an idle volume from one that grew
 	// without asking a replica (see DataVersion).

@@ -113,6 +113,10 @@ type rebuilds struct {
 // structural is called by operations that change the chain. It refuses
 // them during a rebuild; otherwise the caller must call release when done.
 func (e *Engine) structural(what string) (release func(), err error) {
+	if cut := e.FrozenFor(); cut != "" {
+		// Not waiting out the freeze: the caller may hold what its thaw needs.
+		return nil, fmt.Errorf("%s of volume %s: frozen for group cut %s: %w", what, e.volume, cut, ErrBusy)
+	}
 	e.rb.gate.Lock()
 	e.rb.mu.Lock()
 	active := e.rb.active

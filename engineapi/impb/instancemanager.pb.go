@@ -1627,11 +1627,13 @@ func (x *Snapshot) GetExclusive() int64 {
 }
 
 type SnapshotCreateRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Engine        string                 `protobuf:"bytes,1,opt,name=engine,proto3" json:"engine,omitempty"`
-	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	UserCreated   bool                   `protobuf:"varint,3,opt,name=user_created,json=userCreated,proto3" json:"user_created,omitempty"`
-	Labels        map[string]string      `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Engine      string                 `protobuf:"bytes,1,opt,name=engine,proto3" json:"engine,omitempty"`
+	Name        string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	UserCreated bool                   `protobuf:"varint,3,opt,name=user_created,json=userCreated,proto3" json:"user_created,omitempty"`
+	Labels      map[string]string      `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// cut: take the snapshot inside the engine's freeze for this group cut.
+	Cut           string `protobuf:"bytes,5,opt,name=cut,proto3" json:"cut,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1694,6 +1696,126 @@ func (x *SnapshotCreateRequest) GetLabels() map[string]string {
 	return nil
 }
 
+func (x *SnapshotCreateRequest) GetCut() string {
+	if x != nil {
+		return x.Cut
+	}
+	return ""
+}
+
+type EngineFreezeRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Engine string                 `protobuf:"bytes,1,opt,name=engine,proto3" json:"engine,omitempty"`
+	Cut    string                 `protobuf:"bytes,2,opt,name=cut,proto3" json:"cut,omitempty"`
+	// timeout_ms: the freeze ends on its own after this (at most 60000).
+	TimeoutMs     int64 `protobuf:"varint,3,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EngineFreezeRequest) Reset() {
+	*x = EngineFreezeRequest{}
+	mi := &file_instancemanager_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EngineFreezeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EngineFreezeRequest) ProtoMessage() {}
+
+func (x *EngineFreezeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_instancemanager_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EngineFreezeRequest.ProtoReflect.Descriptor instead.
+func (*EngineFreezeRequest) Descriptor() ([]byte, []int) {
+	return file_instancemanager_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *EngineFreezeRequest) GetEngine() string {
+	if x != nil {
+		return x.Engine
+	}
+	return ""
+}
+
+func (x *EngineFreezeRequest) GetCut() string {
+	if x != nil {
+		return x.Cut
+	}
+	return ""
+}
+
+func (x *EngineFreezeRequest) GetTimeoutMs() int64 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+type EngineThawRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Engine        string                 `protobuf:"bytes,1,opt,name=engine,proto3" json:"engine,omitempty"`
+	Cut           string                 `protobuf:"bytes,2,opt,name=cut,proto3" json:"cut,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EngineThawRequest) Reset() {
+	*x = EngineThawRequest{}
+	mi := &file_instancemanager_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EngineThawRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EngineThawRequest) ProtoMessage() {}
+
+func (x *EngineThawRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_instancemanager_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EngineThawRequest.ProtoReflect.Descriptor instead.
+func (*EngineThawRequest) Descriptor() ([]byte, []int) {
+	return file_instancemanager_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *EngineThawRequest) GetEngine() string {
+	if x != nil {
+		return x.Engine
+	}
+	return ""
+}
+
+func (x *EngineThawRequest) GetCut() string {
+	if x != nil {
+		return x.Cut
+	}
+	return ""
+}
+
 type SnapshotCreateResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -1703,7 +1825,7 @@ type SnapshotCreateResponse struct {
 
 func (x *SnapshotCreateResponse) Reset() {
 	*x = SnapshotCreateResponse{}
-	mi := &file_instancemanager_proto_msgTypes[18]
+	mi := &file_instancemanager_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1715,7 +1837,7 @@ func (x *SnapshotCreateResponse) String() string {
 func (*SnapshotCreateResponse) ProtoMessage() {}
 
 func (x *SnapshotCreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[18]
+	mi := &file_instancemanager_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1728,7 +1850,7 @@ func (x *SnapshotCreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCreateResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotCreateResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{18}
+	return file_instancemanager_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SnapshotCreateResponse) GetName() string {
@@ -1747,7 +1869,7 @@ type SnapshotListResponse struct {
 
 func (x *SnapshotListResponse) Reset() {
 	*x = SnapshotListResponse{}
-	mi := &file_instancemanager_proto_msgTypes[19]
+	mi := &file_instancemanager_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1759,7 +1881,7 @@ func (x *SnapshotListResponse) String() string {
 func (*SnapshotListResponse) ProtoMessage() {}
 
 func (x *SnapshotListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[19]
+	mi := &file_instancemanager_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1772,7 +1894,7 @@ func (x *SnapshotListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotListResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotListResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{19}
+	return file_instancemanager_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SnapshotListResponse) GetSnapshots() map[string]*Snapshot {
@@ -1792,7 +1914,7 @@ type SnapshotRemoveRequest struct {
 
 func (x *SnapshotRemoveRequest) Reset() {
 	*x = SnapshotRemoveRequest{}
-	mi := &file_instancemanager_proto_msgTypes[20]
+	mi := &file_instancemanager_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1804,7 +1926,7 @@ func (x *SnapshotRemoveRequest) String() string {
 func (*SnapshotRemoveRequest) ProtoMessage() {}
 
 func (x *SnapshotRemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[20]
+	mi := &file_instancemanager_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1817,7 +1939,7 @@ func (x *SnapshotRemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRemoveRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRemoveRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{20}
+	return file_instancemanager_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SnapshotRemoveRequest) GetEngine() string {
@@ -1846,7 +1968,7 @@ type PurgeStatus struct {
 
 func (x *PurgeStatus) Reset() {
 	*x = PurgeStatus{}
-	mi := &file_instancemanager_proto_msgTypes[21]
+	mi := &file_instancemanager_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1858,7 +1980,7 @@ func (x *PurgeStatus) String() string {
 func (*PurgeStatus) ProtoMessage() {}
 
 func (x *PurgeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[21]
+	mi := &file_instancemanager_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1871,7 +1993,7 @@ func (x *PurgeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeStatus.ProtoReflect.Descriptor instead.
 func (*PurgeStatus) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{21}
+	return file_instancemanager_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PurgeStatus) GetIsPurging() bool {
@@ -1911,7 +2033,7 @@ type PurgeStatusResponse struct {
 
 func (x *PurgeStatusResponse) Reset() {
 	*x = PurgeStatusResponse{}
-	mi := &file_instancemanager_proto_msgTypes[22]
+	mi := &file_instancemanager_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1923,7 +2045,7 @@ func (x *PurgeStatusResponse) String() string {
 func (*PurgeStatusResponse) ProtoMessage() {}
 
 func (x *PurgeStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[22]
+	mi := &file_instancemanager_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1936,7 +2058,7 @@ func (x *PurgeStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeStatusResponse.ProtoReflect.Descriptor instead.
 func (*PurgeStatusResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{22}
+	return file_instancemanager_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PurgeStatusResponse) GetStatus() map[string]*PurgeStatus {
@@ -1956,7 +2078,7 @@ type SnapshotRevertRequest struct {
 
 func (x *SnapshotRevertRequest) Reset() {
 	*x = SnapshotRevertRequest{}
-	mi := &file_instancemanager_proto_msgTypes[23]
+	mi := &file_instancemanager_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1968,7 +2090,7 @@ func (x *SnapshotRevertRequest) String() string {
 func (*SnapshotRevertRequest) ProtoMessage() {}
 
 func (x *SnapshotRevertRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[23]
+	mi := &file_instancemanager_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1981,7 +2103,7 @@ func (x *SnapshotRevertRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRevertRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRevertRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{23}
+	return file_instancemanager_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SnapshotRevertRequest) GetEngine() string {
@@ -2015,7 +2137,7 @@ type SnapshotCloneRequest struct {
 
 func (x *SnapshotCloneRequest) Reset() {
 	*x = SnapshotCloneRequest{}
-	mi := &file_instancemanager_proto_msgTypes[24]
+	mi := &file_instancemanager_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2027,7 +2149,7 @@ func (x *SnapshotCloneRequest) String() string {
 func (*SnapshotCloneRequest) ProtoMessage() {}
 
 func (x *SnapshotCloneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[24]
+	mi := &file_instancemanager_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2040,7 +2162,7 @@ func (x *SnapshotCloneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotCloneRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotCloneRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{24}
+	return file_instancemanager_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SnapshotCloneRequest) GetEngine() string {
@@ -2081,7 +2203,7 @@ type SnapshotExportRequest struct {
 
 func (x *SnapshotExportRequest) Reset() {
 	*x = SnapshotExportRequest{}
-	mi := &file_instancemanager_proto_msgTypes[25]
+	mi := &file_instancemanager_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2093,7 +2215,7 @@ func (x *SnapshotExportRequest) String() string {
 func (*SnapshotExportRequest) ProtoMessage() {}
 
 func (x *SnapshotExportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[25]
+	mi := &file_instancemanager_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2106,7 +2228,7 @@ func (x *SnapshotExportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotExportRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotExportRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{25}
+	return file_instancemanager_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SnapshotExportRequest) GetEngine() string {
@@ -2135,7 +2257,7 @@ type ExportChunk struct {
 
 func (x *ExportChunk) Reset() {
 	*x = ExportChunk{}
-	mi := &file_instancemanager_proto_msgTypes[26]
+	mi := &file_instancemanager_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2147,7 +2269,7 @@ func (x *ExportChunk) String() string {
 func (*ExportChunk) ProtoMessage() {}
 
 func (x *ExportChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[26]
+	mi := &file_instancemanager_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2160,7 +2282,7 @@ func (x *ExportChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportChunk.ProtoReflect.Descriptor instead.
 func (*ExportChunk) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{26}
+	return file_instancemanager_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ExportChunk) GetOffset() int64 {
@@ -2195,7 +2317,7 @@ type SnapshotLimitsRequest struct {
 
 func (x *SnapshotLimitsRequest) Reset() {
 	*x = SnapshotLimitsRequest{}
-	mi := &file_instancemanager_proto_msgTypes[27]
+	mi := &file_instancemanager_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2207,7 +2329,7 @@ func (x *SnapshotLimitsRequest) String() string {
 func (*SnapshotLimitsRequest) ProtoMessage() {}
 
 func (x *SnapshotLimitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[27]
+	mi := &file_instancemanager_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2220,7 +2342,7 @@ func (x *SnapshotLimitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotLimitsRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotLimitsRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{27}
+	return file_instancemanager_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SnapshotLimitsRequest) GetEngine() string {
@@ -2254,7 +2376,7 @@ type VolumeExpandRequest struct {
 
 func (x *VolumeExpandRequest) Reset() {
 	*x = VolumeExpandRequest{}
-	mi := &file_instancemanager_proto_msgTypes[28]
+	mi := &file_instancemanager_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2266,7 +2388,7 @@ func (x *VolumeExpandRequest) String() string {
 func (*VolumeExpandRequest) ProtoMessage() {}
 
 func (x *VolumeExpandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[28]
+	mi := &file_instancemanager_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2279,7 +2401,7 @@ func (x *VolumeExpandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeExpandRequest.ProtoReflect.Descriptor instead.
 func (*VolumeExpandRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{28}
+	return file_instancemanager_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *VolumeExpandRequest) GetEngine() string {
@@ -2306,7 +2428,7 @@ type FrontendStartRequest struct {
 
 func (x *FrontendStartRequest) Reset() {
 	*x = FrontendStartRequest{}
-	mi := &file_instancemanager_proto_msgTypes[29]
+	mi := &file_instancemanager_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2318,7 +2440,7 @@ func (x *FrontendStartRequest) String() string {
 func (*FrontendStartRequest) ProtoMessage() {}
 
 func (x *FrontendStartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[29]
+	mi := &file_instancemanager_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2331,7 +2453,7 @@ func (x *FrontendStartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FrontendStartRequest.ProtoReflect.Descriptor instead.
 func (*FrontendStartRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{29}
+	return file_instancemanager_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *FrontendStartRequest) GetEngine() string {
@@ -2361,7 +2483,7 @@ type ReplicaAddRequest struct {
 
 func (x *ReplicaAddRequest) Reset() {
 	*x = ReplicaAddRequest{}
-	mi := &file_instancemanager_proto_msgTypes[30]
+	mi := &file_instancemanager_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2373,7 +2495,7 @@ func (x *ReplicaAddRequest) String() string {
 func (*ReplicaAddRequest) ProtoMessage() {}
 
 func (x *ReplicaAddRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[30]
+	mi := &file_instancemanager_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2386,7 +2508,7 @@ func (x *ReplicaAddRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaAddRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaAddRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{30}
+	return file_instancemanager_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReplicaAddRequest) GetEngine() string {
@@ -2427,7 +2549,7 @@ type ReplicaRemoveRequest struct {
 
 func (x *ReplicaRemoveRequest) Reset() {
 	*x = ReplicaRemoveRequest{}
-	mi := &file_instancemanager_proto_msgTypes[31]
+	mi := &file_instancemanager_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2439,7 +2561,7 @@ func (x *ReplicaRemoveRequest) String() string {
 func (*ReplicaRemoveRequest) ProtoMessage() {}
 
 func (x *ReplicaRemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[31]
+	mi := &file_instancemanager_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2452,7 +2574,7 @@ func (x *ReplicaRemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaRemoveRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaRemoveRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{31}
+	return file_instancemanager_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReplicaRemoveRequest) GetEngine() string {
@@ -2492,7 +2614,7 @@ type RebuildStatus struct {
 
 func (x *RebuildStatus) Reset() {
 	*x = RebuildStatus{}
-	mi := &file_instancemanager_proto_msgTypes[32]
+	mi := &file_instancemanager_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2504,7 +2626,7 @@ func (x *RebuildStatus) String() string {
 func (*RebuildStatus) ProtoMessage() {}
 
 func (x *RebuildStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[32]
+	mi := &file_instancemanager_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2517,7 +2639,7 @@ func (x *RebuildStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebuildStatus.ProtoReflect.Descriptor instead.
 func (*RebuildStatus) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{32}
+	return file_instancemanager_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RebuildStatus) GetIsRebuilding() bool {
@@ -2592,7 +2714,7 @@ type ReplicaDataDeleteRequest struct {
 
 func (x *ReplicaDataDeleteRequest) Reset() {
 	*x = ReplicaDataDeleteRequest{}
-	mi := &file_instancemanager_proto_msgTypes[33]
+	mi := &file_instancemanager_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2604,7 +2726,7 @@ func (x *ReplicaDataDeleteRequest) String() string {
 func (*ReplicaDataDeleteRequest) ProtoMessage() {}
 
 func (x *ReplicaDataDeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[33]
+	mi := &file_instancemanager_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2617,7 +2739,7 @@ func (x *ReplicaDataDeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaDataDeleteRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaDataDeleteRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{33}
+	return file_instancemanager_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReplicaDataDeleteRequest) GetDataDir() string {
@@ -2636,7 +2758,7 @@ type RebuildStatusResponse struct {
 
 func (x *RebuildStatusResponse) Reset() {
 	*x = RebuildStatusResponse{}
-	mi := &file_instancemanager_proto_msgTypes[34]
+	mi := &file_instancemanager_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2648,7 +2770,7 @@ func (x *RebuildStatusResponse) String() string {
 func (*RebuildStatusResponse) ProtoMessage() {}
 
 func (x *RebuildStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[34]
+	mi := &file_instancemanager_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2661,7 +2783,7 @@ func (x *RebuildStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebuildStatusResponse.ProtoReflect.Descriptor instead.
 func (*RebuildStatusResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{34}
+	return file_instancemanager_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RebuildStatusResponse) GetStatus() map[string]*RebuildStatus {
@@ -2836,15 +2958,24 @@ const file_instancemanager_proto_rawDesc = "" +
 	"\texclusive\x18\t \x01(\x03R\texclusive\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf7\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x89\x02\n" +
 	"\x15SnapshotCreateRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12!\n" +
 	"\fuser_created\x18\x03 \x01(\bR\vuserCreated\x12T\n" +
-	"\x06labels\x18\x04 \x03(\v2<.strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\x04 \x03(\v2<.strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntryR\x06labels\x12\x10\n" +
+	"\x03cut\x18\x05 \x01(\tR\x03cut\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\",\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"^\n" +
+	"\x13EngineFreezeRequest\x12\x16\n" +
+	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x10\n" +
+	"\x03cut\x18\x02 \x01(\tR\x03cut\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x03 \x01(\x03R\ttimeoutMs\"=\n" +
+	"\x11EngineThawRequest\x12\x16\n" +
+	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x10\n" +
+	"\x03cut\x18\x02 \x01(\tR\x03cut\",\n" +
 	"\x16SnapshotCreateResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\xd7\x01\n" +
 	"\x14SnapshotListResponse\x12\\\n" +
@@ -2934,7 +3065,7 @@ const file_instancemanager_proto_rawDesc = "" +
 	"\x18REPLICA_MODE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fREPLICA_MODE_RW\x10\x01\x12\x13\n" +
 	"\x0fREPLICA_MODE_WO\x10\x02\x12\x14\n" +
-	"\x10REPLICA_MODE_ERR\x10\x032\x9b\x13\n" +
+	"\x10REPLICA_MODE_ERR\x10\x032\xdb\x14\n" +
 	"\x0fInstanceManager\x12g\n" +
 	"\x0eInstanceCreate\x120.strata.instancemanager.v1.InstanceCreateRequest\x1a#.strata.instancemanager.v1.Instance\x12]\n" +
 	"\x0eInstanceDelete\x12&.strata.instancemanager.v1.InstanceRef\x1a#.strata.instancemanager.v1.Instance\x12Z\n" +
@@ -2949,7 +3080,10 @@ const file_instancemanager_proto_rawDesc = "" +
 	"\x0eSnapshotRevert\x120.strata.instancemanager.v1.SnapshotRevertRequest\x1a .strata.instancemanager.v1.Empty\x12b\n" +
 	"\rSnapshotClone\x12/.strata.instancemanager.v1.SnapshotCloneRequest\x1a .strata.instancemanager.v1.Empty\x12l\n" +
 	"\x0eSnapshotExport\x120.strata.instancemanager.v1.SnapshotExportRequest\x1a&.strata.instancemanager.v1.ExportChunk0\x01\x12g\n" +
-	"\x11SnapshotLimitsSet\x120.strata.instancemanager.v1.SnapshotLimitsRequest\x1a .strata.instancemanager.v1.Empty\x12d\n" +
+	"\x11SnapshotLimitsSet\x120.strata.instancemanager.v1.SnapshotLimitsRequest\x1a .strata.instancemanager.v1.Empty\x12`\n" +
+	"\fEngineFreeze\x12..strata.instancemanager.v1.EngineFreezeRequest\x1a .strata.instancemanager.v1.Empty\x12\\\n" +
+	"\n" +
+	"EngineThaw\x12,.strata.instancemanager.v1.EngineThawRequest\x1a .strata.instancemanager.v1.Empty\x12d\n" +
 	"\x0eSnapshotBackup\x120.strata.instancemanager.v1.SnapshotBackupRequest\x1a .strata.instancemanager.v1.Empty\x12b\n" +
 	"\rBackupRestore\x12/.strata.instancemanager.v1.BackupRestoreRequest\x1a .strata.instancemanager.v1.Empty\x12`\n" +
 	"\fVolumeExpand\x12..strata.instancemanager.v1.VolumeExpandRequest\x1a .strata.instancemanager.v1.Empty\x12e\n" +
@@ -2975,7 +3109,7 @@ func file_instancemanager_proto_rawDescGZIP() []byte {
 }
 
 var file_instancemanager_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_instancemanager_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_instancemanager_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_instancemanager_proto_goTypes = []any{
 	(InstanceType)(0),                // 0: strata.instancemanager.v1.InstanceType
 	(InstanceState)(0),               // 1: strata.instancemanager.v1.InstanceState
@@ -2999,68 +3133,70 @@ var file_instancemanager_proto_goTypes = []any{
 	(*WatchEvent)(nil),               // 19: strata.instancemanager.v1.WatchEvent
 	(*Snapshot)(nil),                 // 20: strata.instancemanager.v1.Snapshot
 	(*SnapshotCreateRequest)(nil),    // 21: strata.instancemanager.v1.SnapshotCreateRequest
-	(*SnapshotCreateResponse)(nil),   // 22: strata.instancemanager.v1.SnapshotCreateResponse
-	(*SnapshotListResponse)(nil),     // 23: strata.instancemanager.v1.SnapshotListResponse
-	(*SnapshotRemoveRequest)(nil),    // 24: strata.instancemanager.v1.SnapshotRemoveRequest
-	(*PurgeStatus)(nil),              // 25: strata.instancemanager.v1.PurgeStatus
-	(*PurgeStatusResponse)(nil),      // 26: strata.instancemanager.v1.PurgeStatusResponse
-	(*SnapshotRevertRequest)(nil),    // 27: strata.instancemanager.v1.SnapshotRevertRequest
-	(*SnapshotCloneRequest)(nil),     // 28: strata.instancemanager.v1.SnapshotCloneRequest
-	(*SnapshotExportRequest)(nil),    // 29: strata.instancemanager.v1.SnapshotExportRequest
-	(*ExportChunk)(nil),              // 30: strata.instancemanager.v1.ExportChunk
-	(*SnapshotLimitsRequest)(nil),    // 31: strata.instancemanager.v1.SnapshotLimitsRequest
-	(*VolumeExpandRequest)(nil),      // 32: strata.instancemanager.v1.VolumeExpandRequest
-	(*FrontendStartRequest)(nil),     // 33: strata.instancemanager.v1.FrontendStartRequest
-	(*ReplicaAddRequest)(nil),        // 34: strata.instancemanager.v1.ReplicaAddRequest
-	(*ReplicaRemoveRequest)(nil),     // 35: strata.instancemanager.v1.ReplicaRemoveRequest
-	(*RebuildStatus)(nil),            // 36: strata.instancemanager.v1.RebuildStatus
-	(*ReplicaDataDeleteRequest)(nil), // 37: strata.instancemanager.v1.ReplicaDataDeleteRequest
-	(*RebuildStatusResponse)(nil),    // 38: strata.instancemanager.v1.RebuildStatusResponse
-	nil,                              // 39: strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
-	nil,                              // 40: strata.instancemanager.v1.Instance.ReplicaModesEntry
-	nil,                              // 41: strata.instancemanager.v1.Instance.SnapshotsEntry
-	nil,                              // 42: strata.instancemanager.v1.Instance.PurgeStatusEntry
-	nil,                              // 43: strata.instancemanager.v1.Instance.RebuildStatusEntry
-	nil,                              // 44: strata.instancemanager.v1.Instance.BackupStatusEntry
-	nil,                              // 45: strata.instancemanager.v1.SnapshotBackupRequest.LabelsEntry
-	nil,                              // 46: strata.instancemanager.v1.Snapshot.LabelsEntry
-	nil,                              // 47: strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
-	nil,                              // 48: strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
-	nil,                              // 49: strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
-	nil,                              // 50: strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
+	(*EngineFreezeRequest)(nil),      // 22: strata.instancemanager.v1.EngineFreezeRequest
+	(*EngineThawRequest)(nil),        // 23: strata.instancemanager.v1.EngineThawRequest
+	(*SnapshotCreateResponse)(nil),   // 24: strata.instancemanager.v1.SnapshotCreateResponse
+	(*SnapshotListResponse)(nil),     // 25: strata.instancemanager.v1.SnapshotListResponse
+	(*SnapshotRemoveRequest)(nil),    // 26: strata.instancemanager.v1.SnapshotRemoveRequest
+	(*PurgeStatus)(nil),              // 27: strata.instancemanager.v1.PurgeStatus
+	(*PurgeStatusResponse)(nil),      // 28: strata.instancemanager.v1.PurgeStatusResponse
+	(*SnapshotRevertRequest)(nil),    // 29: strata.instancemanager.v1.SnapshotRevertRequest
+	(*SnapshotCloneRequest)(nil),     // 30: strata.instancemanager.v1.SnapshotCloneRequest
+	(*SnapshotExportRequest)(nil),    // 31: strata.instancemanager.v1.SnapshotExportRequest
+	(*ExportChunk)(nil),              // 32: strata.instancemanager.v1.ExportChunk
+	(*SnapshotLimitsRequest)(nil),    // 33: strata.instancemanager.v1.SnapshotLimitsRequest
+	(*VolumeExpandRequest)(nil),      // 34: strata.instancemanager.v1.VolumeExpandRequest
+	(*FrontendStartRequest)(nil),     // 35: strata.instancemanager.v1.FrontendStartRequest
+	(*ReplicaAddRequest)(nil),        // 36: strata.instancemanager.v1.ReplicaAddRequest
+	(*ReplicaRemoveRequest)(nil),     // 37: strata.instancemanager.v1.ReplicaRemoveRequest
+	(*RebuildStatus)(nil),            // 38: strata.instancemanager.v1.RebuildStatus
+	(*ReplicaDataDeleteRequest)(nil), // 39: strata.instancemanager.v1.ReplicaDataDeleteRequest
+	(*RebuildStatusResponse)(nil),    // 40: strata.instancemanager.v1.RebuildStatusResponse
+	nil,                              // 41: strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
+	nil,                              // 42: strata.instancemanager.v1.Instance.ReplicaModesEntry
+	nil,                              // 43: strata.instancemanager.v1.Instance.SnapshotsEntry
+	nil,                              // 44: strata.instancemanager.v1.Instance.PurgeStatusEntry
+	nil,                              // 45: strata.instancemanager.v1.Instance.RebuildStatusEntry
+	nil,                              // 46: strata.instancemanager.v1.Instance.BackupStatusEntry
+	nil,                              // 47: strata.instancemanager.v1.SnapshotBackupRequest.LabelsEntry
+	nil,                              // 48: strata.instancemanager.v1.Snapshot.LabelsEntry
+	nil,                              // 49: strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
+	nil,                              // 50: strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
+	nil,                              // 51: strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
+	nil,                              // 52: strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
 }
 var file_instancemanager_proto_depIdxs = []int32{
 	0,  // 0: strata.instancemanager.v1.InstanceCreateRequest.type:type_name -> strata.instancemanager.v1.InstanceType
-	39, // 1: strata.instancemanager.v1.InstanceCreateRequest.replicas:type_name -> strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
+	41, // 1: strata.instancemanager.v1.InstanceCreateRequest.replicas:type_name -> strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
 	0,  // 2: strata.instancemanager.v1.Instance.type:type_name -> strata.instancemanager.v1.InstanceType
 	1,  // 3: strata.instancemanager.v1.Instance.state:type_name -> strata.instancemanager.v1.InstanceState
-	40, // 4: strata.instancemanager.v1.Instance.replica_modes:type_name -> strata.instancemanager.v1.Instance.ReplicaModesEntry
-	41, // 5: strata.instancemanager.v1.Instance.snapshots:type_name -> strata.instancemanager.v1.Instance.SnapshotsEntry
-	42, // 6: strata.instancemanager.v1.Instance.purge_status:type_name -> strata.instancemanager.v1.Instance.PurgeStatusEntry
-	43, // 7: strata.instancemanager.v1.Instance.rebuild_status:type_name -> strata.instancemanager.v1.Instance.RebuildStatusEntry
+	42, // 4: strata.instancemanager.v1.Instance.replica_modes:type_name -> strata.instancemanager.v1.Instance.ReplicaModesEntry
+	43, // 5: strata.instancemanager.v1.Instance.snapshots:type_name -> strata.instancemanager.v1.Instance.SnapshotsEntry
+	44, // 6: strata.instancemanager.v1.Instance.purge_status:type_name -> strata.instancemanager.v1.Instance.PurgeStatusEntry
+	45, // 7: strata.instancemanager.v1.Instance.rebuild_status:type_name -> strata.instancemanager.v1.Instance.RebuildStatusEntry
 	15, // 8: strata.instancemanager.v1.Instance.clone_status:type_name -> strata.instancemanager.v1.CloneStatus
-	44, // 9: strata.instancemanager.v1.Instance.backup_status:type_name -> strata.instancemanager.v1.Instance.BackupStatusEntry
+	46, // 9: strata.instancemanager.v1.Instance.backup_status:type_name -> strata.instancemanager.v1.Instance.BackupStatusEntry
 	14, // 10: strata.instancemanager.v1.Instance.restore_status:type_name -> strata.instancemanager.v1.RestoreStatus
 	9,  // 11: strata.instancemanager.v1.SnapshotBackupRequest.target:type_name -> strata.instancemanager.v1.BackupTarget
-	45, // 12: strata.instancemanager.v1.SnapshotBackupRequest.labels:type_name -> strata.instancemanager.v1.SnapshotBackupRequest.LabelsEntry
+	47, // 12: strata.instancemanager.v1.SnapshotBackupRequest.labels:type_name -> strata.instancemanager.v1.SnapshotBackupRequest.LabelsEntry
 	10, // 13: strata.instancemanager.v1.SnapshotBackupRequest.backing_image:type_name -> strata.instancemanager.v1.BackingImageRef
 	9,  // 14: strata.instancemanager.v1.BackupRestoreRequest.target:type_name -> strata.instancemanager.v1.BackupTarget
 	8,  // 15: strata.instancemanager.v1.InstanceListResponse.instances:type_name -> strata.instancemanager.v1.Instance
 	3,  // 16: strata.instancemanager.v1.WatchEvent.kind:type_name -> strata.instancemanager.v1.WatchEvent.Kind
 	8,  // 17: strata.instancemanager.v1.WatchEvent.instance:type_name -> strata.instancemanager.v1.Instance
-	46, // 18: strata.instancemanager.v1.Snapshot.labels:type_name -> strata.instancemanager.v1.Snapshot.LabelsEntry
-	47, // 19: strata.instancemanager.v1.SnapshotCreateRequest.labels:type_name -> strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
-	48, // 20: strata.instancemanager.v1.SnapshotListResponse.snapshots:type_name -> strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
-	49, // 21: strata.instancemanager.v1.PurgeStatusResponse.status:type_name -> strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
-	50, // 22: strata.instancemanager.v1.RebuildStatusResponse.status:type_name -> strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
+	48, // 18: strata.instancemanager.v1.Snapshot.labels:type_name -> strata.instancemanager.v1.Snapshot.LabelsEntry
+	49, // 19: strata.instancemanager.v1.SnapshotCreateRequest.labels:type_name -> strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
+	50, // 20: strata.instancemanager.v1.SnapshotListResponse.snapshots:type_name -> strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
+	51, // 21: strata.instancemanager.v1.PurgeStatusResponse.status:type_name -> strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
+	52, // 22: strata.instancemanager.v1.RebuildStatusResponse.status:type_name -> strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
 	2,  // 23: strata.instancemanager.v1.Instance.ReplicaModesEntry.value:type_name -> strata.instancemanager.v1.ReplicaMode
 	20, // 24: strata.instancemanager.v1.Instance.SnapshotsEntry.value:type_name -> strata.instancemanager.v1.Snapshot
-	25, // 25: strata.instancemanager.v1.Instance.PurgeStatusEntry.value:type_name -> strata.instancemanager.v1.PurgeStatus
-	36, // 26: strata.instancemanager.v1.Instance.RebuildStatusEntry.value:type_name -> strata.instancemanager.v1.RebuildStatus
+	27, // 25: strata.instancemanager.v1.Instance.PurgeStatusEntry.value:type_name -> strata.instancemanager.v1.PurgeStatus
+	38, // 26: strata.instancemanager.v1.Instance.RebuildStatusEntry.value:type_name -> strata.instancemanager.v1.RebuildStatus
 	12, // 27: strata.instancemanager.v1.Instance.BackupStatusEntry.value:type_name -> strata.instancemanager.v1.BackupStatus
 	20, // 28: strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry.value:type_name -> strata.instancemanager.v1.Snapshot
-	25, // 29: strata.instancemanager.v1.PurgeStatusResponse.StatusEntry.value:type_name -> strata.instancemanager.v1.PurgeStatus
-	36, // 30: strata.instancemanager.v1.RebuildStatusResponse.StatusEntry.value:type_name -> strata.instancemanager.v1.RebuildStatus
+	27, // 29: strata.instancemanager.v1.PurgeStatusResponse.StatusEntry.value:type_name -> strata.instancemanager.v1.PurgeStatus
+	38, // 30: strata.instancemanager.v1.RebuildStatusResponse.StatusEntry.value:type_name -> strata.instancemanager.v1.RebuildStatus
 	7,  // 31: strata.instancemanager.v1.InstanceManager.InstanceCreate:input_type -> strata.instancemanager.v1.InstanceCreateRequest
 	6,  // 32: strata.instancemanager.v1.InstanceManager.InstanceDelete:input_type -> strata.instancemanager.v1.InstanceRef
 	6,  // 33: strata.instancemanager.v1.InstanceManager.InstanceGet:input_type -> strata.instancemanager.v1.InstanceRef
@@ -3068,49 +3204,53 @@ var file_instancemanager_proto_depIdxs = []int32{
 	18, // 35: strata.instancemanager.v1.InstanceManager.Watch:input_type -> strata.instancemanager.v1.WatchRequest
 	21, // 36: strata.instancemanager.v1.InstanceManager.SnapshotCreate:input_type -> strata.instancemanager.v1.SnapshotCreateRequest
 	6,  // 37: strata.instancemanager.v1.InstanceManager.SnapshotList:input_type -> strata.instancemanager.v1.InstanceRef
-	24, // 38: strata.instancemanager.v1.InstanceManager.SnapshotRemove:input_type -> strata.instancemanager.v1.SnapshotRemoveRequest
+	26, // 38: strata.instancemanager.v1.InstanceManager.SnapshotRemove:input_type -> strata.instancemanager.v1.SnapshotRemoveRequest
 	6,  // 39: strata.instancemanager.v1.InstanceManager.SnapshotPurge:input_type -> strata.instancemanager.v1.InstanceRef
 	6,  // 40: strata.instancemanager.v1.InstanceManager.SnapshotPurgeStatus:input_type -> strata.instancemanager.v1.InstanceRef
-	27, // 41: strata.instancemanager.v1.InstanceManager.SnapshotRevert:input_type -> strata.instancemanager.v1.SnapshotRevertRequest
-	28, // 42: strata.instancemanager.v1.InstanceManager.SnapshotClone:input_type -> strata.instancemanager.v1.SnapshotCloneRequest
-	29, // 43: strata.instancemanager.v1.InstanceManager.SnapshotExport:input_type -> strata.instancemanager.v1.SnapshotExportRequest
-	31, // 44: strata.instancemanager.v1.InstanceManager.SnapshotLimitsSet:input_type -> strata.instancemanager.v1.SnapshotLimitsRequest
-	11, // 45: strata.instancemanager.v1.InstanceManager.SnapshotBackup:input_type -> strata.instancemanager.v1.SnapshotBackupRequest
-	13, // 46: strata.instancemanager.v1.InstanceManager.BackupRestore:input_type -> strata.instancemanager.v1.BackupRestoreRequest
-	32, // 47: strata.instancemanager.v1.InstanceManager.VolumeExpand:input_type -> strata.instancemanager.v1.VolumeExpandRequest
-	33, // 48: strata.instancemanager.v1.InstanceManager.FrontendStart:input_type -> strata.instancemanager.v1.FrontendStartRequest
-	6,  // 49: strata.instancemanager.v1.InstanceManager.FrontendStop:input_type -> strata.instancemanager.v1.InstanceRef
-	34, // 50: strata.instancemanager.v1.InstanceManager.ReplicaAdd:input_type -> strata.instancemanager.v1.ReplicaAddRequest
-	35, // 51: strata.instancemanager.v1.InstanceManager.ReplicaRemove:input_type -> strata.instancemanager.v1.ReplicaRemoveRequest
-	6,  // 52: strata.instancemanager.v1.InstanceManager.ReplicaRebuildStatus:input_type -> strata.instancemanager.v1.InstanceRef
-	37, // 53: strata.instancemanager.v1.InstanceManager.ReplicaDataDelete:input_type -> strata.instancemanager.v1.ReplicaDataDeleteRequest
-	4,  // 54: strata.instancemanager.v1.InstanceManager.Metrics:input_type -> strata.instancemanager.v1.Empty
-	8,  // 55: strata.instancemanager.v1.InstanceManager.InstanceCreate:output_type -> strata.instancemanager.v1.Instance
-	8,  // 56: strata.instancemanager.v1.InstanceManager.InstanceDelete:output_type -> strata.instancemanager.v1.Instance
-	8,  // 57: strata.instancemanager.v1.InstanceManager.InstanceGet:output_type -> strata.instancemanager.v1.Instance
-	17, // 58: strata.instancemanager.v1.InstanceManager.InstanceList:output_type -> strata.instancemanager.v1.InstanceListResponse
-	19, // 59: strata.instancemanager.v1.InstanceManager.Watch:output_type -> strata.instancemanager.v1.WatchEvent
-	22, // 60: strata.instancemanager.v1.InstanceManager.SnapshotCreate:output_type -> strata.instancemanager.v1.SnapshotCreateResponse
-	23, // 61: strata.instancemanager.v1.InstanceManager.SnapshotList:output_type -> strata.instancemanager.v1.SnapshotListResponse
-	4,  // 62: strata.instancemanager.v1.InstanceManager.SnapshotRemove:output_type -> strata.instancemanager.v1.Empty
-	4,  // 63: strata.instancemanager.v1.InstanceManager.SnapshotPurge:output_type -> strata.instancemanager.v1.Empty
-	26, // 64: strata.instancemanager.v1.InstanceManager.SnapshotPurgeStatus:output_type -> strata.instancemanager.v1.PurgeStatusResponse
-	4,  // 65: strata.instancemanager.v1.InstanceManager.SnapshotRevert:output_type -> strata.instancemanager.v1.Empty
-	4,  // 66: strata.instancemanager.v1.InstanceManager.SnapshotClone:output_type -> strata.instancemanager.v1.Empty
-	30, // 67: strata.instancemanager.v1.InstanceManager.SnapshotExport:output_type -> strata.instancemanager.v1.ExportChunk
-	4,  // 68: strata.instancemanager.v1.InstanceManager.SnapshotLimitsSet:output_type -> strata.instancemanager.v1.Empty
-	4,  // 69: strata.instancemanager.v1.InstanceManager.SnapshotBackup:output_type -> strata.instancemanager.v1.Empty
-	4,  // 70: strata.instancemanager.v1.InstanceManager.BackupRestore:output_type -> strata.instancemanager.v1.Empty
-	4,  // 71: strata.instancemanager.v1.InstanceManager.VolumeExpand:output_type -> strata.instancemanager.v1.Empty
-	8,  // 72: strata.instancemanager.v1.InstanceManager.FrontendStart:output_type -> strata.instancemanager.v1.Instance
-	8,  // 73: strata.instancemanager.v1.InstanceManager.FrontendStop:output_type -> strata.instancemanager.v1.Instance
-	4,  // 74: strata.instancemanager.v1.InstanceManager.ReplicaAdd:output_type -> strata.instancemanager.v1.Empty
-	4,  // 75: strata.instancemanager.v1.InstanceManager.ReplicaRemove:output_type -> strata.instancemanager.v1.Empty
-	38, // 76: strata.instancemanager.v1.InstanceManager.ReplicaRebuildStatus:output_type -> strata.instancemanager.v1.RebuildStatusResponse
-	4,  // 77: strata.instancemanager.v1.InstanceManager.ReplicaDataDelete:output_type -> strata.instancemanager.v1.Empty
-	5,  // 78: strata.instancemanager.v1.InstanceManager.Metrics:output_type -> strata.instancemanager.v1.MetricsResponse
-	55, // [55:79] is the sub-list for method output_type
-	31, // [31:55] is the sub-list for method input_type
+	29, // 41: strata.instancemanager.v1.InstanceManager.SnapshotRevert:input_type -> strata.instancemanager.v1.SnapshotRevertRequest
+	30, // 42: strata.instancemanager.v1.InstanceManager.SnapshotClone:input_type -> strata.instancemanager.v1.SnapshotCloneRequest
+	31, // 43: strata.instancemanager.v1.InstanceManager.SnapshotExport:input_type -> strata.instancemanager.v1.SnapshotExportRequest
+	33, // 44: strata.instancemanager.v1.InstanceManager.SnapshotLimitsSet:input_type -> strata.instancemanager.v1.SnapshotLimitsRequest
+	22, // 45: strata.instancemanager.v1.InstanceManager.EngineFreeze:input_type -> strata.instancemanager.v1.EngineFreezeRequest
+	23, // 46: strata.instancemanager.v1.InstanceManager.EngineThaw:input_type -> strata.instancemanager.v1.EngineThawRequest
+	11, // 47: strata.instancemanager.v1.InstanceManager.SnapshotBackup:input_type -> strata.instancemanager.v1.SnapshotBackupRequest
+	13, // 48: strata.instancemanager.v1.InstanceManager.BackupRestore:input_type -> strata.instancemanager.v1.BackupRestoreRequest
+	34, // 49: strata.instancemanager.v1.InstanceManager.VolumeExpand:input_type -> strata.instancemanager.v1.VolumeExpandRequest
+	35, // 50: strata.instancemanager.v1.InstanceManager.FrontendStart:input_type -> strata.instancemanager.v1.FrontendStartRequest
+	6,  // 51: strata.instancemanager.v1.InstanceManager.FrontendStop:input_type -> strata.instancemanager.v1.InstanceRef
+	36, // 52: strata.instancemanager.v1.InstanceManager.ReplicaAdd:input_type -> strata.instancemanager.v1.ReplicaAddRequest
+	37, // 53: strata.instancemanager.v1.InstanceManager.ReplicaRemove:input_type -> strata.instancemanager.v1.ReplicaRemoveRequest
+	6,  // 54: strata.instancemanager.v1.InstanceManager.ReplicaRebuildStatus:input_type -> strata.instancemanager.v1.InstanceRef
+	39, // 55: strata.instancemanager.v1.InstanceManager.ReplicaDataDelete:input_type -> strata.instancemanager.v1.ReplicaDataDeleteRequest
+	4,  // 56: strata.instancemanager.v1.InstanceManager.Metrics:input_type -> strata.instancemanager.v1.Empty
+	8,  // 57: strata.instancemanager.v1.InstanceManager.InstanceCreate:output_type -> strata.instancemanager.v1.Instance
+	8,  // 58: strata.instancemanager.v1.InstanceManager.InstanceDelete:output_type -> strata.instancemanager.v1.Instance
+	8,  // 59: strata.instancemanager.v1.InstanceManager.InstanceGet:output_type -> strata.instancemanager.v1.Instance
+	17, // 60: strata.instancemanager.v1.InstanceManager.InstanceList:output_type -> strata.instancemanager.v1.InstanceListResponse
+	19, // 61: strata.instancemanager.v1.InstanceManager.Watch:output_type -> strata.instancemanager.v1.WatchEvent
+	24, // 62: strata.instancemanager.v1.InstanceManager.SnapshotCreate:output_type -> strata.instancemanager.v1.SnapshotCreateResponse
+	25, // 63: strata.instancemanager.v1.InstanceManager.SnapshotList:output_type -> strata.instancemanager.v1.SnapshotListResponse
+	4,  // 64: strata.instancemanager.v1.InstanceManager.SnapshotRemove:output_type -> strata.instancemanager.v1.Empty
+	4,  // 65: strata.instancemanager.v1.InstanceManager.SnapshotPurge:output_type -> strata.instancemanager.v1.Empty
+	28, // 66: strata.instancemanager.v1.InstanceManager.SnapshotPurgeStatus:output_type -> strata.instancemanager.v1.PurgeStatusResponse
+	4,  // 67: strata.instancemanager.v1.InstanceManager.SnapshotRevert:output_type -> strata.instancemanager.v1.Empty
+	4,  // 68: strata.instancemanager.v1.InstanceManager.SnapshotClone:output_type -> strata.instancemanager.v1.Empty
+	32, // 69: strata.instancemanager.v1.InstanceManager.SnapshotExport:output_type -> strata.instancemanager.v1.ExportChunk
+	4,  // 70: strata.instancemanager.v1.InstanceManager.SnapshotLimitsSet:output_type -> strata.instancemanager.v1.Empty
+	4,  // 71: strata.instancemanager.v1.InstanceManager.EngineFreeze:output_type -> strata.instancemanager.v1.Empty
+	4,  // 72: strata.instancemanager.v1.InstanceManager.EngineThaw:output_type -> strata.instancemanager.v1.Empty
+	4,  // 73: strata.instancemanager.v1.InstanceManager.SnapshotBackup:output_type -> strata.instancemanager.v1.Empty
+	4,  // 74: strata.instancemanager.v1.InstanceManager.BackupRestore:output_type -> strata.instancemanager.v1.Empty
+	4,  // 75: strata.instancemanager.v1.InstanceManager.VolumeExpand:output_type -> strata.instancemanager.v1.Empty
+	8,  // 76: strata.instancemanager.v1.InstanceManager.FrontendStart:output_type -> strata.instancemanager.v1.Instance
+	8,  // 77: strata.instancemanager.v1.InstanceManager.FrontendStop:output_type -> strata.instancemanager.v1.Instance
+	4,  // 78: strata.instancemanager.v1.InstanceManager.ReplicaAdd:output_type -> strata.instancemanager.v1.Empty
+	4,  // 79: strata.instancemanager.v1.InstanceManager.ReplicaRemove:output_type -> strata.instancemanager.v1.Empty
+	40, // 80: strata.instancemanager.v1.InstanceManager.ReplicaRebuildStatus:output_type -> strata.instancemanager.v1.RebuildStatusResponse
+	4,  // 81: strata.instancemanager.v1.InstanceManager.ReplicaDataDelete:output_type -> strata.instancemanager.v1.Empty
+	5,  // 82: strata.instancemanager.v1.InstanceManager.Metrics:output_type -> strata.instancemanager.v1.MetricsResponse
+	57, // [57:83] is the sub-list for method output_type
+	31, // [31:57] is the sub-list for method input_type
 	31, // [31:31] is the sub-list for extension type_name
 	31, // [31:31] is the sub-list for extension extendee
 	0,  // [0:31] is the sub-list for field type_name
@@ -3127,7 +3267,7 @@ func file_instancemanager_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_instancemanager_proto_rawDesc), len(file_instancemanager_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   47,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -37,6 +37,8 @@ const (
 	InstanceManager_SnapshotClone_FullMethodName        = "/strata.instancemanager.v1.InstanceManager/SnapshotClone"
 	InstanceManager_SnapshotExport_FullMethodName       = "/strata.instancemanager.v1.InstanceManager/SnapshotExport"
 	InstanceManager_SnapshotLimitsSet_FullMethodName    = "/strata.instancemanager.v1.InstanceManager/SnapshotLimitsSet"
+	InstanceManager_EngineFreeze_FullMethodName         = "/strata.instancemanager.v1.InstanceManager/EngineFreeze"
+	InstanceManager_EngineThaw_FullMethodName           = "/strata.instancemanager.v1.InstanceManager/EngineThaw"
 	InstanceManager_SnapshotBackup_FullMethodName       = "/strata.instancemanager.v1.InstanceManager/SnapshotBackup"
 	InstanceManager_BackupRestore_FullMethodName        = "/strata.instancemanager.v1.InstanceManager/BackupRestore"
 	InstanceManager_VolumeExpand_FullMethodName         = "/strata.instancemanager.v1.InstanceManager/VolumeExpand"
@@ -76,6 +78,13 @@ type InstanceManagerClient interface {
 	// SnapshotExport streams a snapshot's data extents.
 	SnapshotExport(ctx context.Context, in *SnapshotExportRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportChunk], error)
 	SnapshotLimitsSet(ctx context.Context, in *SnapshotLimitsRequest, opts ...grpc.CallOption) (*Empty, error)
+	// A group cut (crash-consistent snapshots of several volumes): the caller
+	// freezes every engine of the group (writes wait, those in flight drain),
+	// takes each snapshot with SnapshotCreate's cut set, then thaws them all.
+	// A freeze ends on its own after its timeout; a snapshot asked for in a
+	// cut whose freeze ended is refused (Aborted) and nothing is taken.
+	EngineFreeze(ctx context.Context, in *EngineFreezeRequest, opts ...grpc.CallOption) (*Empty, error)
+	EngineThaw(ctx context.Context, in *EngineThawRequest, opts ...grpc.CallOption) (*Empty, error)
 	// SnapshotBackup starts a backup of a snapshot of an engine's volume to a
 	// backup target (internal/backupstore) and returns at once; its progress
 	// and end are in the engine instance's backup_status (Watch).
@@ -267,6 +276,26 @@ func (c *instanceManagerClient) SnapshotLimitsSet(ctx context.Context, in *Snaps
 	return out, nil
 }
 
+func (c *instanceManagerClient) EngineFreeze(ctx context.Context, in *EngineFreezeRequest, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, InstanceManager_EngineFreeze_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *instanceManagerClient) EngineThaw(ctx context.Context, in *EngineThawRequest, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, InstanceManager_EngineThaw_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *instanceManagerClient) SnapshotBackup(ctx context.Context, in *SnapshotBackupRequest, opts ...grpc.CallOption) (*Empty, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Empty)
@@ -394,6 +423,13 @@ type InstanceManagerServer interface {
 	// SnapshotExport streams a snapshot's data extents.
 	SnapshotExport(*SnapshotExportRequest, grpc.ServerStreamingServer[ExportChunk]) error
 	SnapshotLimitsSet(context.Context, *SnapshotLimitsRequest) (*Empty, error)
+	// A group cut (crash-consistent snapshots of several volumes): the caller
+	// freezes every engine of the group (writes wait, those in flight drain),
+	// takes each snapshot with SnapshotCreate's cut set, then thaws them all.
+	// A freeze ends on its own after its timeout; a snapshot asked for in a
+	// cut whose freeze ended is refused (Aborted) and nothing is taken.
+	EngineFreeze(context.Context, *EngineFreezeRequest) (*Empty, error)
+	EngineThaw(context.Context, *EngineThawRequest) (*Empty, error)
 	// SnapshotBackup starts a backup of a snapshot of an engine's volume to a
 	// backup target (internal/backupstore) and returns at once; its progress
 	// and end are in the engine instance's backup_status (Watch).
@@ -468,6 +504,12 @@ func (UnimplementedInstanceManagerServer) SnapshotExport(*SnapshotExportRequest,
 }
 func (UnimplementedInstanceManagerServer) SnapshotLimitsSet(context.Context, *SnapshotLimitsRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method SnapshotLimitsSet not implemented")
+}
+func (UnimplementedInstanceManagerServer) EngineFreeze(context.Context, *EngineFreezeRequest) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method EngineFreeze not implemented")
+}
+func (UnimplementedInstanceManagerServer) EngineThaw(context.Context, *EngineThawRequest) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method EngineThaw not implemented")
 }
 func (UnimplementedInstanceManagerServer) SnapshotBackup(context.Context, *SnapshotBackupRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method SnapshotBackup not implemented")
@@ -758,6 +800,42 @@ func _InstanceManager_SnapshotLimitsSet_Handler(srv interface{}, ctx context.Con
 	return interceptor(ctx, in, info, handler)
 }
 
+func _InstanceManager_EngineFreeze_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EngineFreezeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(InstanceManagerServer).EngineFreeze(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: InstanceManager_EngineFreeze_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(InstanceManagerServer).EngineFreeze(ctx, req.(*EngineFreezeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _InstanceManager_EngineThaw_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EngineThawRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(InstanceManagerServer).EngineThaw(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: InstanceManager_EngineThaw_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(InstanceManagerServer).EngineThaw(ctx, req.(*EngineThawRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _InstanceManager_SnapshotBackup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(SnapshotBackupRequest)
 	if err := dec(in); err != nil {
@@ -992,6 +1070,14 @@ var InstanceManager_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SnapshotLimitsSet",
 			Handler:    _InstanceManager_SnapshotLimitsSet_Handler,
+		},
+		{
+			MethodName: "EngineFreeze",
+			Handler:    _InstanceManager_EngineFreeze_Handler,
+		},
+		{
+			MethodName: "EngineThaw",
+			Handler:    _InstanceManager_EngineThaw_Handler,
 		},
 		{
 			MethodName: "SnapshotBackup",
