@@ -6,24 +6,19 @@ import (
 	"encoding/binary"
 	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/strata-storage/strata/internal/fsalloc"
 )
 
 // dirAllocated is what every file of the replica's directory holds on disk.
 func dirAllocated(t *testing.T, dir string) int64 {
 	t.Helper()
-	entries, err := os.ReadDir(dir)
+	n, err := fsalloc.Dir(dir)
 	require.NoError(t, err)
-	var n int64
-	for _, e := range entries {
-		var st syscall.Stat_t
-		require.NoError(t, syscall.Stat(filepath.Join(dir, e.Name()), &st))
-		n += st.Blocks * 512
-	}
 	return n
 }
 

@@ -1,11 +1,8 @@
 package dataplane
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
@@ -54,17 +51,8 @@ func TestInstanceManagerKilledDuringWrites(t *testing.T) {
 	v.snapshot(t, "before")
 
 	slots := volSize / crashChunk
-	path, err := exec.LookPath("qemu-io")
-	require.NoError(t, err, "apt-get install qemu-utils")
-	cmd := exec.Command(path, "-f", "raw", v.endpoint)
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	out, w, err := os.Pipe()
-	require.NoError(t, err)
-	cmd.Stdout, cmd.Stderr = w, w
-	require.NoError(t, cmd.Start())
-	w.Close()
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	q := startQemuPipe(t, v.endpoint)
+	stdin := q.stdin
 
 	sent := 0
 	send := func() {
@@ -78,7 +66,7 @@ func TestInstanceManagerKilledDuringWrites(t *testing.T) {
 	var acked []int
 	var transcript []string
 	killed := false
-	lines := bufio.NewScanner(out)
+	lines := q.out
 	for lines.Scan() { // ends when qemu-io exits: stdin closed, its server gone
 		transcript = append(transcript, lines.Text())
 		m := wroteRE.FindStringSubmatch(lines.Text())
@@ -98,7 +86,7 @@ func TestInstanceManagerKilledDuringWrites(t *testing.T) {
 		}
 	}
 	require.NoError(t, lines.Err())
-	_ = cmd.Wait() // fails once its server is gone
+	_ = q.cmd.Wait() // fails once its server is gone
 	require.True(t, killed, "only %d writes acknowledged before qemu-io ended:\n%s", len(acked),
 		strings.Join(transcript, "\n"))
 	t.Logf("%d of %d writes acknowledged, %d sent, when the kill took effect", len(acked), slots, sent)

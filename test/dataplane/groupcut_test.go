@@ -30,7 +30,9 @@ type qemuPipe struct {
 
 func startQemuPipe(t *testing.T, endpoint string) *qemuPipe {
 	t.Helper()
-	cmd := exec.Command("qemu-io", "-f", "raw", endpoint)
+	path, err := exec.LookPath("qemu-io")
+	require.NoError(t, err, "apt-get install qemu-utils")
+	cmd := exec.Command(path, "-f", "raw", endpoint)
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
 	r, w, err := os.Pipe()

@@ -2,28 +2,21 @@ package dataplane
 
 import (
 	"context"
-	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/strata-storage/strata/engineapi/impb"
+	"github.com/strata-storage/strata/internal/fsalloc"
 )
 
-// allocated is what the files of a replica's directory hold on disk.
-func allocated(t *testing.T, dir string) int64 {
+// dirAllocated is what the files of a replica's directory hold on disk.
+func dirAllocated(t *testing.T, dir string) int64 {
 	t.Helper()
-	entries, err := os.ReadDir(dir)
+	n, err := fsalloc.Dir(dir)
 	require.NoError(t, err)
-	var n int64
-	for _, e := range entries {
-		var st syscall.Stat_t
-		require.NoError(t, syscall.Stat(filepath.Join(dir, e.Name()), &st))
-		n += st.Blocks * 512
-	}
 	return n
 }
 
@@ -43,7 +36,7 @@ func TestTrimOutlivesKilledInstanceManagers(t *testing.T) {
 	for i, n := range nodes {
 		rname := v.name + "-r" + string(rune('1'+i))
 		dirs[rname] = filepath.Join(n.diskDir, rname)
-		assert.Greater(t, allocated(t, dirs[rname]), int64(32<<20), "%s holds the snapshot before the delete", rname)
+		assert.Greater(t, dirAllocated(t, dirs[rname]), int64(32<<20), "%s holds the snapshot before the delete", rname)
 	}
 
 	for _, n := range nodes {
@@ -65,7 +58,7 @@ func TestTrimOutlivesKilledInstanceManagers(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotContains(t, snaps, "s", "the emptied snapshot left the chain")
 	for rname, dir := range dirs {
-		n := allocated(t, dir)
+		n := dirAllocated(t, dir)
 		t.Logf("%s: %.2f MiB allocated after the delete", rname, float64(n)/(1<<20))
 		assert.Less(t, n, int64(1<<20), "%s gave the trimmed and zeroed 32 MiB back", rname)
 	}

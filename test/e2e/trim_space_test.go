@@ -3,16 +3,15 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/strata-storage/strata/internal/fsalloc"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -138,15 +137,8 @@ func replicaBytes(t *testing.T, volume string) map[string]int64 {
 // fileBytes is the allocated bytes (st_blocks) of each file in dir.
 func fileBytes(t *testing.T, dir string) map[string]int64 {
 	t.Helper()
-	entries, err := os.ReadDir(dir)
+	out, err := fsalloc.Files(dir)
 	require.NoError(t, err)
-	out := map[string]int64{}
-	for _, e := range entries {
-		var st syscall.Stat_t
-		if err := syscall.Stat(filepath.Join(dir, e.Name()), &st); err == nil {
-			out[e.Name()] = st.Blocks * 512
-		}
-	}
 	return out
 }
 
