@@ -256,6 +256,7 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	controllers.add(controller.NewBackupTargetController(log, ds, recorder, cfg.nodeName))
 	controllers.add(controller.NewVolumeAttachmentController(log, ds, recorder, cfg.nodeName))
 	controllers.add(controller.NewSnapshotController(log, ds, recorder, cfg.nodeName, imPool))
+	controllers.add(controller.NewSnapshotGroupController(log, ds, recorder, cfg.nodeName, imPool))
 	controllers.add(controller.NewVolumeCloneController(log, ds, recorder, cfg.nodeName, imPool))
 	controllers.add(controller.NewVolumeRestoreController(log, ds, recorder, cfg.nodeName, imPool, instances))
 	controllers.add(controller.NewBackupController(log, ds, recorder, cfg.nodeName, imPool, instances))

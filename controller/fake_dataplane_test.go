@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/strata-storage/strata/engineapi"
 )
@@ -91,6 +92,18 @@ func (d *fakeDataPlane) Watch(context.Context) (func() (*engineapi.WatchEvent, e
 
 func (d *fakeDataPlane) SnapshotCreate(_ context.Context, engine, name string, userCreated bool, _ map[string]string) (string, error) {
 	return name, d.record("SnapshotCreate", engine, name, fmt.Sprint(userCreated))
+}
+
+func (d *fakeDataPlane) EngineFreeze(_ context.Context, engine, cut string, _ time.Duration) error {
+	return d.record("EngineFreeze", engine, cut)
+}
+
+func (d *fakeDataPlane) EngineThaw(_ context.Context, engine, cut string) error {
+	return d.record("EngineThaw", engine, cut)
+}
+
+func (d *fakeDataPlane) SnapshotCreateInCut(_ context.Context, engine, cut, name string, userCreated bool, _ map[string]string) error {
+	return d.record("SnapshotCreateInCut", engine, cut, name, fmt.Sprint(userCreated))
 }
 
 func (d *fakeDataPlane) SnapshotList(_ context.Context, engine string) (map[string]*engineapi.Snapshot, error) {

@@ -349,6 +349,7 @@ func (c *SnapshotController) syncEngineSnapshots(ctx context.Context, key string
 					Name: vol.Name, UID: vol.UID}}},
 			Spec: v1beta1.SnapshotSpec{Volume: vol.Name, CreateSnapshot: false, Labels: info.Labels},
 		}
+		c.joinGroup(snap)
 		if _, err := c.ds.Snapshots.Create(ctx, snap); err != nil && !apierrors.IsAlreadyExists(err) {
 			errs = append(errs, err)
 		}

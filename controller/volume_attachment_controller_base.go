@@ -63,6 +63,7 @@ func NewVolumeAttachmentController(logger logrus.FieldLogger, ds *datastore.Data
 		gkSnapshot:                ds.Snapshots.Informer(),
 		gkBackup:                  ds.Backups.Informer(),
 		gkBackingImage:            ds.BackingImages.Informer(),
+		gkSnapshotGroup:           ds.SnapshotGroups.Informer(),
 		gkStorageVolumeAttachment: ds.StorageVolumeAttachments.Informer(),
 		gkLease:                   ds.APITicketLeases.Informer(),
 	} {

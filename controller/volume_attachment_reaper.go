@@ -42,6 +42,7 @@ var (
 	gkBackup                  = v1beta1.SchemeGroupVersion.WithKind("Backup").GroupKind()
 	gkVolume                  = v1beta1.SchemeGroupVersion.WithKind("Volume").GroupKind()
 	gkBackingImage            = v1beta1.SchemeGroupVersion.WithKind("BackingImage").GroupKind()
+	gkSnapshotGroup           = v1beta1.SchemeGroupVersion.WithKind("SnapshotGroup").GroupKind()
 	gkStorageVolumeAttachment = storagev1.SchemeGroupVersion.WithKind("VolumeAttachment").GroupKind()
 	gkLease                   = coordinationv1.SchemeGroupVersion.WithKind("Lease").GroupKind()
 )
@@ -91,6 +92,9 @@ func (c *VolumeAttachmentController) ownerLookups() map[schema.GroupKind]ownerLo
 		}), true},
 		gkBackingImage: {cachedOwner(c.ds.BackingImages), liveOwner(func(ctx context.Context, ns, name string) (*v1beta1.BackingImage, error) {
 			return strata.BackingImages(ns).Get(ctx, name, metav1.GetOptions{})
+		}), true},
+		gkSnapshotGroup: {cachedOwner(c.ds.SnapshotGroups), liveOwner(func(ctx context.Context, ns, name string) (*v1beta1.SnapshotGroup, error) {
+			return strata.SnapshotGroups(ns).Get(ctx, name, metav1.GetOptions{})
 		}), true},
 		gkLease: {cachedOwner(c.ds.APITicketLeases), liveOwner(func(ctx context.Context, ns, name string) (*coordinationv1.Lease, error) {
 			return c.ds.KubeClient.CoordinationV1().Leases(ns).Get(ctx, name, metav1.GetOptions{})

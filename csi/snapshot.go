@@ -127,8 +127,8 @@ func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsReques
 	return resp, nil
 }
 
-// snapshotsFor lists the CSI-made snapshots (createSnapshot: true, not being
-// deleted) asked for; an unknown id or volume lists none. It reads the API
+// snapshotsFor lists the snapshots a user made (createSnapshot: true, or a
+// member of a SnapshotGroup), not being deleted, asked for; an unknown id or volume lists none. It reads the API
 // server, not the cache: a snapshot created or deleted a moment ago must be
 // listed as such, and the call is rare (the snapshotter does not poll it).
 func (d *Driver) snapshotsFor(ctx context.Context, id, volume string) ([]*v1beta1.Snapshot, error) {
@@ -152,7 +152,14 @@ func (d *Driver) snapshotsFor(ctx context.Context, id, volume string) ([]*v1beta
 			}
 		}
 	}
-	return slices.DeleteFunc(snaps, func(s *v1beta1.Snapshot) bool { return !s.Spec.CreateSnapshot || s.DeletionTimestamp != nil }), nil
+	return slices.DeleteFunc(snaps, func(s *v1beta1.Snapshot) bool { return !userMade(s) || s.DeletionTimestamp != nil }), nil
+}
+
+// userMade: a snapshot a user asked for, alone or in a group (the group's
+// members are recorded from the engine's chain, createSnapshot false); not
+// one Strata took for itself or found in a chain.
+func userMade(s *v1beta1.Snapshot) bool {
+	return s.Spec.CreateSnapshot || s.Labels[types.LabelSnapshotGroup] != ""
 }
 
 func (d *Driver) csiSnapshot(s *v1beta1.Snapshot) *csi.Snapshot {

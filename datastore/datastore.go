@@ -53,6 +53,7 @@ type DataStore struct {
 	Backups           *Store[*v1beta1.Backup]
 	RecurringJobs     *Store[*v1beta1.RecurringJob]
 	InstanceManagers  *Store[*v1beta1.InstanceManager]
+	SnapshotGroups    *Store[*v1beta1.SnapshotGroup]
 	// SnapshotUsage is the bytes each volume's snapshots hold, for quotas.
 	SnapshotUsage *SnapshotUsage
 	// OptionalKinds are other projects' kinds (KubeVirt, Harvester), watched
@@ -177,6 +178,9 @@ func NewWatching(namespace string, strataClient versioned.Interface, kubeClient 
 	ds.InstanceManagers = newStore(v1beta1.Resource("instancemanagers"), namespace,
 		add(v1beta1.Resource("instancemanagers"), s.InstanceManagers().Informer, instanceManagerIndexers),
 		func(ns string) objectClient[*v1beta1.InstanceManager] { return typed.InstanceManagers(ns) })
+	ds.SnapshotGroups = newStore(v1beta1.Resource("snapshotgroups"), namespace,
+		add(v1beta1.Resource("snapshotgroups"), s.SnapshotGroups().Informer, snapshotGroupIndexers),
+		func(ns string) objectClient[*v1beta1.SnapshotGroup] { return typed.SnapshotGroups(ns) })
 	ds.ResourceQuotas = newStore(v1beta1.Resource("resourcequotas"), "",
 		add(v1beta1.Resource("resourcequotas"), quotaFactory.Strata().V1beta1().ResourceQuotas().Informer, nil),
 		func(ns string) objectClient[*v1beta1.ResourceQuota] { return typed.ResourceQuotas(ns) })

@@ -44,6 +44,15 @@ func indexOn[T any](key func(T) string) cache.IndexFunc {
 
 // The indexers of each kind, in one place.
 var (
+	// A group snapshot is found by each of its volumes.
+	snapshotGroupIndexers = cache.Indexers{
+		IndexByVolume: func(obj interface{}) ([]string, error) {
+			if g, ok := obj.(*v1beta1.SnapshotGroup); ok {
+				return g.Spec.Volumes, nil
+			}
+			return nil, nil
+		},
+	}
 	volumeIndexers = cache.Indexers{
 		IndexByBackingImage: indexOn(func(v *v1beta1.Volume) string { return v.Spec.BackingImage }),
 		IndexByCloneSource: indexOn(func(v *v1beta1.Volume) string {

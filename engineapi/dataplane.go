@@ -2,6 +2,7 @@ package engineapi
 
 import (
 	"context"
+	"time"
 )
 
 // DataPlane is one instance manager as the controllers see it: Strata's own
@@ -24,6 +25,12 @@ type DataPlane interface {
 	// SnapshotCreate takes a snapshot on every replica of an engine at one
 	// point in the write stream and returns its name.
 	SnapshotCreate(ctx context.Context, engine, name string, userCreated bool, labels map[string]string) (string, error)
+	// EngineFreeze freezes an engine for a group cut (writes wait until
+	// EngineThaw of the cut or the timeout); SnapshotCreateInCut takes a
+	// snapshot inside that freeze (ErrFreezeLost once it ended). See GroupCut.
+	EngineFreeze(ctx context.Context, engine, cut string, timeout time.Duration) error
+	EngineThaw(ctx context.Context, engine, cut string) error
+	SnapshotCreateInCut(ctx context.Context, engine, cut, name string, userCreated bool, labels map[string]string) error
 	// SnapshotList returns an engine's chain by snapshot name.
 	SnapshotList(ctx context.Context, engine string) (map[string]*Snapshot, error)
 	// SnapshotRemove marks snapshots removed; their data goes at the next purge.

@@ -8,10 +8,10 @@ import (
 	"time"
 )
 
-// CutMember is one volume of a group cut: the engine, the client of the
-// instance manager running it, and the snapshot to take.
+// CutMember is one volume of a group cut: the engine, the instance manager
+// running it, and the snapshot to take.
 type CutMember struct {
-	Client      *Client
+	Client      DataPlane
 	Engine      string
 	Snapshot    string
 	UserCreated bool

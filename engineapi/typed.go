@@ -3,6 +3,7 @@ package engineapi
 import (
 	"context"
 	"maps"
+	"time"
 
 	"github.com/strata-storage/strata/engineapi/impb"
 )
@@ -58,6 +59,18 @@ func (t typedClient) Watch(ctx context.Context) (func() (*WatchEvent, error), er
 		}
 		return WatchEventFromWire(ev), nil
 	}, nil
+}
+
+func (t typedClient) EngineFreeze(ctx context.Context, engine, cut string, timeout time.Duration) error {
+	return t.c.EngineFreeze(ctx, engine, cut, timeout)
+}
+
+func (t typedClient) EngineThaw(ctx context.Context, engine, cut string) error {
+	return t.c.EngineThaw(ctx, engine, cut)
+}
+
+func (t typedClient) SnapshotCreateInCut(ctx context.Context, engine, cut, name string, userCreated bool, labels map[string]string) error {
+	return t.c.SnapshotCreateInCut(ctx, engine, cut, name, userCreated, labels)
 }
 
 func (t typedClient) SnapshotCreate(ctx context.Context, engine, name string, userCreated bool, labels map[string]string) (string, error) {

@@ -16,6 +16,9 @@ const (
 	LabelDisk         = "strata.io/disk"
 	LabelBackingImage = "strata.io/backing-image"
 	LabelComponent    = "strata.io/component"
+	// LabelSnapshotGroup marks the member snapshots of a SnapshotGroup
+	// (CR metadata and the engine's snapshot labels) with the group's name.
+	LabelSnapshotGroup = "strata.io/snapshot-group"
 
 	// ComponentNodeLease marks the Leases that carry manager heartbeats.
 	ComponentNodeLease = "node-lease"

@@ -118,8 +118,8 @@ func TestGroupCutIsCrashConsistentAcrossNodes(t *testing.T) {
 	for i := range cuts {
 		name := fmt.Sprintf("g%d", i)
 		res, err := engineapi.TakeGroupCut(ctx, "cut-"+name, []engineapi.CutMember{
-			{Client: a.im(t), Engine: a.engine, Snapshot: name, UserCreated: true},
-			{Client: b.im(t), Engine: b.engine, Snapshot: name, UserCreated: true},
+			{Client: a.im(t).DataPlane(), Engine: a.engine, Snapshot: name, UserCreated: true},
+			{Client: b.im(t).DataPlane(), Engine: b.engine, Snapshot: name, UserCreated: true},
 		}, 10*time.Second)
 		require.NoError(t, err)
 		stalls = append(stalls, res.Stall)
@@ -167,8 +167,8 @@ func TestGroupCutKilledMidway(t *testing.T) {
 	a := createVolume(t, "killa", []*node{nodes[0], nodes[2]})
 	b := createVolume(t, "killb", []*node{nodes[1], nodes[2]})
 	members := []engineapi.CutMember{
-		{Client: a.im(t), Engine: a.engine, Snapshot: "g", UserCreated: true},
-		{Client: b.im(t), Engine: b.engine, Snapshot: "g", UserCreated: true},
+		{Client: a.im(t).DataPlane(), Engine: a.engine, Snapshot: "g", UserCreated: true},
+		{Client: b.im(t).DataPlane(), Engine: b.engine, Snapshot: "g", UserCreated: true},
 	}
 	qa := startQemuPipe(t, a.endpoint)
 
@@ -238,7 +238,7 @@ func TestGroupCutStall(t *testing.T) {
 		order := []*node{nodes[i%3], nodes[(i+1)%3], nodes[(i+2)%3]}
 		v := createVolume(t, fmt.Sprintf("stall%d", i), order)
 		vols = append(vols, v)
-		members = append(members, engineapi.CutMember{Client: v.im(t), Engine: v.engine})
+		members = append(members, engineapi.CutMember{Client: v.im(t).DataPlane(), Engine: v.engine})
 	}
 	var cut, plain []time.Duration
 	for r := range rounds {

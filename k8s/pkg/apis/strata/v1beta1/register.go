@@ -35,6 +35,7 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 		&Backup{}, &BackupList{},
 		&RecurringJob{}, &RecurringJobList{},
 		&InstanceManager{}, &InstanceManagerList{},
+		&SnapshotGroup{}, &SnapshotGroupList{},
 	)
 	metav1.AddToGroupVersion(scheme, SchemeGroupVersion)
 	return nil

@@ -77,6 +77,8 @@ func (f *sharedInformerFactory) ForResource(resource schema.GroupVersionResource
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Strata().V1beta1().Settings().Informer()}, nil
 	case v1beta1.SchemeGroupVersion.WithResource("snapshots"):
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Strata().V1beta1().Snapshots().Informer()}, nil
+	case v1beta1.SchemeGroupVersion.WithResource("snapshotgroups"):
+		return &genericInformer{resource: resource.GroupResource(), informer: f.Strata().V1beta1().SnapshotGroups().Informer()}, nil
 	case v1beta1.SchemeGroupVersion.WithResource("volumes"):
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Strata().V1beta1().Volumes().Informer()}, nil
 	case v1beta1.SchemeGroupVersion.WithResource("volumeattachments"):

@@ -114,6 +114,14 @@ type SnapshotListerExpansion interface{}
 // SnapshotNamespaceLister.
 type SnapshotNamespaceListerExpansion interface{}
 
+// SnapshotGroupListerExpansion allows custom methods to be added to
+// SnapshotGroupLister.
+type SnapshotGroupListerExpansion interface{}
+
+// SnapshotGroupNamespaceListerExpansion allows custom methods to be added to
+// SnapshotGroupNamespaceLister.
+type SnapshotGroupNamespaceListerExpansion interface{}
+
 // VolumeListerExpansion allows custom methods to be added to
 // VolumeLister.
 type VolumeListerExpansion interface{}

@@ -48,6 +48,8 @@ type Interface interface {
 	Settings() SettingInformer
 	// Snapshots returns a SnapshotInformer.
 	Snapshots() SnapshotInformer
+	// SnapshotGroups returns a SnapshotGroupInformer.
+	SnapshotGroups() SnapshotGroupInformer
 	// Volumes returns a VolumeInformer.
 	Volumes() VolumeInformer
 	// VolumeAttachments returns a VolumeAttachmentInformer.
@@ -123,6 +125,11 @@ func (v *version) Settings() SettingInformer {
 // Snapshots returns a SnapshotInformer.
 func (v *version) Snapshots() SnapshotInformer {
 	return &snapshotInformer{factory: v.factory, namespace: v.namespace, tweakListOptions: v.tweakListOptions}
+}
+
+// SnapshotGroups returns a SnapshotGroupInformer.
+func (v *version) SnapshotGroups() SnapshotGroupInformer {
+	return &snapshotGroupInformer{factory: v.factory, namespace: v.namespace, tweakListOptions: v.tweakListOptions}
 }
 
 // Volumes returns a VolumeInformer.

@@ -42,6 +42,8 @@ type SettingExpansion interface{}
 
 type SnapshotExpansion interface{}
 
+type SnapshotGroupExpansion interface{}
+
 type VolumeExpansion interface{}
 
 type VolumeAttachmentExpansion interface{}

@@ -40,6 +40,7 @@ type StrataV1beta1Interface interface {
 	ResourceQuotasGetter
 	SettingsGetter
 	SnapshotsGetter
+	SnapshotGroupsGetter
 	VolumesGetter
 	VolumeAttachmentsGetter
 }
@@ -95,6 +96,10 @@ func (c *StrataV1beta1Client) Settings(namespace string) SettingInterface {
 
 func (c *StrataV1beta1Client) Snapshots(namespace string) SnapshotInterface {
 	return newSnapshots(c, namespace)
+}
+
+func (c *StrataV1beta1Client) SnapshotGroups(namespace string) SnapshotGroupInterface {
+	return newSnapshotGroups(c, namespace)
 }
 
 func (c *StrataV1beta1Client) Volumes(namespace string) VolumeInterface {

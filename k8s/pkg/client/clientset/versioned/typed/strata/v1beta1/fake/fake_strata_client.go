@@ -76,6 +76,10 @@ func (c *FakeStrataV1beta1) Snapshots(namespace string) v1beta1.SnapshotInterfac
 	return newFakeSnapshots(c, namespace)
 }
 
+func (c *FakeStrataV1beta1) SnapshotGroups(namespace string) v1beta1.SnapshotGroupInterface {
+	return newFakeSnapshotGroups(c, namespace)
+}
+
 func (c *FakeStrataV1beta1) Volumes(namespace string) v1beta1.VolumeInterface {
 	return newFakeVolumes(c, namespace)
 }
