@@ -69,6 +69,7 @@ type Options struct {
 type Driver struct {
 	csi.UnimplementedIdentityServer
 	csi.UnimplementedControllerServer
+	csi.UnimplementedGroupControllerServer
 	csi.UnimplementedNodeServer
 
 	opts  Options
@@ -116,6 +117,7 @@ func (d *Driver) Serve(ctx context.Context, path string) error {
 	csi.RegisterIdentityServer(srv, d)
 	if d.opts.Mode.controller() {
 		csi.RegisterControllerServer(srv, d)
+		csi.RegisterGroupControllerServer(srv, d)
 	}
 	if d.opts.Mode.node() {
 		csi.RegisterNodeServer(srv, d)

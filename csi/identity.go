@@ -16,6 +16,7 @@ func (d *Driver) GetPluginCapabilities(context.Context, *csi.GetPluginCapabiliti
 	if d.opts.Mode.controller() {
 		caps = append(caps,
 			pluginCap(csi.PluginCapability_Service_CONTROLLER_SERVICE),
+			pluginCap(csi.PluginCapability_Service_GROUP_CONTROLLER_SERVICE),
 			pluginCap(csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS),
 			&csi.PluginCapability{Type: &csi.PluginCapability_VolumeExpansion_{VolumeExpansion: &csi.PluginCapability_VolumeExpansion{
 				Type: csi.PluginCapability_VolumeExpansion_ONLINE}}})

@@ -16,6 +16,7 @@ import (
 var ControllerKinds = []schema.GroupResource{
 	v1beta1.Resource("volumes"),             // Create/Delete/Expand, capacity, publish
 	v1beta1.Resource("snapshots"),           // CreateSnapshot, ListSnapshots, content sources
+	v1beta1.Resource("snapshotgroups"),      // Create/Get/DeleteVolumeGroupSnapshot
 	v1beta1.Resource("volumeattachments"),   // publish tickets
 	v1beta1.Resource("nodes"),               // topology, capacity, publish
 	v1beta1.Resource("replicas"),            // GetCapacity: what each disk holds

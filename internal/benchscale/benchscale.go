@@ -33,6 +33,7 @@ type config struct {
 	clones                       int
 	imageVolumes                 int
 	backups, restores            int
+	groups                       int
 	size                         resource.Quantity
 	workers                      int
 	quiet                        time.Duration
@@ -51,6 +52,7 @@ func Main() {
 	flag.IntVar(&cfg.imageVolumes, "image-volumes", 10, "volumes on a backing image (each attached once) before the quiet window")
 	flag.IntVar(&cfg.backups, "backups", 50, "Backups of bench snapshots to a file:// target before the quiet window (0: no backup step)")
 	flag.IntVar(&cfg.restores, "restores", 5, "volumes restored from those backups before the quiet window")
+	flag.IntVar(&cfg.groups, "groups", 10, "SnapshotGroups of 2 volumes taken before the quiet window (0: no group step)")
 	flag.StringVar(&size, "size", "4Mi", "volume size")
 	flag.IntVar(&cfg.workers, "workers", 32, "concurrent API writers")
 	flag.DurationVar(&cfg.quiet, "quiet", time.Minute, "length of the quiet window")
@@ -74,7 +76,7 @@ func Main() {
 	cfg.size = q
 	if cfg.managerBin == "" || cfg.volumes < 1 || cfg.snapshots < 0 || cfg.replicas < 1 || cfg.replicas > nodeCount ||
 		cfg.workers < 1 || cfg.quiet <= 0 || cfg.latencySamples < 0 || cfg.quotaSamples < 0 ||
-		cfg.backups < 0 || cfg.restores < 0 {
+		cfg.backups < 0 || cfg.restores < 0 || cfg.groups < 0 {
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -132,6 +134,7 @@ func run(log *logrus.Logger, cfg config) (err error) {
 		{"backing image", b.stepBackingImages},
 		{"quota", b.stepQuota},
 		{"backups", b.stepBackups},
+		{"snapshot groups", b.stepGroups},
 		{"quiet window", b.stepQuiet},
 		{"snapshot latency", b.stepLatency},
 		{"memory", b.stepMemory},
