@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	csispec "github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -135,4 +136,63 @@ func TestSnapshotGroupIsCrashConsistentThroughPods(t *testing.T) {
 		out, err := tryKubectl(t, "-n", types.DefaultNamespace, "get", "snap", "-l", types.LabelSnapshotGroup+"=sg-cut0", "-o", "name")
 		return err == nil && strings.TrimSpace(out) == ""
 	}, 2*time.Minute, 500*time.Millisecond, "the group's members go with it")
+}
+
+// The CSI GroupController against the real managers: two detached volumes
+// made through CreateVolume are attached for the cut (the group's tickets),
+// cut, and detached again; the answer lists both members, ready, and Get
+// says the same; Delete takes the group and its members away, and is
+// idempotent.
+func TestCSIGroupControllerSnapshotsDetachedVolumes(t *testing.T) {
+	t.Parallel() // volumes of its own, no fault
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	conn := startCSIController(t)
+	controller, groups := csispec.NewControllerClient(conn), csispec.NewGroupControllerClient(conn)
+	rwo := []*csispec.VolumeCapability{{AccessType: &csispec.VolumeCapability_Mount{Mount: &csispec.VolumeCapability_MountVolume{}},
+		AccessMode: &csispec.VolumeCapability_AccessMode{Mode: csispec.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}}
+	var ids []string
+	for _, name := range []string{"pvc-e2e-vgs-a", "pvc-e2e-vgs-b"} {
+		v, err := controller.CreateVolume(ctx, &csispec.CreateVolumeRequest{Name: name, VolumeCapabilities: rwo,
+			CapacityRange: &csispec.CapacityRange{RequiredBytes: 16 << 20}, Parameters: map[string]string{"numberOfReplicas": "2"}})
+		require.NoError(t, err)
+		ids = append(ids, v.Volume.VolumeId)
+		t.Cleanup(func() {
+			_, _ = controller.DeleteVolume(context.Background(), &csispec.DeleteVolumeRequest{VolumeId: v.Volume.VolumeId})
+			waitVolumeGone(t, v.Volume.VolumeId)
+		})
+	}
+	resp, err := groups.CreateVolumeGroupSnapshot(ctx, &csispec.CreateVolumeGroupSnapshotRequest{Name: "vgs-e2e", SourceVolumeIds: ids})
+	require.NoError(t, err)
+	g := resp.GroupSnapshot
+	assert.Equal(t, "vgs-e2e", g.GroupSnapshotId)
+	assert.True(t, g.ReadyToUse)
+	require.Len(t, g.Snapshots, 2)
+	var members []string
+	for _, s := range g.Snapshots {
+		assert.True(t, s.ReadyToUse)
+		assert.Equal(t, "vgs-e2e", s.GroupSnapshotId)
+		assert.Contains(t, ids, s.SourceVolumeId)
+		members = append(members, s.SnapshotId)
+	}
+	got, err := groups.GetVolumeGroupSnapshot(ctx, &csispec.GetVolumeGroupSnapshotRequest{GroupSnapshotId: "vgs-e2e"})
+	require.NoError(t, err)
+	assert.True(t, got.GroupSnapshot.ReadyToUse)
+	for _, id := range ids {
+		require.Eventually(t, func() bool { return getVolume(t, id).Status.State == v1beta1.VolumeStateDetached },
+			time.Minute, 200*time.Millisecond, "volume %s detached again after the cut", id)
+	}
+
+	_, err = groups.DeleteVolumeGroupSnapshot(ctx, &csispec.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: "vgs-e2e", SnapshotIds: members})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		for _, m := range members {
+			if _, err := env.adminStrata.StrataV1beta1().Snapshots(types.DefaultNamespace).Get(ctx, m, metav1.GetOptions{}); err == nil {
+				return false
+			}
+		}
+		return true
+	}, 2*time.Minute, 500*time.Millisecond, "the members go with the group")
+	_, err = groups.DeleteVolumeGroupSnapshot(ctx, &csispec.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: "vgs-e2e"})
+	require.NoError(t, err, "a second delete succeeds")
 }
