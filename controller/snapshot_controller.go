@@ -200,15 +200,22 @@ func limitRefusal(view snapshotView, err error) string {
 }
 
 func (c *SnapshotController) ensureSnapshotTicket(ctx context.Context, s *v1beta1.Snapshot, vol *v1beta1.Volume) error {
+	return c.ensureSnapshotterTicket(ctx, vol, snapshotTicketID(s.Name), "Snapshot", s)
+}
+
+// ensureSnapshotterTicket asks for vol to be attached, without a frontend,
+// for a snapshot operation owned by owner (a Snapshot, a SnapshotGroup):
+// where it is attached, else on this node.
+func (c *baseController) ensureSnapshotterTicket(ctx context.Context, vol *v1beta1.Volume, id, kind string, owner metav1.Object) error {
 	node := vol.Spec.NodeID
 	if node == "" {
 		node = c.controllerID
 	}
 	return c.ensureTicket(ctx, vol.Name, &v1beta1.AttachmentTicket{
-		ID: snapshotTicketID(s.Name), Type: v1beta1.AttacherTypeSnapshotController, NodeID: node,
+		ID: id, Type: v1beta1.AttacherTypeSnapshotController, NodeID: node,
 		Parameters: map[string]string{v1beta1.AttachmentParameterDisableFrontend: v1beta1.AnyValue},
-		OwnerRef: &v1beta1.TicketOwnerReference{APIVersion: v1beta1.SchemeGroupVersion.String(), Kind: "Snapshot",
-			Namespace: s.Namespace, Name: s.Name, UID: string(s.UID)},
+		OwnerRef: &v1beta1.TicketOwnerReference{APIVersion: v1beta1.SchemeGroupVersion.String(), Kind: kind,
+			Namespace: owner.GetNamespace(), Name: owner.GetName(), UID: string(owner.GetUID())},
 	})
 }
 

@@ -45,8 +45,7 @@ func NewSnapshotController(logger logrus.FieldLogger, ds *datastore.DataStore, r
 	// it) look again when its state changes.
 	if _, err := ds.Volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		UpdateFunc: onUpdate(func(o, n *v1beta1.Volume) {
-			if o.Status.State != n.Status.State || o.Status.CurrentNodeID != n.Status.CurrentNodeID ||
-				o.Status.OwnerID != n.Status.OwnerID || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) {
+			if attachmentOrOwnerChanged(o, n) {
 				c.enqueueVolumeSnapshots(n.Name)
 			}
 			// A clone done with its source's snapshot lets a delete go on.
@@ -90,6 +89,13 @@ func (c *SnapshotController) enqueueEngineChange(old, cur *v1beta1.Engine) {
 	if appeared {
 		c.engines.Add(cur.Namespace + "/" + cur.Name)
 	}
+}
+
+// attachmentOrOwnerChanged: what snapshots (and groups) of a volume wait
+// for changed: its state, node or owner, or it began to be deleted.
+func attachmentOrOwnerChanged(o, n *v1beta1.Volume) bool {
+	return o.Status.State != n.Status.State || o.Status.CurrentNodeID != n.Status.CurrentNodeID ||
+		o.Status.OwnerID != n.Status.OwnerID || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
 }
 
 func (c *SnapshotController) enqueueVolumeSnapshots(volume string) {

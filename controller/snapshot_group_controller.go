@@ -217,16 +217,7 @@ func (c *SnapshotGroupController) groupMembers(ctx context.Context, g *v1beta1.S
 }
 
 func (c *SnapshotGroupController) ensureGroupTicket(ctx context.Context, g *v1beta1.SnapshotGroup, vol *v1beta1.Volume) error {
-	node := vol.Spec.NodeID
-	if node == "" {
-		node = c.controllerID
-	}
-	return c.ensureTicket(ctx, vol.Name, &v1beta1.AttachmentTicket{
-		ID: groupTicketID(g.Name), Type: v1beta1.AttacherTypeSnapshotController, NodeID: node,
-		Parameters: map[string]string{v1beta1.AttachmentParameterDisableFrontend: v1beta1.AnyValue},
-		OwnerRef: &v1beta1.TicketOwnerReference{APIVersion: v1beta1.SchemeGroupVersion.String(), Kind: "SnapshotGroup",
-			Namespace: g.Namespace, Name: g.Name, UID: string(g.UID)},
-	})
+	return c.ensureSnapshotterTicket(ctx, vol, groupTicketID(g.Name), "SnapshotGroup", g)
 }
 
 func (c *SnapshotGroupController) releaseTickets(ctx context.Context, g *v1beta1.SnapshotGroup) error {

@@ -35,8 +35,7 @@ func NewSnapshotGroupController(logger logrus.FieldLogger, ds *datastore.DataSto
 	// changes (and a volume going away) look at the groups naming them.
 	if _, err := ds.Volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		UpdateFunc: onUpdate(func(o, n *v1beta1.Volume) {
-			if o.Status.State != n.Status.State || o.Status.CurrentNodeID != n.Status.CurrentNodeID ||
-				o.Status.OwnerID != n.Status.OwnerID || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) {
+			if attachmentOrOwnerChanged(o, n) {
 				c.enqueueVolumeGroups(n.Name)
 			}
 		}),
