@@ -93,9 +93,10 @@ func (c *Cluster) StartCSI(ctx context.Context, opts CSIOptions) error {
 		return err
 	}
 	// No leader election: one of each runs (and its RBAC grants no Lease).
-	// No volume group snapshots: Strata offers none and their CRDs are not
-	// installed (with the gate on, both snapshot processes would look for
-	// them for 30 s at start).
+	// No volume group snapshots yet: the driver serves the CSI
+	// GroupController (over SnapshotGroup), but the groupsnapshot.storage.k8s.io
+	// CRDs are not installed (with the gate on, both snapshot processes
+	// would look for them for 30 s at start); issue 28 turns them on.
 	withSocket := []string{"--csi-address=" + socket, "--kubeconfig=" + controllerKubeconfig, "--leader-election=false"}
 	noGroups := "--feature-gates=CSIVolumeGroupSnapshot=false"
 	sidecars := map[string][]string{
