@@ -48,14 +48,20 @@ func (r *Replica) persistDiscarded(b, e int64) {
 		}
 		r.discardF = f
 	}
-	first, last := b>>6, (e-1)>>6
-	buf := make([]byte, 8*(last-first+1))
-	for w := first; w <= last; w++ {
-		blk := w << 6
-		binary.LittleEndian.PutUint64(buf[8*(w-first):], r.discarded.pageOf(blk).word(w%pageWords))
-	}
-	if _, err := r.discardF.WriteAt(buf, 8*first); err != nil {
-		r.dropDiscardFile()
+	// In pieces of at most 1 MiB of words (32 GiB of volume): a trim of a
+	// whole large volume must not allocate its whole bitmap at once.
+	const chunkWords = 1 << 17
+	buf := make([]byte, 8*min(chunkWords, (e-1)>>6-b>>6+1))
+	for first, last := b>>6, (e-1)>>6; first <= last; first += chunkWords {
+		n := min(chunkWords, last-first+1)
+		for i := range n {
+			w := first + i
+			binary.LittleEndian.PutUint64(buf[8*i:], r.discarded.pageOf(w<<6).word(w%pageWords))
+		}
+		if _, err := r.discardF.WriteAt(buf[:8*n], 8*first); err != nil {
+			r.dropDiscardFile()
+			return
+		}
 	}
 }
 

@@ -316,3 +316,20 @@ func TestDiscardFileDamaged(t *testing.T) {
 		})
 	}
 }
+
+// TestPersistDiscardedInPieces: marks over more than one piece (32 GiB of
+// volume) reach the file whole.
+func TestPersistDiscardedInPieces(t *testing.T) {
+	const size = 80 << 30 // sparse: only the bitmap is written
+	r, dir := newReplica(t, size/bs)
+	nblocks := int64(size / bs)
+	r.mu.Lock()
+	r.discarded.set(0, nblocks-1)
+	r.persistDiscarded(0, nblocks-1)
+	r.mu.Unlock()
+	data, err := os.ReadFile(filepath.Join(dir, discardFileName(r.head.file)))
+	require.NoError(t, err)
+	require.Len(t, data, int(nblocks/8))
+	assert.True(t, bytes.Equal(data[:len(data)-8], bytes.Repeat([]byte{0xff}, len(data)-8)), "every word but the last all set")
+	assert.Equal(t, uint64(1)<<63-1, binary.LittleEndian.Uint64(data[len(data)-8:]), "the last block unmarked")
+}
