@@ -2,8 +2,6 @@ package controller
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -333,8 +331,7 @@ func memberSnapshotName(group, volume string, attempt int32) string {
 	if types.ValidateSnapshotName(name) == nil {
 		return name
 	}
-	sum := sha256.Sum256([]byte(name))
-	return "sg-" + hex.EncodeToString(sum[:])[:24]
+	return derivedSnapshotName("sg", name)
 }
 
 // joinGroup makes a Snapshot CR the engine monitor is about to create for a

@@ -43,8 +43,14 @@ func cloneSnapshotName(target string) string {
 	if name := "clone-" + target; len(name) <= 63 {
 		return name
 	}
-	sum := sha256.Sum256([]byte(target))
-	return "clone-" + hex.EncodeToString(sum[:12])
+	return derivedSnapshotName("clone", target)
+}
+
+// derivedSnapshotName is prefix-<24 hex digits of key's SHA-256>: a valid
+// snapshot name, the same for the same key, where the natural one is not.
+func derivedSnapshotName(prefix, key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return prefix + "-" + hex.EncodeToString(sum[:12])
 }
 
 // cloneSync is what one sync of a clone target knows.

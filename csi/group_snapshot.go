@@ -2,7 +2,6 @@ package csi
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"strings"
 	"time"
@@ -73,11 +72,11 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 		group = d.csiGroup(g)
 		return group != nil, nil
 	})
-	if err != nil {
-		if _, ok := status.FromError(err); ok && !errors.Is(err, context.DeadlineExceeded) && !wait.Interrupted(err) {
-			return nil, err
-		}
+	if wait.Interrupted(err) {
 		return nil, status.Errorf(codes.Unavailable, "group snapshot %s of %d volumes is not taken yet; call again", name, len(volumes))
+	}
+	if err != nil {
+		return nil, err // the group failed, or reading it did
 	}
 	return &csi.CreateVolumeGroupSnapshotResponse{GroupSnapshot: group}, nil
 }

@@ -7,8 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/strata-storage/strata/engine/replicactl"
 )
 
 // A group cut: snapshots of several volumes, whose engines may run on
@@ -34,9 +32,8 @@ var ErrFreezeLost = errors.New("engine is not frozen for this cut")
 const MaxFreeze = time.Minute
 
 type freeze struct {
-	mu      sync.Mutex // held while a freeze starts, ends or snapshots
-	held    atomic.Pointer[string]
-	cut     string
+	mu      sync.Mutex             // held while a freeze starts, ends or snapshots
+	held    atomic.Pointer[string] // the cut frozen for; nil when none
 	began   time.Time
 	timer   *time.Timer
 	release func() // ends the structural section
@@ -54,12 +51,12 @@ func (e *Engine) Freeze(ctx context.Context, cut string, timeout time.Duration) 
 	}
 	e.fz.mu.Lock()
 	defer e.fz.mu.Unlock()
-	switch e.fz.cut {
+	switch held := e.FrozenFor(); held {
 	case cut:
 		return nil
 	case "":
 	default:
-		return fmt.Errorf("freeze for cut %s of volume %s: frozen for cut %s: %w", cut, e.volume, e.fz.cut, ErrBusy)
+		return fmt.Errorf("freeze for cut %s of volume %s: frozen for cut %s: %w", cut, e.volume, held, ErrBusy)
 	}
 	release, err := e.structural("freeze for cut " + cut)
 	if err != nil {
@@ -70,7 +67,7 @@ func (e *Engine) Freeze(ctx context.Context, cut string, timeout time.Duration) 
 		return err
 	}
 	e.io.Lock() // waits for the I/O in flight; new I/O waits for the thaw
-	e.fz.cut, e.fz.began, e.fz.release = cut, time.Now(), release
+	e.fz.began, e.fz.release = time.Now(), release
 	e.fz.held.Store(&cut)
 	e.fz.timer = time.AfterFunc(timeout, func() {
 		if e.Thaw(cut) {
@@ -86,14 +83,14 @@ func (e *Engine) Freeze(ctx context.Context, cut string, timeout time.Duration) 
 func (e *Engine) Thaw(cut string) bool {
 	e.fz.mu.Lock()
 	defer e.fz.mu.Unlock()
-	if e.fz.cut == "" || e.fz.cut != cut {
+	if cut == "" || e.FrozenFor() != cut {
 		return false
 	}
 	e.fz.timer.Stop()
 	e.io.Unlock()
 	e.fz.release()
 	e.log.WithField("cut", cut).WithField("frozen", time.Since(e.fz.began)).Info("Thawed")
-	e.fz.cut, e.fz.timer, e.fz.release = "", nil, nil
+	e.fz.timer, e.fz.release = nil, nil
 	e.fz.held.Store(nil)
 	return true
 }
@@ -120,15 +117,8 @@ func (e *Engine) ThawAny() {
 func (e *Engine) SnapshotInCut(ctx context.Context, cut, name string, opts SnapshotOptions) error {
 	e.fz.mu.Lock()
 	defer e.fz.mu.Unlock()
-	if e.fz.cut == "" || e.fz.cut != cut {
+	if cut == "" || e.FrozenFor() != cut {
 		return fmt.Errorf("snapshot %s of volume %s in cut %s: %w", name, e.volume, cut, ErrFreezeLost)
 	}
-	args := replicactl.SnapshotArgs{Name: name, UserCreated: opts.UserCreated,
-		Created: time.Now().UTC().Truncate(time.Second), Labels: opts.Labels, ID: replicactl.NewLayerID()}
-	if err := e.snapshotLocked(ctx, args); err != nil {
-		return err
-	}
-	e.log.WithField("snapshot", name).WithField("cut", cut).Info("Snapshot taken in a group cut")
-	e.onChange()
-	return nil
+	return e.takeSnapshot(ctx, name, opts, e.log.WithField("cut", cut))
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sirupsen/logrus"
+
 	"github.com/strata-storage/strata/engine/dataconn"
 	"github.com/strata-storage/strata/engine/replicactl"
 )
@@ -27,16 +29,22 @@ func (e *Engine) Snapshot(ctx context.Context, name string, opts SnapshotOptions
 		return err
 	}
 	defer release()
+	e.io.Lock()
+	defer e.io.Unlock()
+	return e.takeSnapshot(ctx, name, opts, e.log)
+}
+
+// takeSnapshot takes a user's (or a group cut's) snapshot; the caller holds
+// e.io exclusively.
+func (e *Engine) takeSnapshot(ctx context.Context, name string, opts SnapshotOptions, log logrus.FieldLogger) error {
 	// One ID for every replica: layers taken at the same point of the
 	// write stream match, so a rebuild can keep a returning replica's.
 	args := replicactl.SnapshotArgs{Name: name, UserCreated: opts.UserCreated,
 		Created: time.Now().UTC().Truncate(time.Second), Labels: opts.Labels, ID: replicactl.NewLayerID()}
-	e.io.Lock()
-	defer e.io.Unlock()
 	if err := e.snapshotLocked(ctx, args); err != nil {
 		return err
 	}
-	e.log.WithField("snapshot", name).Info("Snapshot taken")
+	log.WithField("snapshot", name).Info("Snapshot taken")
 	e.onChange()
 	return nil
 }
