@@ -97,6 +97,14 @@ func (c *RecurringJobController) runJob(ctx context.Context, log logrus.FieldLog
 		return runOutcome{finishedAt: c.ds.Clock.Now(), err: err}
 	}
 	log.WithField("volumes", len(volumes)).Info("Recurring job run started")
+	if job.Spec.Task == v1beta1.RecurringJobTaskSnapshotGroup {
+		// One cut of them all, not a task per volume.
+		err := c.groupTask(ctx, job, volumes, tick)
+		if ctx.Err() != nil {
+			err = errRunCancelled
+		}
+		return runOutcome{finishedAt: c.ds.Clock.Now(), volumes: len(volumes), err: err}
+	}
 	slots := make(chan struct{}, max(1, int(job.Spec.Concurrency)))
 	var (
 		wg   sync.WaitGroup

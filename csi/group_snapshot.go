@@ -30,7 +30,7 @@ import (
 const groupWait = 90 * time.Second
 
 // maxGroupVolumes is SnapshotGroup.spec.volumes' bound.
-const maxGroupVolumes = 64
+const maxGroupVolumes = v1beta1.SnapshotGroupMaxVolumes
 
 func (d *Driver) GroupControllerGetCapabilities(context.Context, *csi.GroupControllerGetCapabilitiesRequest) (*csi.GroupControllerGetCapabilitiesResponse, error) {
 	return &csi.GroupControllerGetCapabilitiesResponse{Capabilities: []*csi.GroupControllerServiceCapability{{

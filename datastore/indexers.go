@@ -25,6 +25,8 @@ const (
 	// IndexByRecurringJob maps types.RecurringJobSelectors keys (a job, a
 	// group) to the volumes they select.
 	IndexByRecurringJob = "by-recurring-job"
+	// IndexByMakingJob maps a recurring job's name to what it made.
+	IndexByMakingJob = "by-making-job"
 )
 
 // indexOn builds an index function from a typed key extractor; objects of
@@ -52,6 +54,7 @@ var (
 			}
 			return nil, nil
 		},
+		IndexByMakingJob: indexOn(func(g *v1beta1.SnapshotGroup) string { return g.Labels[types.LabelRecurringJob] }),
 	}
 	volumeIndexers = cache.Indexers{
 		IndexByBackingImage: indexOn(func(v *v1beta1.Volume) string { return v.Spec.BackingImage }),

@@ -99,7 +99,8 @@ names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet
   containerd containerd-shim-runc-v2 ctr)
 if [ "${names[*]}" = snapshot-crds ]; then
-  crds="$cache/snapshot-crds-$snapshotter_version"
+  # "groups-": the directory once held only the snapshot.storage CRDs.
+  crds="$cache/snapshot-crds-groups-$snapshotter_version"
   if [ ! -d "$crds" ]; then
     mkdir -p "$cache"
     exec 9>"$cache/controlplane-$key.lock"
@@ -111,10 +112,11 @@ if [ "${names[*]}" = snapshot-crds ]; then
     src=$(echo "$json" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
     tmp=$(mktemp -d "$cache/.snapshot-crds.XXXX")
     temps+=("$tmp")
-    # Only the snapshot.storage.k8s.io CRDs (v1 served and stored, v1beta1
-    # listed but not served); the group-snapshot CRDs are files of their own.
+    # The snapshot.storage.k8s.io and groupsnapshot.storage.k8s.io CRDs
+    # (the directory holds a kustomization too, which is not a manifest).
     for kind in volumesnapshots volumesnapshotcontents volumesnapshotclasses; do
       cp "$src/config/crd/snapshot.storage.k8s.io_$kind.yaml" "$tmp/"
+      cp "$src/config/crd/groupsnapshot.storage.k8s.io_volumegroup${kind#volume}.yaml" "$tmp/"
     done
     chmod 755 "$tmp"; chmod 644 "$tmp"/*.yaml
     mv "$tmp" "$crds"   # atomic: a half-filled directory is never found

@@ -117,6 +117,7 @@ func New(log logrus.FieldLogger, ds *datastore.DataStore, kube kubernetes.Interf
 	handler, err := admission.NewHandler(log, opts.Namespace,
 		[]admission.Mutator{volume.NewMutator(ds), volumeattachment.NewMutator(ds), snapshot.NewMutator(ds)},
 		[]admission.Validator{volume.NewValidator(ds), volumeattachment.NewValidator(ds), snapshot.NewValidator(ds),
+			snapshot.NewGroupValidator(ds), snapshotquota.NewVolumeGroupSnapshotValidator(ds),
 			backingimage.NewValidator(ds), resourcequota.NewValidator(), recurringjob.NewValidator(),
 			snapshotquota.NewVolumeSnapshotValidator(ds), snapshotquota.NewVMSnapshotValidator(ds),
 			snapshotquota.NewVMBackupValidator(ds)})

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"reflect"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -168,13 +169,20 @@ func TestLeaderAppliesConfigurations(t *testing.T) {
 				Operations: []admissionregistrationv1.OperationType{"CREATE", "UPDATE"},
 				Rule: admissionregistrationv1.Rule{APIGroups: []string{"strata.io"}, APIVersions: []string{"v1beta1"},
 					Resources: []string{"resourcequotas"}, Scope: ptr(admissionregistrationv1.NamespacedScope)}}}, wantRules...)
-			// VolumeSnapshots are judged on creation only, against the
-			// snapshot quota; without KubeVirt and Harvester installed, their
-			// kinds have no rule.
-			wantRules = append(wantRules, admissionregistrationv1.RuleWithOperations{
-				Operations: []admissionregistrationv1.OperationType{"CREATE"},
-				Rule: admissionregistrationv1.Rule{APIGroups: []string{"snapshot.storage.k8s.io"}, APIVersions: []string{"v1"},
-					Resources: []string{"volumesnapshots"}, Scope: ptr(admissionregistrationv1.NamespacedScope)}})
+			// SnapshotGroups, VolumeGroupSnapshots and VolumeSnapshots are
+			// judged on creation only (a group's spec is immutable; the
+			// others against the snapshot quota); without KubeVirt and
+			// Harvester installed, their kinds have no rule. Rules come in
+			// the order of their resources' names.
+			createOnly := func(group, version, resource string) admissionregistrationv1.RuleWithOperations {
+				return admissionregistrationv1.RuleWithOperations{Operations: []admissionregistrationv1.OperationType{"CREATE"},
+					Rule: admissionregistrationv1.Rule{APIGroups: []string{group}, APIVersions: []string{version},
+						Resources: []string{resource}, Scope: ptr(admissionregistrationv1.NamespacedScope)}}
+			}
+			wantRules = slices.Concat(wantRules[:3], []admissionregistrationv1.RuleWithOperations{
+				createOnly("strata.io", "v1beta1", "snapshotgroups")}, wantRules[3:5], []admissionregistrationv1.RuleWithOperations{
+				createOnly("groupsnapshot.storage.k8s.io", "v1", "volumegroupsnapshots")}, wantRules[5:],
+				[]admissionregistrationv1.RuleWithOperations{createOnly("snapshot.storage.k8s.io", "v1", "volumesnapshots")})
 			assert.Equal(t, wantRules, v.Rules)
 			assert.Equal(t, admissionregistrationv1.Fail, *m.FailurePolicy)
 			assert.Equal(t, admissionregistrationv1.Fail, *v.FailurePolicy)

@@ -55,7 +55,8 @@ var controllerSidecars = []string{"csi-provisioner", "csi-attacher", "csi-resize
 // plugin with the upstream sidecars (csi-provisioner, csi-attacher,
 // csi-resizer, csi-snapshotter) and the snapshot-controller, and a node plugin beside each
 // kubelet, registering with it. It installs the snapshot CRDs and
-// package/csi (CSIDriver, StorageClass strata, VolumeSnapshotClass strata).
+// package/csi (CSIDriver, StorageClass strata, VolumeSnapshotClass and
+// VolumeGroupSnapshotClass strata).
 // Everything stops with the cluster.
 func (c *Cluster) StartCSI(ctx context.Context, opts CSIOptions) error {
 	if len(opts.StrataNodes) != len(c.nodes) {
@@ -93,18 +94,15 @@ func (c *Cluster) StartCSI(ctx context.Context, opts CSIOptions) error {
 		return err
 	}
 	// No leader election: one of each runs (and its RBAC grants no Lease).
-	// No volume group snapshots yet: the driver serves the CSI
-	// GroupController (over SnapshotGroup), but the groupsnapshot.storage.k8s.io
-	// CRDs are not installed (with the gate on, both snapshot processes
-	// would look for them for 30 s at start); issue 28 turns them on.
+	// Volume group snapshots are on (the gate is GA and on by default):
+	// the driver's GroupController serves them over SnapshotGroup.
 	withSocket := []string{"--csi-address=" + socket, "--kubeconfig=" + controllerKubeconfig, "--leader-election=false"}
-	noGroups := "--feature-gates=CSIVolumeGroupSnapshot=false"
 	sidecars := map[string][]string{
 		"csi-provisioner":     append([]string{"--extra-create-metadata", "--timeout=60s"}, withSocket...),
 		"csi-attacher":        append([]string{"--timeout=120s"}, withSocket...),
 		"csi-resizer":         append([]string{"--timeout=120s"}, withSocket...),
-		"csi-snapshotter":     append([]string{"--extra-create-metadata", "--timeout=60s", noGroups}, withSocket...),
-		"snapshot-controller": {"--kubeconfig=" + snapshotKubeconfig, "--leader-election=false", noGroups},
+		"csi-snapshotter":     append([]string{"--extra-create-metadata", "--timeout=60s"}, withSocket...),
+		"snapshot-controller": {"--kubeconfig=" + snapshotKubeconfig, "--leader-election=false"},
 	}
 	for _, name := range CSISidecars {
 		if err := c.runCSI(name, filepath.Join(binDir, name), sidecars[name]...); err != nil {

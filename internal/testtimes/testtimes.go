@@ -19,12 +19,13 @@ import (
 
 // event is one line of `go test -json` (cmd/test2json's TestEvent).
 type event struct {
-	Time    time.Time
-	Action  string
-	Package string
-	Test    string
-	Elapsed float64
-	Output  string
+	Time       time.Time
+	Action     string
+	Package    string
+	ImportPath string // a build's events name the package here
+	Test       string
+	Elapsed    float64
+	Output     string
 }
 
 // Result is one package's or one top-level test's end.
@@ -48,6 +49,12 @@ type Run struct {
 	Packages []Result
 	Tests    []Result // top-level tests only: a subtest's time is in its parent's
 	Failed   bool
+
+	// BuildFailed names the packages that did not build; PackageTail
+	// keeps the last lines a failed package printed outside its tests
+	// (TestMain's own checks, a panic, a timeout), for Failures.
+	BuildFailed []string
+	PackageTail map[string][]string
 
 	// started is when each running test last began or resumed: a test's
 	// own Elapsed leaves out its parallel subtests (they run after it
@@ -81,7 +88,7 @@ func Read(in io.Reader, out io.Writer) (*Run, error) {
 	if out == nil {
 		out = io.Discard
 	}
-	run := &Run{started: map[string]time.Time{}}
+	run := &Run{started: map[string]time.Time{}, PackageTail: map[string][]string{}}
 	rl := &relay{out: out, pending: map[string][]string{}}
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
@@ -108,6 +115,7 @@ func (run *Run) add(rl *relay, ev event) {
 		fmt.Fprint(rl.out, ev.Output)
 	case "build-fail":
 		run.Failed = true
+		run.BuildFailed = append(run.BuildFailed, ev.ImportPath)
 	case "output":
 		rl.keep(key, ev.Output)
 	case "run", "cont":
@@ -130,6 +138,10 @@ func (run *Run) add(rl *relay, ev event) {
 			if ev.Action == "pass" {
 				rl.pending[key] = slices.DeleteFunc(rl.pending[key], func(l string) bool { return l == "PASS\n" })
 			}
+			if ev.Action == "fail" {
+				lines := rl.pending[key]
+				run.PackageTail[key] = slices.Clone(lines[max(0, len(lines)-tailLines):])
+			}
 			rl.flush(key, true)
 			run.Packages = append(run.Packages, res)
 		case !strings.Contains(ev.Test, "/"):
@@ -141,6 +153,41 @@ func (run *Run) add(rl *relay, ev event) {
 			parent := ev.Package + "." + ev.Test[:strings.Index(ev.Test, "/")]
 			rl.pending[parent] = append(rl.pending[parent], rl.pending[key]...)
 			rl.flush(key, false)
+		}
+	}
+}
+
+// tailLines is how much of a failed package's own output Failures repeats:
+// enough for TestMain's reasons, which it prints last.
+const tailLines = 20
+
+// Failures writes what failed, once more, after everything else: a long
+// run's log is often seen only by its end (a CI page), where a failure
+// relayed twenty minutes earlier is out of sight. A package that failed
+// with none of its tests failing failed in TestMain, a panic or a
+// timeout: its last lines are repeated.
+func (run *Run) Failures(w io.Writer, trim string) {
+	if !run.Failed {
+		return
+	}
+	fmt.Fprintln(w, "What failed:")
+	for _, p := range run.BuildFailed {
+		fmt.Fprintf(w, "- %s: did not build (its compiler output is above)\n", strings.TrimPrefix(p, trim))
+	}
+	failedTests := map[string]bool{}
+	for _, t := range run.Tests {
+		if t.Action == "fail" {
+			failedTests[t.Package] = true
+			fmt.Fprintf(w, "- %s (its output is above)\n", strings.TrimPrefix(t.Name(), trim))
+		}
+	}
+	for _, p := range run.Packages {
+		if p.Action != "fail" || failedTests[p.Package] {
+			continue
+		}
+		fmt.Fprintf(w, "- %s: failed outside its tests (TestMain, a panic or a timeout); its last lines:\n", strings.TrimPrefix(p.Package, trim))
+		for _, l := range run.PackageTail[p.Package] {
+			fmt.Fprintf(w, "    %s", l)
 		}
 	}
 }

@@ -75,3 +75,36 @@ func TestMarkdown(t *testing.T) {
 | f.TestParallelKids | pass | 9.0 s |
 `, md.String())
 }
+
+func TestFailures(t *testing.T) {
+	const mainFailed = `{"Action":"run","Package":"m/g","Test":"TestFine"}
+{"Action":"pass","Package":"m/g","Test":"TestFine","Elapsed":1}
+{"Action":"output","Package":"m/g","Output":"manager log line\n"}
+{"Action":"output","Package":"m/g","Output":"audit check failed: unused grant\n"}
+{"Action":"output","Package":"m/g","Output":"FAIL\tm/g\t5.000s\n"}
+{"Action":"fail","Package":"m/g","Elapsed":5}
+`
+	tests := []struct {
+		name, stream, want string
+	}{
+		{"a failed test, a build failure, a TestMain failure", stream + mainFailed, `What failed:
+- e: did not build (its compiler output is above)
+- a.TestBad (its output is above)
+- g: failed outside its tests (TestMain, a panic or a timeout); its last lines:
+    manager log line
+    audit check failed: unused grant
+    FAIL	m/g	5.000s
+`},
+		{"nothing failed", `{"Action":"pass","Package":"m/c","Elapsed":9}
+`, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			run, err := Read(strings.NewReader(tt.stream), nil)
+			require.NoError(t, err)
+			var out bytes.Buffer
+			run.Failures(&out, "m/")
+			assert.Equal(t, tt.want, out.String())
+		})
+	}
+}

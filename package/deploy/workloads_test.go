@@ -322,7 +322,7 @@ func TestChartMatchesShippedObjects(t *testing.T) {
 		assert.JSONEq(t, withoutMetadata(t, want.json), withoutMetadata(t, got.json), want.key())
 	}
 	clusterScoped := []string{"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
-		"CSIDriver", "StorageClass", "VolumeSnapshotClass"}
+		"CSIDriver", "StorageClass", "VolumeSnapshotClass", "VolumeGroupSnapshotClass"}
 	for _, o := range objs {
 		if !slices.Contains(clusterScoped, o.Kind) {
 			assert.NotEmpty(t, o.Namespace, "%s has no namespace", o.key())

@@ -55,6 +55,8 @@ func run(from, save string, slowest int) error {
 	}
 	fmt.Println()
 	r.Markdown(os.Stdout, slowest, module)
+	fmt.Println()
+	r.Failures(os.Stdout, module)
 	if r.Failed && from == "" {
 		return fmt.Errorf("tests failed")
 	}

@@ -184,13 +184,17 @@ func run(m *testing.M) (int, error) {
 	for _, mgr := range env.managers {
 		_ = mgr.StopAll(10 * time.Second)
 	}
+	// Why the suite failed outside its tests, said again after the
+	// managers' log tails so that it is the last thing a reader sees.
+	var reasons []string
 	if err := cluster.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "stopping the cluster:", err)
-		code = 1
+		reasons = append(reasons, fmt.Sprintf("stopping the cluster: %v", err))
 	}
 	// Nothing the kubelet nodes made may outlive the suite.
 	if residue := localcluster.HostResidue(clusterDir, baseline); len(residue) > 0 {
-		fmt.Fprintf(os.Stderr, "left on the host after the cluster stopped:\n  %s\n", strings.Join(residue, "\n  "))
+		reasons = append(reasons, fmt.Sprintf("left on the host after the cluster stopped:\n  %s", strings.Join(residue, "\n  ")))
+	}
+	if len(reasons) > 0 {
 		code = 1
 	}
 	// What the components asked of the API server against what their
@@ -198,7 +202,7 @@ func run(m *testing.M) (int, error) {
 	// have stopped before using what it tests); after a failure the report
 	// is still written beside the kept logs.
 	if err := auditCheck(root, cluster.AuditLogPath, filepath.Join(runDir, "audit-report.txt"), code == 0); err != nil {
-		fmt.Fprintln(os.Stderr, err)
+		reasons = append(reasons, err.Error())
 		code = 1
 	}
 	if code != 0 {
@@ -206,6 +210,9 @@ func run(m *testing.M) (int, error) {
 		fmt.Fprintf(os.Stderr, "e2e failed; logs kept in %s\n", filepath.Join(runDir, "logs"))
 		for _, mgr := range env.managers {
 			fmt.Fprintf(os.Stderr, "--- last lines of %s:\n%s\n", mgr.LogPath, mgr.LogTail(30))
+		}
+		for _, r := range reasons {
+			fmt.Fprintln(os.Stderr, r)
 		}
 	}
 	return code, nil

@@ -128,11 +128,11 @@ func labelledFor(jobs ...string) func(*v1beta1.Volume) {
 // new job's stay (seed snapshot-crd, story 1).
 func testRecurringJobRetainAndRename(t *testing.T) {
 	tgt := recurringTarget(t, "e2e-rj")
-	const snapJob, backupJob, renamed = "e2e-rj-snap", "e2e-rj-bk", "e2e-rj-snap-v2"
+	const snapJob, backupJob, groupJob, renamed = "e2e-rj-snap", "e2e-rj-bk", "e2e-rj-grp", "e2e-rj-snap-v2"
 	vols := []string{"e2e-rj-a", "e2e-rj-b"}
 	var endpoints []string
 	for _, vol := range vols {
-		createVolume(t, vol, "64Mi", 1, labelledFor(snapJob, backupJob))
+		createVolume(t, vol, "64Mi", 1, labelledFor(snapJob, backupJob, groupJob))
 	}
 	for _, vol := range vols {
 		waitVolume(t, vol, time.Minute, "detached", isDetached)
@@ -141,6 +141,7 @@ func testRecurringJobRetainAndRename(t *testing.T) {
 	}
 	createRecurringJob(t, snapJob, v1beta1.RecurringJobTaskSnapshot, fastCron)
 	createRecurringJob(t, backupJob, v1beta1.RecurringJobTaskBackup, fastCron)
+	createRecurringJob(t, groupJob, v1beta1.RecurringJobTaskSnapshotGroup, fastCron)
 
 	// New data between ticks, so each backup has something of its own.
 	stop := make(chan struct{})
@@ -165,7 +166,22 @@ func testRecurringJobRetainAndRename(t *testing.T) {
 	start := time.Now()
 	waitRunsEnded(t, snapJob, 5, 3*time.Minute)
 	waitRunsEnded(t, backupJob, 5, 2*time.Minute)
+	waitRunsEnded(t, groupJob, 5, time.Minute)
 	t.Logf("5 ticks of each job in %s", time.Since(start).Round(time.Second))
+	// The group job: one crash-consistent cut of both volumes a tick, 3 kept.
+	require.Eventually(t, func() bool {
+		groups, err := env.adminStrata.StrataV1beta1().SnapshotGroups(ns).List(context.Background(),
+			metav1.ListOptions{LabelSelector: stypes.LabelRecurringJob + "=" + groupJob})
+		require.NoError(t, err)
+		ready := 0
+		for _, g := range groups.Items {
+			if g.Status.State == v1beta1.SnapshotGroupReady && g.DeletionTimestamp == nil && len(g.Status.Snapshots) == len(vols) {
+				ready++
+			}
+		}
+		t.Logf("%d groups of %s, %d Ready with both volumes", len(groups.Items), groupJob, ready)
+		return ready == 3 && len(groups.Items) == 3
+	}, 40*time.Second, 2*time.Second, "job %s keeps exactly 3 groups", groupJob)
 	for _, vol := range vols {
 		require.Eventually(t, func() bool {
 			s1, _ := jobObjects(t, snapJob, vol)

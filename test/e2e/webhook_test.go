@@ -205,8 +205,9 @@ func TestWebhookVolumeAttachmentRules(t *testing.T) {
 }
 
 // The configurations match Strata's kinds (CREATE and UPDATE; DELETE where
-// a deletion is judged) and, for the snapshot quota, the creation of
-// VolumeSnapshots and — only while their CRDs exist — KubeVirt's
+// a deletion is judged; CREATE alone for SnapshotGroups, whose spec is
+// immutable) and, for the snapshot quota, the creation of VolumeSnapshots,
+// VolumeGroupSnapshots and — only while their CRDs exist — KubeVirt's
 // VirtualMachineSnapshots and Harvester's VirtualMachineBackups: never a
 // status write, never another kind.
 func TestWebhookConfigurationsMatchOnlyStrataKindsAndSnapshotRequests(t *testing.T) {
@@ -214,27 +215,38 @@ func TestWebhookConfigurationsMatchOnlyStrataKindsAndSnapshotRequests(t *testing
 	waitForWebhooks(t)
 	ctx := context.Background()
 	admission := env.adminKube.AdmissionregistrationV1()
-	vc, err := admission.ValidatingWebhookConfigurations().Get(ctx, webhook.ValidatorConfigName, metav1.GetOptions{})
-	require.NoError(t, err)
+	createOnly := []string{"strata.io/snapshotgroups", "snapshot.storage.k8s.io/volumesnapshots",
+		"groupsnapshot.storage.k8s.io/volumegroupsnapshots", "snapshot.kubevirt.io/virtualmachinesnapshots",
+		"harvesterhci.io/virtualmachinebackups"}
+	// A quota test running beside this one may install the VM kinds at
+	// any moment, and the webhook leader follows within a moment: compare
+	// what discovery lists with the configuration until they agree.
+	var want, got []string
+	require.Eventually(t, func() bool {
+		want = []string{"strata.io/backingimages", "strata.io/recurringjobs", "strata.io/resourcequotas", "strata.io/snapshots",
+			"strata.io/snapshotgroups", "strata.io/volumeattachments", "strata.io/volumes",
+			"snapshot.storage.k8s.io/volumesnapshots", "groupsnapshot.storage.k8s.io/volumegroupsnapshots"}
+		for _, gv := range []string{"snapshot.kubevirt.io/v1beta1/virtualmachinesnapshots", "harvesterhci.io/v1beta1/virtualmachinebackups"} {
+			i := strings.LastIndex(gv, "/")
+			if _, err := env.adminKube.Discovery().ServerResourcesForGroupVersion(gv[:i]); err == nil {
+				want = append(want, gv[:strings.Index(gv, "/")]+gv[i:])
+			}
+		}
+		vc, err := admission.ValidatingWebhookConfigurations().Get(ctx, webhook.ValidatorConfigName, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		// Deleting a volume or a backing image is validated too: one a
+		// workload holds, or a volume uses, is refused.
+		got = ruleResources(t, vc.Webhooks[0].Rules, []string{"strata.io/volumes", "strata.io/backingimages"}, createOnly)
+		assert.NotEmpty(t, vc.Webhooks[0].ClientConfig.CABundle)
+		return assert.ObjectsAreEqual(slices.Sorted(slices.Values(want)), slices.Sorted(slices.Values(got)))
+	}, 30*time.Second, 200*time.Millisecond, "the validating rules match; want %v, got %v", &want, &got)
+	// Backing images have no mutator.
 	mc, err := admission.MutatingWebhookConfigurations().Get(ctx, webhook.MutatorConfigName, metav1.GetOptions{})
 	require.NoError(t, err)
-	want := []string{"strata.io/backingimages", "strata.io/recurringjobs", "strata.io/resourcequotas", "strata.io/snapshots",
-		"strata.io/volumeattachments", "strata.io/volumes", "snapshot.storage.k8s.io/volumesnapshots"}
-	// The VM kinds exist once a quota test installed them.
-	for _, gv := range []string{"snapshot.kubevirt.io/v1beta1/virtualmachinesnapshots", "harvesterhci.io/v1beta1/virtualmachinebackups"} {
-		i := strings.LastIndex(gv, "/")
-		if _, err := env.adminKube.Discovery().ServerResourcesForGroupVersion(gv[:i]); err == nil {
-			want = append(want, gv[:strings.Index(gv, "/")]+gv[i:])
-		}
-	}
-	// Deleting a volume or a backing image is validated too: one a workload
-	// holds, or a volume uses, is refused. Backing images have no mutator.
-	assert.ElementsMatch(t, want, ruleResources(t, vc.Webhooks[0].Rules, []string{"strata.io/volumes", "strata.io/backingimages"},
-		[]string{"snapshot.storage.k8s.io/volumesnapshots", "snapshot.kubevirt.io/virtualmachinesnapshots",
-			"harvesterhci.io/virtualmachinebackups"}))
 	assert.ElementsMatch(t, []string{"strata.io/snapshots", "strata.io/volumeattachments", "strata.io/volumes"},
 		ruleResources(t, mc.Webhooks[0].Rules, nil, nil))
-	assert.NotEmpty(t, vc.Webhooks[0].ClientConfig.CABundle)
 }
 
 // ruleResources lists group/resource for every rule, and checks the

@@ -97,11 +97,11 @@ func validName(name string) []*admission.FieldError {
 
 func validTask(task v1beta1.RecurringJobTask) *admission.FieldError {
 	switch task {
-	case v1beta1.RecurringJobTaskSnapshot, v1beta1.RecurringJobTaskBackup,
+	case v1beta1.RecurringJobTaskSnapshot, v1beta1.RecurringJobTaskSnapshotGroup, v1beta1.RecurringJobTaskBackup,
 		v1beta1.RecurringJobTaskSnapshotDelete, v1beta1.RecurringJobTaskSnapshotCleanup:
 		return nil
 	}
-	return admission.Invalid(taskPath, "%q is not a task: one of snapshot, backup, snapshot-delete, snapshot-cleanup", task)
+	return admission.Invalid(taskPath, "%q is not a task: one of snapshot, snapshot-group, backup, snapshot-delete, snapshot-cleanup", task)
 }
 
 // validRetain: a snapshot or backup job keeps at least one of what it
@@ -112,7 +112,8 @@ func validRetain(task v1beta1.RecurringJobTask, retain int32) *admission.FieldEr
 	switch {
 	case retain < 0 || retain > MaxRetain:
 		return admission.Invalid(retainPath, "must be between 0 and %d, got %d", MaxRetain, retain)
-	case retain == 0 && (task == v1beta1.RecurringJobTaskSnapshot || task == v1beta1.RecurringJobTaskBackup):
+	case retain == 0 && (task == v1beta1.RecurringJobTaskSnapshot || task == v1beta1.RecurringJobTaskSnapshotGroup ||
+		task == v1beta1.RecurringJobTaskBackup):
 		return admission.Invalid(retainPath, "a %s job must keep at least 1, got 0", task)
 	case retain != 0 && task == v1beta1.RecurringJobTaskSnapshotCleanup:
 		return admission.Invalid(retainPath, "snapshot-cleanup keeps no count of anything: leave it 0, got %d", retain)

@@ -57,7 +57,7 @@ func TestValidator(t *testing.T) {
 		{name: "snapshot-cleanup with a retain", obj: job(task(v1beta1.RecurringJobTaskSnapshotCleanup, 3)),
 			wantMsg: `spec.retain: snapshot-cleanup keeps no count of anything: leave it 0, got 3`},
 		{name: "an unknown task", obj: job(task("snapshot-force-create", 3)),
-			wantMsg: `spec.task: "snapshot-force-create" is not a task: one of snapshot, backup, snapshot-delete, snapshot-cleanup`},
+			wantMsg: `spec.task: "snapshot-force-create" is not a task: one of snapshot, snapshot-group, backup, snapshot-delete, snapshot-cleanup`},
 		{name: "a negative concurrency", obj: job(func(j *v1beta1.RecurringJob) { j.Spec.Concurrency = -1 }),
 			wantMsg: `spec.concurrency: must be at least 1 (0 or unset means 1), got -1`},
 		{name: "a group that cannot be a label", obj: job(func(j *v1beta1.RecurringJob) { j.Spec.Groups = []string{"Gold Tier"} }),

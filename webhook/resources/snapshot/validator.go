@@ -46,7 +46,7 @@ func (v *validator) Resource() admission.Resource { return Resource }
 func (v *validator) Create(req *admission.Request, obj runtime.Object) error {
 	snap := obj.(*v1beta1.Snapshot)
 	var errs admission.FieldErrors
-	errs.Add(validName(snap.Name), v.validVolume(snap.Spec.Volume))
+	errs.Add(validName(snap.Name), validVolume(v.ds, volumePath, snap.Spec.Volume))
 	if got, ok := snap.Labels[types.LabelVolume]; ok && snap.Spec.Volume != "" && got != snap.Spec.Volume {
 		errs.Add(admission.Invalid(volumeLabelPath, "%q differs from spec.volume %q", got, snap.Spec.Volume))
 	}
@@ -111,18 +111,20 @@ func validName(name string) *admission.FieldError {
 	return nil
 }
 
-func (v *validator) validVolume(name string) *admission.FieldError {
+// validVolume: a volume to snapshot, named at path, exists and is not on
+// its way out.
+func validVolume(ds *datastore.DataStore, path *field.Path, name string) *admission.FieldError {
 	if name == "" {
-		return admission.Invalid(volumePath, "required: the name of the volume to snapshot")
+		return admission.Invalid(path, "required: the name of the volume to snapshot")
 	}
-	vol, err := v.ds.Volumes.GetROOrLive(context.Background(), name)
+	vol, err := ds.Volumes.GetROOrLive(context.Background(), name)
 	if apierrors.IsNotFound(err) {
-		return admission.Invalid(volumePath, "volume %q not found", name)
+		return admission.Invalid(path, "volume %q not found", name)
 	} else if err != nil {
-		return admission.Invalid(volumePath, "cannot look up volume %q: %v", name, err)
+		return admission.Invalid(path, "cannot look up volume %q: %v", name, err)
 	}
 	if vol.DeletionTimestamp != nil {
-		return admission.Invalid(volumePath, "volume %q is being deleted", name)
+		return admission.Invalid(path, "volume %q is being deleted", name)
 	}
 	return nil
 }

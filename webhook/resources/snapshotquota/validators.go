@@ -30,12 +30,12 @@ func NewVolumeSnapshotValidator(ds *datastore.DataStore) admission.Validator {
 func (v *volumeSnapshotValidator) Resource() admission.Resource { return VolumeSnapshotResource }
 
 // Create checks a snapshot of a claim (not one taken from an existing
-// content) unless a VM-level request made it: that request was charged for
-// all of its VM's volumes already (the seed's owner-reference rule).
+// content) unless a VM-level request or a group made it: that request was
+// charged for all of its volumes already (the seed's owner-reference rule).
 func (v *volumeSnapshotValidator) Create(_ *admission.Request, obj runtime.Object) error {
 	vs := obj.(*unstructured.Unstructured)
 	claim, _, _ := unstructured.NestedString(vs.Object, "spec", "source", "persistentVolumeClaimName")
-	if claim == "" || madeForVM(vs) {
+	if claim == "" || chargedAtOwner(vs) {
 		return nil
 	}
 	volume, ok := v.ds.VolumeOfClaim(datastore.Claim{Namespace: vs.GetNamespace(), Name: claim})
@@ -50,19 +50,21 @@ func (v *volumeSnapshotValidator) Update(*admission.Request, runtime.Object, run
 	return nil
 }
 
-// vmLevelOwners are the kinds whose VolumeSnapshots are charged at the
-// VM-level request: Harvester's backups, KubeVirt's snapshots (KubeVirt
-// owns them by the snapshot's content).
-var vmLevelOwners = map[string]bool{
+// chargingOwners are the kinds whose VolumeSnapshots were charged at the
+// request that made them: Harvester's backups, KubeVirt's snapshots
+// (KubeVirt owns them by the snapshot's content), and VolumeGroupSnapshots,
+// whose members snapshot-controller makes after the cut.
+var chargingOwners = map[string]bool{
 	"harvesterhci.io/VirtualMachineBackup":               true,
 	"snapshot.kubevirt.io/VirtualMachineSnapshot":        true,
 	"snapshot.kubevirt.io/VirtualMachineSnapshotContent": true,
+	"groupsnapshot.storage.k8s.io/VolumeGroupSnapshot":   true,
 }
 
-func madeForVM(vs *unstructured.Unstructured) bool {
+func chargedAtOwner(vs *unstructured.Unstructured) bool {
 	for _, ref := range vs.GetOwnerReferences() {
 		gv, err := schema.ParseGroupVersion(ref.APIVersion)
-		if err == nil && vmLevelOwners[gv.Group+"/"+ref.Kind] {
+		if err == nil && chargingOwners[gv.Group+"/"+ref.Kind] {
 			return true
 		}
 	}

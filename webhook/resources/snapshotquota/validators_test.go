@@ -5,6 +5,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -95,4 +96,45 @@ func TestValidatorsCharge(t *testing.T) {
 func TestVMValidatorsOnlyWhileInstalled(t *testing.T) {
 	env := dstest.New(t, nil, nil)
 	assert.False(t, newVMRequestValidator(env.DS, datastore.KindVirtualMachineBackup).Installed())
+}
+
+func vgs(source map[string]any) *unstructured.Unstructured {
+	return request("groupsnapshot.storage.k8s.io/v1", "VolumeGroupSnapshot", "g", map[string]any{"source": source})
+}
+
+// A VolumeGroupSnapshot is charged once for the Strata claims its selector
+// picks; the member VolumeSnapshots snapshot-controller makes after the
+// cut are not charged again.
+func TestVolumeGroupSnapshotCharged(t *testing.T) {
+	groupOwner := metav1.OwnerReference{APIVersion: "groupsnapshot.storage.k8s.io/v1", Kind: "VolumeGroupSnapshot", Name: "g", UID: "u"}
+	labelled := func(objs []runtime.Object) []runtime.Object {
+		objs[1].(*corev1.PersistentVolumeClaim).Labels = map[string]string{"app": "db"}
+		return objs
+	}
+	env := dstest.New(t, []runtime.Object{engine("va", mi), engine("vb", 2*mi), snap("a1", "va", mi), quota("2Mi", nil)},
+		append(labelled(claim("a", "va")), labelled(claim("b", "vb"))...))
+	cases := []struct {
+		name   string
+		source map[string]any
+		want   string
+	}{
+		{name: "the selected claims' live data, together", source: map[string]any{"selector": map[string]any{"matchLabels": map[string]any{"app": "db"}}},
+			want: "VolumeGroupSnapshot apps/g would add 3Mi (the live data of volumes va, vb)"},
+		{name: "a selector that picks nothing", source: map[string]any{"selector": map[string]any{"matchLabels": map[string]any{"app": "web"}}}},
+		{name: "from an existing content", source: map[string]any{"volumeGroupSnapshotContentName": "c"}},
+	}
+	v := NewVolumeGroupSnapshotValidator(env.DS)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := v.Create(nil, vgs(tc.source))
+			if tc.want == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+	assert.Error(t, NewVolumeSnapshotValidator(env.DS).Create(nil, vsOf("b")), "a lone VolumeSnapshot of b is charged")
+	assert.NoError(t, NewVolumeSnapshotValidator(env.DS).Create(nil, vsOf("b", groupOwner)), "a group's member is not")
 }

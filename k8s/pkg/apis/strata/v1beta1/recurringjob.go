@@ -3,8 +3,8 @@ package v1beta1
 import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 // RecurringJobTask is what a recurring job does on each run.
-// One of "snapshot", "snapshot-cleanup", "snapshot-delete", "backup".
-// +kubebuilder:validation:Enum=snapshot;snapshot-cleanup;snapshot-delete;backup
+// One of "snapshot", "snapshot-group", "snapshot-cleanup", "snapshot-delete", "backup".
+// +kubebuilder:validation:Enum=snapshot;snapshot-group;snapshot-cleanup;snapshot-delete;backup
 type RecurringJobTask string
 
 const (
@@ -12,6 +12,9 @@ const (
 	RecurringJobTaskSnapshotCleanup RecurringJobTask = "snapshot-cleanup"
 	RecurringJobTaskSnapshotDelete  RecurringJobTask = "snapshot-delete"
 	RecurringJobTaskBackup          RecurringJobTask = "backup"
+	// RecurringJobTaskSnapshotGroup takes one crash-consistent
+	// SnapshotGroup of all the selected volumes per run.
+	RecurringJobTaskSnapshotGroup RecurringJobTask = "snapshot-group"
 )
 
 // RecurringJobSpec is the desired state of a recurring job.
@@ -19,14 +22,15 @@ type RecurringJobSpec struct {
 	// Groups select volumes by their job-group labels.
 	Groups []string `json:"groups,omitempty"`
 	// Task is what each run does.
-	// One of "snapshot", "snapshot-cleanup", "snapshot-delete", "backup".
+	// One of "snapshot", "snapshot-group", "snapshot-cleanup", "snapshot-delete", "backup".
 	// +kubebuilder:validation:Required
 	Task RecurringJobTask `json:"task"`
 	// Cron is the schedule, in five-field cron syntax. Must not be empty.
 	// +kubebuilder:validation:Required
 	// +kubebuilder:validation:MinLength=1
 	Cron string `json:"cron"`
-	// Retain is how many of this job's snapshots or backups to keep per volume.
+	// Retain is how many of this job's snapshots or backups to keep per
+	// volume (of a snapshot-group job: how many of its groups).
 	// Between 0 and 250.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=250

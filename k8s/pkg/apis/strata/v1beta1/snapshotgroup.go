@@ -20,6 +20,9 @@ type SnapshotGroupSpec struct {
 	Labels map[string]string `json:"labels,omitempty"`
 }
 
+// SnapshotGroupMaxVolumes bounds spec.volumes (the CRD's MaxItems).
+const SnapshotGroupMaxVolumes = 64
+
 // SnapshotGroupState is where a group snapshot stands.
 // One of "Pending", "Cutting", "Ready", "Failed".
 // +kubebuilder:validation:Enum=Pending;Cutting;Ready;Failed
