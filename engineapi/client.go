@@ -268,18 +268,40 @@ func (c *Client) SnapshotExport(ctx context.Context, engine, snapshot string, fn
 	if err != nil {
 		return FromStatus(err)
 	}
+	return receiveAll(stream.Recv, fn)
+}
+
+// receiveAll hands every message of a server stream to fn until the
+// stream ends (nil), fails (its status as an engineapi error) or fn fails.
+func receiveAll[T any](recv func() (T, error), fn func(T) error) error {
 	for {
-		chunk, err := stream.Recv()
+		msg, err := recv()
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
 		if err != nil {
 			return FromStatus(err)
 		}
-		if err := fn(chunk); err != nil {
+		if err := fn(msg); err != nil {
 			return err
 		}
 	}
+}
+
+// SnapshotBlocks calls fn with the volume's size and each batch of
+// extents where snapshot holds data, or with base those written after that
+// older snapshot of its chain (see the RPC); ErrInvalid for a base that is
+// not an ancestor, ErrNotFound for an unknown snapshot, ErrBusy while a
+// purge runs.
+func (c *Client) SnapshotBlocks(ctx context.Context, req *impb.SnapshotBlocksRequest,
+	fn func(*impb.SnapshotBlocksResponse) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.im.SnapshotBlocks(ctx, req)
+	if err != nil {
+		return FromStatus(err)
+	}
+	return receiveAll(stream.Recv, fn)
 }
 
 // SnapshotLimitsSet sets the limits on user snapshots (count, bytes; 0 is no limit) on every replica; ErrInvalid

@@ -459,16 +459,28 @@ func (s *Server) backupBase(ctx context.Context, target *backupstore.Target, req
 // changedRanges are the extents of the path's layers above baseSnap, or of
 // every snapshot layer without it: never nil, since nil means "read all".
 func changedRanges(plan *snapshotPlan, baseSnap string) []backupstore.Range {
+	out := []backupstore.Range{}
+	for _, p := range deltaPieces(plan, baseSnap) {
+		out = append(out, backupstore.Range{Offset: p.off, Length: p.length})
+	}
+	return out
+}
+
+// deltaPieces are the plan's pieces of the layers above baseSnap on its
+// path (all its snapshot layers without one, never the backing file): what
+// was written after baseSnap was taken. Incremental backups and
+// SnapshotBlocks' delta both come from here.
+func deltaPieces(plan *snapshotPlan, baseSnap string) []piece {
 	above := map[string]bool{}
 	for i := len(plan.path) - 1; i >= 0 && plan.path[i] != baseSnap; i-- {
 		if plan.path[i] != replicactl.BackingName {
 			above[plan.path[i]] = true
 		}
 	}
-	out := []backupstore.Range{}
+	var out []piece
 	for _, p := range plan.pieces {
 		if above[p.layer] {
-			out = append(out, backupstore.Range{Offset: p.off, Length: p.length})
+			out = append(out, p)
 		}
 	}
 	return out

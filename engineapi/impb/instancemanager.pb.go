@@ -2245,6 +2245,190 @@ func (x *SnapshotExportRequest) GetSnapshot() string {
 	return ""
 }
 
+type SnapshotBlocksRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Engine   string                 `protobuf:"bytes,1,opt,name=engine,proto3" json:"engine,omitempty"`
+	Snapshot string                 `protobuf:"bytes,2,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	// Empty: every allocated extent. Otherwise an ancestor of snapshot.
+	BaseSnapshot string `protobuf:"bytes,3,opt,name=base_snapshot,json=baseSnapshot,proto3" json:"base_snapshot,omitempty"`
+	// Extents ending at or before it are left out; one across it is cut
+	// there. At least 0.
+	StartingOffset int64 `protobuf:"varint,4,opt,name=starting_offset,json=startingOffset,proto3" json:"starting_offset,omitempty"`
+	// Extents per message; 0: the server's choice. At least 0.
+	MaxResults    int32 `protobuf:"varint,5,opt,name=max_results,json=maxResults,proto3" json:"max_results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotBlocksRequest) Reset() {
+	*x = SnapshotBlocksRequest{}
+	mi := &file_instancemanager_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotBlocksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotBlocksRequest) ProtoMessage() {}
+
+func (x *SnapshotBlocksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_instancemanager_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotBlocksRequest.ProtoReflect.Descriptor instead.
+func (*SnapshotBlocksRequest) Descriptor() ([]byte, []int) {
+	return file_instancemanager_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *SnapshotBlocksRequest) GetEngine() string {
+	if x != nil {
+		return x.Engine
+	}
+	return ""
+}
+
+func (x *SnapshotBlocksRequest) GetSnapshot() string {
+	if x != nil {
+		return x.Snapshot
+	}
+	return ""
+}
+
+func (x *SnapshotBlocksRequest) GetBaseSnapshot() string {
+	if x != nil {
+		return x.BaseSnapshot
+	}
+	return ""
+}
+
+func (x *SnapshotBlocksRequest) GetStartingOffset() int64 {
+	if x != nil {
+		return x.StartingOffset
+	}
+	return 0
+}
+
+func (x *SnapshotBlocksRequest) GetMaxResults() int32 {
+	if x != nil {
+		return x.MaxResults
+	}
+	return 0
+}
+
+type BlockExtent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Offset        int64                  `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
+	Length        int64                  `protobuf:"varint,2,opt,name=length,proto3" json:"length,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BlockExtent) Reset() {
+	*x = BlockExtent{}
+	mi := &file_instancemanager_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BlockExtent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BlockExtent) ProtoMessage() {}
+
+func (x *BlockExtent) ProtoReflect() protoreflect.Message {
+	mi := &file_instancemanager_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BlockExtent.ProtoReflect.Descriptor instead.
+func (*BlockExtent) Descriptor() ([]byte, []int) {
+	return file_instancemanager_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *BlockExtent) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *BlockExtent) GetLength() int64 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+type SnapshotBlocksResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	VolumeSize    int64                  `protobuf:"varint,1,opt,name=volume_size,json=volumeSize,proto3" json:"volume_size,omitempty"`
+	Extents       []*BlockExtent         `protobuf:"bytes,2,rep,name=extents,proto3" json:"extents,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotBlocksResponse) Reset() {
+	*x = SnapshotBlocksResponse{}
+	mi := &file_instancemanager_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotBlocksResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotBlocksResponse) ProtoMessage() {}
+
+func (x *SnapshotBlocksResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_instancemanager_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotBlocksResponse.ProtoReflect.Descriptor instead.
+func (*SnapshotBlocksResponse) Descriptor() ([]byte, []int) {
+	return file_instancemanager_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *SnapshotBlocksResponse) GetVolumeSize() int64 {
+	if x != nil {
+		return x.VolumeSize
+	}
+	return 0
+}
+
+func (x *SnapshotBlocksResponse) GetExtents() []*BlockExtent {
+	if x != nil {
+		return x.Extents
+	}
+	return nil
+}
+
 type ExportChunk struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Offset int64                  `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
@@ -2257,7 +2441,7 @@ type ExportChunk struct {
 
 func (x *ExportChunk) Reset() {
 	*x = ExportChunk{}
-	mi := &file_instancemanager_proto_msgTypes[28]
+	mi := &file_instancemanager_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2269,7 +2453,7 @@ func (x *ExportChunk) String() string {
 func (*ExportChunk) ProtoMessage() {}
 
 func (x *ExportChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[28]
+	mi := &file_instancemanager_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2282,7 +2466,7 @@ func (x *ExportChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportChunk.ProtoReflect.Descriptor instead.
 func (*ExportChunk) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{28}
+	return file_instancemanager_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ExportChunk) GetOffset() int64 {
@@ -2317,7 +2501,7 @@ type SnapshotLimitsRequest struct {
 
 func (x *SnapshotLimitsRequest) Reset() {
 	*x = SnapshotLimitsRequest{}
-	mi := &file_instancemanager_proto_msgTypes[29]
+	mi := &file_instancemanager_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2329,7 +2513,7 @@ func (x *SnapshotLimitsRequest) String() string {
 func (*SnapshotLimitsRequest) ProtoMessage() {}
 
 func (x *SnapshotLimitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[29]
+	mi := &file_instancemanager_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2342,7 +2526,7 @@ func (x *SnapshotLimitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotLimitsRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotLimitsRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{29}
+	return file_instancemanager_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SnapshotLimitsRequest) GetEngine() string {
@@ -2376,7 +2560,7 @@ type VolumeExpandRequest struct {
 
 func (x *VolumeExpandRequest) Reset() {
 	*x = VolumeExpandRequest{}
-	mi := &file_instancemanager_proto_msgTypes[30]
+	mi := &file_instancemanager_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2388,7 +2572,7 @@ func (x *VolumeExpandRequest) String() string {
 func (*VolumeExpandRequest) ProtoMessage() {}
 
 func (x *VolumeExpandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[30]
+	mi := &file_instancemanager_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2401,7 +2585,7 @@ func (x *VolumeExpandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeExpandRequest.ProtoReflect.Descriptor instead.
 func (*VolumeExpandRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{30}
+	return file_instancemanager_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *VolumeExpandRequest) GetEngine() string {
@@ -2428,7 +2612,7 @@ type FrontendStartRequest struct {
 
 func (x *FrontendStartRequest) Reset() {
 	*x = FrontendStartRequest{}
-	mi := &file_instancemanager_proto_msgTypes[31]
+	mi := &file_instancemanager_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2440,7 +2624,7 @@ func (x *FrontendStartRequest) String() string {
 func (*FrontendStartRequest) ProtoMessage() {}
 
 func (x *FrontendStartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[31]
+	mi := &file_instancemanager_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2453,7 +2637,7 @@ func (x *FrontendStartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FrontendStartRequest.ProtoReflect.Descriptor instead.
 func (*FrontendStartRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{31}
+	return file_instancemanager_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *FrontendStartRequest) GetEngine() string {
@@ -2483,7 +2667,7 @@ type ReplicaAddRequest struct {
 
 func (x *ReplicaAddRequest) Reset() {
 	*x = ReplicaAddRequest{}
-	mi := &file_instancemanager_proto_msgTypes[32]
+	mi := &file_instancemanager_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2495,7 +2679,7 @@ func (x *ReplicaAddRequest) String() string {
 func (*ReplicaAddRequest) ProtoMessage() {}
 
 func (x *ReplicaAddRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[32]
+	mi := &file_instancemanager_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2508,7 +2692,7 @@ func (x *ReplicaAddRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaAddRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaAddRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{32}
+	return file_instancemanager_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReplicaAddRequest) GetEngine() string {
@@ -2549,7 +2733,7 @@ type ReplicaRemoveRequest struct {
 
 func (x *ReplicaRemoveRequest) Reset() {
 	*x = ReplicaRemoveRequest{}
-	mi := &file_instancemanager_proto_msgTypes[33]
+	mi := &file_instancemanager_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2561,7 +2745,7 @@ func (x *ReplicaRemoveRequest) String() string {
 func (*ReplicaRemoveRequest) ProtoMessage() {}
 
 func (x *ReplicaRemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[33]
+	mi := &file_instancemanager_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2574,7 +2758,7 @@ func (x *ReplicaRemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaRemoveRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaRemoveRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{33}
+	return file_instancemanager_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReplicaRemoveRequest) GetEngine() string {
@@ -2614,7 +2798,7 @@ type RebuildStatus struct {
 
 func (x *RebuildStatus) Reset() {
 	*x = RebuildStatus{}
-	mi := &file_instancemanager_proto_msgTypes[34]
+	mi := &file_instancemanager_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2626,7 +2810,7 @@ func (x *RebuildStatus) String() string {
 func (*RebuildStatus) ProtoMessage() {}
 
 func (x *RebuildStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[34]
+	mi := &file_instancemanager_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2639,7 +2823,7 @@ func (x *RebuildStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebuildStatus.ProtoReflect.Descriptor instead.
 func (*RebuildStatus) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{34}
+	return file_instancemanager_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RebuildStatus) GetIsRebuilding() bool {
@@ -2714,7 +2898,7 @@ type ReplicaDataDeleteRequest struct {
 
 func (x *ReplicaDataDeleteRequest) Reset() {
 	*x = ReplicaDataDeleteRequest{}
-	mi := &file_instancemanager_proto_msgTypes[35]
+	mi := &file_instancemanager_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2726,7 +2910,7 @@ func (x *ReplicaDataDeleteRequest) String() string {
 func (*ReplicaDataDeleteRequest) ProtoMessage() {}
 
 func (x *ReplicaDataDeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[35]
+	mi := &file_instancemanager_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2739,7 +2923,7 @@ func (x *ReplicaDataDeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaDataDeleteRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaDataDeleteRequest) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{35}
+	return file_instancemanager_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ReplicaDataDeleteRequest) GetDataDir() string {
@@ -2758,7 +2942,7 @@ type RebuildStatusResponse struct {
 
 func (x *RebuildStatusResponse) Reset() {
 	*x = RebuildStatusResponse{}
-	mi := &file_instancemanager_proto_msgTypes[36]
+	mi := &file_instancemanager_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2770,7 +2954,7 @@ func (x *RebuildStatusResponse) String() string {
 func (*RebuildStatusResponse) ProtoMessage() {}
 
 func (x *RebuildStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_instancemanager_proto_msgTypes[36]
+	mi := &file_instancemanager_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2783,7 +2967,7 @@ func (x *RebuildStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebuildStatusResponse.ProtoReflect.Descriptor instead.
 func (*RebuildStatusResponse) Descriptor() ([]byte, []int) {
-	return file_instancemanager_proto_rawDescGZIP(), []int{36}
+	return file_instancemanager_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RebuildStatusResponse) GetStatus() map[string]*RebuildStatus {
@@ -3007,7 +3191,21 @@ const file_instancemanager_proto_rawDesc = "" +
 	"\x0ebacking_shared\x18\x04 \x01(\bR\rbackingShared\"K\n" +
 	"\x15SnapshotExportRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x1a\n" +
-	"\bsnapshot\x18\x02 \x01(\tR\bsnapshot\"Z\n" +
+	"\bsnapshot\x18\x02 \x01(\tR\bsnapshot\"\xba\x01\n" +
+	"\x15SnapshotBlocksRequest\x12\x16\n" +
+	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x1a\n" +
+	"\bsnapshot\x18\x02 \x01(\tR\bsnapshot\x12#\n" +
+	"\rbase_snapshot\x18\x03 \x01(\tR\fbaseSnapshot\x12'\n" +
+	"\x0fstarting_offset\x18\x04 \x01(\x03R\x0estartingOffset\x12\x1f\n" +
+	"\vmax_results\x18\x05 \x01(\x05R\n" +
+	"maxResults\"=\n" +
+	"\vBlockExtent\x12\x16\n" +
+	"\x06offset\x18\x01 \x01(\x03R\x06offset\x12\x16\n" +
+	"\x06length\x18\x02 \x01(\x03R\x06length\"{\n" +
+	"\x16SnapshotBlocksResponse\x12\x1f\n" +
+	"\vvolume_size\x18\x01 \x01(\x03R\n" +
+	"volumeSize\x12@\n" +
+	"\aextents\x18\x02 \x03(\v2&.strata.instancemanager.v1.BlockExtentR\aextents\"Z\n" +
 	"\vExportChunk\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x03R\x06offset\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x1f\n" +
@@ -3065,7 +3263,7 @@ const file_instancemanager_proto_rawDesc = "" +
 	"\x18REPLICA_MODE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fREPLICA_MODE_RW\x10\x01\x12\x13\n" +
 	"\x0fREPLICA_MODE_WO\x10\x02\x12\x14\n" +
-	"\x10REPLICA_MODE_ERR\x10\x032\xdb\x14\n" +
+	"\x10REPLICA_MODE_ERR\x10\x032\xd4\x15\n" +
 	"\x0fInstanceManager\x12g\n" +
 	"\x0eInstanceCreate\x120.strata.instancemanager.v1.InstanceCreateRequest\x1a#.strata.instancemanager.v1.Instance\x12]\n" +
 	"\x0eInstanceDelete\x12&.strata.instancemanager.v1.InstanceRef\x1a#.strata.instancemanager.v1.Instance\x12Z\n" +
@@ -3079,7 +3277,8 @@ const file_instancemanager_proto_rawDesc = "" +
 	"\x13SnapshotPurgeStatus\x12&.strata.instancemanager.v1.InstanceRef\x1a..strata.instancemanager.v1.PurgeStatusResponse\x12d\n" +
 	"\x0eSnapshotRevert\x120.strata.instancemanager.v1.SnapshotRevertRequest\x1a .strata.instancemanager.v1.Empty\x12b\n" +
 	"\rSnapshotClone\x12/.strata.instancemanager.v1.SnapshotCloneRequest\x1a .strata.instancemanager.v1.Empty\x12l\n" +
-	"\x0eSnapshotExport\x120.strata.instancemanager.v1.SnapshotExportRequest\x1a&.strata.instancemanager.v1.ExportChunk0\x01\x12g\n" +
+	"\x0eSnapshotExport\x120.strata.instancemanager.v1.SnapshotExportRequest\x1a&.strata.instancemanager.v1.ExportChunk0\x01\x12w\n" +
+	"\x0eSnapshotBlocks\x120.strata.instancemanager.v1.SnapshotBlocksRequest\x1a1.strata.instancemanager.v1.SnapshotBlocksResponse0\x01\x12g\n" +
 	"\x11SnapshotLimitsSet\x120.strata.instancemanager.v1.SnapshotLimitsRequest\x1a .strata.instancemanager.v1.Empty\x12`\n" +
 	"\fEngineFreeze\x12..strata.instancemanager.v1.EngineFreezeRequest\x1a .strata.instancemanager.v1.Empty\x12\\\n" +
 	"\n" +
@@ -3109,7 +3308,7 @@ func file_instancemanager_proto_rawDescGZIP() []byte {
 }
 
 var file_instancemanager_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_instancemanager_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_instancemanager_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_instancemanager_proto_goTypes = []any{
 	(InstanceType)(0),                // 0: strata.instancemanager.v1.InstanceType
 	(InstanceState)(0),               // 1: strata.instancemanager.v1.InstanceState
@@ -3143,117 +3342,123 @@ var file_instancemanager_proto_goTypes = []any{
 	(*SnapshotRevertRequest)(nil),    // 29: strata.instancemanager.v1.SnapshotRevertRequest
 	(*SnapshotCloneRequest)(nil),     // 30: strata.instancemanager.v1.SnapshotCloneRequest
 	(*SnapshotExportRequest)(nil),    // 31: strata.instancemanager.v1.SnapshotExportRequest
-	(*ExportChunk)(nil),              // 32: strata.instancemanager.v1.ExportChunk
-	(*SnapshotLimitsRequest)(nil),    // 33: strata.instancemanager.v1.SnapshotLimitsRequest
-	(*VolumeExpandRequest)(nil),      // 34: strata.instancemanager.v1.VolumeExpandRequest
-	(*FrontendStartRequest)(nil),     // 35: strata.instancemanager.v1.FrontendStartRequest
-	(*ReplicaAddRequest)(nil),        // 36: strata.instancemanager.v1.ReplicaAddRequest
-	(*ReplicaRemoveRequest)(nil),     // 37: strata.instancemanager.v1.ReplicaRemoveRequest
-	(*RebuildStatus)(nil),            // 38: strata.instancemanager.v1.RebuildStatus
-	(*ReplicaDataDeleteRequest)(nil), // 39: strata.instancemanager.v1.ReplicaDataDeleteRequest
-	(*RebuildStatusResponse)(nil),    // 40: strata.instancemanager.v1.RebuildStatusResponse
-	nil,                              // 41: strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
-	nil,                              // 42: strata.instancemanager.v1.Instance.ReplicaModesEntry
-	nil,                              // 43: strata.instancemanager.v1.Instance.SnapshotsEntry
-	nil,                              // 44: strata.instancemanager.v1.Instance.PurgeStatusEntry
-	nil,                              // 45: strata.instancemanager.v1.Instance.RebuildStatusEntry
-	nil,                              // 46: strata.instancemanager.v1.Instance.BackupStatusEntry
-	nil,                              // 47: strata.instancemanager.v1.SnapshotBackupRequest.LabelsEntry
-	nil,                              // 48: strata.instancemanager.v1.Snapshot.LabelsEntry
-	nil,                              // 49: strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
-	nil,                              // 50: strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
-	nil,                              // 51: strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
-	nil,                              // 52: strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
+	(*SnapshotBlocksRequest)(nil),    // 32: strata.instancemanager.v1.SnapshotBlocksRequest
+	(*BlockExtent)(nil),              // 33: strata.instancemanager.v1.BlockExtent
+	(*SnapshotBlocksResponse)(nil),   // 34: strata.instancemanager.v1.SnapshotBlocksResponse
+	(*ExportChunk)(nil),              // 35: strata.instancemanager.v1.ExportChunk
+	(*SnapshotLimitsRequest)(nil),    // 36: strata.instancemanager.v1.SnapshotLimitsRequest
+	(*VolumeExpandRequest)(nil),      // 37: strata.instancemanager.v1.VolumeExpandRequest
+	(*FrontendStartRequest)(nil),     // 38: strata.instancemanager.v1.FrontendStartRequest
+	(*ReplicaAddRequest)(nil),        // 39: strata.instancemanager.v1.ReplicaAddRequest
+	(*ReplicaRemoveRequest)(nil),     // 40: strata.instancemanager.v1.ReplicaRemoveRequest
+	(*RebuildStatus)(nil),            // 41: strata.instancemanager.v1.RebuildStatus
+	(*ReplicaDataDeleteRequest)(nil), // 42: strata.instancemanager.v1.ReplicaDataDeleteRequest
+	(*RebuildStatusResponse)(nil),    // 43: strata.instancemanager.v1.RebuildStatusResponse
+	nil,                              // 44: strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
+	nil,                              // 45: strata.instancemanager.v1.Instance.ReplicaModesEntry
+	nil,                              // 46: strata.instancemanager.v1.Instance.SnapshotsEntry
+	nil,                              // 47: strata.instancemanager.v1.Instance.PurgeStatusEntry
+	nil,                              // 48: strata.instancemanager.v1.Instance.RebuildStatusEntry
+	nil,                              // 49: strata.instancemanager.v1.Instance.BackupStatusEntry
+	nil,                              // 50: strata.instancemanager.v1.SnapshotBackupRequest.LabelsEntry
+	nil,                              // 51: strata.instancemanager.v1.Snapshot.LabelsEntry
+	nil,                              // 52: strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
+	nil,                              // 53: strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
+	nil,                              // 54: strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
+	nil,                              // 55: strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
 }
 var file_instancemanager_proto_depIdxs = []int32{
 	0,  // 0: strata.instancemanager.v1.InstanceCreateRequest.type:type_name -> strata.instancemanager.v1.InstanceType
-	41, // 1: strata.instancemanager.v1.InstanceCreateRequest.replicas:type_name -> strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
+	44, // 1: strata.instancemanager.v1.InstanceCreateRequest.replicas:type_name -> strata.instancemanager.v1.InstanceCreateRequest.ReplicasEntry
 	0,  // 2: strata.instancemanager.v1.Instance.type:type_name -> strata.instancemanager.v1.InstanceType
 	1,  // 3: strata.instancemanager.v1.Instance.state:type_name -> strata.instancemanager.v1.InstanceState
-	42, // 4: strata.instancemanager.v1.Instance.replica_modes:type_name -> strata.instancemanager.v1.Instance.ReplicaModesEntry
-	43, // 5: strata.instancemanager.v1.Instance.snapshots:type_name -> strata.instancemanager.v1.Instance.SnapshotsEntry
-	44, // 6: strata.instancemanager.v1.Instance.purge_status:type_name -> strata.instancemanager.v1.Instance.PurgeStatusEntry
-	45, // 7: strata.instancemanager.v1.Instance.rebuild_status:type_name -> strata.instancemanager.v1.Instance.RebuildStatusEntry
+	45, // 4: strata.instancemanager.v1.Instance.replica_modes:type_name -> strata.instancemanager.v1.Instance.ReplicaModesEntry
+	46, // 5: strata.instancemanager.v1.Instance.snapshots:type_name -> strata.instancemanager.v1.Instance.SnapshotsEntry
+	47, // 6: strata.instancemanager.v1.Instance.purge_status:type_name -> strata.instancemanager.v1.Instance.PurgeStatusEntry
+	48, // 7: strata.instancemanager.v1.Instance.rebuild_status:type_name -> strata.instancemanager.v1.Instance.RebuildStatusEntry
 	15, // 8: strata.instancemanager.v1.Instance.clone_status:type_name -> strata.instancemanager.v1.CloneStatus
-	46, // 9: strata.instancemanager.v1.Instance.backup_status:type_name -> strata.instancemanager.v1.Instance.BackupStatusEntry
+	49, // 9: strata.instancemanager.v1.Instance.backup_status:type_name -> strata.instancemanager.v1.Instance.BackupStatusEntry
 	14, // 10: strata.instancemanager.v1.Instance.restore_status:type_name -> strata.instancemanager.v1.RestoreStatus
 	9,  // 11: strata.instancemanager.v1.SnapshotBackupRequest.target:type_name -> strata.instancemanager.v1.BackupTarget
-	47, // 12: strata.instancemanager.v1.SnapshotBackupRequest.labels:type_name -> strata.instancemanager.v1.SnapshotBackupRequest.LabelsEntry
+	50, // 12: strata.instancemanager.v1.SnapshotBackupRequest.labels:type_name -> strata.instancemanager.v1.SnapshotBackupRequest.LabelsEntry
 	10, // 13: strata.instancemanager.v1.SnapshotBackupRequest.backing_image:type_name -> strata.instancemanager.v1.BackingImageRef
 	9,  // 14: strata.instancemanager.v1.BackupRestoreRequest.target:type_name -> strata.instancemanager.v1.BackupTarget
 	8,  // 15: strata.instancemanager.v1.InstanceListResponse.instances:type_name -> strata.instancemanager.v1.Instance
 	3,  // 16: strata.instancemanager.v1.WatchEvent.kind:type_name -> strata.instancemanager.v1.WatchEvent.Kind
 	8,  // 17: strata.instancemanager.v1.WatchEvent.instance:type_name -> strata.instancemanager.v1.Instance
-	48, // 18: strata.instancemanager.v1.Snapshot.labels:type_name -> strata.instancemanager.v1.Snapshot.LabelsEntry
-	49, // 19: strata.instancemanager.v1.SnapshotCreateRequest.labels:type_name -> strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
-	50, // 20: strata.instancemanager.v1.SnapshotListResponse.snapshots:type_name -> strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
-	51, // 21: strata.instancemanager.v1.PurgeStatusResponse.status:type_name -> strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
-	52, // 22: strata.instancemanager.v1.RebuildStatusResponse.status:type_name -> strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
-	2,  // 23: strata.instancemanager.v1.Instance.ReplicaModesEntry.value:type_name -> strata.instancemanager.v1.ReplicaMode
-	20, // 24: strata.instancemanager.v1.Instance.SnapshotsEntry.value:type_name -> strata.instancemanager.v1.Snapshot
-	27, // 25: strata.instancemanager.v1.Instance.PurgeStatusEntry.value:type_name -> strata.instancemanager.v1.PurgeStatus
-	38, // 26: strata.instancemanager.v1.Instance.RebuildStatusEntry.value:type_name -> strata.instancemanager.v1.RebuildStatus
-	12, // 27: strata.instancemanager.v1.Instance.BackupStatusEntry.value:type_name -> strata.instancemanager.v1.BackupStatus
-	20, // 28: strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry.value:type_name -> strata.instancemanager.v1.Snapshot
-	27, // 29: strata.instancemanager.v1.PurgeStatusResponse.StatusEntry.value:type_name -> strata.instancemanager.v1.PurgeStatus
-	38, // 30: strata.instancemanager.v1.RebuildStatusResponse.StatusEntry.value:type_name -> strata.instancemanager.v1.RebuildStatus
-	7,  // 31: strata.instancemanager.v1.InstanceManager.InstanceCreate:input_type -> strata.instancemanager.v1.InstanceCreateRequest
-	6,  // 32: strata.instancemanager.v1.InstanceManager.InstanceDelete:input_type -> strata.instancemanager.v1.InstanceRef
-	6,  // 33: strata.instancemanager.v1.InstanceManager.InstanceGet:input_type -> strata.instancemanager.v1.InstanceRef
-	16, // 34: strata.instancemanager.v1.InstanceManager.InstanceList:input_type -> strata.instancemanager.v1.InstanceListRequest
-	18, // 35: strata.instancemanager.v1.InstanceManager.Watch:input_type -> strata.instancemanager.v1.WatchRequest
-	21, // 36: strata.instancemanager.v1.InstanceManager.SnapshotCreate:input_type -> strata.instancemanager.v1.SnapshotCreateRequest
-	6,  // 37: strata.instancemanager.v1.InstanceManager.SnapshotList:input_type -> strata.instancemanager.v1.InstanceRef
-	26, // 38: strata.instancemanager.v1.InstanceManager.SnapshotRemove:input_type -> strata.instancemanager.v1.SnapshotRemoveRequest
-	6,  // 39: strata.instancemanager.v1.InstanceManager.SnapshotPurge:input_type -> strata.instancemanager.v1.InstanceRef
-	6,  // 40: strata.instancemanager.v1.InstanceManager.SnapshotPurgeStatus:input_type -> strata.instancemanager.v1.InstanceRef
-	29, // 41: strata.instancemanager.v1.InstanceManager.SnapshotRevert:input_type -> strata.instancemanager.v1.SnapshotRevertRequest
-	30, // 42: strata.instancemanager.v1.InstanceManager.SnapshotClone:input_type -> strata.instancemanager.v1.SnapshotCloneRequest
-	31, // 43: strata.instancemanager.v1.InstanceManager.SnapshotExport:input_type -> strata.instancemanager.v1.SnapshotExportRequest
-	33, // 44: strata.instancemanager.v1.InstanceManager.SnapshotLimitsSet:input_type -> strata.instancemanager.v1.SnapshotLimitsRequest
-	22, // 45: strata.instancemanager.v1.InstanceManager.EngineFreeze:input_type -> strata.instancemanager.v1.EngineFreezeRequest
-	23, // 46: strata.instancemanager.v1.InstanceManager.EngineThaw:input_type -> strata.instancemanager.v1.EngineThawRequest
-	11, // 47: strata.instancemanager.v1.InstanceManager.SnapshotBackup:input_type -> strata.instancemanager.v1.SnapshotBackupRequest
-	13, // 48: strata.instancemanager.v1.InstanceManager.BackupRestore:input_type -> strata.instancemanager.v1.BackupRestoreRequest
-	34, // 49: strata.instancemanager.v1.InstanceManager.VolumeExpand:input_type -> strata.instancemanager.v1.VolumeExpandRequest
-	35, // 50: strata.instancemanager.v1.InstanceManager.FrontendStart:input_type -> strata.instancemanager.v1.FrontendStartRequest
-	6,  // 51: strata.instancemanager.v1.InstanceManager.FrontendStop:input_type -> strata.instancemanager.v1.InstanceRef
-	36, // 52: strata.instancemanager.v1.InstanceManager.ReplicaAdd:input_type -> strata.instancemanager.v1.ReplicaAddRequest
-	37, // 53: strata.instancemanager.v1.InstanceManager.ReplicaRemove:input_type -> strata.instancemanager.v1.ReplicaRemoveRequest
-	6,  // 54: strata.instancemanager.v1.InstanceManager.ReplicaRebuildStatus:input_type -> strata.instancemanager.v1.InstanceRef
-	39, // 55: strata.instancemanager.v1.InstanceManager.ReplicaDataDelete:input_type -> strata.instancemanager.v1.ReplicaDataDeleteRequest
-	4,  // 56: strata.instancemanager.v1.InstanceManager.Metrics:input_type -> strata.instancemanager.v1.Empty
-	8,  // 57: strata.instancemanager.v1.InstanceManager.InstanceCreate:output_type -> strata.instancemanager.v1.Instance
-	8,  // 58: strata.instancemanager.v1.InstanceManager.InstanceDelete:output_type -> strata.instancemanager.v1.Instance
-	8,  // 59: strata.instancemanager.v1.InstanceManager.InstanceGet:output_type -> strata.instancemanager.v1.Instance
-	17, // 60: strata.instancemanager.v1.InstanceManager.InstanceList:output_type -> strata.instancemanager.v1.InstanceListResponse
-	19, // 61: strata.instancemanager.v1.InstanceManager.Watch:output_type -> strata.instancemanager.v1.WatchEvent
-	24, // 62: strata.instancemanager.v1.InstanceManager.SnapshotCreate:output_type -> strata.instancemanager.v1.SnapshotCreateResponse
-	25, // 63: strata.instancemanager.v1.InstanceManager.SnapshotList:output_type -> strata.instancemanager.v1.SnapshotListResponse
-	4,  // 64: strata.instancemanager.v1.InstanceManager.SnapshotRemove:output_type -> strata.instancemanager.v1.Empty
-	4,  // 65: strata.instancemanager.v1.InstanceManager.SnapshotPurge:output_type -> strata.instancemanager.v1.Empty
-	28, // 66: strata.instancemanager.v1.InstanceManager.SnapshotPurgeStatus:output_type -> strata.instancemanager.v1.PurgeStatusResponse
-	4,  // 67: strata.instancemanager.v1.InstanceManager.SnapshotRevert:output_type -> strata.instancemanager.v1.Empty
-	4,  // 68: strata.instancemanager.v1.InstanceManager.SnapshotClone:output_type -> strata.instancemanager.v1.Empty
-	32, // 69: strata.instancemanager.v1.InstanceManager.SnapshotExport:output_type -> strata.instancemanager.v1.ExportChunk
-	4,  // 70: strata.instancemanager.v1.InstanceManager.SnapshotLimitsSet:output_type -> strata.instancemanager.v1.Empty
-	4,  // 71: strata.instancemanager.v1.InstanceManager.EngineFreeze:output_type -> strata.instancemanager.v1.Empty
-	4,  // 72: strata.instancemanager.v1.InstanceManager.EngineThaw:output_type -> strata.instancemanager.v1.Empty
-	4,  // 73: strata.instancemanager.v1.InstanceManager.SnapshotBackup:output_type -> strata.instancemanager.v1.Empty
-	4,  // 74: strata.instancemanager.v1.InstanceManager.BackupRestore:output_type -> strata.instancemanager.v1.Empty
-	4,  // 75: strata.instancemanager.v1.InstanceManager.VolumeExpand:output_type -> strata.instancemanager.v1.Empty
-	8,  // 76: strata.instancemanager.v1.InstanceManager.FrontendStart:output_type -> strata.instancemanager.v1.Instance
-	8,  // 77: strata.instancemanager.v1.InstanceManager.FrontendStop:output_type -> strata.instancemanager.v1.Instance
-	4,  // 78: strata.instancemanager.v1.InstanceManager.ReplicaAdd:output_type -> strata.instancemanager.v1.Empty
-	4,  // 79: strata.instancemanager.v1.InstanceManager.ReplicaRemove:output_type -> strata.instancemanager.v1.Empty
-	40, // 80: strata.instancemanager.v1.InstanceManager.ReplicaRebuildStatus:output_type -> strata.instancemanager.v1.RebuildStatusResponse
-	4,  // 81: strata.instancemanager.v1.InstanceManager.ReplicaDataDelete:output_type -> strata.instancemanager.v1.Empty
-	5,  // 82: strata.instancemanager.v1.InstanceManager.Metrics:output_type -> strata.instancemanager.v1.MetricsResponse
-	57, // [57:83] is the sub-list for method output_type
-	31, // [31:57] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	51, // 18: strata.instancemanager.v1.Snapshot.labels:type_name -> strata.instancemanager.v1.Snapshot.LabelsEntry
+	52, // 19: strata.instancemanager.v1.SnapshotCreateRequest.labels:type_name -> strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntry
+	53, // 20: strata.instancemanager.v1.SnapshotListResponse.snapshots:type_name -> strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry
+	54, // 21: strata.instancemanager.v1.PurgeStatusResponse.status:type_name -> strata.instancemanager.v1.PurgeStatusResponse.StatusEntry
+	33, // 22: strata.instancemanager.v1.SnapshotBlocksResponse.extents:type_name -> strata.instancemanager.v1.BlockExtent
+	55, // 23: strata.instancemanager.v1.RebuildStatusResponse.status:type_name -> strata.instancemanager.v1.RebuildStatusResponse.StatusEntry
+	2,  // 24: strata.instancemanager.v1.Instance.ReplicaModesEntry.value:type_name -> strata.instancemanager.v1.ReplicaMode
+	20, // 25: strata.instancemanager.v1.Instance.SnapshotsEntry.value:type_name -> strata.instancemanager.v1.Snapshot
+	27, // 26: strata.instancemanager.v1.Instance.PurgeStatusEntry.value:type_name -> strata.instancemanager.v1.PurgeStatus
+	41, // 27: strata.instancemanager.v1.Instance.RebuildStatusEntry.value:type_name -> strata.instancemanager.v1.RebuildStatus
+	12, // 28: strata.instancemanager.v1.Instance.BackupStatusEntry.value:type_name -> strata.instancemanager.v1.BackupStatus
+	20, // 29: strata.instancemanager.v1.SnapshotListResponse.SnapshotsEntry.value:type_name -> strata.instancemanager.v1.Snapshot
+	27, // 30: strata.instancemanager.v1.PurgeStatusResponse.StatusEntry.value:type_name -> strata.instancemanager.v1.PurgeStatus
+	41, // 31: strata.instancemanager.v1.RebuildStatusResponse.StatusEntry.value:type_name -> strata.instancemanager.v1.RebuildStatus
+	7,  // 32: strata.instancemanager.v1.InstanceManager.InstanceCreate:input_type -> strata.instancemanager.v1.InstanceCreateRequest
+	6,  // 33: strata.instancemanager.v1.InstanceManager.InstanceDelete:input_type -> strata.instancemanager.v1.InstanceRef
+	6,  // 34: strata.instancemanager.v1.InstanceManager.InstanceGet:input_type -> strata.instancemanager.v1.InstanceRef
+	16, // 35: strata.instancemanager.v1.InstanceManager.InstanceList:input_type -> strata.instancemanager.v1.InstanceListRequest
+	18, // 36: strata.instancemanager.v1.InstanceManager.Watch:input_type -> strata.instancemanager.v1.WatchRequest
+	21, // 37: strata.instancemanager.v1.InstanceManager.SnapshotCreate:input_type -> strata.instancemanager.v1.SnapshotCreateRequest
+	6,  // 38: strata.instancemanager.v1.InstanceManager.SnapshotList:input_type -> strata.instancemanager.v1.InstanceRef
+	26, // 39: strata.instancemanager.v1.InstanceManager.SnapshotRemove:input_type -> strata.instancemanager.v1.SnapshotRemoveRequest
+	6,  // 40: strata.instancemanager.v1.InstanceManager.SnapshotPurge:input_type -> strata.instancemanager.v1.InstanceRef
+	6,  // 41: strata.instancemanager.v1.InstanceManager.SnapshotPurgeStatus:input_type -> strata.instancemanager.v1.InstanceRef
+	29, // 42: strata.instancemanager.v1.InstanceManager.SnapshotRevert:input_type -> strata.instancemanager.v1.SnapshotRevertRequest
+	30, // 43: strata.instancemanager.v1.InstanceManager.SnapshotClone:input_type -> strata.instancemanager.v1.SnapshotCloneRequest
+	31, // 44: strata.instancemanager.v1.InstanceManager.SnapshotExport:input_type -> strata.instancemanager.v1.SnapshotExportRequest
+	32, // 45: strata.instancemanager.v1.InstanceManager.SnapshotBlocks:input_type -> strata.instancemanager.v1.SnapshotBlocksRequest
+	36, // 46: strata.instancemanager.v1.InstanceManager.SnapshotLimitsSet:input_type -> strata.instancemanager.v1.SnapshotLimitsRequest
+	22, // 47: strata.instancemanager.v1.InstanceManager.EngineFreeze:input_type -> strata.instancemanager.v1.EngineFreezeRequest
+	23, // 48: strata.instancemanager.v1.InstanceManager.EngineThaw:input_type -> strata.instancemanager.v1.EngineThawRequest
+	11, // 49: strata.instancemanager.v1.InstanceManager.SnapshotBackup:input_type -> strata.instancemanager.v1.SnapshotBackupRequest
+	13, // 50: strata.instancemanager.v1.InstanceManager.BackupRestore:input_type -> strata.instancemanager.v1.BackupRestoreRequest
+	37, // 51: strata.instancemanager.v1.InstanceManager.VolumeExpand:input_type -> strata.instancemanager.v1.VolumeExpandRequest
+	38, // 52: strata.instancemanager.v1.InstanceManager.FrontendStart:input_type -> strata.instancemanager.v1.FrontendStartRequest
+	6,  // 53: strata.instancemanager.v1.InstanceManager.FrontendStop:input_type -> strata.instancemanager.v1.InstanceRef
+	39, // 54: strata.instancemanager.v1.InstanceManager.ReplicaAdd:input_type -> strata.instancemanager.v1.ReplicaAddRequest
+	40, // 55: strata.instancemanager.v1.InstanceManager.ReplicaRemove:input_type -> strata.instancemanager.v1.ReplicaRemoveRequest
+	6,  // 56: strata.instancemanager.v1.InstanceManager.ReplicaRebuildStatus:input_type -> strata.instancemanager.v1.InstanceRef
+	42, // 57: strata.instancemanager.v1.InstanceManager.ReplicaDataDelete:input_type -> strata.instancemanager.v1.ReplicaDataDeleteRequest
+	4,  // 58: strata.instancemanager.v1.InstanceManager.Metrics:input_type -> strata.instancemanager.v1.Empty
+	8,  // 59: strata.instancemanager.v1.InstanceManager.InstanceCreate:output_type -> strata.instancemanager.v1.Instance
+	8,  // 60: strata.instancemanager.v1.InstanceManager.InstanceDelete:output_type -> strata.instancemanager.v1.Instance
+	8,  // 61: strata.instancemanager.v1.InstanceManager.InstanceGet:output_type -> strata.instancemanager.v1.Instance
+	17, // 62: strata.instancemanager.v1.InstanceManager.InstanceList:output_type -> strata.instancemanager.v1.InstanceListResponse
+	19, // 63: strata.instancemanager.v1.InstanceManager.Watch:output_type -> strata.instancemanager.v1.WatchEvent
+	24, // 64: strata.instancemanager.v1.InstanceManager.SnapshotCreate:output_type -> strata.instancemanager.v1.SnapshotCreateResponse
+	25, // 65: strata.instancemanager.v1.InstanceManager.SnapshotList:output_type -> strata.instancemanager.v1.SnapshotListResponse
+	4,  // 66: strata.instancemanager.v1.InstanceManager.SnapshotRemove:output_type -> strata.instancemanager.v1.Empty
+	4,  // 67: strata.instancemanager.v1.InstanceManager.SnapshotPurge:output_type -> strata.instancemanager.v1.Empty
+	28, // 68: strata.instancemanager.v1.InstanceManager.SnapshotPurgeStatus:output_type -> strata.instancemanager.v1.PurgeStatusResponse
+	4,  // 69: strata.instancemanager.v1.InstanceManager.SnapshotRevert:output_type -> strata.instancemanager.v1.Empty
+	4,  // 70: strata.instancemanager.v1.InstanceManager.SnapshotClone:output_type -> strata.instancemanager.v1.Empty
+	35, // 71: strata.instancemanager.v1.InstanceManager.SnapshotExport:output_type -> strata.instancemanager.v1.ExportChunk
+	34, // 72: strata.instancemanager.v1.InstanceManager.SnapshotBlocks:output_type -> strata.instancemanager.v1.SnapshotBlocksResponse
+	4,  // 73: strata.instancemanager.v1.InstanceManager.SnapshotLimitsSet:output_type -> strata.instancemanager.v1.Empty
+	4,  // 74: strata.instancemanager.v1.InstanceManager.EngineFreeze:output_type -> strata.instancemanager.v1.Empty
+	4,  // 75: strata.instancemanager.v1.InstanceManager.EngineThaw:output_type -> strata.instancemanager.v1.Empty
+	4,  // 76: strata.instancemanager.v1.InstanceManager.SnapshotBackup:output_type -> strata.instancemanager.v1.Empty
+	4,  // 77: strata.instancemanager.v1.InstanceManager.BackupRestore:output_type -> strata.instancemanager.v1.Empty
+	4,  // 78: strata.instancemanager.v1.InstanceManager.VolumeExpand:output_type -> strata.instancemanager.v1.Empty
+	8,  // 79: strata.instancemanager.v1.InstanceManager.FrontendStart:output_type -> strata.instancemanager.v1.Instance
+	8,  // 80: strata.instancemanager.v1.InstanceManager.FrontendStop:output_type -> strata.instancemanager.v1.Instance
+	4,  // 81: strata.instancemanager.v1.InstanceManager.ReplicaAdd:output_type -> strata.instancemanager.v1.Empty
+	4,  // 82: strata.instancemanager.v1.InstanceManager.ReplicaRemove:output_type -> strata.instancemanager.v1.Empty
+	43, // 83: strata.instancemanager.v1.InstanceManager.ReplicaRebuildStatus:output_type -> strata.instancemanager.v1.RebuildStatusResponse
+	4,  // 84: strata.instancemanager.v1.InstanceManager.ReplicaDataDelete:output_type -> strata.instancemanager.v1.Empty
+	5,  // 85: strata.instancemanager.v1.InstanceManager.Metrics:output_type -> strata.instancemanager.v1.MetricsResponse
+	59, // [59:86] is the sub-list for method output_type
+	32, // [32:59] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_instancemanager_proto_init() }
@@ -3267,7 +3472,7 @@ func file_instancemanager_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_instancemanager_proto_rawDesc), len(file_instancemanager_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   49,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -36,6 +36,7 @@ const (
 	InstanceManager_SnapshotRevert_FullMethodName       = "/strata.instancemanager.v1.InstanceManager/SnapshotRevert"
 	InstanceManager_SnapshotClone_FullMethodName        = "/strata.instancemanager.v1.InstanceManager/SnapshotClone"
 	InstanceManager_SnapshotExport_FullMethodName       = "/strata.instancemanager.v1.InstanceManager/SnapshotExport"
+	InstanceManager_SnapshotBlocks_FullMethodName       = "/strata.instancemanager.v1.InstanceManager/SnapshotBlocks"
 	InstanceManager_SnapshotLimitsSet_FullMethodName    = "/strata.instancemanager.v1.InstanceManager/SnapshotLimitsSet"
 	InstanceManager_EngineFreeze_FullMethodName         = "/strata.instancemanager.v1.InstanceManager/EngineFreeze"
 	InstanceManager_EngineThaw_FullMethodName           = "/strata.instancemanager.v1.InstanceManager/EngineThaw"
@@ -77,6 +78,12 @@ type InstanceManagerClient interface {
 	SnapshotClone(ctx context.Context, in *SnapshotCloneRequest, opts ...grpc.CallOption) (*Empty, error)
 	// SnapshotExport streams a snapshot's data extents.
 	SnapshotExport(ctx context.Context, in *SnapshotExportRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportChunk], error)
+	// SnapshotBlocks streams where a snapshot holds data: every extent of
+	// its chain (and of the backing file), or with base_snapshot only what
+	// the layers above that older snapshot of its chain hold, the blocks
+	// written since (what an incremental backup reads). Extents are sorted,
+	// disjoint and 4 KiB aligned; the answers of CSI SnapshotMetadata.
+	SnapshotBlocks(ctx context.Context, in *SnapshotBlocksRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotBlocksResponse], error)
 	SnapshotLimitsSet(ctx context.Context, in *SnapshotLimitsRequest, opts ...grpc.CallOption) (*Empty, error)
 	// A group cut (crash-consistent snapshots of several volumes): the caller
 	// freezes every engine of the group (writes wait, those in flight drain),
@@ -266,6 +273,25 @@ func (c *instanceManagerClient) SnapshotExport(ctx context.Context, in *Snapshot
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type InstanceManager_SnapshotExportClient = grpc.ServerStreamingClient[ExportChunk]
 
+func (c *instanceManagerClient) SnapshotBlocks(ctx context.Context, in *SnapshotBlocksRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotBlocksResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &InstanceManager_ServiceDesc.Streams[2], InstanceManager_SnapshotBlocks_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SnapshotBlocksRequest, SnapshotBlocksResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type InstanceManager_SnapshotBlocksClient = grpc.ServerStreamingClient[SnapshotBlocksResponse]
+
 func (c *instanceManagerClient) SnapshotLimitsSet(ctx context.Context, in *SnapshotLimitsRequest, opts ...grpc.CallOption) (*Empty, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Empty)
@@ -422,6 +448,12 @@ type InstanceManagerServer interface {
 	SnapshotClone(context.Context, *SnapshotCloneRequest) (*Empty, error)
 	// SnapshotExport streams a snapshot's data extents.
 	SnapshotExport(*SnapshotExportRequest, grpc.ServerStreamingServer[ExportChunk]) error
+	// SnapshotBlocks streams where a snapshot holds data: every extent of
+	// its chain (and of the backing file), or with base_snapshot only what
+	// the layers above that older snapshot of its chain hold, the blocks
+	// written since (what an incremental backup reads). Extents are sorted,
+	// disjoint and 4 KiB aligned; the answers of CSI SnapshotMetadata.
+	SnapshotBlocks(*SnapshotBlocksRequest, grpc.ServerStreamingServer[SnapshotBlocksResponse]) error
 	SnapshotLimitsSet(context.Context, *SnapshotLimitsRequest) (*Empty, error)
 	// A group cut (crash-consistent snapshots of several volumes): the caller
 	// freezes every engine of the group (writes wait, those in flight drain),
@@ -501,6 +533,9 @@ func (UnimplementedInstanceManagerServer) SnapshotClone(context.Context, *Snapsh
 }
 func (UnimplementedInstanceManagerServer) SnapshotExport(*SnapshotExportRequest, grpc.ServerStreamingServer[ExportChunk]) error {
 	return status.Error(codes.Unimplemented, "method SnapshotExport not implemented")
+}
+func (UnimplementedInstanceManagerServer) SnapshotBlocks(*SnapshotBlocksRequest, grpc.ServerStreamingServer[SnapshotBlocksResponse]) error {
+	return status.Error(codes.Unimplemented, "method SnapshotBlocks not implemented")
 }
 func (UnimplementedInstanceManagerServer) SnapshotLimitsSet(context.Context, *SnapshotLimitsRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method SnapshotLimitsSet not implemented")
@@ -781,6 +816,17 @@ func _InstanceManager_SnapshotExport_Handler(srv interface{}, stream grpc.Server
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type InstanceManager_SnapshotExportServer = grpc.ServerStreamingServer[ExportChunk]
+
+func _InstanceManager_SnapshotBlocks_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(SnapshotBlocksRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(InstanceManagerServer).SnapshotBlocks(m, &grpc.GenericServerStream[SnapshotBlocksRequest, SnapshotBlocksResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type InstanceManager_SnapshotBlocksServer = grpc.ServerStreamingServer[SnapshotBlocksResponse]
 
 func _InstanceManager_SnapshotLimitsSet_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(SnapshotLimitsRequest)
@@ -1129,6 +1175,11 @@ var InstanceManager_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "SnapshotExport",
 			Handler:       _InstanceManager_SnapshotExport_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "SnapshotBlocks",
+			Handler:       _InstanceManager_SnapshotBlocks_Handler,
 			ServerStreams: true,
 		},
 	},
