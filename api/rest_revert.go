@@ -154,7 +154,7 @@ func (c *call) waitEngineUp(volume string) (*v1beta1.Engine, error) {
 		return false, nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("volume %q did not come up on %s for the revert within %s: %w", volume, c.opts.NodeName,
+		return nil, fmt.Errorf("volume %q did not come up on %s within %s: %w", volume, c.opts.NodeName,
 			revertAttachTimeout, err)
 	}
 	return engine, nil

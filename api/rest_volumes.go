@@ -30,6 +30,7 @@ func volumeRoutes() []route {
 			"snapshotCRList":   (*call).listSnapshots,
 			"snapshotCRGet":    (*call).getSnapshot,
 			"snapshotCRDelete": (*call).deleteSnapshot,
+			"snapshotBlocks":   (*call).snapshotBlocks,
 		}},
 	}
 }

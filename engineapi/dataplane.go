@@ -47,6 +47,10 @@ type DataPlane interface {
 	// SnapshotExport streams a snapshot's bytes to fn, chunk by chunk (see
 	// Client.SnapshotExport for how chunks make the image).
 	SnapshotExport(ctx context.Context, engine, snapshot string, fn func(ExportChunk) error) error
+	// SnapshotBlocks hands fn the volume's size and, batch by batch, the
+	// extents where a snapshot holds data, or with a base those written
+	// since that older snapshot of its chain (see Client.SnapshotBlocks).
+	SnapshotBlocks(ctx context.Context, args SnapshotBlocksArgs, fn func(volumeSize int64, extents []BlockExtent) error) error
 	// SnapshotBackup starts a backup of a snapshot of an engine's volume to
 	// a backup target; Instance.BackupStatus follows it (ErrBusy while
 	// another backup or restore of the engine runs; the same backup again is
@@ -80,6 +84,21 @@ type DataPlane interface {
 type ExportChunk struct {
 	Offset, VolumeSize int64
 	Data               []byte
+}
+
+// SnapshotBlocksArgs ask for a snapshot's blocks (Base empty) or for those
+// written since Base; extents ending at or before StartingOffset are left
+// out; MaxResults bounds each batch (0: the instance manager's choice).
+type SnapshotBlocksArgs struct {
+	Engine, Snapshot, Base string
+	StartingOffset         int64
+	MaxResults             int32
+}
+
+// BlockExtent is a range of a volume, in bytes.
+type BlockExtent struct {
+	Offset int64 `json:"offset"`
+	Length int64 `json:"length"`
 }
 
 // SnapshotCloneArgs are the arguments of a snapshot clone.

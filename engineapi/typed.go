@@ -111,6 +111,19 @@ func (t typedClient) SnapshotExport(ctx context.Context, engine, snapshot string
 	})
 }
 
+func (t typedClient) SnapshotBlocks(ctx context.Context, args SnapshotBlocksArgs,
+	fn func(volumeSize int64, extents []BlockExtent) error) error {
+	req := &impb.SnapshotBlocksRequest{Engine: args.Engine, Snapshot: args.Snapshot, BaseSnapshot: args.Base,
+		StartingOffset: args.StartingOffset, MaxResults: args.MaxResults}
+	return t.c.SnapshotBlocks(ctx, req, func(m *impb.SnapshotBlocksResponse) error {
+		exts := make([]BlockExtent, 0, len(m.Extents))
+		for _, e := range m.Extents {
+			exts = append(exts, BlockExtent{Offset: e.Offset, Length: e.Length})
+		}
+		return fn(m.VolumeSize, exts)
+	})
+}
+
 func (t typedClient) SnapshotClone(ctx context.Context, args SnapshotCloneArgs) error {
 	return t.c.SnapshotClone(ctx, args)
 }
