@@ -62,6 +62,9 @@ type Options struct {
 	Store *datastore.DataStore
 	// Connector turns NBD exports into block devices; required in node mode.
 	Connector nbddev.Connector
+	// Blocks answers the SnapshotMetadata service (controller mode); nil
+	// serves none and leaves its capability out.
+	Blocks BlocksSource
 	Log       logrus.FieldLogger
 }
 
@@ -71,6 +74,7 @@ type Driver struct {
 	csi.UnimplementedControllerServer
 	csi.UnimplementedGroupControllerServer
 	csi.UnimplementedNodeServer
+	csi.UnimplementedSnapshotMetadataServer
 
 	opts  Options
 	ds    *datastore.DataStore
@@ -118,6 +122,9 @@ func (d *Driver) Serve(ctx context.Context, path string) error {
 	if d.opts.Mode.controller() {
 		csi.RegisterControllerServer(srv, d)
 		csi.RegisterGroupControllerServer(srv, d)
+		if d.opts.Blocks != nil {
+			csi.RegisterSnapshotMetadataServer(srv, d)
+		}
 	}
 	if d.opts.Mode.node() {
 		csi.RegisterNodeServer(srv, d)

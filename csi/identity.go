@@ -20,6 +20,9 @@ func (d *Driver) GetPluginCapabilities(context.Context, *csi.GetPluginCapabiliti
 			pluginCap(csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS),
 			&csi.PluginCapability{Type: &csi.PluginCapability_VolumeExpansion_{VolumeExpansion: &csi.PluginCapability_VolumeExpansion{
 				Type: csi.PluginCapability_VolumeExpansion_ONLINE}}})
+		if d.opts.Blocks != nil {
+			caps = append(caps, pluginCap(csi.PluginCapability_Service_SNAPSHOT_METADATA_SERVICE))
+		}
 	}
 	return &csi.GetPluginCapabilitiesResponse{Capabilities: caps}, nil
 }
