@@ -130,6 +130,11 @@ func (d *fakeDataPlane) SnapshotExport(_ context.Context, engine, snapshot strin
 	return d.record("SnapshotExport", engine, snapshot)
 }
 
+func (d *fakeDataPlane) SnapshotBlocks(_ context.Context, args engineapi.SnapshotBlocksArgs,
+	_ func(int64, []engineapi.BlockExtent) error) error {
+	return d.record("SnapshotBlocks", args.Engine, args.Snapshot)
+}
+
 func (d *fakeDataPlane) SnapshotClone(_ context.Context, a engineapi.SnapshotCloneArgs) error {
 	if a.BackingShared {
 		return d.record("SnapshotClone", a.Engine, a.SourceAddress, a.Snapshot, "backing-shared")

@@ -65,7 +65,7 @@ type Options struct {
 	// Blocks answers the SnapshotMetadata service (controller mode); nil
 	// serves none and leaves its capability out.
 	Blocks BlocksSource
-	Log       logrus.FieldLogger
+	Log    logrus.FieldLogger
 }
 
 // Driver serves the CSI services.

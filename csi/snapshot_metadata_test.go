@@ -52,7 +52,7 @@ type sent[T any] struct {
 	msgs []*T
 }
 
-func (s *sent[T]) Send(m *T) error           { s.msgs = append(s.msgs, m); return nil }
+func (s *sent[T]) Send(m *T) error          { s.msgs = append(s.msgs, m); return nil }
 func (s *sent[T]) Context() context.Context { return s.ctx }
 
 func metadataDriver(t *testing.T, blocks BlocksSource) *Driver {

@@ -35,7 +35,9 @@ func NewVolumeGroupSnapshotValidator(ds *datastore.DataStore) admission.Validato
 	return &volumeGroupSnapshotValidator{ds: ds, checker: NewChecker(ds)}
 }
 
-func (v *volumeGroupSnapshotValidator) Resource() admission.Resource { return VolumeGroupSnapshotResource }
+func (v *volumeGroupSnapshotValidator) Resource() admission.Resource {
+	return VolumeGroupSnapshotResource
+}
 
 // Create charges a group taken from claims (not one bound to an existing
 // content). A selector the API server's schema let through but that does
