@@ -30,15 +30,7 @@ func TestRESTSnapshotBlocks(t *testing.T) {
 		exec1(t, "cbt-1", "dd if=/dev/urandom of="+blockDevice+" bs=4k seek="+strconv.Itoa(seekKiB/4)+" count="+strconv.Itoa(kib/4)+
 			" oflag=direct conv=fsync,notrunc 2>/dev/null; echo done")
 	}
-	snapshot := func(name string) {
-		code, _ := admin.do("POST", "/v1/volumes/"+volume+"?action=snapshotCRCreate", map[string]string{"name": name})
-		require.Equal(t, http.StatusOK, code)
-		t.Cleanup(func() { _, _ = kubectlOut(context.Background(), "-n", ns, "delete", "snapshot", name, "--wait=false") })
-		require.Eventually(t, func() bool {
-			s, err := env.strata.StrataV1beta1().Snapshots(ns).Get(context.Background(), name, metav1.GetOptions{})
-			return err == nil && s.Status.ReadyToUse
-		}, time.Minute, 250*time.Millisecond, "snapshot %s ready", name)
-	}
+	snapshot := func(name string) { restSnapshot(t, admin, volume, name) }
 	write(0, 1024)   // 1 MiB at 0
 	write(5*1024, 4) // 4 KiB at 5 MiB
 	snapshot("cbt-s1")

@@ -192,6 +192,19 @@ func TestRESTAPI(t *testing.T) {
 	assert.Equal(t, http.StatusOK, code)
 }
 
+// restSnapshot takes a snapshot of volume through the REST API and waits
+// until it is taken; it goes when the test ends.
+func restSnapshot(t *testing.T, admin *restClient, volume, name string) {
+	t.Helper()
+	code, _ := admin.do("POST", "/v1/volumes/"+volume+"?action=snapshotCRCreate", map[string]string{"name": name})
+	require.Equal(t, http.StatusOK, code)
+	t.Cleanup(func() { _, _ = kubectlOut(context.Background(), "-n", ns, "delete", "snapshot", name, "--wait=false") })
+	require.Eventually(t, func() bool {
+		s, err := env.strata.StrataV1beta1().Snapshots(ns).Get(context.Background(), name, metav1.GetOptions{})
+		return err == nil && s.Status.ReadyToUse
+	}, time.Minute, 250*time.Millisecond, "snapshot %s ready", name)
+}
+
 // Revert through the REST API, as the seed's users reach it: a block
 // claim written by a Pod (pattern 1), a snapshot, then pattern 2 and a
 // second snapshot. While the Pod holds the volume the revert is refused
@@ -208,15 +221,7 @@ func TestRESTRevert(t *testing.T) {
 		return exec1(t, "rv-1", "dd if=/dev/urandom of=/tmp/p bs=1M count=16 2>/dev/null && dd if=/tmp/p of="+blockDevice+
 			" bs=1M oflag=direct conv=fsync 2>/dev/null && sha256sum /tmp/p | cut -d' ' -f1")
 	}
-	snapshot := func(name string) {
-		code, _ := admin.do("POST", "/v1/volumes/"+volume+"?action=snapshotCRCreate", map[string]string{"name": name})
-		require.Equal(t, http.StatusOK, code)
-		t.Cleanup(func() { _, _ = kubectlOut(context.Background(), "-n", ns, "delete", "snapshot", name, "--wait=false") })
-		require.Eventually(t, func() bool {
-			s, err := env.strata.StrataV1beta1().Snapshots(ns).Get(context.Background(), name, metav1.GetOptions{})
-			return err == nil && s.Status.ReadyToUse
-		}, time.Minute, 250*time.Millisecond, "snapshot %s ready", name)
-	}
+	snapshot := func(name string) { restSnapshot(t, admin, volume, name) }
 	first := write("1")
 	snapshot("rv-s1")
 	second := write("2")
