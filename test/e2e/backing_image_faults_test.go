@@ -372,7 +372,7 @@ func TestLongBackingImageStalledDownloadRetried(t *testing.T) {
 	waitBackingImage(t, "e2e-bi-stall", 3*time.Minute, "the stalled attempt failed", messageHas("no data from the server for 1m0s"))
 	bi := waitBackingImage(t, "e2e-bi-stall", 2*time.Minute, "ready after the retry", allCopiesReady(1))
 	assert.Equal(t, sum, bi.Status.Checksum)
-	assert.Contains(t, eventMessages(t, "e2e-bi-stall", "CopyFailed"), "stalled")
+	assertEvent(t, "e2e-bi-stall", "CopyFailed", "stalled")
 	assert.Equal(t, []string{"bytes=1048576-"}, ranges(), "the retry asked for the rest only")
 }
 

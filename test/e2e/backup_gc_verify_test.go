@@ -193,6 +193,6 @@ func testBackupGCAfterDeleteAndVerify(t *testing.T) {
 	assert.Equal(t, dataChunks, ver.Chunks)
 	assert.Contains(t, ver.Error, "verify backup e2e-gc-b2 of volume e2e-gc: 1 of 12 chunks bad")
 	assert.Regexp(t, `backup e2e-gc-b2 of volume e2e-gc: chunk \d+ \(offset \d+, id [0-9a-f]{64}\) in pack `+h+`: checksum mismatch`, ver.Error)
-	assert.Contains(t, eventMessages(t, "e2e-gc-b2", controller.EventReasonBackupVerifyFailed), "in pack "+h)
-	assert.Contains(t, eventMessages(t, "e2e-gc-b2", controller.EventReasonBackupVerified), "all 12 data chunks")
+	assertEvent(t, "e2e-gc-b2", controller.EventReasonBackupVerifyFailed, "in pack "+h)
+	assertEvent(t, "e2e-gc-b2", controller.EventReasonBackupVerified, "all 12 data chunks")
 }

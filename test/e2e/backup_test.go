@@ -94,6 +94,18 @@ func restoredSum(t *testing.T, tgt *backupstore.Target, m *backupstore.Manifest)
 	return hex.EncodeToString(sum[:])
 }
 
+// assertEvent waits for an event of reason on name whose message holds
+// want: the recorder writes events after the status that reports the same
+// thing, so a test that reads the status first must wait for the event.
+func assertEvent(t *testing.T, name, reason, want string) {
+	t.Helper()
+	var got string
+	assert.Eventually(t, func() bool {
+		got = eventMessages(t, name, reason)
+		return strings.Contains(got, want)
+	}, 30*time.Second, 200*time.Millisecond, "an event %s on %s saying %q; got %q", reason, name, want, &got)
+}
+
 func eventMessages(t *testing.T, name, reason string) string {
 	t.Helper()
 	list, err := env.adminKube.CoreV1().Events(ns).List(context.Background(),

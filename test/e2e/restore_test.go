@@ -189,7 +189,7 @@ func testRestoreBackupsIntoNewVolumes(t *testing.T) {
 		time.Minute, 200*time.Millisecond, "the frontend starts once restored")
 	assert.Equal(t, sum1, nbdSum(t, getVolume(t, "e2e-rs-r1").Status.FrontendEndpoint), "r1 reads as the source at s1")
 	assert.NotContains(t, getVA(t, "e2e-rs-r1").Spec.AttachmentTickets, "restore-e2e-rs-r1", "the restore ticket is released")
-	assert.Contains(t, eventMessages(t, "e2e-rs-r1", controller.EventReasonRestoreCompleted), "restored backup e2e-rs-b1")
+	assertEvent(t, "e2e-rs-r1", controller.EventReasonRestoreCompleted, "restored backup e2e-rs-b1")
 
 	restoreVolume(t, "e2e-rs-r2", "128Mi", "e2e-rs-b2")
 	// The admin's ticket comes before the restore's goes and leaves
