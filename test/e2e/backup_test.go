@@ -103,7 +103,10 @@ func assertEvent(t *testing.T, name, reason, want string) {
 	assert.Eventually(t, func() bool {
 		got = eventMessages(t, name, reason)
 		return strings.Contains(got, want)
-	}, 30*time.Second, 200*time.Millisecond, "an event %s on %s saying %q; got %q", reason, name, want, &got)
+	}, 30*time.Second, 200*time.Millisecond, "an event %s on %s saying %q", reason, name, want)
+	if !strings.Contains(got, want) {
+		t.Logf("events %s on %s: %q", reason, name, got)
+	}
 }
 
 func eventMessages(t *testing.T, name, reason string) string {
