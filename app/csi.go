@@ -67,14 +67,16 @@ func runCSI(parent context.Context, cfg csiConfig) error {
 	// makes no client at all (its ServiceAccount has no role). The
 	// controller services watch only the kinds they read.
 	var ds *datastore.DataStore
+	var blocks csi.BlocksSource
 	if cfg.mode != csi.ModeNode {
-		kubeClient, strataClient, _, err := newClients(cfg.kubeconfig, "strata-csi")
+		kubeClient, strataClient, restCfg, err := newClients(cfg.kubeconfig, "strata-csi")
 		if err != nil {
 			return err
 		}
 		if ds, err = datastore.NewWatching(cfg.namespace, strataClient, kubeClient, csi.ControllerKinds); err != nil {
 			return err
 		}
+		blocks = &restBlocks{kube: kubeClient, ds: ds, restCfg: restCfg, namespace: cfg.namespace}
 	}
 	var connector nbddev.Connector
 	if cfg.mode != csi.ModeController {
@@ -86,7 +88,7 @@ func runCSI(parent context.Context, cfg csiConfig) error {
 		}
 	}
 	driver, err := csi.NewDriver(csi.Options{NodeID: cfg.nodeName, Mode: cfg.mode, Version: Version, Store: ds,
-		Connector: connector, Log: log})
+		Connector: connector, Blocks: blocks, Log: log})
 	if err != nil {
 		return err
 	}

@@ -37,6 +37,9 @@ type BlocksSource interface {
 var (
 	ErrBlocksNotFound = errors.New("not found")
 	ErrBlocksInvalid  = errors.New("invalid")
+	// ErrBlocksRefused: the source will not answer this plugin (its
+	// rights, say); asking again would not help.
+	ErrBlocksRefused = errors.New("refused")
 )
 
 // defaultMetadataResults is the extents per message when the caller does
@@ -142,6 +145,8 @@ func blocksStatus(snapshot string, err error) error {
 		return status.Errorf(codes.NotFound, "snapshot %s: %v", snapshot, err)
 	case errors.Is(err, ErrBlocksInvalid):
 		return status.Errorf(codes.InvalidArgument, "snapshot %s: %v", snapshot, err)
+	case errors.Is(err, ErrBlocksRefused):
+		return status.Errorf(codes.Internal, "snapshot %s: %v", snapshot, err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
 	}

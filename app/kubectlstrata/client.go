@@ -8,12 +8,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 
 	"github.com/urfave/cli/v3"
@@ -22,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/strata-storage/strata/internal/apiclient"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
 	"github.com/strata-storage/strata/types"
@@ -36,11 +35,6 @@ type client struct {
 	kube   kubernetes.Interface
 	strata versioned.Interface
 }
-
-// errNoCredentials: the kubeconfig's user has neither a token nor a client
-// certificate (a user name and password only) for the Strata API.
-var errNoCredentials = errors.New("the Strata API takes a bearer token or a client certificate, and this kubeconfig's user " +
-	"has neither: pass --token, for example --token $(kubectl create token <serviceaccount>)")
 
 func newClient(ctx context.Context, cmd *cli.Command) (*client, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
@@ -67,34 +61,12 @@ func newClient(ctx context.Context, cmd *cli.Command) (*client, error) {
 	if c.base, err = apiBase(ctx, cmd, c.strata, ns); err != nil {
 		return nil, err
 	}
-	apiCfg, err := apiConfig(restCfg, []byte(cm.Data[webhook.CABundleKey]), cmd.String("token"))
+	apiCfg, err := apiclient.Config(restCfg, []byte(cm.Data[webhook.CABundleKey]), cmd.String("token"))
 	if err != nil {
 		return nil, err
 	}
 	c.http, err = rest.HTTPClientFor(apiCfg)
 	return c, err
-}
-
-// apiConfig is restCfg's credentials (a token, a token file, an exec or
-// auth provider, else a client certificate) for the Strata API, trusting
-// Strata's CA.
-func apiConfig(restCfg *rest.Config, caBundle []byte, token string) (*rest.Config, error) {
-	cfg := rest.CopyConfig(restCfg)
-	userCert := rest.TLSClientConfig{CertFile: cfg.CertFile, KeyFile: cfg.KeyFile, CertData: cfg.CertData, KeyData: cfg.KeyData}
-	cfg.TLSClientConfig = rest.TLSClientConfig{CAData: caBundle}
-	if token != "" {
-		cfg.BearerToken, cfg.BearerTokenFile, cfg.ExecProvider, cfg.AuthProvider = token, "", nil, nil
-	}
-	if cfg.BearerToken == "" && cfg.BearerTokenFile == "" && cfg.ExecProvider == nil && cfg.AuthProvider == nil {
-		if len(userCert.CertData) == 0 && userCert.CertFile == "" {
-			return nil, errNoCredentials
-		}
-		// The API verifies it against the cluster's client CA, as the API
-		// server does (unless the chart's api.clientCertificates is off).
-		cfg.CertFile, cfg.KeyFile, cfg.CertData, cfg.KeyData = userCert.CertFile, userCert.KeyFile, userCert.CertData, userCert.KeyData
-	}
-	cfg.Username, cfg.Password = "", ""
-	return cfg, nil
 }
 
 // apiBase is --api, or the API address of a ready Strata node.
@@ -109,22 +81,14 @@ func apiBase(ctx context.Context, cmd *cli.Command, strata versioned.Interface, 
 	if err != nil {
 		return "", fmt.Errorf("finding a Strata manager (Nodes in %s): %w", ns, err)
 	}
-	slices.SortFunc(nodes.Items, func(a, b v1beta1.Node) int { return strings.Compare(a.Name, b.Name) })
-	for _, n := range nodes.Items {
-		if n.Status.APIAddress != "" && nodeReady(&n) {
-			return "https://" + n.Status.APIAddress, nil
-		}
+	var ptrs []*v1beta1.Node
+	for i := range nodes.Items {
+		ptrs = append(ptrs, &nodes.Items[i])
+	}
+	if addr := apiclient.ReadyAddress(ptrs); addr != "" {
+		return "https://" + addr, nil
 	}
 	return "", fmt.Errorf("no ready Strata node in %s serves the API; give --api https://%s.%s.svc", ns, types.APIServiceName, ns)
-}
-
-func nodeReady(n *v1beta1.Node) bool {
-	for _, c := range n.Status.Conditions {
-		if c.Type == v1beta1.ConditionTypeReady {
-			return c.Status == metav1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // apiError is the API's JSON error.

@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
 
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
@@ -38,33 +37,6 @@ func TestHelp(t *testing.T) {
 			}
 		})
 	}
-}
-
-// The API gets the kubeconfig's token when it has one (or --token's), else
-// its client certificate; a user with neither is told to pass --token.
-func TestAPIConfig(t *testing.T) {
-	certUser := &rest.Config{Host: "https://k8s", TLSClientConfig: rest.TLSClientConfig{
-		CertData: []byte("c"), KeyData: []byte("k"), CAData: []byte("cluster-ca")}}
-	cfg, err := apiConfig(certUser, []byte("ca"), "")
-	require.NoError(t, err)
-	assert.Equal(t, []byte("c"), cfg.CertData, "the certificate authenticates the user")
-	assert.Equal(t, []byte("k"), cfg.KeyData)
-	assert.Equal(t, []byte("ca"), cfg.CAData, "the API's server certificate is Strata's")
-	assert.Empty(t, cfg.BearerToken)
-
-	cfg, err = apiConfig(certUser, []byte("ca"), "tok")
-	require.NoError(t, err)
-	assert.Equal(t, "tok", cfg.BearerToken)
-	assert.Empty(t, cfg.CertData, "--token wins: the certificate stays with the API server")
-
-	tokenUser := &rest.Config{Host: "https://k8s", BearerToken: "kube-token", TLSClientConfig: rest.TLSClientConfig{CertData: []byte("c")}}
-	cfg, err = apiConfig(tokenUser, []byte("ca"), "")
-	require.NoError(t, err)
-	assert.Equal(t, "kube-token", cfg.BearerToken)
-	assert.Empty(t, cfg.CertData)
-
-	_, err = apiConfig(&rest.Config{Host: "https://k8s", Username: "u", Password: "p"}, []byte("ca"), "")
-	require.ErrorIs(t, err, errNoCredentials)
 }
 
 // Tables are aligned like kubectl's, three spaces between columns.
