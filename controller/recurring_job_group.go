@@ -8,7 +8,6 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
@@ -64,7 +63,7 @@ func (c *RecurringJobController) groupMadeByJob(ctx context.Context, job *v1beta
 }
 
 func (c *RecurringJobController) waitGroupReady(ctx context.Context, name string) error {
-	err := c.waitFor(ctx, c.snapshotWait, func() (bool, error) {
+	return c.waitTaken(ctx, "snapshot group "+name, func() (bool, error) {
 		g, err := c.ds.SnapshotGroups.GetRO(name)
 		switch {
 		case apierrors.IsNotFound(err):
@@ -80,13 +79,6 @@ func (c *RecurringJobController) waitGroupReady(ctx context.Context, name string
 		}
 		return false, nil
 	})
-	if ctx.Err() != nil {
-		return errRunCancelled
-	}
-	if wait.Interrupted(err) {
-		return fmt.Errorf("snapshot group %s not taken within %s", name, c.snapshotWait)
-	}
-	return err
 }
 
 // pruneJobGroups keeps the job's newest spec.retain Ready groups.

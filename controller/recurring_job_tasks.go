@@ -94,7 +94,7 @@ func (c *RecurringJobController) madeByJob(ctx context.Context, job *v1beta1.Rec
 }
 
 func (c *RecurringJobController) waitSnapshotReady(ctx context.Context, name string) error {
-	err := c.waitFor(ctx, c.snapshotWait, func() (bool, error) {
+	return c.waitTaken(ctx, "snapshot "+name, func() (bool, error) {
 		s, err := c.ds.Snapshots.GetRO(name)
 		switch {
 		case apierrors.IsNotFound(err):
@@ -110,11 +110,18 @@ func (c *RecurringJobController) waitSnapshotReady(ctx context.Context, name str
 		}
 		return false, nil
 	})
+}
+
+// waitTaken waits up to the snapshot wait for taken to say what (a
+// snapshot, a group) is taken: a run cancelled meanwhile is
+// errRunCancelled, one past the wait says so.
+func (c *RecurringJobController) waitTaken(ctx context.Context, what string, taken func() (bool, error)) error {
+	err := c.waitFor(ctx, c.snapshotWait, taken)
 	if ctx.Err() != nil {
 		return errRunCancelled
 	}
 	if wait.Interrupted(err) {
-		return fmt.Errorf("snapshot %s not taken within %s", name, c.snapshotWait)
+		return fmt.Errorf("%s not taken within %s", what, c.snapshotWait)
 	}
 	return err
 }
