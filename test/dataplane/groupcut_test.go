@@ -185,10 +185,13 @@ func TestGroupCutKilledMidway(t *testing.T) {
 		require.ErrorIs(t, err, engineapi.ErrFreezeLost, "a late snapshot is refused")
 		_, err = dead.Finish(err)
 		require.Error(t, err)
+		// Both freezes lapse about together: the later one may still hold
+		// when the snapshots are asked for, and that member takes its
+		// snapshot; Finish then removes it (all or nothing).
 		for _, v := range []*volume{a, b} {
 			snaps, err := v.im(t).SnapshotList(ctx, v.engine)
 			require.NoError(t, err)
-			assert.NotContains(t, snaps, "g", "%s took nothing", v.name)
+			assert.True(t, snaps["g"] == nil || snaps["g"].Removed, "%s keeps nothing of the cut", v.name)
 		}
 	})
 
@@ -220,7 +223,8 @@ func TestGroupCutKilledMidway(t *testing.T) {
 		require.NotEmpty(t, crashEngine(t, nodes[1], "killb-check", "killb-check", reopened))
 		bSnaps, err := nodes[1].client(t).SnapshotList(ctx, "killb-check")
 		require.NoError(t, err)
-		assert.NotContains(t, bSnaps, "g", "B's replica has no snapshot of the cut")
+		// A "g" removed by the first subtest's Finish may wait for a purge.
+		assert.True(t, bSnaps["g"] == nil || bSnaps["g"].Removed, "B's replica has no live snapshot of the cut")
 	})
 }
 

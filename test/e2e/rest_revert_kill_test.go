@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,10 +112,16 @@ func TestRESTRevertSurvivesAKilledManager(t *testing.T) {
 
 	var code int
 	var body string
+	// A restarted manager's cache can still hold the volume on its way
+	// down for a moment: a 409 naming a passing state is retried, as a
+	// client would; any other answer is the verdict.
+	passing := func(body string) bool {
+		return strings.Contains(body, "it is attaching") || strings.Contains(body, "it is detaching")
+	}
 	require.Eventually(t, func() bool {
 		var err error
 		code, body, err = revertThrough(getNode(t, server).Status.APIAddress, vol, snap, client)
-		return err == nil && code != http.StatusServiceUnavailable
+		return err == nil && code != http.StatusServiceUnavailable && !(code == http.StatusConflict && passing(body))
 	}, time.Minute, 250*time.Millisecond, "the restarted manager serves the API")
 	require.Equal(t, http.StatusOK, code, body)
 	useOn(t, vol, "node-1", "read -P 0x11 0 1M")
