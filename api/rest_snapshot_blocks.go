@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
@@ -72,16 +74,36 @@ func (c *call) snapshotBlocks() error {
 	if c.opts.DataPlane == nil || c.opts.NodeName == "" {
 		return fmt.Errorf("%w: this manager has no data plane to ask", ErrAuthUnavailable)
 	}
-	engine, release, err := c.runningEngineFor(volume)
-	if err != nil {
-		return err
+	// A volume attaching or detaching, or an engine this manager's cache
+	// still lists after it stopped, settles within moments: ask again
+	// until it has, for as long as an attach for the call may take.
+	var reply *BlocksReply
+	var last error
+	err := wait.PollUntilContextTimeout(c.ctx(), 250*time.Millisecond, revertAttachTimeout, true, func(context.Context) (bool, error) {
+		reply, last = c.blocksOnce(volume, req)
+		if errors.Is(last, errInUse) {
+			return false, nil
+		}
+		return last == nil, last
+	})
+	if wait.Interrupted(err) && last != nil {
+		err = last
 	}
-	defer release()
-	reply, err := c.readBlocks(engine, req)
 	if err != nil {
 		return err
 	}
 	return c.reply(http.StatusOK, reply)
+}
+
+// blocksOnce reads a page from the volume's running engine, attaching a
+// detached volume for the call.
+func (c *call) blocksOnce(volume string, req blocksRequest) (*BlocksReply, error) {
+	engine, release, err := c.runningEngineFor(volume)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	return c.readBlocks(engine, req)
 }
 
 func (req *blocksRequest) check() error {

@@ -1,6 +1,7 @@
 package imserver
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 
@@ -25,6 +26,12 @@ func (s *Server) SnapshotBlocks(req *impb.SnapshotBlocksRequest, stream impb.Ins
 		return engineapi.ToStatus(err)
 	}
 	_, eng, err := s.runningEngine(req.Engine)
+	if errors.Is(err, engineapi.ErrNotFound) {
+		// The engine went (its volume detached) or is not here yet: a
+		// caller that found it in a cache a moment behind asks again,
+		// unlike for a snapshot that is not found.
+		err = fmt.Errorf("engine %s is not running here: %w", req.Engine, engineapi.ErrBusy)
+	}
 	if err != nil {
 		return engineapi.ToStatus(err)
 	}
