@@ -63,12 +63,12 @@ func (c *call) snapshotBlocks() error {
 	if err := c.authorize("get", "snapshots", c.opts.Namespace, req.Snapshot); err != nil {
 		return err
 	}
-	for field, name := range map[string]string{"snapshot": req.Snapshot, "base": req.Base} {
-		if name == "" {
+	for _, f := range [][2]string{{"snapshot", req.Snapshot}, {"base", req.Base}} {
+		if f[1] == "" {
 			continue
 		}
-		if s, err := c.opts.Cache.Snapshots.GetRO(name); err != nil || s.Spec.Volume != volume || !s.Status.ReadyToUse {
-			return fmt.Errorf("%s: snapshot %q of volume %q, taken: %w", field, name, volume, errNotFound)
+		if s, err := c.opts.Cache.Snapshots.GetRO(f[1]); err != nil || s.Spec.Volume != volume || !s.Status.ReadyToUse {
+			return fmt.Errorf("%s: snapshot %q of volume %q, taken: %w", f[0], f[1], volume, errNotFound)
 		}
 	}
 	if c.opts.DataPlane == nil || c.opts.NodeName == "" {

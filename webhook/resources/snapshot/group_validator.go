@@ -3,6 +3,7 @@ package snapshot
 import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
@@ -34,7 +35,7 @@ type groupValidator struct {
 // NewGroupValidator returns the SnapshotGroup validator.
 func NewGroupValidator(ds *datastore.DataStore) admission.Validator {
 	return &groupValidator{ds: ds, quota: snapshotquota.NewChecker(ds),
-		csi: "system:serviceaccount:" + ds.Namespace + ":" + types.CSIControllerServiceAccount}
+		csi: serviceaccount.MakeUsername(ds.Namespace, types.CSIControllerServiceAccount)}
 }
 
 func (v *groupValidator) Resource() admission.Resource { return GroupResource }

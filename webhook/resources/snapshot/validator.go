@@ -8,6 +8,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
@@ -35,7 +36,7 @@ type validator struct {
 // NewValidator returns the Snapshot validator.
 func NewValidator(ds *datastore.DataStore) admission.Validator {
 	return &validator{ds: ds, quota: snapshotquota.NewChecker(ds),
-		manager: "system:serviceaccount:" + ds.Namespace + ":" + types.ManagerServiceAccount}
+		manager: serviceaccount.MakeUsername(ds.Namespace, types.ManagerServiceAccount)}
 }
 
 func (v *validator) Resource() admission.Resource { return Resource }
