@@ -80,6 +80,8 @@ require (
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/klauspost/cpuid/v2 v2.4.0 // indirect
 	github.com/klauspost/crc32 v1.3.0 // indirect
+	github.com/kubernetes-csi/external-snapshot-metadata v1.0.0 // indirect
+	github.com/kubernetes-csi/external-snapshot-metadata/client v1.0.0 // indirect
 	github.com/kylelemons/godebug v1.1.0 // indirect
 	github.com/mattn/go-colorable v0.1.15 // indirect
 	github.com/mattn/go-isatty v0.0.22 // indirect
@@ -148,3 +150,5 @@ tool (
 	k8s.io/code-generator/cmd/lister-gen
 	sigs.k8s.io/controller-tools/cmd/controller-gen
 )
+
+replace github.com/kubernetes-csi/external-snapshot-metadata/client => github.com/kubernetes-csi/external-snapshot-metadata/client v1.0.0

@@ -325,7 +325,7 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 		return err
 	}
 	// Admission webhooks (app/daemon_webhook.go): their rules read the synced caches.
-	if err := startWebhook(ctx, &wg, log, ds, kubeClient, cfg); err != nil {
+	if err := startWebhook(ctx, &wg, log, ds, kubeClient, restConfig, cfg); err != nil {
 		return err
 	}
 	controllers.run(ctx, &wg)

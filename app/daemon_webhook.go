@@ -7,9 +7,11 @@ import (
 	"sync"
 	"time"
 
+	smsclient "github.com/kubernetes-csi/external-snapshot-metadata/client/clientset/versioned"
 	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v3"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/webhook"
@@ -21,6 +23,8 @@ type webhookOptions struct {
 	listener     net.Listener // bound at start-up (runDaemon)
 	urlHost      string
 	rotateBefore time.Duration
+	// The snapshot metadata sidecar's publication (webhook/snapshot_metadata.go).
+	metadataAddress, metadataAudience string
 }
 
 // webhookFlags are the admission webhook's flags of `strata-manager daemon`.
@@ -40,6 +44,13 @@ func webhookFlags() []cli.Flag {
 				}
 				return nil
 			}},
+		&cli.StringFlag{Name: "snapshot-metadata-address",
+			Usage: "host:port where backup tools reach the CSI SnapshotMetadata sidecar (the chart's " +
+				webhook.SnapshotMetadataServiceName + " Service); the webhook leader issues the sidecar's certificate " +
+				"(Secret " + webhook.SnapshotMetadataSecretName + ") and publishes the SnapshotMetadataService " +
+				"naming it. Empty: neither"},
+		&cli.StringFlag{Name: "snapshot-metadata-audience", Value: webhook.DefaultSnapshotMetadataAudience,
+			Usage: "the audience backup tools ask their tokens for, as the sidecar's --audience"},
 	}
 }
 
@@ -48,6 +59,9 @@ func webhookOptionsFrom(cmd *cli.Command) webhookOptions {
 		listen:       cmd.String("webhook-listen"),
 		urlHost:      cmd.String("webhook-url-host"),
 		rotateBefore: cmd.Duration("webhook-ca-rotate-before"),
+
+		metadataAddress:  cmd.String("snapshot-metadata-address"),
+		metadataAudience: cmd.String("snapshot-metadata-audience"),
 	}
 }
 
@@ -55,19 +69,29 @@ func webhookOptionsFrom(cmd *cli.Command) webhookOptions {
 // Call it once the caches have synced: the rules read them. A disabled
 // webhook (--webhook-listen "") starts nothing.
 func startWebhook(ctx context.Context, wg *sync.WaitGroup, log logrus.FieldLogger, ds *datastore.DataStore,
-	kube kubernetes.Interface, cfg daemonConfig) error {
+	kube kubernetes.Interface, restConfig *rest.Config, cfg daemonConfig) error {
 	if cfg.webhook.listen == "" {
 		log.Info("Admission webhooks are disabled (--webhook-listen is empty)")
 		return nil
 	}
+	var metadata *webhook.SnapshotMetadataOptions
+	if cfg.webhook.metadataAddress != "" {
+		client, err := smsclient.NewForConfig(restConfig)
+		if err != nil {
+			return err
+		}
+		metadata = &webhook.SnapshotMetadataOptions{Address: cfg.webhook.metadataAddress,
+			Audience: cfg.webhook.metadataAudience, Client: client}
+	}
 	srv, err := webhook.New(log, ds, kube, webhook.Options{
-		Namespace:      cfg.namespace,
-		Identity:       cfg.nodeName,
-		Listen:         cfg.webhook.listen,
-		Listener:       cfg.webhook.listener,
-		URLHost:        cfg.webhook.urlHost,
-		CARotateBefore: cfg.webhook.rotateBefore,
-		LeaseDuration:  cfg.leaseDuration,
+		SnapshotMetadata: metadata,
+		Namespace:        cfg.namespace,
+		Identity:         cfg.nodeName,
+		Listen:           cfg.webhook.listen,
+		Listener:         cfg.webhook.listener,
+		URLHost:          cfg.webhook.urlHost,
+		CARotateBefore:   cfg.webhook.rotateBefore,
+		LeaseDuration:    cfg.leaseDuration,
 	})
 	if err != nil {
 		return err

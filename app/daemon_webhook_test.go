@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/urfave/cli/v3"
+	"k8s.io/client-go/rest"
 
 	"github.com/strata-storage/strata/datastore/dstest"
 	"github.com/strata-storage/strata/types"
@@ -22,12 +23,18 @@ func TestWebhookFlags(t *testing.T) {
 		want    webhookOptions
 		wantErr string
 	}{
-		{name: "defaults", want: webhookOptions{listen: ":9443", rotateBefore: 30 * 24 * time.Hour}},
+		{name: "defaults", want: webhookOptions{listen: ":9443", rotateBefore: 30 * 24 * time.Hour,
+			metadataAudience: "strata-snapshot-metadata"}},
+		{name: "snapshot metadata", args: []string{"--snapshot-metadata-address", "strata-snapshot-metadata.strata-system:443",
+			"--snapshot-metadata-audience", "backups"},
+			want: webhookOptions{listen: ":9443", rotateBefore: 30 * 24 * time.Hour,
+				metadataAddress: "strata-snapshot-metadata.strata-system:443", metadataAudience: "backups"}},
 		{name: "local mode",
 			args: []string{"--webhook-listen", "127.0.0.1:4443", "--webhook-url-host", "127.0.0.1", "--webhook-ca-rotate-before", "240h"},
-			want: webhookOptions{listen: "127.0.0.1:4443", urlHost: "127.0.0.1", rotateBefore: 240 * time.Hour}},
+			want: webhookOptions{listen: "127.0.0.1:4443", urlHost: "127.0.0.1", rotateBefore: 240 * time.Hour,
+				metadataAudience: "strata-snapshot-metadata"}},
 		{name: "disabled", args: []string{"--webhook-listen", ""},
-			want: webhookOptions{listen: "", rotateBefore: 30 * 24 * time.Hour}},
+			want: webhookOptions{listen: "", rotateBefore: 30 * 24 * time.Hour, metadataAudience: "strata-snapshot-metadata"}},
 		{name: "rotation longer than half the CA's life", args: []string{"--webhook-ca-rotate-before", "4400h"},
 			wantErr: "--webhook-ca-rotate-before: 4400h0m0s is not between 0 and 4380h0m0s, half the CA's validity"},
 		{name: "no rotation", args: []string{"--webhook-ca-rotate-before", "0s"},
@@ -60,17 +67,17 @@ func TestStartWebhook(t *testing.T) {
 	defer func() { cancel(); wg.Wait() }()
 
 	t.Run("disabled starts nothing", func(t *testing.T) {
-		require.NoError(t, startWebhook(ctx, &wg, log, env.DS, env.Kube, cfg))
+		require.NoError(t, startWebhook(ctx, &wg, log, env.DS, env.Kube, &rest.Config{}, cfg))
 	})
 	t.Run("an address without a port is refused at start", func(t *testing.T) {
 		bad := cfg
 		bad.webhook.listen = "127.0.0.1"
-		err := startWebhook(ctx, &wg, log, env.DS, env.Kube, bad)
+		err := startWebhook(ctx, &wg, log, env.DS, env.Kube, &rest.Config{}, bad)
 		assert.EqualError(t, err, `--webhook-listen "127.0.0.1": address 127.0.0.1: missing port in address`)
 	})
 	t.Run("a free address starts the webhook until the context ends", func(t *testing.T) {
 		good := cfg
 		good.webhook.listen = "127.0.0.1:0"
-		require.NoError(t, startWebhook(ctx, &wg, log, env.DS, env.Kube, good))
+		require.NoError(t, startWebhook(ctx, &wg, log, env.DS, env.Kube, &rest.Config{}, good))
 	})
 }

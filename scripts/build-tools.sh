@@ -12,7 +12,8 @@
 #     (renders and lints package/chart/strata; 49 s here with the k8s.io
 #     modules already in the Go build cache, a few minutes without), and the
 #     upstream CSI sidecars: csi-provisioner,
-#     csi-attacher, csi-resizer, csi-snapshotter and snapshot-controller, each
+#     csi-attacher, csi-resizer, csi-snapshotter, snapshot-controller and
+#     csi-snapshot-metadata (about 4 min), each
 #     from its own module at the version pinned in $sidecars (about 2.5-3 min
 #     each with an empty build cache on 2 cores, 11 min for all five;
 #     snapshot-controller takes seconds after csi-snapshotter). `go install
@@ -28,11 +29,13 @@
 #                                     # machines that lack one)
 #   scripts/build-tools.sh helm       # make verify and package/deploy's test
 #   scripts/build-tools.sh csi-provisioner csi-attacher csi-resizer \
-#     csi-snapshotter snapshot-controller
+#     csi-snapshotter snapshot-controller csi-snapshot-metadata
 #   scripts/build-tools.sh snapshot-crds
 #                  # prints instead a directory with the v1 VolumeSnapshot,
-#                  # VolumeSnapshotContent and VolumeSnapshotClass CRD YAMLs of
-#                  # external-snapshotter's client module (asked for alone)
+#                  # VolumeSnapshotContent and VolumeSnapshotClass CRD YAMLs
+#                  # (and their VolumeGroupSnapshot kin) of external-snapshotter's
+#                  # client module, and external-snapshot-metadata's
+#                  # SnapshotMetadataService CRD (asked for alone)
 #
 # Code generators are not built here: they are `tool` lines in go.mod and run
 # with `go tool`, which caches them in the Go build cache.
@@ -44,6 +47,9 @@ mod="$root/scripts/tools/controlplane"
 containerd_version=v2.2.9
 snapshotter_version=v8.7.0
 snapshotter=github.com/kubernetes-csi/external-snapshotter
+# The SnapshotMetadata sidecar and its CRD (changed-block tracking, KEP-3314).
+metadata_version=v1.0.0
+metadata=github.com/kubernetes-csi/external-snapshot-metadata
 helm_version=v3.22.0
 
 key=$(cat "$mod/go.mod" "$mod/go.sum" <(go version) | sha256sum | cut -c1-16)
@@ -81,11 +87,15 @@ declare -A sidecars=(
   [csi-resizer]=github.com/kubernetes-csi/external-resizer/v2@v2.3.0
   [csi-snapshotter]=$snapshotter/v8@$snapshotter_version
   [snapshot-controller]=$snapshotter/v8@$snapshotter_version
+  [csi-snapshot-metadata]=$metadata@$metadata_version
 )
 # Requirements that replace the dropped local replaces: external-snapshotter
-# points client/v8 at ./client, which its module zip does not contain.
+# points client/v8 at ./client, which its module zip does not contain;
+# external-snapshot-metadata points client at ./client and names client@v0.2.0,
+# which this machine's module proxy refuses (its v1.0.0 is served).
 declare -A requires=(
   [$snapshotter/v8@$snapshotter_version]=$snapshotter/client/v8@$snapshotter_version
+  [$metadata@$metadata_version]=$metadata/client@$metadata_version
 )
 for name in "${!sidecars[@]}"; do
   m=${sidecars[$name]}
@@ -99,8 +109,9 @@ names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet
   containerd containerd-shim-runc-v2 ctr)
 if [ "${names[*]}" = snapshot-crds ]; then
-  # "groups-": the directory once held only the snapshot.storage CRDs.
-  crds="$cache/snapshot-crds-groups-$snapshotter_version"
+  # Named by both versions: the directory once held only the snapshot.storage
+  # CRDs, then those and the group ones.
+  crds="$cache/snapshot-crds-$snapshotter_version-metadata-$metadata_version"
   if [ ! -d "$crds" ]; then
     mkdir -p "$cache"
     exec 9>"$cache/controlplane-$key.lock"
@@ -110,6 +121,9 @@ if [ "${names[*]}" = snapshot-crds ]; then
     json=$(cd / && go mod download -json "$snapshotter/client/v8@$snapshotter_version") ||
       { echo "$json" >&2; exit 1; }
     src=$(echo "$json" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+    json=$(cd / && go mod download -json "$metadata/client@$metadata_version") ||
+      { echo "$json" >&2; exit 1; }
+    metadata_src=$(echo "$json" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
     tmp=$(mktemp -d "$cache/.snapshot-crds.XXXX")
     temps+=("$tmp")
     # The snapshot.storage.k8s.io and groupsnapshot.storage.k8s.io CRDs
@@ -118,6 +132,8 @@ if [ "${names[*]}" = snapshot-crds ]; then
       cp "$src/config/crd/snapshot.storage.k8s.io_$kind.yaml" "$tmp/"
       cp "$src/config/crd/groupsnapshot.storage.k8s.io_volumegroup${kind#volume}.yaml" "$tmp/"
     done
+    # SnapshotMetadataService: where backup tools find the metadata sidecar.
+    cp "$metadata_src/config/crd/cbt.storage.k8s.io_snapshotmetadataservices.yaml" "$tmp/"
     chmod 755 "$tmp"; chmod 644 "$tmp"/*.yaml
     mv "$tmp" "$crds"   # atomic: a half-filled directory is never found
     echo "snapshot CRDs copied into $crds" >&2

@@ -41,9 +41,9 @@ type servingCert struct {
 	renewAt time.Time
 }
 
-// issueServing signs a serving certificate for hosts (IP addresses and DNS
-// names) with ca. It is renewed two thirds into its life.
-func issueServing(ca *pki.KeyPair, hosts []string, now time.Time) (*servingCert, error) {
+// issueServing signs a serving certificate named commonName for hosts (IP
+// addresses and DNS names) with ca. It is renewed two thirds into its life.
+func issueServing(ca *pki.KeyPair, commonName string, hosts []string, now time.Time) (*servingCert, error) {
 	key, err := pki.NewKey()
 	if err != nil {
 		return nil, err
@@ -58,7 +58,7 @@ func issueServing(ca *pki.KeyPair, hosts []string, now time.Time) (*servingCert,
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: ServiceName},
+		Subject:      pkix.Name{CommonName: commonName},
 		NotBefore:    now.Add(-pki.ClockSkew),
 		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
@@ -79,12 +79,22 @@ func issueServing(ca *pki.KeyPair, hosts []string, now time.Time) (*servingCert,
 	if err != nil {
 		return nil, err
 	}
-	life := leaf.NotAfter.Sub(now)
-	return &servingCert{
-		cert:    &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf},
-		issuer:  ca.Cert,
-		renewAt: now.Add(life * 2 / 3),
-	}, nil
+	return newServingCert(&tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, ca.Cert), nil
+}
+
+// newServingCert is cert, signed by issuer, due two thirds into its life.
+func newServingCert(cert *tls.Certificate, issuer *x509.Certificate) *servingCert {
+	life := cert.Leaf.NotAfter.Sub(cert.Leaf.NotBefore.Add(pki.ClockSkew))
+	return &servingCert{cert: cert, issuer: issuer, renewAt: cert.Leaf.NotBefore.Add(pki.ClockSkew + life*2/3)}
+}
+
+// due reports whether c must be replaced at now: signed by a CA that no
+// longer signs, two thirds into its life, or not valid for every one of hosts.
+func (c *servingCert) due(state *pki.CAState, hosts []string, now time.Time) bool {
+	if !c.issuer.Equal(state.Current.Cert) || !now.Before(c.renewAt) {
+		return true
+	}
+	return slices.ContainsFunc(hosts, func(h string) bool { return c.cert.Leaf.VerifyHostname(h) != nil })
 }
 
 // servingHosts are the names a manager's serving certificate is valid for:
@@ -132,7 +142,7 @@ func (s *ServingCerts) Refresh(state *pki.CAState) (bool, error) {
 	if c := s.cur.Load(); c != nil && c.issuer.Equal(state.Current.Cert) && now.Before(c.renewAt) {
 		return false, nil
 	}
-	c, err := issueServing(state.Current, s.hosts, now)
+	c, err := issueServing(state.Current, ServiceName, s.hosts, now)
 	if err != nil {
 		return false, fmt.Errorf("issuing the webhook serving certificate: %w", err)
 	}

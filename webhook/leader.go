@@ -57,6 +57,7 @@ type leaderState struct {
 	applied   []byte    // the configurations last applied
 	appliedAt time.Time // when they were last applied
 	changedAt time.Time // when what was applied last changed
+	metadata  metadataState
 }
 
 // lead keeps the CA and the configurations current while this manager leads.
@@ -80,7 +81,8 @@ func (s *Server) lead(ctx context.Context) {
 
 // reconcileAsLeader is one pass of the leader: rotate the CA when due, apply
 // the configurations with the CA bundle and this manager as their target,
-// and finish a rotation once the bundle is applied. It returns when to look
+// keep the snapshot metadata sidecar's certificate and CR current, and
+// finish a rotation once the bundle is applied. It returns when to look
 // again.
 func (s *Server) reconcileAsLeader(ctx context.Context, st *leaderState) (time.Duration, error) {
 	now := s.opts.Clock.Now()
@@ -138,16 +140,20 @@ func (s *Server) reconcileAsLeader(ctx context.Context, st *leaderState) (time.D
 		}
 		st.applied, st.appliedAt = desired, now
 	}
+	next, err := s.publishSnapshotMetadata(ctx, &st.metadata, state, now)
+	if err != nil {
+		return 0, err
+	}
 
 	// Phase 2 of a rotation: the bundle with the next CA has been in the
 	// configurations long enough for the API server to trust it.
 	if state.Next != nil {
 		if wait := st.changedAt.Add(promoteAfter).Sub(now); wait > 0 {
-			return wait, nil
+			return min(wait, next), nil
 		}
 		state.Promote()
 		s.log.WithField("ca", state.Current.Cert.Subject.CommonName).Info("The new webhook CA now signs serving certificates")
 		return retryWait, pki.WriteCAState(ctx, s.secretsClient, secret, state)
 	}
-	return leaderResync, nil
+	return min(leaderResync, next), nil
 }

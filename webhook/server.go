@@ -60,6 +60,9 @@ type Options struct {
 	LeaseDuration time.Duration
 	// Clock is the wall clock; tests replace it.
 	Clock clock.Clock
+	// SnapshotMetadata, when set, has the leader keep the SnapshotMetadata
+	// sidecar's certificate and SnapshotMetadataService (snapshot_metadata.go).
+	SnapshotMetadata *SnapshotMetadataOptions
 }
 
 func (o Options) validate() error {
@@ -71,6 +74,8 @@ func (o Options) validate() error {
 			o.CARotateBefore, CAValidity/2)
 	case o.LeaseDuration < time.Second:
 		return fmt.Errorf("webhook: lease duration %s is shorter than 1s", o.LeaseDuration)
+	case o.SnapshotMetadata != nil:
+		return o.SnapshotMetadata.validate()
 	}
 	return nil
 }

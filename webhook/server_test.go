@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 
 	"github.com/strata-storage/strata/datastore/dstest"
 	"github.com/strata-storage/strata/internal/pki"
@@ -139,19 +140,19 @@ func TestLeaderAppliesConfigurations(t *testing.T) {
 					assert.Nil(t, c.cc.URL)
 					require.NotNil(t, c.cc.Service)
 					assert.Equal(t, admissionregistrationv1.ServiceReference{Namespace: ns, Name: ServiceName,
-						Path: &c.path, Port: ptr(int32(ServicePort))}, *c.cc.Service)
+						Path: &c.path, Port: ptr.To(int32(ServicePort))}, *c.cc.Service)
 				}
 			}
 			wantRules := []admissionregistrationv1.RuleWithOperations{
 				{Operations: []admissionregistrationv1.OperationType{"CREATE", "UPDATE"}, Rule: admissionregistrationv1.Rule{
 					APIGroups: []string{"strata.io"}, APIVersions: []string{"v1beta1"}, Resources: []string{"snapshots"},
-					Scope: ptr(admissionregistrationv1.NamespacedScope)}},
+					Scope: ptr.To(admissionregistrationv1.NamespacedScope)}},
 				{Operations: []admissionregistrationv1.OperationType{"CREATE", "UPDATE"}, Rule: admissionregistrationv1.Rule{
 					APIGroups: []string{"strata.io"}, APIVersions: []string{"v1beta1"}, Resources: []string{"volumeattachments"},
-					Scope: ptr(admissionregistrationv1.NamespacedScope)}},
+					Scope: ptr.To(admissionregistrationv1.NamespacedScope)}},
 				{Operations: []admissionregistrationv1.OperationType{"CREATE", "UPDATE"}, Rule: admissionregistrationv1.Rule{
 					APIGroups: []string{"strata.io"}, APIVersions: []string{"v1beta1"}, Resources: []string{"volumes"},
-					Scope: ptr(admissionregistrationv1.NamespacedScope)}},
+					Scope: ptr.To(admissionregistrationv1.NamespacedScope)}},
 			}
 			assert.Equal(t, wantRules, m.Rules)
 			// Deleting a volume is judged too (one a workload holds is
@@ -162,13 +163,13 @@ func TestLeaderAppliesConfigurations(t *testing.T) {
 			wantRules = append([]admissionregistrationv1.RuleWithOperations{{
 				Operations: []admissionregistrationv1.OperationType{"CREATE", "UPDATE", "DELETE"},
 				Rule: admissionregistrationv1.Rule{APIGroups: []string{"strata.io"}, APIVersions: []string{"v1beta1"},
-					Resources: []string{"backingimages"}, Scope: ptr(admissionregistrationv1.NamespacedScope)}}, {
+					Resources: []string{"backingimages"}, Scope: ptr.To(admissionregistrationv1.NamespacedScope)}}, {
 				Operations: []admissionregistrationv1.OperationType{"CREATE", "UPDATE"},
 				Rule: admissionregistrationv1.Rule{APIGroups: []string{"strata.io"}, APIVersions: []string{"v1beta1"},
-					Resources: []string{"recurringjobs"}, Scope: ptr(admissionregistrationv1.NamespacedScope)}}, {
+					Resources: []string{"recurringjobs"}, Scope: ptr.To(admissionregistrationv1.NamespacedScope)}}, {
 				Operations: []admissionregistrationv1.OperationType{"CREATE", "UPDATE"},
 				Rule: admissionregistrationv1.Rule{APIGroups: []string{"strata.io"}, APIVersions: []string{"v1beta1"},
-					Resources: []string{"resourcequotas"}, Scope: ptr(admissionregistrationv1.NamespacedScope)}}}, wantRules...)
+					Resources: []string{"resourcequotas"}, Scope: ptr.To(admissionregistrationv1.NamespacedScope)}}}, wantRules...)
 			// SnapshotGroups, VolumeGroupSnapshots and VolumeSnapshots are
 			// judged on creation only (a group's spec is immutable; the
 			// others against the snapshot quota); without KubeVirt and
@@ -177,7 +178,7 @@ func TestLeaderAppliesConfigurations(t *testing.T) {
 			createOnly := func(group, version, resource string) admissionregistrationv1.RuleWithOperations {
 				return admissionregistrationv1.RuleWithOperations{Operations: []admissionregistrationv1.OperationType{"CREATE"},
 					Rule: admissionregistrationv1.Rule{APIGroups: []string{group}, APIVersions: []string{version},
-						Resources: []string{resource}, Scope: ptr(admissionregistrationv1.NamespacedScope)}}
+						Resources: []string{resource}, Scope: ptr.To(admissionregistrationv1.NamespacedScope)}}
 			}
 			wantRules = slices.Concat(wantRules[:3], []admissionregistrationv1.RuleWithOperations{
 				createOnly("strata.io", "v1beta1", "snapshotgroups")}, wantRules[3:5], []admissionregistrationv1.RuleWithOperations{
@@ -203,8 +204,6 @@ func TestLeaderAppliesConfigurations(t *testing.T) {
 		})
 	}
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // The leader rotates the CA in two passes and keeps the old CA in the
 // configurations' bundle.
