@@ -8,6 +8,8 @@ require (
 	github.com/google/uuid v1.6.0
 	github.com/klauspost/compress v1.20.1
 	github.com/kubernetes-csi/csi-test/v5 v5.6.0
+	github.com/kubernetes-csi/external-snapshot-metadata v1.0.0
+	github.com/kubernetes-csi/external-snapshot-metadata/client v1.0.0
 	github.com/minio/minio-go/v7 v7.4.1
 	github.com/onsi/ginkgo/v2 v2.32.1
 	github.com/prometheus/client_golang v1.25.0
@@ -80,8 +82,7 @@ require (
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/klauspost/cpuid/v2 v2.4.0 // indirect
 	github.com/klauspost/crc32 v1.3.0 // indirect
-	github.com/kubernetes-csi/external-snapshot-metadata v1.0.0 // indirect
-	github.com/kubernetes-csi/external-snapshot-metadata/client v1.0.0 // indirect
+	github.com/kubernetes-csi/external-snapshotter/client/v8 v8.4.0 // indirect
 	github.com/kylelemons/godebug v1.1.0 // indirect
 	github.com/mattn/go-colorable v0.1.15 // indirect
 	github.com/mattn/go-isatty v0.0.22 // indirect
@@ -151,4 +152,8 @@ tool (
 	sigs.k8s.io/controller-tools/cmd/controller-gen
 )
 
+// external-snapshot-metadata v1.0.0 (its iterator: the backup-tool client
+// test/deployed drives the sidecar with) names its client module at v0.2.0,
+// which this machine's module proxy refuses; client v1.0.0 is served and
+// holds the same SnapshotMetadataService API.
 replace github.com/kubernetes-csi/external-snapshot-metadata/client => github.com/kubernetes-csi/external-snapshot-metadata/client v1.0.0

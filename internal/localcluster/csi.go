@@ -46,6 +46,12 @@ func (c *Cluster) CSIControllerKubeconfig() string {
 // plugin; scripts/build-tools.sh builds them on demand.
 var CSISidecars = []string{"csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter", "snapshot-controller"}
 
+// ChartSidecars are the upstream programs the chart runs, each in an image
+// of its own: CSISidecars and the SnapshotMetadata sidecar, which serves
+// backup tools over TLS with the certificate the managers issue into a
+// Secret (so it runs only where the chart mounts that Secret).
+var ChartSidecars = append(slices.Clone(CSISidecars), "csi-snapshot-metadata")
+
 // controllerSidecars talk to the controller plugin's socket. Each exits on
 // its first call after losing it (csi-lib-utils), which may come at any
 // later time; in a Pod the kubelet starts it again.

@@ -27,8 +27,7 @@ type ChartOptions struct {
 	// Image is the strata-manager image, repository:tag.
 	Image string
 	// SidecarImages are the upstream sidecars' images by program name
-	// (csi-provisioner, csi-attacher, csi-resizer, csi-snapshotter,
-	// snapshot-controller).
+	// (ChartSidecars).
 	SidecarImages map[string]string
 	// Values are more chart values, merged over the ones InstallChart sets.
 	Values map[string]any
@@ -38,6 +37,10 @@ type ChartOptions struct {
 
 // ChartRelease is the release name InstallChart uses by default.
 const ChartRelease = "strata"
+
+// ChartSnapshotMetadataPort is the chart's ports.snapshotMetadata default
+// (package/chart/strata/values.yaml).
+const ChartSnapshotMetadataPort = 9502
 
 // StrataDir is the node's hostDir in the chart: the instance manager's
 // state, TLS files, NBD socket and the CSI node plugin's state.
@@ -144,16 +147,31 @@ func (c *Cluster) chartValues(opts ChartOptions) ([]byte, error) {
 			"provisioner": sidecar("csi-provisioner"), "attacher": sidecar("csi-attacher"),
 			"resizer": sidecar("csi-resizer"), "snapshotter": sidecar("csi-snapshotter")}},
 		"snapshotController": map[string]any{"image": opts.SidecarImages["snapshot-controller"], "pullPolicy": "Never"},
+		// The CSI controller Pod is on the host network and no kube-proxy
+		// routes the Service: backup tools dial the sidecar's port on
+		// loopback, where every node of this host listens.
+		"snapshotMetadata": map[string]any{"image": opts.SidecarImages["csi-snapshot-metadata"],
+			"address": fmt.Sprintf("127.0.0.1:%d", snapshotMetadataPort(opts.Values))},
 	}
 	for k, v := range opts.Values {
 		values[k] = v
 	}
-	for _, name := range CSISidecars {
+	for _, name := range ChartSidecars {
 		if opts.SidecarImages[name] == "" {
 			return nil, fmt.Errorf("InstallChart: no image for %s", name)
 		}
 	}
 	return json.MarshalIndent(values, "", "  ")
+}
+
+// snapshotMetadataPort is the sidecar's port the values set, or the chart's default.
+func snapshotMetadataPort(values map[string]any) int {
+	if ports, ok := values["ports"].(map[string]any); ok {
+		if port, ok := ports["snapshotMetadata"].(int); ok {
+			return port
+		}
+	}
+	return ChartSnapshotMetadataPort
 }
 
 // prepareChartDirs makes the node's hostDir and disk directory shared

@@ -82,12 +82,12 @@ func StartChart(ctx context.Context, log logrus.FieldLogger, cluster *localclust
 // the local nodes: the pause and workload images, strata-manager's and the
 // upstream sidecars' (built from their Go modules by build-tools.sh).
 func BuildChartImages(ctx context.Context, log logrus.FieldLogger, managerBin string) ([]images.Image, error) {
-	binDir, err := localcluster.BuildTools(ctx, log, localcluster.CSISidecars...)
+	binDir, err := localcluster.BuildTools(ctx, log, localcluster.ChartSidecars...)
 	if err != nil {
 		return nil, err
 	}
 	sidecars := map[string]string{}
-	for _, name := range localcluster.CSISidecars {
+	for _, name := range localcluster.ChartSidecars {
 		sidecars[name] = filepath.Join(binDir, name)
 	}
 	return images.BuildAll(ctx, images.Options{ManagerBin: managerBin, Log: log, Sidecars: sidecars})
@@ -96,7 +96,7 @@ func BuildChartImages(ctx context.Context, log logrus.FieldLogger, managerBin st
 // ChartOptions are the chart's local values: the images built here.
 func ChartOptions(root string) localcluster.ChartOptions {
 	refs := map[string]string{}
-	for _, name := range localcluster.CSISidecars {
+	for _, name := range localcluster.ChartSidecars {
 		refs[name] = images.SidecarRef(name)
 	}
 	return localcluster.ChartOptions{RepoRoot: root, Namespace: systemNamespace, Image: images.StrataRef,
@@ -104,15 +104,16 @@ func ChartOptions(root string) localcluster.ChartOptions {
 }
 
 // ChartOptionsOnFreePorts is ChartOptions with the node ports (metrics,
-// API, webhook, instance manager) on free ports of their own: for a test or
-// bench cluster beside a make run that holds the chart's defaults.
+// API, webhook, instance manager, SnapshotMetadata sidecar) on free ports
+// of their own: for a test or bench cluster beside a make run that holds
+// the chart's defaults.
 func ChartOptionsOnFreePorts(root string) (localcluster.ChartOptions, error) {
-	ports, err := localcluster.FreePorts(4)
+	ports, err := localcluster.FreePorts(5)
 	if err != nil {
 		return localcluster.ChartOptions{}, err
 	}
 	opts := ChartOptions(root)
 	opts.Values = map[string]any{"ports": map[string]any{"metrics": ports[0], "api": ports[1], "webhook": ports[2],
-		"instanceManager": ports[3]}}
+		"instanceManager": ports[3], "snapshotMetadata": ports[4]}}
 	return opts, nil
 }

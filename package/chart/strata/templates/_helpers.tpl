@@ -156,3 +156,8 @@ securityContext:
   value: {{ required "kubernetesAPI.port: required with kubernetesAPI.host" $.Values.kubernetesAPI.port | quote }}
 {{- end }}
 {{- end }}
+
+{{- /* Where backup tools reach the SnapshotMetadata sidecar. */ -}}
+{{- define "strata.snapshotMetadataAddress" -}}
+{{- .Values.snapshotMetadata.address | default (printf "strata-snapshot-metadata.%s:443" .Release.Namespace) -}}
+{{- end -}}
