@@ -26,8 +26,9 @@ import (
 // data-plane credentials, and the manager reads the engine, attaching a
 // detached volume for the call. It authenticates with the plugin's own
 // ServiceAccount token and trusts Strata's CA (ConfigMap
-// strata-ca-bundle), both read at each call: the CA rotates and the token
-// file is refreshed.
+// strata-ca-bundle), both read for each stream: the CA rotates and the
+// token file is refreshed. A stream's pages share one client, so one TLS
+// handshake.
 type restBlocks struct {
 	kube      kubernetes.Interface
 	ds        *datastore.DataStore
@@ -35,15 +36,20 @@ type restBlocks struct {
 	namespace string
 }
 
+// restBlocksStream is one stream's client and the ready manager it asks.
+type restBlocksStream struct {
+	client *http.Client
+	addr   string
+}
+
 // maxBlocksReply bounds what one page's answer may hold: 100,000 extents
 // of JSON are far less.
 const maxBlocksReply = 32 << 20
 
-func (b *restBlocks) SnapshotBlocks(ctx context.Context, volume, snapshot, base string, from int64, max int) (csi.BlocksPage, error) {
-	client, addr, err := b.client(ctx)
-	if err != nil {
-		return csi.BlocksPage{}, err
-	}
+func (s *restBlocksStream) Close() { s.client.CloseIdleConnections() }
+
+func (s *restBlocksStream) SnapshotBlocks(ctx context.Context, volume, snapshot, base string, from int64, max int) (csi.BlocksPage, error) {
+	client, addr := s.client, s.addr
 	body, err := json.Marshal(map[string]any{"snapshot": snapshot, "base": base, "startingOffset": from, "maxResults": max})
 	if err != nil {
 		return csi.BlocksPage{}, err
@@ -83,24 +89,27 @@ func (b *restBlocks) SnapshotBlocks(ctx context.Context, volume, snapshot, base 
 	return csi.BlocksPage{VolumeSize: reply.VolumeSize, Extents: reply.Extents, Next: reply.Next}, nil
 }
 
-// client is an HTTP client for the API and a ready manager's address.
-func (b *restBlocks) client(ctx context.Context) (*http.Client, string, error) {
+// OpenBlocks makes an HTTP client for the API and picks a ready manager.
+func (b *restBlocks) OpenBlocks(ctx context.Context) (csi.BlocksReader, error) {
 	nodes, err := b.ds.Nodes.ListRO(labels.Everything())
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	addr := apiclient.ReadyAddress(nodes)
 	if addr == "" {
-		return nil, "", fmt.Errorf("no ready Strata node serves the API")
+		return nil, fmt.Errorf("no ready Strata node serves the API")
 	}
 	cm, err := b.kube.CoreV1().ConfigMaps(b.namespace).Get(ctx, webhook.CABundleConfigMap, metav1.GetOptions{})
 	if err != nil {
-		return nil, "", fmt.Errorf("reading Strata's CA bundle (ConfigMap %s/%s): %w", b.namespace, webhook.CABundleConfigMap, err)
+		return nil, fmt.Errorf("reading Strata's CA bundle (ConfigMap %s/%s): %w", b.namespace, webhook.CABundleConfigMap, err)
 	}
 	cfg, err := apiclient.Config(b.restCfg, []byte(cm.Data[webhook.CABundleKey]), "")
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	client, err := rest.HTTPClientFor(cfg)
-	return client, addr, err
+	if err != nil {
+		return nil, err
+	}
+	return &restBlocksStream{client: client, addr: addr}, nil
 }

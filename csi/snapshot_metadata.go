@@ -27,10 +27,17 @@ type BlocksPage struct {
 	Next *int64
 }
 
-// BlocksSource reads pages of a snapshot's blocks of volume, or with base
-// those written since base; at most maxResults extents a page.
+// BlocksSource opens a reader for one stream's pages: what it costs to
+// reach the source (a TLS handshake, the CA read) is paid once a stream.
 type BlocksSource interface {
+	OpenBlocks(ctx context.Context) (BlocksReader, error)
+}
+
+// BlocksReader reads pages of a snapshot's blocks of volume, or with base
+// those written since base; at most maxResults extents a page.
+type BlocksReader interface {
 	SnapshotBlocks(ctx context.Context, volume, snapshot, base string, startingOffset int64, maxResults int) (BlocksPage, error)
+	Close()
 }
 
 // Errors a BlocksSource returns for the caller's mistakes.
@@ -100,8 +107,13 @@ func (d *Driver) streamBlocks(ctx context.Context, snapshot, base string, starti
 				base, baseVolume, snapshot, volume)
 		}
 	}
+	reader, err := d.opts.Blocks.OpenBlocks(ctx)
+	if err != nil {
+		return blocksStatus(snapshot, err)
+	}
+	defer reader.Close()
 	for first, next := true, &startingOffset; next != nil; first = false {
-		page, err := d.opts.Blocks.SnapshotBlocks(ctx, volume, snapshot, base, *next, int(maxResults))
+		page, err := reader.SnapshotBlocks(ctx, volume, snapshot, base, *next, int(maxResults))
 		if err != nil {
 			return blocksStatus(snapshot, err)
 		}

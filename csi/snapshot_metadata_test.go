@@ -20,9 +20,13 @@ import (
 // fakeBlocks pages through fixed extents per (snapshot, base) as the REST
 // API does, and records the pages asked for.
 type fakeBlocks struct {
-	extents map[[2]string][]engineapi.BlockExtent
-	asked   []int64 // starting offsets
+	extents        map[[2]string][]engineapi.BlockExtent
+	asked          []int64 // starting offsets
+	opened, closed int
 }
+
+func (f *fakeBlocks) OpenBlocks(context.Context) (BlocksReader, error) { f.opened++; return f, nil }
+func (f *fakeBlocks) Close()                                           { f.closed++ }
 
 func (f *fakeBlocks) SnapshotBlocks(_ context.Context, volume, snapshot, base string, from int64, max int) (BlocksPage, error) {
 	f.asked = append(f.asked, from)
@@ -89,6 +93,7 @@ func TestSnapshotMetadata(t *testing.T) {
 		}
 	}
 	assert.Equal(t, [][2]int64{{0, 4096}, {1 << 20, 8192}, {5 << 20, 4096}}, got)
+	assert.Equal(t, [2]int{1, 1}, [2]int{src.opened, src.closed}, "one reader for the stream's pages, closed at its end")
 
 	delta := &sent[csi.GetMetadataDeltaResponse]{ctx: t.Context()}
 	require.NoError(t, d.GetMetadataDelta(&csi.GetMetadataDeltaRequest{BaseSnapshotId: "s1", TargetSnapshotId: "s2"}, delta))

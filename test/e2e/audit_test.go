@@ -73,6 +73,8 @@ var auditConfig = auditcheck.Config{
 			Reason: "as create tokenreviews"},
 		{Component: "strata-csi-controller", Verb: "get", Group: "snapshot.storage.k8s.io", Resource: "volumesnapshotclasses",
 			Reason: "as create tokenreviews"},
+		{Component: "strata-csi-controller", Verb: "get", Group: "cbt.storage.k8s.io", Resource: "snapshotmetadataservices",
+			Reason: "as create tokenreviews"},
 		{Component: "snapshot-controller", Verb: "patch", Resource: "events",
 			Reason: "client-go's event recorder patches an event that repeats (its count); none repeated in the suite"},
 	},
