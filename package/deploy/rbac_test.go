@@ -136,7 +136,8 @@ func TestChartRBACOptions(t *testing.T) {
 	role := rbacSummary(t, objs)["Role strata-system/strata-manager"]
 	var secrets []string
 	for _, g := range role {
-		if strings.HasPrefix(g, "/secrets[") && strings.HasSuffix(g, ": get") && !strings.Contains(g, "strata-webhook-ca") {
+		if strings.HasPrefix(g, "/secrets[") && strings.HasSuffix(g, ": get") && !strings.Contains(g, "strata-webhook-ca") &&
+			!strings.Contains(g, "strata-snapshot-metadata-tls") {
 			secrets = append(secrets, g)
 		}
 	}
@@ -149,6 +150,22 @@ func TestChartRBACOptions(t *testing.T) {
 	assert.Contains(t, manifests["ClusterRole /strata-manager"], "/users: impersonate")
 	_, given := flags(t, container(t, pods(t, tokensOnly)["strata-manager"], "manager"))
 	assert.Equal(t, []string{""}, given["api-client-ca-configmap"])
+
+	// Without the SnapshotMetadata sidecar: no container, no grants for
+	// it or for its certificate and CR, no manager flag.
+	noMetadata := parseObjects(t, renderChart(t, helm, "snapshotMetadata.enabled=false"))
+	summary = rbacSummary(t, noMetadata)
+	assert.NotContains(t, summary, "ClusterRole /strata-snapshot-metadata")
+	assert.NotContains(t, summary["Role strata-system/strata-manager"], "/secrets[strata-snapshot-metadata-tls]: get")
+	assert.NotContains(t, strings.Join(summary["ClusterRole /strata-manager"], " "), "snapshotmetadataservices")
+	_, given = flags(t, container(t, pods(t, noMetadata)["strata-manager"], "manager"))
+	assert.NotContains(t, given, "snapshot-metadata-address")
+	for _, c := range pods(t, noMetadata)["strata-csi-controller"].Containers {
+		assert.NotEqual(t, "csi-snapshot-metadata", c.Name)
+	}
+	_, given = flags(t, container(t, pods(t, parseObjects(t, renderChart(t, helm)))["strata-manager"], "manager"))
+	assert.Equal(t, []string{"strata-snapshot-metadata.strata-system:443"}, given["snapshot-metadata-address"],
+		"by default backup tools dial the Service")
 
 	bt := find(t, objs, "BackupTarget", "default")
 	assert.Contains(t, string(bt.json), `"credentialSecret":"s3-keys"`)

@@ -14,6 +14,32 @@ import (
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 
+// writeAroundTwoSnapshots has the Pod write its block claim at known
+// offsets around two snapshots, which snapshot takes: blocksOfTheFirst
+// before the first, blocksBetween before the second (one of them a
+// rewrite), and 4 KiB at 12 MiB after it, which only the head holds.
+func writeAroundTwoSnapshots(t *testing.T, podName string, snapshot func(name string), first, second string) {
+	t.Helper()
+	write := func(seekKiB, kib int) {
+		exec1(t, podName, "dd if=/dev/urandom of="+blockDevice+" bs=4k seek="+strconv.Itoa(seekKiB/4)+
+			" count="+strconv.Itoa(kib/4)+" oflag=direct conv=fsync,notrunc 2>/dev/null; echo done")
+	}
+	write(0, 1024)   // 1 MiB at 0
+	write(5*1024, 4) // 4 KiB at 5 MiB
+	snapshot(first)
+	write(5*1024, 4)  // rewritten
+	write(9*1024, 64) // 64 KiB at 9 MiB
+	snapshot(second)
+	write(12*1024, 4) // the head only
+}
+
+// The extents writeAroundTwoSnapshots writes: the first snapshot's, and
+// those written between the two.
+var (
+	blocksOfTheFirst = [][2]int64{{0, 1 << 20}, {5 << 20, 4096}}
+	blocksBetween    = [][2]int64{{5 << 20, 4096}, {9 << 20, 64 << 10}}
+)
+
 // Changed-block tracking through the REST API: a Pod writes a block claim
 // at known offsets around two snapshots. The allocated answer of the
 // first and the delta between them list exactly those blocks (a rewritten
@@ -26,18 +52,7 @@ func TestRESTSnapshotBlocks(t *testing.T) {
 	claimIn(t, podNamespace, "cbt", "16Mi", "volumeMode: Block")
 	podIn(t, podNamespace, "cbt-1", "127.0.0.2", "cbt", "exec sleep 3600", true)
 	volume := volumeOfClaim(t, "cbt")
-	write := func(seekKiB, kib int) {
-		exec1(t, "cbt-1", "dd if=/dev/urandom of="+blockDevice+" bs=4k seek="+strconv.Itoa(seekKiB/4)+" count="+strconv.Itoa(kib/4)+
-			" oflag=direct conv=fsync,notrunc 2>/dev/null; echo done")
-	}
-	snapshot := func(name string) { restSnapshot(t, admin, volume, name) }
-	write(0, 1024)   // 1 MiB at 0
-	write(5*1024, 4) // 4 KiB at 5 MiB
-	snapshot("cbt-s1")
-	write(5*1024, 4)  // rewritten
-	write(9*1024, 64) // 64 KiB at 9 MiB
-	snapshot("cbt-s2")
-	write(12*1024, 4) // the head only
+	writeAroundTwoSnapshots(t, "cbt-1", func(name string) { restSnapshot(t, admin, volume, name) }, "cbt-s1", "cbt-s2")
 
 	const mib = 1 << 20
 	extents := func(body map[string]any) [][2]int64 {
@@ -56,10 +71,9 @@ func TestRESTSnapshotBlocks(t *testing.T) {
 		return body
 	}
 	check := func(how string) { // while the Pod holds the volume
-		assert.Equal(t, [][2]int64{{0, mib}, {5 * mib, 4096}}, extents(ask(map[string]any{"snapshot": "cbt-s1"})),
-			"%s: the blocks of cbt-s1", how)
-		assert.Equal(t, [][2]int64{{5 * mib, 4096}, {9 * mib, 64 << 10}},
-			extents(ask(map[string]any{"snapshot": "cbt-s2", "base": "cbt-s1"})), "%s: written between cbt-s1 and cbt-s2", how)
+		assert.Equal(t, blocksOfTheFirst, extents(ask(map[string]any{"snapshot": "cbt-s1"})), "%s: the blocks of cbt-s1", how)
+		assert.Equal(t, blocksBetween, extents(ask(map[string]any{"snapshot": "cbt-s2", "base": "cbt-s1"})),
+			"%s: written between cbt-s1 and cbt-s2", how)
 		page := ask(map[string]any{"snapshot": "cbt-s2", "base": "cbt-s1", "maxResults": 1})
 		assert.Equal(t, [][2]int64{{5 * mib, 4096}}, extents(page), "%s: the first page", how)
 		require.EqualValues(t, 5*mib+4096, page["next"], "%s: the next page's start", how)
@@ -76,8 +90,8 @@ func TestRESTSnapshotBlocks(t *testing.T) {
 		return getVolume(t, volume).Status.State == v1beta1.VolumeStateDetached
 	}, 2*time.Minute, 250*time.Millisecond, "the volume is detached")
 	start := time.Now()
-	assert.Equal(t, [][2]int64{{5 * mib, 4096}, {9 * mib, 64 << 10}},
-		extents(ask(map[string]any{"snapshot": "cbt-s2", "base": "cbt-s1"})), "detached: written between cbt-s1 and cbt-s2")
+	assert.Equal(t, blocksBetween, extents(ask(map[string]any{"snapshot": "cbt-s2", "base": "cbt-s1"})),
+		"detached: written between cbt-s1 and cbt-s2")
 	t.Logf("the delta of a detached volume (attach without frontend, answer, detach) took %s", time.Since(start).Round(time.Millisecond))
 	require.Eventually(t, func() bool {
 		va, err := env.strata.StrataV1beta1().VolumeAttachments(ns).Get(context.Background(), volume, metav1.GetOptions{})

@@ -98,28 +98,16 @@ func TestSnapshotMetadataThroughTheSidecar(t *testing.T) {
 	backupTool(t, "cbt-backup")
 	claimIn(t, podNamespace, "cbt-md", "16Mi", "volumeMode: Block")
 	podIn(t, podNamespace, "cbt-md-1", "127.0.0.2", "cbt-md", "exec sleep 3600", true)
-	write := func(seekKiB, kib int) {
-		exec1(t, "cbt-md-1", "dd if=/dev/urandom of="+blockDevice+" bs=4k seek="+strconv.Itoa(seekKiB/4)+
-			" count="+strconv.Itoa(kib/4)+" oflag=direct conv=fsync,notrunc 2>/dev/null; echo done")
-	}
-	snapshot := func(name string) {
+	writeAroundTwoSnapshots(t, "cbt-md-1", func(name string) {
 		require.NoError(t, takeVolumeSnapshot(t, podNamespace, name, "cbt-md"))
 		waitVolumeSnapshotReady(t, podNamespace, name)
-	}
-	write(0, 1024)   // 1 MiB at 0
-	write(5*1024, 4) // 4 KiB at 5 MiB
-	snapshot("cbt-md-s1")
-	write(5*1024, 4)  // rewritten
-	write(9*1024, 64) // 64 KiB at 9 MiB
-	snapshot("cbt-md-s2")
-	write(12*1024, 4) // the head only
+	}, "cbt-md-s1", "cbt-md-s2")
 
-	const mib = 1 << 20
 	allocated := snapshotBlocks(t, "cbt-backup", "cbt-md-s1", "", 0)
-	assert.Equal(t, [][2]int64{{0, mib}, {5 * mib, 4096}}, allocated.extents, "the blocks of cbt-md-s1")
-	assert.EqualValues(t, 16*mib, allocated.capacity)
+	assert.Equal(t, blocksOfTheFirst, allocated.extents, "the blocks of cbt-md-s1")
+	assert.EqualValues(t, 16<<20, allocated.capacity)
 	delta := snapshotBlocks(t, "cbt-backup", "cbt-md-s2", "cbt-md-s1", 0)
-	assert.Equal(t, [][2]int64{{5 * mib, 4096}, {9 * mib, 64 << 10}}, delta.extents, "written between s1 and s2")
+	assert.Equal(t, blocksBetween, delta.extents, "written between s1 and s2")
 	paged := snapshotBlocks(t, "cbt-backup", "cbt-md-s2", "cbt-md-s1", 1)
 	assert.Equal(t, delta.extents, paged.extents, "one extent per message")
 	assert.Equal(t, 2, paged.records)

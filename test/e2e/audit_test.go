@@ -63,6 +63,8 @@ var auditConfig = auditcheck.Config{
 			Reason: "Kubernetes' extension-apiserver-authentication-reader Role grants it with list and watch; the client CA is watched, not got"},
 		{Component: "strata-manager", Verb: "patch", Resource: "secrets",
 			Reason: "the SnapshotMetadata sidecar's certificate (Secret strata-snapshot-metadata-tls): the sidecar runs in the chart only (test/deployed)"},
+		{Component: "strata-manager", Verb: "get", Resource: "secrets",
+			Reason: "strata-snapshot-metadata-tls, as patch secrets: a new webhook leader reads the sidecar's certificate (the other Secrets got by name are used)"},
 		{Component: "strata-manager", Verb: "create", Group: "cbt.storage.k8s.io", Resource: "snapshotmetadataservices",
 			Reason: "the SnapshotMetadataService is published where the chart runs the sidecar (test/deployed)"},
 		{Component: "strata-manager", Verb: "patch", Group: "cbt.storage.k8s.io", Resource: "snapshotmetadataservices",
