@@ -15,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/strata-storage/strata/engine/dataconn"
+	"github.com/strata-storage/strata/engine/replica"
 	"github.com/strata-storage/strata/engine/replicactl"
 	"github.com/strata-storage/strata/engine/replication"
 	"github.com/strata-storage/strata/engineapi"
@@ -393,7 +394,7 @@ func (s *Server) backup(ctx context.Context, inst *instance, eng *replication.En
 	}
 	in := backupstore.BackupInput{
 		Volume: req.Volume, Backup: req.Backup, Snapshot: req.Snapshot, Size: plan.volumeSize,
-		Source:  newLayerReader(ctx, srcs, plan.pieces),
+		Source:  newLayerReader(ctx, srcs, s.localLayers(eng, from), plan.pieces),
 		Changed: changedRanges(plan, baseSnap),
 		Base:    base, Labels: req.Labels, Concurrency: int(req.Concurrency),
 	}
@@ -508,18 +509,38 @@ func backingRanges(plan *snapshotPlan, chunkSize int64) []backupstore.Range {
 // layerReader reads a snapshot (or a layer) at any offset from the pieces
 // of a plan: what no piece covers is zero. It serves the backup's parallel
 // workers over a few connections; each read-layer is a barrier on its own
-// connection, so the connections are taken in turn.
+// connection, so the connections are taken in turn. A replica this process
+// serves (local) is read in place instead, in parallel and straight into
+// the caller's buffer.
 type layerReader struct {
 	ctx    context.Context
 	srcs   []*dataconn.Client
+	local  *replica.Replica
 	pieces []piece // sorted by offset, disjoint, each at most layerReadSize
 	next   atomic.Uint32
 }
 
-func newLayerReader(ctx context.Context, srcs []*dataconn.Client, pieces []piece) *layerReader {
+func newLayerReader(ctx context.Context, srcs []*dataconn.Client, local *replica.Replica, pieces []piece) *layerReader {
 	sorted := slices.Clone(pieces)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].off < sorted[j].off })
-	return &layerReader{ctx: ctx, srcs: srcs, pieces: sorted}
+	return &layerReader{ctx: ctx, srcs: srcs, local: local, pieces: sorted}
+}
+
+// readPiece reads stop-start bytes of a layer at start into p.
+func (r *layerReader) readPiece(layer string, p []byte, start int64) error {
+	if r.local != nil {
+		_, err := r.local.ReadLayer(layer, p, start)
+		return err
+	}
+	src := r.srcs[int(r.next.Add(1))%len(r.srcs)]
+	var data dataconn.Raw
+	err := src.Control(r.ctx, replicactl.ReadLayer,
+		replicactl.ReadLayerArgs{Layer: layer, Offset: start, Length: int64(len(p)), Raw: true}, &data)
+	if err == nil && len(data) != len(p) {
+		err = fmt.Errorf("read-layer returned %d bytes, asked for %d", len(data), len(p))
+	}
+	copy(p, data)
+	return err
 }
 
 func (r *layerReader) ReadAt(p []byte, off int64) (int, error) {
@@ -531,17 +552,9 @@ func (r *layerReader) ReadAt(p []byte, off int64) (int, error) {
 		start, stop := max(off, pc.off), min(end, pc.off+pc.length)
 		clear(p[filled-off : start-off])
 		filled = stop
-		src := r.srcs[int(r.next.Add(1))%len(r.srcs)]
-		var data dataconn.Raw
-		err := src.Control(r.ctx, replicactl.ReadLayer,
-			replicactl.ReadLayerArgs{Layer: pc.layer, Offset: start, Length: stop - start, Raw: true}, &data)
-		if err == nil && int64(len(data)) != stop-start {
-			err = fmt.Errorf("read-layer returned %d bytes, asked for %d", len(data), stop-start)
-		}
-		if err != nil {
+		if err := r.readPiece(pc.layer, p[start-off:stop-off], start); err != nil {
 			return 0, fmt.Errorf("reading layer %s at %d: %w", pc.layer, start, err)
 		}
-		copy(p[start-off:], data)
 	}
 	clear(p[filled-off:])
 	return len(p), nil

@@ -310,3 +310,49 @@ func TestBackupRestoreS3(t *testing.T) {
 	assert.Equal(t, engineapi.JobStateError, st.State)
 	assert.True(t, strings.Contains(st.Error, "b2"), st.Error)
 }
+
+// A backup reads the replica this instance manager serves, in process,
+// whatever its name sorts as; an engine whose replicas all live elsewhere
+// is read over a data connection. Both backups restore to the snapshot's
+// bytes.
+func TestBackupReadsItsOwnReplicaInProcess(t *testing.T) {
+	ctx := context.Background()
+	im, other := newTestIM(t, Options{}), newTestIM(t, Options{})
+	w := im.watch(t)
+	target := fileTarget(t.TempDir())
+	rng := rand.New(rand.NewSource(11))
+	replicaOn := func(at *testIM, name string) string {
+		r, err := at.c.InstanceCreate(ctx, replicaReq(name, at.replicaDir(name), backupVolSize))
+		require.NoError(t, err)
+		return r.Address
+	}
+	volumes := []struct {
+		engine      string
+		replicas    map[string]string
+		wantReplica string
+	}{
+		{"near-e", map[string]string{"a-far": replicaOn(other, "a-far"), "z-near": replicaOn(im, "z-near")}, "z-near"},
+		{"far-e", map[string]string{"far-r": replicaOn(other, "far-r")}, "far-r"},
+	}
+	for _, v := range volumes {
+		_, err := im.c.InstanceCreate(ctx, engineReq(v.engine, backupVolSize, v.replicas))
+		require.NoError(t, err)
+		eng := im.engine(t, v.engine)
+		writeRandom(t, eng, rng, 0, 2*mib)
+		writeRandom(t, eng, rng, 6*mib+4096, 8192)
+		_, err = im.c.SnapshotCreate(ctx, v.engine, "s1", true, nil)
+		require.NoError(t, err)
+		want := readAt(t, eng, 0, backupVolSize)
+
+		st := im.backupAndWait(t, w, engineapi.SnapshotBackupArgs{Engine: v.engine, Snapshot: "s1", Backup: v.engine + "-b",
+			Volume: v.engine, Target: target})
+		require.Equal(t, engineapi.JobStateCompleted, st.State, st.Error)
+		assert.Equal(t, v.wantReplica, st.Replica, "%s: the replica read", v.engine)
+
+		dst := im.newVolume(t, "restore-"+v.engine, backupVolSize, 1, "")
+		rs := im.restoreAndWait(t, w, engineapi.BackupRestoreArgs{Engine: "restore-" + v.engine + "-e",
+			Backup: v.engine + "-b", Volume: v.engine, Target: target})
+		require.Equal(t, engineapi.JobStateCompleted, rs.State, rs.Error)
+		assert.True(t, equalBytes(want, readAt(t, dst, 0, backupVolSize)), "%s: the restore reads as s1", v.engine)
+	}
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/strata-storage/strata/engine/blockdev"
 	"github.com/strata-storage/strata/engine/dataconn"
+	"github.com/strata-storage/strata/engine/replica"
 	"github.com/strata-storage/strata/engine/replicactl"
 	"github.com/strata-storage/strata/engine/replication"
 	"github.com/strata-storage/strata/engineapi"
@@ -98,11 +99,43 @@ func closeAll(srcs []*dataconn.Client) {
 	}
 }
 
-// dialEngineReplica connects to one RW replica of an engine, trying them
-// in name order.
+// ownReplica is the replica this process serves at address, nil if none.
+func (s *Server) ownReplica(address string) *replica.Replica {
+	if v, ok := s.ownData.Load(address); ok {
+		return v.(*replica.Replica)
+	}
+	return nil
+}
+
+// localLayers is the replica named of eng when this process serves it, so
+// its layers are read in process rather than over a connection to
+// ourselves (three copies of every byte fewer); nil otherwise.
+func (s *Server) localLayers(eng *replication.Engine, name string) *replica.Replica {
+	for _, r := range eng.Replicas() {
+		if r.Name == name {
+			return s.ownReplica(r.Address)
+		}
+	}
+	return nil
+}
+
+// dialEngineReplica connects to one RW replica of an engine, trying one
+// this process serves first (its layers can be read in process:
+// localLayers), then the others in name order.
 func (s *Server) dialEngineReplica(ctx context.Context, eng *replication.Engine) ([]*dataconn.Client, string, error) {
 	var errs []error
-	for _, r := range eng.Replicas() {
+	replicas := eng.Replicas()
+	slices.SortStableFunc(replicas, func(a, b replication.ReplicaStatus) int {
+		aOwn, bOwn := s.ownReplica(a.Address) != nil, s.ownReplica(b.Address) != nil
+		switch {
+		case aOwn == bOwn:
+			return 0
+		case aOwn:
+			return -1
+		}
+		return 1
+	})
+	for _, r := range replicas {
 		if r.Mode != replication.ModeRW {
 			continue
 		}

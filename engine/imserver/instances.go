@@ -204,7 +204,7 @@ func (s *Server) startReplica(inst *instance, reopen bool) error {
 	srv := dataconn.NewServer(inst.handler, log, s.dataServerOptions()...)
 	inst.dcServer = srv
 	inst.address = l.Addr().String()
-	s.ownData.Store(inst.address, true)
+	s.ownData.Store(inst.address, rep)
 	// The goroutine keeps its own reference: a failed create clears
 	// inst.dcServer (stopLocked) before the goroutine may have run.
 	go func() {

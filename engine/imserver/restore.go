@@ -170,12 +170,12 @@ func (s *Server) restore(ctx context.Context, inst *instance, eng *replication.E
 		if req.Backing {
 			// The zeroing hid the image too: its chunks are copied from a
 			// replica's own backing file instead.
-			srcs, _, err := s.dialEngineReplica(ctx, eng)
+			srcs, from, err := s.dialEngineReplica(ctx, eng)
 			if err != nil {
 				return fmt.Errorf("reading the backing file: %w", err)
 			}
 			defer closeAll(srcs)
-			backing = newLayerReader(ctx, srcs, layerPieces(replicactl.BackingName, eng.Size()))
+			backing = newLayerReader(ctx, srcs, s.localLayers(eng, from), layerPieces(replicactl.BackingName, eng.Size()))
 			opts.BackingAlreadyThere, opts.WriteZeroes = false, false
 		}
 	}

@@ -95,8 +95,8 @@ type Server struct {
 	// export is named after the volume, so during a live migration only
 	// one of two engines of a volume on this node may have the frontend.
 	exports map[string]string
-	// ownData holds the data addresses of the replicas this process
-	// serves (see dataOptions).
+	// ownData maps the data address of each replica this process serves
+	// to it (*replica.Replica; see dataOptions and ownReplica).
 	ownData sync.Map
 
 	// frozen holds the engines frozen for a group cut, by name, so a thaw
