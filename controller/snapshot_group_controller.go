@@ -233,6 +233,17 @@ func (c *SnapshotGroupController) rollBack(ctx context.Context, g *v1beta1.Snaps
 	for _, m := range g.Status.Snapshots {
 		errs = append(errs, c.removeMemberSnapshot(ctx, g, m))
 	}
+	if errors.Join(errs...) == nil {
+		// The engine monitor may have given what the cut took its CR,
+		// labelled with the group: deleting it now (which purges the
+		// removed snapshot) keeps the group's members the finished cut's,
+		// rather than until a later purge takes it out of the chain.
+		for _, m := range g.Status.Snapshots {
+			if err := c.ds.Snapshots.Delete(ctx, m.Snapshot); err != nil && !apierrors.IsNotFound(err) {
+				errs = append(errs, err)
+			}
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		g.Status.Error = "rolling back a cut that did not finish: " + err.Error()
 		return fmt.Errorf("group snapshot %s: rolling back cut %d: %w", g.Name, g.Status.Attempt, err)

@@ -11,6 +11,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	k8stypes "k8s.io/apimachinery/pkg/types"
@@ -168,6 +169,10 @@ func TestSnapshotGroupControllerAgainstRealInstanceManager(t *testing.T) {
 		assert.Equal(t, int32(2), g.Status.Attempt)
 		assert.Equal(t, []v1beta1.SnapshotGroupMember{{Volume: "v1", Snapshot: "half-v1-2"}, {Volume: "v2", Snapshot: "half-v2-2"}}, g.Status.Snapshots)
 		assert.True(t, r.engineChain("v1")["half-v1"], "the half cut's snapshot is removed")
+		require.Eventually(t, func() bool {
+			s, err := r.env.Strata.StrataV1beta1().Snapshots(testNS).Get(r.ctx, "half-v1", metav1.GetOptions{})
+			return apierrors.IsNotFound(err) || (err == nil && s.DeletionTimestamp != nil)
+		}, 10*time.Second, 10*time.Millisecond, "the half cut's Snapshot CR is deleted with it")
 		assert.False(t, r.engineChain("v1")["half-v1-2"])
 		assert.False(t, r.engineChain("v2")["half-v2-2"])
 	})

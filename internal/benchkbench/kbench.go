@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/strata-storage/strata/internal/localcluster"
@@ -34,6 +35,10 @@ type config struct {
 	fileSize   string
 	out        string
 	only       string
+	// fioCPU and imCPU are CPU requests (Kubernetes quantities) for the
+	// fio Pods and the instance managers; empty: none for fio (BestEffort,
+	// as kbench runs it) and the chart's for the instance managers.
+	fioCPU, imCPU string
 }
 
 // Main runs the benchmark and prints the table; its exit status is 0
@@ -45,7 +50,15 @@ func Main() {
 	flag.StringVar(&cfg.fileSize, "size", "512M", "fio's file or device span per target (claims are twice as large)")
 	flag.StringVar(&cfg.out, "out", "", "also write the Markdown table to this file")
 	flag.StringVar(&cfg.only, "only", "", "comma-separated target names to run (default all; the baseline always runs)")
+	flag.StringVar(&cfg.fioCPU, "fio-cpu", "", "CPU request of the fio Pods, e.g. 500m (default none: BestEffort)")
+	flag.StringVar(&cfg.imCPU, "im-cpu", "", "CPU request of the instance-manager Pods (default the chart's)")
 	flag.Parse()
+	for name, q := range map[string]string{"-fio-cpu": cfg.fioCPU, "-im-cpu": cfg.imCPU} {
+		if _, err := resource.ParseQuantity(q); q != "" && err != nil {
+			fmt.Fprintf(os.Stderr, "%s %q: %v\n", name, q, err)
+			os.Exit(2)
+		}
+	}
 	log := logrus.New()
 	// Ctrl-C or a kill ends the run through its cleanups: the cluster's
 	// processes, mounts and loop devices outlive a process that just dies.
@@ -104,6 +117,9 @@ func run(ctx context.Context, log *logrus.Logger, cfg config) error {
 	chart, err := runlocal.ChartOptionsOnFreePorts(root)
 	if err != nil {
 		return err
+	}
+	if cfg.imCPU != "" {
+		chart.Values["instanceManager"] = map[string]any{"resources": map[string]any{"requests": map[string]any{"cpu": cfg.imCPU}}}
 	}
 	if err := runlocal.StartChart(ctx, log, cluster, cfg.managerBin, localcluster.DefaultNodeNames, chart); err != nil {
 		return err

@@ -122,6 +122,9 @@ func (b *bench) fioPod(ctx context.Context, name string, vol corev1.Volume, bloc
 		c.VolumeMounts = []corev1.VolumeMount{{Name: vol.Name, MountPath: "/data"}}
 	}
 	c.Args = fioArgs(target, b.cfg.fileSize, b.cfg.runtime)
+	if b.cfg.fioCPU != "" {
+		c.Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(b.cfg.fioCPU)}
+	}
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "fio-" + name, Namespace: benchNamespace},
 		Spec: corev1.PodSpec{NodeName: b.node, RestartPolicy: corev1.RestartPolicyNever,
 			Containers: []corev1.Container{c}, Volumes: []corev1.Volume{vol}}}
