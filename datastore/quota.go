@@ -1,6 +1,7 @@
 package datastore
 
 import (
+	"context"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
@@ -34,14 +35,21 @@ func (ds *DataStore) RemovedBytesOf(volumes []string) int64 {
 // HeadBytes is what a snapshot of the volume would hold if taken now: the
 // allocated size of its live head, as the engine last reported it (the
 // data plane refreshes it every few seconds while writes go on, and the
-// figure stays while the volume is detached).
-func (ds *DataStore) HeadBytes(volume string) int64 {
+// figure stays while the volume is detached). Each engine is read from the
+// API server, not this manager's cache: admission charges a snapshot asked
+// for right after writes, and the cache may not hold the report of them
+// yet (seen under load in the end-to-end suite). A failed read falls back
+// to the cached engine.
+func (ds *DataStore) HeadBytes(ctx context.Context, volume string) int64 {
 	engines, err := ds.Engines.ListByIndexRO(IndexByVolume, volume)
 	if err != nil {
 		return 0
 	}
 	var most int64
 	for _, e := range engines {
+		if live, err := ds.Engines.GetLive(ctx, e.Name); err == nil {
+			e = live
+		}
 		if head := e.Status.Snapshots[types.VolumeHeadName]; head != nil && head.Size > most {
 			most = head.Size
 		}

@@ -11,9 +11,11 @@
 package snapshotquota
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
@@ -46,15 +48,21 @@ func NewChecker(ds *datastore.DataStore) *Checker { return &Checker{ds: ds} }
 
 // Check returns a PolicyError when the charge would take a VM or the
 // namespace over its quota. Absent or zero quotas are unlimited.
+// headReadTimeout bounds the live reads of the charged volumes' engines,
+// well inside the webhook's 5 s.
+const headReadTimeout = 2 * time.Second
+
 func (c *Checker) Check(ch Charge) error {
 	rq, ok := c.ds.NamespaceQuota(ch.Namespace)
 	if !ok {
 		return nil
 	}
 	limits := rq.Spec.SnapshotLimit
+	ctx, cancel := context.WithTimeout(context.Background(), headReadTimeout)
+	defer cancel()
 	heads := map[string]int64{}
 	for _, v := range ch.Volumes {
-		heads[v] = c.ds.HeadBytes(v)
+		heads[v] = c.ds.HeadBytes(ctx, v)
 	}
 	for _, vm := range c.vmsOf(ch) {
 		quota, ok := limits.VMTotalSnapshotSizeQuota[vm]
