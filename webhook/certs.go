@@ -139,7 +139,7 @@ func (s *ServingCerts) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, e
 // there is none yet, it was signed by another CA, or it is due for renewal.
 func (s *ServingCerts) Refresh(state *pki.CAState) (bool, error) {
 	now := s.clock.Now()
-	if c := s.cur.Load(); c != nil && c.issuer.Equal(state.Current.Cert) && now.Before(c.renewAt) {
+	if c := s.cur.Load(); c != nil && !c.due(state, nil, now) {
 		return false, nil
 	}
 	c, err := issueServing(state.Current, ServiceName, s.hosts, now)

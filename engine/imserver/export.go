@@ -125,16 +125,13 @@ func (s *Server) localLayers(eng *replication.Engine, name string) *replica.Repl
 func (s *Server) dialEngineReplica(ctx context.Context, eng *replication.Engine) ([]*dataconn.Client, string, error) {
 	var errs []error
 	replicas := eng.Replicas()
-	slices.SortStableFunc(replicas, func(a, b replication.ReplicaStatus) int {
-		aOwn, bOwn := s.ownReplica(a.Address) != nil, s.ownReplica(b.Address) != nil
-		switch {
-		case aOwn == bOwn:
+	rank := func(r replication.ReplicaStatus) int { // ours first
+		if s.ownReplica(r.Address) != nil {
 			return 0
-		case aOwn:
-			return -1
 		}
 		return 1
-	})
+	}
+	slices.SortStableFunc(replicas, func(a, b replication.ReplicaStatus) int { return cmp.Compare(rank(a), rank(b)) })
 	for _, r := range replicas {
 		if r.Mode != replication.ModeRW {
 			continue
