@@ -236,15 +236,21 @@ func (c *FileLoop) loopsIn(all map[string]string, volumeID string) (live string,
 		c.log.WithField("record", c.recordFile(volumeID)).Warn("nbddev: ignoring an unreadable loop record")
 		return "", stale, nil
 	}
-	for backing, dev := range all {
-		// A live file of another volume is never this one's stale loop,
-		// even if the numbers of a freed mount were given out again.
-		if dev != device || strings.HasPrefix(backing, c.fileDir+"/") {
-			continue
-		}
-		if id, err := loopFileID(dev); err == nil && id == want {
-			return "", staleLoop{device: dev, backing: backing}, nil
-		}
+	// The recorded device is asked directly, not looked up in all: the
+	// files of every instance manager killed on this node read "/disk"
+	// once their mounts are gone, so by backing file one would hide the
+	// others, and their devices would be left bound.
+	backing, bound, err := loopBacking(device)
+	if err != nil || !bound {
+		return "", stale, err
+	}
+	// A live file of another volume is never this one's stale loop, even
+	// if the numbers of a freed mount were given out again.
+	if strings.HasPrefix(backing, c.fileDir+"/") {
+		return "", stale, nil
+	}
+	if id, err := loopFileID(device); err == nil && id == want {
+		return "", staleLoop{device: device, backing: backing}, nil
 	}
 	return "", stale, nil
 }

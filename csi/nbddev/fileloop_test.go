@@ -5,6 +5,8 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"sort"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -164,7 +166,76 @@ func TestFileLoopReplacesADeadConnection(t *testing.T) {
 	connected, err = c.Connected()
 	require.NoError(t, err)
 	assert.Empty(t, connected)
-	loops, err := loopBackingFiles()
+	// Its own devices only: other packages' clusters, tested at the same
+	// time, have loop devices on dead files of their own.
+	loops, err := loopDevicesOn(c.fileDir, map[string]string{"first": device, "second": again})
 	require.NoError(t, err)
-	assert.NotContains(t, loops, "/disk", "no loop device is left on a dead file")
+	assert.Empty(t, loops, "no loop device is left on a dead file")
+}
+
+// An instance manager killed with several volumes on it leaves each loop
+// device on a file that reads "/disk" alike: each volume still finds its
+// own, so Connect replaces and Disconnect detaches every one of them.
+func TestFileLoopTellsApartTheDeadFilesOfSeveralVolumes(t *testing.T) {
+	requireSystem(t)
+	c := newTestFileLoop(t)
+	ctx := context.Background()
+	volumes := []string{"vol-d", "vol-e", "vol-f"}
+	devs := map[string]blockdev.Device{}
+	servers := map[string]*fusefile.Server{}
+	first := map[string]string{}
+	for _, v := range volumes {
+		devs[v] = blockdev.NewMem(testExportSize)
+		servers[v] = serveFile(t, c.fileDir, v, devs[v])
+		device, err := c.Connect(ctx, v, localEndpoint(v))
+		require.NoError(t, err)
+		first[v] = device
+	}
+	for _, v := range volumes { // the instance manager is killed
+		require.NoError(t, servers[v].Close())
+		require.NoError(t, fusefile.CleanStale(filepath.Join(c.fileDir, v)))
+	}
+	for _, v := range volumes {
+		d, ok, err := c.Device(v)
+		require.NoError(t, err)
+		require.True(t, ok, "%s still has its dead device", v)
+		assert.Equal(t, first[v], d, "%s's device is its own, not another volume's", v)
+	}
+
+	for _, v := range volumes[:2] { // restarted: two are staged again
+		serveFile(t, c.fileDir, v, devs[v])
+		again, err := c.Connect(ctx, v, localEndpoint(v))
+		require.NoError(t, err)
+		require.NoError(t, probeDevice(again, c.probeTimeout), "%s's new device answers", v)
+	}
+	loops, err := loopDevicesOn(c.fileDir, first)
+	require.NoError(t, err)
+	assert.Equal(t, []string{first["vol-f"]}, loops, "only the unstaged volume's dead device is left")
+
+	for _, v := range volumes {
+		require.NoError(t, c.Disconnect(ctx, v))
+	}
+	connected, err := c.Connected()
+	require.NoError(t, err)
+	assert.Empty(t, connected)
+	loops, err = loopDevicesOn(c.fileDir, first)
+	require.NoError(t, err)
+	assert.Empty(t, loops, "no loop device is left on a dead file")
+}
+
+// loopDevicesOn lists which of devices are still bound to a gone file (one
+// that is not under fileDir), sorted.
+func loopDevicesOn(fileDir string, devices map[string]string) ([]string, error) {
+	var out []string
+	for _, d := range devices {
+		backing, bound, err := loopBacking(d)
+		if err != nil {
+			return nil, err
+		}
+		if bound && !strings.HasPrefix(backing, fileDir+"/") {
+			out = append(out, d)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
 }

@@ -18,7 +18,9 @@ const sysBlock = "/sys/block"
 
 // loopBackingFiles maps the backing file of every bound loop device to the
 // device ("/dev/loopN"). sysfs is the record that survives us: a loop device
-// stays bound after the process that set it up is gone.
+// stays bound after the process that set it up is gone. Files that are gone
+// can share a name (every dead FUSE export reads "/disk"): this map is for
+// finding the device of a live file; ask a device with loopBacking.
 func loopBackingFiles() (map[string]string, error) {
 	paths, err := filepath.Glob(filepath.Join(sysBlock, "loop*", "loop", "backing_file"))
 	if err != nil {
@@ -26,20 +28,27 @@ func loopBackingFiles() (map[string]string, error) {
 	}
 	loops := map[string]string{}
 	for _, p := range paths {
-		backing, ok, err := readSysfs(p)
+		dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(p)))
+		backing, bound, err := loopBacking(dev)
 		if err != nil {
 			return nil, err
 		}
-		if !ok || backing == "" {
-			continue // detached meanwhile
+		if bound {
+			loops[backing] = dev
 		}
-		// The kernel appends " (deleted)" when the file was unlinked; the
-		// device still belongs to that path as far as we are concerned.
-		backing = strings.TrimSuffix(backing, " (deleted)")
-		dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(p)))
-		loops[backing] = dev
 	}
 	return loops, nil
+}
+
+// loopBacking is the file device ("/dev/loopN") is bound to, if it is.
+func loopBacking(device string) (string, bool, error) {
+	backing, ok, err := readSysfs(filepath.Join(sysBlock, filepath.Base(device), "loop", "backing_file"))
+	if err != nil || !ok || backing == "" {
+		return "", false, err // unbound, or detached meanwhile
+	}
+	// The kernel appends " (deleted)" when the file was unlinked; the
+	// device still belongs to that path as far as we are concerned.
+	return strings.TrimSuffix(backing, " (deleted)"), true, nil
 }
 
 // loopDeviceFor returns the loop device whose backing file is file, if any.
@@ -111,10 +120,9 @@ func detachLoop(ctx context.Context, volumeID, device, file string) error {
 	if _, err := run(ctx, "losetup", "--detach", device); err != nil {
 		return fmt.Errorf("volume %s: %w", volumeID, err)
 	}
-	sysFile := filepath.Join(sysBlock, filepath.Base(device), "loop", "backing_file")
 	gone := waitFor(5*time.Second, func() bool {
-		backing, ok, err := readSysfs(sysFile)
-		return err == nil && (!ok || strings.TrimSuffix(backing, " (deleted)") != file)
+		backing, bound, err := loopBacking(device)
+		return err == nil && (!bound || backing != file)
 	})
 	if !gone {
 		return fmt.Errorf("volume %s: device %s is still open by some process; it will detach on last close (autoclear), retry then", volumeID, device)
