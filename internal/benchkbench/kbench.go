@@ -159,6 +159,7 @@ func (b *bench) measureAll(ctx context.Context) ([]target, error) {
 		{"raw NBD, 1 replica", func(ctx context.Context) (figures, error) { return b.rawNBD(ctx, 1) }},
 		{"ext4, 1 replica", func(ctx context.Context) (figures, error) { return b.claim(ctx, 1, false) }},
 		{"block, 1 replica", func(ctx context.Context) (figures, error) { return b.claim(ctx, 1, true) }},
+		{"ext4 from the host, 1 replica", func(ctx context.Context) (figures, error) { return b.ext4FromHost(ctx, 1) }},
 		{"raw NBD, 3 replicas", func(ctx context.Context) (figures, error) { return b.rawNBD(ctx, 3) }},
 		{"ext4, 3 replicas", func(ctx context.Context) (figures, error) { return b.claim(ctx, 3, false) }},
 		{"block, 3 replicas", func(ctx context.Context) (figures, error) { return b.claim(ctx, 3, true) }},

@@ -83,9 +83,66 @@ func (b *bench) localPath(ctx context.Context) (figures, error) {
 
 // claim runs fio in a Pod on a new Strata claim, then deletes both.
 func (b *bench) claim(ctx context.Context, replicas int, block bool) (figures, error) {
-	size, err := b.claimSize()
+	name, vol, done, err := b.newClaim(ctx, replicas, block)
 	if err != nil {
 		return figures{}, err
+	}
+	defer done()
+	return b.fioPod(ctx, name, vol, block)
+}
+
+// ext4FromHost runs fio on the host, on the mount of a new ext4 claim that
+// a Pod holds: the same node path as "ext4, N replicas" without the Pod's
+// cgroup and mount namespace, so the two columns show what the Pod costs.
+func (b *bench) ext4FromHost(ctx context.Context, replicas int) (figures, error) {
+	name, vol, done, err := b.newClaim(ctx, replicas, false)
+	if err != nil {
+		return figures{}, err
+	}
+	defer done()
+	c := corev1.Container{Name: "hold", Image: images.WorkloadRef, ImagePullPolicy: corev1.PullNever,
+		Command: []string{"sleep", "3600"}, VolumeMounts: []corev1.VolumeMount{{Name: vol.Name, MountPath: "/data"}}}
+	pod, stop, err := b.startPod(ctx, "hold-"+name, c, vol)
+	if err != nil {
+		return figures{}, err
+	}
+	defer stop()
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, podTimeout, true, func(ctx context.Context) (bool, error) {
+		p, err := b.kube.CoreV1().Pods(benchNamespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		pod = p
+		return p.Status.Phase == corev1.PodRunning, nil
+	}); err != nil {
+		return figures{}, fmt.Errorf("pod %s: %w", pod.Name, err)
+	}
+	claim, err := b.kube.CoreV1().PersistentVolumeClaims(benchNamespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return figures{}, err
+	}
+	var kubeletRoot string
+	for _, n := range b.cluster.Nodes() {
+		if n.Name == b.node {
+			kubeletRoot = n.KubeletRoot()
+		}
+	}
+	mount := filepath.Join(kubeletRoot, "pods", string(pod.UID), "volumes",
+		"kubernetes.io~csi", claim.Spec.VolumeName, "mount")
+	out, err := exec.CommandContext(ctx, "fio", fioArgs([]string{"--ioengine=libaio", "--filename=" + filepath.Join(mount, "fio.dat")},
+		b.cfg.fileSize, b.cfg.runtime)...).CombinedOutput()
+	if err != nil {
+		return figures{}, fmt.Errorf("fio on %s: %w: %s", mount, err, truncate(out, 2000))
+	}
+	return parseFio(out)
+}
+
+// newClaim makes a Strata claim of the suite's size and returns its name,
+// a Pod volume for it, and a func that deletes it and waits until it is gone.
+func (b *bench) newClaim(ctx context.Context, replicas int, block bool) (string, corev1.Volume, func(), error) {
+	size, err := b.claimSize()
+	if err != nil {
+		return "", corev1.Volume{}, nil, err
 	}
 	mode, kind := corev1.PersistentVolumeFilesystem, "fs"
 	if block {
@@ -99,15 +156,32 @@ func (b *bench) claim(ctx context.Context, replicas int, block bool) (figures, e
 			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: size}}}}
 	claims := b.kube.CoreV1().PersistentVolumeClaims(benchNamespace)
 	if _, err := claims.Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
-		return figures{}, err
+		return "", corev1.Volume{}, nil, err
 	}
-	defer func() {
+	done := func() {
 		_ = claims.Delete(context.Background(), name, metav1.DeleteOptions{})
 		b.waitGone(func(ctx context.Context) error { _, err := claims.Get(ctx, name, metav1.GetOptions{}); return err })
-	}()
+	}
 	vol := corev1.Volume{Name: "data", VolumeSource: corev1.VolumeSource{
 		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: name}}}
-	return b.fioPod(ctx, name, vol, block)
+	return name, vol, done, nil
+}
+
+// startPod creates a Pod of container c with vol on b.node, and returns
+// it with a func that deletes it and waits until it is gone.
+func (b *bench) startPod(ctx context.Context, name string, c corev1.Container, vol corev1.Volume) (*corev1.Pod, func(), error) {
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: benchNamespace},
+		Spec: corev1.PodSpec{NodeName: b.node, RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{c}, Volumes: []corev1.Volume{vol}}}
+	pods := b.kube.CoreV1().Pods(benchNamespace)
+	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		return nil, nil, err
+	}
+	stop := func() {
+		_ = pods.Delete(context.Background(), pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+		b.waitGone(func(ctx context.Context) error { _, err := pods.Get(ctx, pod.Name, metav1.GetOptions{}); return err })
+	}
+	return pod, stop, nil
 }
 
 // fioPod runs fio in a Pod on b.node with vol mounted at /data (or, for
@@ -125,19 +199,14 @@ func (b *bench) fioPod(ctx context.Context, name string, vol corev1.Volume, bloc
 	if b.cfg.fioCPU != "" {
 		c.Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(b.cfg.fioCPU)}
 	}
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "fio-" + name, Namespace: benchNamespace},
-		Spec: corev1.PodSpec{NodeName: b.node, RestartPolicy: corev1.RestartPolicyNever,
-			Containers: []corev1.Container{c}, Volumes: []corev1.Volume{vol}}}
-	pods := b.kube.CoreV1().Pods(benchNamespace)
-	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	pod, stop, err := b.startPod(ctx, "fio-"+name, c, vol)
+	if err != nil {
 		return figures{}, err
 	}
-	defer func() {
-		_ = pods.Delete(context.Background(), pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
-		b.waitGone(func(ctx context.Context) error { _, err := pods.Get(ctx, pod.Name, metav1.GetOptions{}); return err })
-	}()
+	defer stop()
+	pods := b.kube.CoreV1().Pods(benchNamespace)
 	var phase corev1.PodPhase
-	err := wait.PollUntilContextTimeout(ctx, time.Second, podTimeout, true, func(ctx context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(ctx, time.Second, podTimeout, true, func(ctx context.Context) (bool, error) {
 		p, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
