@@ -42,9 +42,12 @@ const (
 	EventReasonReplicaFailed     = "ReplicaFailed"
 	EventReasonReplicaReused     = "ReplicaReused"
 	EventReasonReplicaUnschedule = "ReplicaUnschedulable"
-	EventReasonMigrated          = "Migrated"
-	EventReasonSnapshotLimit     = "SnapshotLimit"
-	EventReasonSpaceRetained     = "SnapshotSpaceRetained"
+	// EventReasonReplicaLocal: a replica where the volume is attached holds
+	// the data, and one elsewhere was removed (dataLocality best-effort).
+	EventReasonReplicaLocal  = "ReplicaMadeLocal"
+	EventReasonMigrated      = "Migrated"
+	EventReasonSnapshotLimit = "SnapshotLimit"
+	EventReasonSpaceRetained = "SnapshotSpaceRetained"
 
 	// unschedulableRetry is how soon a volume missing replicas tries to
 	// place them again; node and disk changes do not enqueue every volume.

@@ -105,7 +105,13 @@ func (s *volumeSync) reconcileReplicas() error {
 	}
 	missing := want - len(live)
 	if missing <= 0 {
-		return s.trimExtraReplicas(live, want)
+		local := s.localityNode(eng, running)
+		if local != "" && len(failed) == 0 {
+			if done, err := s.keepReplicaLocal(live, want, local); done || err != nil {
+				return err
+			}
+		}
+		return s.trimExtraReplicas(live, want, local)
 	}
 	// A volume that never ran holds no data: its replicas are all empty and
 	// any can be added. Once a replica has been RW, a new one must be
@@ -136,7 +142,7 @@ func (s *volumeSync) reconcileReplicas() error {
 		missing = max(0, missing-waiting)
 	}
 	for i := 0; i < missing; i++ {
-		if err := s.scheduleReplica(running); err != nil {
+		if err := s.scheduleReplica(running, ""); err != nil {
 			return err
 		}
 	}
@@ -228,29 +234,78 @@ func (s *volumeSync) deleteReplica(r *v1beta1.Replica, why string) error {
 	return nil
 }
 
-// trimExtraReplicas deletes replicas beyond spec.numberOfReplicas, newest
-// (least likely to hold all the data) first.
-func (s *volumeSync) trimExtraReplicas(live []*v1beta1.Replica, want int) error {
+// trimExtraReplicas deletes live replicas above want: those not yet
+// rebuilt first, then the newest; a replica on keepNode (the attached node,
+// under data locality) goes last.
+func (s *volumeSync) trimExtraReplicas(live []*v1beta1.Replica, want int, keepNode string) error {
 	if len(live) <= want {
 		return nil
 	}
 	slices.SortFunc(live, func(a, b *v1beta1.Replica) int {
+		if keepNode != "" && (a.Spec.NodeID == keepNode) != (b.Spec.NodeID == keepNode) {
+			if a.Spec.NodeID == keepNode {
+				return 1
+			}
+			return -1
+		}
 		if c := compareStrings(b.Spec.HealthyAt, a.Spec.HealthyAt); a.Spec.HealthyAt == "" || b.Spec.HealthyAt == "" {
 			return -c
 		}
 		return -a.CreationTimestamp.Compare(b.CreationTimestamp.Time)
 	})
+	why := "spec.numberOfReplicas was lowered"
+	if keepNode != "" {
+		why = fmt.Sprintf("a replica on %s, where the volume is attached, holds the data (dataLocality %s)",
+			keepNode, v1beta1.DataLocalityBestEffort)
+	}
 	for _, r := range live[:len(live)-want] {
-		if err := s.deleteReplica(r, "spec.numberOfReplicas was lowered"); err != nil {
+		if err := s.deleteReplica(r, why); err != nil {
 			return err
+		}
+		if keepNode != "" {
+			s.recorder.Eventf(s.v, corev1.EventTypeNormal, EventReasonReplicaLocal,
+				"replica %s on %s removed: a replica on %s, where the volume is attached, holds the data", r.Name, r.Spec.NodeID, keepNode)
 		}
 	}
 	return nil
 }
 
+// localityNode is the node a replica should be kept on: the running
+// engine's, for a volume with dataLocality best-effort; else "".
+func (s *volumeSync) localityNode(eng *v1beta1.Engine, running bool) string {
+	if !running || s.v.Spec.DataLocality != v1beta1.DataLocalityBestEffort {
+		return ""
+	}
+	return eng.Spec.NodeID
+}
+
+// keepReplicaLocal adds a replica on node when none of live is there and
+// every live replica holds the data, and holds off any trim while the
+// local replica rebuilds (done: the caller stops here). When node cannot
+// take a replica, best effort: the replicas stay as they are.
+func (s *volumeSync) keepReplicaLocal(live []*v1beta1.Replica, want int, node string) (done bool, err error) {
+	var local *v1beta1.Replica
+	for _, r := range live {
+		if r.Spec.NodeID == node {
+			local = r
+		}
+	}
+	switch {
+	case local != nil:
+		return !rebuilt(local), nil // trim only once the local replica holds the data
+	case len(live) > want || len(s.replicasWhere(rebuilt)) < len(live):
+		return false, nil // something else is under way: trim or rebuild first
+	}
+	return true, s.scheduleReplica(true, node)
+}
+
 // scheduleReplica places and creates one new replica; when nothing fits it
 // says why in the Scheduled condition and tries again later.
-func (s *volumeSync) scheduleReplica(start bool) error {
+//
+// onlyNode, when set, is a best-effort placement for data locality: when
+// that node cannot take the replica nothing is created, and the volume's
+// Scheduled condition is not touched (its replicas are all placed).
+func (s *volumeSync) scheduleReplica(start bool, onlyNode string) error {
 	nodes, err := s.ds.Nodes.ListRO(nil)
 	if err != nil {
 		return err
@@ -286,7 +341,12 @@ func (s *volumeSync) scheduleReplica(start bool) error {
 	}
 	// Replicas on their way out do not hold their node or disk.
 	placed := s.replicasWhere(func(r *v1beta1.Replica) bool { return r.DeletionTimestamp == nil })
+	opts.OnlyNode = onlyNode
 	p, err := scheduler.ScheduleReplica(s.v, placed, nodes, opts)
+	if onlyNode != "" && scheduler.IsNoPlacement(err) {
+		s.logger.WithError(err).WithField("volume", s.v.Name).Debug("No replica on the attached node for data locality")
+		return nil
+	}
 	if scheduler.IsNoPlacement(err) {
 		s.setCondition(VolumeConditionScheduled, false, "ReplicaUnschedulable", err.Error())
 		if c := findCondition(s.vRO.Status.Conditions, VolumeConditionScheduled); c == nil || c.Message != err.Error() {

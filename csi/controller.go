@@ -35,6 +35,9 @@ const (
 	ParamBackingImage         = "backingImage"
 	ParamBackingImageURL      = "backingImageURL"
 	ParamBackingImageChecksum = "backingImageChecksum"
+	// ParamDataLocality is the volume's spec.dataLocality (disabled or
+	// best-effort: keep a replica where the volume is attached).
+	ParamDataLocality = "dataLocality"
 	provisionerPrefix         = "csi.storage.k8s.io/"
 	paramPVCName              = "csi.storage.k8s.io/pvc/name"
 	paramPVCNamespace         = "csi.storage.k8s.io/pvc/namespace"
@@ -86,6 +89,7 @@ type volumeRequest struct {
 	sourceBackingImage string
 	image              backingImageParams
 	fromBackup         string // spec.fromBackup: the StorageClass's fromBackup
+	dataLocality       v1beta1.DataLocality
 	// sizeGiven: the request named a capacity; else a content source's size applies.
 	sizeGiven bool
 }
@@ -108,7 +112,7 @@ func parseCreateVolume(req *csi.CreateVolumeRequest) (*volumeRequest, error) {
 	if err != nil {
 		return nil, err
 	}
-	v.replicas, v.image, v.fromBackup = params.replicas, params.image, params.fromBackup
+	v.replicas, v.image, v.fromBackup, v.dataLocality = params.replicas, params.image, params.fromBackup, params.dataLocality
 	return v, nil
 }
 
@@ -117,6 +121,8 @@ type classParameters struct {
 	replicas   int32 // 0: the default-replica-count setting applies
 	image      backingImageParams
 	fromBackup string
+	// dataLocality is "" unless the class names it.
+	dataLocality v1beta1.DataLocality
 }
 
 // parseParameters reads a StorageClass's parameters (CreateVolume and
@@ -134,6 +140,14 @@ func parseParameters(params, annotations map[string]string) (classParameters, er
 					key, value, maxReplicas)
 			}
 			p.replicas = int32(n)
+		case key == ParamDataLocality:
+			switch l := v1beta1.DataLocality(value); l {
+			case v1beta1.DataLocalityDisabled, v1beta1.DataLocalityBestEffort:
+				p.dataLocality = l
+			default:
+				return p, status.Errorf(codes.InvalidArgument, "parameter %s=%q: must be %s or %s",
+					key, value, v1beta1.DataLocalityDisabled, v1beta1.DataLocalityBestEffort)
+			}
 		case key == ParamBackingImage:
 			p.image.name = value
 		case key == ParamBackingImageURL:
@@ -154,7 +168,7 @@ func parseParameters(params, annotations map[string]string) (classParameters, er
 		default:
 			return p, status.Errorf(codes.InvalidArgument, "parameter %q: unknown (known: %s)", key,
 				strings.Join([]string{ParamNumberOfReplicas, ParamBackingImage, ParamBackingImageURL, ParamBackingImageChecksum,
-					ParamFromBackup}, ", "))
+					ParamFromBackup, ParamDataLocality}, ", "))
 		}
 	}
 	return p, p.image.check()
@@ -351,7 +365,7 @@ func (d *Driver) ensureVolume(ctx context.Context, want *volumeRequest) (*v1beta
 		ObjectMeta: metav1.ObjectMeta{Name: want.name, Namespace: d.ds.Namespace, Annotations: want.annotations},
 		Spec: v1beta1.VolumeSpec{Size: *resource.NewQuantity(want.size, resource.BinarySI),
 			NumberOfReplicas: want.replicas, Frontend: v1beta1.VolumeFrontendNBD, DataSource: want.dataSource,
-			BackingImage: want.image.name, FromBackup: want.fromBackup},
+			BackingImage: want.image.name, FromBackup: want.fromBackup, DataLocality: want.dataLocality},
 	}
 	created, err := d.ds.Volumes.Create(ctx, vol)
 	if apierrors.IsAlreadyExists(err) { // a concurrent call won: judge its volume

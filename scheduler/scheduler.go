@@ -63,6 +63,10 @@ type Options struct {
 	// replica now (its InstanceManager is not running). A replica placed
 	// there would never start, and the volume would stay degraded.
 	InstanceManagerDown map[string]string
+	// OnlyNode, when set, is the one node the replica may go to (a volume's
+	// data locality asks for a replica where it is attached); the other
+	// nodes are not considered.
+	OnlyNode string
 }
 
 // Placement is where the new replica goes.
@@ -162,6 +166,9 @@ func ScheduleReplica(vol *v1beta1.Volume, replicas []*v1beta1.Replica, nodes []*
 	var cands []candidate
 	var rejections []Rejection
 	for _, node := range sorted {
+		if opts.OnlyNode != "" && node.Name != opts.OnlyNode {
+			continue
+		}
 		if reason := nodeRejection(node, opts); reason != "" {
 			rejections = append(rejections, Rejection{Node: node.Name, Reason: reason})
 			continue

@@ -115,6 +115,14 @@ type VolumeRestoreStatus struct {
 // the admin can lift, from a failure.
 const SnapshotLimitExceeded = "snapshot limit exceeded"
 
+// DataLocality says whether a volume keeps a replica where it is attached.
+type DataLocality string
+
+const (
+	DataLocalityDisabled   DataLocality = "disabled"
+	DataLocalityBestEffort DataLocality = "best-effort"
+)
+
 // VolumeSpec is the desired state of a volume.
 type VolumeSpec struct {
 	// The quantity rules skip a value that is no quantity (size: abc): the
@@ -158,6 +166,13 @@ type VolumeSpec struct {
 	LastAttachedBy string `json:"lastAttachedBy,omitempty"`
 	// Migratable allows two CSI attachments on two nodes during live migration.
 	Migratable bool `json:"migratable,omitempty"`
+	// DataLocality best-effort keeps a replica on the node the volume is
+	// attached to: when none is there, one is added and rebuilt there, then a
+	// replica elsewhere is removed, as long as that node can take it. A
+	// local replica spares every write and read a network hop. Empty or
+	// disabled: replicas stay where they were scheduled.
+	// +kubebuilder:validation:Enum=disabled;best-effort
+	DataLocality DataLocality `json:"dataLocality,omitempty"`
 	// MigrationNodeID is the node a live migration moves the volume to: a
 	// second engine runs there until the migration is confirmed (NodeID
 	// becomes this node) or rolled back (this field is cleared). Written only
