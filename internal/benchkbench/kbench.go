@@ -39,6 +39,8 @@ type config struct {
 	// fio Pods and the instance managers; empty: none for fio (BestEffort,
 	// as kbench runs it) and the chart's for the instance managers.
 	fioCPU, imCPU string
+	// dataLocality is the claims' StorageClass parameter.
+	dataLocality string
 }
 
 // Main runs the benchmark and prints the table; its exit status is 0
@@ -52,6 +54,8 @@ func Main() {
 	flag.StringVar(&cfg.only, "only", "", "comma-separated target names to run (default all; the baseline always runs)")
 	flag.StringVar(&cfg.fioCPU, "fio-cpu", "", "CPU request of the fio Pods, e.g. 500m (default none: BestEffort)")
 	flag.StringVar(&cfg.imCPU, "im-cpu", "", "CPU request of the instance-manager Pods (default the chart's)")
+	flag.StringVar(&cfg.dataLocality, "data-locality", "best-effort",
+		"the claims' dataLocality (best-effort: a replica on the Pod's node before fio starts; disabled: wherever it was scheduled)")
 	flag.Parse()
 	for name, q := range map[string]string{"-fio-cpu": cfg.fioCPU, "-im-cpu": cfg.imCPU} {
 		if _, err := resource.ParseQuantity(q); q != "" && err != nil {
@@ -139,7 +143,8 @@ func run(ctx context.Context, log *logrus.Logger, cfg config) error {
 	}
 	var table strings.Builder
 	fmt.Fprintf(&table, "kbench-style suite, %d cores, fio %s per target, each job %s + 2 s ramp, all on node %s; "+
-		"ratios to %s of the same run (latency: lower is better)\n\n", numCPU(), cfg.fileSize, cfg.runtime, b.node, targets[0].name)
+		"claims and volumes with dataLocality %s; ratios to %s of the same run (latency: lower is better)\n\n",
+		numCPU(), cfg.fileSize, cfg.runtime, b.node, cfg.dataLocality, targets[0].name)
 	writeTable(&table, targets)
 	fmt.Fprintf(&table, "\nmeasured in %s\n", time.Since(start).Round(time.Second))
 	fmt.Print("\n" + table.String())

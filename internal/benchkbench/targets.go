@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/sirupsen/logrus"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -42,7 +43,8 @@ func (b *bench) setUp(ctx context.Context) error {
 	bind := storagev1.VolumeBindingImmediate
 	for _, r := range []int{1, 3} {
 		sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: storageClassName(r)}, Provisioner: driverName,
-			Parameters: map[string]string{"numberOfReplicas": fmt.Sprint(r)}, VolumeBindingMode: &bind}
+			Parameters:        map[string]string{"numberOfReplicas": fmt.Sprint(r), "dataLocality": b.cfg.dataLocality},
+			VolumeBindingMode: &bind}
 		if _, err := b.kube.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{}); err != nil {
 			return err
 		}
@@ -88,7 +90,79 @@ func (b *bench) claim(ctx context.Context, replicas int, block bool) (figures, e
 		return figures{}, err
 	}
 	defer done()
+	_, stop, err := b.holdClaim(ctx, name, vol, block, replicas)
+	if err != nil {
+		return figures{}, err
+	}
+	defer stop()
 	return b.fioPod(ctx, name, vol, block)
+}
+
+// holdClaim attaches the claim to b.node with a Pod that only holds it,
+// and waits until it runs and the claim's data is local (waitLocal): the
+// fio Pod then shares the attachment (ReadWriteOnce is per node).
+func (b *bench) holdClaim(ctx context.Context, claim string, vol corev1.Volume, block bool, replicas int) (*corev1.Pod, func(), error) {
+	c := corev1.Container{Name: "hold", Image: images.WorkloadRef, ImagePullPolicy: corev1.PullNever, Command: []string{"sleep", "3600"}}
+	if block {
+		c.VolumeDevices = []corev1.VolumeDevice{{Name: vol.Name, DevicePath: "/dev/kbench"}}
+	} else {
+		c.VolumeMounts = []corev1.VolumeMount{{Name: vol.Name, MountPath: "/data"}}
+	}
+	pod, stop, err := b.startPod(ctx, "hold-"+claim, c, vol)
+	if err != nil {
+		return nil, nil, err
+	}
+	err = wait.PollUntilContextTimeout(ctx, time.Second, podTimeout, true, func(ctx context.Context) (bool, error) {
+		p, err := b.kube.CoreV1().Pods(benchNamespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		pod = p
+		return p.Status.Phase == corev1.PodRunning, nil
+	})
+	var pvc *corev1.PersistentVolumeClaim
+	if err == nil {
+		pvc, err = b.kube.CoreV1().PersistentVolumeClaims(benchNamespace).Get(ctx, claim, metav1.GetOptions{})
+	}
+	if err == nil {
+		err = b.waitLocal(ctx, pvc.Spec.VolumeName, replicas)
+	}
+	if err != nil {
+		stop()
+		return nil, nil, fmt.Errorf("pod %s: %w", pod.Name, err)
+	}
+	return pod, stop, nil
+}
+
+// waitLocal waits, under dataLocality best-effort, until volume has its
+// replicas and one of them holds the data on b.node, where fio runs: the
+// move starts when the volume is attached, and fio would otherwise measure
+// the rebuild or the hop to another node.
+func (b *bench) waitLocal(ctx context.Context, volume string, replicas int) error {
+	if b.cfg.dataLocality != string(v1beta1.DataLocalityBestEffort) {
+		return nil
+	}
+	start := time.Now()
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, podTimeout, true, func(ctx context.Context) (bool, error) {
+		reps, err := b.strata.StrataV1beta1().Replicas(types.DefaultNamespace).List(ctx, metav1.ListOptions{
+			LabelSelector: types.LabelVolume + "=" + volume})
+		if err != nil {
+			return false, err
+		}
+		local := false
+		for _, r := range reps.Items {
+			if r.DeletionTimestamp != nil || r.Spec.HealthyAt == "" {
+				return false, nil
+			}
+			local = local || r.Spec.NodeID == b.node
+		}
+		return local && len(reps.Items) == replicas, nil
+	})
+	if err != nil {
+		return fmt.Errorf("volume %s: no replica on %s: %w", volume, b.node, err)
+	}
+	b.log.WithFields(logrus.Fields{"volume": volume, "took": time.Since(start).Round(time.Millisecond)}).Info("A replica is on the Pod's node")
+	return nil
 }
 
 // ext4FromHost runs fio on the host, on the mount of a new ext4 claim that
@@ -100,23 +174,11 @@ func (b *bench) ext4FromHost(ctx context.Context, replicas int) (figures, error)
 		return figures{}, err
 	}
 	defer done()
-	c := corev1.Container{Name: "hold", Image: images.WorkloadRef, ImagePullPolicy: corev1.PullNever,
-		Command: []string{"sleep", "3600"}, VolumeMounts: []corev1.VolumeMount{{Name: vol.Name, MountPath: "/data"}}}
-	pod, stop, err := b.startPod(ctx, "hold-"+name, c, vol)
+	pod, stop, err := b.holdClaim(ctx, name, vol, false, replicas)
 	if err != nil {
 		return figures{}, err
 	}
 	defer stop()
-	if err := wait.PollUntilContextTimeout(ctx, time.Second, podTimeout, true, func(ctx context.Context) (bool, error) {
-		p, err := b.kube.CoreV1().Pods(benchNamespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		pod = p
-		return p.Status.Phase == corev1.PodRunning, nil
-	}); err != nil {
-		return figures{}, fmt.Errorf("pod %s: %w", pod.Name, err)
-	}
 	claim, err := b.kube.CoreV1().PersistentVolumeClaims(benchNamespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return figures{}, err
@@ -234,7 +296,8 @@ func (b *bench) rawNBD(ctx context.Context, replicas int) (figures, error) {
 	name := fmt.Sprintf("kbench-raw-%dr", replicas)
 	volumes := b.strata.StrataV1beta1().Volumes(types.DefaultNamespace)
 	v := &v1beta1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: types.DefaultNamespace},
-		Spec: v1beta1.VolumeSpec{Size: size, NumberOfReplicas: int32(replicas), Frontend: v1beta1.VolumeFrontendNBD}}
+		Spec: v1beta1.VolumeSpec{Size: size, NumberOfReplicas: int32(replicas), Frontend: v1beta1.VolumeFrontendNBD,
+			DataLocality: v1beta1.DataLocality(b.cfg.dataLocality)}}
 	if _, err := volumes.Create(ctx, v, metav1.CreateOptions{}); err != nil {
 		return figures{}, err
 	}
@@ -268,6 +331,9 @@ func (b *bench) rawNBD(ctx context.Context, replicas int) (figures, error) {
 	})
 	if err != nil {
 		return figures{}, fmt.Errorf("%s has no frontend endpoint: %w", name, err)
+	}
+	if err := b.waitLocal(ctx, name, replicas); err != nil {
+		return figures{}, err
 	}
 	out, err := exec.CommandContext(ctx, "fio", fioArgs([]string{"--ioengine=nbd", "--uri=" + endpoint},
 		b.cfg.fileSize, b.cfg.runtime)...).CombinedOutput()
