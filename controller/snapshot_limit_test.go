@@ -11,13 +11,11 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/tools/record"
 
 	"github.com/strata-storage/strata/datastore/dstest"
 	"github.com/strata-storage/strata/engineapi"
@@ -190,13 +188,7 @@ func TestVolumeSnapshotLimitCondition(t *testing.T) {
 		// The three replicas the engine runs with, healthy.
 		tests[i].objects = append(tests[i].objects, threeReplicas(replicaRunning)...)
 	}
-	runSyncCases(t, tests, func(env *dstest.Env, rec record.EventRecorder, me string, _ engineapi.Connector) (func(context.Context, string) error, error) {
-		c, err := NewVolumeController(logrus.New(), env.DS, rec, me)
-		if err != nil {
-			return nil, err
-		}
-		return c.syncVolume, nil
-	})
+	runSyncCases(t, tests, volumeSyncer)
 }
 
 // TestSnapshotControllerLimits: a refusal by the volume's limits is said in

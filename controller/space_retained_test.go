@@ -4,15 +4,12 @@ import (
 	"context"
 	"testing"
 
-	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/tools/record"
 
 	"github.com/strata-storage/strata/datastore/dstest"
-	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 )
@@ -68,11 +65,5 @@ func TestVolumeSpaceRetainedCondition(t *testing.T) {
 			assert.Contains(t, c.Message, "deleted snapshots s1 hold 8Mi")
 			assert.EqualValues(t, 8<<20, v.Status.RemovedSnapshotsSize)
 		},
-	}}, func(env *dstest.Env, rec record.EventRecorder, me string, _ engineapi.Connector) (func(context.Context, string) error, error) {
-		c, err := NewVolumeController(logrus.New(), env.DS, rec, me)
-		if err != nil {
-			return nil, err
-		}
-		return c.syncVolume, nil
-	})
+	}}, volumeSyncer)
 }

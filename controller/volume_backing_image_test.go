@@ -175,13 +175,7 @@ func TestVolumeBackingImageCondition(t *testing.T) {
 				vcVolume(withinSnapshotLimits), vcEngine(), vcReplica("r1", "node-1"), vcReplica("r2", "node-2"),
 				vcReplica("r3", "node-3")},
 		},
-	}, func(env *dstest.Env, rec record.EventRecorder, me string, _ engineapi.Connector) (func(context.Context, string) error, error) {
-		c, err := NewVolumeController(logrus.New(), env.DS, rec, me)
-		if err != nil {
-			return nil, err
-		}
-		return c.syncVolume, nil
-	})
+	}, volumeSyncer)
 }
 
 // A ticket of a volume whose image failed says so, naming the image and

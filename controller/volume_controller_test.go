@@ -392,13 +392,16 @@ func TestVolumeControllerSync(t *testing.T) {
 			tests[i].kube = leases
 		}
 	}
-	runSyncCases(t, tests, func(env *dstest.Env, rec record.EventRecorder, me string, _ engineapi.Connector) (func(context.Context, string) error, error) {
-		c, err := NewVolumeController(logrus.New(), env.DS, rec, me)
-		if err != nil {
-			return nil, err
-		}
-		return c.syncVolume, nil
-	})
+	runSyncCases(t, tests, volumeSyncer)
+}
+
+// volumeSyncer builds the volume controller's sync for runSyncCases.
+func volumeSyncer(env *dstest.Env, rec record.EventRecorder, me string, _ engineapi.Connector) (func(context.Context, string) error, error) {
+	c, err := NewVolumeController(logrus.New(), env.DS, rec, me)
+	if err != nil {
+		return nil, err
+	}
+	return c.syncVolume, nil
 }
 
 // trimGeneratedNames cuts the random suffix of created engines and replicas

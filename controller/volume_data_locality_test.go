@@ -5,15 +5,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/tools/record"
 
 	"github.com/strata-storage/strata/datastore/dstest"
-	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 
@@ -113,11 +110,5 @@ func TestVolumeDataLocality(t *testing.T) {
 			wantWrites: nil,
 		},
 	}
-	runSyncCases(t, tests, func(env *dstest.Env, rec record.EventRecorder, me string, _ engineapi.Connector) (func(context.Context, string) error, error) {
-		c, err := NewVolumeController(logrus.New(), env.DS, rec, me)
-		if err != nil {
-			return nil, err
-		}
-		return c.syncVolume, nil
-	})
+	runSyncCases(t, tests, volumeSyncer)
 }
