@@ -38,10 +38,10 @@ const (
 	// ParamDataLocality is the volume's spec.dataLocality (disabled or
 	// best-effort: keep a replica where the volume is attached).
 	ParamDataLocality = "dataLocality"
-	provisionerPrefix         = "csi.storage.k8s.io/"
-	paramPVCName              = "csi.storage.k8s.io/pvc/name"
-	paramPVCNamespace         = "csi.storage.k8s.io/pvc/namespace"
-	AnnotationPVCName         = "strata.io/pvc-name"
+	provisionerPrefix = "csi.storage.k8s.io/"
+	paramPVCName      = "csi.storage.k8s.io/pvc/name"
+	paramPVCNamespace = "csi.storage.k8s.io/pvc/namespace"
+	AnnotationPVCName = "strata.io/pvc-name"
 	// AnnotationCSIName is the name CreateVolume/CreateSnapshot was called
 	// with, when it could not be the object's name as it is.
 	AnnotationCSIName      = types.AnnotationCSIName
