@@ -167,17 +167,37 @@ func TailFile(path string, n int) string {
 }
 
 // FreePorts returns n distinct loopback TCP ports that were free a moment
-// ago. They are held open together so that none is handed out twice; another
-// process may still take one before it is used, which Start retries on.
+// ago and that no earlier call of this process returned: a port handed to
+// a process that binds it only later (a manager's webhook listener waits
+// for its caches) is free again meanwhile, and the kernel may give it out
+// anew (seen in CI: two managers given one port). The ports of one call are
+// held open together so that none is handed out twice; another process may
+// still take one before it is used, which Start retries on.
 func FreePorts(n int) ([]int, error) {
+	handedOut.Lock()
+	defer handedOut.Unlock()
 	ports := make([]int, 0, n)
-	for range n {
+	for tries := 0; len(ports) < n; tries++ {
+		if tries == 100*n {
+			return nil, fmt.Errorf("no %d loopback ports this process has not handed out already, in %d tries", n, tries)
+		}
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, err
 		}
 		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		if port := l.Addr().(*net.TCPAddr).Port; !handedOut.ports[port] {
+			ports = append(ports, port)
+		}
+	}
+	for _, p := range ports {
+		handedOut.ports[p] = true
 	}
 	return ports, nil
 }
+
+// handedOut is every port FreePorts returned in this process.
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}

@@ -171,6 +171,7 @@ type VolumeSpec struct {
 	// replica elsewhere is removed, as long as that node can take it. A
 	// local replica spares every write and read a network hop. Empty or
 	// disabled: replicas stay where they were scheduled.
+	// One of "disabled", "best-effort".
 	// +kubebuilder:validation:Enum=disabled;best-effort
 	DataLocality DataLocality `json:"dataLocality,omitempty"`
 	// MigrationNodeID is the node a live migration moves the volume to: a
