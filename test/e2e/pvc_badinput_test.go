@@ -28,7 +28,7 @@ func TestBadInputIsReportedInEvents(t *testing.T) {
 kind: StorageClass
 metadata: {name: strata-bad-param}
 provisioner: driver.strata.io
-parameters: {numberOfReplicas: "2", dataLocality: best-effort}
+parameters: {numberOfReplicas: "2", staleReplicaTimeout: "30"}
 reclaimPolicy: Delete
 volumeBindingMode: Immediate`)
 	t.Cleanup(func() { _, _ = tryKubectl(t, "delete", "storageclass", "strata-bad-param", "--ignore-not-found") })
@@ -49,7 +49,7 @@ volumeBindingMode: Immediate`)
 				c.Spec.StorageClassName = ptr.To("strata-bad-param")
 			}),
 			reason: "ProvisioningFailed",
-			want:   []string{"InvalidArgument", `parameter "dataLocality": unknown`},
+			want:   []string{"InvalidArgument", `parameter "staleReplicaTimeout": unknown`},
 		},
 		{
 			name: "size beyond every disk", kind: "PersistentVolumeClaim",
