@@ -98,16 +98,21 @@ func (b *bench) claim(ctx context.Context, replicas int, block bool) (figures, e
 	return b.fioPod(ctx, name, vol, block)
 }
 
-// holdClaim attaches the claim to b.node with a Pod that only holds it,
-// and waits until it runs and the claim's data is local (waitLocal): the
-// fio Pod then shares the attachment (ReadWriteOnce is per node).
-func (b *bench) holdClaim(ctx context.Context, claim string, vol corev1.Volume, block bool, replicas int) (*corev1.Pod, func(), error) {
-	c := corev1.Container{Name: "hold", Image: images.WorkloadRef, ImagePullPolicy: corev1.PullNever, Command: []string{"sleep", "3600"}}
+// mountData gives c vol as the device /dev/kbench (block) or at /data.
+func mountData(c *corev1.Container, vol corev1.Volume, block bool) {
 	if block {
 		c.VolumeDevices = []corev1.VolumeDevice{{Name: vol.Name, DevicePath: "/dev/kbench"}}
 	} else {
 		c.VolumeMounts = []corev1.VolumeMount{{Name: vol.Name, MountPath: "/data"}}
 	}
+}
+
+// holdClaim attaches the claim to b.node with a Pod that only holds it,
+// and waits until it runs and the claim's data is local (waitLocal): the
+// fio Pod then shares the attachment (ReadWriteOnce is per node).
+func (b *bench) holdClaim(ctx context.Context, claim string, vol corev1.Volume, block bool, replicas int) (*corev1.Pod, func(), error) {
+	c := corev1.Container{Name: "hold", Image: images.WorkloadRef, ImagePullPolicy: corev1.PullNever, Command: []string{"sleep", "3600"}}
+	mountData(&c, vol, block)
 	pod, stop, err := b.startPod(ctx, "hold-"+claim, c, vol)
 	if err != nil {
 		return nil, nil, err
@@ -253,10 +258,8 @@ func (b *bench) fioPod(ctx context.Context, name string, vol corev1.Volume, bloc
 	c := corev1.Container{Name: "fio", Image: images.FioRef, ImagePullPolicy: corev1.PullNever, Command: []string{"fio"}}
 	if block {
 		target[1] = "--filename=/dev/kbench"
-		c.VolumeDevices = []corev1.VolumeDevice{{Name: vol.Name, DevicePath: "/dev/kbench"}}
-	} else {
-		c.VolumeMounts = []corev1.VolumeMount{{Name: vol.Name, MountPath: "/data"}}
 	}
+	mountData(&c, vol, block)
 	c.Args = fioArgs(target, b.cfg.fileSize, b.cfg.runtime)
 	if b.cfg.fioCPU != "" {
 		c.Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(b.cfg.fioCPU)}
