@@ -146,7 +146,7 @@ type backupRun struct {
 	backing   rangeSet
 	workers   int
 	uploaders int
-	readBufs  sync.Pool // of *[]byte, chunk-sized; upload's
+	readBufs  *bufferList // chunk-sized; upload's
 	slots     []slot
 
 	mu       sync.Mutex

@@ -50,34 +50,44 @@ type packEntry struct {
 	Codec  Codec
 }
 
-// packBuilder accumulates compressed chunks into one pack.
+// packBuilder gathers a pack's chunks without copying them: the pack is
+// uploaded from the chunks' own buffers (segments), which go back to the
+// backup's free list once it is stored. Copying 1 GiB into pack buffers
+// cost a tenth of the backup's CPU, and fresh 32 MiB pack buffers more
+// still (zeroed and faulted in page by page: 1.3 s per GiB, more than
+// hashing it).
 type packBuilder struct {
-	buf     bytes.Buffer
+	segs    [][]byte
+	size    int
 	entries []packEntry
+	bufs    []*[]byte // read buffers the segments point into
 }
 
-func newPackBuilder(capacity int64) *packBuilder {
-	b := &packBuilder{}
-	b.buf.Grow(int(capacity))
-	b.buf.Write(packMagic)
-	return b
+func newPackBuilder() *packBuilder {
+	return &packBuilder{segs: [][]byte{packMagic}, size: len(packMagic)}
 }
 
-func (b *packBuilder) add(id ChunkID, data []byte, rlen int, codec Codec) {
+// add appends a chunk; buf, when set, is the read buffer data points into,
+// held until the pack is stored.
+func (b *packBuilder) add(id ChunkID, data []byte, rlen int, codec Codec, buf *[]byte) {
 	b.entries = append(b.entries, packEntry{
-		ID: id, Offset: uint64(b.buf.Len()), CLen: uint32(len(data)), RLen: uint32(rlen), Codec: codec,
+		ID: id, Offset: uint64(b.size), CLen: uint32(len(data)), RLen: uint32(rlen), Codec: codec,
 	})
-	b.buf.Write(data)
+	b.segs = append(b.segs, data)
+	b.size += len(data)
+	if buf != nil {
+		b.bufs = append(b.bufs, buf)
+	}
 }
-
-func (b *packBuilder) size() int { return b.buf.Len() }
 
 // sealedPack is a finished pack and the index object that describes it.
 type sealedPack struct {
 	id      PackID
-	data    []byte
+	segs    [][]byte // the pack's bytes, in order
+	size    int64
 	index   []byte
 	entries []packEntry
+	bufs    []*[]byte
 }
 
 func (b *packBuilder) seal() *sealedPack {
@@ -86,18 +96,19 @@ func (b *packBuilder) seal() *sealedPack {
 	binary.LittleEndian.PutUint32(tail[0:], crc32.Checksum(idx, castagnoli))
 	binary.LittleEndian.PutUint32(tail[4:], uint32(len(idx)))
 	copy(tail[8:], packEndMagic)
-	b.buf.Write(idx)
-	b.buf.Write(tail[:])
-	data := b.buf.Bytes()
+	size := int64(b.size + len(idx) + len(tail))
 	// The id hashes the index and the size, not the data: the index names
 	// every chunk by the SHA-256 of its content, with its offset, lengths
 	// and codec, so the same pack gets the same id while the pack's bytes
 	// are hashed once (for the chunk ids) instead of twice — a sixth of a
 	// backup's CPU. Restores verify each chunk against its id.
-	var size [8]byte
-	binary.LittleEndian.PutUint64(size[:], uint64(len(data)))
-	p := &sealedPack{id: sha256.Sum256(append(slices.Clip(idx), size[:]...)), data: data, entries: b.entries}
-	p.index = encodeIndexObject(p.id, int64(len(data)), idx)
+	var sizeLE [8]byte
+	binary.LittleEndian.PutUint64(sizeLE[:], uint64(size))
+	p := &sealedPack{
+		id:   sha256.Sum256(append(slices.Clip(idx), sizeLE[:]...)),
+		segs: append(b.segs, idx, tail[:]), size: size, entries: b.entries, bufs: b.bufs,
+	}
+	p.index = encodeIndexObject(p.id, size, idx)
 	return p
 }
 

@@ -42,16 +42,20 @@ func (b *backupRun) upload(ctx context.Context, toRead []int64) error {
 			}
 		}
 	}()
-	// Read buffers: at most one per worker plus one per queued blob and the
-	// packer's, as newBackupRun counts them.
-	b.readBufs = sync.Pool{New: func() any { buf := make([]byte, b.hdr.ChunkSize); return &buf }}
+	// Read buffers: one per worker and queued blob, and those of the packs
+	// being built, waiting and uploading, as newBackupRun counts them.
+	perPack := int(b.t.format.PackSize/b.hdr.ChunkSize) + 1
+	b.readBufs = newBufferList(2*b.workers+(b.uploaders+2)*perPack, int(b.hdr.ChunkSize))
 	var workers sync.WaitGroup
 	for range b.workers {
 		workers.Add(1)
 		go func() {
 			defer workers.Done()
+			// The worker's own buffer for compressed samples: one fresh each
+			// chunk was 64 MiB of garbage per GiB, zeroed and faulted in anew.
+			var sample []byte
 			for i := range jobs {
-				if err := b.chunk(ctx, i, blobs); err != nil {
+				if err := b.chunk(ctx, i, &sample, blobs); err != nil {
 					cancel(err)
 				}
 			}
@@ -79,15 +83,15 @@ func (b *backupRun) upload(ctx context.Context, toRead []int64) error {
 }
 
 // chunk handles one chunk: read, skip zeroes, hash, dedupe, compress.
-func (b *backupRun) chunk(ctx context.Context, i int64, out chan<- blob) error {
+func (b *backupRun) chunk(ctx context.Context, i int64, sample *[]byte, out chan<- blob) error {
 	if ctx.Err() != nil {
 		return nil
 	}
-	buf := b.readBufs.Get().(*[]byte)
+	buf := b.readBufs.get()
 	handedOn := false
 	defer func() {
 		if !handedOn {
-			b.readBufs.Put(buf)
+			b.readBufs.put(buf)
 		}
 	}()
 	off, n := i*b.hdr.ChunkSize, b.hdr.chunkLen(i)
@@ -106,7 +110,7 @@ func (b *backupRun) chunk(ctx context.Context, i int64, out chan<- blob) error {
 		return nil
 	}
 	bl := blob{id: id, rlen: int(n)}
-	if c, ok := b.t.compressed(raw); ok {
+	if c, ok := b.t.compressed(raw, sample); ok {
 		bl.data, bl.codec = c, CodecZstd
 	} else {
 		bl.data, bl.codec, bl.readBuf = raw, CodecRaw, buf
@@ -119,6 +123,36 @@ func (b *backupRun) chunk(ctx context.Context, i int64, out chan<- blob) error {
 	return nil
 }
 
+// bufferList is a free list of equal buffers. Not a sync.Pool: every GC
+// empties one, and a backup runs a GC every few packs; a fresh 1 MiB
+// buffer is zeroed and faulted in page by page.
+type bufferList struct {
+	free chan *[]byte
+	size int
+}
+
+func newBufferList(keep, size int) *bufferList {
+	return &bufferList{free: make(chan *[]byte, keep), size: size}
+}
+
+func (l *bufferList) get() *[]byte {
+	select {
+	case b := <-l.free:
+		return b
+	default:
+		b := make([]byte, l.size)
+		return &b
+	}
+}
+
+// put keeps b for reuse, or drops it when enough are kept.
+func (l *bufferList) put(b *[]byte) {
+	select {
+	case l.free <- b:
+	default:
+	}
+}
+
 // compressSample is how much of a chunk is tried first: a chunk whose
 // first compressSample bytes zstd cannot shrink (random or already
 // compressed data, the common case for incompressible chunks) is stored
@@ -127,10 +161,14 @@ const compressSample = 64 << 10
 
 // compressed is raw compressed with zstd, when that saves at least 1/64
 // of it; else raw is stored as is (random or already compressed data then
-// costs no decompression on restore).
-func (t *Target) compressed(raw []byte) ([]byte, bool) {
-	if len(raw) > 2*compressSample && !worthCompressing(t.enc.EncodeAll(raw[:compressSample], nil), compressSample) {
-		return nil, false
+// costs no decompression on restore). sample is the caller's scratch
+// buffer for the sample's compressed form.
+func (t *Target) compressed(raw []byte, sample *[]byte) ([]byte, bool) {
+	if len(raw) > 2*compressSample {
+		*sample = t.enc.EncodeAll(raw[:compressSample], (*sample)[:0])
+		if !worthCompressing(*sample, compressSample) {
+			return nil, false
+		}
 	}
 	c := t.enc.EncodeAll(raw, make([]byte, 0, len(raw)))
 	return c, worthCompressing(c, len(raw))
@@ -143,7 +181,6 @@ func worthCompressing(compressed []byte, n int) bool { return len(compressed) < 
 // before it would exceed the target pack size.
 func (b *backupRun) pack(ctx context.Context, blobs <-chan blob, out chan<- *sealedPack) {
 	defer close(out)
-	capacity := b.t.format.PackSize + 64<<10
 	var pb *packBuilder
 	send := func() {
 		if pb == nil || len(pb.entries) == 0 {
@@ -159,16 +196,13 @@ func (b *backupRun) pack(ctx context.Context, blobs <-chan blob, out chan<- *sea
 		if ctx.Err() != nil {
 			continue // drain so the workers can finish
 		}
-		if pb != nil && int64(pb.size()+len(bl.data)) > b.t.format.PackSize {
+		if pb != nil && int64(pb.size+len(bl.data)) > b.t.format.PackSize {
 			send()
 		}
 		if pb == nil {
-			pb = newPackBuilder(capacity)
+			pb = newPackBuilder()
 		}
-		pb.add(bl.id, bl.data, bl.rlen, bl.codec)
-		if bl.readBuf != nil {
-			b.readBufs.Put(bl.readBuf)
-		}
+		pb.add(bl.id, bl.data, bl.rlen, bl.codec, bl.readBuf)
 	}
 	if ctx.Err() == nil {
 		send()
@@ -179,7 +213,7 @@ func (b *backupRun) pack(ctx context.Context, blobs <-chan blob, out chan<- *sea
 // names a pack that is not wholly stored. Only then may other backups (of
 // this process, through the cache) dedupe onto it.
 func (b *backupRun) putPack(ctx context.Context, p *sealedPack) error {
-	if err := b.t.store.Put(ctx, packKey(p.id), bytes.NewReader(p.data), int64(len(p.data))); err != nil {
+	if err := b.t.store.Put(ctx, packKey(p.id), newSegmentReader(p.segs), p.size); err != nil {
 		return fmt.Errorf("upload pack %s: %w", p.id, err)
 	}
 	if err := b.t.store.Put(ctx, indexKey(p.id), bytes.NewReader(p.index), int64(len(p.index))); err != nil {
@@ -195,5 +229,10 @@ func (b *backupRun) putPack(ctx context.Context, p *sealedPack) error {
 	b.ourPacks[p.id] = true
 	b.mu.Unlock()
 	b.t.index.add(p.id, p.entries)
+	// Only now, the upload done: an HTTP transport may still read a
+	// request's body after a failed round trip returns.
+	for _, buf := range p.bufs {
+		b.readBufs.put(buf)
+	}
 	return nil
 }

@@ -41,7 +41,8 @@ func TestCompressChoosesTheCodec(t *testing.T) {
 		{"small random chunk", random(100 << 10), CodecRaw},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			data, ok := tgt.compressed(tc.raw)
+			var sample []byte
+			data, ok := tgt.compressed(tc.raw, &sample)
 			assert.Equal(t, tc.want == CodecZstd, ok)
 			if !ok {
 				return

@@ -162,7 +162,7 @@ func (e *env) measure(ctx context.Context) (*results, error) {
 		return nil, err
 	}
 	e.log.Info("Full backup of snapshot s1")
-	if res.full, err = e.backup(ctx, engine, "s1", "b1", "", ""); err != nil {
+	if res.full, err = e.fullBackup(ctx, engine, "s1", "b1"); err != nil {
 		return nil, err
 	}
 

@@ -151,8 +151,10 @@ func (e *env) close(failed bool) error {
 	return errors.Join(errs...)
 }
 
-func (e *env) target() engineapi.BackupTarget {
-	return engineapi.BackupTarget{URL: fmt.Sprintf("s3://%s@%s/%s", bucket, region, targetPrefix),
+func (e *env) target() engineapi.BackupTarget { return e.targetAt(targetPrefix) }
+
+func (e *env) targetAt(prefix string) engineapi.BackupTarget {
+	return engineapi.BackupTarget{URL: fmt.Sprintf("s3://%s@%s/%s", bucket, region, prefix),
 		S3Endpoint: e.s3.Endpoint, AccessKey: e.s3.AccessKey, SecretKey: e.s3.SecretKey}
 }
 
@@ -194,11 +196,39 @@ type phase struct {
 	objects  int64 // objects it left in the bucket; -1: not counted
 	requests map[string]int64
 	status   *impb.BackupStatus // backups only
+	cpu      cpuUse             // CPU time the processes spent in it
 }
 
 // backup runs one backup job through the instance manager and times it
 // from the call to the status that says it completed.
 func (e *env) backup(ctx context.Context, engine, snap, name, base, baseSnap string) (phase, error) {
+	return e.backupTo(ctx, e.target(), engine, snap, name, base, baseSnap)
+}
+
+// fullBackup times -runs full backups of snap, all but the last to
+// targets of their own (a second one to the same target would dedupe every
+// chunk), and keeps the last one's objects and requests with the best
+// time: the raw PUT it is compared with is the best of -runs too.
+func (e *env) fullBackup(ctx context.Context, engine, snap, name string) (phase, error) {
+	var best time.Duration
+	var bestCPU cpuUse
+	for i := 1; i < e.cfg.runs; i++ {
+		p, err := e.backupTo(ctx, e.targetAt(fmt.Sprintf("tries/%d", i)), engine, snap, fmt.Sprintf("%s-try%d", name, i), "", "")
+		if err != nil {
+			return phase{}, err
+		}
+		if best == 0 || p.d < best {
+			best, bestCPU = p.d, p.cpu
+		}
+	}
+	p, err := e.backup(ctx, engine, snap, name, "", "")
+	if err == nil && best != 0 && best < p.d {
+		p.d, p.cpu = best, bestCPU
+	}
+	return p, err
+}
+
+func (e *env) backupTo(ctx context.Context, target engineapi.BackupTarget, engine, snap, name, base, baseSnap string) (phase, error) {
 	before, err := e.objects(ctx)
 	if err != nil {
 		return phase{}, err
@@ -206,7 +236,7 @@ func (e *env) backup(ctx context.Context, engine, snap, name, base, baseSnap str
 	var st *impb.BackupStatus
 	p, err := e.timedRequests(ctx, func() error {
 		err := e.clients[0].SnapshotBackup(ctx, engineapi.SnapshotBackupArgs{Engine: engine, Snapshot: snap, Backup: name,
-			Volume: "src", Target: e.target(), BaseBackup: base, BaseSnapshot: baseSnap, Concurrency: int32(e.cfg.concurrency)})
+			Volume: "src", Target: target, BaseBackup: base, BaseSnapshot: baseSnap, Concurrency: int32(e.cfg.concurrency)})
 		if err != nil {
 			return err
 		}
@@ -308,11 +338,19 @@ func (e *env) timedRequests(ctx context.Context, fn func() error) (phase, error)
 	if err != nil {
 		return phase{}, err
 	}
+	cpu0, err := e.cpu()
+	if err != nil {
+		return phase{}, err
+	}
 	start := time.Now()
 	if err := fn(); err != nil {
 		return phase{}, err
 	}
 	d := time.Since(start)
+	cpu1, err := e.cpu()
+	if err != nil {
+		return phase{}, err
+	}
 	reqs, err := e.requestsSince(ctx, from)
-	return phase{d: d, requests: reqs}, err
+	return phase{d: d, requests: reqs, cpu: cpu1.sub(cpu0)}, err
 }

@@ -73,7 +73,7 @@ func (r *results) print(w io.Writer) {
 		"%d workers and S3 streams; %d cores; %s\n", c.sizeMiB, c.replicas, c.concurrency, runtime.NumCPU(),
 		r.when.UTC().Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(w, "incremental: %d of %d 1 MiB blocks (%d%%) rewritten at random offsets; baselines and restores best of %d runs, "+
-		"backups one; ratios are MiB/s over the baseline's (backup: nbdcopy read, raw PUT; restore: nbdcopy read, raw GET)\n\n",
+		"the full backup best of %[4]d (all but one to targets of their own), the incremental one; ratios are MiB/s over the baseline's (backup: nbdcopy read, raw PUT; restore: nbdcopy read, raw GET)\n\n",
 		r.changedChunks, r.volumeBytes>>20, c.changePercent, c.runs)
 	fmt.Fprintf(w, "%-44s %7s %8s %8s %9s %7s %8s  %s\n", "operation", "MiB", "seconds", "MiB/s", "/nbdcopy", "/S3",
 		"objects", "requests")
@@ -111,5 +111,25 @@ func (r *results) print(w io.Writer) {
 		"over the fill just before the restores (%.0f MiB/s): full %s, incremental %s\n",
 		ratio(r.restoreFull, r.fill), ratio(r.restoreIncr, r.fill), r.lateFill.mibs(),
 		ratio(r.restoreFull, r.lateFill), ratio(r.restoreIncr, r.lateFill))
+	r.printCPU(w)
 	fmt.Fprintln(w, "restored volumes: SHA-256 equal to the source's at s1 and at s2")
+}
+
+// printCPU shows where the cores went in each phase: with every process on
+// the same cores, a phase's CPU seconds per GiB bound its MiB/s, so the
+// ratio of two phases' CPU bounds the ratio of their throughputs.
+func (r *results) printCPU(w io.Writer) {
+	perGiB := func(d time.Duration, p phase) float64 { return d.Seconds() / (float64(p.bytes) / (1 << 30)) }
+	line := func(label, client string, p phase, c time.Duration) string {
+		return fmt.Sprintf("%s %.2f (S3 server %.2f, %s %.2f)", label, perGiB(p.cpu.total(), p),
+			perGiB(p.cpu.server, p), client, perGiB(c, p))
+	}
+	fmt.Fprintf(w, "CPU seconds per GiB: %s; %s; %s; %s\n",
+		line("raw PUT", "client", r.put, r.put.cpu.bench), line("full backup", "instance managers", r.full, r.full.cpu.managers),
+		line("raw GET", "client", r.get, r.get.cpu.bench), line("restore of the full backup", "instance managers", r.restoreFull, r.restoreFull.cpu.managers))
+	fmt.Fprintf(w, "the cores' bound on full backup /PUT (the PUT's CPU per GiB over the backup's): %.2fx; "+
+		"CPU busy: raw PUT %.0f%%, full backup %.0f%% of %d cores\n",
+		r.put.cpu.total().Seconds()/r.put.mib()*r.full.mib()/r.full.cpu.total().Seconds(),
+		100*r.put.cpu.total().Seconds()/r.put.d.Seconds()/float64(runtime.NumCPU()),
+		100*r.full.cpu.total().Seconds()/r.full.d.Seconds()/float64(runtime.NumCPU()), runtime.NumCPU())
 }

@@ -99,6 +99,14 @@ func (s *Server) start() error {
 }
 
 // Restart starts a stopped server again on the same address and directory.
+// Pid is the server process's, or 0 when it is not running.
+func (s *Server) Pid() int {
+	if s.cmd == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
 func (s *Server) Restart() error { return s.start() }
 
 // Stop kills the server (SIGKILL: what a crash looks like to clients) and
