@@ -124,12 +124,21 @@ func (r *results) printCPU(w io.Writer) {
 		return fmt.Sprintf("%s %.2f (S3 server %.2f, %s %.2f)", label, perGiB(p.cpu.total(), p),
 			perGiB(p.cpu.server, p), client, perGiB(c, p))
 	}
-	fmt.Fprintf(w, "CPU seconds per GiB: %s; %s; %s; %s\n",
+	fmt.Fprintf(w, "CPU seconds per GiB: %s; %s; %s; %s; the fill just before the restores %.2f (instance managers %.2f, nbdcopy %.2f)\n",
 		line("raw PUT", "client", r.put, r.put.cpu.bench), line("full backup", "instance managers", r.full, r.full.cpu.managers),
-		line("raw GET", "client", r.get, r.get.cpu.bench), line("restore of the full backup", "instance managers", r.restoreFull, r.restoreFull.cpu.managers))
-	fmt.Fprintf(w, "the cores' bound on full backup /PUT (the PUT's CPU per GiB over the backup's): %.2fx; "+
-		"CPU busy: raw PUT %.0f%%, full backup %.0f%% of %d cores\n",
-		r.put.cpu.total().Seconds()/r.put.mib()*r.full.mib()/r.full.cpu.total().Seconds(),
-		100*r.put.cpu.total().Seconds()/r.put.d.Seconds()/float64(runtime.NumCPU()),
-		100*r.full.cpu.total().Seconds()/r.full.d.Seconds()/float64(runtime.NumCPU()), runtime.NumCPU())
+		line("raw GET", "client", r.get, r.get.cpu.bench), line("restore of the full backup", "instance managers", r.restoreFull, r.restoreFull.cpu.managers),
+		perGiB(r.lateFill.cpu.total(), r.lateFill), perGiB(r.lateFill.cpu.managers, r.lateFill), perGiB(r.lateFill.cpu.bench, r.lateFill))
+	busy := func(p phase) float64 {
+		return 100 * p.cpu.total().Seconds() / p.d.Seconds() / float64(runtime.NumCPU())
+	}
+	fmt.Fprintf(w, "the cores' bound (one phase's CPU per GiB over the other's): full backup /PUT %.2fx, restore of the full backup /the fill before it %.2fx; "+
+		"CPU busy (of %d cores): raw PUT %.0f%%, full backup %.0f%%, the fill %.0f%%, the restore %.0f%%\n",
+		bound(r.put, r.full), bound(r.lateFill, r.restoreFull), runtime.NumCPU(),
+		busy(r.put), busy(r.full), busy(r.lateFill), busy(r.restoreFull))
+}
+
+// bound is base's CPU per byte over p's: what p /base can reach when both
+// are bound by the same cores.
+func bound(base, p phase) float64 {
+	return base.cpu.total().Seconds() / base.mib() * p.mib() / p.cpu.total().Seconds()
 }
