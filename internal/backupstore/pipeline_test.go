@@ -79,15 +79,30 @@ func (d *overlapDst) WriteAt(p []byte, off int64) (int, error) {
 	return d.memDst.WriteAt(p, off)
 }
 
-// With ParallelWrites the fetch workers write at the same time (an engine
-// takes concurrent writes); the data restored is the backup's.
+// With ParallelWrites chunk writes run at the same time (an engine takes
+// concurrent writes): those of several fetch workers, and those of one
+// fetch; the data restored is the backup's.
 func TestRestoreWritesInParallelWhenAsked(t *testing.T) {
-	e := newEnv(t, 2*testChunk) // small packs: several fetches
-	data := volume(11, 12*testChunk)
-	m := e.backup(BackupInput{Volume: "v1", Backup: "b1", Size: int64(len(data)), Source: bytes.NewReader(data)})
-	d := &overlapDst{memDst: memDst{buf: make([]byte, m.VolumeSize)}, overlapped: make(chan struct{})}
-	require.NoError(t, e.tgt.Restore(context.Background(), m, d, nil,
-		RestoreOptions{Concurrency: 4, MaxFetch: testChunk, ParallelWrites: true}))
-	assert.GreaterOrEqual(t, d.most.Load(), int32(2), "two chunk writes ran at once")
-	assert.Equal(t, data, d.buf)
+	for _, tc := range []struct {
+		name                 string
+		packSize             int64
+		workers              int
+		maxFetch             int64
+		wantParallelFetchers bool
+	}{
+		{"several fetch workers, a chunk per fetch", 2 * testChunk, 4, testChunk, true},
+		{"one fetch worker, every chunk in one fetch", 16 * testChunk, 1, 16 * testChunk, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, tc.packSize)
+			data := volume(11, 12*testChunk)
+			m := e.backup(BackupInput{Volume: "v1", Backup: "b1", Size: int64(len(data)), Source: bytes.NewReader(data)})
+			require.Equal(t, tc.wantParallelFetchers, len(planFetches(m, tc.maxFetch)) > 1)
+			d := &overlapDst{memDst: memDst{buf: make([]byte, m.VolumeSize)}, overlapped: make(chan struct{})}
+			require.NoError(t, e.tgt.Restore(context.Background(), m, d, nil,
+				RestoreOptions{Concurrency: tc.workers, MaxFetch: tc.maxFetch, ParallelWrites: true}))
+			assert.GreaterOrEqual(t, d.most.Load(), int32(2), "two chunk writes ran at once")
+			assert.Equal(t, data, d.buf)
+		})
+	}
 }

@@ -8,6 +8,8 @@ import (
 	"io"
 	"sort"
 	"sync"
+
+	"golang.org/x/sync/errgroup"
 )
 
 // ChunkError names a chunk that failed to restore or verify: the backup,
@@ -98,47 +100,68 @@ func planFetches(m *Manifest, maxFetch int64) []fetch {
 // chunkSink receives each verified chunk, or the error that chunk hit.
 type chunkSink func(e *Entry, data []byte, err *ChunkError) error
 
+// chunksAtOnce is how many chunks of one fetch are verified and handed to
+// the sink at once: a restore's writes then overlap each other (a write
+// waits for every replica) and the other workers' GETs, instead of one
+// write in flight per fetch worker.
+const chunksAtOnce = 4
+
 // readChunks fetches every data chunk of m and verifies it against its id.
 func (t *Target) readChunks(ctx context.Context, m *Manifest, workers int, maxFetch int64, sink chunkSink) error {
 	fetches := planFetches(m, maxFetch)
+	// One fetch buffer per worker, reused: a fresh 16 MiB buffer per GET is
+	// zeroed and faulted in page by page.
+	bufs := newBufferList(workers, int(maxFetch))
 	return parallel(ctx, len(fetches), workers, func(i int) error {
-		return t.runFetch(ctx, m, &fetches[i], sink)
+		return t.runFetch(ctx, m, &fetches[i], bufs, sink)
 	})
 }
 
-func (t *Target) runFetch(ctx context.Context, m *Manifest, f *fetch, sink chunkSink) error {
+func (t *Target) runFetch(ctx context.Context, m *Manifest, f *fetch, bufs *bufferList, sink chunkSink) error {
 	pack := m.Packs[f.pack]
-	buf, ferr := t.getRange(ctx, packKey(pack), f.off, f.end-f.off)
+	pooled := bufs.get()
+	buf, ferr := t.getRange(ctx, packKey(pack), f.off, f.end-f.off, *pooled)
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(chunksAtOnce)
 	for _, i := range f.entries {
-		e := &m.Entries[i]
-		var out []byte
-		err := ferr
-		if err == nil {
-			out, err = t.decodeChunk(e, buf[e.Offset-f.off:e.Offset-f.off+uint64(e.CLen)], m.chunkLen(e.Index))
+		if gctx.Err() != nil {
+			break
 		}
-		var ce *ChunkError
-		if err != nil {
-			ce = &ChunkError{Volume: m.Volume, Backup: m.Backup, Index: e.Index, Offset: e.Index * m.ChunkSize,
-				Chunk: e.Chunk, Pack: pack, Err: err}
-		}
-		if err := sink(e, out, ce); err != nil {
-			return err
-		}
+		g.Go(func() error {
+			e := &m.Entries[i]
+			var out []byte
+			err := ferr
+			if err == nil {
+				out, err = t.decodeChunk(e, buf[e.Offset-f.off:e.Offset-f.off+uint64(e.CLen)], m.chunkLen(e.Index))
+			}
+			var ce *ChunkError
+			if err != nil {
+				ce = &ChunkError{Volume: m.Volume, Backup: m.Backup, Index: e.Index, Offset: e.Index * m.ChunkSize,
+					Chunk: e.Chunk, Pack: pack, Err: err}
+			}
+			return sink(e, out, ce)
+		})
 	}
-	return nil
+	err := g.Wait()
+	bufs.put(pooled) // every chunk of it written or dropped
+	return err
 }
 
-// getRange reads exactly n bytes: a short object is an error, never zeroes.
-func (t *Target) getRange(ctx context.Context, key string, off, n uint64) ([]byte, error) {
+// getRange reads exactly n bytes into buf when it is big enough (else a
+// new buffer): a short object is an error, never zeroes.
+func (t *Target) getRange(ctx context.Context, key string, off, n uint64, buf []byte) ([]byte, error) {
 	rc, err := t.store.GetRange(ctx, key, int64(off), int64(n))
 	if err != nil {
 		return nil, err
 	}
 	defer rc.Close()
-	buf := make([]byte, n)
+	if uint64(len(buf)) < n {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
 	if _, err := io.ReadFull(rc, buf); err != nil {
 		return nil, fmt.Errorf("read %s at %d+%d: %w", key, off, n, err)
 	}
