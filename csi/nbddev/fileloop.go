@@ -249,9 +249,14 @@ func (c *FileLoop) loopsIn(all map[string]string, volumeID string) (live string,
 	if strings.HasPrefix(backing, c.fileDir+"/") {
 		return "", stale, nil
 	}
-	if id, err := loopFileID(device); err == nil && id == want {
+	id, err := loopFileID(device)
+	if err == nil && id == want {
 		return "", staleLoop{device: device, backing: backing}, nil
 	}
+	// Not this volume's (a number given out again), or it cannot tell: said,
+	// since the device then stays bound until something else detaches it.
+	c.log.WithFields(logrus.Fields{"volume": volumeID, "device": device, "backing": backing, "recorded": want,
+		"found": id, "error": err}).Warn("nbddev: the recorded loop device is not this volume's stale one")
 	return "", stale, nil
 }
 

@@ -190,6 +190,7 @@ func TestFileLoopTellsApartTheDeadFilesOfSeveralVolumes(t *testing.T) {
 		device, err := c.Connect(ctx, v, localEndpoint(v))
 		require.NoError(t, err)
 		first[v] = device
+		detachIfStillOurs(t, device)
 	}
 	for _, v := range volumes { // the instance manager is killed
 		require.NoError(t, servers[v].Close())
@@ -238,4 +239,19 @@ func loopDevicesOn(fileDir string, devices map[string]string) ([]string, error) 
 	}
 	sort.Strings(out)
 	return out, nil
+}
+
+// detachIfStillOurs detaches device at the end of the test if it is still
+// bound to the file it is bound to now (the same device and inode), so a
+// failed test leaves no loop device on a dead file for other packages'
+// residue checks; a number given out again to someone else is left alone.
+func detachIfStillOurs(t *testing.T, device string) {
+	t.Helper()
+	id, err := loopFileID(device)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if now, err := loopFileID(device); err == nil && now == id {
+			_ = detachLoop(context.Background(), "cleanup", device, "")
+		}
+	})
 }
