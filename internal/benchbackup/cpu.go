@@ -47,6 +47,25 @@ func (e *env) cpu() (cpuUse, error) {
 	return c, nil
 }
 
+// timed runs fn and returns its wall time and the CPU every process spent
+// meanwhile.
+func (e *env) timed(fn func() error) (phase, error) {
+	cpu0, err := e.cpu()
+	if err != nil {
+		return phase{}, err
+	}
+	start := time.Now()
+	if err := fn(); err != nil {
+		return phase{}, err
+	}
+	d := time.Since(start)
+	cpu1, err := e.cpu()
+	if err != nil {
+		return phase{}, err
+	}
+	return phase{d: d, cpu: cpu1.sub(cpu0)}, nil
+}
+
 // processCPU is the user and system time of every thread of pid so far.
 func processCPU(pid int) (time.Duration, error) {
 	p, err := procfs.NewProc(pid)

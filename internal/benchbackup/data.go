@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"slices"
 	"syscall"
-	"time"
 )
 
 const block = 1 << 20 // the unit of change, the target's default chunk size
@@ -84,17 +83,9 @@ func (e *env) volumeSHA256(ctx context.Context, uri string) (string, error) {
 // bytes moved, after an untimed sync.
 func (e *env) timedNBDCopy(ctx context.Context, src, dst string) (phase, error) {
 	syscall.Sync()
-	cpu0, err := e.cpu()
-	if err != nil {
-		return phase{}, err
-	}
-	start := time.Now()
-	if err := nbdcopy(ctx, "--flush", src, dst); err != nil {
-		return phase{}, err
-	}
-	d := time.Since(start)
-	cpu1, err := e.cpu()
-	return phase{bytes: int64(e.cfg.sizeMiB) << 20, d: d, objects: -1, cpu: cpu1.sub(cpu0)}, err
+	p, err := e.timed(func() error { return nbdcopy(ctx, "--flush", src, dst) })
+	p.bytes, p.objects = int64(e.cfg.sizeMiB)<<20, -1
+	return p, err
 }
 
 func nbdcopy(ctx context.Context, args ...string) error {

@@ -338,19 +338,10 @@ func (e *env) timedRequests(ctx context.Context, fn func() error) (phase, error)
 	if err != nil {
 		return phase{}, err
 	}
-	cpu0, err := e.cpu()
+	p, err := e.timed(fn)
 	if err != nil {
 		return phase{}, err
 	}
-	start := time.Now()
-	if err := fn(); err != nil {
-		return phase{}, err
-	}
-	d := time.Since(start)
-	cpu1, err := e.cpu()
-	if err != nil {
-		return phase{}, err
-	}
-	reqs, err := e.requestsSince(ctx, from)
-	return phase{d: d, requests: reqs, cpu: cpu1.sub(cpu0)}, err
+	p.requests, err = e.requestsSince(ctx, from)
+	return p, err
 }
