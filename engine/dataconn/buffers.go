@@ -59,7 +59,10 @@ type frameWriter struct {
 	w io.Writer
 	// bw coalesces the pieces when w cannot take them in one writev (a TLS
 	// connection writes each piece as its own record otherwise).
-	bw      *bufio.Writer
+	bw *bufio.Writer
+	// gather, on a TLS connection, turns the records of one flush into
+	// few system calls (recordConn).
+	gather  gatherer
 	scratch []byte
 	mark    int // scratch[:mark] is already referenced by bufs
 	bufs    net.Buffers
@@ -70,6 +73,7 @@ func newFrameWriter(w io.Writer) *frameWriter {
 	if _, ok := w.(*net.TCPConn); !ok {
 		fw.bw = bufio.NewWriterSize(w, 64<<10)
 	}
+	fw.gather, _ = w.(gatherer)
 	return fw
 }
 
@@ -108,6 +112,9 @@ func (fw *frameWriter) flush() error {
 	var err error
 	if len(fw.bufs) > 0 {
 		if fw.bw != nil {
+			if fw.gather != nil {
+				fw.gather.hold()
+			}
 			for _, b := range fw.bufs {
 				if _, err = fw.bw.Write(b); err != nil {
 					break
@@ -115,6 +122,11 @@ func (fw *frameWriter) flush() error {
 			}
 			if err == nil {
 				err = fw.bw.Flush()
+			}
+			if fw.gather != nil {
+				if gerr := fw.gather.release(); err == nil {
+					err = gerr
+				}
 			}
 		} else {
 			bufs := fw.bufs // WriteTo consumes its receiver; keep fw.bufs' array

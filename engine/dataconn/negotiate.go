@@ -26,8 +26,9 @@ const (
 )
 
 func clientHandshake(ctx context.Context, raw net.Conn, opts Options) (net.Conn, error) {
-	tc := tls.Client(raw, opts.TLS)
-	out := net.Conn(tc)
+	rc := &recordConn{Conn: raw}
+	tc := tls.Client(rc, opts.TLS)
+	out := net.Conn(gatheringTLS{Conn: tc, rc: rc})
 	err := negotiate(ctx, raw, func() error {
 		if err := tc.HandshakeContext(ctx); err != nil {
 			return err
@@ -59,8 +60,9 @@ func clientHandshake(ctx context.Context, raw net.Conn, opts Options) (net.Conn,
 }
 
 func serverHandshake(ctx context.Context, raw net.Conn, cfg *tls.Config) (net.Conn, error) {
-	tc := tls.Server(raw, cfg)
-	out := net.Conn(tc)
+	rc := &recordConn{Conn: raw}
+	tc := tls.Server(rc, cfg)
+	out := net.Conn(gatheringTLS{Conn: tc, rc: rc})
 	err := negotiate(ctx, raw, func() error {
 		if err := tc.HandshakeContext(ctx); err != nil {
 			return err
