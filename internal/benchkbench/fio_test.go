@@ -20,8 +20,8 @@ func fioJSON(failing string) string {
 		}
 		v := float64(i + 1)
 		jobs = append(jobs, fmt.Sprintf(`{"jobname":%q,"error":%d,`+
-			`"read":{"iops":%g,"bw":%g,"clat_ns":{"percentile":{"50.000000":%g,"99.000000":%g}}},`+
-			`"write":{"iops":%g,"bw":%g,"clat_ns":{"percentile":{"50.000000":%g,"99.000000":%g}}}}`,
+			`"read":{"iops":%g,"bw":%g,"lat_ns":{"percentile":{"50.000000":%g,"99.000000":%g}}},`+
+			`"write":{"iops":%g,"bw":%g,"lat_ns":{"percentile":{"50.000000":%g,"99.000000":%g}}}}`,
 			j.name, errCode, v*1000, v*1024, v*1000, v*2000, v*100, v*2048, v*3000, v*4000))
 	}
 	return `{"fio version":"fio-3.33","jobs":[` + strings.Join(jobs, ",") + `]}`

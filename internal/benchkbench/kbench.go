@@ -161,11 +161,12 @@ func (b *bench) measureAll(ctx context.Context) ([]target, error) {
 		run  func(context.Context) (figures, error)
 	}{
 		{"local-path (hostPath)", b.localPath},
-		{"raw NBD, 1 replica", func(ctx context.Context) (figures, error) { return b.rawNBD(ctx, 1) }},
+		{"raw NBD, 1 replica", func(ctx context.Context) (figures, error) { return b.rawNBD(ctx, 1, false) }},
+		{"raw NBD from the host, 1 replica", func(ctx context.Context) (figures, error) { return b.rawNBD(ctx, 1, true) }},
 		{"ext4, 1 replica", func(ctx context.Context) (figures, error) { return b.claim(ctx, 1, false) }},
 		{"block, 1 replica", func(ctx context.Context) (figures, error) { return b.claim(ctx, 1, true) }},
 		{"ext4 from the host, 1 replica", func(ctx context.Context) (figures, error) { return b.ext4FromHost(ctx, 1) }},
-		{"raw NBD, 3 replicas", func(ctx context.Context) (figures, error) { return b.rawNBD(ctx, 3) }},
+		{"raw NBD, 3 replicas", func(ctx context.Context) (figures, error) { return b.rawNBD(ctx, 3, false) }},
 		{"ext4, 3 replicas", func(ctx context.Context) (figures, error) { return b.claim(ctx, 3, false) }},
 		{"block, 3 replicas", func(ctx context.Context) (figures, error) { return b.claim(ctx, 3, true) }},
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -255,15 +256,27 @@ func (b *bench) startPod(ctx context.Context, name string, c corev1.Container, v
 // block, as the device /dev/kbench) and parses its output.
 func (b *bench) fioPod(ctx context.Context, name string, vol corev1.Volume, block bool) (figures, error) {
 	target := []string{"--ioengine=libaio", "--filename=/data/fio.dat"}
-	c := corev1.Container{Name: "fio", Image: images.FioRef, ImagePullPolicy: corev1.PullNever, Command: []string{"fio"}}
 	if block {
 		target[1] = "--filename=/dev/kbench"
 	}
+	c := b.fioContainer(target)
 	mountData(&c, vol, block)
-	c.Args = fioArgs(target, b.cfg.fileSize, b.cfg.runtime)
+	return b.runFioPod(ctx, name, c, vol)
+}
+
+// fioContainer runs the suite's jobs on target (fio's engine options).
+func (b *bench) fioContainer(target []string) corev1.Container {
+	c := corev1.Container{Name: "fio", Image: images.FioRef, ImagePullPolicy: corev1.PullNever, Command: []string{"fio"},
+		Args: fioArgs(target, b.cfg.fileSize, b.cfg.runtime)}
 	if b.cfg.fioCPU != "" {
 		c.Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(b.cfg.fioCPU)}
 	}
+	return c
+}
+
+// runFioPod runs c (a fioContainer) in a Pod on b.node with vol, waits
+// for it to end and parses its output.
+func (b *bench) runFioPod(ctx context.Context, name string, c corev1.Container, vol corev1.Volume) (figures, error) {
 	pod, stop, err := b.startPod(ctx, "fio-"+name, c, vol)
 	if err != nil {
 		return figures{}, err
@@ -290,13 +303,22 @@ func (b *bench) fioPod(ctx context.Context, name string, vol corev1.Volume, bloc
 }
 
 // rawNBD attaches a new volume to b.node through a strata-api ticket and
-// runs fio's nbd engine on the host against its export.
-func (b *bench) rawNBD(ctx context.Context, replicas int) (figures, error) {
+// runs fio's nbd engine against its export in a Pod on that node, as the
+// other targets' fio runs: the same image, the same cgroup class, so the
+// ratios compare the paths and not where fio ran. The export is a unix
+// socket on the node; the Pod mounts its directory at the same path.
+// fromHost runs fio on the host instead, as the suite did before: fio's
+// nbd engine is a client in fio's own process, so where it runs weighs on
+// this target more than on the others, whose I/O the kernel carries.
+func (b *bench) rawNBD(ctx context.Context, replicas int, fromHost bool) (figures, error) {
 	size, err := b.claimSize()
 	if err != nil {
 		return figures{}, err
 	}
 	name := fmt.Sprintf("kbench-raw-%dr", replicas)
+	if fromHost {
+		name += "-host"
+	}
 	volumes := b.strata.StrataV1beta1().Volumes(types.DefaultNamespace)
 	v := &v1beta1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: types.DefaultNamespace},
 		Spec: v1beta1.VolumeSpec{Size: size, NumberOfReplicas: int32(replicas), Frontend: v1beta1.VolumeFrontendNBD,
@@ -338,12 +360,38 @@ func (b *bench) rawNBD(ctx context.Context, replicas int) (figures, error) {
 	if err := b.waitLocal(ctx, name, replicas); err != nil {
 		return figures{}, err
 	}
-	out, err := exec.CommandContext(ctx, "fio", fioArgs([]string{"--ioengine=nbd", "--uri=" + endpoint},
-		b.cfg.fileSize, b.cfg.runtime)...).CombinedOutput()
-	if err != nil {
-		return figures{}, fmt.Errorf("fio on %s: %w: %s", endpoint, err, truncate(out, 2000))
+	target := []string{"--ioengine=nbd", "--uri=" + endpoint}
+	if fromHost {
+		out, err := exec.CommandContext(ctx, "fio", fioArgs(target, b.cfg.fileSize, b.cfg.runtime)...).CombinedOutput()
+		if err != nil {
+			return figures{}, fmt.Errorf("fio on %s: %w: %s", endpoint, err, truncate(out, 2000))
+		}
+		return parseFio(out)
 	}
-	return parseFio(out)
+	sock, err := nbdSocket(endpoint)
+	if err != nil {
+		return figures{}, err
+	}
+	dirType := corev1.HostPathDirectory
+	vol := corev1.Volume{Name: "nbd", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
+		Path: filepath.Dir(sock), Type: &dirType}}}
+	c := b.fioContainer(target)
+	c.VolumeMounts = []corev1.VolumeMount{{Name: vol.Name, MountPath: filepath.Dir(sock)}}
+	return b.runFioPod(ctx, name, c, vol)
+}
+
+// nbdSocket is the socket path of an nbd+unix URI (the instance manager's
+// form, nbd+unix:///<volume>?socket=<path>).
+func nbdSocket(endpoint string) (string, error) {
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		return "", fmt.Errorf("frontend endpoint %q: %w", endpoint, err)
+	}
+	sock := u.Query().Get("socket")
+	if u.Scheme != "nbd+unix" || !filepath.IsAbs(sock) {
+		return "", fmt.Errorf("frontend endpoint %q: want nbd+unix:///<export>?socket=<absolute path>", endpoint)
+	}
+	return sock, nil
 }
 
 func (b *bench) editTickets(ctx context.Context, volume string, edit func(map[string]*v1beta1.AttachmentTicket)) error {
