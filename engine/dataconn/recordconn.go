@@ -24,7 +24,6 @@ type recordConn struct {
 	mu   sync.Mutex
 	held bool
 	out  *[]byte // gathered records; from the payload pools, nil when empty
-
 }
 
 // Write is called by crypto/tls under its own output lock, so records
@@ -36,15 +35,9 @@ func (c *recordConn) Write(p []byte) (int, error) {
 		return c.Conn.Write(p)
 	}
 	if c.out == nil {
-		c.out = getBuf(0)
-		// A pooled buffer of the next class up holds gatherLimit plus the
-		// record that crosses it without growing.
-		if cap(*c.out) < gatherLimit+maxRecord {
-			putBuf(c.out)
-			b := getBuf(gatherLimit + maxRecord)
-			*b = (*b)[:0]
-			c.out = b
-		}
+		// Room for gatherLimit and the record that crosses it.
+		c.out = getBuf(gatherLimit + maxRecord)
+		*c.out = (*c.out)[:0]
 	}
 	*c.out = append(*c.out, p...)
 	if len(*c.out) >= gatherLimit {
