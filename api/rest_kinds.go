@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/strata-storage/strata/datastore"
@@ -72,12 +73,17 @@ func (k kind[T]) get(c *call) error {
 	return c.reply(http.StatusOK, obj)
 }
 
-// cached is the named object from the cache, or a 404.
+// cached is the named object from the cache or, when the cache has none,
+// from the API server (a client that just created it must not get a 404
+// from a cache a moment behind); a 404 when neither has it.
 func (k kind[T]) cached(c *call, name string) (T, error) {
-	obj, err := k.store(c.opts.Cache).GetRO(name)
-	if err != nil {
-		var zero T
+	obj, err := k.store(c.opts.Cache).GetROOrLive(c.r.Context(), name)
+	var zero T
+	switch {
+	case apierrors.IsNotFound(err):
 		return zero, fmt.Errorf("%s %q: %w", k.noun, name, errNotFound)
+	case err != nil:
+		return zero, fmt.Errorf("reading %s %q: %w", k.noun, name, err)
 	}
 	return obj, nil
 }

@@ -83,6 +83,7 @@ func TestRESTRoutes(t *testing.T) {
 		wantCode                 int
 		wantError, wantField     string
 		wantEvent                string // in the one event recorded; none when empty
+		setup                    func(t *testing.T, env *dstest.Env)
 		check                    func(t *testing.T, env *dstest.Env, body map[string]any)
 	}{
 		{name: "no token", method: "GET", path: "/v1/volumes", noToken: true, wantCode: 401, wantError: "no Authorization header"},
@@ -97,6 +98,15 @@ func TestRESTRoutes(t *testing.T) {
 				assert.Equal(t, "v1", body["metadata"].(map[string]any)["name"])
 			}},
 		{name: "get a missing volume", method: "GET", path: "/v1/volumes/nope", wantCode: 404, wantError: `volume "nope": not found`},
+		{name: "get a volume the cache has not seen yet", method: "GET", path: "/v1/volumes/v1", wantCode: 200,
+			// A client that just created it (kubectl strata backup restore
+			// --wait) must not get a 404 from a cache a moment behind.
+			setup: func(t *testing.T, env *dstest.Env) {
+				require.NoError(t, env.DS.Volumes.Informer().GetIndexer().Delete(restVolume("v1", "1Gi")))
+			},
+			check: func(t *testing.T, _ *dstest.Env, body map[string]any) {
+				assert.Equal(t, "v1", body["metadata"].(map[string]any)["name"])
+			}},
 		{name: "create a volume", method: "POST", path: "/v1/volumes", body: `{"name":"v3","size":"1Gi","numberOfReplicas":2}`,
 			wantCode: 201, check: func(t *testing.T, env *dstest.Env, _ map[string]any) {
 				strata := env.Strata
@@ -311,6 +321,9 @@ func TestRESTRoutes(t *testing.T) {
 				restBackup("b1", v1beta1.BackupStateCompleted), restBackup("b2", v1beta1.BackupStateInProgress),
 				restImage("img1", "disk-a", "disk-b")},
 				[]runtime.Object{heldLease("api-held", "v1")})
+			if tc.setup != nil {
+				tc.setup(t, env)
+			}
 			kube := newFakeKube(alice.Username)
 			kube.verbs = tc.verbs
 			events := record.NewFakeRecorder(10)
