@@ -197,10 +197,15 @@ func (b *bench) ext4FromHost(ctx context.Context, replicas int) (figures, error)
 	}
 	mount := filepath.Join(kubeletRoot, "pods", string(pod.UID), "volumes",
 		"kubernetes.io~csi", claim.Spec.VolumeName, "mount")
-	out, err := exec.CommandContext(ctx, "fio", fioArgs([]string{"--ioengine=libaio", "--filename=" + filepath.Join(mount, "fio.dat")},
-		b.cfg.fileSize, b.cfg.runtime)...).CombinedOutput()
+	return b.hostFio(ctx, []string{"--ioengine=libaio", "--filename=" + filepath.Join(mount, "fio.dat")}, mount)
+}
+
+// hostFio runs the suite's jobs on target with the host's fio; what names
+// the target in errors.
+func (b *bench) hostFio(ctx context.Context, target []string, what string) (figures, error) {
+	out, err := exec.CommandContext(ctx, "fio", fioArgs(target, b.cfg.fileSize, b.cfg.runtime)...).CombinedOutput()
 	if err != nil {
-		return figures{}, fmt.Errorf("fio on %s: %w: %s", mount, err, truncate(out, 2000))
+		return figures{}, fmt.Errorf("fio on %s: %w: %s", what, err, truncate(out, 2000))
 	}
 	return parseFio(out)
 }
@@ -362,11 +367,7 @@ func (b *bench) rawNBD(ctx context.Context, replicas int, fromHost bool) (figure
 	}
 	target := []string{"--ioengine=nbd", "--uri=" + endpoint}
 	if fromHost {
-		out, err := exec.CommandContext(ctx, "fio", fioArgs(target, b.cfg.fileSize, b.cfg.runtime)...).CombinedOutput()
-		if err != nil {
-			return figures{}, fmt.Errorf("fio on %s: %w: %s", endpoint, err, truncate(out, 2000))
-		}
-		return parseFio(out)
+		return b.hostFio(ctx, target, endpoint)
 	}
 	sock, err := nbdSocket(endpoint)
 	if err != nil {
