@@ -31,7 +31,7 @@ func Main(args []string) {
 
 // NewCommand is the kubectl strata command line.
 func NewCommand() *cli.Command {
-	return &cli.Command{
+	root := &cli.Command{
 		Name:  "kubectl strata",
 		Usage: "Strata's actions: volumes, snapshots, attachments, backups, backing images, snapshot quotas",
 		Description: `Talks to Strata's REST API on a manager (found from the Strata Nodes, or --api),
@@ -59,6 +59,48 @@ Examples:
 		},
 		Commands: []*cli.Command{volumeCommand(), snapshotCommand(), backupCommand(), imageCommand(), quotaCommand()},
 	}
+	kubectlStyle(root)
+	return root
+}
+
+// kubectlVerbs are the names a kubectl user types for our short ones.
+var kubectlVerbs = map[string]string{"ls": "list", "rm": "delete"}
+
+// kubectlStyle gives every command in the tree its kubectl name as an
+// alias, and every command that only groups others an action that names
+// an unknown subcommand as an error (urfave/cli's own says "No help topic").
+func kubectlStyle(cmd *cli.Command) {
+	if verb, ok := kubectlVerbs[cmd.Name]; ok && !slices.Contains(cmd.Aliases, verb) {
+		cmd.Aliases = append(cmd.Aliases, verb)
+	}
+	if len(cmd.Commands) == 0 {
+		return
+	}
+	if cmd.Action == nil {
+		cmd.Action = unknownSubcommand
+	}
+	for _, sub := range cmd.Commands {
+		kubectlStyle(sub)
+	}
+}
+
+// unknownSubcommand shows a group's help when no subcommand is given and
+// is an error naming the one given otherwise.
+func unknownSubcommand(ctx context.Context, cmd *cli.Command) error {
+	if cmd.Args().Len() == 0 {
+		if cmd.Root() == cmd {
+			return cli.ShowRootCommandHelp(cmd)
+		}
+		return cli.ShowSubcommandHelp(cmd)
+	}
+	var names []string
+	for _, sub := range cmd.VisibleCommands() {
+		if sub.Name != "help" {
+			names = append(names, sub.Name)
+		}
+	}
+	return fmt.Errorf("unknown command %q for %q: it has %s (see %s --help)",
+		cmd.Args().First(), cmd.FullName(), strings.Join(names, ", "), cmd.FullName())
 }
 
 // session is what every action works with.

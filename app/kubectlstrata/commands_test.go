@@ -22,7 +22,8 @@ func TestHelp(t *testing.T) {
 	}{
 		{[]string{"kubectl-strata", "--help"}, []string{"volume, vol", "snapshot, snap", "backup, bk", "image, bi", "quota", "--token", "--output string, -o string",
 			"kubectl strata volume create data --size 1Gi --replicas 2"}},
-		{[]string{"kubectl-strata", "volume", "--help"}, []string{"ls", "create", "rm", "expand", "attach", "detach", "revert"}},
+		{[]string{"kubectl-strata", "volume", "--help"}, []string{"ls, list", "create", "rm, delete", "expand", "attach", "detach", "revert"}},
+		{[]string{"kubectl-strata", "snapshot"}, []string{"ls, list", "rm, delete"}},
 		{[]string{"kubectl-strata", "volume", "attach", "--help"}, []string{"--node", "--keep", "--ttl", "renews it until"}},
 		{[]string{"kubectl-strata", "quota", "set", "--help"}, []string{"NAMESPACE SIZE", "--vm", "kubectl strata quota set apps 5Gi --vm vm1"}},
 	}
@@ -35,6 +36,32 @@ func TestHelp(t *testing.T) {
 			for _, w := range tc.want {
 				assert.Contains(t, out.String(), w)
 			}
+		})
+	}
+}
+
+// A command that is not there is an error naming it and what there is,
+// not urfave/cli's "No help topic"; kubectl's verbs reach ours.
+func TestUnknownCommand(t *testing.T) {
+	tests := []struct {
+		args    []string
+		wantErr string
+	}{
+		{[]string{"kubectl-strata", "volum", "ls"}, `unknown command "volum" for "kubectl strata": it has volume, snapshot, backup, image, quota`},
+		{[]string{"kubectl-strata", "volume", "remove", "x"}, `unknown command "remove" for "kubectl strata volume": it has ls, create, rm, expand, attach, revert, detach`},
+		{[]string{"kubectl-strata", "quota", "get"}, `unknown command "get" for "kubectl strata quota"`},
+		// kubectl's verbs are aliases: they reach the action, which first
+		// reads the kubeconfig.
+		{[]string{"kubectl-strata", "--kubeconfig", "/nonexistent/kc", "volume", "delete", "x"}, "kubeconfig: stat /nonexistent/kc"},
+		{[]string{"kubectl-strata", "--kubeconfig", "/nonexistent/kc", "snapshot", "list", "x"}, "kubeconfig: stat /nonexistent/kc"},
+	}
+	for _, tc := range tests {
+		t.Run(strings.Join(tc.args[1:], " "), func(t *testing.T) {
+			cmd := NewCommand()
+			cmd.Writer = &bytes.Buffer{}
+			err := cmd.Run(context.Background(), tc.args)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.wantErr)
 		})
 	}
 }
