@@ -100,8 +100,11 @@ func TestFreeze(t *testing.T) {
 	})
 	t.Run("a freeze ends on its own; a snapshot after it is refused", func(t *testing.T) {
 		e, reps, _ := newTestEngine(t, ModeRW)
-		require.NoError(t, e.Freeze(ctx, "c", 100*time.Millisecond))
+		// Taken before the freeze's timer starts, so a write that waited
+		// for it cannot have taken less than its timeout (after Freeze,
+		// the timer had already run for a moment: 98.6 ms in one run).
 		start := time.Now()
+		require.NoError(t, e.Freeze(ctx, "c", 100*time.Millisecond))
 		_, err := e.WriteAt(make([]byte, 512), 0) // waits for the thaw
 		require.NoError(t, err)
 		assert.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond, "the write waited for the freeze")
