@@ -120,12 +120,30 @@ func action(do func(ctx context.Context, s *session) error) cli.ActionFunc {
 		if err := p.check(); err != nil {
 			return err
 		}
+		if err := checkArgs(cmd); err != nil {
+			return err
+		}
 		c, err := newClient(ctx, cmd)
 		if err != nil {
 			return err
 		}
 		return do(ctx, &session{client: c, print: p, cmd: cmd})
 	}
+}
+
+// checkArgs refuses a command line that lacks an argument its usage names
+// (NAME, VOLUME NAME; "[NAME]" is optional) before anything is read from
+// the cluster, so the error is the missing argument, not the cluster's.
+func checkArgs(cmd *cli.Command) error {
+	for n, word := range strings.Fields(cmd.ArgsUsage) {
+		if strings.HasPrefix(word, "[") {
+			return nil
+		}
+		if _, err := arg(cmd, n, strings.TrimSuffix(word, "...")); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // arg is the n-th argument, which must be there.

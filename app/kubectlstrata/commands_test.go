@@ -41,8 +41,10 @@ func TestHelp(t *testing.T) {
 }
 
 // A command that is not there is an error naming it and what there is,
-// not urfave/cli's "No help topic"; kubectl's verbs reach ours.
-func TestUnknownCommand(t *testing.T) {
+// not urfave/cli's "No help topic"; kubectl's verbs reach ours; a missing
+// argument is named before the cluster is asked anything (the kubeconfig
+// here does not exist).
+func TestCommandLineErrors(t *testing.T) {
 	tests := []struct {
 		args    []string
 		wantErr string
@@ -54,6 +56,13 @@ func TestUnknownCommand(t *testing.T) {
 		// reads the kubeconfig.
 		{[]string{"kubectl-strata", "--kubeconfig", "/nonexistent/kc", "volume", "delete", "x"}, "kubeconfig: stat /nonexistent/kc"},
 		{[]string{"kubectl-strata", "--kubeconfig", "/nonexistent/kc", "snapshot", "list", "x"}, "kubeconfig: stat /nonexistent/kc"},
+		{[]string{"kubectl-strata", "--kubeconfig", "/nonexistent/kc", "volume", "rm"}, "missing NAME: see kubectl strata volume rm --help"},
+		{[]string{"kubectl-strata", "--kubeconfig", "/nonexistent/kc", "snapshot", "create"}, "missing VOLUME: see kubectl strata snapshot create --help"},
+		{[]string{"kubectl-strata", "--kubeconfig", "/nonexistent/kc", "quota", "set", "apps"}, "missing SIZE"},
+		{[]string{"kubectl-strata", "--kubeconfig", "/nonexistent/kc", "image", "cleanup", "golden"}, "missing DISK-UUID"},
+		// An optional argument may be left out: the kubeconfig is read.
+		{[]string{"kubectl-strata", "--kubeconfig", "/nonexistent/kc", "snapshot", "create", "v1"}, "kubeconfig: stat /nonexistent/kc"},
+		{[]string{"kubectl-strata", "--kubeconfig", "/nonexistent/kc", "backup", "create", "v1"}, "kubeconfig: stat /nonexistent/kc"},
 	}
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args[1:], " "), func(t *testing.T) {
