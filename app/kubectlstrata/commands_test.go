@@ -84,6 +84,12 @@ func TestTable(t *testing.T) {
 		{"longer-name", "16Mi", p.age(metav1.Time{})},
 	}))
 	assert.Equal(t, "NAME          SIZE   AGE\na             1Gi    5m\nlonger-name   16Mi   <unknown>\n", out.String())
+
+	// Nothing to list: no header, and kubectl's words on the error stream.
+	var empty, errOut bytes.Buffer
+	require.NoError(t, printer{out: &empty, errOut: &errOut}.table([]string{"NAME"}, nil))
+	assert.Empty(t, empty.String())
+	assert.Equal(t, "No resources found.\n", errOut.String())
 	assert.ErrorContains(t, printer{format: "xml"}.check(), `-o "xml": want json or yaml`)
 }
 

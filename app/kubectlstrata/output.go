@@ -18,7 +18,8 @@ import (
 // with -o json|yaml the objects themselves.
 type printer struct {
 	out    io.Writer
-	format string // "", json, yaml
+	errOut io.Writer // for "No resources found.", as kubectl writes it
+	format string    // "", json, yaml
 	now    func() time.Time
 }
 
@@ -51,8 +52,13 @@ func (p printer) objects(v any) (bool, error) {
 	return false, nil
 }
 
-// table prints a header and rows with columns aligned, three spaces apart.
+// table prints a header and rows with columns aligned, three spaces apart;
+// with no rows, kubectl's "No resources found." on errOut and nothing on out.
 func (p printer) table(header []string, rows [][]string) error {
+	if len(rows) == 0 {
+		_, err := fmt.Fprintln(p.errOut, "No resources found.")
+		return err
+	}
 	w := tabwriter.NewWriter(p.out, 0, 8, 3, ' ', 0)
 	fmt.Fprintln(w, strings.Join(header, "\t"))
 	for _, r := range rows {
