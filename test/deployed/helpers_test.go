@@ -162,7 +162,9 @@ func execIn(t *testing.T, namespace, podName, script string) string {
 // writer writes 256 KiB chunks into 100 slots round-robin (25 MiB of the
 // 64 MiB claim), each fsynced and then its checksum fsynced beside it: every
 // s<slot> file is the slot's last acknowledged write. Any failed write ends
-// the Pod (restartPolicy Never) and its log says which.
+// the Pod (restartPolicy Never) and its log says which. /tmp/count is
+// replaced by a rename, never truncated: a reader between echo's truncate
+// and its write read "" (a full make test failed on it).
 const writer = `set -e
 i=0
 while [ ! -f /tmp/stop ]; do
@@ -172,7 +174,8 @@ while [ ! -f /tmp/stop ]; do
   sha256sum /data/c$k > /data/s$k.new || { echo "chunk $i: sha256sum failed"; exit 1; }
   mv /data/s$k.new /data/s$k
   sync
-  echo $i > /tmp/count
+  echo $i > /tmp/count.new
+  mv /tmp/count.new /tmp/count
   sleep 0.05
 done
 touch /tmp/stopped
