@@ -133,10 +133,7 @@ func cleanupImage(ctx context.Context, s *session) error {
 	if err != nil {
 		return err
 	}
-	disks := s.cmd.Args().Slice()[1:]
-	if len(disks) == 0 {
-		return fmt.Errorf("missing DISK-UUID: see %s --help", s.cmd.FullName())
-	}
+	disks := s.cmd.Args().Slice()[1:] // at least one: checkArgs reads DISK-UUID... in the usage
 	if err := s.call(ctx, "POST", "/v1/backingimages/"+name+"?action=backingImageCleanup", map[string]any{"disks": disks}, nil); err != nil {
 		return err
 	}

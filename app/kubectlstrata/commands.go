@@ -113,13 +113,8 @@ type session struct {
 // action wraps a command's work: the client and the printer are made first.
 func action(do func(ctx context.Context, s *session) error) cli.ActionFunc {
 	return func(ctx context.Context, cmd *cli.Command) error {
+		// urfave/cli sets Writer and ErrWriter (stdout, stderr) when it runs.
 		p := printer{out: cmd.Root().Writer, errOut: cmd.Root().ErrWriter, format: cmd.String("output"), now: time.Now}
-		if p.out == nil {
-			p.out = os.Stdout
-		}
-		if p.errOut == nil {
-			p.errOut = os.Stderr
-		}
 		if err := p.check(); err != nil {
 			return err
 		}
