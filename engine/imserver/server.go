@@ -144,6 +144,10 @@ type instance struct {
 	reportedVersion uint64
 	// chainStale: a purge ended after the cached chain was read.
 	chainStale bool
+	// roundVersion is the DataVersion the size reporter saw last round and
+	// busyRounds the rounds it has skipped reading a busy engine (busyWait).
+	roundVersion uint64
+	busyRounds   int
 	// purging is set by SnapshotPurge and cleared once no replica reports
 	// a purge running; meanwhile the size reporter follows it.
 	purging bool

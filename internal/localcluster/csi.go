@@ -104,7 +104,7 @@ func (c *Cluster) StartCSI(ctx context.Context, opts CSIOptions) error {
 	// the driver's GroupController serves them over SnapshotGroup.
 	withSocket := []string{"--csi-address=" + socket, "--kubeconfig=" + controllerKubeconfig, "--leader-election=false"}
 	sidecars := map[string][]string{
-		"csi-provisioner":     append([]string{"--extra-create-metadata", "--timeout=60s"}, withSocket...),
+		"csi-provisioner":     append([]string{"--extra-create-metadata", "--timeout=60s", "--default-fstype=ext4"}, withSocket...),
 		"csi-attacher":        append([]string{"--timeout=120s"}, withSocket...),
 		"csi-resizer":         append([]string{"--timeout=120s"}, withSocket...),
 		"csi-snapshotter":     append([]string{"--extra-create-metadata", "--timeout=60s"}, withSocket...),
