@@ -122,9 +122,13 @@ func (s *Server) write(req request, out []byte) (int32, int) {
 	return 0, 8
 }
 
-// fallocate passes a punched hole or a zeroed range on as WriteZeroes (both
-// must read back as zeros; the device frees what it can); the loop device
-// sends discards this way. Allocating is a no-op on a device of fixed size.
+// fallocate passes a punched hole or a zeroed range on as WriteZeroes: the
+// loop device sends both its discards and its write-zeroes as punched
+// holes, and ext4 and xfs zero ranges that way and rely on reading zeros
+// back, so a hole cannot be an advisory Unmap. A replica's WriteZeroes
+// frees what it can and allocates nothing over its snapshots' data (zero
+// marks, engine/replica/zeromarks.go). Allocating is a no-op on a device
+// of fixed size.
 func (s *Server) fallocate(req request) int32 {
 	if len(req.in) < 28 {
 		return errno(syscall.EINVAL)

@@ -1,6 +1,8 @@
 package fusefile
 
 import (
+	"bytes"
+	"path/filepath"
 	"syscall"
 	"testing"
 
@@ -9,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/strata-storage/strata/engine/blockdev"
+	"github.com/strata-storage/strata/engine/replica"
 )
 
 // zeroRecorder is a device that records WriteZeroes calls.
@@ -112,4 +115,57 @@ func TestReaddir(t *testing.T) {
 	_, n = s.serve(newReq(opReaddir, rootID, in, nil), out)
 	assert.Equal(t, "disk", string(out[24:24+int(le.Uint32(out[16:]))]), "from offset 2, the file alone")
 	assert.Equal(t, 32, n)
+}
+
+// headSize is the allocated bytes of the replica's head layer.
+func headSize(t *testing.T, r *replica.Replica) int64 {
+	t.Helper()
+	info, err := r.Chain()
+	require.NoError(t, err)
+	for _, l := range info.Layers {
+		if l.Name == replica.HeadName {
+			return l.Size
+		}
+	}
+	t.Fatal("no head in the chain")
+	return 0
+}
+
+// A punched hole (how the loop device sends discards and write-zeroes)
+// over data a snapshot of a replica holds reads back as zeros, leaves the
+// snapshot's data alone and allocates nothing in the head (issue 43: a
+// trim of 64 MiB under a kept snapshot allocated 64 MiB).
+func TestPunchHoleOverSnapshotAllocatesNothing(t *testing.T) {
+	const size, data = 32 << 20, 16 << 20
+	r, err := replica.Create(filepath.Join(t.TempDir(), "r"), size, replica.CreateOptions{})
+	require.NoError(t, err)
+	defer r.Close()
+	s := &Server{name: "disk", dev: r, log: logrus.New(), maxWrite: 1 << 20}
+	out := make([]byte, 1<<20+4096)
+	chunk := bytes.Repeat([]byte{0xab}, 1<<20)
+	for off := uint64(0); off < data; off += 1 << 20 {
+		status, _ := s.serve(newReq(opWrite, fileID, rwIn(off, 1<<20), chunk), out)
+		require.Zero(t, status)
+	}
+	status, _ := s.serve(newReq(opFsync, fileID, make([]byte, 16), nil), out)
+	require.Zero(t, status)
+	require.NoError(t, r.Snapshot("s", replica.SnapshotOptions{}))
+	before := headSize(t, r)
+
+	status, _ = s.serve(newReq(opFallocate, fileID, fallocIn(0, data, fallocPunchHole|fallocKeepSize), nil), out)
+	require.Zero(t, status)
+	after := headSize(t, r)
+	t.Logf("head: %d KiB before the punch, %d KiB after", before>>10, after>>10)
+	assert.Less(t, after-before, int64(64<<10), "the punch allocates nothing but its marks")
+
+	for off := uint64(0); off < data; off += 1 << 20 {
+		status, n := s.serve(newReq(opRead, fileID, rwIn(off, 1<<20), nil), out)
+		require.Zero(t, status)
+		require.Equal(t, 1<<20, n)
+		require.Equal(t, make([]byte, 1<<20), out[:n], "the hole reads zeros at %d", off)
+	}
+	snap := make([]byte, 1<<20)
+	_, err = r.ReadLayer("s", snap, 3<<20)
+	require.NoError(t, err)
+	assert.Equal(t, chunk, snap, "the snapshot keeps its data")
 }

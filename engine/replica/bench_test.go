@@ -223,10 +223,11 @@ func copyFileSync(b *testing.B, src, dst string) {
 	require.NoError(b, unix.Fdatasync(int(out.Fd())))
 }
 
-// BenchmarkOpenWithMarks measures Open of a replica whose head holds
-// benchSize of zero blocks marked discarded over a snapshot (write-zeroes
-// through the CSI node path): Open reads them to check the marks. The
-// baseline is the same replica with its discard file removed.
+// BenchmarkOpenWithMarks measures Open of a replica whose head zeroed
+// benchSize over a snapshot (write-zeroes through the CSI node path): zero
+// marks over holes (zeromarks.go), marked discarded. Open checks the
+// discard marks against the head's data, of which there is none to read.
+// The baseline is the same replica with its discard file removed.
 func BenchmarkOpenWithMarks(b *testing.B) {
 	dir := filepath.Join(b.TempDir(), "r")
 	r, err := Create(dir, benchSize, CreateOptions{})

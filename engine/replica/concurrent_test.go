@@ -3,6 +3,7 @@ package replica
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -14,12 +15,14 @@ import (
 
 // TestConcurrentIO runs writers on disjoint, deliberately unaligned regions
 // (neighbours share edge blocks) while snapshots are taken, removed and
-// purged; every reader checks its own region. Run it with -race.
+// purged, and the chain and the layers' extents (zero marks included) are
+// read as the size reports and a rebuild do; every reader checks its own
+// region. Run it with -race.
 func TestConcurrentIO(t *testing.T) {
 	const workers, region, iters = 4, 300_000 + 123, 1500
 	r, _ := newReplica(t, (workers*region+bs-1)/bs)
 	var wg sync.WaitGroup
-	errs := make(chan error, workers+1)
+	errs := make(chan error, workers+2)
 	models := make([][]byte, workers)
 	for w := range workers {
 		models[w] = make([]byte, region)
@@ -62,6 +65,28 @@ func TestConcurrentIO(t *testing.T) {
 	}
 	workersDone := make(chan struct{})
 	go func() { wg.Wait(); close(workersDone) }()
+	reporterDone := make(chan struct{})
+	go func() {
+		defer close(reporterDone)
+		for {
+			select {
+			case <-workersDone:
+				return
+			default:
+			}
+			info, err := r.Chain()
+			if err != nil {
+				errs <- err
+				return
+			}
+			for _, l := range info.Layers {
+				if _, err := r.Extents(l.Name); err != nil && !errors.Is(err, ErrSnapshotNotFound) {
+					errs <- err
+					return
+				}
+			}
+		}
+	}()
 	structural := 0
 	for i := 0; ; i++ {
 		select {
@@ -88,6 +113,7 @@ func TestConcurrentIO(t *testing.T) {
 		break
 	}
 	t.Logf("%d snapshot/remove/purge rounds during the I/O", structural)
+	<-reporterDone
 	close(errs)
 	for err := range errs {
 		require.NoError(t, err)

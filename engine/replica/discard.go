@@ -17,9 +17,10 @@ import (
 // (and WriteZeroes, whose zero block in the head only hides lower data)
 // marks such blocks discarded, and a write clears the mark. When a purge
 // prunes a removed snapshot s under the head, every discarded block that
-// no layer below s holds is freed: s's copy is punched, then the head's
-// copy if it has one (a trimmed block or a zero block), and the location
-// map names no layer for it, so it reads as zeros. Discarded blocks a layer
+// no layer below s holds is freed: s's copy is punched (and its zero mark
+// cleared), then the head's copy if it has one (a trimmed block, or the
+// zero mark of a write-zeroes, zeromarks.go), and the location map names
+// no layer for it, so it reads as zeros. Discarded blocks a layer
 // below s holds keep s's copy: freeing it would reveal that older data.
 //
 // The marks outlive a reopen (discard_store.go); a snapshot starts the new
@@ -99,17 +100,17 @@ func scanExtents(l *layer, size int64) ([]Extent, error) {
 	return exts, nil
 }
 
-// dataBelow lists the data of every layer under s, the backing file
-// included. The caller holds opMu or the I/O lock, so the chain does not
-// change.
-func (r *Replica) dataBelow(s *layer, size int64, extents extentsFunc) ([]Extent, error) {
+// heldBelow lists what every layer under s holds (data and zero marks),
+// the backing file included. The caller holds opMu or the I/O lock, so the
+// chain does not change.
+func (r *Replica) heldBelow(s *layer, size int64, extents extentsFunc) ([]Extent, error) {
 	chain, err := r.chainBelow(s.meta.Parent)
 	if err != nil {
 		return nil, err
 	}
 	var all []Extent
 	for _, l := range chain {
-		exts, err := extents(l, size)
+		exts, err := heldExtents(l, size, extents)
 		if err != nil {
 			return nil, err
 		}
@@ -118,12 +119,14 @@ func (r *Replica) dataBelow(s *layer, size int64, extents extentsFunc) ([]Extent
 	return all, nil
 }
 
-// prunePlan is what a prune of s frees: punch, s's blocks the head holds
-// or discarded; free, the blocks that then read from no layer under the
-// head (the punched ones nothing below s holds, and the discarded ones
-// nothing below s holds); discarded, the latter, whose head copies go too.
+// prunePlan is what a prune of s frees: punch, s's data blocks the head
+// holds (data or zero mark) or discarded; unmark, s's zero marks over such
+// blocks or over blocks no layer below s holds (they hide nothing); free,
+// the blocks that then read from no layer under the head (those punched or
+// unmarked that nothing below s holds, and the discarded ones nothing
+// below s holds); discarded, the latter, whose head copies go too.
 type prunePlan struct {
-	punch, free, discarded []Extent
+	punch, unmark, free, discarded []Extent
 }
 
 // planPrune reads s's data, the data below it and the head's maps.
@@ -141,19 +144,26 @@ func (r *Replica) planPrune(s *layer, size int64) (prunePlan, error) {
 // prunable is what a prune of s would do given the head's blocks (held)
 // and its discarded blocks; Chain's exclusive bytes are its punch.
 func (r *Replica) prunable(s *layer, size int64, held, discarded []Extent, extents extentsFunc) (prunePlan, error) {
-	exts, err := extents(s, size)
+	data, err := extents(s, size)
 	if err != nil {
 		return prunePlan{}, fmt.Errorf("prune %s: %w", s.file, err)
 	}
-	below, err := r.dataBelow(s, size, extents)
+	marks := markExtents(s, size)
+	below, err := r.heldBelow(s, size, extents)
 	if err != nil {
 		return prunePlan{}, fmt.Errorf("prune %s: %w", s.file, err)
 	}
 	discarded = subtractExtents(discarded, below)
-	punch := intersectExtents(exts, unionExtents(held, discarded))
+	gone := unionExtents(held, discarded)
+	punch := intersectExtents(data, gone)
+	// A mark can go where the block is gone from s, or where it hides
+	// nothing; one over data that stays is harmless either way.
+	unmark := subtractExtents(marks, subtractExtents(below, gone))
+	kept := unionExtents(subtractExtents(data, punch), subtractExtents(marks, unmark))
 	return prunePlan{
 		punch:     punch,
-		free:      unionExtents(subtractExtents(punch, below), discarded),
+		unmark:    unmark,
+		free:      unionExtents(subtractExtents(subtractExtents(unionExtents(data, marks), kept), below), discarded),
 		discarded: discarded,
 	}, nil
 }
@@ -215,8 +225,11 @@ func (r *Replica) dropEmptyUnderHead(s *layer, size int64) error {
 	return r.dropSnapshot(s, true)
 }
 
-// isEmpty reports whether l holds no data below size.
+// isEmpty reports whether l holds nothing below size: no data, no marks.
 func isEmpty(l *layer, size int64) (bool, error) {
+	if len(markExtents(l, size)) > 0 {
+		return false, nil
+	}
 	off, err := unix.Seek(int(l.f.Fd()), 0, unix.SEEK_DATA)
 	if err == unix.ENXIO {
 		return true, nil
@@ -281,21 +294,21 @@ func (c *extentCache) forget(keep func(*layer) bool) {
 
 // exclusiveBytes is what deleting snapshot s would free now, by the
 // purge's rules (nextPurgeStep): a leaf, its whole layer; one snapshot
-// child, the blocks both hold (the child's win in the merge); the head as
-// only child, what a prune punches; several children, nothing. The caller
-// holds the I/O lock (shared is enough: head blocks written meanwhile only
-// add to it).
+// child, s's data blocks the child holds (the child's win in the merge);
+// the head as only child, what a prune punches; several children, nothing.
+// Zero marks cost no data bytes. The caller holds the I/O lock (shared is
+// enough: head blocks written meanwhile only add to it).
 func (r *Replica) exclusiveBytes(s *layer) (int64, error) {
 	snaps, head := r.children(s.meta.Name)
 	switch {
 	case len(snaps) == 0 && !head:
-		return allocated(s)
+		return r.layerAllocated(s)
 	case len(snaps) == 1 && !head:
 		exts, err := r.exts.extents(s, r.size)
 		if err != nil {
 			return 0, err
 		}
-		cExts, err := r.exts.extents(snaps[0], r.size)
+		cExts, err := heldExtents(snaps[0], r.size, r.exts.extents)
 		if err != nil {
 			return 0, err
 		}

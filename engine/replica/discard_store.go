@@ -23,8 +23,9 @@ import (
 // write path shares its lock and must not touch a second file; so the
 // file may name blocks written since. Open therefore keeps a mark only
 // where it is still true: a lower layer holds the block, and the head
-// either does not hold it (a trim) or holds zeros (write-zeroes, or zeros
-// the user wrote, which a purge may free just the same). A block written
+// either does not hold it (a trim) or holds zeros (a write-zeroes' zero
+// mark over a hole, or zeros the user wrote, which a purge may free just
+// the same). A block written
 // with data fails that check, so a stale mark can never free written data.
 // A new head (snapshot, revert, rebuild) starts with no marks and no file.
 
@@ -136,9 +137,10 @@ func (r *Replica) setWords(first int64, buf []byte, nblocks int64) {
 	}
 }
 
-// maxMarkCheck bounds what Open reads to check marks over head blocks, so
+// maxMarkCheck bounds what Open reads to check marks over head data, so
 // a replica with much trimmed-over data still opens in seconds; marks past
-// it are dropped, which only leaves their space unfreed.
+// it are dropped, which only leaves their space unfreed. Head blocks held
+// by a zero mark over a hole read zeros without being read.
 const maxMarkCheck = 1 << 30
 
 // dropStaleMarks clears the marks that are no longer true and returns
@@ -171,20 +173,30 @@ func (r *Replica) dropStaleMarks(nblocks int64) ([]Extent, error) {
 			b = r.headBits.runEnd(b, e, false)
 			continue
 		}
-		e = min(r.headBits.runEnd(b, e, true), b+int64(len(buf))/bs)
-		if budget <= 0 {
-			drop(b, e)
-			b = e
-			continue
+		e = r.headBits.runEnd(b, e, true)
+		data, err := dataExtentsIn(r.head.f, b*bs, e*bs)
+		if err != nil {
+			return nil, fmt.Errorf("scan %s: %w", r.head.file, err)
 		}
-		n := (e - b) * bs
-		budget -= n
-		if _, err := r.head.f.ReadAt(buf[:n], b*bs); err != nil {
-			return nil, fmt.Errorf("read %s at %d: %w", r.head.file, b*bs, err)
-		}
-		for i := int64(0); i < e-b; i++ {
-			if !bytes.Equal(buf[i*bs:(i+1)*bs], zeroBuf[:bs]) {
-				drop(b+i, b+i+1)
+		for _, d := range data {
+			for x, stop := d.Offset/bs, d.End()/bs; x < stop; {
+				y := min(stop, x+int64(len(buf))/bs)
+				if budget <= 0 {
+					drop(x, y)
+					x = y
+					continue
+				}
+				n := (y - x) * bs
+				budget -= n
+				if _, err := r.head.f.ReadAt(buf[:n], x*bs); err != nil {
+					return nil, fmt.Errorf("read %s at %d: %w", r.head.file, x*bs, err)
+				}
+				for i := int64(0); i < y-x; i++ {
+					if !bytes.Equal(buf[i*bs:(i+1)*bs], zeroBuf[:bs]) {
+						drop(x+i, x+i+1)
+					}
+				}
+				x = y
 			}
 		}
 		b = e

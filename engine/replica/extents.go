@@ -23,10 +23,13 @@ func (e Extent) End() int64 { return e.Offset + e.Length }
 // dataExtents lists the data ranges of f below limit with SEEK_DATA and
 // SEEK_HOLE, widened to whole blocks: layers are written in whole blocks,
 // and a partly-used last block of a backing file still belongs to it.
-func dataExtents(f *os.File, limit int64) ([]Extent, error) {
+func dataExtents(f *os.File, limit int64) ([]Extent, error) { return dataExtentsIn(f, 0, limit) }
+
+// dataExtentsIn is dataExtents of [from, limit); from is block-aligned.
+func dataExtentsIn(f *os.File, from, limit int64) ([]Extent, error) {
 	fd := int(f.Fd())
 	var out []Extent
-	for off := int64(0); off < limit; {
+	for off := from; off < limit; {
 		start, err := unix.Seek(fd, off, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) {
 			break // no data after off
@@ -110,10 +113,12 @@ func (r *Replica) layerByName(name string) (*layer, error) {
 	return nil, fmt.Errorf("%w: %q", ErrSnapshotNotFound, name)
 }
 
-// Extents lists the data extents of one layer (a snapshot name, HeadName
-// or BackingName), block-aligned and within the volume, for rebuild, export
-// and clone. For the head it is a point-in-time view while writes continue.
-// A backing file's partly used last block counts whole.
+// Extents lists the extents one layer (a snapshot name, HeadName or
+// BackingName) holds, block-aligned and within the volume, for rebuild,
+// export and clone: its data and its zero marks (zeromarks.go), where
+// ReadLayer reads zeros that hide what layers below hold. For the head it
+// is a point-in-time view while writes continue. A backing file's partly
+// used last block counts whole.
 func (r *Replica) Extents(name string) ([]Extent, error) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
@@ -124,7 +129,7 @@ func (r *Replica) Extents(name string) ([]Extent, error) {
 	if err != nil {
 		return nil, err
 	}
-	exts, err := dataExtents(l.f, r.size)
+	exts, err := heldExtents(l, r.size, scanExtents)
 	if err != nil {
 		return nil, fmt.Errorf("extents of %s: %w", l.file, err)
 	}

@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"maps"
@@ -39,8 +40,10 @@ import (
 //   - unmap: the block was trimmed; S freed it if no lower layer holds it
 //     (it then reads zeros, plus what was written since, "since");
 //   - zeroed: WriteZeroes; T frees the block (it has no backing file, so a
-//     later partial write fills from zeros, as S does) and must write a zero
-//     block if a lower layer turns out to hold the block.
+//     later partial write fills from zeros, as S does) and must zero-mark
+//     it (zeromarks.go) if a lower layer turns out to hold the block. With
+//     a backing file T marks the block at once, as S marks it over any
+//     lower data.
 //
 // Whole-block writes clear all of it. Blocks the head never got need nothing:
 // they read from the imported layers as they do on S. CommitImport resolves
@@ -49,8 +52,10 @@ import (
 //
 // On disk, staged layers are temp files (".import-<name>.img.tmp"). The
 // commit fsyncs them, renames them and writes their .meta, hard-links the
-// head under the next head name with a .meta naming its new parent, and then
-// replaces volume.meta: the commit point, as for every structural change.
+// head (and its zero marks) under the next head name with a .meta naming
+// its new parent, and then replaces volume.meta: the commit point, as for
+// every structural change. Zero blocks received for a layer are kept as its
+// zero marks, written under the layer's final name with it.
 // Before it, Open sees a head-only replica and deletes the rest as
 // leftovers; after it, the imported chain. The old head names go last.
 
@@ -89,15 +94,18 @@ type ImportLayer struct {
 // the replica's exclusive I/O lock; the bitmaps are read with atomic loads
 // under the shared lock, so the write fast path can see it must not run.
 type importState struct {
-	mu      sync.Mutex // staging files
+	mu      sync.Mutex // staging files and marks
 	staging map[string]*os.File
-	done    bool // committed or aborted: no more writes
+	// zeros: per staged layer, the zero blocks received, kept as zero
+	// marks (zeromarks.go) instead of data; written out by the commit.
+	zeros map[string]*bitmap
+	done  bool // committed or aborted: no more writes
 
 	recs     map[int64]*blockRec
 	recBits  *bitmap // a record exists
 	unmapped *bitmap // trimmed, nothing written since, no record needed
 	zeroed   *bitmap // WriteZeroes'd and freed, nothing written since
-	noFree   bool    // a backing file: WriteZeroes writes zero blocks instead
+	noFree   bool    // a backing file: WriteZeroes zero-marks blocks instead
 	err      error   // too many records: the import cannot commit
 }
 
@@ -145,10 +153,13 @@ func (r *Replica) BeginImport(opts ImportOptions) error {
 			return fmt.Errorf("begin import: %w", err)
 		}
 	}
+	if restart {
+		r.dropHeadZeros()
+	}
 	r.discarded.clearAll() // the head is rebuilt; so are its marks
 	r.dropDiscardFile()
 	r.imp = &importState{
-		staging: map[string]*os.File{}, recs: map[int64]*blockRec{},
+		staging: map[string]*os.File{}, zeros: map[string]*bitmap{}, recs: map[int64]*blockRec{},
 		recBits: newBitmap(nblocks), unmapped: newBitmap(nblocks), zeroed: newBitmap(nblocks),
 		noFree: r.backing != nil,
 	}
@@ -175,7 +186,9 @@ func (r *Replica) Importing() bool {
 
 // ImportWrite writes data of snapshot layer into its staging file. off and
 // len(p) must be block-aligned. Every block written is held by the layer,
-// zeros included: a zero block hides what lower layers hold.
+// zeros included: a zero block hides what lower layers hold. Zero blocks
+// are kept as zero marks, not data (zeromarks.go): a rebuild allocates no
+// more than the source, where they are marks (or zeros a user wrote).
 func (r *Replica) ImportWrite(layer string, p []byte, off int64) error {
 	if err := types.ValidateSnapshotName(layer); err != nil {
 		return fmt.Errorf("import write: %w", err)
@@ -202,10 +215,42 @@ func (r *Replica) ImportWrite(layer string, p []byte, off int64) error {
 	if err != nil {
 		return err
 	}
-	if _, err := f.WriteAt(p, off); err != nil {
-		return fmt.Errorf("import write to %s at %d: %w", layer, off, err)
+	for len(p) > 0 {
+		zero := isZeroBlock(p[:bs])
+		n := int64(bs)
+		for n < int64(len(p)) && isZeroBlock(p[n:n+bs]) == zero {
+			n += bs
+		}
+		if zero {
+			err = imp.stageZeros(f, layer, size, off, n)
+		} else if _, err = f.WriteAt(p[:n], off); err != nil {
+			err = fmt.Errorf("import write to %s at %d: %w", layer, off, err)
+		}
+		if err != nil {
+			return err
+		}
+		p, off = p[n:], off+n
 	}
 	crashPoint("import:write")
+	return nil
+}
+
+func isZeroBlock(p []byte) bool { return bytes.Equal(p, zeroBuf[:bs]) }
+
+// stageZeros records n bytes at off of a staged layer as zero marks; data
+// staged there before is punched, since data wins over a mark. The caller
+// holds imp.mu.
+func (imp *importState) stageZeros(f *os.File, layer string, size, off, n int64) error {
+	err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+	if err != nil {
+		return fmt.Errorf("import write to %s at %d: punch: %w", layer, off, err)
+	}
+	m := imp.zeros[layer]
+	if m == nil {
+		m = newBitmap(size / bs)
+		imp.zeros[layer] = m
+	}
+	m.set(off/bs, (off+n)/bs)
 	return nil
 }
 
@@ -307,6 +352,7 @@ func (r *Replica) CommitImport(layers []ImportLayer, headParent string) (err err
 		}
 		for _, l := range newLayers {
 			l.f.Close()
+			closeZeros(l)
 		}
 		for name, f := range staging {
 			f.Close()
@@ -332,6 +378,8 @@ func (r *Replica) CommitImport(layers []ImportLayer, headParent string) (err err
 	imp.done = true
 	staging = imp.staging
 	imp.staging = nil
+	zeros := imp.zeros
+	imp.zeros = nil
 	imp.mu.Unlock()
 	for name := range keep {
 		if staging[name] != nil {
@@ -342,7 +390,7 @@ func (r *Replica) CommitImport(layers []ImportLayer, headParent string) (err err
 	// Stage 0, for a reused replica: its own snapshots leave the chain,
 	// those kept under their staging names (see dropOwnSnapshots).
 	if len(r.snaps) > 0 {
-		moved, err := r.dropOwnSnapshots(keep, &extra)
+		moved, err := r.dropOwnSnapshots(keep, zeros, &extra)
 		maps.Copy(staging, moved)
 		if err != nil {
 			return err
@@ -369,15 +417,19 @@ func (r *Replica) CommitImport(layers []ImportLayer, headParent string) (err err
 				return err
 			}
 		}
-		newLayers = append(newLayers, &layer{slot: slot, kind: kindSnapshot, file: img, f: f, meta: metas[name]})
-		extra = append(extra, stagingName(name), img, img+metaSuffix)
+		l := &layer{slot: slot, kind: kindSnapshot, file: img, f: f, meta: metas[name]}
+		newLayers = append(newLayers, l)
+		extra = append(extra, stagingName(name), img, img+metaSuffix, zeroFileName(img))
 		if err := f.Truncate(r.size); err != nil {
 			return fmt.Errorf("staged %s: %w", name, err)
 		}
 		if err := unix.Fdatasync(int(f.Fd())); err != nil {
 			return fmt.Errorf("sync staged %s: %w", name, err)
 		}
-		r.removeFiles(img, img+metaSuffix) // unreferenced, so leftovers
+		r.removeFiles(img, img+metaSuffix, zeroFileName(img)) // unreferenced, so leftovers
+		if err := r.writeStagedZeros(l, zeros[name]); err != nil {
+			return err
+		}
 		if err := writeLayerMeta(r.dir, img, metas[name]); err != nil {
 			return err
 		}
@@ -452,6 +504,22 @@ func (r *Replica) CommitImport(layers []ImportLayer, headParent string) (err err
 	if err := unix.Fdatasync(int(r.head.f.Fd())); err != nil {
 		return fmt.Errorf("sync %s: %w", r.head.file, err)
 	}
+	if r.head.zeroF != nil {
+		// The head's marks go with its data, under the next head's name.
+		// Made now, under the lock, so no write-zeroes comes in between.
+		extra = append(extra, zeroFileName(newHead))
+		r.removeFiles(zeroFileName(newHead))
+		err := r.syncZeros(r.head)
+		if err == nil {
+			err = os.Link(filepath.Join(r.dir, zeroFileName(r.head.file)), filepath.Join(r.dir, zeroFileName(newHead)))
+		}
+		if err == nil {
+			err = syncDir(r.dir)
+		}
+		if err != nil {
+			return err
+		}
+	}
 	crashPoint("import:fixed")
 	vol := r.vol
 	vol.Head, vol.HeadIndex = newHead, newIndex
@@ -472,7 +540,7 @@ func (r *Replica) CommitImport(layers []ImportLayer, headParent string) (err err
 		return fmt.Errorf("commit import: %w", err)
 	}
 	crashPoint("import:committed")
-	r.removeFiles(oldHead, oldHead+metaSuffix)
+	r.removeFiles(oldHead, oldHead+metaSuffix, zeroFileName(oldHead))
 	return nil
 }
 

@@ -218,8 +218,9 @@ func (r *Replica) importZeroes(b, e int64) error {
 	}
 	imp.wholeBlocks(b, e)
 	if imp.noFree {
-		// A lower layer (the backing file) may hold the blocks: write zeros.
-		return r.zeroHead(b, e)
+		// A lower layer (the backing file) may hold the blocks: zero marks
+		// hide it whatever the imported layers hold.
+		return r.markHeadZeros(b, e)
 	}
 	for x := b; x < e; {
 		x = r.headBits.runEnd(x, e, false)
@@ -244,6 +245,7 @@ type importFixer struct {
 	owner *ownerMap
 	lower map[uint16]*layer
 	buf   []byte // two blocks
+	mark  Extent // blocks to zero-mark in the head (in blocks), see block
 }
 
 // fixBatch bounds the blocks one hold of the I/O lock resolves in the
@@ -316,7 +318,28 @@ func (f *importFixer) resolve(runs []Extent) error {
 			}
 		}
 	}
-	return nil
+	return f.flushMarks()
+}
+
+// markLater queues head block b for a zero mark; runs are marked at once,
+// since each mark stores a whole page of the marks file.
+func (f *importFixer) markLater(b int64) error {
+	if f.mark.Length > 0 && f.mark.End() == b {
+		f.mark.Length++
+		return nil
+	}
+	err := f.flushMarks()
+	f.mark = Extent{Offset: b, Length: 1}
+	return err
+}
+
+func (f *importFixer) flushMarks() error {
+	m := f.mark
+	f.mark = Extent{}
+	if m.Length == 0 {
+		return nil
+	}
+	return f.r.markHeadZeros(m.Offset, m.End())
 }
 
 // block settles one block: its content becomes what S's head holds, given
@@ -334,10 +357,10 @@ func (f *importFixer) block(b int64) error {
 	imp.forget(b, b+1)
 	switch {
 	case zeroed:
-		// Freed by WriteZeroes: S wrote a zero block where a lower layer
-		// holds data (and freed it otherwise).
+		// Freed by WriteZeroes: S zero-marked the block where a lower layer
+		// holds it (and freed it otherwise).
 		if lowerData {
-			return f.writeHead(b, zeroBuf[:bs])
+			return f.markLater(b)
 		}
 	case unmapped && !lowerData:
 		// S freed the block: it reads zeros.

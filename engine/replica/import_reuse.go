@@ -57,10 +57,11 @@ func (r *Replica) checkKept(layers []ImportLayer) (map[string]bool, error) {
 
 // dropOwnSnapshots is stage 0: every snapshot of the replica leaves the
 // chain; the kept ones' open files are returned by name, linked under
-// their staging names. Files it creates are added to extra, for the
-// caller to delete if the import does not commit. Files are returned
+// their staging names, and their zero marks put into zeros, to be written
+// out with the staged layers'. Files it creates are added to extra, for
+// the caller to delete if the import does not commit. Files are returned
 // also with an error once the snapshots are gone, for the caller to close.
-func (r *Replica) dropOwnSnapshots(keep map[string]bool, extra *[]string) (map[string]*os.File, error) {
+func (r *Replica) dropOwnSnapshots(keep map[string]bool, zeros map[string]*bitmap, extra *[]string) (map[string]*os.File, error) {
 	for name := range keep {
 		s := r.snaps[name]
 		st := stagingName(name)
@@ -88,8 +89,10 @@ func (r *Replica) dropOwnSnapshots(keep map[string]bool, extra *[]string) (map[s
 	moved := map[string]*os.File{}
 	for name, s := range old {
 		r.freeSlot(s) // the head is at the root: no block maps to s
+		closeZeros(s)
 		if keep[name] {
 			moved[name] = s.f
+			zeros[name] = s.zeros
 		} else {
 			s.f.Close()
 		}
@@ -100,7 +103,7 @@ func (r *Replica) dropOwnSnapshots(keep map[string]bool, extra *[]string) (map[s
 	}
 	crashPoint("import:dropped")
 	for _, s := range old {
-		r.removeFiles(s.file, s.file+metaSuffix)
+		r.removeFiles(s.file, s.file+metaSuffix, zeroFileName(s.file))
 	}
 	return moved, nil
 }

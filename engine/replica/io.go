@@ -8,8 +8,8 @@ import (
 	"github.com/strata-storage/strata/engine/blockdev"
 )
 
-// zeroBuf is written where zero blocks must shadow a lower layer. Never
-// modified.
+// zeroBuf is zeros for the partial blocks of WriteZeroes and for
+// comparisons. Never modified.
 var zeroBuf = make([]byte, 1<<20)
 
 func (r *Replica) headHas(b int64) bool { return r.headBits.has(b) }
@@ -163,27 +163,16 @@ func (r *Replica) writeLocked(p []byte, off int64) error {
 	return nil
 }
 
+// punchHead makes the head hold none of blocks [b, e): their data is
+// punched and their zero marks cleared. The caller knows nothing shows
+// through from below that must not.
 func (r *Replica) punchHead(b, e int64) error {
 	err := unix.Fallocate(int(r.head.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, b*bs, (e-b)*bs)
 	if err != nil {
 		return fmt.Errorf("punch %s at %d length %d: %w", r.head.file, b*bs, (e-b)*bs, err)
 	}
 	r.headBits.clear(b, e)
-	return nil
-}
-
-// zeroHead writes zero blocks [b, e) into the head, which then holds them:
-// for blocks a lower layer holds, where punching would reveal older data.
-func (r *Replica) zeroHead(b, e int64) error {
-	for pos, end := b*bs, e*bs; pos < end; {
-		n := min(end-pos, int64(len(zeroBuf)))
-		if _, err := r.head.f.WriteAt(zeroBuf[:n], pos); err != nil {
-			return fmt.Errorf("write %s at %d: %w", r.head.file, pos, err)
-		}
-		pos += n
-	}
-	r.headBits.set(b, e)
-	return nil
+	return r.unmarkHead(b, e)
 }
 
 // Unmap frees whole head blocks no lower layer holds: freeing a block a
@@ -217,8 +206,9 @@ func (r *Replica) Unmap(off, length int64) error {
 }
 
 // WriteZeroes makes the range read as zeros: head blocks with nothing below
-// are punched, blocks a lower layer holds get zero blocks in the head, and
-// partial blocks at the ends are written like any write.
+// are punched, blocks a lower layer holds get zero marks in the head and
+// no data (zeromarks.go), and partial blocks at the ends are written like
+// any write. Whole blocks never allocate data.
 func (r *Replica) WriteZeroes(off, length int64) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -248,10 +238,10 @@ func (r *Replica) WriteZeroes(off, length int64) error {
 			if err := r.punchHead(b, e); err != nil {
 				return err
 			}
-		} else if err := r.zeroHead(b, e); err != nil {
+		} else if err := r.markHeadZeros(b, e); err != nil {
 			return err
 		} else {
-			r.discarded.set(b, e) // a zero block only hides lower data
+			r.discarded.set(b, e) // a mark only hides lower data
 			r.persistDiscarded(b, e)
 		}
 		b = e

@@ -10,7 +10,8 @@ import (
 
 // Layer IDs let a rebuild keep the layers a returning replica already has.
 // A snapshot layer's ID is meant to say "these exact blocks": two replicas'
-// layers with the same name and the same ID hold the same data, so a
+// layers with the same name and the same ID hold the same data (a zero
+// mark, zeromarks.go, and a block of zeros are the same block), so a
 // rebuild may keep the target's own file instead of copying the source's.
 //
 //   - A snapshot takes the ID the engine sends (SnapshotOptions.ID, a
@@ -28,12 +29,13 @@ import (
 //     it keeps the old ID and no longer matches:
 //   - coalesce of a removed R into its only child C: hash(R.ID, C.ID);
 //     the result is C's blocks over R's whichever way the copy went.
-//   - prune of a removed R under the head: hash(R.ID, punched extents).
+//   - prune of a removed R under the head: hash(R.ID, extents punched or
+//     unmarked), a zero mark counting as a block held.
 //     Prune leaves what the volume reads unchanged, yet R's ID must change:
 //     a replica whose R still held the punched blocks would read them
 //     again once the head drops a block that no layer below holds any more
 //     (Unmap after a reopen, or WriteZeroes, which punches instead of
-//     writing zeros when nothing below holds the block), where the source
+//     zero-marking when nothing below holds the block), where the source
 //     reads zeros. The punched set goes into the hash because replicas
 //     prune at slightly different moments of the write stream and so may
 //     punch different blocks.

@@ -31,7 +31,12 @@ const (
 	tmpSuffix = ".tmp"
 
 	// formatVersion is bumped on any incompatible change of the files.
-	formatVersion = 1
+	// 2: zero marks (zeromarks.go), which a build of version 1 would read
+	// through, showing older data; such a build refuses version 2. Open
+	// upgrades a replica of version oldestFormatVersion or later (a
+	// version-1 replica has no marks) by rewriting volume.meta.
+	formatVersion       = 2
+	oldestFormatVersion = 1
 
 	// HeadName is how the live writable layer is named in Chain() and in
 	// Extents/ReadLayer, and the name field of the head's .meta. The name is
@@ -70,8 +75,8 @@ type volumeMeta struct {
 }
 
 func (m *volumeMeta) validate() error {
-	if m.FormatVersion != formatVersion {
-		return fmt.Errorf("formatVersion %d, want %d", m.FormatVersion, formatVersion)
+	if m.FormatVersion < oldestFormatVersion || m.FormatVersion > formatVersion {
+		return fmt.Errorf("formatVersion %d, want %d to %d", m.FormatVersion, oldestFormatVersion, formatVersion)
 	}
 	if m.Size <= 0 || m.Size%blockdev.BlockSize != 0 {
 		return fmt.Errorf("size %d is not a positive multiple of %d", m.Size, blockdev.BlockSize)
@@ -306,7 +311,7 @@ func isLayerFile(name string) bool {
 		return false
 	}
 	return strings.HasSuffix(name, imgSuffix) || strings.HasSuffix(name, imgSuffix+metaSuffix) ||
-		strings.HasSuffix(name, discardSuffix)
+		strings.HasSuffix(name, discardSuffix) || strings.HasSuffix(name, zeroSuffix)
 }
 
 func isTmpFile(name string) bool {

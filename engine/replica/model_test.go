@@ -19,7 +19,10 @@ import (
 )
 
 // The model test runs random operation sequences against a replica and an
-// in-memory model of the device and of the snapshot tree: TestModel runs
+// in-memory model of the device and of the snapshot tree (write, read,
+// write-zeroes, unmap, snapshot, remove, purge, revert, expand, reopen,
+// rebuild onto a new replica, reads the way export does; see also
+// model_zero_test.go for what write-zeroes and unmap may allocate): TestModel runs
 // the first 200 (make test), TestLongModel the first 2,000 (make
 // test-long). Another count with -replica.seqs=N -replica.ops=M (or
 // STRATA_REPLICA_SEQS/OPS, for both); replay one with -replica.seed=S.
@@ -350,12 +353,24 @@ func (h *harness) step(i int) {
 			h.noErr(h.r.WriteZeroes(off, length), what+": writeZeroes")
 			m.dev.WriteZeroes(off, length)
 			copy(m.known[off:], trueSlice(length))
+			h.checkZeroesAllocateNothing(off, length, what)
 		}},
 		{6, func() {
 			off, length := h.randRange()
 			h.log("unmap %d+%d", off, length)
+			before := h.headData(what)
 			h.noErr(h.r.Unmap(off, length), what+": unmap")
 			clear(m.known[off : off+length])
+			if after := h.headData(what); after > before {
+				h.fatalf("%s: unmap grew the head's data from %d to %d bytes", what, before, after)
+			}
+		}},
+		{3, func() {
+			h.log("read as export does")
+			h.verifyLayerReads(what)
+		}},
+		{2, func() {
+			h.rebuild(what, i)
 		}},
 		{12, func() { // snapshot
 			user := h.rng.IntN(2) == 0

@@ -129,6 +129,7 @@ func (r *Replica) dropSnapshot(s *layer, closeFile bool) error {
 	if closeFile {
 		s.f.Close()
 	}
+	closeZeros(s)
 	vol := r.volMeta()
 	r.mu.Unlock()
 	renamed, err := commitVolumeMeta(r.dir, vol)
@@ -141,7 +142,7 @@ func (r *Replica) dropSnapshot(s *layer, closeFile bool) error {
 		return fmt.Errorf("delete snapshot %q: %w", s.meta.Name, err)
 	}
 	crashPoint("drop:committed")
-	r.removeFiles(s.file, s.file+metaSuffix)
+	r.removeFiles(s.file, s.file+metaSuffix, zeroFileName(s.file))
 	return nil
 }
 
@@ -151,7 +152,8 @@ func (r *Replica) deleteLeaf(s *layer) error { return r.dropSnapshot(s, true) }
 
 // prune punches out the blocks of s (the head's parent) that the head
 // holds, and those the head discarded that nothing below s holds
-// (discard.go); a snapshot left empty is dropped. The head never drops a
+// (discard.go), and clears s's zero marks that no longer hide anything
+// (zeromarks.go); a snapshot left empty is dropped. The head never drops a
 // block a lower layer holds until settlePrune, and writes only add head
 // blocks, so reads of the punched blocks go to the head or are of blocks
 // the user trimmed: no lock is needed for the punches. Blocks the head
@@ -166,8 +168,8 @@ func (r *Replica) prune(ctx context.Context, s *layer, frac func(float64)) error
 	if err != nil {
 		return err
 	}
-	if len(plan.punch) > 0 {
-		if err := r.punchPruned(ctx, s, plan.punch, frac); err != nil {
+	if len(plan.punch) > 0 || len(plan.unmark) > 0 {
+		if err := r.punchPruned(ctx, s, plan, frac); err != nil {
 			return err
 		}
 	}
@@ -181,17 +183,26 @@ func (r *Replica) prune(ctx context.Context, s *layer, frac func(float64)) error
 	return r.dropEmptyUnderHead(s, size)
 }
 
-// punchPruned punches blocks punch out of s, durably, giving s a new ID.
-func (r *Replica) punchPruned(ctx context.Context, s *layer, punch []Extent, frac func(float64)) error {
+// punchPruned punches the plan's blocks out of s and clears its marks,
+// durably, giving s a new ID.
+func (r *Replica) punchPruned(ctx context.Context, s *layer, plan prunePlan, frac func(float64)) error {
+	punch := plan.punch
 	// s's blocks change: its ID goes first and comes back as another once
 	// the punches are durable (see layerid.go for why a prune needs one).
 	id := s.meta.ID
 	if err := r.forgetLayerID(s); err != nil {
 		return fmt.Errorf("prune: %w", err)
 	}
-	// The head's copies must be durable before the snapshot's go.
+	// The head's copies (data and marks) must be durable before the
+	// snapshot's go.
 	if err := unix.Fdatasync(int(r.head.f.Fd())); err != nil {
 		return fmt.Errorf("prune: sync %s: %w", r.head.file, err)
+	}
+	r.mu.RLock()
+	err := r.syncZeros(r.head)
+	r.mu.RUnlock()
+	if err != nil {
+		return fmt.Errorf("prune: %w", err)
 	}
 	crashPoint("prune:synced")
 	for i, e := range punch {
@@ -207,16 +218,30 @@ func (r *Replica) punchPruned(ctx context.Context, s *layer, punch []Extent, fra
 			crashPoint("prune:half")
 		}
 	}
-	// Durable before settlePrune drops the head's zero blocks over them.
+	// Durable before settlePrune drops the head's marks over them.
 	if err := unix.Fsync(int(s.f.Fd())); err != nil {
 		return fmt.Errorf("prune: sync %s: %w", s.file, err)
+	}
+	if len(plan.unmark) > 0 {
+		r.mu.Lock()
+		for _, e := range plan.unmark {
+			s.zeros.clear(e.Offset/bs, e.End()/bs)
+		}
+		r.mu.Unlock()
+		err := r.persistZeroExtents(s, plan.unmark)
+		if err == nil {
+			err = r.syncZeros(s)
+		}
+		if err != nil {
+			return fmt.Errorf("prune: %w", err)
+		}
 	}
 	crashPoint("prune:punched")
 	if id == "" {
 		return nil
 	}
 	m := s.meta
-	m.ID = prunedID(id, punch)
+	m.ID = prunedID(id, unionExtents(punch, plan.unmark))
 	if err := r.setLayerMeta(s, m); err != nil {
 		return fmt.Errorf("prune: %w", err)
 	}
@@ -227,14 +252,19 @@ func (r *Replica) punchPruned(ctx context.Context, s *layer, punch []Extent, fra
 // keeps c's name and meta, with rem's parent. Whichever layer has less data
 // is copied into the other:
 //
-//   - rem smaller: rem's blocks go into c's holes. Then c's .meta takes
-//     rem's parent, making rem a childless leaf; then volume.meta drops it.
-//   - c smaller: c's blocks overwrite rem's, in place: reads take those
-//     blocks from c or above, and rem, being removed, cannot be reverted
-//     to (Extents and ReadLayer of rem may see the change). Then rem's file
-//     is linked over c's image name (a temp link, renamed), so both names
-//     hold the merged data; then c's .meta takes rem's parent; then
-//     volume.meta drops rem.
+//   - rem smaller: rem's blocks go into c's holes where c has no zero
+//     mark either. Then c's .meta takes rem's parent, making rem a
+//     childless leaf; then volume.meta drops it.
+//   - c smaller: c's blocks overwrite rem's, in place, and rem's blocks
+//     under c's zero marks are punched: reads take those blocks from c or
+//     above, and rem, being removed, cannot be reverted to (Extents and
+//     ReadLayer of rem may see the change). Then rem's file is linked over
+//     c's image name (a temp link, renamed), so both names hold the merged
+//     data; then c's .meta takes rem's parent; then volume.meta drops rem.
+//
+// Either way rem's zero marks where c holds nothing join c's marks (in
+// c's marks file, before c's .meta changes): they read as zeros from c as
+// they did from rem, so adding them changes nothing anyone reads.
 //
 // At every step the chain on disk reads the same data, so a crash anywhere
 // leaves a volume that opens and reads the same; purge finishes the job.
@@ -250,6 +280,9 @@ func (r *Replica) coalesce(ctx context.Context, rem, c *layer, frac func(float64
 	if err != nil {
 		return fmt.Errorf("coalesce %s: %w", c.file, err)
 	}
+	cMarks := subtractExtents(markExtents(c, size), cExts)
+	cHeld := unionExtents(cExts, cMarks)
+	addMarks := subtractExtents(subtractExtents(markExtents(rem, size), remExts), cHeld)
 	intoChild := extentBytes(remExts) <= extentBytes(cExts)
 	// Both layers may change in place; neither may keep an ID that claims
 	// its old content meanwhile. c gets the merged ID with its new parent.
@@ -258,9 +291,9 @@ func (r *Replica) coalesce(ctx context.Context, rem, c *layer, frac func(float64
 		return fmt.Errorf("coalesce: %w", err)
 	}
 	if intoChild {
-		err = copyExtents(ctx, rem, c, subtractExtents(remExts, cExts), frac)
-	} else {
-		err = copyExtents(ctx, c, rem, cExts, frac)
+		err = copyExtents(ctx, rem, c, subtractExtents(remExts, cHeld), frac)
+	} else if err = copyExtents(ctx, c, rem, cExts, frac); err == nil {
+		err = punchExtents(rem, intersectExtents(remExts, cMarks))
 	}
 	if err != nil {
 		return err
@@ -271,6 +304,9 @@ func (r *Replica) coalesce(ctx context.Context, rem, c *layer, frac func(float64
 	}
 	if err := unix.Fdatasync(int(merged.f.Fd())); err != nil {
 		return fmt.Errorf("coalesce: sync %s: %w", merged.file, err)
+	}
+	if err := r.addZeroMarks(c, addMarks); err != nil {
+		return fmt.Errorf("coalesce: %w", err)
 	}
 	crashPoint("coalesce:copied")
 	if !intoChild {

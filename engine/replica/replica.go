@@ -8,9 +8,12 @@
 //	                               name + index, backingFile, snapshot list
 //	volume-head-NNN.img(.meta)     the writable head layer
 //	volume-snap-<name>.img(.meta)  immutable snapshot layers
+//	<layer image>.zero             a layer's zero marks (zeromarks.go)
+//	volume-head-NNN.img.discard    the head's discard hints (discard.go)
 //
 // Every layer image is a sparse file; a block (4 KiB) a layer holds is
-// allocated in its file, a block it does not hold is a hole. A layer's .meta
+// allocated in its file or marked in its zero marks (a block it holds as
+// zeros, at no data cost), a block it does not hold is a hole. A layer's .meta
 // names its parent snapshot, so the chain is the parent links from the head
 // down. volume.meta is replaced atomically (temp file, fsync, rename, fsync
 // of the directory) as the commit point of every structural change; layer
@@ -79,6 +82,11 @@ type layer struct {
 	file string // base name in the directory; absolute path for the backing file
 	f    *os.File
 	meta layerMeta // zero for the backing file
+	// zeros: the blocks the layer holds as zeros while its file has a hole
+	// there (zeromarks.go); nil for a layer with none. zeroF is the open
+	// file they are kept in, nil if the layer has none.
+	zeros *bitmap
+	zeroF *os.File
 }
 
 func (l *layer) name() string {
@@ -224,7 +232,30 @@ func Open(dir string) (*Replica, error) {
 		r.closeFiles()
 		return nil, err
 	}
+	if err := r.upgradeFormat(); err != nil {
+		r.closeFiles()
+		return nil, err
+	}
 	return r, nil
+}
+
+// upgradeFormat rewrites the volume.meta of an older format version as
+// the current one (see formatVersion) before anything can use what the
+// older version lacks.
+func (r *Replica) upgradeFormat() error {
+	if r.vol.FormatVersion >= formatVersion {
+		return nil
+	}
+	vol := r.vol
+	vol.FormatVersion = formatVersion
+	renamed, err := commitVolumeMeta(r.dir, vol)
+	if renamed {
+		r.vol = vol
+	}
+	if err != nil {
+		return fmt.Errorf("open replica %s: upgrade to format version %d: %w", r.dir, formatVersion, err)
+	}
+	return nil
 }
 
 func (r *Replica) load() error {
@@ -251,7 +282,11 @@ func (r *Replica) load() error {
 		if err != nil {
 			return err
 		}
-		r.snaps[name] = r.addLayer(&layer{kind: kindSnapshot, file: img, f: f, meta: m})
+		s := r.addLayer(&layer{kind: kindSnapshot, file: img, f: f, meta: m})
+		r.snaps[name] = s
+		if err := r.loadZeros(s); err != nil {
+			return err
+		}
 	}
 	m, err := loadLayerMeta(r.dir, r.vol.Head)
 	if err != nil {
@@ -265,6 +300,9 @@ func (r *Replica) load() error {
 		return err
 	}
 	r.head = r.addLayer(&layer{kind: kindHead, file: r.vol.Head, f: f, meta: m})
+	if err := r.loadZeros(r.head); err != nil {
+		return err
+	}
 	if err := r.checkParents(); err != nil {
 		return err
 	}
@@ -337,10 +375,12 @@ func (r *Replica) checkParents() error {
 // reference: they belong to an operation that did not commit (or committed
 // and had not yet deleted what it replaced).
 func (r *Replica) removeLeftovers() error {
-	keep := map[string]bool{r.head.file: true, r.head.file + metaSuffix: true, discardFileName(r.head.file): true}
+	keep := map[string]bool{r.head.file: true, r.head.file + metaSuffix: true, discardFileName(r.head.file): true,
+		zeroFileName(r.head.file): true}
 	for _, s := range r.snaps {
 		keep[s.file] = true
 		keep[s.file+metaSuffix] = true
+		keep[zeroFileName(s.file)] = true
 	}
 	entries, err := os.ReadDir(r.dir)
 	if err != nil {
@@ -412,13 +452,13 @@ func (r *Replica) chainBelow(parent string) ([]*layer, error) {
 }
 
 // buildOwnerMap walks the layers bottom to top; the topmost holder of each
-// block wins.
+// block (data or zero mark) wins.
 func buildOwnerMap(chain []*layer, size int64) (*ownerMap, error) {
 	owner := newOwnerMap(size / bs)
 	for _, l := range chain {
-		exts, err := dataExtents(l.f, size)
+		exts, err := heldExtents(l, size, scanExtents)
 		if err != nil {
-			return nil, fmt.Errorf("scan %s: %w", l.file, err)
+			return nil, err
 		}
 		for _, e := range exts {
 			owner.fill(e.Offset/bs, (e.Offset+e.Length)/bs, l.slot)
@@ -429,9 +469,9 @@ func buildOwnerMap(chain []*layer, size int64) (*ownerMap, error) {
 
 func buildHeadBits(head *layer, size int64) (*bitmap, error) {
 	m := newBitmap(size / bs)
-	exts, err := dataExtents(head.f, size)
+	exts, err := heldExtents(head, size, scanExtents)
 	if err != nil {
-		return nil, fmt.Errorf("scan %s: %w", head.file, err)
+		return nil, err
 	}
 	for _, e := range exts {
 		m.set(e.Offset/bs, (e.Offset+e.Length)/bs)
@@ -460,7 +500,7 @@ func (r *Replica) SetLimits(maxCount int, maxSize int64) {
 }
 
 // Flush makes every acknowledged write durable. Structural changes sync
-// their own files, so only the head's data can be pending.
+// their own files, so only the head's data and zero marks can be pending.
 func (r *Replica) Flush() error {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
@@ -469,6 +509,9 @@ func (r *Replica) Flush() error {
 	}
 	if err := unix.Fdatasync(int(r.head.f.Fd())); err != nil {
 		return fmt.Errorf("flush %s: %w", filepath.Join(r.dir, r.head.file), err)
+	}
+	if err := r.syncZeros(r.head); err != nil {
+		return fmt.Errorf("flush: %w", err)
 	}
 	return nil
 }
@@ -486,6 +529,9 @@ func (r *Replica) Close() error {
 	r.closeImport()
 	r.closeDiscardFile()
 	err := r.head.f.Sync()
+	if serr := r.syncZeros(r.head); err == nil {
+		err = serr
+	}
 	if cerr := r.closeFiles(); err == nil {
 		err = cerr
 	}
@@ -501,6 +547,7 @@ func (r *Replica) closeFiles() error {
 		if err := l.f.Close(); err != nil && first == nil {
 			first = err
 		}
+		closeZeros(l)
 	}
 	return first
 }

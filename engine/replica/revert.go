@@ -73,7 +73,9 @@ func (r *Replica) replaceHead(parent, what string) error {
 	r.vol = vol
 	r.freeSlot(old)
 	old.f.Close()
-	r.head = r.addLayer(&layer{kind: kindHead, file: newHead.file, f: newHead.f, meta: newHead.meta})
+	closeZeros(old)
+	r.head = r.addLayer(&layer{kind: kindHead, file: newHead.file, f: newHead.f, meta: newHead.meta,
+		zeros: newBitmap(r.size / bs)})
 	r.owner = owner
 	r.headBits = newBitmap(r.size / bs)
 	r.discarded = newBitmap(r.size / bs)
@@ -82,7 +84,7 @@ func (r *Replica) replaceHead(parent, what string) error {
 		return err
 	}
 	crashPoint(what + ":committed")
-	r.removeFiles(old.file, old.file+metaSuffix, discardFileName(old.file))
+	r.removeFiles(old.file, old.file+metaSuffix, discardFileName(old.file), zeroFileName(old.file))
 	return nil
 }
 
@@ -128,6 +130,7 @@ func (r *Replica) Expand(newSize int64) error {
 	}
 	r.vol, r.size, r.owner, r.headBits = vol, newSize, owner, r.headBits.grown(newSize/bs)
 	r.discarded = r.discarded.grown(newSize / bs)
+	r.growZeros(newSize / bs)
 	if err != nil {
 		return fmt.Errorf("expand to %d: %w", newSize, err)
 	}

@@ -36,9 +36,12 @@ type LayerInfo struct {
 	Removed     bool
 	UserCreated bool
 	Created     time.Time
-	Size        int64 // allocated bytes (st_blocks * 512)
-	Labels      map[string]string
-	ID          string // snapshots: the content's ID, "" if unknown (see layerid.go)
+	// Size: allocated bytes (st_blocks * 512) of the layer's image and of
+	// its zero-marks file, if any (metadata: 4 KiB per 128 MiB of volume
+	// where marks are), so the sizes add up to what du says.
+	Size   int64
+	Labels map[string]string
+	ID     string // snapshots: the content's ID, "" if unknown (see layerid.go)
 	// Exclusive: snapshots, the allocated bytes deleting the snapshot
 	// would free now (for a removed one, what the next purge frees).
 	Exclusive int64
@@ -111,7 +114,7 @@ func (r *Replica) Chain() (Info, error) {
 		info.BackingSize = st.Size()
 	}
 	describe := func(l *layer) (LayerInfo, error) {
-		size, err := allocated(l)
+		size, err := r.layerAllocated(l)
 		if err != nil {
 			return LayerInfo{}, err
 		}
@@ -164,7 +167,7 @@ func (r *Replica) checkLimits() error {
 	if maxSize > 0 {
 		var total int64
 		for _, s := range r.snaps {
-			n, err := allocated(s)
+			n, err := r.layerAllocated(s)
 			if err != nil {
 				return err
 			}
@@ -260,10 +263,10 @@ func (r *Replica) Snapshot(name string, opts SnapshotOptions) error {
 	defer func() {
 		if !committed {
 			newHead.f.Close()
-			r.removeFiles(newHead.file, newHead.file+metaSuffix, snapImg, snapImg+metaSuffix)
+			r.removeFiles(newHead.file, newHead.file+metaSuffix, snapImg, snapImg+metaSuffix, zeroFileName(snapImg))
 		}
 	}()
-	r.removeFiles(snapImg, snapImg+metaSuffix) // unreferenced, so a leftover
+	r.removeFiles(snapImg, snapImg+metaSuffix, zeroFileName(snapImg)) // unreferenced, so leftovers
 	if err := writeLayerMeta(r.dir, snapImg, snapMeta); err != nil {
 		return fmt.Errorf("snapshot %q: %w", name, err)
 	}
@@ -277,7 +280,14 @@ func (r *Replica) Snapshot(name string, opts SnapshotOptions) error {
 	defer r.mu.Unlock()
 	err = unix.Fdatasync(int(oldHead.f.Fd()))
 	if err == nil {
+		err = r.syncZeros(oldHead)
+	}
+	if err == nil {
 		err = os.Link(filepath.Join(r.dir, oldHead.file), filepath.Join(r.dir, snapImg))
+	}
+	if err == nil && oldHead.zeroF != nil {
+		// The marks go with the layer, linked like its image.
+		err = os.Link(filepath.Join(r.dir, zeroFileName(oldHead.file)), filepath.Join(r.dir, zeroFileName(snapImg)))
 	}
 	if err == nil {
 		err = syncDir(r.dir)
@@ -301,8 +311,12 @@ func (r *Replica) Snapshot(name string, opts SnapshotOptions) error {
 	oldFile := oldHead.file
 	oldHead.kind, oldHead.file, oldHead.meta = kindSnapshot, snapImg, snapMeta
 	r.snaps[name] = oldHead
-	r.head = r.addLayer(&layer{kind: kindHead, file: newHead.file, f: newHead.f, meta: newHead.meta})
-	// The old head's blocks now belong to the snapshot.
+	if emptyBitmap(oldHead.zeros) {
+		oldHead.zeros = nil
+	}
+	r.head = r.addLayer(&layer{kind: kindHead, file: newHead.file, f: newHead.f, meta: newHead.meta,
+		zeros: newBitmap(r.size / bs)})
+	// The old head's blocks (data and marks) now belong to the snapshot.
 	for b, n := int64(0), r.size/bs; b < n; {
 		if b = r.headBits.runEnd(b, n, false); b < n {
 			e := r.headBits.runEnd(b, n, true)
@@ -317,7 +331,7 @@ func (r *Replica) Snapshot(name string, opts SnapshotOptions) error {
 	r.closeDiscardFile()
 	if err == nil {
 		crashPoint("snapshot:committed")
-		r.removeFiles(oldFile, oldFile+metaSuffix, discardFileName(oldFile))
+		r.removeFiles(oldFile, oldFile+metaSuffix, discardFileName(oldFile), zeroFileName(oldFile))
 	}
 	return err
 }
@@ -336,7 +350,7 @@ func (r *Replica) prepareHead(parent string) (preparedHead, error) {
 	h.file = headFileName(h.index)
 	h.meta = layerMeta{Name: HeadName, Parent: parent, Created: formatTime(time.Now())}
 	path := filepath.Join(r.dir, h.file)
-	r.removeFiles(h.file, h.file+metaSuffix) // unreferenced, so a leftover
+	r.removeFiles(h.file, h.file+metaSuffix, zeroFileName(h.file)) // unreferenced, so leftovers
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, fileMode)
 	if err != nil {
 		return h, err
