@@ -2,7 +2,9 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"os/signal"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/strata-storage/strata/csi"
 	"github.com/strata-storage/strata/csi/nbddev"
 	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/internal/fsfreeze"
 	"github.com/strata-storage/strata/types"
 )
 
@@ -35,6 +38,9 @@ func CSICommand() *cli.Command {
 			&cli.StringFlag{Name: "instance-manager-file-dir",
 				Usage: "node mode: the instance manager's --fuse-dir as mounted here; a volume served there gets its loop device " +
 					"on that file instead of on nbdfuse's (no NBD hop). Empty: nbdfuse for every volume"},
+			&cli.StringFlag{Name: "freeze-socket",
+				Usage: "node mode: unix socket on which the node's instance manager asks for a staged volume's filesystem to be " +
+					"frozen while a snapshot is cut (its --fs-freeze-socket). Empty: none, snapshots are crash-consistent"},
 			&cli.StringFlag{Name: "kubeconfig", Usage: "kubeconfig file; empty means in-cluster (controller mode; node mode makes no API call)",
 				Sources: cli.EnvVars("KUBECONFIG")},
 			&cli.StringFlag{Name: "namespace", Value: types.DefaultNamespace, Usage: "namespace of Strata's objects",
@@ -48,7 +54,7 @@ func CSICommand() *cli.Command {
 			return runCSI(ctx, csiConfig{mode: mode, address: cmd.String("csi-address"), nodeName: cmd.String("node-name"),
 				kubeletRoot: cmd.String("kubelet-root"), kubeconfig: cmd.String("kubeconfig"), namespace: cmd.String("namespace"),
 				stateDir: cmd.String("state-dir"), daemonCgroupRoot: cmd.String("daemon-cgroup-root"),
-				imFileDir: cmd.String("instance-manager-file-dir")})
+				imFileDir: cmd.String("instance-manager-file-dir"), freezeSocket: cmd.String("freeze-socket")})
 		},
 	}
 }
@@ -56,7 +62,7 @@ func CSICommand() *cli.Command {
 type csiConfig struct {
 	mode                                                            csi.Mode
 	address, nodeName, kubeletRoot, kubeconfig, namespace, stateDir string
-	daemonCgroupRoot, imFileDir                                     string
+	daemonCgroupRoot, imFileDir, freezeSocket                       string
 }
 
 func runCSI(parent context.Context, cfg csiConfig) error {
@@ -87,17 +93,24 @@ func runCSI(parent context.Context, cfg csiConfig) error {
 			return err
 		}
 	}
+	freezer, err := newFreezer(cfg, connector, log)
+	if err != nil {
+		return err
+	}
 	driver, err := csi.NewDriver(csi.Options{NodeID: cfg.nodeName, Mode: cfg.mode, Version: Version, Store: ds,
-		Connector: connector, Blocks: blocks, Log: log})
+		Connector: connector, Blocks: blocks, Freezer: freezer, Log: log})
 	if err != nil {
 		return err
 	}
 
 	// The socket is served at once (the sidecars wait on Probe); calls are
 	// answered from the caches once they have synced.
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	var wg sync.WaitGroup
 	wg.Go(func() { errc <- driver.Serve(ctx, cfg.address) })
+	if freezer != nil {
+		wg.Go(func() { errc <- freezer.Serve(ctx, cfg.freezeSocket) })
+	}
 	if cfg.mode != csi.ModeController {
 		registrar := csi.NewRegistrar(cfg.address, log)
 		wg.Go(func() { errc <- registrar.Serve(ctx, csi.RegistrationSocket(cfg.kubeletRoot)) })
@@ -121,4 +134,25 @@ func runCSI(parent context.Context, cfg csiConfig) error {
 	}
 	wg.Wait()
 	return err
+}
+
+// newFreezer makes the node plugin's filesystem freezer (internal/fsfreeze)
+// and thaws what a killed plugin left frozen, before anything is served.
+func newFreezer(cfg csiConfig, connector nbddev.Connector, log logrus.FieldLogger) (*fsfreeze.Freezer, error) {
+	if cfg.freezeSocket == "" || cfg.mode == csi.ModeController {
+		return nil, nil
+	}
+	resolve := func(volume string) (fsfreeze.Target, error) {
+		device, ok, err := connector.Device(volume)
+		if err != nil || !ok {
+			return fsfreeze.Target{}, err
+		}
+		mountPoint, err := fsfreeze.MountPointOf(device)
+		return fsfreeze.Target{Device: device, MountPoint: mountPoint}, err
+	}
+	f := fsfreeze.New(filepath.Join(cfg.stateDir, "frozen"), resolve, fsfreeze.SystemOps, log)
+	if err := f.Recover(); err != nil {
+		return nil, fmt.Errorf("thawing filesystems a stopped plugin left frozen: %w", err)
+	}
+	return f, nil
 }

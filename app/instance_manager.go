@@ -40,6 +40,9 @@ func InstanceManagerCommand() *cli.Command {
 			&cli.StringFlag{Name: "fuse-dir",
 				Usage: "serve each exported volume also as the file DIR/<volume>/disk (FUSE, over io_uring where the kernel's " +
 					"fuse.enable_uring is on), beside its NBD export; needs CAP_SYS_ADMIN and /dev/fuse. Empty: NBD only"},
+			&cli.StringFlag{Name: "fs-freeze-socket",
+				Usage: "the node CSI plugin's --freeze-socket: where a snapshot asks for the volume's filesystem to be frozen " +
+					"while it is cut. Empty, or no plugin listening there: snapshots are cut as a power cut would leave the volume"},
 			&cli.DurationFlag{Name: "size-report-interval", Value: imserver.DefaultSizeReportInterval,
 				Usage: "how often engines' snapshot sizes, which grow with writes, are re-read and published if changed (0 or negative: never)"},
 		}, instanceManagerTLSFlags()...), // --tls-dir, --data-encryption: app/instance_manager_tls.go
@@ -49,7 +52,7 @@ func InstanceManagerCommand() *cli.Command {
 			opts.DataHost, opts.StateDir = cmd.String("data-host"), cmd.String("state-dir")
 			opts.DiskPaths, opts.BackupPaths = cmd.StringSlice("disk-path"), cmd.StringSlice("backup-path")
 			opts.SizeReportInterval = cmd.Duration("size-report-interval")
-			opts.FUSEDir = cmd.String("fuse-dir")
+			opts.FUSEDir, opts.FSFreezeSocket = cmd.String("fuse-dir"), cmd.String("fs-freeze-socket")
 			return runInstanceManager(ctx, cmd.String("listen"), cmd.String("nbd-socket"), cmd.String("nbd-listen"), opts, creds)
 		},
 	}

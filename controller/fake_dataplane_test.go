@@ -90,11 +90,11 @@ func (d *fakeDataPlane) Watch(context.Context) (func() (*engineapi.WatchEvent, e
 	return nil, fmt.Errorf("fake data plane has no Watch: %w", engineapi.ErrUnavailable)
 }
 
-func (d *fakeDataPlane) SnapshotCreate(_ context.Context, engine, name string, userCreated bool, _ map[string]string) (string, error) {
+func (d *fakeDataPlane) SnapshotCreate(_ context.Context, engine, name string, userCreated bool, _ map[string]string, _ time.Duration) (string, error) {
 	return name, d.record("SnapshotCreate", engine, name, fmt.Sprint(userCreated))
 }
 
-func (d *fakeDataPlane) EngineFreeze(_ context.Context, engine, cut string, _ time.Duration) error {
+func (d *fakeDataPlane) EngineFreeze(_ context.Context, engine, cut string, _, _ time.Duration) error {
 	return d.record("EngineFreeze", engine, cut)
 }
 

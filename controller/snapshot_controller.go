@@ -129,7 +129,8 @@ func mirrorSnapshot(s *v1beta1.Snapshot, view snapshotView) {
 	s.Status.CreationTime = info.Created
 	s.Status.Size = info.Size
 	s.Status.ExclusiveSize = info.Exclusive
-	s.Status.Labels = info.Labels
+	s.Status.Labels = withoutConsistency(info.Labels)
+	s.Status.Consistency = snapshotConsistency(info.Labels)
 	s.Status.RestoreSize = view.vol.Status.CurrentSize
 	if view.eng.Status.CurrentSize > 0 {
 		s.Status.RestoreSize = view.eng.Status.CurrentSize
@@ -158,7 +159,7 @@ func (c *SnapshotController) takeSnapshot(ctx context.Context, s *v1beta1.Snapsh
 	if err != nil {
 		return err
 	}
-	_, err = client.SnapshotCreate(ctx, view.eng.Name, s.Name, !s.TakenForStrata(), s.Spec.Labels)
+	_, err = client.SnapshotCreate(ctx, view.eng.Name, s.Name, !s.TakenForStrata(), s.Spec.Labels, fsFreezeFor(c.ds, view.vol))
 	switch {
 	case err == nil:
 		c.recorder.Eventf(s, corev1.EventTypeNormal, EventReasonSnapshotCreated, "took snapshot %s of volume %s", s.Name, s.Spec.Volume)

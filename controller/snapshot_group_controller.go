@@ -154,7 +154,8 @@ func (c *SnapshotGroupController) cut(ctx context.Context, g *v1beta1.SnapshotGr
 		if err != nil {
 			return engineapi.CutResult{}, err
 		}
-		cut = append(cut, engineapi.CutMember{Client: dp, Engine: m.eng.Name, Snapshot: m.snapshot, UserCreated: true, Labels: labels})
+		cut = append(cut, engineapi.CutMember{Client: dp, Engine: m.eng.Name, Snapshot: m.snapshot, UserCreated: true, Labels: labels,
+			FSFreeze: fsFreezeFor(c.ds, m.vol)})
 	}
 	return engineapi.TakeGroupCut(ctx, g.Name+"-"+strconv.Itoa(int(g.Status.Attempt)), cut, groupCutTimeout)
 }

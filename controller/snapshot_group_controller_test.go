@@ -159,7 +159,7 @@ func TestSnapshotGroupControllerAgainstRealInstanceManager(t *testing.T) {
 
 	t.Run("a cut left half done by a dead manager is rolled back and taken again", func(t *testing.T) {
 		// The dead manager's cut took v1's snapshot and recorded Cutting.
-		_, err := r.client.SnapshotCreate(r.ctx, "v1-e-0", "half-v1", true, map[string]string{types.LabelSnapshotGroup: "half"})
+		_, err := r.client.SnapshotCreate(r.ctx, "v1-e-0", "half-v1", true, map[string]string{types.LabelSnapshotGroup: "half"}, 0)
 		require.NoError(t, err)
 		r.createGroup(&v1beta1.SnapshotGroup{ObjectMeta: metav1.ObjectMeta{Name: "half"},
 			Spec: v1beta1.SnapshotGroupSpec{Volumes: []string{"v1", "v2"}},

@@ -38,10 +38,13 @@ const (
 	// ParamDataLocality is the volume's spec.dataLocality (disabled or
 	// best-effort: keep a replica where the volume is attached).
 	ParamDataLocality = "dataLocality"
-	provisionerPrefix = "csi.storage.k8s.io/"
-	paramPVCName      = "csi.storage.k8s.io/pvc/name"
-	paramPVCNamespace = "csi.storage.k8s.io/pvc/namespace"
-	AnnotationPVCName = "strata.io/pvc-name"
+	// ParamFreezeFilesystem is the volume's spec.freezeFilesystemForSnapshot
+	// (enabled, disabled, ignored: the setting decides).
+	ParamFreezeFilesystem = "freezeFilesystemForSnapshot"
+	provisionerPrefix     = "csi.storage.k8s.io/"
+	paramPVCName          = "csi.storage.k8s.io/pvc/name"
+	paramPVCNamespace     = "csi.storage.k8s.io/pvc/namespace"
+	AnnotationPVCName     = "strata.io/pvc-name"
 	// AnnotationCSIName is the name CreateVolume/CreateSnapshot was called
 	// with, when it could not be the object's name as it is.
 	AnnotationCSIName      = types.AnnotationCSIName
@@ -90,6 +93,7 @@ type volumeRequest struct {
 	image              backingImageParams
 	fromBackup         string // spec.fromBackup: the StorageClass's fromBackup
 	dataLocality       v1beta1.DataLocality
+	freezeFilesystem   v1beta1.FreezeFilesystem
 	// sizeGiven: the request named a capacity; else a content source's size applies.
 	sizeGiven bool
 }
@@ -113,6 +117,7 @@ func parseCreateVolume(req *csi.CreateVolumeRequest) (*volumeRequest, error) {
 		return nil, err
 	}
 	v.replicas, v.image, v.fromBackup, v.dataLocality = params.replicas, params.image, params.fromBackup, params.dataLocality
+	v.freezeFilesystem = params.freezeFilesystem
 	return v, nil
 }
 
@@ -123,6 +128,8 @@ type classParameters struct {
 	fromBackup string
 	// dataLocality is "" unless the class names it.
 	dataLocality v1beta1.DataLocality
+	// freezeFilesystem is "" unless the class names it.
+	freezeFilesystem v1beta1.FreezeFilesystem
 }
 
 // parseParameters reads a StorageClass's parameters (CreateVolume and
@@ -148,6 +155,14 @@ func parseParameters(params, annotations map[string]string) (classParameters, er
 				return p, status.Errorf(codes.InvalidArgument, "parameter %s=%q: must be %s or %s",
 					key, value, v1beta1.DataLocalityDisabled, v1beta1.DataLocalityBestEffort)
 			}
+		case key == ParamFreezeFilesystem:
+			switch f := v1beta1.FreezeFilesystem(value); f {
+			case v1beta1.FreezeFilesystemEnabled, v1beta1.FreezeFilesystemDisabled, v1beta1.FreezeFilesystemIgnored:
+				p.freezeFilesystem = f
+			default:
+				return p, status.Errorf(codes.InvalidArgument, "parameter %s=%q: must be %s, %s or %s", key, value,
+					v1beta1.FreezeFilesystemEnabled, v1beta1.FreezeFilesystemDisabled, v1beta1.FreezeFilesystemIgnored)
+			}
 		case key == ParamBackingImage:
 			p.image.name = value
 		case key == ParamBackingImageURL:
@@ -168,7 +183,7 @@ func parseParameters(params, annotations map[string]string) (classParameters, er
 		default:
 			return p, status.Errorf(codes.InvalidArgument, "parameter %q: unknown (known: %s)", key,
 				strings.Join([]string{ParamNumberOfReplicas, ParamBackingImage, ParamBackingImageURL, ParamBackingImageChecksum,
-					ParamFromBackup, ParamDataLocality}, ", "))
+					ParamFromBackup, ParamDataLocality, ParamFreezeFilesystem}, ", "))
 		}
 	}
 	return p, p.image.check()
@@ -365,7 +380,8 @@ func (d *Driver) ensureVolume(ctx context.Context, want *volumeRequest) (*v1beta
 		ObjectMeta: metav1.ObjectMeta{Name: want.name, Namespace: d.ds.Namespace, Annotations: want.annotations},
 		Spec: v1beta1.VolumeSpec{Size: *resource.NewQuantity(want.size, resource.BinarySI),
 			NumberOfReplicas: want.replicas, Frontend: v1beta1.VolumeFrontendNBD, DataSource: want.dataSource,
-			BackingImage: want.image.name, FromBackup: want.fromBackup, DataLocality: want.dataLocality},
+			BackingImage: want.image.name, FromBackup: want.fromBackup, DataLocality: want.dataLocality,
+			FreezeFilesystemForSnapshot: want.freezeFilesystem},
 	}
 	created, err := d.ds.Volumes.Create(ctx, vol)
 	if apierrors.IsAlreadyExists(err) { // a concurrent call won: judge its volume

@@ -19,6 +19,7 @@ import (
 
 	"github.com/strata-storage/strata/csi/nbddev"
 	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/internal/fsfreeze"
 	"github.com/strata-storage/strata/internal/unixsock"
 	"github.com/strata-storage/strata/types"
 )
@@ -65,7 +66,10 @@ type Options struct {
 	// Blocks answers the SnapshotMetadata service (controller mode); nil
 	// serves none and leaves its capability out.
 	Blocks BlocksSource
-	Log    logrus.FieldLogger
+	// Freezer holds the node's filesystem freezes (node mode; nil: none):
+	// a volume is thawed before it is unstaged.
+	Freezer *fsfreeze.Freezer
+	Log     logrus.FieldLogger
 }
 
 // Driver serves the CSI services.

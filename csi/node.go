@@ -140,6 +140,12 @@ func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 	if volume == "" || staging == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume_id and staging_target_path: required")
 	}
+	if d.opts.Freezer != nil {
+		// An unmount waits for a frozen filesystem: end the freeze first.
+		if err := d.opts.Freezer.ThawVolume(volume); err != nil {
+			return nil, status.Errorf(codes.Internal, "volume %s: thawing its filesystem: %v", volume, err)
+		}
+	}
 	if err := mountutils.CleanupMountPoint(staging, d.node.mounter, true); err != nil {
 		return nil, status.Errorf(codes.Internal, "volume %s: unmounting %s: %v", volume, staging, err)
 	}

@@ -125,9 +125,9 @@ func (c *Client) Watch(ctx context.Context) (func() (*impb.WatchEvent, error), e
 // SnapshotCreate takes a snapshot on every replica and returns its name (generated if name is empty);
 // ErrAlreadyExists if the name is taken, ErrInvalid if the replicas refuse the name, ErrLimitExceeded past the
 // snapshot limits, ErrBusy while a clone or a rebuild runs, and the engine errors.
-func (c *Client) SnapshotCreate(ctx context.Context, engine, name string, userCreated bool, labels map[string]string) (string, error) {
+func (c *Client) SnapshotCreate(ctx context.Context, engine, name string, userCreated bool, labels map[string]string, fsFreeze time.Duration) (string, error) {
 	resp, err := call(ctx, c, c.im.SnapshotCreate, &impb.SnapshotCreateRequest{Engine: engine, Name: name,
-		UserCreated: userCreated, Labels: labels})
+		UserCreated: userCreated, Labels: labels, FsFreezeTimeoutMs: fsFreeze.Milliseconds()})
 	if err != nil {
 		return "", err
 	}
@@ -137,8 +137,9 @@ func (c *Client) SnapshotCreate(ctx context.Context, engine, name string, userCr
 // EngineFreeze freezes the engine for a group cut: writes wait, those in flight drain, until EngineThaw of
 // the cut or the timeout (at most a minute); ErrBusy while frozen for another cut or a rebuild runs, ErrInvalid
 // for a missing cut or a timeout out of range, and the engine errors.
-func (c *Client) EngineFreeze(ctx context.Context, engine, cut string, timeout time.Duration) error {
-	_, err := call(ctx, c, c.im.EngineFreeze, &impb.EngineFreezeRequest{Engine: engine, Cut: cut, TimeoutMs: timeout.Milliseconds()})
+func (c *Client) EngineFreeze(ctx context.Context, engine, cut string, timeout, fsFreeze time.Duration) error {
+	_, err := call(ctx, c, c.im.EngineFreeze, &impb.EngineFreezeRequest{Engine: engine, Cut: cut, TimeoutMs: timeout.Milliseconds(),
+		FsFreezeTimeoutMs: fsFreeze.Milliseconds()})
 	return err
 }
 

@@ -23,12 +23,14 @@ type DataPlane interface {
 	Watch(ctx context.Context) (func() (*WatchEvent, error), error)
 
 	// SnapshotCreate takes a snapshot on every replica of an engine at one
-	// point in the write stream and returns its name.
-	SnapshotCreate(ctx context.Context, engine, name string, userCreated bool, labels map[string]string) (string, error)
+	// point in the write stream and returns its name. fsFreeze above 0:
+	// inside a freeze of the volume's filesystem of at most that long, if
+	// the node's CSI plugin has it staged with one.
+	SnapshotCreate(ctx context.Context, engine, name string, userCreated bool, labels map[string]string, fsFreeze time.Duration) (string, error)
 	// EngineFreeze freezes an engine for a group cut (writes wait until
 	// EngineThaw of the cut or the timeout); SnapshotCreateInCut takes a
 	// snapshot inside that freeze (ErrFreezeLost once it ended). See GroupCut.
-	EngineFreeze(ctx context.Context, engine, cut string, timeout time.Duration) error
+	EngineFreeze(ctx context.Context, engine, cut string, timeout, fsFreeze time.Duration) error
 	EngineThaw(ctx context.Context, engine, cut string) error
 	SnapshotCreateInCut(ctx context.Context, engine, cut, name string, userCreated bool, labels map[string]string) error
 	// SnapshotList returns an engine's chain by snapshot name.

@@ -16,6 +16,9 @@ type CutMember struct {
 	Snapshot    string
 	UserCreated bool
 	Labels      map[string]string
+	// FSFreeze above 0 freezes the volume's filesystem (if staged with one)
+	// before its engine, for at most this long (SnapshotCreate's fsFreeze).
+	FSFreeze time.Duration
 }
 
 // CutResult tells how a cut went: Stall is how long the first engine was
@@ -46,10 +49,15 @@ func (g *GroupCut) Freeze(ctx context.Context) error {
 		return fmt.Errorf("group cut %s: no members: %w", g.Name, ErrInvalid)
 	}
 	g.start = time.Now()
-	ctx, cancel := context.WithTimeout(ctx, g.Timeout)
+	// A member's filesystem freeze comes first and may take up to its own bound.
+	var fsFreeze time.Duration
+	for _, m := range g.Members {
+		fsFreeze = max(fsFreeze, m.FSFreeze)
+	}
+	ctx, cancel := context.WithTimeout(ctx, g.Timeout+fsFreeze)
 	defer cancel()
 	if err := eachMember(g.Members, func(m CutMember) error {
-		return m.Client.EngineFreeze(ctx, m.Engine, g.Name, g.Timeout)
+		return m.Client.EngineFreeze(ctx, m.Engine, g.Name, g.Timeout, m.FSFreeze)
 	}); err != nil {
 		return fmt.Errorf("group cut %s: freeze: %w", g.Name, err)
 	}

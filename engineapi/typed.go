@@ -61,8 +61,8 @@ func (t typedClient) Watch(ctx context.Context) (func() (*WatchEvent, error), er
 	}, nil
 }
 
-func (t typedClient) EngineFreeze(ctx context.Context, engine, cut string, timeout time.Duration) error {
-	return t.c.EngineFreeze(ctx, engine, cut, timeout)
+func (t typedClient) EngineFreeze(ctx context.Context, engine, cut string, timeout, fsFreeze time.Duration) error {
+	return t.c.EngineFreeze(ctx, engine, cut, timeout, fsFreeze)
 }
 
 func (t typedClient) EngineThaw(ctx context.Context, engine, cut string) error {
@@ -73,8 +73,8 @@ func (t typedClient) SnapshotCreateInCut(ctx context.Context, engine, cut, name 
 	return t.c.SnapshotCreateInCut(ctx, engine, cut, name, userCreated, labels)
 }
 
-func (t typedClient) SnapshotCreate(ctx context.Context, engine, name string, userCreated bool, labels map[string]string) (string, error) {
-	return t.c.SnapshotCreate(ctx, engine, name, userCreated, labels)
+func (t typedClient) SnapshotCreate(ctx context.Context, engine, name string, userCreated bool, labels map[string]string, fsFreeze time.Duration) (string, error) {
+	return t.c.SnapshotCreate(ctx, engine, name, userCreated, labels, fsFreeze)
 }
 
 func (t typedClient) SnapshotList(ctx context.Context, engine string) (map[string]*Snapshot, error) {

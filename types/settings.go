@@ -25,6 +25,8 @@ const (
 	SettingOrphanedDataAutoDeletion          SettingName = "orphaned-data-auto-deletion"
 	SettingBackupGCInterval                  SettingName = "backup-gc-interval"
 	SettingBackupGCGrace                     SettingName = "backup-gc-grace"
+	SettingFreezeFilesystemForSnapshot       SettingName = "freeze-filesystem-for-snapshot"
+	SettingFreezeFilesystemTimeout           SettingName = "freeze-filesystem-timeout"
 )
 
 // SettingType says how a setting's value string is parsed.
@@ -113,6 +115,19 @@ var SettingDefinitions = map[SettingName]SettingDefinition{
 	// 60: the inflight marker of a running backup already stops a sweep, so
 	// the grace only covers a backup whose marker refreshes all failed; an
 	// hour matches the age at which GC takes a marker for a crashed backup's.
+	// Issue 43: a snapshot cut at the block device missed what was still in
+	// the node's page cache (the README's own example restored no file).
+	SettingFreezeFilesystemForSnapshot: {
+		Description: "Cuts every snapshot of a volume staged with a filesystem inside a freeze of that filesystem " +
+			"(FIFREEZE on its node: what the application wrote is in the snapshot); a raw block volume's page cache " +
+			"is flushed first. A volume's spec.freezeFilesystemForSnapshot (enabled, disabled) overrides it.",
+		Type: SettingTypeBool, Default: "true",
+	},
+	SettingFreezeFilesystemTimeout: {
+		Description: "Seconds a filesystem may take to freeze and stay frozen for one snapshot (all of a group's members " +
+			"together); past it the filesystem is thawed and the snapshot fails with the reason.",
+		Type: SettingTypeInt, Default: "10", Min: 1, Max: 60,
+	},
 	SettingBackupGCGrace: {
 		Description: "Minutes an unreferenced pack is kept after its upload before garbage collection may delete it; " +
 			"0 leaves running backups protected by their inflight markers alone.",

@@ -86,7 +86,7 @@ func TestExportAndCloneOverBackingFile(t *testing.T) {
 	write(pattern(0xa2, 100), 2*mib) // past the image
 	require.NoError(t, src.WriteZeroes(64<<10, 8<<10))
 	clear(want[64<<10 : 72<<10])
-	_, err := im.c.SnapshotCreate(ctx, "src-e", "s1", true, nil)
+	_, err := im.c.SnapshotCreate(ctx, "src-e", "s1", true, nil, 0)
 	require.NoError(t, err)
 	_, err = src.WriteAt(pattern(0xff, mib), 0) // the head moves on; s1 does not see it
 	require.NoError(t, err)
@@ -101,7 +101,7 @@ func TestExportAndCloneOverBackingFile(t *testing.T) {
 	plain, plainAddr := im.backedVolume(t, "plain", "")
 	_, err = plain.WriteAt(pattern(1, 4096), 0)
 	require.NoError(t, err)
-	_, err = im.c.SnapshotCreate(ctx, "plain-e", "p1", true, nil)
+	_, err = im.c.SnapshotCreate(ctx, "plain-e", "p1", true, nil, 0)
 	require.NoError(t, err)
 
 	tests := []struct {

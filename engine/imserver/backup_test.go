@@ -91,7 +91,7 @@ func TestBackupIncrementalAndRestore(t *testing.T) {
 	src := im.newVolume(t, "src", backupVolSize, 2, "")
 	writeRandom(t, src, rng, 0, 3*mib)         // chunks 0-2
 	writeRandom(t, src, rng, 5*mib+4096, 8192) // chunk 5
-	_, err := im.c.SnapshotCreate(ctx, "src-e", "s1", true, nil)
+	_, err := im.c.SnapshotCreate(ctx, "src-e", "s1", true, nil, 0)
 	require.NoError(t, err)
 	want1 := readAt(t, src, 0, backupVolSize)
 
@@ -109,7 +109,7 @@ func TestBackupIncrementalAndRestore(t *testing.T) {
 
 	writeRandom(t, src, rng, 1*mib+512<<10, 4096) // chunk 1
 	writeRandom(t, src, rng, 7*mib, 64<<10)       // chunk 7
-	_, err = im.c.SnapshotCreate(ctx, "src-e", "s2", true, nil)
+	_, err = im.c.SnapshotCreate(ctx, "src-e", "s2", true, nil, 0)
 	require.NoError(t, err)
 	want2 := readAt(t, src, 0, backupVolSize)
 	writeRandom(t, src, rng, 0, 8*mib) // the head: not part of s2
@@ -169,12 +169,12 @@ func TestBackupFallsBackToFullAndRefusesBusy(t *testing.T) {
 	rng := rand.New(rand.NewSource(3))
 	src := im.newVolume(t, "src", backupVolSize, 1, "")
 	writeRandom(t, src, rng, 0, mib)
-	_, err := im.c.SnapshotCreate(ctx, "src-e", "s1", true, nil)
+	_, err := im.c.SnapshotCreate(ctx, "src-e", "s1", true, nil, 0)
 	require.NoError(t, err)
 	st := im.backupAndWait(t, w, engineapi.SnapshotBackupArgs{Engine: "src-e", Snapshot: "s1", Backup: "b1", Volume: "vol", Target: target})
 	require.Equal(t, engineapi.JobStateCompleted, st.State, st.Error)
 	writeRandom(t, src, rng, 2*mib, mib)
-	_, err = im.c.SnapshotCreate(ctx, "src-e", "s2", true, nil)
+	_, err = im.c.SnapshotCreate(ctx, "src-e", "s2", true, nil, 0)
 	require.NoError(t, err)
 	require.NoError(t, im.c.SnapshotRemove(ctx, "src-e", "s1"))
 	require.NoError(t, im.c.SnapshotPurge(ctx, "src-e"))
@@ -228,7 +228,7 @@ func TestBackupOnBackingImage(t *testing.T) {
 	require.NoError(t, err)
 	_, err = src.WriteAt(pattern(0xa2, 8192), 3*mib) // chunk 3, past it
 	require.NoError(t, err)
-	_, err = im.c.SnapshotCreate(ctx, "src-e", "s1", true, nil)
+	_, err = im.c.SnapshotCreate(ctx, "src-e", "s1", true, nil, 0)
 	require.NoError(t, err)
 	want := readAt(t, src, 0, backedSize)
 
@@ -293,7 +293,7 @@ func TestBackupRestoreS3(t *testing.T) {
 	rng := rand.New(rand.NewSource(9))
 	src := im.newVolume(t, "src", backupVolSize, 1, "")
 	writeRandom(t, src, rng, mib/2, 2*mib)
-	_, err = im.c.SnapshotCreate(ctx, "src-e", "s1", true, nil)
+	_, err = im.c.SnapshotCreate(ctx, "src-e", "s1", true, nil, 0)
 	require.NoError(t, err)
 	want := readAt(t, src, 0, backupVolSize)
 	st := im.backupAndWait(t, w, engineapi.SnapshotBackupArgs{Engine: "src-e", Snapshot: "s1", Backup: "b1", Volume: "vol", Target: target})
@@ -340,7 +340,7 @@ func TestBackupReadsItsOwnReplicaInProcess(t *testing.T) {
 		eng := im.engine(t, v.engine)
 		writeRandom(t, eng, rng, 0, 2*mib)
 		writeRandom(t, eng, rng, 6*mib+4096, 8192)
-		_, err = im.c.SnapshotCreate(ctx, v.engine, "s1", true, nil)
+		_, err = im.c.SnapshotCreate(ctx, v.engine, "s1", true, nil, 0)
 		require.NoError(t, err)
 		want := readAt(t, eng, 0, backupVolSize)
 

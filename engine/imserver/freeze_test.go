@@ -21,11 +21,11 @@ func TestEngineFreezeAPI(t *testing.T) {
 	_, err := im.c.InstanceCreate(ctx, engineReq("e", 4*mib, map[string]string{"r": rep.Address}))
 	require.NoError(t, err)
 
-	require.NoError(t, im.c.EngineFreeze(ctx, "e", "c1", time.Minute))
-	_, err = im.c.SnapshotCreate(ctx, "e", "plain", true, nil)
+	require.NoError(t, im.c.EngineFreeze(ctx, "e", "c1", time.Minute, 0))
+	_, err = im.c.SnapshotCreate(ctx, "e", "plain", true, nil, 0)
 	assert.ErrorIs(t, err, engineapi.ErrBusy, "a snapshot outside the cut")
 	assert.ErrorIs(t, im.c.SnapshotCreateInCut(ctx, "e", "c2", "s", true, nil), engineapi.ErrFreezeLost)
-	assert.ErrorIs(t, im.c.EngineFreeze(ctx, "e", "c2", time.Minute), engineapi.ErrBusy, "another cut")
+	assert.ErrorIs(t, im.c.EngineFreeze(ctx, "e", "c2", time.Minute, 0), engineapi.ErrBusy, "another cut")
 	require.NoError(t, im.c.SnapshotCreateInCut(ctx, "e", "c1", "s", true, nil))
 	require.NoError(t, im.c.EngineThaw(ctx, "e", "c1"))
 	require.NoError(t, im.c.EngineThaw(ctx, "e", "c1"), "a thaw is idempotent")
@@ -34,7 +34,7 @@ func TestEngineFreezeAPI(t *testing.T) {
 	assert.Contains(t, snaps, "s")
 	assert.ErrorIs(t, im.c.EngineThaw(ctx, "nope", "c1"), engineapi.ErrNotFound)
 
-	require.NoError(t, im.c.EngineFreeze(ctx, "e", "c3", time.Minute))
+	require.NoError(t, im.c.EngineFreeze(ctx, "e", "c3", time.Minute, 0))
 	start := time.Now()
 	_, err = im.c.InstanceDelete(ctx, "e")
 	require.NoError(t, err)

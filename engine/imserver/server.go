@@ -27,6 +27,7 @@ import (
 	"github.com/strata-storage/strata/engine/replication"
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/engineapi/impb"
+	"github.com/strata-storage/strata/internal/fsfreeze"
 )
 
 // Options configure a Server.
@@ -71,7 +72,10 @@ type Options struct {
 	// beside its NBD export: a loop device on it skips the NBD hop that
 	// costs the node path (docs/bench-kbench.md). Empty: NBD only.
 	FUSEDir string
-	Log     logrus.FieldLogger
+	// FSFreezeSocket is the node CSI plugin's freeze socket (fsfreeze.go);
+	// empty: snapshots are never cut inside a filesystem freeze.
+	FSFreezeSocket string
+	Log            logrus.FieldLogger
 }
 
 // Server is one node's instance manager.
@@ -102,6 +106,11 @@ type Server struct {
 	// frozen holds the engines frozen for a group cut, by name, so a thaw
 	// reaches one without its instance lock (freeze.go).
 	frozen sync.Map
+	// fsFreezer asks the node's CSI plugin to freeze filesystems (nil:
+	// none), and fsCuts remembers what a group cut's freeze gave each
+	// engine, by engine/cut (fsfreeze.go).
+	fsFreezer fsFreezer
+	fsCuts    sync.Map
 	// clones holds the engines a SnapshotClone is filling (see clone.go).
 	clones sync.Map
 	// jobs holds the engines' backups and restores (see backup.go).
@@ -189,6 +198,9 @@ func New(opts Options) (*Server, error) {
 		instances: map[string]*instance{}, deleting: map[string]bool{}, exports: map[string]string{},
 		stop: make(chan struct{})}
 	s.nbd = nbd.NewServer(nbd.Options{Logger: opts.Log})
+	if opts.FSFreezeSocket != "" {
+		s.fsFreezer = fsfreeze.NewClient(opts.FSFreezeSocket)
+	}
 	specs, err := loadSpecs(opts.StateDir)
 	if err != nil {
 		return nil, err

@@ -149,7 +149,7 @@ func TestSizeReportFollowsPurge(t *testing.T) {
 	for i, name := range []string{"s1", "s2"} {
 		_, err = eng.WriteAt(pattern(byte(i+1), mib), int64(i)*mib)
 		require.NoError(t, err)
-		_, err = im.c.SnapshotCreate(ctx, "e", name, true, nil)
+		_, err = im.c.SnapshotCreate(ctx, "e", name, true, nil, 0)
 		require.NoError(t, err)
 	}
 	require.NoError(t, im.c.SnapshotRemove(ctx, "e", "s1"))

@@ -2,8 +2,10 @@ package imserver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/strata-storage/strata/engine/replication"
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/engineapi/impb"
+	"github.com/strata-storage/strata/internal/fsfreeze"
 )
 
 // engineOp runs fn on a running engine under its instance lock, refreshes
@@ -87,19 +90,41 @@ func (s *Server) SnapshotCreate(ctx context.Context, req *impb.SnapshotCreateReq
 	if name == "" {
 		name = uuid.NewString()[:8]
 	}
-	err := s.engineOp(req.Engine, func(inst *instance) error {
+	inst, err := s.getEngine(req.Engine)
+	if err != nil {
+		return nil, engineapi.ToStatus(err)
+	}
+	// A group cut's filesystems were frozen by EngineFreeze; a snapshot of
+	// its own freezes here, outside the instance's lock (fsfreeze.go).
+	consistency := fsfreeze.Crash
+	if req.Cut != "" {
+		if v, ok := s.fsCuts.Load(fsCutKey(req.Engine, req.Cut)); ok {
+			consistency = v.(fsfreeze.Consistency)
+		}
+	} else if consistency, err = s.freezeFS(ctx, inst.spec.VolumeName, name, time.Duration(req.FsFreezeTimeoutMs)*time.Millisecond); err != nil {
+		return nil, engineapi.ToStatus(err)
+	}
+	err = s.engineOp(req.Engine, func(inst *instance) error {
 		if err := s.refuseDuringClone(inst, "take a snapshot"); err != nil {
 			return err
 		}
 		if _, ok := inst.snapshots[name]; ok {
 			return fmt.Errorf("snapshot %s of engine %s: %w", name, req.Engine, engineapi.ErrAlreadyExists)
 		}
-		opts := replication.SnapshotOptions{UserCreated: req.UserCreated, Labels: req.Labels}
+		opts := replication.SnapshotOptions{UserCreated: req.UserCreated, Labels: withConsistency(req.Labels, consistency)}
 		if req.Cut != "" {
 			return inst.eng.SnapshotInCut(ctx, req.Cut, name, opts)
 		}
 		return inst.eng.Snapshot(ctx, name, opts)
 	})
+	if req.Cut == "" {
+		if thawErr := s.thawFS(inst.spec.VolumeName, name, consistency); thawErr != nil && err == nil {
+			// The freeze ended before the cut did: what it holds is not
+			// what the freeze promised. Drop it; the manager retries.
+			rmErr := s.engineOp(req.Engine, func(inst *instance) error { return inst.eng.RemoveSnapshot(ctx, name) })
+			return nil, engineapi.ToStatus(errors.Join(thawErr, rmErr))
+		}
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -1633,9 +1633,14 @@ type SnapshotCreateRequest struct {
 	UserCreated bool                   `protobuf:"varint,3,opt,name=user_created,json=userCreated,proto3" json:"user_created,omitempty"`
 	Labels      map[string]string      `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// cut: take the snapshot inside the engine's freeze for this group cut.
-	Cut           string `protobuf:"bytes,5,opt,name=cut,proto3" json:"cut,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Cut string `protobuf:"bytes,5,opt,name=cut,proto3" json:"cut,omitempty"`
+	// fs_freeze_timeout_ms, if above 0: the node's CSI plugin freezes the
+	// volume's filesystem (if staged with one) for at most this long while the
+	// snapshot is cut; the snapshot's label strata.io/consistency says what
+	// it holds. With a cut, EngineFreeze froze it already.
+	FsFreezeTimeoutMs int64 `protobuf:"varint,6,opt,name=fs_freeze_timeout_ms,json=fsFreezeTimeoutMs,proto3" json:"fs_freeze_timeout_ms,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *SnapshotCreateRequest) Reset() {
@@ -1703,14 +1708,24 @@ func (x *SnapshotCreateRequest) GetCut() string {
 	return ""
 }
 
+func (x *SnapshotCreateRequest) GetFsFreezeTimeoutMs() int64 {
+	if x != nil {
+		return x.FsFreezeTimeoutMs
+	}
+	return 0
+}
+
 type EngineFreezeRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Engine string                 `protobuf:"bytes,1,opt,name=engine,proto3" json:"engine,omitempty"`
 	Cut    string                 `protobuf:"bytes,2,opt,name=cut,proto3" json:"cut,omitempty"`
 	// timeout_ms: the freeze ends on its own after this (at most 60000).
-	TimeoutMs     int64 `protobuf:"varint,3,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TimeoutMs int64 `protobuf:"varint,3,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// fs_freeze_timeout_ms, if above 0: the volume's filesystem is frozen
+	// first (as SnapshotCreate's), and thawed by EngineThaw.
+	FsFreezeTimeoutMs int64 `protobuf:"varint,4,opt,name=fs_freeze_timeout_ms,json=fsFreezeTimeoutMs,proto3" json:"fs_freeze_timeout_ms,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *EngineFreezeRequest) Reset() {
@@ -1760,6 +1775,13 @@ func (x *EngineFreezeRequest) GetCut() string {
 func (x *EngineFreezeRequest) GetTimeoutMs() int64 {
 	if x != nil {
 		return x.TimeoutMs
+	}
+	return 0
+}
+
+func (x *EngineFreezeRequest) GetFsFreezeTimeoutMs() int64 {
+	if x != nil {
+		return x.FsFreezeTimeoutMs
 	}
 	return 0
 }
@@ -3142,21 +3164,23 @@ const file_instancemanager_proto_rawDesc = "" +
 	"\texclusive\x18\t \x01(\x03R\texclusive\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x89\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xba\x02\n" +
 	"\x15SnapshotCreateRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12!\n" +
 	"\fuser_created\x18\x03 \x01(\bR\vuserCreated\x12T\n" +
 	"\x06labels\x18\x04 \x03(\v2<.strata.instancemanager.v1.SnapshotCreateRequest.LabelsEntryR\x06labels\x12\x10\n" +
-	"\x03cut\x18\x05 \x01(\tR\x03cut\x1a9\n" +
+	"\x03cut\x18\x05 \x01(\tR\x03cut\x12/\n" +
+	"\x14fs_freeze_timeout_ms\x18\x06 \x01(\x03R\x11fsFreezeTimeoutMs\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"^\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8f\x01\n" +
 	"\x13EngineFreezeRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x10\n" +
 	"\x03cut\x18\x02 \x01(\tR\x03cut\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\x03 \x01(\x03R\ttimeoutMs\"=\n" +
+	"timeout_ms\x18\x03 \x01(\x03R\ttimeoutMs\x12/\n" +
+	"\x14fs_freeze_timeout_ms\x18\x04 \x01(\x03R\x11fsFreezeTimeoutMs\"=\n" +
 	"\x11EngineThawRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x12\x10\n" +
 	"\x03cut\x18\x02 \x01(\tR\x03cut\",\n" +

@@ -185,7 +185,7 @@ func (e *env) deleteVolume(ctx context.Context, name string) error {
 }
 
 func (e *env) snapshot(ctx context.Context, engine, name string) error {
-	_, err := e.clients[0].SnapshotCreate(ctx, engine, name, true, nil)
+	_, err := e.clients[0].SnapshotCreate(ctx, engine, name, true, nil, 0)
 	return err
 }
 

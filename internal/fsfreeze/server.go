@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"time"
 
-
 	"github.com/strata-storage/strata/engine/nbd"
 	"github.com/strata-storage/strata/internal/unixsock"
 )

@@ -26,6 +26,9 @@ type CSIOptions struct {
 	// InstanceManagerFileDir is where a Strata node's instance manager
 	// serves volumes as files (ManagerOptions.FUSEDir); nil or "": nbdfuse.
 	InstanceManagerFileDir func(strataNode string) string
+	// FreezeSocket is where a Strata node's plugin answers its instance
+	// manager's filesystem freezes (nil: none).
+	FreezeSocket func(strataNode string) string
 }
 
 // The snapshot-controller's identity (package/manifests/12-rbac-snapshot-controller.yaml),
@@ -119,6 +122,9 @@ func (c *Cluster) StartCSI(ctx context.Context, opts CSIOptions) error {
 		strataNode := opts.StrataNodes[i]
 		args := []string{"csi", "--mode", "node", "--node-name", strataNode,
 			"--csi-address", n.CSISocket(), "--kubelet-root", n.KubeletRoot(), "--state-dir", n.CSIStateDir()}
+		if opts.FreezeSocket != nil {
+			args = append(args, "--freeze-socket", opts.FreezeSocket(strataNode))
+		}
 		if opts.InstanceManagerFileDir != nil {
 			if dir := opts.InstanceManagerFileDir(strataNode); dir != "" {
 				args = append(args, "--instance-manager-file-dir", dir)

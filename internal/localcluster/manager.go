@@ -65,6 +65,12 @@ func (o ManagerOptions) FUSEDir(node string) string {
 	return filepath.Join(o.RunDir, "fuse", node)
 }
 
+// FreezeSocket is where a node's CSI plugin answers its instance manager's
+// filesystem freezes (internal/fsfreeze).
+func (o ManagerOptions) FreezeSocket(node string) string {
+	return filepath.Join(o.RunDir, "fsfreeze", node+".sock")
+}
+
 // BackupDir is where file:// backup targets of the local cluster go: every
 // instance manager's --backup-path.
 func (o ManagerOptions) BackupDir() string { return filepath.Join(o.RunDir, "backups") }
@@ -128,7 +134,7 @@ func StartInstanceManager(opts ManagerOptions, node string, prev *InstanceManage
 		im.GRPCAddr = "127.0.0.1:" + strconv.Itoa(ports[0])
 	}
 	args := []string{"instance-manager", "--listen", im.GRPCAddr, "--nbd-socket", im.NBDSocket, "--state-dir", im.StateDir, "--tls-dir", opts.TLSDir(node),
-		"--disk-path", opts.NodeDir(node), "--backup-path", opts.BackupDir()}
+		"--disk-path", opts.NodeDir(node), "--backup-path", opts.BackupDir(), "--fs-freeze-socket", opts.FreezeSocket(node)}
 	for _, d := range opts.ExtraDiskPaths {
 		args = append(args, "--disk-path", d)
 	}

@@ -165,7 +165,8 @@ func run(log *logrus.Logger, managerBin, runDir string, nodes int, kubelets, cha
 		// PVCs and VolumeSnapshots: the CSI driver and the upstream sidecars.
 		if err := cluster.StartCSI(ctx, localcluster.CSIOptions{ManagerBin: bin, Namespace: systemNamespace,
 			StrataNodes: nodeNames(managers), RepoRoot: root,
-			InstanceManagerFileDir: managerOptions(bin, runDir, kubeconfig).FUSEDir}); err != nil {
+			InstanceManagerFileDir: managerOptions(bin, runDir, kubeconfig).FUSEDir,
+			FreezeSocket:           managerOptions(bin, runDir, kubeconfig).FreezeSocket}); err != nil {
 			return err
 		}
 		cluster.SuperviseCSI(log)

@@ -129,7 +129,7 @@ func main() {
 			}
 		}
 	case "snapshot":
-		_, err = clients[0].SnapshotCreate(ctx, *engine, *snapshot, true, nil)
+		_, err = clients[0].SnapshotCreate(ctx, *engine, *snapshot, true, nil, 0)
 	case "remove":
 		err = clients[0].SnapshotRemove(ctx, *engine, *snapshot)
 	case "purge":

@@ -221,7 +221,7 @@ func TestSnapshotExportAndCloneErrors(t *testing.T) {
 	small := createEngine(t, "ers", volSize/2, nodes[1:], "")
 	assert.ErrorIs(t, clone(small, t, src, "s1"), engineapi.ErrInvalid, "target smaller than the source")
 
-	_, err := b.im(t).SnapshotCreate(ctx, b.engine, "own", true, nil)
+	_, err := b.im(t).SnapshotCreate(ctx, b.engine, "own", true, nil, 0)
 	require.NoError(t, err)
 	assert.ErrorIs(t, clone(b, t, src, "s1"), engineapi.ErrInvalid, "the target has snapshots of its own")
 

@@ -127,10 +127,10 @@ func TestGroupCutIsCrashConsistentAcrossNodes(t *testing.T) {
 	}
 	for i := range plain {
 		name := fmt.Sprintf("p%d", i)
-		_, err := a.im(t).SnapshotCreate(ctx, a.engine, name, true, nil)
+		_, err := a.im(t).SnapshotCreate(ctx, a.engine, name, true, nil, 0)
 		require.NoError(t, err)
 		waitRounds(3) // the writer goes on between the two snapshots
-		_, err = b.im(t).SnapshotCreate(ctx, b.engine, name, true, nil)
+		_, err = b.im(t).SnapshotCreate(ctx, b.engine, name, true, nil, 0)
 		require.NoError(t, err)
 	}
 	stop.Store(true)
@@ -253,7 +253,7 @@ func TestGroupCutStall(t *testing.T) {
 		require.NoError(t, err)
 		cut = append(cut, res.Stall)
 		start := time.Now()
-		_, err = vols[0].im(t).SnapshotCreate(ctx, vols[0].engine, fmt.Sprintf("p%d", r), true, nil)
+		_, err = vols[0].im(t).SnapshotCreate(ctx, vols[0].engine, fmt.Sprintf("p%d", r), true, nil, 0)
 		require.NoError(t, err)
 		plain = append(plain, time.Since(start))
 	}

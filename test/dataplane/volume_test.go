@@ -58,7 +58,7 @@ func (v *volume) im(t *testing.T) *engineapi.Client { return v.nodes[0].client(t
 
 func (v *volume) snapshot(t *testing.T, name string) {
 	t.Helper()
-	_, err := v.im(t).SnapshotCreate(context.Background(), v.engine, name, true, nil)
+	_, err := v.im(t).SnapshotCreate(context.Background(), v.engine, name, true, nil, 0)
 	require.NoError(t, err)
 }
 
@@ -146,17 +146,17 @@ func TestTypedErrorsReachTheClient(t *testing.T) {
 	assert.ErrorIs(t, err, engineapi.ErrNotFound)
 
 	v.snapshot(t, "dup")
-	_, err = c.SnapshotCreate(ctx, v.engine, "dup", true, nil)
+	_, err = c.SnapshotCreate(ctx, v.engine, "dup", true, nil, 0)
 	assert.ErrorIs(t, err, engineapi.ErrAlreadyExists)
 
 	require.NoError(t, c.SnapshotLimitsSet(ctx, v.engine, 2, 0))
 	v.snapshot(t, "second")
-	_, err = c.SnapshotCreate(ctx, v.engine, "third", true, nil)
+	_, err = c.SnapshotCreate(ctx, v.engine, "third", true, nil, 0)
 	assert.ErrorIs(t, err, engineapi.ErrLimitExceeded, "a user snapshot over the limit is refused")
-	_, err = c.SnapshotCreate(ctx, v.engine, "system", false, nil)
+	_, err = c.SnapshotCreate(ctx, v.engine, "system", false, nil, 0)
 	assert.NoError(t, err, "system snapshots are exempt from the limit")
 
-	_, err = c.SnapshotCreate(ctx, v.engine, "bad/name", true, nil)
+	_, err = c.SnapshotCreate(ctx, v.engine, "bad/name", true, nil, 0)
 	assert.ErrorIs(t, err, engineapi.ErrInvalid)
 	assert.ErrorIs(t, c.SnapshotRevert(ctx, v.engine, "second"), engineapi.ErrBusy, "revert needs the frontend stopped")
 	assert.ErrorIs(t, c.SnapshotRemove(ctx, v.engine, "never"), engineapi.ErrNotFound)

@@ -170,7 +170,8 @@ func run(m *testing.M) (int, error) {
 	// free share moves with everything else on it (seen at 25% here); the
 	// tests' volumes are tiny, so only a really full disk may stop them.
 	if err := cluster.StartCSI(ctx, localcluster.CSIOptions{ManagerBin: bin, Namespace: types.DefaultNamespace,
-		StrataNodes: nodeNames, RepoRoot: root, InstanceManagerFileDir: env.managerOpts.FUSEDir}); err != nil {
+		StrataNodes: nodeNames, RepoRoot: root, InstanceManagerFileDir: env.managerOpts.FUSEDir,
+		FreezeSocket: env.managerOpts.FreezeSocket}); err != nil {
 		return 0, err
 	}
 	if err := cluster.ApplyLocalSettings(ctx, types.DefaultNamespace); err != nil {

@@ -190,7 +190,7 @@ func TestEngineSnapshotsGetCRsAndLostOnesGo(t *testing.T) {
 	require.NoError(t, err)
 	defer client.Close()
 
-	_, err = client.SnapshotCreate(ctx, engineName, "e2e-sys-1", false, nil)
+	_, err = client.SnapshotCreate(ctx, engineName, "e2e-sys-1", false, nil, 0)
 	require.NoError(t, err)
 	var snap *v1beta1.Snapshot
 	require.Eventually(t, func() bool {
@@ -201,7 +201,7 @@ func TestEngineSnapshotsGetCRsAndLostOnesGo(t *testing.T) {
 	assert.False(t, snap.Status.UserCreated)
 
 	// Another snapshot on top, so a purge drops the first one entirely.
-	_, err = client.SnapshotCreate(ctx, engineName, "e2e-sys-2", false, nil)
+	_, err = client.SnapshotCreate(ctx, engineName, "e2e-sys-2", false, nil, 0)
 	require.NoError(t, err)
 	require.NoError(t, client.SnapshotRemove(ctx, engineName, "e2e-sys-1"))
 	require.NoError(t, client.SnapshotPurge(ctx, engineName))

@@ -50,6 +50,13 @@ type SnapshotStatus struct {
 	RestoreSize int64 `json:"restoreSize"`
 	// ReadyToUse is true when the snapshot exists, is not removed, and has no error.
 	ReadyToUse bool `json:"readyToUse"`
+	// Consistency says what the snapshot holds: "filesystem" (cut inside a
+	// freeze of the volume's mounted filesystem: everything the application
+	// wrote before it), "flushed" (a raw block volume, its page cache
+	// flushed first) or "crash" (as a power cut would leave it: not staged
+	// with a filesystem, or the freeze turned off). Empty for snapshots
+	// taken before Strata recorded it.
+	Consistency string `json:"consistency,omitempty"`
 }
 
 // Snapshot is a point-in-time snapshot of a volume. The CR's name is the
@@ -64,6 +71,7 @@ type SnapshotStatus struct {
 // +kubebuilder:printcolumn:name="Ready",type=boolean,JSONPath=`.status.readyToUse`
 // +kubebuilder:printcolumn:name="Size",type=integer,JSONPath=`.status.size`
 // +kubebuilder:printcolumn:name="Exclusive",type=integer,JSONPath=`.status.exclusiveSize`
+// +kubebuilder:printcolumn:name="Consistency",type=string,JSONPath=`.status.consistency`,priority=1
 // +kubebuilder:printcolumn:name="Created",type=string,JSONPath=`.status.creationTime`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Snapshot struct {

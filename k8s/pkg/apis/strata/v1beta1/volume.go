@@ -123,6 +123,17 @@ const (
 	DataLocalityBestEffort DataLocality = "best-effort"
 )
 
+// FreezeFilesystem says whether a volume's snapshots are cut inside a
+// freeze of its filesystem.
+type FreezeFilesystem string
+
+const (
+	// FreezeFilesystemIgnored follows the freeze-filesystem-for-snapshot setting.
+	FreezeFilesystemIgnored  FreezeFilesystem = "ignored"
+	FreezeFilesystemEnabled  FreezeFilesystem = "enabled"
+	FreezeFilesystemDisabled FreezeFilesystem = "disabled"
+)
+
 // VolumeSpec is the desired state of a volume.
 type VolumeSpec struct {
 	// The quantity rules skip a value that is no quantity (size: abc): the
@@ -194,6 +205,14 @@ type VolumeSpec struct {
 	// spec.size. It cannot be lowered below what the snapshots hold.
 	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || !quantity(string(self)).isLessThan(quantity('0'))",message="must not be negative"
 	SnapshotMaxSize resource.Quantity `json:"snapshotMaxSize,omitempty"`
+	// FreezeFilesystemForSnapshot: enabled cuts every snapshot of the
+	// volume, while it is staged with a filesystem on a node, inside a
+	// freeze of that filesystem (what the application wrote is in the
+	// snapshot); disabled cuts it as a power cut would; empty or ignored
+	// follows the freeze-filesystem-for-snapshot setting.
+	// One of "", "ignored", "enabled", "disabled".
+	// +kubebuilder:validation:Enum="";ignored;enabled;disabled
+	FreezeFilesystemForSnapshot FreezeFilesystem `json:"freezeFilesystemForSnapshot,omitempty"`
 }
 
 // VolumeStatus is the observed state of a volume.
