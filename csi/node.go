@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
@@ -91,13 +92,24 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 	} else if grown {
 		d.log.WithFields(map[string]any{"volume": volume, "device": device}).Info("Grew the filesystem to the volume's size before mounting")
 	}
-	if err := d.node.mounter.FormatAndMount(device, staging, fsType, capability.GetMount().GetMountFlags()); err != nil {
+	if err := d.node.mounter.FormatAndMount(device, staging, fsType, mountOptions(fsType, capability.GetMount().GetMountFlags())); err != nil {
 		return nil, status.Errorf(codes.Internal, "volume %s: formatting (if blank) and mounting %s at %s as %s: %v",
 			volume, device, staging, fsType, err)
 	}
 	d.log.WithFields(map[string]any{"volume": volume, "device": device, "staging": staging, "fsType": fsType}).Info("Staged volume")
 	d.growStagedFilesystem(volume, device, staging)
 	return &csi.NodeStageVolumeResponse{}, nil
+}
+
+// mountOptions are the user's mount flags, plus nouuid for xfs: a claim
+// restored or cloned from another holds a copy of its filesystem, UUID
+// included, and the kernel refuses to mount an xfs whose UUID a mounted
+// one already has (the source, or another restore, on the same node).
+func mountOptions(fsType string, flags []string) []string {
+	if fsType != "xfs" || slices.Contains(flags, "nouuid") {
+		return flags
+	}
+	return append(slices.Clone(flags), "nouuid")
 }
 
 // growStagedFilesystem grows a filesystem smaller than its device: the

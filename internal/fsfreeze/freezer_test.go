@@ -46,10 +46,18 @@ func newExt4(t *testing.T) *ext4 {
 	run(t, "mount", fs.device, fs.mnt)
 	t.Cleanup(func() {
 		_ = SystemOps.Thaw(fs.mnt)
-		if out, err := exec.Command("umount", fs.mnt).CombinedOutput(); err != nil {
-			t.Logf("umount %s: %v: %s; detaching it lazily", fs.mnt, err, out)
-			_ = exec.Command("umount", "-l", fs.mnt).Run()
+		// A watchdog's thaw may still hold the mount point open for a moment
+		// after the write it let through returned.
+		var out []byte
+		var err error
+		for range 50 {
+			if out, err = exec.Command("umount", fs.mnt).CombinedOutput(); err == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
+		t.Errorf("umount %s: %v: %s", fs.mnt, err, out)
+		_ = exec.Command("umount", "-l", fs.mnt).Run()
 	})
 	return fs
 }

@@ -112,7 +112,10 @@ func run(log *logrus.Logger, managerBin, runDir string, nodes int, kubelets, cha
 	}
 
 	start := time.Now()
-	cluster, err := localcluster.Start(ctx, localcluster.Options{Dir: runDir, Namespace: systemNamespace, Log: log})
+	// The admin kubeconfig's context keeps the namespace default, as a
+	// cluster's does: the README's claims and Pods are a user's, not
+	// Strata's; Strata's own objects are addressed with -n strata-system.
+	cluster, err := localcluster.Start(ctx, localcluster.Options{Dir: runDir, Log: log})
 	if err != nil {
 		return err
 	}
@@ -214,9 +217,9 @@ Strata runs locally: control plane + %d nodes (logs in %s).
 In another shell:
 
     export KUBECONFIG=%s
-    kubectl get nodes.strata.io
-    kubectl get instancemanagers.strata.io
-    kubectl get strata
+    kubectl -n strata-system get nodes.strata.io
+    kubectl -n strata-system get instancemanagers.strata.io
+    kubectl -n strata-system get strata
 `, nodes, filepath.Join(runDir, "logs"), cluster.AdminKubeconfig)
 	if len(kubeletNodes) > 0 {
 		fmt.Printf(`

@@ -174,7 +174,8 @@ func TestChartRBACOptions(t *testing.T) {
 
 // helm uninstall's pre-delete hook (left out of strata.yaml, which kubectl
 // applies): a Job running uninstall-check under an identity that may only
-// list volumes, gone again once it succeeds.
+// list volumes, gone again once it succeeds, whose log (the refusal, naming
+// the volumes) helm prints when it fails.
 func TestChartUninstallCheckHook(t *testing.T) {
 	objs := parseObjects(t, renderChartArgs(t, helmBinary(t), nil))
 	shipped := map[string]bool{}
@@ -191,6 +192,8 @@ func TestChartUninstallCheckHook(t *testing.T) {
 		grants(rbacSummaryRules(t, find(t, objs, "Role", "strata-uninstall-check"))))
 	var job batchv1.Job
 	find(t, objs, "Job", "strata-uninstall-check").decode(t, &job)
+	assert.Equal(t, "hook-failed", job.Annotations["helm.sh/hook-output-log-policy"],
+		"helm prints the refusal, not only BackoffLimitExceeded")
 	assert.Equal(t, int32(0), *job.Spec.BackoffLimit, "one failure fails the uninstall")
 	assert.Equal(t, "uninstall-check", job.Spec.Template.Spec.Containers[0].Args[0])
 	assert.Equal(t, "strata-uninstall-check", job.Spec.Template.Spec.ServiceAccountName)

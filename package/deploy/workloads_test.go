@@ -95,6 +95,7 @@ var unset = map[string]map[string]string{
 		"state-dir":                 "node mode only",
 		"daemon-cgroup-root":        "node mode only",
 		"instance-manager-file-dir": "node mode only",
+		"freeze-socket":             "node mode only",
 		"kubeconfig":                "in-cluster credentials",
 	},
 }

@@ -42,6 +42,10 @@ func TestBackupRestoredIntoANewClaim(t *testing.T) {
 	}, time.Minute, 200*time.Millisecond, "the files are written")
 	volume := volumeOfClaim(t, "bk-src")
 
+	// Issue 43: a file written with a plain echo (no fsync) just before the
+	// backup is in it: its snapshot is cut inside a freeze of the claim's
+	// filesystem.
+	exec1(t, "bk-src", "echo unsynced > /data/late")
 	start := time.Now()
 	apply(t, fmt.Sprintf(`apiVersion: strata.io/v1beta1
 kind: Backup
@@ -77,4 +81,5 @@ spec: {storageClassName: strata-from-bk-1, accessModes: [ReadWriteOnce], resourc
 	})
 	pod(t, "bk-restored", "127.0.0.3", "bk-restored", "exec sleep 3600")
 	assert.Equal(t, before, exec1(t, "bk-restored", digest), "the restored claim holds the backed-up files")
+	assert.Equal(t, "unsynced", exec1(t, "bk-restored", "cat /data/late"), "and the file written just before the backup")
 }

@@ -16,7 +16,9 @@ import (
 	"golang.org/x/sys/unix"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/internal/fsfreeze"
+	"github.com/strata-storage/strata/internal/localcluster"
 	"github.com/strata-storage/strata/package/images"
 )
 
@@ -73,8 +75,7 @@ func deletePod(t *testing.T, name string) {
 // pvFsType is the filesystem type recorded in the claim's PV.
 func pvFsType(t *testing.T, claimName string) string {
 	t.Helper()
-	pv := kubectl(t, "-n", podNamespace, "get", "pvc", claimName, "-o", "jsonpath={.spec.volumeName}")
-	return kubectl(t, "get", "pv", pv, "-o", "jsonpath={.spec.csi.fsType}")
+	return kubectl(t, "get", "pv", volumeOfClaim(t, claimName), "-o", "jsonpath={.spec.csi.fsType}")
 }
 
 // A Pod running as uid 1000 with fsGroup 1000 writes its claim: ext4 and
@@ -95,9 +96,10 @@ func TestNonRootPodWritesItsClaim(t *testing.T) {
 			assert.Equal(t, "1000", exec1(t, tc.claim, "stat -c %g /data"), "the root of the claim is the fsGroup's")
 			deletePod(t, tc.claim)
 
-			// A root Pod leaves a file of group 0; the next fsGroup Pod with
+			// A root Pod leaves a file of group 0 (chgrp: the setgid root would
+			// give it the fsGroup); the next fsGroup Pod with
 			// OnRootMismatch finds the root right and does not walk.
-			podAs(t, tc.claim+"-root", "127.0.0.1", tc.claim, 0, "", "echo r > /data/rootfile && chmod 600 /data/rootfile && exec sleep 3600")
+			podAs(t, tc.claim+"-root", "127.0.0.1", tc.claim, 0, "", "echo r > /data/rootfile && chgrp 0 /data/rootfile && chmod 600 /data/rootfile && exec sleep 3600")
 			deletePod(t, tc.claim+"-root")
 			podAs(t, tc.claim+"-2", "127.0.0.1", tc.claim, 1000, "OnRootMismatch", "echo again >> /data/x && exec sleep 3600")
 			assert.Equal(t, "hi\nagain", exec1(t, tc.claim+"-2", "cat /data/x"))
@@ -205,18 +207,23 @@ func freezeSocket(t *testing.T, node string) string {
 	return ""
 }
 
-// stagedMount finds the claim's staging mount on the host.
-func stagedMount(t *testing.T, volume string) string {
+// stagedMount finds where the claim's filesystem is mounted on the host:
+// its loop device is on the file node's instance manager serves it as.
+func stagedMount(t *testing.T, node, volume string) string {
 	t.Helper()
-	out, err := os.ReadFile("/proc/self/mountinfo")
-	require.NoError(t, err)
-	for _, line := range strings.Split(string(out), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && strings.Contains(f[4], volume) && strings.HasSuffix(f[4], "/globalmount") {
-			return f[4]
+	for _, n := range env.cluster.Nodes() {
+		if n.Name != node {
+			continue
 		}
+		file := engineapi.FUSEFile(filepath.Join(n.StrataDir(), "fuse"), volume)
+		devices := localcluster.LoopDevicesOn(func(backing string) bool { return backing == file })
+		require.Len(t, devices, 1, "one loop device on %s", file)
+		mount, err := fsfreeze.MountPointOf(devices[0])
+		require.NoError(t, err)
+		require.NotEmpty(t, mount, "%s is mounted", devices[0])
+		return mount
 	}
-	t.Fatalf("no staging mount of %s in the host's mount table", volume)
+	t.Fatalf("no node %s", node)
 	return ""
 }
 
@@ -240,7 +247,7 @@ func TestFreezeHolderKilledWhileFrozen(t *testing.T) {
 	claim(t, "fz-kill", "")
 	pod(t, "fz-kill", "127.0.0.1", "fz-kill", "exec sleep 3600")
 	volume := volumeOfClaim(t, "fz-kill")
-	mount := stagedMount(t, volume)
+	mount := stagedMount(t, "127.0.0.1", volume)
 	client := fsfreeze.NewClient(freezeSocket(t, "127.0.0.1"))
 	got, err := client.Freeze(context.Background(), volume, "test-cut", fsfreeze.MaxTimeout)
 	require.NoError(t, err)
@@ -279,4 +286,55 @@ func containerRestarts(t *testing.T, pod string) int {
 		n += int(c.RestartCount)
 	}
 	return n
+}
+
+// A VolumeGroupSnapshot of two claims a Pod has just written (plain echo,
+// no fsync): every member's filesystem is frozen before the group is cut,
+// so each member restored holds its file.
+func TestGroupSnapshotHoldsWhatThePodJustWrote(t *testing.T) {
+	logsOnFailure(t)
+	ctx := context.Background()
+	for _, name := range []string{"gw-a", "gw-b"} {
+		apply(t, fmt.Sprintf(`apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: %s, namespace: %s, labels: {consistency-group: gw}}
+spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 64Mi}}}`, name, podNamespace))
+		t.Cleanup(func() { _, _ = kubectlOut(ctx, "-n", podNamespace, "delete", "pvc", name, "--wait=false") })
+		pod(t, name, "127.0.0.1", name, "exec sleep 3600")
+	}
+	exec1(t, "gw-a", "echo in-a > /data/a")
+	exec1(t, "gw-b", "echo in-b > /data/b")
+	apply(t, fmt.Sprintf(`apiVersion: groupsnapshot.storage.k8s.io/v1
+kind: VolumeGroupSnapshot
+metadata: {name: gw, namespace: %s}
+spec: {source: {selector: {matchLabels: {consistency-group: gw}}}}`, podNamespace))
+	t.Cleanup(func() {
+		_, _ = kubectlOut(ctx, "-n", podNamespace, "delete", "volumegroupsnapshot", "gw", "--wait=false")
+	})
+
+	members := map[string]string{} // claim -> member VolumeSnapshot
+	require.Eventually(t, func() bool {
+		out, err := kubectlOut(ctx, "-n", podNamespace, "get", "volumesnapshot", "-o",
+			`jsonpath={range .items[?(@.metadata.ownerReferences[0].kind=="VolumeGroupSnapshot")]}{.spec.source.persistentVolumeClaimName} {.metadata.name} {.status.readyToUse}{"\n"}{end}`)
+		if err != nil {
+			return false
+		}
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			if f := strings.Fields(line); len(f) == 3 && f[2] == "true" {
+				members[f[0]] = f[1]
+			}
+		}
+		return members["gw-a"] != "" && members["gw-b"] != ""
+	}, 2*time.Minute, 250*time.Millisecond, "the group's member VolumeSnapshots ready")
+	for claimName, file := range map[string]string{"gw-a": "a", "gw-b": "b"} {
+		restored := claimName + "-r"
+		claim(t, restored, members[claimName])
+		pod(t, restored, "127.0.0.2", restored, "exec sleep 3600")
+		assert.Equal(t, "in-"+file, exec1(t, restored, "cat /data/"+file), "member of %s holds the file written just before the group", claimName)
+	}
+	for _, claimName := range []string{"gw-a", "gw-b"} {
+		for name, c := range snapshotConsistencies(t, volumeOfClaim(t, claimName)) {
+			assert.Equal(t, string(fsfreeze.Filesystem), c, "group member %s", name)
+		}
+	}
 }

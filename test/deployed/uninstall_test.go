@@ -27,6 +27,10 @@ func TestUninstall(t *testing.T) {
 	out, err := env.cluster.UninstallChart(ctx, ns, "")
 	require.Error(t, err, "helm uninstall with a volume left:\n%s", out)
 	assert.Contains(t, out, "strata-uninstall-check failed")
+	// helm prints the hook's log (helm.sh/hook-output-log-policy), so its
+	// own output names what blocks it.
+	assert.Contains(t, out, "refusing to uninstall Strata")
+	assert.Contains(t, out, volume)
 	logs := kubectl(t, "-n", ns, "logs", "job/strata-uninstall-check")
 	assert.Contains(t, logs, "refusing to uninstall Strata")
 	assert.Contains(t, logs, volume)
