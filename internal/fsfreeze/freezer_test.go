@@ -3,10 +3,12 @@ package fsfreeze
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -257,5 +259,16 @@ func TestServeAndClient(t *testing.T) {
 	cancel()
 	require.NoError(t, <-served)
 	_, err = NewClient(socket).Freeze(context.Background(), "v", "cut", time.Second)
-	assert.ErrorIs(t, err, ErrNoPlugin)
+	assert.ErrorIs(t, err, ErrNoPlugin, "no socket: no plugin on the node")
+
+	// A socket left by a killed plugin: an error to retry, not a silent
+	// crash-consistent cut.
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: socket, Net: "unix"})
+	require.NoError(t, err)
+	l.SetUnlinkOnClose(false)
+	require.NoError(t, l.Close())
+	_, err = NewClient(socket).Freeze(context.Background(), "v", "cut", time.Second)
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, ErrNoPlugin)
+	assert.ErrorIs(t, err, syscall.ECONNREFUSED)
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"syscall"
 	"time"
 
 	"github.com/strata-storage/strata/engine/nbd"
@@ -116,11 +117,14 @@ func (c *Client) call(ctx context.Context, verb string, r Request) (Reply, error
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
+		// No socket file: no plugin on this node, the cut is crash-consistent.
+		// A socket nothing answers on (a plugin killed, restarting) is an
+		// error: the volume may well be mounted, and the caller retries.
 		var op *net.OpError
-		if errors.As(err, &op) && op.Op == "dial" {
+		if errors.As(err, &op) && op.Op == "dial" && errors.Is(err, syscall.ENOENT) {
 			return Reply{}, fmt.Errorf("%w: %v", ErrNoPlugin, err)
 		}
-		return Reply{}, err
+		return Reply{}, fmt.Errorf("asking the CSI node plugin to %s %s: %w", verb, r.Volume, err)
 	}
 	defer resp.Body.Close()
 	var reply Reply
