@@ -16,10 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/internal/fsfreeze"
-	"github.com/strata-storage/strata/internal/localcluster"
-	"github.com/strata-storage/strata/package/images"
 )
 
 // Issue 43: what a user of a claim expects of it. A non-root Pod with an
@@ -42,7 +39,7 @@ allowVolumeExpansion: true`)
 	return "strata-xfs"
 }
 
-// podAs runs script as uid/gid 1000 with fsGroup 1000 and the given
+// podAs runs script as uid/gid uid with that fsGroup and the given
 // fsGroupChangePolicy (root when uid is 0, no fsGroup), the claim at /data.
 func podAs(t *testing.T, name, node, claimName string, uid int, policy, script string) {
 	t.Helper()
@@ -50,21 +47,7 @@ func podAs(t *testing.T, name, node, claimName string, uid int, policy, script s
 	if uid != 0 {
 		security = fmt.Sprintf("{runAsUser: %d, runAsGroup: %d, fsGroup: %d, fsGroupChangePolicy: %s}", uid, uid, uid, policy)
 	}
-	apply(t, fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata: {name: %s, namespace: %s}
-spec:
-  nodeName: %s
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  securityContext: %s
-  containers: [{name: app, image: %s, command: [sh, -c, %s], volumeMounts: [{name: data, mountPath: /data}]}]
-  volumes: [{name: data, persistentVolumeClaim: {claimName: %s}}]`,
-		name, podNamespace, node, security, images.WorkloadRef, strconv.Quote(script), claimName))
-	t.Cleanup(func() {
-		_, _ = kubectlOut(context.Background(), "-n", podNamespace, "delete", "pod", name, "--grace-period=1")
-	})
-	waitPodRunning(t, podNamespace, name)
+	podWithSecurity(t, podNamespace, name, node, claimName, script, false, security)
 }
 
 func deletePod(t *testing.T, name string) {
@@ -207,24 +190,14 @@ func freezeSocket(t *testing.T, node string) string {
 	return ""
 }
 
-// stagedMount finds where the claim's filesystem is mounted on the host:
-// its loop device is on the file node's instance manager serves it as.
+// stagedMount finds where the claim's filesystem is mounted on the host.
 func stagedMount(t *testing.T, node, volume string) string {
 	t.Helper()
-	for _, n := range env.cluster.Nodes() {
-		if n.Name != node {
-			continue
-		}
-		file := engineapi.FUSEFile(filepath.Join(n.StrataDir(), "fuse"), volume)
-		devices := localcluster.LoopDevicesOn(func(backing string) bool { return backing == file })
-		require.Len(t, devices, 1, "one loop device on %s", file)
-		mount, err := fsfreeze.MountPointOf(devices[0])
-		require.NoError(t, err)
-		require.NotEmpty(t, mount, "%s is mounted", devices[0])
-		return mount
-	}
-	t.Fatalf("no node %s", node)
-	return ""
+	device := loopDeviceOf(t, node, volume)
+	mount, err := fsfreeze.MountPointOf(device)
+	require.NoError(t, err)
+	require.NotEmpty(t, mount, "%s is mounted", device)
+	return mount
 }
 
 // frozen asks the kernel: a second FIFREEZE of a frozen filesystem is EBUSY.

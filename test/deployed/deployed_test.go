@@ -88,6 +88,13 @@ func TestSnapshotRestoredOnAnotherNode(t *testing.T) {
 // node's hostDir (instanceManager.fuseFiles), not on nbdfuse.
 func requireOnTheInstanceManagersFile(t *testing.T, nodeName, volume string) {
 	t.Helper()
+	loopDeviceOf(t, nodeName, volume)
+}
+
+// loopDeviceOf is the claim's loop device on node, on the file the
+// instance manager's Pod serves the volume as.
+func loopDeviceOf(t *testing.T, nodeName, volume string) string {
+	t.Helper()
 	for _, n := range env.cluster.Nodes() {
 		if n.Name != nodeName {
 			continue
@@ -95,9 +102,10 @@ func requireOnTheInstanceManagersFile(t *testing.T, nodeName, volume string) {
 		file := engineapi.FUSEFile(filepath.Join(n.StrataDir(), "fuse"), volume)
 		on := localcluster.LoopDevicesOn(func(backing string) bool { return backing == file })
 		require.Len(t, on, 1, "one loop device on %s", file)
-		return
+		return on[0]
 	}
 	t.Fatalf("no node %s", nodeName)
+	return ""
 }
 
 // A manager Pod deleted (and brought back by its DaemonSet) on the node of a

@@ -102,6 +102,12 @@ func pod(t *testing.T, name, node, claimName, script string) {
 // deleted when the test ends.
 func podIn(t *testing.T, namespace, name, node, claimName, script string, block bool) {
 	t.Helper()
+	podWithSecurity(t, namespace, name, node, claimName, script, block, "{}")
+}
+
+// podWithSecurity is podIn with the Pod's securityContext (YAML flow style).
+func podWithSecurity(t *testing.T, namespace, name, node, claimName, script string, block bool, security string) {
+	t.Helper()
 	use := "volumeMounts: [{name: data, mountPath: /data}]"
 	if block {
 		use = "volumeDevices: [{name: data, devicePath: " + blockDevice + "}]"
@@ -113,9 +119,10 @@ spec:
   nodeName: %s
   restartPolicy: Never
   terminationGracePeriodSeconds: 1
+  securityContext: %s
   containers: [{name: app, image: %s, command: [sh, -c, %s], %s}]
   volumes: [{name: data, persistentVolumeClaim: {claimName: %s}}]`,
-		name, namespace, node, images.WorkloadRef, strconv.Quote(script), use, claimName))
+		name, namespace, node, security, images.WorkloadRef, strconv.Quote(script), use, claimName))
 	t.Cleanup(func() {
 		_, _ = kubectlOut(context.Background(), "-n", namespace, "delete", "pod", name, "--grace-period=1")
 	})
