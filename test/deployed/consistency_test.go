@@ -3,10 +3,8 @@ package deployed
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -100,25 +98,23 @@ func TestNonRootPodWritesItsClaim(t *testing.T) {
 	})
 }
 
-// snapshotTrials is how many write-then-snapshot trials each filesystem
-// gets (STRATA_SNAPSHOT_TRIALS, the 20 in make test-long).
-func snapshotTrials() int {
-	if n, err := strconv.Atoi(os.Getenv("STRATA_SNAPSHOT_TRIALS")); err == nil && n > 0 {
-		return n
-	}
-	return 3
-}
-
 // A Pod writes a file with a plain echo (no fsync) and a VolumeSnapshot is
 // asked for at once; the claim restored from it has the file, on ext4 and
 // xfs. Every trial's snapshot says it was cut inside a filesystem freeze.
-func TestSnapshotHoldsWhatThePodJustWrote(t *testing.T) {
+// make test runs 3 trials of each; TestLongSnapshotHoldsWhatThePodJustWrote
+// the 20.
+func TestSnapshotHoldsWhatThePodJustWrote(t *testing.T) { snapshotsHoldWhatThePodJustWrote(t, "jw", 3) }
+
+func TestLongSnapshotHoldsWhatThePodJustWrote(t *testing.T) {
+	snapshotsHoldWhatThePodJustWrote(t, "jwl", 20)
+}
+
+func snapshotsHoldWhatThePodJustWrote(t *testing.T, prefix string, trials int) {
 	logsOnFailure(t)
 	xfs := xfsClass(t)
-	trials := snapshotTrials()
 	for _, tc := range []struct{ fsType, class, size string }{{"ext4", "", "64Mi"}, {"xfs", xfs, "300Mi"}} {
 		t.Run(tc.fsType, func(t *testing.T) {
-			src := "jw-" + tc.fsType
+			src := prefix + "-" + tc.fsType
 			extra := ""
 			if tc.class != "" {
 				extra = "storageClassName: " + tc.class
@@ -134,18 +130,25 @@ func TestSnapshotHoldsWhatThePodJustWrote(t *testing.T) {
 				gaps = append(gaps, time.Since(wrote))
 			}
 			t.Logf("%s: write → VolumeSnapshot created: %v", tc.fsType, gaps)
-			for i := range trials {
-				snap := fmt.Sprintf("%s-%d", src, i)
-				waitVolumeSnapshotReady(t, podNamespace, snap)
-				claimIn(t, podNamespace, snap, tc.size, extra+sep(extra)+
-					fmt.Sprintf("dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: %s}", snap))
-			}
-			for i := range trials {
-				snap := fmt.Sprintf("%s-%d", src, i)
-				pod(t, snap, env.nodes[1+i%2], snap, "exec sleep 3600")
-				assert.Equal(t, fmt.Sprintf("trial-%d", i), exec1(t, snap, fmt.Sprintf("cat /data/f%d", i)),
-					"trial %d: the restored claim holds the file written just before the snapshot", i)
-				deletePod(t, snap)
+			// Restored in batches, each claim gone once read: 20 trials of
+			// 300Mi xfs claims at once would crowd the nodes' disks.
+			const batch = 5
+			for first := 0; first < trials; first += batch {
+				last := min(first+batch, trials)
+				for i := first; i < last; i++ {
+					snap := fmt.Sprintf("%s-%d", src, i)
+					waitVolumeSnapshotReady(t, podNamespace, snap)
+					claimIn(t, podNamespace, snap, tc.size, extra+sep(extra)+
+						fmt.Sprintf("dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: %s}", snap))
+				}
+				for i := first; i < last; i++ {
+					snap := fmt.Sprintf("%s-%d", src, i)
+					pod(t, snap, env.nodes[1+i%2], snap, "exec sleep 3600")
+					assert.Equal(t, fmt.Sprintf("trial-%d", i), exec1(t, snap, fmt.Sprintf("cat /data/f%d", i)),
+						"trial %d: the restored claim holds the file written just before the snapshot", i)
+					deletePod(t, snap)
+					kubectl(t, "-n", podNamespace, "delete", "pvc", snap, "--wait=false")
+				}
 			}
 			consistency := snapshotConsistencies(t, volumeOfClaim(t, src))
 			assert.Len(t, consistency, trials)
