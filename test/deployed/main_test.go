@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/strata-storage/strata/internal/localcluster"
@@ -28,6 +29,7 @@ var env struct {
 	cluster *localcluster.Cluster
 	kube    kubernetes.Interface
 	strata  versioned.Interface
+	dynamic dynamic.Interface
 	root    string
 	bin     string // strata-manager
 	nodes   []string
@@ -80,6 +82,7 @@ func run(m *testing.M) (int, error) {
 		return 0, err
 	}
 	env.kube = kubernetes.NewForConfigOrDie(cluster.AdminConfig)
+	env.dynamic = dynamic.NewForConfigOrDie(cluster.AdminConfig)
 	env.strata = versioned.NewForConfigOrDie(cluster.AdminConfig)
 
 	code := m.Run()
