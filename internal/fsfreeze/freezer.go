@@ -177,8 +177,8 @@ func (f *Freezer) Freeze(ctx context.Context, volume, id string, timeout time.Du
 	f.mu.Lock()
 	if cur := f.frozen[volume]; cur != nil {
 		f.mu.Unlock()
-		if cur.ID == id {
-			return Filesystem, nil
+		if cur.ID == id && !cur.hung {
+			return Filesystem, nil // asked again: frozen already
 		}
 		return "", fmt.Errorf("volume %s (cut %s): %w", volume, cur.ID, ErrBusy)
 	}

@@ -186,6 +186,8 @@ func TestHungFreezeFailsAndThawsLater(t *testing.T) {
 	assert.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond)
 	_, err = f.Freeze(context.Background(), "v", "cut-2", time.Second)
 	assert.ErrorIs(t, err, ErrBusy, "no second freeze stacks on a hung one")
+	_, err = f.Freeze(context.Background(), "v", "cut", time.Second)
+	assert.ErrorIs(t, err, ErrBusy, "the hung cut asked again is not frozen")
 	require.NoError(t, f.Thaw("v", "cut"), "the caller's thaw is success; the late freeze is thawed by itself")
 	_, err = os.Stat(filepath.Join(dir, "v.json"))
 	require.NoError(t, err, "the record stays while FIFREEZE may still freeze")
