@@ -130,18 +130,7 @@ func alignedCopy(b []byte) []byte {
 func TestLoopDeviceAndExt4OnTheFile(t *testing.T) {
 	withURing(t, true)
 	s, _ := mountMem(t, 64<<20, Options{})
-	out, err := exec.Command("losetup", "-f", "--show", "--direct-io=on", s.Path()).CombinedOutput()
-	require.NoError(t, err, string(out))
-	loop := strings.TrimSpace(string(out))
-	t.Cleanup(func() { _ = exec.Command("losetup", "-d", loop).Run() })
-	run := func(args ...string) {
-		t.Helper()
-		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
-		require.NoError(t, err, "%v: %s", args, out)
-	}
-	run("mkfs.ext4", "-q", "-F", loop)
-	mnt := t.TempDir()
-	run("mount", loop, mnt)
+	loop, mnt, run := ext4OnLoop(t, s.Path())
 	// Runs before the loop device's detach (cleanups run last first).
 	t.Cleanup(func() { _ = exec.Command("umount", mnt).Run() })
 	data := make([]byte, 5<<20)
@@ -201,18 +190,7 @@ func TestTrimUnderSnapshotThroughLoopDevice(t *testing.T) {
 	s, err := Mount(t.TempDir(), r, Options{Log: log})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, s.Close()) })
-	out, err := exec.Command("losetup", "-f", "--show", "--direct-io=on", s.Path()).CombinedOutput()
-	require.NoError(t, err, string(out))
-	loop := strings.TrimSpace(string(out))
-	t.Cleanup(func() { _ = exec.Command("losetup", "-d", loop).Run() })
-	run := func(args ...string) {
-		t.Helper()
-		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
-		require.NoError(t, err, "%v: %s", args, out)
-	}
-	run("mkfs.ext4", "-q", "-F", loop)
-	mnt := t.TempDir()
-	run("mount", loop, mnt)
+	loop, mnt, run := ext4OnLoop(t, s.Path())
 	t.Cleanup(func() { _ = exec.Command("umount", mnt).Run() })
 	data := make([]byte, 64<<20)
 	_, _ = rand.Read(data)
@@ -247,4 +225,25 @@ func TestTrimUnderSnapshotThroughLoopDevice(t *testing.T) {
 	_, err = os.Stat(filepath.Join(mnt, "f"))
 	assert.ErrorIs(t, err, os.ErrNotExist, "the file system is intact, the file gone")
 	run("umount", mnt)
+}
+
+// ext4OnLoop makes ext4 on a direct-I/O loop device on file and mounts it,
+// as the node plugin does; run runs a command that must succeed. The
+// caller registers the unmount: cleanups run last first, so it runs
+// before the detach registered here.
+func ext4OnLoop(t *testing.T, file string) (loop, mnt string, run func(args ...string)) {
+	t.Helper()
+	out, err := exec.Command("losetup", "-f", "--show", "--direct-io=on", file).CombinedOutput()
+	require.NoError(t, err, string(out))
+	loop = strings.TrimSpace(string(out))
+	t.Cleanup(func() { _ = exec.Command("losetup", "-d", loop).Run() })
+	run = func(args ...string) {
+		t.Helper()
+		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+		require.NoError(t, err, "%v: %s", args, out)
+	}
+	run("mkfs.ext4", "-q", "-F", loop)
+	mnt = t.TempDir()
+	run("mount", loop, mnt)
+	return loop, mnt, run
 }

@@ -80,9 +80,7 @@ func TestSnapshotInsideAFilesystemFreeze(t *testing.T) {
 	log := &freezeLog{}
 	im := newTestIM(t, Options{FSFreezeSocket: servePlugin(t, log)})
 	ctx := context.Background()
-	rep := im.createReplica(t, "r", 4*mib)
-	_, err := im.c.InstanceCreate(ctx, engineReq("e", 4*mib, map[string]string{"r": rep.Address}))
-	require.NoError(t, err)
+	startEngine(t, im)
 	hasSnapshot := func(name string) bool {
 		snaps, err := im.c.SnapshotList(ctx, "e")
 		require.NoError(t, err)
@@ -98,7 +96,7 @@ func TestSnapshotInsideAFilesystemFreeze(t *testing.T) {
 			atThaw = hasSnapshot("frozen")
 		}
 	}
-	_, err = im.c.SnapshotCreate(ctx, "e", "frozen", true, map[string]string{"app": "db"}, 10*time.Second)
+	_, err := im.c.SnapshotCreate(ctx, "e", "frozen", true, map[string]string{"app": "db"}, 10*time.Second)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"freeze", "thaw"}, log.seen())
 	assert.False(t, atFreeze, "not cut yet when the filesystem froze")
@@ -128,9 +126,7 @@ func TestGroupCutFreezesTheFilesystemFirst(t *testing.T) {
 	log := &freezeLog{}
 	im := newTestIM(t, Options{FSFreezeSocket: servePlugin(t, log)})
 	ctx := context.Background()
-	rep := im.createReplica(t, "r", 4*mib)
-	_, err := im.c.InstanceCreate(ctx, engineReq("e", 4*mib, map[string]string{"r": rep.Address}))
-	require.NoError(t, err)
+	startEngine(t, im)
 	eng := im.engine(t, "e")
 	var frozenAtFS bool
 	log.during = func(event string) {
@@ -153,12 +149,18 @@ func TestGroupCutFreezesTheFilesystemFirst(t *testing.T) {
 func TestNoPluginMeansCrashConsistent(t *testing.T) {
 	im := newTestIM(t, Options{FSFreezeSocket: filepath.Join(t.TempDir(), "none.sock")})
 	ctx := context.Background()
-	rep := im.createReplica(t, "r", 4*mib)
-	_, err := im.c.InstanceCreate(ctx, engineReq("e", 4*mib, map[string]string{"r": rep.Address}))
-	require.NoError(t, err)
-	_, err = im.c.SnapshotCreate(ctx, "e", "s", true, nil, 10*time.Second)
+	startEngine(t, im)
+	_, err := im.c.SnapshotCreate(ctx, "e", "s", true, nil, 10*time.Second)
 	require.NoError(t, err)
 	snaps, err := im.c.SnapshotList(ctx, "e")
 	require.NoError(t, err)
 	assert.Equal(t, "crash", snaps["s"].Labels[fsfreeze.ConsistencyLabel])
+}
+
+// startEngine starts the engine "e" of volume "vol" on one 4 MiB replica.
+func startEngine(t *testing.T, im *testIM) {
+	t.Helper()
+	rep := im.createReplica(t, "r", 4*mib)
+	_, err := im.c.InstanceCreate(context.Background(), engineReq("e", 4*mib, map[string]string{"r": rep.Address}))
+	require.NoError(t, err)
 }
