@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"maps"
 	"time"
 
 	"github.com/strata-storage/strata/datastore"
@@ -42,12 +43,8 @@ func withoutConsistency(labels map[string]string) map[string]string {
 	if _, ok := labels[fsfreeze.ConsistencyLabel]; !ok {
 		return labels
 	}
-	out := make(map[string]string, len(labels)-1)
-	for k, v := range labels {
-		if k != fsfreeze.ConsistencyLabel {
-			out[k] = v
-		}
-	}
+	out := maps.Clone(labels)
+	delete(out, fsfreeze.ConsistencyLabel)
 	if len(out) == 0 {
 		return nil
 	}

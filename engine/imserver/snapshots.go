@@ -101,8 +101,11 @@ func (s *Server) SnapshotCreate(ctx context.Context, req *impb.SnapshotCreateReq
 		if v, ok := s.fsCuts.Load(fsCutKey(req.Engine, req.Cut)); ok {
 			consistency = v.(fsfreeze.Consistency)
 		}
-	} else if consistency, err = s.freezeFS(ctx, inst.spec.VolumeName, name, time.Duration(req.FsFreezeTimeoutMs)*time.Millisecond); err != nil {
-		return nil, engineapi.ToStatus(err)
+	} else if !s.hasSnapshot(inst, name) {
+		// A name the chain has is refused below: no application stall for it.
+		if consistency, err = s.freezeFS(ctx, inst.spec.VolumeName, name, time.Duration(req.FsFreezeTimeoutMs)*time.Millisecond); err != nil {
+			return nil, engineapi.ToStatus(err)
+		}
 	}
 	err = s.engineOp(req.Engine, func(inst *instance) error {
 		if err := s.refuseDuringClone(inst, "take a snapshot"); err != nil {
@@ -129,6 +132,14 @@ func (s *Server) SnapshotCreate(ctx context.Context, req *impb.SnapshotCreateReq
 		return nil, err
 	}
 	return &impb.SnapshotCreateResponse{Name: name}, nil
+}
+
+// hasSnapshot tells whether the engine's cached chain has name.
+func (s *Server) hasSnapshot(inst *instance, name string) bool {
+	inst.mu.Lock()
+	defer inst.mu.Unlock()
+	_, ok := inst.snapshots[name]
+	return ok
 }
 
 // SnapshotList reads the chain from a replica (not the cache).

@@ -208,7 +208,7 @@ func (f *Freezer) Freeze(ctx context.Context, volume, id string, timeout time.Du
 	}
 	err = bounded(ctx, timeout, func() error { return f.ops.Freeze(t.MountPoint) }, gaveUp, late)
 	if err != nil {
-		if !fr.hungLocked(&f.mu) {
+		if !f.isHung(fr) {
 			f.forget(volume, fr)
 			f.dropRecord(volume)
 		}
@@ -324,9 +324,9 @@ func (f *Freezer) record(volume string, fr *freeze) error {
 
 func (f *Freezer) dropRecord(volume string) { _ = os.Remove(f.recordPath(volume)) }
 
-func (fr *freeze) hungLocked(mu *sync.Mutex) bool {
-	mu.Lock()
-	defer mu.Unlock()
+func (f *Freezer) isHung(fr *freeze) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	return fr.hung
 }
 
