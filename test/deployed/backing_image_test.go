@@ -60,7 +60,7 @@ parameters: {numberOfReplicas: "2", backingImage: %s, backingImageURL: "%s/fs.qc
 	assert.Equal(t, "strata-guest-1", exec1(t, "bi-src", "cat /data/guests/alpine/release"))
 	var written string
 	require.Eventually(t, func() bool {
-		out, err := kubectlOut(ctx, "-n", podNamespace, "exec", "bi-src", "--", "sh", "-c",
+		out, err := tryExecIn(podNamespace, "bi-src",
 			"test -s /data/written && sync && sha256sum /data/written /data/guests/alpine/release")
 		written = out
 		return err == nil

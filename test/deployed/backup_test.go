@@ -36,7 +36,7 @@ func TestBackupRestoredIntoANewClaim(t *testing.T) {
 	digest := "cd /data && sha256sum f1 f2 f3"
 	var before string
 	require.Eventually(t, func() bool {
-		out, err := kubectlOut(ctx, "-n", podNamespace, "exec", "bk-src", "--", "sh", "-c", digest)
+		out, err := tryExecIn(podNamespace, "bk-src", digest)
 		before = out
 		return err == nil
 	}, time.Minute, 200*time.Millisecond, "the files are written")

@@ -66,7 +66,7 @@ func TestSnapshotRestoredOnAnotherNode(t *testing.T) {
 	digest := "cd /data/tree && sha256sum f1 f2 f3 f4 f5"
 	var before string
 	require.Eventually(t, func() bool {
-		out, err := kubectlOut(context.Background(), "-n", podNamespace, "exec", "src", "--", "sh", "-c", digest)
+		out, err := tryExecIn(podNamespace, "src", digest)
 		before = out
 		return err == nil && strings.Count(out, "\n") == 4
 	}, time.Minute, 200*time.Millisecond, "the files are written")

@@ -158,12 +158,22 @@ func exec1(t *testing.T, podName, script string) string {
 // compares.
 func execIn(t *testing.T, namespace, podName, script string) string {
 	t.Helper()
+	out, err := tryExecIn(namespace, podName, script)
+	require.NoError(t, err, "kubectl exec %s: %s\n%s", podName, script, out)
+	return out
+}
+
+// tryExecIn is execIn for a caller that retries: standard output alone,
+// and the error with kubectl's standard error in it.
+func tryExecIn(namespace, podName, script string) (string, error) {
 	cmd := kubectlCmd(context.Background(), "-n", namespace, "exec", podName, "--", "sh", "-c", script)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
-	require.NoError(t, err, "kubectl exec %s: %s\n%s\n%s", podName, script, out, stderr.String())
-	return strings.TrimSpace(string(out))
+	if err != nil {
+		err = fmt.Errorf("%w: %s", err, stderr.String())
+	}
+	return strings.TrimSpace(string(out)), err
 }
 
 // writer writes 256 KiB chunks into 100 slots round-robin (25 MiB of the
@@ -231,7 +241,7 @@ func assertPodRunning(t *testing.T, podName string) {
 }
 
 func execOut(podName, script string) string {
-	out, _ := kubectlOut(context.Background(), "-n", podNamespace, "exec", podName, "--", "sh", "-c", script)
+	out, _ := tryExecIn(podNamespace, podName, script)
 	return out
 }
 
