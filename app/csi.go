@@ -92,6 +92,13 @@ func runCSI(parent context.Context, cfg csiConfig) error {
 		if err != nil {
 			return err
 		}
+		// Loop devices an instance manager's replacement left behind while
+		// this plugin was away are released before it serves again.
+		if r, ok := connector.(interface{ ReleaseStale(context.Context) error }); ok {
+			if err := r.ReleaseStale(ctx); err != nil {
+				log.WithError(err).Warn("Some loop devices on gone instance-manager files could not be released; their unstage will try again")
+			}
+		}
 	}
 	freezer, err := newFreezer(cfg, connector, log)
 	if err != nil {

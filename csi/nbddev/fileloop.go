@@ -2,6 +2,7 @@ package nbddev
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -191,6 +192,74 @@ func (c *FileLoop) record(volumeID, loop string) error {
 	return nil
 }
 
+// parseRecord reads a record's line: the device and its file's numbers.
+func parseRecord(line string) (device string, id fileID, err error) {
+	_, err = fmt.Sscanf(line, "%s %d %d", &device, &id.dev, &id.ino)
+	return device, id, err
+}
+
+// RecordedLoopDevices lists the loop devices the records in stateDir (a
+// node plugin's --state-dir) name that are still bound to the file they
+// were recorded with, live or gone: what a host's teardown must detach
+// even where the kernel no longer names the file ("/disk").
+func RecordedLoopDevices(stateDir string) []string {
+	records, _ := filepath.Glob(filepath.Join(stateDir, "*"+deviceSuffix))
+	var out []string
+	for _, r := range records {
+		line, err := readRecord(r)
+		if err != nil {
+			continue
+		}
+		device, want, err := parseRecord(line)
+		if err != nil {
+			continue
+		}
+		backing, bound, err := loopBacking(device)
+		if err != nil || !bound {
+			continue
+		}
+		if ours, _, _ := boundToRecordedFile(device, backing, want); ours {
+			out = append(out, device)
+		}
+	}
+	return out
+}
+
+// ReleaseStale detaches, at the plugin's start, every recorded loop device
+// left on the file of an instance manager that is gone and that nothing
+// uses any more (its claim was unstaged while the plugin was away, or the
+// unstage could not detach it). One still mounted stays for its unstage.
+func (c *FileLoop) ReleaseStale(ctx context.Context) error {
+	records, err := filepath.Glob(filepath.Join(c.Fallback.stateDir, "*"+deviceSuffix))
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, r := range records {
+		volumeID := strings.TrimSuffix(filepath.Base(r), deviceSuffix)
+		if validateVolumeID(volumeID) != nil {
+			continue
+		}
+		if err := c.releaseStale(ctx, volumeID); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (c *FileLoop) releaseStale(ctx context.Context, volumeID string) error {
+	defer c.locks.lock(volumeID)()
+	_, stale, err := c.loops(volumeID)
+	if err != nil || stale.device == "" {
+		return err
+	}
+	if err := checkUnused(volumeID, stale.device); err != nil {
+		c.log.WithError(err).WithField("device", stale.device).Info("nbddev: a loop device on a gone instance manager's file is still in use; its unstage will detach it")
+		return nil
+	}
+	return c.detachStale(ctx, volumeID, stale)
+}
+
 // fileID is the device and inode numbers of a loop device's backing file.
 type fileID struct{ dev, ino uint64 }
 
@@ -205,6 +274,28 @@ func loopFileID(loop string) (fileID, error) {
 		return fileID{}, fmt.Errorf("%s: LOOP_GET_STATUS64: %w", loop, err)
 	}
 	return fileID{dev: info.Device, ino: info.Inode}, nil
+}
+
+// boundToRecordedFile tells whether device (bound to backing, as sysfs
+// names it) is still on the file a record gave the numbers of. Once the
+// instance manager that served the file is gone, its FUSE connection is
+// dead and LOOP_GET_STATUS64, which stats the file, fails with ENOTCONN:
+// the numbers cannot be read again. The kernel then names the file
+// relative to its lost mount, "/disk": a device on a dead FUSE file of
+// that name is taken as the recorded one (a device is only given out again
+// once detached, and a detach removes its record). That case was how a
+// loop device outlived its claim (issue 44): the check failed and the
+// device was never detached.
+func boundToRecordedFile(device, backing string, want fileID) (bool, fileID, error) {
+	id, err := loopFileID(device)
+	switch {
+	case err == nil:
+		return id == want, id, nil
+	case errors.Is(err, unix.ENOTCONN):
+		return backing == "/"+engineapi.FUSEFileName, id, err
+	default:
+		return false, id, err
+	}
 }
 
 // staleLoop is a loop device still bound to the file it was recorded
@@ -230,9 +321,8 @@ func (c *FileLoop) loopsIn(all map[string]string, volumeID string) (live string,
 	if err != nil || line == "" {
 		return "", stale, err
 	}
-	var want fileID
-	var device string
-	if _, err := fmt.Sscanf(line, "%s %d %d", &device, &want.dev, &want.ino); err != nil {
+	device, want, err := parseRecord(line)
+	if err != nil {
 		c.log.WithField("record", c.recordFile(volumeID)).Warn("nbddev: ignoring an unreadable loop record")
 		return "", stale, nil
 	}
@@ -249,8 +339,8 @@ func (c *FileLoop) loopsIn(all map[string]string, volumeID string) (live string,
 	if strings.HasPrefix(backing, c.fileDir+"/") {
 		return "", stale, nil
 	}
-	id, err := loopFileID(device)
-	if err == nil && id == want {
+	ours, id, err := boundToRecordedFile(device, backing, want)
+	if ours {
 		return "", staleLoop{device: device, backing: backing}, nil
 	}
 	// Not this volume's (a number given out again), or it cannot tell: said,

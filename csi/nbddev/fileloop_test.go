@@ -3,11 +3,13 @@ package nbddev
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -195,6 +197,15 @@ func TestFileLoopTellsApartTheDeadFilesOfSeveralVolumes(t *testing.T) {
 	for _, v := range volumes { // the instance manager is killed
 		require.NoError(t, servers[v].Close())
 		require.NoError(t, fusefile.CleanStale(filepath.Join(c.fileDir, v)))
+	}
+	// Once the kernel's cached attributes of the dead files expire, their
+	// numbers cannot be read (ENOTCONN): what a node sees a second after
+	// the kill, and what once left a device bound for good (issue 44).
+	for _, v := range volumes {
+		require.Eventually(t, func() bool {
+			_, err := loopFileID(first[v])
+			return errors.Is(err, unix.ENOTCONN)
+		}, 10*time.Second, 50*time.Millisecond, "%s's dead file no longer answers a stat", v)
 	}
 	for _, v := range volumes {
 		d, ok, err := c.Device(v)

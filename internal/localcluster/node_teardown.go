@@ -8,11 +8,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/strata-storage/strata/csi/nbddev"
 
 	"github.com/strata-storage/strata/internal/mountinfo"
 
@@ -217,8 +220,21 @@ func LoopDevices() map[string]string {
 
 // loopDevices lists the loop devices on the node's files (raw block volumes
 // and the CSI plugin's NBD exports are attached through loop devices).
+//
+// A device on the file of an instance manager that is gone names no path
+// under the node ("/disk", relative to its lost mount), so the node
+// plugin's records (deployed: <hostDir>/csi; process mode: csi-state) are
+// read too: they say which devices are bound to which file.
 func (n *Node) loopDevices() []string {
-	return LoopDevicesOn(func(file string) bool { return strings.HasPrefix(file, n.Dir+"/") })
+	devices := LoopDevicesOn(func(file string) bool { return strings.HasPrefix(file, n.Dir+"/") })
+	for _, stateDir := range []string{filepath.Join(n.StrataDir(), "csi"), n.CSIStateDir()} {
+		for _, dev := range nbddev.RecordedLoopDevices(stateDir) {
+			if !slices.Contains(devices, dev) {
+				devices = append(devices, dev)
+			}
+		}
+	}
+	return devices
 }
 
 // LoopDevicesOn lists the loop devices whose backing file matches.
