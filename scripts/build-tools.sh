@@ -11,15 +11,11 @@
 #     local directory, for the backup tests; about 5-10 min cold), helm
 #     (renders and lints package/chart/strata; 49 s here with the k8s.io
 #     modules already in the Go build cache, a few minutes without), and the
-#     upstream CSI sidecars: csi-provisioner,
-#     csi-attacher, csi-resizer, csi-snapshotter, snapshot-controller and
-#     csi-snapshot-metadata (about 4 min), each
-#     from its own module at the version pinned in $sidecars (about 2.5-3 min
-#     each with an empty build cache on 2 cores, 11 min for all five;
-#     snapshot-controller takes seconds after csi-snapshotter). `go install
-#     pkg@version` refuses their replace directives, so each module is copied
-#     to a writable temp dir, its replaces to local paths dropped, and built
-#     there with -mod=mod.
+#     upstream CSI sidecars: csi-provisioner, csi-attacher, csi-resizer,
+#     csi-snapshotter, snapshot-controller and csi-snapshot-metadata, all
+#     from the one pinned tools module scripts/tools/sidecars, so the
+#     libraries they share compile once (its go.mod says which versions
+#     their own modules asked for).
 # Binaries built outside the tools module carry <name>.version beside them
 # and are rebuilt when their pinned version changes.
 # Prints the bin directory on stdout; progress goes to stderr.
@@ -45,11 +41,15 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${STRATA_CACHE:-$HOME/.cache/strata}
 mod="$root/scripts/tools/controlplane"
 containerd_version=v2.2.9
-snapshotter_version=v8.7.0
+sidecar_mod="$root/scripts/tools/sidecars"
+# required_in module: the version the sidecars tools module requires of it.
+required_in() { awk -v m="$1" '$1 == m {print $2; exit}' "$sidecar_mod/go.mod"; }
 snapshotter=github.com/kubernetes-csi/external-snapshotter
-# The SnapshotMetadata sidecar and its CRD (changed-block tracking, KEP-3314).
-metadata_version=v1.0.0
+snapshotter_version=$(required_in "$snapshotter/v8")
+# The SnapshotMetadata sidecar and its CRD (changed-block tracking, KEP-3314):
+# built from its own module (see below).
 metadata=github.com/kubernetes-csi/external-snapshot-metadata
+metadata_version=v1.0.0
 helm_version=v3.22.0
 
 key=$(cat "$mod/go.mod" "$mod/go.sum" <(go version) | sha256sum | cut -c1-16)
@@ -80,25 +80,41 @@ declare -A ldflags=(
     -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=37
     -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=37"
 )
-# CSI sidecars: name -> module@version; the command is the module's ./cmd/<name>.
+# CSI sidecars: name -> module and the command's directory in it; built in
+# the sidecars tools module. The version stamp is the module's version
+# there and the tools module's own hash, so a bump of either rebuilds them.
+sidecar_key=$(cat "$sidecar_mod/go.mod" "$sidecar_mod/go.sum" | sha256sum | cut -c1-8)
 declare -A sidecars=(
-  [csi-provisioner]=github.com/kubernetes-csi/external-provisioner/v6@v6.3.0
-  [csi-attacher]=github.com/kubernetes-csi/external-attacher/v4@v4.13.0
-  [csi-resizer]=github.com/kubernetes-csi/external-resizer/v2@v2.3.0
-  [csi-snapshotter]=$snapshotter/v8@$snapshotter_version
-  [snapshot-controller]=$snapshotter/v8@$snapshotter_version
+  [csi-provisioner]=github.com/kubernetes-csi/external-provisioner/v6
+  [csi-attacher]=github.com/kubernetes-csi/external-attacher/v4
+  [csi-resizer]=github.com/kubernetes-csi/external-resizer/v2
+  [csi-snapshotter]=$snapshotter/v8
+  [snapshot-controller]=$snapshotter/v8
+)
+# sidecar_version: what the sidecar's --version prints.
+sidecar_version() { required_in "${sidecars[$1]}"; }
+for name in "${!sidecars[@]}"; do
+  pkgs[$name]=${sidecars[$name]}/cmd/$name@$(sidecar_version "$name")-$sidecar_key
+done
+# Sidecars whose versions do not agree with the tools module's, built from
+# a copy of their own module: csi-snapshot-metadata v1.0.0 compiles
+# csi-test v5.4.0's mock driver into the binary, which needs the CSI spec
+# v1.12 and github.com/golang/mock, where the others need the spec v1.13
+# (and csi-snapshotter's tests csi-test v5.6.0, on go.uber.org/mock).
+# `go install pkg@version` refuses its replace directives, so the module is
+# copied to a writable temp dir, its replaces to local paths dropped, and
+# built there with -mod=mod.
+declare -A own_module=(
   [csi-snapshot-metadata]=$metadata@$metadata_version
 )
-# Requirements that replace the dropped local replaces: external-snapshotter
-# points client/v8 at ./client, which its module zip does not contain;
-# external-snapshot-metadata points client at ./client and names client@v0.2.0,
-# which this machine's module proxy refuses (its v1.0.0 is served).
+# Requirements that replace the dropped local replaces: it points client at
+# ./client and names client@v0.2.0, which this machine's module proxy
+# refuses (its v1.0.0 is served).
 declare -A requires=(
-  [$snapshotter/v8@$snapshotter_version]=$snapshotter/client/v8@$snapshotter_version
   [$metadata@$metadata_version]=$metadata/client@$metadata_version
 )
-for name in "${!sidecars[@]}"; do
-  m=${sidecars[$name]}
+for name in "${!own_module[@]}"; do
+  m=${own_module[$name]}
   pkgs[$name]=${m%@*}/cmd/$name@${m##*@}
 done
 
@@ -161,15 +177,12 @@ built() {
 }
 
 # copy_module module@version: a writable copy of the downloaded module with
-# its replaces to local paths dropped (and $requires added); one per module
-# per run (in $copies), so external-snapshotter's two commands share it.
-declare -A copies=()
+# its replaces to local paths dropped (and $requires added).
 copy_module() {
   local json src dst old
   json=$(cd / && go mod download -json "$1") || { echo "$json" >&2; return 1; }
   src=$(echo "$json" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
-  dst=$(mktemp -d "$cache/.src.XXXX")
-  temps+=("$dst")
+  dst=$(mktemp -d "$cache/.src.XXXX")   # the caller removes it (this runs in $(...))
   cp -r "$src/." "$dst/"
   chmod -R u+w "$dst"
   # `replace a [v] => ./dir` (single or in a block) -> a[@v]
@@ -179,8 +192,22 @@ copy_module() {
   if [ -n "${requires[$1]:-}" ]; then
     (cd "$dst" && go mod edit -require="${requires[$1]}")
   fi
-  copies[$1]=$dst
+  echo "$dst"
 }
+
+# cold_seconds: each build with an empty Go build cache on this kind of
+# machine (2 cores; measured 2026-12-07, in this order: later ones reuse
+# the libraries the earlier ones compiled), for the progress lines.
+declare -A cold_seconds=(
+  [etcd]=60 [kube-apiserver]=300 [kube-controller-manager]=120 [kube-scheduler]=30 [kubelet]=60 [kubectl]=60
+  [containerd]=150 [containerd-shim-runc-v2]=20 [ctr]=20 [versitygw]=300 [helm]=180
+  [csi-provisioner]=5 [csi-attacher]=5 [csi-resizer]=5
+  [csi-snapshotter]=5 [snapshot-controller]=5 [csi-snapshot-metadata]=90
+)
+# The five sidecars of scripts/tools/sidecars: 125 s cold for the first,
+# 4-5 s for each of the others (2m20s for all five; as modules of their
+# own they took 145-166 s each).
+sidecar_libraries_seconds=120
 
 missing=0
 for name in "${names[@]}"; do built "$name" || missing=1; done
@@ -190,17 +217,34 @@ if [ "$missing" = 1 ]; then
   mkdir -p "$cache"
   exec 9>"$cache/controlplane-$key.lock"
   flock 9
-  for name in "${names[@]}"; do
-    built "$name" && continue
-    echo "building $name (${pkgs[$name]}) into $bin; the first build takes several minutes" >&2
+  todo=()
+  for name in "${names[@]}"; do built "$name" || todo+=("$name"); done
+  # The first sidecar built compiles the libraries all five share.
+  declare -A estimate=()
+  total=0 shared=0
+  for name in "${todo[@]}"; do
+    estimate[$name]=${cold_seconds[$name]:-120}
+    if [ -n "${sidecars[$name]:-}" ] && [ "$shared" = 0 ]; then
+      estimate[$name]=$((estimate[$name] + sidecar_libraries_seconds)); shared=1
+    fi
+    total=$((total + estimate[$name]))
+  done
+  [ ${#todo[@]} -eq 0 ] || echo "building ${#todo[@]} tools into $bin: ${todo[*]}; with an empty Go build cache about $((total / 60 + 1)) min on 2 cores, much less once it holds their libraries" >&2
+  i=0
+  for name in "${todo[@]}"; do
+    i=$((i + 1))
+    echo "[$i/${#todo[@]}] building $name (${pkgs[$name]}); cold about ${estimate[$name]} s" >&2
     start=$(date +%s)
     mkdir -p "$bin"
-    if [ -n "${sidecars[$name]:-}" ]; then
-      # outside the tools module, from a copy of the sidecar's own module
-      m=${sidecars[$name]}
-      if [ -z "${copies[$m]:-}" ]; then copy_module "$m"; fi   # not in ||: keep set -e inside
-      (cd "${copies[$m]}" && go build -mod=mod -trimpath -ldflags="-s -w -X main.version=${m##*@}" \
+    if [ -n "${own_module[$name]:-}" ]; then
+      m=${own_module[$name]}
+      src=$(copy_module "$m")
+      temps+=("$src")
+      (cd "$src" && go build -mod=mod -trimpath -ldflags="-s -w -X main.version=${m##*@}" \
         -o "$bin/$name.tmp" "./cmd/$name")
+    elif [ -n "${sidecars[$name]:-}" ]; then
+      (cd "$sidecar_mod" && go build -trimpath -ldflags="-s -w -X main.version=$(sidecar_version "$name")" \
+        -o "$bin/$name.tmp" "${sidecars[$name]}/cmd/$name")
     else
       case "${pkgs[$name]}" in
         *@*) # outside the tools module: containerd's own go.mod decides its dependencies

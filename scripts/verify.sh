@@ -22,7 +22,9 @@ go vet ./... || fail=1
 
 say "== go.mod tidy"
 go mod tidy -diff || { say "go.mod/go.sum are not tidy: run go mod tidy"; fail=1; }
-(cd scripts/tools/controlplane && go mod tidy -diff) || { say "scripts/tools/controlplane is not tidy"; fail=1; }
+for tools in scripts/tools/controlplane scripts/tools/sidecars; do
+  (cd "$tools" && go mod tidy -diff) || { say "$tools is not tidy"; fail=1; }
+done
 
 say "== informer resync is 0"
 # Every informer factory and informer must be built with datastore.ResyncPeriod
