@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/strata-storage/strata/test/need"
+
 	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -32,28 +34,12 @@ const testExportSize = 64 << 20
 // missing piece fails the test instead: CI must never pass by skipping.
 func requireSystem(tb testing.TB) {
 	tb.Helper()
-	missing := func(format string, args ...any) {
-		tb.Helper()
-		if os.Getenv("CI") == "true" {
-			tb.Fatalf("CI=true, and the test "+format, args...)
-		}
-		tb.Skipf(format, args...)
-	}
-	if os.Geteuid() != 0 {
-		missing("needs root (loop devices, mounts)")
-		return
-	}
-	for _, dev := range []string{"/dev/fuse", "/dev/loop-control"} {
-		if _, err := os.Stat(dev); err != nil {
-			missing("needs %s: %v", dev, err)
-			return
-		}
-	}
-	for _, tool := range []string{"nbdfuse", "qemu-nbd", "qemu-io", "losetup", "mkfs.ext4", "mount", "umount"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			missing("needs %s: %v", tool, err)
-			return
-		}
+	need.Root(tb, "loop devices, mounts")
+	need.File(tb, "/dev/fuse")
+	need.File(tb, "/dev/loop-control")
+	for tool, pkg := range map[string]string{"nbdfuse": "nbdfuse", "qemu-nbd": "qemu-utils", "qemu-io": "qemu-utils",
+		"losetup": "mount", "mkfs.ext4": "e2fsprogs", "mount": "mount", "umount": "mount"} {
+		need.Tool(tb, tool, pkg)
 	}
 }
 

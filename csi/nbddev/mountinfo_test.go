@@ -1,9 +1,10 @@
 package nbddev
 
 import (
-	"os"
 	"strings"
 	"testing"
+
+	"github.com/strata-storage/strata/test/need"
 
 	"github.com/stretchr/testify/require"
 
@@ -31,9 +32,7 @@ func TestFuseMountAt(t *testing.T) {
 // "on" its device number, a mount naming it as source, and a bind mount of
 // the node itself all count; an unrelated mount does not.
 func TestMountPointsUsing(t *testing.T) {
-	if _, err := os.Stat("/dev/null"); err != nil {
-		t.Skip("no /dev/null")
-	}
+	need.File(t, "/dev/null")
 	var nullFS string
 	entries, err := readMountInfo()
 	require.NoError(t, err)
@@ -42,9 +41,7 @@ func TestMountPointsUsing(t *testing.T) {
 			nullFS = e.MajorMinor
 		}
 	}
-	if nullFS == "" {
-		t.Skip("/dev is not a mount point here")
-	}
+	need.That(t, nullFS != "", "needs /dev to be a mount point (a devtmpfs)")
 	table := []mountEntry{
 		{MajorMinor: "1:3", Root: "/", MountPoint: "/m/fs"}, // 1:3 is /dev/null's number
 		{MajorMinor: "9:9", Root: "/", MountPoint: "/m/source", Source: "/dev/null"},

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/strata-storage/strata/test/need"
+
 	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
 	"github.com/stretchr/testify/assert"
@@ -132,9 +134,7 @@ func TestPeerUIDListenerRefusesAnotherUser(t *testing.T) {
 	if os.Getenv(dialHelperEnv) != "" {
 		t.Skip("in the helper process")
 	}
-	if os.Getuid() != 0 {
-		t.Skip("needs root to run a process as another user")
-	}
+	need.Root(t, "to run a process as another user")
 	dir, err := os.MkdirTemp("", "nbd-peercred-")
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(dir) })
@@ -174,7 +174,7 @@ const dialHelperEnv = "STRATA_NBD_PEERCRED_DIAL"
 func TestPeerUIDDialHelper(t *testing.T) {
 	path := os.Getenv(dialHelperEnv)
 	if path == "" {
-		t.Skip("only run by TestPeerUIDListenerRefusesAnotherUser")
+		t.Skip("helper process for TestPeerUIDListenerRefusesAnotherUser")
 	}
 	nc, err := net.Dial("unix", path)
 	require.NoError(t, err)

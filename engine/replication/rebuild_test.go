@@ -6,7 +6,6 @@ import (
 	"errors"
 	"math/rand"
 	"net"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -39,12 +38,12 @@ func quietLog() logrus.FieldLogger {
 	return l
 }
 
-func serveReplica(t *testing.T, name string, size int64) *servedReplica {
+func serveReplica(t testing.TB, name string, size int64) *servedReplica {
 	t.Helper()
 	return serveReplicaWith(t, name, size, disk.CreateOptions{})
 }
 
-func serveReplicaWith(t *testing.T, name string, size int64, opts disk.CreateOptions) *servedReplica {
+func serveReplicaWith(t testing.TB, name string, size int64, opts disk.CreateOptions) *servedReplica {
 	t.Helper()
 	rep, err := disk.Create(filepath.Join(t.TempDir(), name), size, opts)
 	require.NoError(t, err)
@@ -65,7 +64,7 @@ func dialBackend(ctx context.Context, addr string) (Backend, error) {
 	return dataconn.Dial(ctx, addr, dataconn.Options{Timeout: 30 * time.Second, Log: quietLog()})
 }
 
-func dialT(t *testing.T, addr string) Backend {
+func dialT(t testing.TB, addr string) Backend {
 	t.Helper()
 	b, err := dialBackend(context.Background(), addr)
 	require.NoError(t, err)
@@ -484,29 +483,42 @@ func (p *purgingBackend) Control(ctx context.Context, method string, args, reply
 	return p.Backend.Control(ctx, method, args, reply)
 }
 
-// TestRebuildThroughput measures the copy rate of a rebuild on loopback
-// (set STRATA_REBUILD_MB to run it, e.g. 512).
-func TestRebuildThroughput(t *testing.T) {
-	mb, _ := strconv.Atoi(os.Getenv("STRATA_REBUILD_MB"))
-	if mb <= 0 {
-		t.Skip("set STRATA_REBUILD_MB")
-	}
-	size := int64(mb) << 20
-	e := New("vol", size, quietLog(), nil)
-	src := serveReplica(t, "r-src", size)
-	require.NoError(t, e.AddReplica(src.name, src.addr, dialT(t, src.addr), ModeRW))
+// BenchmarkRebuild copies a written replica to an empty one over the data
+// connection (go test -bench Rebuild ./engine/replication). Its baseline,
+// measured in the same run, is the engine writing the same bytes to one
+// replica: a rebuild moves data as the writes did, so its MB/s should be of
+// the same order.
+func BenchmarkRebuild(b *testing.B) {
+	const size = 64 << 20
 	buf := make([]byte, 4<<20)
 	rand.New(rand.NewSource(1)).Read(buf)
-	for off := int64(0); off < size; off += int64(len(buf)) {
-		_, err := e.WriteAt(buf, off)
-		require.NoError(t, err)
+	fill := func(b *testing.B) *Engine {
+		e := New("vol", size, quietLog(), nil)
+		src := serveReplica(b, "r-src", size)
+		require.NoError(b, e.AddReplica(src.name, src.addr, dialT(b, src.addr), ModeRW))
+		for off := int64(0); off < size; off += int64(len(buf)) {
+			_, err := e.WriteAt(buf, off)
+			require.NoError(b, err)
+		}
+		return e
 	}
-	target := serveReplica(t, "r-t", size)
-	began := time.Now()
-	require.NoError(t, e.Rebuild(context.Background(), RebuildOptions{Replica: target.name, Address: target.addr,
-		Target: dialT(t, target.addr), Dial: dialBackend}))
-	d := time.Since(began)
-	t.Logf("rebuilt %d MiB in %v: %.0f MB/s", mb, d, float64(size)/1e6/d.Seconds())
+	b.Run("baseline: the writes", func(b *testing.B) {
+		b.SetBytes(size)
+		for range b.N {
+			fill(b)
+		}
+	})
+	b.Run("rebuild", func(b *testing.B) {
+		b.SetBytes(size)
+		for range b.N {
+			b.StopTimer()
+			e := fill(b)
+			target := serveReplica(b, "r-t", size)
+			b.StartTimer()
+			require.NoError(b, e.Rebuild(context.Background(), RebuildOptions{Replica: target.name, Address: target.addr,
+				Target: dialT(b, target.addr), Dial: dialBackend}))
+		}
+	})
 }
 
 // A remove retried while the purge of its first try runs (the manager's

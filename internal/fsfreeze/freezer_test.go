@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/strata-storage/strata/test/need"
+
 	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -23,20 +25,7 @@ type ext4 struct {
 	image, device, mnt string
 }
 
-func needRoot(t *testing.T) { need(t, os.Getuid() == 0, "freezing a filesystem needs root") }
-
-// need skips the test unless ok, or fails it under CI=true (.ci/run): CI
-// never passes by skipping.
-func need(t *testing.T, ok bool, why string) {
-	t.Helper()
-	switch {
-	case ok:
-	case os.Getenv("CI") == "true":
-		t.Fatal(why)
-	default:
-		t.Skip(why)
-	}
-}
+func needRoot(t *testing.T) { need.Root(t, "to freeze a filesystem") }
 
 func newExt4(t *testing.T) *ext4 {
 	t.Helper()

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/strata-storage/strata/test/need"
+
 	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -63,8 +65,7 @@ func (d *gatedDevice) Flush() error { d.wait(); return d.Mem.Flush() }
 // finished late is thawed at once and the filesystem takes writes.
 func TestHungFreezeOfARealFilesystem(t *testing.T) {
 	needRoot(t)
-	_, err := os.Stat("/dev/fuse")
-	need(t, err == nil, "needs /dev/fuse")
+	need.File(t, "/dev/fuse")
 	dev := &gatedDevice{Mem: blockdev.NewMem(64 << 20), open: make(chan struct{})}
 	dev.release()
 	srv, err := fusefile.Mount(t.TempDir(), dev, fusefile.Options{Log: logrus.StandardLogger()})

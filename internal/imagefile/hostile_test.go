@@ -10,18 +10,16 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/strata-storage/strata/test/need"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 func needQemuImg(t *testing.T) {
 	t.Helper()
-	if _, err := exec.LookPath("qemu-img"); err != nil {
-		t.Skip("needs qemu-img (qemu-utils)")
-	}
-	if _, err := exec.LookPath("prlimit"); err != nil {
-		t.Skip("needs prlimit (util-linux)")
-	}
+	need.Tool(t, "qemu-img", "qemu-utils")
+	need.Tool(t, "prlimit", "util-linux")
 }
 
 // hostSecret is what a "host file" holds: no byte of it may reach a copy.

@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/strata-storage/strata/test/need"
+
 	"github.com/klauspost/compress/gzip"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -122,9 +124,7 @@ func TestDetectFormat(t *testing.T) {
 // Every source format ends as the same sparse raw file with the raw data's
 // checksum; a wrong checksum or a refused format leaves nothing behind.
 func TestPrepare(t *testing.T) {
-	if _, err := exec.LookPath("qemu-img"); err != nil {
-		t.Skip("needs qemu-img (qemu-utils)")
-	}
+	need.Tool(t, "qemu-img", "qemu-utils")
 	dir := t.TempDir()
 	img := rawImage(t)
 	raw := writeFile(t, dir, "disk.raw", img)
@@ -185,9 +185,7 @@ func TestPrepare(t *testing.T) {
 
 // A qcow2 naming a backing file would make qemu-img read that path: refused.
 func TestPrepareRefusesBackingFile(t *testing.T) {
-	if _, err := exec.LookPath("qemu-img"); err != nil {
-		t.Skip("needs qemu-img (qemu-utils)")
-	}
+	need.Tool(t, "qemu-img", "qemu-utils")
 	dir := t.TempDir()
 	base := writeFile(t, dir, "base.raw", rawImage(t))
 	overlay := filepath.Join(dir, "overlay.qcow2")

@@ -56,6 +56,12 @@ type Run struct {
 	BuildFailed []string
 	PackageTail map[string][]string
 
+	// Skipped is every skipped test or subtest, with the reason it gave.
+	Skipped []Skip
+
+	// first and last are the times of the stream's first and last events.
+	first, last time.Time
+
 	// started is when each running test last began or resumed: a test's
 	// own Elapsed leaves out its parallel subtests (they run after it
 	// returns) and a paused parallel test's wait counts in neither.
@@ -105,6 +111,12 @@ func Read(in io.Reader, out io.Writer) (*Run, error) {
 }
 
 func (run *Run) add(rl *relay, ev event) {
+	if !ev.Time.IsZero() {
+		if run.first.IsZero() {
+			run.first = ev.Time
+		}
+		run.last = ev.Time
+	}
 	key := ev.Package
 	if ev.Test != "" {
 		key += "." + ev.Test
@@ -127,6 +139,9 @@ func (run *Run) add(rl *relay, ev event) {
 			res.Elapsed = ev.Time.Sub(at)
 		}
 		delete(run.started, key)
+		if ev.Action == "skip" && ev.Test != "" {
+			run.Skipped = append(run.Skipped, Skip{Result: res, Reason: skipReason(rl.pending[key])})
+		}
 		if ev.Action == "fail" {
 			run.Failed = true
 		}
@@ -155,6 +170,54 @@ func (run *Run) add(rl *relay, ev event) {
 			rl.flush(key, false)
 		}
 	}
+}
+
+// Skip is a skipped test and the reason it gave (t.Skip's words).
+type Skip struct {
+	Result
+	Reason string
+}
+
+// helperPrefix starts the reason a test binary's helper-process entry
+// gives when run as a test (the os/exec idiom): those are not tests that
+// could not run, and are counted apart.
+const helperPrefix = "helper process"
+
+// skipReason is the last line a skipped test printed before its
+// "--- SKIP" line, without the file:line prefix t.Skip adds.
+func skipReason(lines []string) string {
+	for i := len(lines) - 1; i >= 0; i-- {
+		l := strings.TrimSpace(lines[i])
+		if l == "" || strings.HasPrefix(l, "--- SKIP") || strings.HasPrefix(l, "=== ") {
+			continue
+		}
+		if _, after, ok := strings.Cut(l, ".go:"); ok {
+			if _, reason, ok := strings.Cut(after, ": "); ok {
+				return reason
+			}
+		}
+		return l
+	}
+	return "(no reason given)"
+}
+
+// SkipLine is make test's one line on what did not run: the count of
+// skipped tests, each with its reason, and the helper processes apart.
+func (run *Run) SkipLine(trim string) string {
+	var tests []string
+	helpers := 0
+	for _, s := range run.Skipped {
+		if strings.HasPrefix(s.Reason, helperPrefix) {
+			helpers++
+			continue
+		}
+		tests = append(tests, fmt.Sprintf("%s (%s)", strings.TrimPrefix(s.Name(), trim), s.Reason))
+	}
+	line := fmt.Sprintf("Skipped: %d tests", len(tests))
+	if len(tests) > 0 {
+		line += ": " + strings.Join(tests, "; ")
+	}
+	return line + fmt.Sprintf(" (and %d helper-process entries, which run only as their parent tests' children)", helpers)
 }
 
 // tailLines is how much of a failed package's own output Failures repeats:
@@ -225,3 +288,26 @@ func (run *Run) Markdown(w io.Writer, n int, trim string) {
 }
 
 func seconds(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }
+
+// The lines that fence the generated tables in a Markdown file.
+const (
+	DocBegin = "<!-- test-times: generated from bin/test.json by scripts/test-times -doc; do not edit -->"
+	DocEnd   = "<!-- test-times: end -->"
+)
+
+// ReplaceInDoc puts the run's summary and tables between doc's DocBegin
+// and DocEnd lines.
+func ReplaceInDoc(doc string, run *Run, slowest int, trim string) (string, error) {
+	begin := strings.Index(doc, DocBegin)
+	end := strings.Index(doc, DocEnd)
+	if begin < 0 || end < begin {
+		return "", fmt.Errorf("no %q line followed by a %q line", DocBegin, DocEnd)
+	}
+	var b strings.Builder
+	b.WriteString(DocBegin + "\n\n")
+	fmt.Fprintf(&b, "Run of %s: %s from the first event to the last. %s.\n\n",
+		run.first.UTC().Format("2006-01-02 15:04 UTC"), seconds(run.last.Sub(run.first)), run.SkipLine(trim))
+	run.Markdown(&b, slowest, trim)
+	b.WriteString("\n")
+	return doc[:begin] + b.String() + doc[end:], nil
+}

@@ -108,3 +108,50 @@ func TestFailures(t *testing.T) {
 		})
 	}
 }
+
+func TestSkipLine(t *testing.T) {
+	const skips = `{"Action":"run","Package":"m/h","Test":"TestNeedsRoot"}
+{"Action":"output","Package":"m/h","Test":"TestNeedsRoot","Output":"=== RUN   TestNeedsRoot\n"}
+{"Action":"output","Package":"m/h","Test":"TestNeedsRoot","Output":"    root_test.go:12: needs root (mounts)\n"}
+{"Action":"output","Package":"m/h","Test":"TestNeedsRoot","Output":"--- SKIP: TestNeedsRoot (0.00s)\n"}
+{"Action":"skip","Package":"m/h","Test":"TestNeedsRoot","Elapsed":0}
+{"Action":"run","Package":"m/h","Test":"TestTable/one"}
+{"Action":"output","Package":"m/h","Test":"TestTable/one","Output":"    table_test.go:40: needs qemu-img (Debian package qemu-utils)\n"}
+{"Action":"output","Package":"m/h","Test":"TestTable/one","Output":"    --- SKIP: TestTable/one (0.00s)\n"}
+{"Action":"skip","Package":"m/h","Test":"TestTable/one","Elapsed":0}
+{"Action":"run","Package":"m/h","Test":"TestHelperProcess"}
+{"Action":"output","Package":"m/h","Test":"TestHelperProcess","Output":"    helper_test.go:9: helper process for TestCrash\n"}
+{"Action":"skip","Package":"m/h","Test":"TestHelperProcess","Elapsed":0}
+{"Action":"skip","Package":"m/d","Elapsed":0}
+`
+	tests := []struct{ name, stream, want string }{
+		{"skips and a helper", skips, "Skipped: 2 tests: h.TestNeedsRoot (needs root (mounts)); " +
+			"h.TestTable/one (needs qemu-img (Debian package qemu-utils)) " +
+			"(and 1 helper-process entries, which run only as their parent tests' children)"},
+		{"none", stream, "Skipped: 0 tests (and 0 helper-process entries, which run only as their parent tests' children)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			run, err := Read(strings.NewReader(tt.stream), nil)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, run.SkipLine("m/"))
+		})
+	}
+}
+
+func TestReplaceInDoc(t *testing.T) {
+	run, err := Read(strings.NewReader(`{"Time":"2026-01-01T00:00:00Z","Action":"run","Package":"m/c","Test":"TestA"}
+{"Time":"2026-01-01T00:01:30Z","Action":"pass","Package":"m/c","Test":"TestA","Elapsed":90}
+{"Time":"2026-01-01T00:01:30Z","Action":"pass","Package":"m/c","Elapsed":90}
+`), nil)
+	require.NoError(t, err)
+	doc := "# Title\n\n" + DocBegin + "\nold table\n" + DocEnd + "\nafter\n"
+	got, err := ReplaceInDoc(doc, run, 5, "m/")
+	require.NoError(t, err)
+	assert.Contains(t, got, "# Title\n\n"+DocBegin+"\n\nRun of 2026-01-01 00:00 UTC: 90.0 s from the first event to the last. Skipped: 0 tests")
+	assert.Contains(t, got, "| c.TestA | pass | 90.0 s |\n\n"+DocEnd+"\nafter\n")
+	assert.NotContains(t, got, "old table")
+
+	_, err = ReplaceInDoc("no markers", run, 5, "m/")
+	assert.ErrorContains(t, err, "no \"<!-- test-times")
+}

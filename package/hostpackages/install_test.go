@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/strata-storage/strata/test/need"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -41,14 +43,8 @@ func runScript(t *testing.T, list, user string) (string, error) {
 // (set by .ci/run) it fails instead: CI never passes by skipping.
 func requireAptRoot(t *testing.T) {
 	t.Helper()
-	_, err := exec.LookPath("apt-get")
-	if os.Geteuid() == 0 && err == nil {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("CI=true, and the test needs root and apt-get")
-	}
-	t.Skip("needs root and apt-get")
+	need.Root(t, "to install packages")
+	need.Tool(t, "apt-get", "apt")
 }
 
 // Without root the script changes nothing and names the exact command,
