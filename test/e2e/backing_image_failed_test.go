@@ -21,6 +21,9 @@ import (
 // not attach, naming the image and the failure, and a Warning event is
 // recorded on the volume.
 func TestBackingImageChecksumFailureBlocksVolume(t *testing.T) {
+	// Not parallel: beside the other parallel tests its copy was fetched
+	// twice once (two attempts in one second, 2026-12-07), a race to find
+	// (issue 44's note); alone it holds.
 	const image, volume = "e2e-bi-badsum", "e2e-bi-badsum-v"
 	srv := startImageServer(t)
 	_, sum := rawTestImage(t, srv.dir, "badsum.raw", 4<<20)

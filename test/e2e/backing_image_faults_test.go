@@ -28,6 +28,7 @@ import (
 // (attempts grow); one whose bytes are wrong (a checksum mismatch) is not
 // (TestBackingImageChecksumFailureBlocksVolume proves it stays so).
 func TestBackingImageBadSources(t *testing.T) {
+	t.Parallel() // objects of its own, no fault
 	srv := startImageServer(t)
 	_, sum := rawTestImage(t, srv.dir, "good.raw", 4<<20)
 	wrong := strings.Repeat("ab", 64)

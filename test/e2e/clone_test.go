@@ -15,8 +15,10 @@ import (
 // instance manager cancels the dead manager's call, the data plane zeroes
 // the half-filled target) or, if it had ended, its outcome is read by the
 // next owner; the clone completes with exactly the snapshot's data, and no
-// clone ticket is left on either volume.
-func TestCloneSurvivesManagerKill(t *testing.T) {
+// clone ticket is left on either volume. In the long tier: make test's
+// clones are test/deployed's (TestUserFlows/BackingImageClaimAndItsClone),
+// and its manager kills are the other process-mode tests'.
+func TestLongCloneSurvivesManagerKill(t *testing.T) {
 	createVolume(t, "e2e-clsrc", "512Mi", 1)
 	waitVolume(t, "e2e-clsrc", time.Minute, "detached", isDetached)
 	useOn(t, "e2e-clsrc", "node-1", "write -P 0x5a 0 448M", "write -P 0xa5 448M 64M")

@@ -17,7 +17,6 @@ func TestDefaultBackupTargetUsers(t *testing.T) {
 		{"BackupGCAfterDeleteAndVerify", testBackupGCAfterDeleteAndVerify},
 		{"RestoreBackupsIntoNewVolumes", testRestoreBackupsIntoNewVolumes},
 		{"RestoreOntoBackingImage", testRestoreOntoBackingImage},
-		{"RestoreThroughCSIStorageClass", testRestoreThroughCSIStorageClass},
 		{"RecurringJobRetainAndRename", testRecurringJobRetainAndRename},
 	} {
 		t.Run(tc.name, tc.run)

@@ -54,7 +54,7 @@ var env struct {
 // e2eParallel is how many of the package's parallel tests run at once: they
 // mostly wait (for Pods, kubelets, uploads), so more than go test's default
 // of one per core.
-const e2eParallel = 8
+const e2eParallel = 16
 
 func TestMain(m *testing.M) {
 	flag.Parse()

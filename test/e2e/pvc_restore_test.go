@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -37,86 +35,6 @@ done`
 
 // treeDigest lists every file under /data with its checksum, in order.
 const treeDigest = `cd /data && find . -type f | sort | xargs sha256sum`
-
-// The seed's user story, through the upstream sidecars and real Pods: Alice's
-// Pod writes a file tree, pauses, a VolumeSnapshot is taken, it resumes and
-// keeps writing. A claim restored from the snapshot, used by a Pod on
-// another node, holds exactly the paused state; a clone of the live claim
-// (dataSource: the PVC) holds what was written up to the clone, on a third
-// node. Neither Pod starts before its volume's copy has completed.
-func TestAliceSnapshotRestoreAndClone(t *testing.T) {
-	t.Parallel() // Pods and claims of its own, no fault: waits beside the others at the end
-	ctx := context.Background()
-	src := createPVC(t, "alice", "256Mi")
-	createPod(t, podWithClaim("alice-db", "127.0.0.1", src.Name, aliceWriter))
-	waitPodRunning(t, "alice-db")
-	exec := func(pod, script string) string {
-		return kubectl(t, "-n", podNamespace, "exec", pod, "--", "sh", "-c", script)
-	}
-	require.Eventually(t, func() bool {
-		out, err := tryKubectl(t, "-n", podNamespace, "exec", "alice-db", "--", "sh", "-c", "ls /data/tree/d1 2>/dev/null | wc -l")
-		n, _ := strconv.Atoi(strings.TrimSpace(out))
-		return err == nil && n >= 5
-	}, 2*time.Minute, 500*time.Millisecond, "the writer got going")
-
-	exec("alice-db", "touch /tmp/pause")
-	require.Eventually(t, func() bool {
-		_, err := tryKubectl(t, "-n", podNamespace, "exec", "alice-db", "--", "test", "-f", "/tmp/paused")
-		return err == nil
-	}, time.Minute, 100*time.Millisecond, "the writer paused")
-	paused := exec("alice-db", treeDigest)
-	start := time.Now()
-	createVolumeSnapshot(t, "alice-snap", "alice")
-	t.Logf("VolumeSnapshot create→readyToUse: %s", time.Since(start).Round(time.Millisecond))
-	exec("alice-db", "rm /tmp/pause")
-	require.Eventually(t, func() bool {
-		return exec("alice-db", treeDigest) != paused
-	}, time.Minute, 200*time.Millisecond, "the writer resumed")
-
-	// Restore on node-2.
-	start = time.Now()
-	restored := createPVCFrom(t, "alice-restored", "256Mi", "snapshot.storage.k8s.io", "VolumeSnapshot", "alice-snap")
-	restoredVol := boundVolume(t, restored)
-	copyTime := waitCloned(t, restoredVol)
-	t.Logf("restore of a 256 MiB volume (160 MiB of data): PVC create→clone completed %s, copy %s (%.0f MiB/s of volume size)",
-		time.Since(start).Round(time.Millisecond), copyTime.Round(time.Millisecond), 256/copyTime.Seconds())
-	createPod(t, podWithClaim("alice-restored", "127.0.0.2", restored.Name, "sleep 3600"))
-	waitPodRunning(t, "alice-restored")
-	assert.Equal(t, paused, exec("alice-restored", treeDigest), "the restored claim holds exactly the paused state")
-	assert.Equal(t, "node-2", getVolume(t, restoredVol).Status.CurrentNodeID)
-
-	// Clone the live claim on node-3: everything written before the clone.
-	exec("alice-db", "touch /tmp/pause")
-	require.Eventually(t, func() bool {
-		_, err := tryKubectl(t, "-n", podNamespace, "exec", "alice-db", "--", "test", "-f", "/tmp/paused")
-		return err == nil
-	}, time.Minute, 100*time.Millisecond, "the writer paused again")
-	beforeClone := exec("alice-db", treeDigest)
-	clone := createPVCFrom(t, "alice-clone", "256Mi", "", "PersistentVolumeClaim", "alice")
-	cloneVol := boundVolume(t, clone)
-	waitCloned(t, cloneVol)
-	exec("alice-db", "rm /tmp/pause")
-	createPod(t, podWithClaim("alice-clone", "127.0.0.3", clone.Name, "sleep 3600"))
-	waitPodRunning(t, "alice-clone")
-	assert.Equal(t, beforeClone, exec("alice-clone", treeDigest), "the clone holds the source as it was when cloned")
-	assert.NotEqual(t, paused, beforeClone, "the clone is newer than the snapshot")
-
-	// The snapshot taken for the clone goes once the copy is done; the
-	// tickets are released.
-	cloneSnap := getVolume(t, cloneVol).Status.CloneStatus.Snapshot
-	require.Eventually(t, func() bool {
-		_, err := env.adminStrata.StrataV1beta1().Snapshots(ns).Get(ctx, cloneSnap, metav1.GetOptions{})
-		return err != nil
-	}, time.Minute, 200*time.Millisecond, "the clone's own snapshot of the source is removed")
-	for _, vol := range []string{restoredVol, cloneVol, getVolumeOfClaim(t, src.Name)} {
-		for id, tk := range getVA(t, vol).Spec.AttachmentTickets {
-			assert.NotEqual(t, v1beta1.AttacherTypeVolumeCloneController, tk.Type, "volume %s keeps clone ticket %s", vol, id)
-		}
-	}
-	deletePod(t, "alice-clone")
-	deletePod(t, "alice-restored")
-	deletePod(t, "alice-db")
-}
 
 // createPVCFrom creates a claim of the default StorageClass filled from a
 // data source (a VolumeSnapshot, or another claim when apiGroup is "").

@@ -140,8 +140,9 @@ func TestQuotaNamespaceWithVolumeSnapshots(t *testing.T) {
 // kill -9 of every manager right after a burst of charged snapshots, while
 // their sizes and the quota's usage are being written: after the restart
 // the usage (rebuilt from nothing in every manager) equals the engines'
-// figure, and follows deletes again.
-func TestQuotaUsageAfterManagersKilled(t *testing.T) {
+// figure, and follows deletes again. In the long tier: make test's quota
+// usage is the other quota tests', its manager kills the others'.
+func TestLongQuotaUsageAfterManagersKilled(t *testing.T) {
 	wns := workloadNamespace(t)
 	volume := claimVolume(t, wns, "data", "16Mi")
 	ep := attachForWrites(t, volume)

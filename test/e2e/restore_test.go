@@ -14,7 +14,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/strata-storage/strata/controller"
@@ -268,46 +267,4 @@ func testRestoreOntoBackingImage(t *testing.T) {
 	restoreVolume(t, "e2e-rs-bi-r2", "32Mi", "e2e-rs-bi-b1", func(v *v1beta1.Volume) { v.Spec.BackingImage = "e2e-rs-img-copy" })
 	waitRestored(t, "e2e-rs-bi-r2")
 	assert.Equal(t, want, attachAndSum(t, "e2e-rs-bi-r2"))
-}
-
-// A StorageClass whose fromBackup names a Backup: every claim of it is a
-// restore of that backup. A Pod writes a file into a claim; the detached
-// claim's volume is backed up whole; a claim of the restoring class, used
-// by a Pod on another node, holds the same file.
-func testRestoreThroughCSIStorageClass(t *testing.T) {
-	defaultS3Target(t, "e2e-restore-csi")
-	src := createPVC(t, "bk-src", "64Mi")
-	createPod(t, podWithClaim("bk-writer", "127.0.0.1", src.Name,
-		"dd if=/dev/urandom of=/data/file bs=1M count=20 2>/dev/null && sha256sum /data/file > /data/file.sum && sync && sleep 3600"))
-	waitPodRunning(t, "bk-writer")
-	require.Eventually(t, func() bool {
-		_, err := tryKubectl(t, "-n", podNamespace, "exec", "bk-writer", "--", "test", "-s", "/data/file.sum")
-		return err == nil
-	}, time.Minute, 200*time.Millisecond, "the writer is done")
-	want := strings.Fields(kubectl(t, "-n", podNamespace, "exec", "bk-writer", "--", "cat", "/data/file.sum"))[0]
-	deletePod(t, "bk-writer")
-	volume := boundVolume(t, src)
-	waitVolume(t, volume, 2*time.Minute, "detached", isDetached)
-
-	createBackup(t, "e2e-rs-csi-b1", "", volume)
-	waitBackupCompleted(t, "e2e-rs-csi-b1")
-
-	kubectlApply(t, `apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata: {name: strata-from-backup}
-provisioner: driver.strata.io
-parameters: {numberOfReplicas: "2", fromBackup: e2e-rs-csi-b1}`)
-	t.Cleanup(func() { _, _ = tryKubectl(t, "delete", "storageclass", "strata-from-backup", "--ignore-not-found") })
-	class := "strata-from-backup"
-	restored := createClaimWith(t, "bk-restored", "64Mi", func(c *corev1.PersistentVolumeClaim) { c.Spec.StorageClassName = &class })
-	rv := boundVolume(t, restored)
-	assert.Equal(t, "e2e-rs-csi-b1", getVolume(t, rv).Spec.FromBackup)
-	createPod(t, podWithClaim("bk-reader", "127.0.0.2", restored.Name, "sleep 3600"))
-	waitPodRunning(t, "bk-reader")
-	rs := getVolume(t, rv).Status.RestoreStatus
-	require.NotNil(t, rs)
-	assert.Equal(t, v1beta1.VolumeRestoreStateCompleted, rs.State, "the Pod runs on a completed restore")
-	got := strings.Fields(kubectl(t, "-n", podNamespace, "exec", "bk-reader", "--", "sha256sum", "/data/file"))[0]
-	assert.Equal(t, want, got, "the restored claim holds the file")
-	deletePod(t, "bk-reader")
 }

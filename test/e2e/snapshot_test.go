@@ -88,6 +88,7 @@ func engineChain(t *testing.T, volume string) map[string]*v1beta1.SnapshotInfo {
 // attaches it through a snapshot-controller ticket and lets it go; kubectl
 // lists snapshots with their columns; `kubectl delete snap -l` prunes them.
 func TestSnapshotLifecycleWithKubectl(t *testing.T) {
+	t.Parallel() // objects of its own, no fault
 	createVolume(t, "e2e-snap", "16Mi", 2)
 	waitVolume(t, "e2e-snap", time.Minute, "detached", isDetached)
 	dir := t.TempDir()
@@ -136,6 +137,7 @@ spec: {volume: e2e-snap, createSnapshot: true}
 
 // 50 snapshots asked for at once on one volume: each is taken exactly once.
 func TestConcurrentSnapshotsNoDuplicates(t *testing.T) {
+	t.Parallel() // objects of its own, no fault
 	createVolume(t, "e2e-snap50", "16Mi", 2)
 	waitVolume(t, "e2e-snap50", time.Minute, "detached", isDetached)
 	updateTickets(t, "e2e-snap50", addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-1"))
@@ -160,6 +162,7 @@ func TestConcurrentSnapshotsNoDuplicates(t *testing.T) {
 
 // Deleting a volume with 20 snapshots deletes them, then the volume.
 func TestDeleteVolumeWithSnapshots(t *testing.T) {
+	t.Parallel() // objects of its own, no fault
 	createVolume(t, "e2e-snap20", "16Mi", 2)
 	waitVolume(t, "e2e-snap20", time.Minute, "detached", isDetached)
 	for i := 0; i < 20; i++ {
@@ -219,8 +222,9 @@ func TestEngineSnapshotsGetCRsAndLostOnesGo(t *testing.T) {
 // follows a burst of creates at once, and the operations it interrupted are
 // counted right after it (before any other manager may take over): CRs
 // asked for and not ready, CRs deleted and still held by the finalizer.
-// There must be some, or the kill tested nothing.
-func TestSnapshotsConsistentAfterManagerKill(t *testing.T) {
+// There must be some, or the kill tested nothing. In the long tier: make
+// test kills a manager mid-cut in TestSnapshotGroupSurvivesItsManagerKilledMidCut.
+func TestLongSnapshotsConsistentAfterManagerKill(t *testing.T) {
 	ctx := context.Background()
 	createVolume(t, "e2e-kill", "16Mi", 2)
 	waitVolume(t, "e2e-kill", time.Minute, "detached", isDetached)

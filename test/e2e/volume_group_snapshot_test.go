@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,22 +30,20 @@ const restoreBatch = 5
 // class, each restored to new claims, hold that in every cut; VolumeSnapshots
 // of A then B, taken the way a tool without groups would, break it. The
 // group's members carry its label, and deleting it deletes them.
-func TestVolumeGroupSnapshotIsCrashConsistentThroughPods(t *testing.T) {
-	t.Parallel() // claims and Pods of its own, no fault
-	groupCutsHoldTheInvariant(t, "vgs", 2, 1)
+//
+// The long tier's proof: 10 group cuts and 3 per-volume pairs (make
+// test-long). make test's smoke of the same flow is test/deployed's
+// TestUserFlows/GroupSnapshotHoldsWhatThePodJustWrote (a VolumeGroupSnapshot
+// of two claims a Pod has just written, each member restored).
+func TestLongVolumeGroupSnapshotIsCrashConsistentThroughPods(t *testing.T) {
+	groupCutsHoldTheInvariant(t, "vgs", 10, 3)
 }
 
 // The proof at full size: 100 group snapshots and 10 per-volume
 // pairs, each restored and checked. It takes about 30 minutes here, more
-// than CI's budget leaves for make test-long, so it runs only when asked:
-//
-//	STRATA_E2E_PROOF=1 go test ./test/e2e -run TestLongVolumeGroupSnapshotsHundredCuts -timeout 60m
-//
-// (last run: docs/testing.md). make test runs the same code with 2 cuts.
-func TestLongVolumeGroupSnapshotsHundredCuts(t *testing.T) {
-	if os.Getenv("STRATA_E2E_PROOF") == "" {
-		t.Skip("the 30-minute proof runs with STRATA_E2E_PROOF=1")
-	}
+// than CI's budget leaves, so it is neither make test's nor make
+// test-long's: make test-proof runs it (last run: docs/testing.md).
+func TestProofVolumeGroupSnapshotsHundredCuts(t *testing.T) {
 	groupCutsHoldTheInvariant(t, "vgsl", 100, 10)
 }
 

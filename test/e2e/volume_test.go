@@ -130,6 +130,8 @@ func TestTicketPriorities(t *testing.T) {
 // volume, priority beating a smaller ID, and a snapshot ticket yielding to
 // a workload ticket elsewhere.
 func TestTicketRacesAlwaysResolve(t *testing.T) {
+	// Not parallel: its racers' conflict retries are sized for the
+	// controllers' own writes, not for the whole suite's load beside them.
 	const vol, rounds, racers, changes = "e2e-race", 4, 5, 5 // 4 x 5 x 5 = 100 changes
 	const seed = 25
 	createVolume(t, vol, "16Mi", 2)
