@@ -221,6 +221,29 @@ func waitUsage(t *testing.T, namespace, vm string, volumes ...string) int64 {
 	return shown
 }
 
+// waitUsageIs waits until the quota's status and the engines both show
+// want bytes. Waiting for the two to agree is not enough: right after a
+// delete both may still count a snapshot whose purge has not run.
+func waitUsageIs(t *testing.T, want int64, namespace, vm string, volumes ...string) {
+	t.Helper()
+	var shown, engines int64
+	ok := assertEventually(func() bool {
+		engines = engineSnapshotBytes(t, volumes...)
+		shown = -1
+		st := getQuota(t, namespace).Status.SnapshotLimitStatus
+		switch {
+		case vm == "" && st.NamespaceTotalSnapshotSizeUsage != nil:
+			shown = st.NamespaceTotalSnapshotSizeUsage.Value()
+		case vm != "":
+			if q, found := st.VMTotalSnapshotSizeUsage[vm]; found {
+				shown = q.Value()
+			}
+		}
+		return shown == want && engines == want
+	}, time.Minute)
+	require.True(t, ok, "quota usage of %s %q: want %d bytes; the status shows %d, the engines hold %d", namespace, vm, want, shown, engines)
+}
+
 func assertEventually(cond func() bool, timeout time.Duration) bool {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {

@@ -41,11 +41,11 @@ func TestQuotaVMBackupsAgainstVMQuota(t *testing.T) {
 
 	fillDisks(1)
 	takeVMBackup(t, wns, "b1", "vm1", "disk-a", "disk-b")
-	require.Equal(t, 30*mib, waitUsage(t, wns, "vm1", diskA, diskB))
+	waitUsageIs(t, 30*mib, wns, "vm1", diskA, diskB)
 	fillDisks(2)
 	takeVMBackup(t, wns, "b2", "vm1", "disk-a", "disk-b")
-	require.Equal(t, 60*mib, waitUsage(t, wns, "vm1", diskA, diskB))
-	require.Equal(t, 60*mib, waitUsage(t, wns, "", diskA, diskB), "the namespace holds the VM's disks alone")
+	waitUsageIs(t, 60*mib, wns, "vm1", diskA, diskB)
+	waitUsageIs(t, 60*mib, wns, "", diskA, diskB) // the namespace holds the VM's disks alone
 
 	setQuota(t, wns, func(l *v1beta1.SnapshotLimit) {
 		l.VMTotalSnapshotSizeQuota = map[string]resource.Quantity{"vm1": resource.MustParse("30Mi")}
@@ -61,9 +61,9 @@ func TestQuotaVMBackupsAgainstVMQuota(t *testing.T) {
 
 	deleteVMBackup(t, wns, "b1", "disk-a", "disk-b")
 	deleteVMBackup(t, wns, "b2", "disk-a", "disk-b")
-	require.Zero(t, waitUsage(t, wns, "vm1", diskA, diskB))
+	waitUsageIs(t, 0, wns, "vm1", diskA, diskB)
 	takeVMBackup(t, wns, "b4", "vm1", "disk-a", "disk-b")
-	require.Equal(t, 30*mib, waitUsage(t, wns, "vm1", diskA, diskB))
+	waitUsageIs(t, 30*mib, wns, "vm1", diskA, diskB)
 
 	out := kubectl(t, "get", "srq", "-n", wns)
 	// Usage then quota, for the namespace (no quota: blank) and the VMs.
@@ -84,15 +84,15 @@ func TestQuotaNamespaceWithVM(t *testing.T) {
 
 	fill(t, disk, ep, 10*mib, 1)
 	takeVMBackup(t, wns, "b1", "vm1", "disk")
-	require.Equal(t, 10*mib, waitUsage(t, wns, "", disk))
+	waitUsageIs(t, 10*mib, wns, "", disk)
 	fill(t, disk, ep, 10*mib, 2)
 	_, err := vmRequest(gvrVMBackup, "VirtualMachineBackup", wns, "b2", "vm1")
 	requireQuotaDenial(t, err, "namespace "+wns, "hold 10Mi", "would add 10Mi", "quota of 10Mi",
 		"namespaceTotalSnapshotSizeQuota")
 	deleteVMBackup(t, wns, "b1", "disk")
-	require.Zero(t, waitUsage(t, wns, "", disk))
+	waitUsageIs(t, 0, wns, "", disk)
 	b3 := takeVMBackup(t, wns, "b3", "vm1", "disk")
-	require.Equal(t, 10*mib, waitUsage(t, wns, "", disk))
+	waitUsageIs(t, 10*mib, wns, "", disk)
 
 	// The namespace is at its quota now. A VolumeSnapshot the backup
 	// controller makes for an admitted backup is not charged again; the same
@@ -119,7 +119,7 @@ func TestQuotaNamespaceWithVolumeSnapshots(t *testing.T) {
 	_, err := volumeSnapshot(wns, "vs1", "data", nil)
 	require.NoError(t, err)
 	waitVolumeSnapshotReadyIn(t, wns, "vs1")
-	require.Equal(t, 10*mib, waitUsage(t, wns, "", volume))
+	waitUsageIs(t, 10*mib, wns, "", volume)
 
 	fill(t, volume, ep, 10*mib, 2)
 	_, err = volumeSnapshot(wns, "vs2", "data", nil)
@@ -130,11 +130,11 @@ func TestQuotaNamespaceWithVolumeSnapshots(t *testing.T) {
 	requireQuotaDenial(t, err, "namespace "+wns, "Snapshot direct would add 10Mi")
 
 	deleteVolumeSnapshot(t, wns, "vs1")
-	require.Zero(t, waitUsage(t, wns, "", volume))
+	waitUsageIs(t, 0, wns, "", volume)
 	_, err = volumeSnapshot(wns, "vs3", "data", nil)
 	require.NoError(t, err)
 	waitVolumeSnapshotReadyIn(t, wns, "vs3")
-	require.Equal(t, 10*mib, waitUsage(t, wns, "", volume))
+	waitUsageIs(t, 10*mib, wns, "", volume)
 }
 
 // kill -9 of every manager right after a burst of charged snapshots, while
@@ -171,7 +171,7 @@ func TestLongQuotaUsageAfterManagersKilled(t *testing.T) {
 	}
 	waitForWebhooks(t)
 	waitSnapshotsReady(t, volume, len(names), 2*time.Minute)
-	require.Equal(t, 16*mib, waitUsage(t, wns, "", volume), "four 4Mi snapshots")
+	waitUsageIs(t, 16*mib, wns, "", volume) // four 4Mi snapshots
 
 	for _, name := range names[:2] {
 		require.NoError(t, env.adminStrata.StrataV1beta1().Snapshots(ns).Delete(context.Background(), name, metav1.DeleteOptions{}))
