@@ -119,7 +119,7 @@ var auditConfig = auditcheck.Config{
 	// Denials the suite causes on purpose.
 	Denied: []auditcheck.Allowance{
 		{Component: "strata-manager", Verb: "update", Group: "strata.io", Resource: "volumes/status", Name: "e2e-retry",
-			Reason: "TestFailingKeyConvergesAfterTheFaultClears takes this from the manager's role for a while"},
+			Reason: "TestLongFailingKeyConvergesAfterTheFaultClears takes this from the manager's role for a while"},
 		{Component: "strata-manager", Verb: "get", Resource: "secrets", Name: forbiddenCredentialSecret,
 			Reason: "TestBackupTargetListsAnOldTargetAndReportsAvailability names a Secret the Role does not list"},
 	},

@@ -94,8 +94,10 @@ func (n csiNodeClient) assertNothingLeft(t *testing.T) {
 // mounted through nbdfuse and a loop device) and published on node-2, a file
 // written; then the same volume on node-3 has the file. A block volume is
 // published as a device that dd writes and reads back. Nothing is left on
-// either node afterwards.
-func TestCSINodeStagesAndPublishesForReal(t *testing.T) {
+// either node afterwards. In the long tier: make test stages and publishes
+// through kubelets on the install (test/deployed), and csi/nbddev connects
+// nbdfuse and loop devices for real.
+func TestLongCSINodeStagesAndPublishesForReal(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	controller := csispec.NewControllerClient(startCSIController(t))

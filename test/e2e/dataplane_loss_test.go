@@ -225,8 +225,9 @@ func TestSupervisorRestartsKilledInstanceManager(t *testing.T) {
 
 // A key that fails many times in a row (the API server forbids the volume's
 // status writes for a while) is still retried, and the volume converges
-// once the fault clears: no controller drops a key.
-func TestFailingKeyConvergesAfterTheFaultClears(t *testing.T) {
+// once the fault clears: no controller drops a key. In the long tier:
+// make test has controller.TestFailingKeyIsNeverDropped.
+func TestLongFailingKeyConvergesAfterTheFaultClears(t *testing.T) {
 	ctx := context.Background()
 	roles := env.adminKube.RbacV1().Roles(stypes.DefaultNamespace)
 	orig, err := roles.Get(ctx, stypes.ManagerServiceAccount, metav1.GetOptions{})
