@@ -16,13 +16,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/strata-storage/strata/test/need"
-
 	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/test/need"
 )
 
 // testExportSize is the size of the test exports: big enough for ext4 and a

@@ -4,11 +4,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/strata-storage/strata/test/need"
-
 	"github.com/stretchr/testify/require"
 
 	"github.com/strata-storage/strata/internal/mountinfo"
+	"github.com/strata-storage/strata/test/need"
 )
 
 func TestFuseMountAt(t *testing.T) {

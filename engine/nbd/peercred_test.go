@@ -11,12 +11,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/strata-storage/strata/test/need"
-
 	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/strata-storage/strata/test/need"
 )
 
 // servePeerUID serves NBD on l wrapped in a PeerUIDListener letting allowed

@@ -12,12 +12,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/strata-storage/strata/test/need"
-
 	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/strata-storage/strata/test/need"
 )
 
 // ext4 is a real ext4 filesystem on a loop device, mounted.

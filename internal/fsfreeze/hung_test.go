@@ -10,14 +10,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/strata-storage/strata/test/need"
-
 	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/strata-storage/strata/engine/blockdev"
 	"github.com/strata-storage/strata/engine/fusefile"
+	"github.com/strata-storage/strata/test/need"
 )
 
 // gatedDevice is an in-memory device whose writes and flushes wait while

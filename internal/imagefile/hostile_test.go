@@ -10,10 +10,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/strata-storage/strata/test/need"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/strata-storage/strata/test/need"
 )
 
 func needQemuImg(t *testing.T) {

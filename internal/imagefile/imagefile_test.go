@@ -19,12 +19,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/strata-storage/strata/test/need"
-
 	"github.com/klauspost/compress/gzip"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/ulikunitz/xz"
+
+	"github.com/strata-storage/strata/test/need"
 )
 
 const imageSize = 8 << 20

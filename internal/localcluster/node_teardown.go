@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/strata-storage/strata/csi/nbddev"
-
 	"github.com/strata-storage/strata/internal/mountinfo"
 
 	"github.com/sirupsen/logrus"

@@ -14,12 +14,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/strata-storage/strata/test/need"
-
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
+
+	"github.com/strata-storage/strata/test/need"
 )
 
 // manifestPath is the checked-in rendering; regenerate is how to renew it.

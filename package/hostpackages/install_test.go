@@ -7,10 +7,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/strata-storage/strata/test/need"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/strata-storage/strata/test/need"
 )
 
 // installPackage is what the install test takes away and has the script
