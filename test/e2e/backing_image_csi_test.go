@@ -22,7 +22,8 @@ import (
 // equal the raw image (for the qcow2, qemu-img convert -O raw of it). The
 // .xz arrives as an upload to a manager's HTTP API instead of a download.
 func TestBackingImageFormats(t *testing.T) {
-	t.Parallel() // objects of its own, no fault
+	// Not parallel: beside the other tests a finished copy's status was
+	// once lost to a write conflict (issue 44's note), a race to fix.
 	srv := startImageServer(t)
 	rawPath, sum := rawTestImage(t, srv.dir, "fmt.raw", 12<<20)
 	raw, err := os.ReadFile(rawPath)
