@@ -198,15 +198,30 @@ func parseRecord(line string) (device string, id fileID, err error) {
 	return device, id, err
 }
 
+// recordedVolumes lists the volumes with a loop record in stateDir.
+func recordedVolumes(stateDir string) ([]string, error) {
+	records, err := filepath.Glob(filepath.Join(stateDir, "*"+deviceSuffix))
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, r := range records {
+		if id := strings.TrimSuffix(filepath.Base(r), deviceSuffix); validateVolumeID(id) == nil {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
+
 // RecordedLoopDevices lists the loop devices the records in stateDir (a
 // node plugin's --state-dir) name that are still bound to the file they
 // were recorded with, live or gone: what a host's teardown must detach
 // even where the kernel no longer names the file ("/disk").
 func RecordedLoopDevices(stateDir string) []string {
-	records, _ := filepath.Glob(filepath.Join(stateDir, "*"+deviceSuffix))
+	ids, _ := recordedVolumes(stateDir)
 	var out []string
-	for _, r := range records {
-		line, err := readRecord(r)
+	for _, id := range ids {
+		line, err := readRecord(filepath.Join(stateDir, id+deviceSuffix))
 		if err != nil {
 			continue
 		}
@@ -230,16 +245,12 @@ func RecordedLoopDevices(stateDir string) []string {
 // uses any more (its claim was unstaged while the plugin was away, or the
 // unstage could not detach it). One still mounted stays for its unstage.
 func (c *FileLoop) ReleaseStale(ctx context.Context) error {
-	records, err := filepath.Glob(filepath.Join(c.Fallback.stateDir, "*"+deviceSuffix))
+	ids, err := recordedVolumes(c.Fallback.stateDir)
 	if err != nil {
 		return err
 	}
 	var errs []error
-	for _, r := range records {
-		volumeID := strings.TrimSuffix(filepath.Base(r), deviceSuffix)
-		if validateVolumeID(volumeID) != nil {
-			continue
-		}
+	for _, volumeID := range ids {
 		if err := c.releaseStale(ctx, volumeID); err != nil {
 			errs = append(errs, err)
 		}
@@ -417,7 +428,7 @@ func (c *FileLoop) Connected() (map[string]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	records, err := filepath.Glob(filepath.Join(c.Fallback.stateDir, "*"+deviceSuffix))
+	recorded, err := recordedVolumes(c.Fallback.stateDir)
 	if err != nil {
 		return nil, err
 	}
@@ -426,8 +437,8 @@ func (c *FileLoop) Connected() (map[string]string, error) {
 		return nil, err
 	}
 	ids := map[string]bool{}
-	for _, r := range records {
-		ids[strings.TrimSuffix(filepath.Base(r), deviceSuffix)] = true
+	for _, id := range recorded {
+		ids[id] = true
 	}
 	for backing := range loops {
 		if id, ok := engineapi.FUSEFileVolume(c.fileDir, backing); ok {

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +21,7 @@ import (
 	"github.com/strata-storage/strata/internal/localcluster"
 	"github.com/strata-storage/strata/internal/runlocal"
 	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
+	"github.com/strata-storage/strata/test/suite"
 	"github.com/strata-storage/strata/types"
 )
 
@@ -40,10 +40,7 @@ var env struct {
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	// An explicit -parallel still wins.
-	if p := flag.Lookup("test.parallel"); p != nil && !flagWasSet("test.parallel") {
-		_ = p.Value.Set(strconv.Itoa(deployedParallel))
-	}
+	suite.DefaultParallel(deployedParallel)
 	code, err := run(m)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "deployed setup:", err)
@@ -117,10 +114,4 @@ func podLogs(ctx context.Context) string {
 		fmt.Fprintf(&b, "--- %s:\n%s\n", pod, logs)
 	}
 	return b.String()
-}
-
-func flagWasSet(name string) bool {
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	return set
 }

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -28,6 +27,7 @@ import (
 	"github.com/strata-storage/strata/internal/localcluster"
 	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
 	"github.com/strata-storage/strata/package/images"
+	"github.com/strata-storage/strata/test/suite"
 	"github.com/strata-storage/strata/types"
 )
 
@@ -58,13 +58,7 @@ const e2eParallel = 16
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	// Set through the flag's value, not flag.Set: csi-sanity's Ginkgo
-	// refuses to run when it sees test.parallel set on the command line
-	// (it would not parallelize its specs), and only a set made through the
-	// flag set counts as one. An explicit -parallel still wins.
-	if p := flag.Lookup("test.parallel"); p != nil && !flagWasSet("test.parallel") {
-		_ = p.Value.Set(strconv.Itoa(e2eParallel))
-	}
+	suite.DefaultParallel(e2eParallel)
 	code, err := run(m)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e setup:", err)
@@ -217,12 +211,6 @@ func run(m *testing.M) (int, error) {
 		}
 	}
 	return code, nil
-}
-
-func flagWasSet(name string) bool {
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	return set
 }
 
 // waitDisksSchedulable waits until every node says a disk can take replicas.

@@ -195,30 +195,26 @@ func setQuota(t *testing.T, namespace string, edit func(*v1beta1.SnapshotLimit))
 	}, 30*time.Second, 100*time.Millisecond, "quota of %s set", namespace)
 }
 
+// shownUsage is the usage the quota's status shows for the namespace (vm
+// "") or a VM, or -1 while it shows none.
+func shownUsage(t *testing.T, namespace, vm string) int64 {
+	st := getQuota(t, namespace).Status.SnapshotLimitStatus
+	switch {
+	case vm == "" && st.NamespaceTotalSnapshotSizeUsage != nil:
+		return st.NamespaceTotalSnapshotSizeUsage.Value()
+	case vm != "":
+		if q, found := st.VMTotalSnapshotSizeUsage[vm]; found {
+			return q.Value()
+		}
+	}
+	return -1
+}
+
 // waitUsage waits until the quota's status shows, for the namespace (vm
 // "") or a VM, the bytes the engines hold for those volumes, and returns it.
 func waitUsage(t *testing.T, namespace, vm string, volumes ...string) int64 {
 	t.Helper()
-	var shown, engines int64
-	ok := assertEventually(func() bool {
-		engines = engineSnapshotBytes(t, volumes...)
-		st := getQuota(t, namespace).Status.SnapshotLimitStatus
-		switch {
-		case vm == "" && st.NamespaceTotalSnapshotSizeUsage != nil:
-			shown = st.NamespaceTotalSnapshotSizeUsage.Value()
-		case vm != "":
-			q, found := st.VMTotalSnapshotSizeUsage[vm]
-			if !found {
-				return false
-			}
-			shown = q.Value()
-		default:
-			return false
-		}
-		return shown == engines
-	}, time.Minute)
-	require.True(t, ok, "quota usage of %s %q: status shows %d bytes, the engines hold %d", namespace, vm, shown, engines)
-	return shown
+	return waitUsageMatching(t, namespace, vm, volumes, "the engines' figure", func(shown, engines int64) bool { return shown == engines })
 }
 
 // waitUsageIs waits until the quota's status and the engines both show
@@ -226,22 +222,22 @@ func waitUsage(t *testing.T, namespace, vm string, volumes ...string) int64 {
 // delete both may still count a snapshot whose purge has not run.
 func waitUsageIs(t *testing.T, want int64, namespace, vm string, volumes ...string) {
 	t.Helper()
+	waitUsageMatching(t, namespace, vm, volumes, fmt.Sprintf("%d bytes on both", want),
+		func(shown, engines int64) bool { return shown == want && engines == want })
+}
+
+// waitUsageMatching waits until ok holds of the status's usage and the
+// engines' bytes, and returns the usage.
+func waitUsageMatching(t *testing.T, namespace, vm string, volumes []string, want string, ok func(shown, engines int64) bool) int64 {
+	t.Helper()
 	var shown, engines int64
-	ok := assertEventually(func() bool {
+	done := assertEventually(func() bool {
 		engines = engineSnapshotBytes(t, volumes...)
-		shown = -1
-		st := getQuota(t, namespace).Status.SnapshotLimitStatus
-		switch {
-		case vm == "" && st.NamespaceTotalSnapshotSizeUsage != nil:
-			shown = st.NamespaceTotalSnapshotSizeUsage.Value()
-		case vm != "":
-			if q, found := st.VMTotalSnapshotSizeUsage[vm]; found {
-				shown = q.Value()
-			}
-		}
-		return shown == want && engines == want
+		shown = shownUsage(t, namespace, vm)
+		return shown >= 0 && ok(shown, engines)
 	}, time.Minute)
-	require.True(t, ok, "quota usage of %s %q: want %d bytes; the status shows %d, the engines hold %d", namespace, vm, want, shown, engines)
+	require.True(t, done, "quota usage of %s %q: want %s; the status shows %d bytes, the engines hold %d", namespace, vm, want, shown, engines)
+	return shown
 }
 
 func assertEventually(cond func() bool, timeout time.Duration) bool {
