@@ -36,6 +36,9 @@ type imageSync struct {
 	bi    *v1beta1.BackingImage
 	owner bool
 	now   time.Time
+	// finished are the ended jobs whose outcome this sync records in
+	// status; they leave the job table when that status is written.
+	finished []fileJobKey
 }
 
 // syncBackingImage: the owner (status.ownerID) keeps the image-level state —
@@ -76,6 +79,9 @@ func (c *BackingImageController) syncBackingImage(ctx context.Context, key strin
 		if _, err := c.ds.BackingImages.UpdateStatus(ctx, s.bi); err != nil {
 			return errors.Join(localErr, err)
 		}
+	}
+	for _, k := range s.finished {
+		c.files.take(k)
 	}
 	if owner && s.bi.DeletionTimestamp != nil && len(s.bi.Status.DiskFileStatusMap) == 0 {
 		if _, err := c.ds.BackingImages.RemoveFinalizer(ctx, s.bi, types.FinalizerName); err != nil {

@@ -200,7 +200,8 @@ func (j *fileJobs) get(k fileJobKey) (fileJob, bool) {
 	return *job, true
 }
 
-// take removes k's finished job; the caller has recorded its outcome.
+// take removes k's finished job once the status recording its outcome is
+// written.
 func (j *fileJobs) take(k fileJobKey) {
 	j.mu.Lock()
 	defer j.mu.Unlock()

@@ -98,7 +98,11 @@ func (s *imageSync) driveCopy(disk, diskPath string, st *v1beta1.BackingImageDis
 			}
 			return nil
 		}
-		s.files.take(k)
+		// Taken only once the status that records it is written
+		// (syncBackingImage): if that write conflicts, the next sync
+		// records the job again, so a failure for good is not fetched
+		// anew and a download's checksum is not lost.
+		s.finished = append(s.finished, k)
 		return s.recordJob(disk, st, job)
 	}
 	if disk == s.bi.Status.FirstCopyDisk && st.State == v1beta1.BackingImageStateInProgress && st.Message == jobUploading &&

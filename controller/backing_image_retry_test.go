@@ -11,8 +11,10 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/strata-storage/strata/datastore/dstest"
@@ -272,4 +274,53 @@ func TestBackingImageRefusedWhileItsSettingChanged(t *testing.T) {
 	assert.Empty(t, st.FailedSetting)
 	_, forGood := c.files.failedForGoodAt(fetchKey)
 	assert.False(t, forGood)
+}
+
+// A finished transfer whose status write conflicts is recorded by the next
+// sync, not lost: a failure for good stays failed (nothing fetched again)
+// and a download's checksum reaches the status (issue 44: both were seen
+// when the backing-image tests ran beside others).
+func TestBackingImageFinishedJobSurvivesAConflictingStatusWrite(t *testing.T) {
+	mismatch := fmt.Errorf("%w: spec.checksum is ab, the image's raw data has SHA-512 cd", imagefile.ErrChecksumMismatch)
+	tests := []struct {
+		name         string
+		job          fileJob
+		wantState    v1beta1.BackingImageState
+		wantAttempts int32 // failures counted once, not once per write tried
+		wantSum      string
+	}{
+		{name: "a failure for good", job: fileJob{err: mismatch}, wantState: v1beta1.BackingImageStateFailed, wantAttempts: 1},
+		{name: "a download with its checksum", job: fileJob{result: imagefile.Result{Checksum: "cafe", VirtualSize: 4096, SourceSize: 512}},
+			wantState: v1beta1.BackingImageStateReady, wantSum: "cafe"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			env, c, _ := fetchEnv(t)
+			ctx, key := context.Background(), testNS+"/img"
+			job := tc.job
+			job.kind, job.done, job.generation, job.startedAt = jobDownloading, true, 2, time.Now()
+			c.files.mu.Lock()
+			c.files.jobs[fetchKey] = &job
+			c.files.mu.Unlock()
+
+			conflicts := 1
+			env.Strata.PrependReactor("update", "backingimages", func(a k8stesting.Action) (bool, runtime.Object, error) {
+				if a.GetSubresource() != "status" || conflicts == 0 {
+					return false, nil, nil
+				}
+				conflicts--
+				return true, nil, apierrors.NewConflict(v1beta1.Resource("backingimages"), "img", errors.New("the object has been modified"))
+			})
+			require.Error(t, c.sync(ctx, key), "the first write conflicts")
+			require.NoError(t, c.sync(ctx, key))
+
+			bi := imageSpec(t, env)
+			st := bi.Status.DiskFileStatusMap["uuid-node-1"]
+			assert.Equal(t, tc.wantState, st.State, st.Message)
+			assert.Equal(t, tc.wantAttempts, st.Attempts)
+			assert.Equal(t, tc.wantSum, bi.Status.Checksum)
+			_, left := c.files.get(fetchKey)
+			assert.False(t, left, "the job leaves the table once recorded, and no new transfer started")
+		})
+	}
 }

