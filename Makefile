@@ -4,7 +4,7 @@ SHELL := /bin/bash
 GO    ?= go
 BIN   := bin
 
-.PHONY: build generate verify test test-long fuzz run clean bench-backup bench-kbench host-packages deploy-manifest
+.PHONY: build generate verify test test-long test-proof tools fuzz run clean bench-backup bench-kbench host-packages deploy-manifest
 
 build:
 	$(GO) build -ldflags "-X github.com/strata-storage/strata/app.Version=$$(git describe --always --dirty 2>/dev/null || echo dev)" \
@@ -73,12 +73,18 @@ test-proof: host-packages build
 
 TEST_ENV = STRATA_MANAGER_BIN=$(abspath $(BIN))/strata-manager
 
+# Every tool make run needs (control plane, kubelet, containerd, the CSI
+# sidecars, helm, versitygw), built in one go from scripts/tools/cluster
+# into ~/.cache/strata (or found there); progress on stderr.
+tools:
+	@scripts/build-tools.sh run-tools >/dev/null
+
 # Every fuzz target, time-boxed (override with FUZZTIME=10m).
 fuzz:
 	FUZZTIME=$${FUZZTIME:-2m} scripts/fuzz.sh
 
 # exec, so Ctrl-C reaches run-local directly and make does not report it as a failure.
-run: host-packages build
+run: host-packages build tools
 	@exec $(BIN)/run-local --manager-bin $(BIN)/strata-manager
 
 # Backup and restore MiB/s through the instance manager to a local S3 server,

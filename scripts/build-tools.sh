@@ -1,26 +1,27 @@
 #!/usr/bin/env bash
 # Builds the local cluster's binaries into a cache outside the clone, so a
-# fresh clone on the same machine reuses them and a version bump rebuilds them:
-#   - from the pinned tools module scripts/tools/controlplane (keyed by its
-#     go.mod/go.sum and the Go version): etcd, kube-apiserver,
-#     kube-controller-manager, kube-scheduler, kubelet (and kubectl on demand),
-#     stamped with the Kubernetes version so nodes report v1.36.3;
-#   - containerd, its runc shim and ctr at $containerd_version, built from
-#     containerd's own module (kubelet 1.36 prefers containerd 2; Debian ships 1.6);
-#   - on demand only, by name: versitygw (an S3-compatible server on a
-#     local directory, for the backup tests; about 5-10 min cold), helm
-#     (renders and lints package/chart/strata; 49 s here with the k8s.io
-#     modules already in the Go build cache, a few minutes without), and the
-#     upstream CSI sidecars: csi-provisioner, csi-attacher, csi-resizer,
-#     csi-snapshotter, snapshot-controller and csi-snapshot-metadata, all
-#     from the one pinned tools module scripts/tools/sidecars, so the
-#     libraries they share compile once (its go.mod says which versions
-#     their own modules asked for).
-# Binaries built outside the tools module carry <name>.version beside them
-# and are rebuilt when their pinned version changes.
+# fresh clone on the same machine reuses them and a version bump rebuilds them.
+# Everything comes from one pinned tools module, scripts/tools/cluster (the
+# cache directory is keyed by its go.mod/go.sum and the Go version), so the
+# libraries they share (client-go and the other Kubernetes libraries, grpc,
+# protobuf, otel, golang.org/x/...) are one version each and compile once:
+#   - etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet
+#     (and kubectl on demand), stamped with the Kubernetes version so nodes
+#     report v1.36.3;
+#   - containerd, its runc shim and ctr (kubelet 1.36 needs containerd 2;
+#     Debian ships 1.6);
+#   - on demand only, by name: versitygw (an S3-compatible server on a local
+#     directory, for backups), helm (installs, renders and lints
+#     package/chart/strata), and the upstream CSI sidecars csi-provisioner,
+#     csi-attacher, csi-resizer, csi-snapshotter, snapshot-controller and
+#     csi-snapshot-metadata.
+# Names given together build in one `go build`, so the go command spreads
+# their packages and links over both cores: `make run` asks for all it
+# needs at once (scripts/build-tools.sh run-tools).
 # Prints the bin directory on stdout; progress goes to stderr.
 #
-#   scripts/build-tools.sh            # everything the local cluster runs
+#   scripts/build-tools.sh            # the control plane, kubelet, containerd
+#   scripts/build-tools.sh run-tools  # everything make run needs
 #   scripts/build-tools.sh kubectl    # only the names given (kubectl: for
 #                                     # machines that lack one)
 #   scripts/build-tools.sh helm       # make verify and package/deploy's test
@@ -39,21 +40,17 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${STRATA_CACHE:-$HOME/.cache/strata}
-mod="$root/scripts/tools/controlplane"
-containerd_version=v2.2.9
-sidecar_mod="$root/scripts/tools/sidecars"
-# required_in module: the version the sidecars tools module requires of it.
-required_in() { awk -v m="$1" '$1 == m {print $2; exit}' "$sidecar_mod/go.mod"; }
+mod="$root/scripts/tools/cluster"
+# required_in module: the version the tools module requires of it.
+required_in() { awk -v m="$1" '$1 == m {print $2; exit}' "$mod/go.mod"; }
 snapshotter=github.com/kubernetes-csi/external-snapshotter
 snapshotter_version=$(required_in "$snapshotter/v8")
-# The SnapshotMetadata sidecar and its CRD (changed-block tracking, KEP-3314):
-# built from its own module (see below).
+# The SnapshotMetadata sidecar and its CRD (changed-block tracking, KEP-3314).
 metadata=github.com/kubernetes-csi/external-snapshot-metadata
-metadata_version=v1.0.0
-helm_version=v3.22.0
+metadata_version=$(required_in "$metadata")
 
 key=$(cat "$mod/go.mod" "$mod/go.sum" <(go version) | sha256sum | cut -c1-16)
-bin="$cache/controlplane-$key/bin"
+bin="$cache/tools-$key/bin"
 
 declare -A pkgs=(
   [etcd]=go.etcd.io/etcd/server/v3
@@ -62,75 +59,66 @@ declare -A pkgs=(
   [kube-scheduler]=k8s.io/kubernetes/cmd/kube-scheduler
   [kubelet]=k8s.io/kubernetes/cmd/kubelet
   [kubectl]=k8s.io/kubernetes/cmd/kubectl
-  [containerd]=github.com/containerd/containerd/v2/cmd/containerd@$containerd_version
-  [containerd-shim-runc-v2]=github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$containerd_version
-  [ctr]=github.com/containerd/containerd/v2/cmd/ctr@$containerd_version
-  # the S3-compatible server backups are tested against (on demand)
-  [versitygw]=github.com/versity/versitygw/cmd/versitygw@v1.8.0
-  # renders and lints the chart (on demand); its go.mod has no replaces
-  [helm]=helm.sh/helm/v3/cmd/helm@$helm_version
+  [containerd]=github.com/containerd/containerd/v2/cmd/containerd
+  [containerd-shim-runc-v2]=github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
+  [ctr]=github.com/containerd/containerd/v2/cmd/ctr
+  [versitygw]=github.com/versity/versitygw/cmd/versitygw
+  [helm]=helm.sh/helm/v3/cmd/helm
 )
-# Version stamps go install cannot derive: helm reports v3.22 without the
-# first, and its lint and `.Capabilities.KubeVersion` default to Kubernetes
-# 1.20 without the others (the make target of helm sets them from its
-# k8s.io modules, v0.37).
-declare -A ldflags=(
-  [helm]="-X helm.sh/helm/v3/internal/version.version=$helm_version
-    -X helm.sh/helm/v3/internal/version.gitTreeState=clean
-    -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=37
-    -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=37"
-)
-# CSI sidecars: name -> module and the command's directory in it; built in
-# the sidecars tools module. The version stamp is the module's version
-# there and the tools module's own hash, so a bump of either rebuilds them.
-sidecar_key=$(cat "$sidecar_mod/go.mod" "$sidecar_mod/go.sum" | sha256sum | cut -c1-8)
+# CSI sidecars: name -> module; the command is <module>/cmd/<name>. Each
+# is linked on its own, stamped with its module's version (main.version,
+# which --version prints); their packages compile once for all six.
 declare -A sidecars=(
   [csi-provisioner]=github.com/kubernetes-csi/external-provisioner/v6
   [csi-attacher]=github.com/kubernetes-csi/external-attacher/v4
   [csi-resizer]=github.com/kubernetes-csi/external-resizer/v2
   [csi-snapshotter]=$snapshotter/v8
   [snapshot-controller]=$snapshotter/v8
+  [csi-snapshot-metadata]=$metadata
 )
-# sidecar_version: what the sidecar's --version prints.
-sidecar_version() { required_in "${sidecars[$1]}"; }
 for name in "${!sidecars[@]}"; do
-  pkgs[$name]=${sidecars[$name]}/cmd/$name@$(sidecar_version "$name")-$sidecar_key
+  pkgs[$name]=${sidecars[$name]}/cmd/$name
 done
-# Sidecars whose versions do not agree with the tools module's, built from
-# a copy of their own module: csi-snapshot-metadata v1.0.0 compiles
-# csi-test v5.4.0's mock driver into the binary, which needs the CSI spec
-# v1.12 and github.com/golang/mock, where the others need the spec v1.13
-# (and csi-snapshotter's tests csi-test v5.6.0, on go.uber.org/mock).
-# `go install pkg@version` refuses its replace directives, so the module is
-# copied to a writable temp dir, its replaces to local paths dropped, and
-# built there with -mod=mod.
-declare -A own_module=(
-  [csi-snapshot-metadata]=$metadata@$metadata_version
-)
-# Requirements that replace the dropped local replaces: it points client at
-# ./client and names client@v0.2.0, which this machine's module proxy
-# refuses (its v1.0.0 is served).
-declare -A requires=(
-  [$metadata@$metadata_version]=$metadata/client@$metadata_version
-)
-for name in "${!own_module[@]}"; do
-  m=${own_module[$name]}
-  pkgs[$name]=${m%@*}/cmd/$name@${m##*@}
-done
+# Version stamps the go command cannot derive, one set for every binary
+# (an -X for a package a binary lacks is ignored): the Kubernetes version,
+# so `kubectl get nodes` shows it; containerd's (else 2.2.9+unknown);
+# helm's, whose lint and `.Capabilities.KubeVersion` also default to
+# Kubernetes 1.20 without the k8sVersion ones; versitygw's.
+k8s_version=$(required_in k8s.io/kubernetes)
+k8s_minor=$(echo "$k8s_version" | cut -d. -f2)
+helm_version=$(required_in helm.sh/helm/v3)
+version_pkg=k8s.io/component-base/version
+module_ldflags="-s -w -X $version_pkg.gitVersion=$k8s_version -X $version_pkg.gitMajor=1 -X $version_pkg.gitMinor=$k8s_minor
+  -X github.com/containerd/containerd/v2/version.Version=$(required_in github.com/containerd/containerd/v2)
+  -X helm.sh/helm/v3/internal/version.version=$helm_version -X helm.sh/helm/v3/internal/version.gitTreeState=clean
+  -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$k8s_minor
+  -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$k8s_minor
+  -X main.Version=$(required_in github.com/versity/versitygw)"
+# One set of build flags for every build from the module: tags are part of
+# every package's cache key, so the sidecars reuse what the control plane
+# compiled only if they match. no_btrfs: containerd without btrfs headers.
+module_flags=(-trimpath -tags no_btrfs)
 
 temps=()   # removed on exit, built or not
 trap 'rm -rf "${temps[@]}"' EXIT
 
-names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet
+cluster_tools=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet
   containerd containerd-shim-runc-v2 ctr)
+names=("$@")
+[ ${#names[@]} -gt 0 ] || names=("${cluster_tools[@]}")
+# run-tools: all make run builds (the chart's sidecars, helm, versitygw),
+# asked for at once so they build together.
+if [ "${names[*]}" = run-tools ]; then
+  names=("${cluster_tools[@]}" csi-provisioner csi-attacher csi-resizer csi-snapshotter snapshot-controller
+    csi-snapshot-metadata helm versitygw)
+fi
 if [ "${names[*]}" = snapshot-crds ]; then
   # Named by both versions: the directory once held only the snapshot.storage
   # CRDs, then those and the group ones.
   crds="$cache/snapshot-crds-$snapshotter_version-metadata-$metadata_version"
   if [ ! -d "$crds" ]; then
     mkdir -p "$cache"
-    exec 9>"$cache/controlplane-$key.lock"
+    exec 9>"$cache/tools-$key.lock"
     flock 9
   fi
   if [ ! -d "$crds" ]; then
@@ -162,104 +150,80 @@ for name in "${names[@]}"; do
   [ -n "${pkgs[$name]:-}" ] || { echo "unknown tool: $name (known: ${!pkgs[*]} snapshot-crds)" >&2; exit 2; }
 done
 
-# The Kubernetes module's own version, so `kubectl get nodes` shows it.
-k8s_version=$(awk '$1 == "k8s.io/kubernetes" {print $2; exit}' "$mod/go.mod")
-k8s_minor=$(echo "$k8s_version" | cut -d. -f2)
-version_pkg=k8s.io/component-base/version
-k8s_ldflags="-s -w -X $version_pkg.gitVersion=$k8s_version -X $version_pkg.gitMajor=1 -X $version_pkg.gitMinor=$k8s_minor"
+# The bin directory is named by the tools module's hash: a binary there
+# was built at the pinned versions.
+built() { [ -x "$bin/$1" ]; }
 
-# A binary built at another version than the pinned one is rebuilt.
-built() {
-  [ -x "$bin/$1" ] || return 1
-  case "${pkgs[$1]}" in
-    *@*) [ "$(cat "$bin/$1.version" 2>/dev/null)" = "${pkgs[$1]##*@}" ] ;;
-  esac
-}
-
-# copy_module module@version: a writable copy of the downloaded module with
-# its replaces to local paths dropped (and $requires added).
-copy_module() {
-  local json src dst old
-  json=$(cd / && go mod download -json "$1") || { echo "$json" >&2; return 1; }
-  src=$(echo "$json" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
-  dst=$(mktemp -d "$cache/.src.XXXX")   # the caller removes it (this runs in $(...))
-  cp -r "$src/." "$dst/"
-  chmod -R u+w "$dst"
-  # `replace a [v] => ./dir` (single or in a block) -> a[@v]
-  while read -r old; do
-    (cd "$dst" && go mod edit -dropreplace="$old")
-  done < <(awk '{sub(/^replace[ \t]+/, "")} /=>[ \t]*(\.|\/)/ {print ($2 == "=>" ? $1 : $1 "@" $2)}' "$dst/go.mod")
-  if [ -n "${requires[$1]:-}" ]; then
-    (cd "$dst" && go mod edit -require="${requires[$1]}")
-  fi
-  echo "$dst"
-}
-
-# cold_seconds: each build with an empty Go build cache on this kind of
-# machine (2 cores; measured 2026-12-07, in this order: later ones reuse
-# the libraries the earlier ones compiled), for the progress lines.
+# cold_seconds: what each adds to a build with an empty Go build cache on
+# this kind of machine (2 cores; measured 2026-12-07 building run-tools'
+# names in its order: the control plane's five together took 280 s, then
+# containerd's three 32 s, the six sidecars 31 s, helm 17 s, versitygw
+# 49 s: 409 s in all), for the progress lines; a name built alone first
+# takes longer (it compiles the libraries it shares). kubectl: estimated.
 declare -A cold_seconds=(
-  [etcd]=60 [kube-apiserver]=300 [kube-controller-manager]=120 [kube-scheduler]=30 [kubelet]=60 [kubectl]=60
-  [containerd]=150 [containerd-shim-runc-v2]=20 [ctr]=20 [versitygw]=300 [helm]=180
-  [csi-provisioner]=5 [csi-attacher]=5 [csi-resizer]=5
-  [csi-snapshotter]=5 [snapshot-controller]=5 [csi-snapshot-metadata]=90
+  [etcd]=40 [kube-apiserver]=150 [kube-controller-manager]=50 [kube-scheduler]=15 [kubelet]=25 [kubectl]=30
+  [containerd]=25 [containerd-shim-runc-v2]=4 [ctr]=3 [versitygw]=49 [helm]=17
+  [csi-snapshot-metadata]=6 [csi-provisioner]=10 [csi-attacher]=3 [csi-resizer]=4
+  [csi-snapshotter]=4 [snapshot-controller]=4
 )
-# The five sidecars of scripts/tools/sidecars: 125 s cold for the first,
-# 4-5 s for each of the others (2m20s for all five; as modules of their
-# own they took 145-166 s each).
-sidecar_libraries_seconds=120
+
+# out_name: the file `go build -o dir/` writes for a package (its last path
+# element, or the one before a major-version suffix).
+out_name() {
+  local p=${pkgs[$1]} b
+  b=$(basename "$p")
+  [[ ! $b =~ ^v[0-9]+$ ]] || b=$(basename "$(dirname "$p")")
+  echo "$b"
+}
+
 
 missing=0
 for name in "${names[@]}"; do built "$name" || missing=1; done
 
 if [ "$missing" = 1 ]; then
   # One builder at a time: parallel test packages and `make run` may all ask.
-  mkdir -p "$cache"
-  exec 9>"$cache/controlplane-$key.lock"
+  mkdir -p "$cache" "$bin"
+  exec 9>"$cache/tools-$key.lock"
   flock 9
-  todo=()
-  for name in "${names[@]}"; do built "$name" || todo+=("$name"); done
-  # The first sidecar built compiles the libraries all five share.
-  declare -A estimate=()
-  total=0 shared=0
-  for name in "${todo[@]}"; do
-    estimate[$name]=${cold_seconds[$name]:-120}
-    if [ -n "${sidecars[$name]:-}" ] && [ "$shared" = 0 ]; then
-      estimate[$name]=$((estimate[$name] + sidecar_libraries_seconds)); shared=1
-    fi
-    total=$((total + estimate[$name]))
+  # Two kinds of step: the module's commands in one go build, then each
+  # sidecar linked with its own version stamp.
+  together=() linked=()
+  total=0
+  for name in "${names[@]}"; do
+    built "$name" && continue
+    if [ -n "${sidecars[$name]:-}" ]; then linked+=("$name")
+    else together+=("$name"); fi
+    total=$((total + ${cold_seconds[$name]:-120}))
   done
+  todo=("${together[@]}" "${linked[@]}")
+  steps=$(( (${#together[@]} > 0 ? 1 : 0) + ${#linked[@]} ))
+  step=0
+  # progress name...: the step's line, with the cold estimate of its names.
+  progress() {
+    local est=0 n
+    for n in "$@"; do est=$((est + ${cold_seconds[$n]:-120})); done
+    step=$((step + 1))
+    echo "[$step/$steps] building $*; cold about $est s" >&2
+  }
   [ ${#todo[@]} -eq 0 ] || echo "building ${#todo[@]} tools into $bin: ${todo[*]}; with an empty Go build cache about $((total / 60 + 1)) min on 2 cores, much less once it holds their libraries" >&2
-  i=0
-  for name in "${todo[@]}"; do
-    i=$((i + 1))
-    echo "[$i/${#todo[@]}] building $name (${pkgs[$name]}); cold about ${estimate[$name]} s" >&2
+  start=$(date +%s)
+  if [ ${#together[@]} -gt 0 ]; then
+    progress "${together[@]}"
+    out=$(mktemp -d "$bin/.build.XXXX")
+    temps+=("$out")
+    list=()
+    for name in "${together[@]}"; do list+=("${pkgs[$name]}"); done
+    (cd "$mod" && go build "${module_flags[@]}" -ldflags="$module_ldflags" -o "$out/" "${list[@]}")
+    for name in "${together[@]}"; do mv "$out/$(out_name "$name")" "$bin/$name"; done
+    echo "  built in $(( $(date +%s) - start ))s" >&2
+  fi
+  for name in "${linked[@]}"; do
+    progress "$name"
     start=$(date +%s)
-    mkdir -p "$bin"
-    if [ -n "${own_module[$name]:-}" ]; then
-      m=${own_module[$name]}
-      src=$(copy_module "$m")
-      temps+=("$src")
-      (cd "$src" && go build -mod=mod -trimpath -ldflags="-s -w -X main.version=${m##*@}" \
-        -o "$bin/$name.tmp" "./cmd/$name")
-    elif [ -n "${sidecars[$name]:-}" ]; then
-      (cd "$sidecar_mod" && go build -trimpath -ldflags="-s -w -X main.version=$(sidecar_version "$name")" \
-        -o "$bin/$name.tmp" "${sidecars[$name]}/cmd/$name")
-    else
-      case "${pkgs[$name]}" in
-        *@*) # outside the tools module: containerd's own go.mod decides its dependencies
-          tmp=$(mktemp -d "$bin/.gobin.XXXX")
-          GOBIN="$tmp" go install -trimpath -ldflags="-s -w ${ldflags[$name]:-}" -tags no_btrfs "${pkgs[$name]}"
-          mv "$tmp/$name" "$bin/$name.tmp"; rm -rf "$tmp" ;;
-        *)
-          (cd "$mod" && go build -trimpath -ldflags="$k8s_ldflags" -o "$bin/$name.tmp" "${pkgs[$name]}") ;;
-      esac
-    fi
+    (cd "$mod" && go build "${module_flags[@]}" -ldflags="-s -w -X main.version=$(required_in "${sidecars[$name]}")" \
+      -o "$bin/$name.tmp" "${pkgs[$name]}")
     mv "$bin/$name.tmp" "$bin/$name"   # atomic: a half-written binary is never found
-    # stamped after the move: an interruption between the two costs a rebuild,
-    # never an old binary taken for the pinned version
-    case "${pkgs[$name]}" in *@*) echo "${pkgs[$name]##*@}" >"$bin/$name.version" ;; esac
-    echo "  $name built in $(( $(date +%s) - start ))s" >&2
+    echo "  built in $(( $(date +%s) - start ))s" >&2
   done
 fi
 echo "$bin"
