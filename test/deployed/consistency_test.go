@@ -192,13 +192,7 @@ func snapshotConsistencies(t *testing.T, volume string) map[string]string {
 // chart sets it.
 func freezeSocket(t *testing.T, node string) string {
 	t.Helper()
-	for _, n := range env.cluster.Nodes() {
-		if n.Name == node {
-			return filepath.Join(n.StrataDir(), "run", "fsfreeze", "plugin.sock")
-		}
-	}
-	t.Fatalf("no node %s", node)
-	return ""
+	return filepath.Join(clusterNode(t, node).StrataDir(), "run", "fsfreeze", "plugin.sock")
 }
 
 // stagedMount finds where the claim's filesystem is mounted on the host.

@@ -95,17 +95,17 @@ func requireOnTheInstanceManagersFile(t *testing.T, nodeName, volume string) {
 // instance manager's Pod serves the volume as.
 func loopDeviceOf(t *testing.T, nodeName, volume string) string {
 	t.Helper()
-	for _, n := range env.cluster.Nodes() {
-		if n.Name != nodeName {
-			continue
-		}
-		file := engineapi.FUSEFile(filepath.Join(n.StrataDir(), "fuse"), volume)
-		on := localcluster.LoopDevicesOn(func(backing string) bool { return backing == file })
-		require.Len(t, on, 1, "one loop device on %s", file)
-		return on[0]
-	}
-	t.Fatalf("no node %s", nodeName)
-	return ""
+	file := engineapi.FUSEFile(fuseDir(t, nodeName), volume)
+	on := localcluster.LoopDevicesOn(func(backing string) bool { return backing == file })
+	require.Len(t, on, 1, "one loop device on %s", file)
+	return on[0]
+}
+
+// fuseDir is where the instance manager of node serves volumes as files
+// (the chart's hostDir/fuse).
+func fuseDir(t *testing.T, node string) string {
+	t.Helper()
+	return filepath.Join(clusterNode(t, node).StrataDir(), "fuse")
 }
 
 // A manager Pod deleted (and brought back by its DaemonSet) on the node of a

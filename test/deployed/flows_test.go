@@ -8,10 +8,11 @@ const deployedParallel = 8
 
 // TestUserFlows runs the user's flows side by side, each with claims,
 // Pods, classes and namespaces of its own. The tests that replace
-// Strata's Pods, kill a process, upgrade or uninstall change what every
-// flow stands on, so they are top-level tests of their own, run alone
-// before (consistency, deployed) and after (leftovers, rolling upgrade,
-// uninstall) this one: go test runs top-level tests in file order.
+// Strata's Pods, kill a process, upgrade, rotate the CA or uninstall change
+// what every flow stands on, so they are top-level tests of their own, run
+// alone before (consistency, deployed) and after (leftovers, rolling
+// upgrade, rotation, uninstall) this one: go test runs top-level tests in
+// file order.
 //
 //	go test ./test/deployed -run 'TestUserFlows/RESTAPI$'
 func TestUserFlows(t *testing.T) {
@@ -20,12 +21,16 @@ func TestUserFlows(t *testing.T) {
 		run  func(*testing.T)
 	}{
 		{"GroupSnapshotHoldsWhatThePodJustWrote", testGroupSnapshotHoldsWhatThePodJustWrote}, // the longest first
+		{"TrimFreesADeletedSnapshotsSpace", testTrimFreesADeletedSnapshotsSpace},
+		{"PVCResizeWhilePodRuns", testPVCResizeWhilePodRuns},
 		{"SnapshotHoldsWhatThePodJustWrote", testSnapshotHoldsWhatThePodJustWrote},
 		{"NonRootPodWritesItsClaim", testNonRootPodWritesItsClaim},
 		{"BackingImageClaimAndItsClone", testBackingImageClaimAndItsClone},
 		{"BackupRestoredIntoANewClaim", testBackupRestoredIntoANewClaim},
 		{"BlockSnapshotHoldsWhatThePodJustWrote", testBlockSnapshotHoldsWhatThePodJustWrote},
 		{"SnapshotRestoredOnAnotherNode", testSnapshotRestoredOnAnotherNode},
+		{"PVCUsedByPodsOnTwoNodes", testPVCUsedByPodsOnTwoNodes},
+		{"PVCBlockModeOnTwoNodes", testPVCBlockModeOnTwoNodes},
 		{"VolumeSnapshotRetainPolicy", testVolumeSnapshotRetainPolicy},
 		{"QuotaRefusesAVolumeSnapshotOverTheNamespaceQuota", testQuotaRefusesAVolumeSnapshotOverTheNamespaceQuota},
 		{"RESTSnapshotBlocks", testRESTSnapshotBlocks},

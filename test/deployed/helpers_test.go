@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/strata-storage/strata/internal/localcluster"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/package/images"
 )
@@ -108,6 +109,20 @@ func podIn(t *testing.T, namespace, name, node, claimName, script string, block 
 // podWithSecurity is podIn with the Pod's securityContext (YAML flow style).
 func podWithSecurity(t *testing.T, namespace, name, node, claimName, script string, block bool, security string) {
 	t.Helper()
+	podWithSecurityContexts(t, namespace, name, node, claimName, script, block, security, "{}")
+}
+
+// privilegedPod is pod with its container privileged, as an admin runs
+// what needs CAP_SYS_ADMIN (fstrim's FITRIM).
+func privilegedPod(t *testing.T, name, node, claimName, script string) {
+	t.Helper()
+	podWithSecurityContexts(t, podNamespace, name, node, claimName, script, false, "{}", "{privileged: true}")
+}
+
+// podWithSecurityContexts is podIn with the Pod's and its container's
+// securityContext (YAML flow style).
+func podWithSecurityContexts(t *testing.T, namespace, name, node, claimName, script string, block bool, security, containerSecurity string) {
+	t.Helper()
 	use := "volumeMounts: [{name: data, mountPath: /data}]"
 	if block {
 		use = "volumeDevices: [{name: data, devicePath: " + blockDevice + "}]"
@@ -120,9 +135,9 @@ spec:
   restartPolicy: Never
   terminationGracePeriodSeconds: 1
   securityContext: %s
-  containers: [{name: app, image: %s, command: [sh, -c, %s], %s}]
+  containers: [{name: app, image: %s, command: [sh, -c, %s], securityContext: %s, %s}]
   volumes: [{name: data, persistentVolumeClaim: {claimName: %s}}]`,
-		name, namespace, node, security, images.WorkloadRef, strconv.Quote(script), use, claimName))
+		name, namespace, node, security, images.WorkloadRef, strconv.Quote(script), containerSecurity, use, claimName))
 	t.Cleanup(func() {
 		_, _ = kubectlOut(context.Background(), "-n", namespace, "delete", "pod", name, "--grace-period=1")
 	})
@@ -287,6 +302,19 @@ func getVolume(t *testing.T, name string) *v1beta1.Volume {
 	v, err := env.strata.StrataV1beta1().Volumes(ns).Get(context.Background(), name, metav1.GetOptions{})
 	require.NoError(t, err)
 	return v
+}
+
+// clusterNode is the local cluster's kubelet node of that name: its
+// directories are on this host.
+func clusterNode(t *testing.T, name string) *localcluster.Node {
+	t.Helper()
+	for _, n := range env.cluster.Nodes() {
+		if n.Name == name {
+			return n
+		}
+	}
+	t.Fatalf("no node %s", name)
+	return nil
 }
 
 // podOf is the name of the Pod of component (strata-manager,

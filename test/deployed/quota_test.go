@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -15,11 +16,14 @@ import (
 	"github.com/strata-storage/strata/types"
 )
 
-// The space-management seed's namespace quota on the install, met as a
-// user meets it: a 10Mi quota, a 10Mi block claim written full by a Pod.
-// The first VolumeSnapshot fits and the quota shows 10Mi used; with the
-// claim written again the second is refused by the webhook with the
-// figures; once the first is deleted a snapshot fits again.
+// The space-management seed's namespace quota on the install (its test
+// plan 5), met as a user meets it: a 10Mi quota, a 10Mi block claim
+// written full by a Pod. The first VolumeSnapshot fits and the quota shows
+// 10Mi used, the engines' own figure; with the claim written again the
+// second is refused by the webhook (403) with the figures, and so is a
+// Strata Snapshot an admin asks for directly; once the first is deleted a
+// snapshot fits again. (test/e2e's TestQuotaNamespaceWithVolumeSnapshots,
+// the same plan with CR-level writes, moved here.)
 func testQuotaRefusesAVolumeSnapshotOverTheNamespaceQuota(t *testing.T) {
 	logsOnFailure(t)
 	const wns = "quota-d"
@@ -37,41 +41,55 @@ spec: {snapshotLimit: {namespaceTotalSnapshotSizeQuota: 10Mi}}`, v1beta1.Default
 	fill := func() {
 		execIn(t, wns, "writer", "dd if=/dev/urandom of="+blockDevice+" bs=1M count=10 oflag=direct conv=fsync 2>&1")
 		require.Eventually(t, func() bool {
-			engines, err := env.strata.StrataV1beta1().Engines(ns).List(context.Background(),
-				metav1.ListOptions{LabelSelector: types.LabelVolume + "=" + volume})
-			if err != nil || len(engines.Items) != 1 {
-				return false
-			}
-			head := engines.Items[0].Status.Snapshots[types.VolumeHeadName]
-			return head != nil && head.Size >= 10<<20
+			chain, err := engineChain(volume)
+			return err == nil && chain[types.VolumeHeadName] != nil && chain[types.VolumeHeadName].Size >= 10<<20
 		}, time.Minute, 200*time.Millisecond, "the engine reports the head of %s full", volume)
 	}
 
 	fill()
 	require.NoError(t, takeVolumeSnapshot(t, wns, "vs1", "data"))
 	waitVolumeSnapshotReady(t, wns, "vs1")
-	waitQuotaUsage(t, wns, 10<<20)
+	waitQuotaUsage(t, wns, 10<<20, volume)
 
 	fill()
 	err := takeVolumeSnapshot(t, wns, "vs2", "data")
 	require.Error(t, err, "a second 10Mi snapshot is over the 10Mi quota")
-	for _, part := range []string{"snapshot space quota exceeded", "namespace " + wns, "hold 10Mi",
+	for _, part := range []string{"(Forbidden)", "snapshot space quota exceeded", "namespace " + wns, "hold 10Mi",
 		"VolumeSnapshot " + wns + "/vs2 would add 10Mi", "quota of 10Mi"} {
+		require.Contains(t, err.Error(), part)
+	}
+	// A Strata Snapshot asked for directly is charged the same way.
+	const direct = "quota-d-direct" // in Strata's namespace: a name no other flow uses
+	_, err = env.strata.StrataV1beta1().Snapshots(ns).Create(context.Background(), &v1beta1.Snapshot{
+		ObjectMeta: metav1.ObjectMeta{Name: direct, Namespace: ns},
+		Spec:       v1beta1.SnapshotSpec{Volume: volume, CreateSnapshot: true}}, metav1.CreateOptions{})
+	if err == nil {
+		t.Cleanup(func() {
+			_ = env.strata.StrataV1beta1().Snapshots(ns).Delete(context.Background(), direct, metav1.DeleteOptions{})
+		})
+	}
+	require.Error(t, err, "a Strata Snapshot of the claim's volume is over the quota too")
+	require.True(t, apierrors.IsForbidden(err), "403 Forbidden: %v", err)
+	for _, part := range []string{"snapshot space quota exceeded", "namespace " + wns, "Snapshot " + direct + " would add 10Mi"} {
 		require.Contains(t, err.Error(), part)
 	}
 
 	kubectl(t, "-n", wns, "delete", "volumesnapshot", "vs1", "--timeout=2m")
-	waitQuotaUsage(t, wns, 0)
+	waitQuotaUsage(t, wns, 0, volume)
 	require.NoError(t, takeVolumeSnapshot(t, wns, "vs3", "data"))
 	waitVolumeSnapshotReady(t, wns, "vs3")
-	waitQuotaUsage(t, wns, 10<<20)
+	waitQuotaUsage(t, wns, 10<<20, volume)
 	t.Logf("kubectl get srq -n %s:\n%s", wns, kubectl(t, "get", "srq", "-n", wns))
 }
 
-// waitQuotaUsage waits until the namespace's quota shows bytes used.
-func waitQuotaUsage(t *testing.T, namespace string, bytes int64) {
+// waitQuotaUsage waits until the namespace's quota shows bytes used and
+// the engines of the namespace's volumes hold that much in snapshots.
+// Waiting for the two to agree is not enough: right after a delete both
+// may still count a snapshot whose purge has not run.
+func waitQuotaUsage(t *testing.T, namespace string, bytes int64, volumes ...string) {
 	t.Helper()
 	var shown string
+	var engines int64
 	ok := assert.Eventually(t, func() bool {
 		out, err := kubectlOut(context.Background(), "-n", namespace, "get", "srq", v1beta1.DefaultResourceQuotaName,
 			"-o", "jsonpath={.status.snapshotLimitStatus.namespaceTotalSnapshotSizeUsage}")
@@ -79,11 +97,14 @@ func waitQuotaUsage(t *testing.T, namespace string, bytes int64) {
 			return false
 		}
 		shown = out
+		if engines, err = engineSnapshotBytes(volumes...); err != nil || engines != bytes {
+			return false
+		}
 		if out == "" {
 			return bytes == 0
 		}
 		q, err := resource.ParseQuantity(out)
 		return err == nil && q.Value() == bytes
 	}, time.Minute, 250*time.Millisecond)
-	require.True(t, ok, "the quota of %s shows %d bytes used (it shows %q)", namespace, bytes, shown)
+	require.True(t, ok, "the quota of %s shows %d bytes used (it shows %q; the engines hold %d)", namespace, bytes, shown, engines)
 }

@@ -115,6 +115,14 @@ var auditConfig = auditcheck.Config{
 			Reason: "a member VolumeSnapshot's status: as get volumegroupsnapshotcontents"},
 		{Component: "snapshot-controller", Verb: "patch", Group: "snapshot.storage.k8s.io", Resource: "volumesnapshotcontents/status",
 			Reason: "a member content's status: as get volumegroupsnapshotcontents"},
+		{Component: "strata-csi-controller", Verb: "patch", Resource: "persistentvolumeclaims/status",
+			Reason: "csi-resizer records a grown claim's capacity and conditions: test/deployed TestUserFlows/PVCResizeWhilePodRuns"},
+		{Component: "strata-csi-controller", Verb: "get", Group: "snapshot.storage.k8s.io", Resource: "volumesnapshots",
+			Reason: "csi-provisioner reads a claim's dataSource VolumeSnapshot: test/deployed TestUserFlows/TrimFreesADeletedSnapshotsSpace, SnapshotRestoredOnAnotherNode and the other restores"},
+		{Component: "strata-csi-controller", Verb: "update", Group: "snapshot.storage.k8s.io", Resource: "volumesnapshots",
+			Reason: "csi-provisioner's finalizer on a VolumeSnapshot a claim is restored from: as get volumesnapshots"},
+		{Component: "strata-manager", Verb: "update", Resource: "secrets",
+			Reason: "the webhook leader writes the CA Secret (strata-webhook-ca) when it rotates the CA: test/deployed TestCertificateRotationWhileAPodWrites"},
 	},
 	// Denials the suite causes on purpose.
 	Denied: []auditcheck.Allowance{

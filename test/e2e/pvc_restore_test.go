@@ -2,16 +2,12 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 
 // aliceWriter fills the claim with a bulk file, then keeps adding small
@@ -64,13 +60,6 @@ func boundVolume(t *testing.T, pvc *corev1.PersistentVolumeClaim) string {
 	return volume
 }
 
-func getVolumeOfClaim(t *testing.T, claim string) string {
-	t.Helper()
-	v := getVolumeOfClaimOrEmpty(claim)
-	require.NotEmpty(t, v, "claim %s is bound", claim)
-	return v
-}
-
 func getVolumeOfClaimOrEmpty(claim string) string {
 	ctx := context.Background()
 	pvc, err := env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Get(ctx, claim, metav1.GetOptions{})
@@ -82,53 +71,4 @@ func getVolumeOfClaimOrEmpty(claim string) string {
 		return ""
 	}
 	return pv.Spec.CSI.VolumeHandle
-}
-
-// waitCloned waits for the volume's clone to complete, checks that nothing
-// attached it for a workload before, and returns how long the copy ran.
-func waitCloned(t *testing.T, volume string) time.Duration {
-	t.Helper()
-	var copyStart time.Time
-	var progress []int32
-	v := waitVolume(t, volume, 5*time.Minute, "clone completed", func(v *v1beta1.Volume) bool {
-		cs := v.Status.CloneStatus
-		if cs == nil {
-			return false
-		}
-		if cs.State == v1beta1.VolumeCloneStateCopying && copyStart.IsZero() {
-			copyStart = time.Now()
-		}
-		if cs.State == v1beta1.VolumeCloneStateCopying && (len(progress) == 0 || progress[len(progress)-1] != cs.Progress) {
-			progress = append(progress, cs.Progress)
-		}
-		if v.Status.State == v1beta1.VolumeStateAttached && cs.State != v1beta1.VolumeCloneStateCompleted {
-			assert.True(t, v.Spec.DisableFrontend, "volume %s attached with a frontend before its clone completed", volume)
-			assert.Empty(t, v.Status.FrontendEndpoint, "volume %s served before its clone completed", volume)
-		}
-		require.NotEqual(t, v1beta1.VolumeCloneStateFailed, cs.State, "clone failed: %s", cs.Message)
-		return cs.State == v1beta1.VolumeCloneStateCompleted
-	})
-	t.Logf("volume %s: clone of %s completed after %d attempt(s); progress seen %v",
-		volume, v.Spec.DataSource, v.Status.CloneStatus.Attempts, progress)
-	if copyStart.IsZero() {
-		return time.Millisecond // the copy ran between two polls
-	}
-	return time.Since(copyStart)
-}
-
-// createVolumeSnapshot takes a VolumeSnapshot of the claim (class strata),
-// deleted when the test ends, and waits until it is ready to use.
-func createVolumeSnapshot(t *testing.T, name, claim string) {
-	t.Helper()
-	kubectlApply(t, fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata: {name: %s, namespace: %s}
-spec: {volumeSnapshotClassName: strata, source: {persistentVolumeClaimName: %s}}`, name, podNamespace, claim))
-	t.Cleanup(func() {
-		_, _ = tryKubectl(t, "-n", podNamespace, "delete", "volumesnapshot", name, "--ignore-not-found")
-	})
-	require.Eventually(t, func() bool {
-		out, err := tryKubectl(t, "-n", podNamespace, "get", "volumesnapshot", name, "-o", "jsonpath={.status.readyToUse}")
-		return err == nil && out == "true"
-	}, 2*time.Minute, 200*time.Millisecond, "VolumeSnapshot %s readyToUse", name)
 }

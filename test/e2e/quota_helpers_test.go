@@ -335,13 +335,6 @@ func waitVolumeSnapshotReadyIn(t *testing.T, namespace, name string) {
 	}, 2*time.Minute, 200*time.Millisecond, "VolumeSnapshot %s/%s readyToUse", namespace, name)
 }
 
-func deleteVolumeSnapshot(t *testing.T, namespace, name string) {
-	t.Helper()
-	require.NoError(t, dynClient().Resource(gvrVolumeSnapshot).Namespace(namespace).Delete(context.Background(), name,
-		metav1.DeleteOptions{}))
-	waitVolumeSnapshotGone(t, namespace, name)
-}
-
 func waitVolumeSnapshotGone(t *testing.T, namespace, name string) {
 	t.Helper()
 	require.Eventually(t, func() bool {

@@ -105,38 +105,6 @@ func TestQuotaNamespaceWithVM(t *testing.T) {
 	waitVolumeSnapshotReadyIn(t, wns, "b3-retry")
 }
 
-// Seed test plan 5: a 10Mi namespace quota and a 10Mi claim snapshotted
-// with plain VolumeSnapshots through the real snapshot-controller. A Strata
-// Snapshot asked for directly is charged the same way.
-func TestQuotaNamespaceWithVolumeSnapshots(t *testing.T) {
-	t.Parallel() // Pods and claims of its own, no fault: waits beside the others at the end
-	wns := workloadNamespace(t)
-	volume := claimVolume(t, wns, "data", "10Mi")
-	ep := attachForWrites(t, volume)
-	setQuota(t, wns, func(l *v1beta1.SnapshotLimit) { l.NamespaceTotalSnapshotSizeQuota = mustQuantity("10Mi") })
-
-	fill(t, volume, ep, 10*mib, 1)
-	_, err := volumeSnapshot(wns, "vs1", "data", nil)
-	require.NoError(t, err)
-	waitVolumeSnapshotReadyIn(t, wns, "vs1")
-	waitUsageIs(t, 10*mib, wns, "", volume)
-
-	fill(t, volume, ep, 10*mib, 2)
-	_, err = volumeSnapshot(wns, "vs2", "data", nil)
-	requireQuotaDenial(t, err, "namespace "+wns, "hold 10Mi", "VolumeSnapshot "+wns+"/vs2 would add 10Mi", "quota of 10Mi")
-	_, err = env.adminStrata.StrataV1beta1().Snapshots(ns).Create(context.Background(), &v1beta1.Snapshot{
-		ObjectMeta: metav1.ObjectMeta{Name: "direct", Namespace: ns},
-		Spec:       v1beta1.SnapshotSpec{Volume: volume, CreateSnapshot: true}}, metav1.CreateOptions{})
-	requireQuotaDenial(t, err, "namespace "+wns, "Snapshot direct would add 10Mi")
-
-	deleteVolumeSnapshot(t, wns, "vs1")
-	waitUsageIs(t, 0, wns, "", volume)
-	_, err = volumeSnapshot(wns, "vs3", "data", nil)
-	require.NoError(t, err)
-	waitVolumeSnapshotReadyIn(t, wns, "vs3")
-	waitUsageIs(t, 10*mib, wns, "", volume)
-}
-
 // kill -9 of every manager right after a burst of charged snapshots, while
 // their sizes and the quota's usage are being written: after the restart
 // the usage (rebuilt from nothing in every manager) equals the engines'

@@ -1,16 +1,20 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/strata-storage/strata/internal/fsalloc"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	stypes "github.com/strata-storage/strata/types"
 )
@@ -153,4 +157,38 @@ func describeChain(t *testing.T, volume string) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// replicaBytes is what each replica of the volume holds on its disk: the
+// allocated bytes (st_blocks) of every file in its data directory.
+func replicaBytes(t *testing.T, volume string) map[string]int64 {
+	t.Helper()
+	out := map[string]int64{}
+	for _, r := range replicasOf(t, volume) {
+		for _, n := range fileBytes(t, replicaDataDir(r)) {
+			out[r.Name] += n
+		}
+	}
+	return out
+}
+
+// fileBytes is the allocated bytes (st_blocks) of each file in dir.
+func fileBytes(t *testing.T, dir string) map[string]int64 {
+	t.Helper()
+	out, err := fsalloc.Files(dir)
+	require.NoError(t, err)
+	return out
+}
+
+func mibOf(m map[string]int64) map[string]string {
+	out := map[string]string{}
+	for k, v := range m {
+		out[k[strings.LastIndex(k, "-")+1:]] = fmt.Sprintf("%.2fMiB", float64(v)/(1<<20))
+	}
+	return out
+}
+
+func deleteSnapshotCR(t *testing.T, name string) {
+	t.Helper()
+	require.NoError(t, env.adminStrata.StrataV1beta1().Snapshots(ns).Delete(context.Background(), name, metav1.DeleteOptions{}))
 }

@@ -1,4 +1,4 @@
-package e2e
+package deployed
 
 import (
 	"context"
@@ -10,11 +10,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/strata-storage/strata/internal/fsalloc"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 )
 
 // The space a user sees is the space they use (issue 29), with a Pod on a
@@ -22,29 +20,26 @@ import (
 // removed and the filesystem trimmed, the snapshot deleted: every replica
 // gives the 64 MiB back. Then with two snapshots, the older kept: only the
 // newer one's data goes, and a claim restored from the kept one holds its
-// file byte for byte.
-func TestTrimFreesADeletedSnapshotsSpace(t *testing.T) {
-	t.Parallel() // a claim and Pods of its own, no fault
-	pvc := createPVC(t, "trim", "128Mi")
-	volume := boundVolume(t, pvc)
-	pod := podWithClaim("trim", "127.0.0.2", pvc.Name, "sleep 3600")
+// file byte for byte. The replicas' files are read where the chart's disks
+// are, on this host. (Moved from test/e2e.)
+func testTrimFreesADeletedSnapshotsSpace(t *testing.T) {
+	logsOnFailure(t)
+	const name = "trim"
+	claimIn(t, podNamespace, name, "128Mi", "")
+	volume := volumeOfClaim(t, name)
 	// fstrim's FITRIM needs CAP_SYS_ADMIN: an admin's privileged Pod.
-	pod.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
-	createPod(t, pod)
-	waitPodRunning(t, pod.Name)
-	sh := func(script string) string {
-		return kubectl(t, "-n", podNamespace, "exec", pod.Name, "--", "sh", "-c", script)
-	}
+	privilegedPod(t, name, "127.0.0.2", name, "exec sleep 3600")
+	sh := func(script string) string { return exec1(t, name, script) }
 	// The filesystem's own blocks (its journal once used) are the floor.
 	sh("dd if=/dev/urandom of=/data/warm bs=1M count=1 2>/dev/null && sync && rm /data/warm && sync && fstrim /data")
-	empty := replicaBytes(t, volume)
+	empty := requireReplicaBytes(t, volume)
 	require.GreaterOrEqual(t, len(empty), 2, "the StorageClass's replicas")
 	t.Logf("replicas of an empty filesystem: %v", mibOf(empty))
 
 	waitSpaceMatchesDisk(t, volume)
 	sh("dd if=/dev/urandom of=/data/a bs=1M count=64 2>/dev/null && sync")
 	wrote := time.Now()
-	withA := replicaBytes(t, volume)
+	withA := requireReplicaBytes(t, volume)
 	for r, n := range withA {
 		require.GreaterOrEqual(t, n, empty[r]+63<<20, "replica %s holds the file", r)
 	}
@@ -53,24 +48,24 @@ func TestTrimFreesADeletedSnapshotsSpace(t *testing.T) {
 	// poll of its own (the instance manager reads a volume once its writes
 	// stop; engine/imserver's TestSizeReportIsRateLimited pins that to two
 	// rounds). Alone this is under 5 s; the full suite's load on two cores
-	// stretched it to 6.8 s once, so the bound here is 10 s.
+	// stretched it to 6.8 s once in test/e2e, so the bound here is 10 s.
 	caughtUp := time.Since(wrote)
 	t.Logf("status caught up with the 64 MiB written %v after the write's sync", caughtUp.Round(time.Millisecond))
 	assert.Less(t, caughtUp, 10*time.Second, "status caught up with the 64 MiB written")
 	createSnapshot(t, volume, "trim-one")
-	waitSnapshotsReady(t, volume, 1, time.Minute)
+	waitSnapshotsReady(t, volume, 1)
 	waitSpaceMatchesDisk(t, volume)
 	// Issue 43: the trim over data only the kept snapshot holds arrives as
 	// punched holes (the loop device on the instance manager's file) and is
 	// recorded as zero marks: no replica grows by more than metadata.
 	sh("rm /data/a && sync && fstrim /data")
-	afterTrim := replicaBytes(t, volume)
+	afterTrim := requireReplicaBytes(t, volume)
 	for r, n := range afterTrim {
 		assert.Less(t, n-withA[r], int64(1<<20), "replica %s grew by less than 1 MiB with the trim under a kept snapshot", r)
 	}
 	t.Logf("after rm and fstrim, the snapshot kept: %v (before: %v)", mibOf(afterTrim), mibOf(withA))
 	waitSpaceMatchesDisk(t, volume)
-	deleteSnapshotCR(t, "trim-one")
+	deleteSnapshot(t, "trim-one")
 	got := waitReplicaBytes(t, volume, "within 1 MiB of empty", func(r string, n int64) bool { return n <= empty[r]+1<<20 })
 	t.Logf("after the snapshot's delete: %v (empty: %v)", mibOf(got), mibOf(empty))
 	waitRemovedHoldAtMost(t, volume, 1<<20)
@@ -81,11 +76,11 @@ func TestTrimFreesADeletedSnapshotsSpace(t *testing.T) {
 	// once the trim makes 16 MiB or more freeable.
 	sh("dd if=/dev/urandom of=/data/b bs=1M count=32 2>/dev/null && sync")
 	createSnapshot(t, volume, "trim-two")
-	waitSnapshotsReady(t, volume, 1, time.Minute)
-	deleteSnapshotCR(t, "trim-two")
+	waitSnapshotsReady(t, volume, 1)
+	deleteSnapshot(t, "trim-two")
 	require.Eventually(t, func() bool {
-		s := engineChain(t, volume)["trim-two"]
-		return s != nil && s.Removed
+		chain, err := engineChain(volume)
+		return err == nil && chain["trim-two"] != nil && chain["trim-two"].Removed
 	}, 30*time.Second, 200*time.Millisecond, "trim-two removed, left under the head with the file")
 	sh("rm /data/b && sync && fstrim /data")
 	got = waitReplicaBytes(t, volume, "the trim after the delete freed", func(r string, n int64) bool { return n <= empty[r]+1<<20 })
@@ -94,18 +89,19 @@ func TestTrimFreesADeletedSnapshotsSpace(t *testing.T) {
 	// Two snapshots, the older kept: what only the newer one held goes.
 	sh("dd if=/dev/urandom of=/data/old bs=1M count=16 2>/dev/null && sync")
 	oldSum := sh("sha256sum /data/old | cut -d' ' -f1")
-	createVolumeSnapshot(t, "trim-kept", pvc.Name)
-	withOld := replicaBytes(t, volume)
+	createVolumeSnapshot(t, "trim-kept", name)
+	waitVolumeSnapshotReady(t, podNamespace, "trim-kept")
+	withOld := requireReplicaBytes(t, volume)
 	sh("dd if=/dev/urandom of=/data/new bs=1M count=32 2>/dev/null && sync")
 	createSnapshot(t, volume, "trim-newer")
-	waitSnapshotsReady(t, volume, 2, time.Minute)
+	waitSnapshotsReady(t, volume, 2)
 	sh("rm /data/old /data/new && sync && fstrim /data")
 	// What deleting it would free: the newer file, which the older
 	// snapshot does not hold, and the few blocks of the filesystem's own
 	// the volume rewrote since.
 	var exclusive, size int64
 	require.Eventually(t, func() bool {
-		s, err := env.adminStrata.StrataV1beta1().Snapshots(ns).Get(context.Background(), "trim-newer", metav1.GetOptions{})
+		s, err := env.strata.StrataV1beta1().Snapshots(ns).Get(context.Background(), "trim-newer", metav1.GetOptions{})
 		if err != nil {
 			return false
 		}
@@ -113,12 +109,16 @@ func TestTrimFreesADeletedSnapshotsSpace(t *testing.T) {
 		return exclusive >= 32<<20 && exclusive <= 33<<20
 	}, 30*time.Second, 200*time.Millisecond, "trim-newer's exclusiveSize: the newer file's 32 MiB")
 	t.Logf("trim-newer: size %.2f MiB, exclusiveSize %.2f MiB", float64(size)/(1<<20), float64(exclusive)/(1<<20))
-	for _, r := range replicasOf(t, volume) {
-		onDisk, ok := fileBytes(t, replicaDataDir(r))["volume-snap-trim-newer.img"]
+	replicas, err := replicasOf(volume)
+	require.NoError(t, err)
+	for _, r := range replicas {
+		files, err := fsalloc.Files(replicaDataDir(r))
+		require.NoError(t, err)
+		onDisk, ok := files["volume-snap-trim-newer.img"]
 		require.True(t, ok, "trim-newer's layer file on %s", r.Name)
 		assert.InDelta(t, onDisk, size, 4096, "trim-newer's status.size against its layer file on %s", r.Name)
 	}
-	deleteSnapshotCR(t, "trim-newer")
+	deleteSnapshot(t, "trim-newer")
 	// On the node plugin's path (a loop device on the instance manager's
 	// file) a trim arrives as a punched hole, which must read as zeros: over
 	// the kept snapshot's 16 MiB the head records zero marks, no zero
@@ -133,77 +133,28 @@ func TestTrimFreesADeletedSnapshotsSpace(t *testing.T) {
 	waitRemovedHoldAtMost(t, volume, 1<<20)
 	waitSpaceMatchesDisk(t, volume)
 
-	restored := createPVCFrom(t, "trim-restored", "128Mi", "snapshot.storage.k8s.io", "VolumeSnapshot", "trim-kept")
-	waitCloned(t, boundVolume(t, restored))
-	createPod(t, podWithClaim("trim-restored", "127.0.0.3", restored.Name, "sleep 3600"))
-	waitPodRunning(t, "trim-restored")
-	restoredSum := kubectl(t, "-n", podNamespace, "exec", "trim-restored", "--", "sh", "-c", "sha256sum /data/old | cut -d' ' -f1")
-	assert.Equal(t, oldSum, restoredSum, "the kept snapshot's file, through a restore")
-}
-
-// replicaBytes is what each replica of the volume holds on its disk: the
-// allocated bytes (st_blocks) of every file in its data directory.
-func replicaBytes(t *testing.T, volume string) map[string]int64 {
-	t.Helper()
-	out := map[string]int64{}
-	for _, r := range replicasOf(t, volume) {
-		for _, n := range fileBytes(t, replicaDataDir(r)) {
-			out[r.Name] += n
-		}
-	}
-	return out
-}
-
-// fileBytes is the allocated bytes (st_blocks) of each file in dir.
-func fileBytes(t *testing.T, dir string) map[string]int64 {
-	t.Helper()
-	out, err := fsalloc.Files(dir)
-	require.NoError(t, err)
-	return out
-}
-
-// waitReplicaBytes waits until every replica's bytes satisfy ok.
-func waitReplicaBytes(t *testing.T, volume, what string, ok func(replica string, n int64) bool) map[string]int64 {
-	t.Helper()
-	var got map[string]int64
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
-		got = replicaBytes(t, volume)
-		all := true
-		for r, n := range got {
-			all = all && ok(r, n)
-		}
-		if all {
-			return got
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("replicas: %s: timed out; last %v", what, mibOf(got))
-		}
-	}
-}
-
-func mibOf(m map[string]int64) map[string]string {
-	out := map[string]string{}
-	for k, v := range m {
-		out[k[strings.LastIndex(k, "-")+1:]] = fmt.Sprintf("%.2fMiB", float64(v)/(1<<20))
-	}
-	return out
-}
-
-func deleteSnapshotCR(t *testing.T, name string) {
-	t.Helper()
-	require.NoError(t, env.adminStrata.StrataV1beta1().Snapshots(ns).Delete(context.Background(), name, metav1.DeleteOptions{}))
+	claimIn(t, podNamespace, "trim-restored", "128Mi",
+		"dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: trim-kept}")
+	waitCloned(t, volumeOfClaim(t, "trim-restored"))
+	pod(t, "trim-restored", "127.0.0.3", "trim-restored", "exec sleep 3600")
+	assert.Equal(t, oldSum, exec1(t, "trim-restored", "sha256sum /data/old | cut -d' ' -f1"),
+		"the kept snapshot's file, through a restore")
 }
 
 // waitRemovedHoldAtMost waits until every removed snapshot left in the
-// engine's status holds at most limit bytes: what a deleted snapshot
-// still holds is data the head reads (the filesystem's own blocks
-// written before it), and the status says so once the purge is done.
+// engine's chain holds at most limit bytes: what a deleted snapshot still
+// holds is data the head reads (the filesystem's own blocks written before
+// it), and the status says so once the purge is done.
 func waitRemovedHoldAtMost(t *testing.T, volume string, limit int64) {
 	t.Helper()
 	var held map[string]int64
-	ok := func() bool {
+	require.Eventually(t, func() bool {
+		chain, err := engineChain(volume)
+		if err != nil {
+			return false
+		}
 		held = map[string]int64{}
-		for name, s := range engineChain(t, volume) {
+		for name, s := range chain {
 			if s != nil && s.Removed {
 				held[name] = s.Size
 			}
@@ -214,8 +165,7 @@ func waitRemovedHoldAtMost(t *testing.T, volume string, limit int64) {
 			}
 		}
 		return true
-	}
-	require.Eventually(t, ok, 30*time.Second, 200*time.Millisecond, "removed snapshots of %s hold at most %d bytes", volume, limit)
+	}, 30*time.Second, 200*time.Millisecond, "removed snapshots of %s hold at most %d bytes", volume, limit)
 	t.Logf("removed snapshots left in the chain: %v", mibOf(held))
 }
 
@@ -226,47 +176,70 @@ func waitRemovedHoldAtMost(t *testing.T, volume string, limit int64) {
 func waitSpaceMatchesDisk(t *testing.T, volume string) {
 	t.Helper()
 	var last string
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
-		// The fields behind kubectl get vol -o wide's columns ACTUAL HEAD
-		// SNAPSHOTS REMOVED (a field at 0 is left out, and so is its column).
-		out := kubectl(t, "-n", ns, "get", "vol", volume, "--no-headers", "-o",
-			"custom-columns=A:.status.actualSize,H:.status.headSize,S:.status.snapshotsSize,R:.status.removedSnapshotsSize")
-		f := strings.Fields(out)
-		require.Len(t, f, 4, "kubectl get vol: %q", out)
-		var cols [4]int64
-		for i := range cols {
-			if f[i] == "<none>" {
-				continue
-			}
-			n, err := strconv.ParseInt(f[i], 10, 64)
-			require.NoError(t, err, "column %d of %q", i, out)
-			cols[i] = n
+	ok := assert.Eventually(t, func() bool {
+		var match bool
+		match, last = spaceMatchesDisk(volume)
+		return match
+	}, 30*time.Second, 500*time.Millisecond)
+	require.True(t, ok, "the volume's space matches its replicas' disks: %s", last)
+	t.Logf("actual, head, snapshots, removed: %s", last)
+}
+
+// spaceMatchesDisk compares the volume's space columns with its replicas'
+// layer files once, and says what it saw.
+func spaceMatchesDisk(volume string) (bool, string) {
+	// The fields behind kubectl get vol -o wide's columns ACTUAL HEAD
+	// SNAPSHOTS REMOVED (a field at 0 is left out, and so is its column).
+	out, err := kubectlOut(context.Background(), "-n", ns, "get", "vol", volume, "--no-headers", "-o",
+		"custom-columns=A:.status.actualSize,H:.status.headSize,S:.status.snapshotsSize,R:.status.removedSnapshotsSize")
+	if err != nil {
+		return false, fmt.Sprintf("kubectl get vol: %v: %s", err, out)
+	}
+	f := strings.Fields(out)
+	if len(f) != 4 {
+		return false, fmt.Sprintf("kubectl get vol: %q", out)
+	}
+	var cols [4]int64
+	for i := range cols {
+		if f[i] == "<none>" {
+			continue
 		}
-		actual, head, snapsAndRemoved := cols[0], cols[1], cols[2]+cols[3]
-		var bad []string
-		for _, r := range replicasOf(t, volume) {
-			onDisk, snaps, layers := layerFileBytes(t, replicaDataDir(r))
-			if abs(onDisk-head) > 4096 || abs(snaps-snapsAndRemoved) > int64(4096*layers) || abs(onDisk+snaps-actual) > 1<<20 {
-				bad = append(bad, fmt.Sprintf("%s: head %d, snapshots %d on disk", r.Name, onDisk, snaps))
-			}
+		n, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil {
+			return false, fmt.Sprintf("column %d of %q: %v", i, out, err)
 		}
-		last = fmt.Sprintf("kubectl shows actual %d, head %d, snapshots %d, removed %d; %v", cols[0], cols[1], cols[2], cols[3], bad)
-		if len(bad) == 0 {
-			t.Logf("actual, head, snapshots, removed: %s", strings.Join(f, " "))
-			return
+		cols[i] = n
+	}
+	actual, head, snapsAndRemoved := cols[0], cols[1], cols[2]+cols[3]
+	replicas, err := replicasOf(volume)
+	if err != nil {
+		return false, err.Error()
+	}
+	var bad []string
+	for _, r := range replicas {
+		onDisk, snaps, layers, err := layerFileBytes(replicaDataDir(r))
+		if err != nil {
+			return false, err.Error()
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the volume's space does not match its replicas' disks: %s", last)
+		if abs(onDisk-head) > 4096 || abs(snaps-snapsAndRemoved) > int64(4096*layers) || abs(onDisk+snaps-actual) > 1<<20 {
+			bad = append(bad, fmt.Sprintf("%s: head %d, snapshots %d on disk", r.Name, onDisk, snaps))
 		}
 	}
+	if len(bad) > 0 {
+		return false, fmt.Sprintf("kubectl shows actual %d, head %d, snapshots %d, removed %d; %v", cols[0], cols[1], cols[2], cols[3], bad)
+	}
+	return true, strings.Join(f, " ")
 }
 
 // layerFileBytes is the allocated bytes of a replica's head and snapshot
 // layer files (each with its zero marks, <layer>.img.zero), and how many
 // layers it has.
-func layerFileBytes(t *testing.T, dir string) (head, snaps int64, layers int) {
-	t.Helper()
-	for name, n := range fileBytes(t, dir) {
+func layerFileBytes(dir string) (head, snaps int64, layers int, err error) {
+	files, err := fsalloc.Files(dir)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	for name, n := range files {
 		if strings.HasSuffix(name, ".img.zero") {
 			if strings.HasPrefix(name, "volume-head-") {
 				head += n
@@ -283,7 +256,7 @@ func layerFileBytes(t *testing.T, dir string) (head, snaps int64, layers int) {
 			snaps, layers = snaps+n, layers+1
 		}
 	}
-	return head, snaps, layers
+	return head, snaps, layers, nil
 }
 
 func abs(n int64) int64 {

@@ -1,0 +1,119 @@
+package deployed
+
+import (
+	"context"
+	"crypto/x509"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/internal/pki"
+	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+)
+
+// The CA is rotated while a Pod writes to a claim (issue 24), as an admin
+// asks for it (kubectl annotate secret strata-webhook-ca
+// strata.io/rotate-ca=now): the Pod sees no I/O error and its writes go on,
+// every node's instance manager moves to a certificate of the new CA (the
+// files its node's manager writes into the chart's hostDir/tls, on this
+// host), connections made after the rotation work (a manager certificate
+// of the new CA reaches every instance manager's gRPC; a new claim's
+// engine dials its replicas with the new certificates), and every chunk the
+// Pod wrote reads back. (Moved from test/e2e.)
+//
+// Not one of TestUserFlows: the CA is what every component's connections,
+// the webhooks' caBundle and the client certificates other flows issue
+// from the Secret stand on, so the rotation runs alone, after them (this
+// file sorts after flows_test.go).
+func TestCertificateRotationWhileAPodWrites(t *testing.T) {
+	logsOnFailure(t)
+	ctx := context.Background()
+	claim(t, "rot-w", "")
+	pod(t, "rot-w", "127.0.0.2", "rot-w", writer)
+	waitWrites(t, "rot-w", 5, "from the start")
+	volume := volumeOfClaim(t, "rot-w")
+	require.Equal(t, "127.0.0.2", getVolume(t, volume).Status.CurrentNodeID)
+
+	old, err := caState(ctx)
+	require.NoError(t, err)
+	kubectl(t, "-n", ns, "annotate", "secret", pki.CASecretName, pki.AnnotationRotateCA+"=now")
+	start := time.Now()
+	var current *x509.Certificate
+	require.Eventually(t, func() bool {
+		st, err := caState(ctx)
+		if err != nil || st.Current.Cert.Equal(old.Current.Cert) || st.Next != nil {
+			return false
+		}
+		current = st.Current.Cert
+		return true
+	}, 2*time.Minute, 200*time.Millisecond, "the new CA is promoted")
+	for _, node := range env.nodes {
+		dir := filepath.Join(clusterNode(t, node).StrataDir(), "tls")
+		require.Eventually(t, func() bool {
+			cert, _, err := pki.ReadDir(dir)
+			return err == nil && cert.Leaf.CheckSignatureFrom(current) == nil
+		}, time.Minute, 200*time.Millisecond, "%s's instance manager holds a certificate of the new CA", node)
+	}
+	t.Logf("CA rotated and every instance manager re-issued in %s", time.Since(start).Round(time.Millisecond))
+	waitWrites(t, "rot-w", 10, "after the rotation")
+
+	// New connections after the rotation: gRPC with a manager certificate
+	// of the new CA to every instance manager, and a new claim whose
+	// engine dials its replicas.
+	manager, err := pki.SourceFromSecret(ctx, env.kube, ns, pki.Identity{Component: pki.ComponentManager, Node: "deployed-test"})
+	require.NoError(t, err)
+	issued, err := manager.Certificate()
+	require.NoError(t, err)
+	require.NoError(t, issued.Leaf.CheckSignatureFrom(current), "issued by the new CA")
+	endpoints := instanceManagerEndpoints(t)
+	require.Len(t, endpoints, len(env.nodes), "an instance manager per node: %v", endpoints)
+	for node, endpoint := range endpoints {
+		c, err := engineapi.NewClient(endpoint, 10*time.Second, pki.ClientConfig(manager, pki.ComponentInstanceManager))
+		require.NoError(t, err)
+		_, err = c.InstanceList(ctx)
+		c.Close()
+		require.NoError(t, err, "%s's instance manager at %s takes a certificate of the new CA", node, endpoint)
+	}
+	claim(t, "rot-fresh", "")
+	pod(t, "rot-fresh", "127.0.0.1", "rot-fresh", "exec sleep 3600")
+	// O_DIRECT both ways: the data goes through the engine and its
+	// replicas, not the page cache.
+	wrote := exec1(t, "rot-fresh", "dd if=/dev/urandom of=/tmp/f bs=1M count=4 2>/dev/null && "+
+		"dd if=/tmp/f of=/data/f bs=1M oflag=direct conv=fsync 2>/dev/null && sha256sum /tmp/f | cut -d' ' -f1")
+	require.Len(t, wrote, 64, "a sha256 of the written data: %q", wrote)
+	assert.Equal(t, wrote, exec1(t, "rot-fresh", "dd if=/data/f bs=1M iflag=direct 2>/dev/null | sha256sum | cut -d' ' -f1"))
+	waitVolumeStatus(t, volumeOfClaim(t, "rot-fresh"), time.Minute, "healthy", func(v *v1beta1.Volume) bool {
+		return v.Status.Robustness == v1beta1.VolumeRobustnessHealthy
+	})
+
+	t.Logf("%d chunks written and verified across the rotation", stopAndVerify(t, "rot-w"))
+}
+
+// caState is the CA Secret's state, read as an admin reads the Secret.
+func caState(ctx context.Context) (*pki.CAState, error) {
+	secret, err := env.kube.CoreV1().Secrets(ns).Get(ctx, pki.CASecretName, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	return pki.ParseCAState(secret.Data)
+}
+
+// instanceManagerEndpoints maps each node to its instance manager's gRPC
+// address, from the InstanceManager objects.
+func instanceManagerEndpoints(t *testing.T) map[string]string {
+	t.Helper()
+	list, err := env.strata.StrataV1beta1().InstanceManagers(ns).List(context.Background(), metav1.ListOptions{})
+	require.NoError(t, err)
+	out := map[string]string{}
+	for _, im := range list.Items {
+		if im.Status.Endpoint != "" {
+			out[im.Spec.NodeID] = im.Status.Endpoint
+		}
+	}
+	return out
+}
