@@ -1,5 +1,6 @@
 // Command strata-manager is every Strata process in one binary: the manager
-// daemon and the instance manager (data plane) now, and the CSI driver later.
+// daemon, the instance manager (data plane), the CSI driver (controller and
+// node plugin) and, installed as kubectl-strata, the kubectl plugin.
 package main
 
 import (

@@ -16,9 +16,9 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	"k8s.io/apiserver/pkg/authentication/user"
 
-	"github.com/strata-storage/strata/controller"
 	"github.com/strata-storage/strata/internal/imagefile"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
 )
 
 // BackingImages is what the API needs of the backing image controller.
@@ -172,13 +172,13 @@ func writeError(w http.ResponseWriter, err error) {
 		code = http.StatusForbidden
 	case errors.Is(err, ErrAuthUnavailable):
 		code = http.StatusServiceUnavailable
-	case errors.Is(err, controller.ErrImageNotFound):
+	case errors.Is(err, types.ErrImageNotFound):
 		code = http.StatusNotFound
-	case errors.Is(err, controller.ErrImageConflict):
+	case errors.Is(err, types.ErrImageConflict):
 		code = http.StatusConflict
-	case errors.Is(err, controller.ErrImageNotReady):
+	case errors.Is(err, types.ErrImageNotReady):
 		code = http.StatusServiceUnavailable
-	case errors.Is(err, controller.ErrImageTooLarge), errors.Is(err, imagefile.ErrLimitExceeded):
+	case errors.Is(err, types.ErrImageTooLarge), errors.Is(err, imagefile.ErrLimitExceeded):
 		code = http.StatusRequestEntityTooLarge
 	case errors.Is(err, imagefile.ErrNotAnImage), errors.Is(err, imagefile.ErrChecksumMismatch):
 		code = http.StatusUnprocessableEntity // the bytes sent are the problem, not the server

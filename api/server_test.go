@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
-	"github.com/strata-storage/strata/controller"
 	"github.com/strata-storage/strata/internal/imagefile"
+	"github.com/strata-storage/strata/types"
 )
 
 // fakeImages records the uploads that reach the controller.
@@ -87,7 +87,7 @@ func TestUploadAuth(t *testing.T) {
 			wantCode: http.StatusServiceUnavailable, wantError: "takes no uploads"},
 		{name: "allowed", header: "Bearer good", allowed: []string{alice.Username}, wantCode: http.StatusOK, wantUpload: true},
 		{name: "allowed, another upload running", header: "Bearer good", allowed: []string{alice.Username},
-			uploadErr: fmt.Errorf("an upload of backing image img is already in progress on node node-1: %w", controller.ErrImageConflict),
+			uploadErr: fmt.Errorf("an upload of backing image img is already in progress on node node-1: %w", types.ErrImageConflict),
 			wantCode:  http.StatusConflict, wantError: "already in progress", wantUpload: true},
 	}
 	for _, tc := range tests {
@@ -148,7 +148,7 @@ func TestPeerCheck(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			images := &fakeImages{copyErr: fmt.Errorf("backing image img: %w", controller.ErrImageNotFound)}
+			images := &fakeImages{copyErr: fmt.Errorf("backing image img: %w", types.ErrImageNotFound)}
 			w := httptest.NewRecorder()
 			NewHandler(images, Options{PeerCheck: tc.check, Log: quietLog()}).
 				ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/v1/backingimages/img/disks/d1/file?uuid=u", nil))

@@ -18,7 +18,7 @@ import (
 	"github.com/strata-storage/strata/csi"
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/internal/apiclient"
-	"github.com/strata-storage/strata/webhook"
+	"github.com/strata-storage/strata/types"
 )
 
 // restBlocks answers the CSI SnapshotMetadata service from a manager's
@@ -99,11 +99,11 @@ func (b *restBlocks) OpenBlocks(ctx context.Context) (csi.BlocksReader, error) {
 	if addr == "" {
 		return nil, fmt.Errorf("no ready Strata node serves the API")
 	}
-	cm, err := b.kube.CoreV1().ConfigMaps(b.namespace).Get(ctx, webhook.CABundleConfigMap, metav1.GetOptions{})
+	cm, err := b.kube.CoreV1().ConfigMaps(b.namespace).Get(ctx, types.CABundleConfigMap, metav1.GetOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("reading Strata's CA bundle (ConfigMap %s/%s): %w", b.namespace, webhook.CABundleConfigMap, err)
+		return nil, fmt.Errorf("reading Strata's CA bundle (ConfigMap %s/%s): %w", b.namespace, types.CABundleConfigMap, err)
 	}
-	cfg, err := apiclient.Config(b.restCfg, []byte(cm.Data[webhook.CABundleKey]), "")
+	cfg, err := apiclient.Config(b.restCfg, []byte(cm.Data[types.CABundleKey]), "")
 	if err != nil {
 		return nil, err
 	}

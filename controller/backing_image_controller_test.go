@@ -311,11 +311,11 @@ func TestBackingImageUpload(t *testing.T) {
 		size    int64 // Content-Length; -1 unknown
 		wantErr error
 	}{
-		{name: "a download image takes no upload", image: testImage(nil), size: int64(len(img)), wantErr: ErrImageConflict},
-		{name: "larger than the limit, said up front", image: testImage(nil, upload), size: 1 << 20, wantErr: ErrImageTooLarge},
-		{name: "larger than the limit, found while reading", image: testImage(nil, upload), size: -1, wantErr: ErrImageTooLarge},
+		{name: "a download image takes no upload", image: testImage(nil), size: int64(len(img)), wantErr: types.ErrImageConflict},
+		{name: "larger than the limit, said up front", image: testImage(nil, upload), size: 1 << 20, wantErr: types.ErrImageTooLarge},
+		{name: "larger than the limit, found while reading", image: testImage(nil, upload), size: -1, wantErr: types.ErrImageTooLarge},
 		{name: "data already there", image: testImage(map[string]v1beta1.BackingImageState{"uuid-node-2": v1beta1.BackingImageStateReady}, upload),
-			size: int64(len(img)), wantErr: ErrImageConflict},
+			size: int64(len(img)), wantErr: types.ErrImageConflict},
 		{name: "accepted", image: testImage(nil, upload), size: int64(len(img))},
 	}
 	for _, tc := range tests {

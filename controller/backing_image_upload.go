@@ -15,14 +15,7 @@ import (
 
 	"github.com/strata-storage/strata/internal/imagefile"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
-)
-
-// Errors of the HTTP endpoints, for the API to map to status codes.
-var (
-	ErrImageNotFound = errors.New("not found")
-	ErrImageConflict = errors.New("conflict")
-	ErrImageNotReady = errors.New("not ready")
-	ErrImageTooLarge = errors.New("too large")
+	"github.com/strata-storage/strata/types"
 )
 
 // CopyFile returns the path of the image's ready copy on disk, a disk of
@@ -31,17 +24,17 @@ var (
 func (c *BackingImageController) CopyFile(image, disk, uuid string) (string, error) {
 	bi, err := c.ds.BackingImages.GetRO(image)
 	if err != nil {
-		return "", fmt.Errorf("backing image %s: %w", image, ErrImageNotFound)
+		return "", fmt.Errorf("backing image %s: %w", image, types.ErrImageNotFound)
 	}
 	if bi.Status.UUID == "" || bi.Status.UUID != uuid {
-		return "", fmt.Errorf("backing image %s has UUID %q, not %q: %w", image, bi.Status.UUID, uuid, ErrImageNotFound)
+		return "", fmt.Errorf("backing image %s has UUID %q, not %q: %w", image, bi.Status.UUID, uuid, types.ErrImageNotFound)
 	}
 	path, ok := c.localDiskPath(disk)
 	if !ok {
-		return "", fmt.Errorf("disk %s is not on node %s: %w", disk, c.controllerID, ErrImageNotFound)
+		return "", fmt.Errorf("disk %s is not on node %s: %w", disk, c.controllerID, types.ErrImageNotFound)
 	}
 	if !c.files.isVerified(fileJobKey{bi.UID, disk}) {
-		return "", fmt.Errorf("the copy of %s on disk %s is not ready: %w", image, disk, ErrImageNotReady)
+		return "", fmt.Errorf("the copy of %s on disk %s is not ready: %w", image, disk, types.ErrImageNotReady)
 	}
 	return BackingImageFile(path, bi), nil
 }
@@ -63,7 +56,7 @@ func (c *BackingImageController) localDiskPath(disk string) (string, bool) {
 // refused before and while reading.
 //
 // One upload per image at a time, cluster-wide: a second one, to this
-// manager or another, is refused with ErrImageConflict before any byte of
+// manager or another, is refused with types.ErrImageConflict before any byte of
 // it is read. Here an in-memory mark says so at once; across managers the
 // first-copy disk's status does (receiving the upload, claimed with the
 // image's resourceVersion, so of two racing claims one fails and looks
@@ -73,14 +66,14 @@ func (c *BackingImageController) Upload(ctx context.Context, image string, body 
 	var res imagefile.Result
 	bi, err := c.ds.BackingImages.GetROOrLive(ctx, image)
 	if apierrors.IsNotFound(err) {
-		return res, fmt.Errorf("backing image %s does not exist: %w", image, ErrImageNotFound)
+		return res, fmt.Errorf("backing image %s does not exist: %w", image, types.ErrImageNotFound)
 	}
 	if err != nil {
 		return res, err
 	}
 	if !c.files.beginUpload(bi.UID) {
 		return res, fmt.Errorf("an upload of backing image %s is already in progress on node %s; wait for it to end: %w",
-			image, c.controllerID, ErrImageConflict)
+			image, c.controllerID, types.ErrImageConflict)
 	}
 	claimed := false
 	defer func() {
@@ -91,15 +84,15 @@ func (c *BackingImageController) Upload(ctx context.Context, image string, body 
 	}()
 	switch {
 	case bi.Spec.SourceType != v1beta1.BackingImageSourceTypeUpload:
-		return res, fmt.Errorf("backing image %s has sourceType %s, not upload: %w", image, bi.Spec.SourceType, ErrImageConflict)
+		return res, fmt.Errorf("backing image %s has sourceType %s, not upload: %w", image, bi.Spec.SourceType, types.ErrImageConflict)
 	case bi.DeletionTimestamp != nil:
-		return res, fmt.Errorf("backing image %s is being deleted: %w", image, ErrImageConflict)
+		return res, fmt.Errorf("backing image %s is being deleted: %w", image, types.ErrImageConflict)
 	case len(readyCopies(bi)) > 0:
-		return res, fmt.Errorf("backing image %s already holds its data; create another image for other data: %w", image, ErrImageConflict)
+		return res, fmt.Errorf("backing image %s already holds its data; create another image for other data: %w", image, types.ErrImageConflict)
 	case bi.Status.UUID == "":
-		return res, fmt.Errorf("backing image %s is not initialised yet; try again in a moment: %w", image, ErrImageNotReady)
+		return res, fmt.Errorf("backing image %s is not initialised yet; try again in a moment: %w", image, types.ErrImageNotReady)
 	case size > c.uploadLimit:
-		return res, fmt.Errorf("the upload is %d bytes, more than this manager accepts (%d, --upload-size-limit): %w", size, c.uploadLimit, ErrImageTooLarge)
+		return res, fmt.Errorf("the upload is %d bytes, more than this manager accepts (%d, --upload-size-limit): %w", size, c.uploadLimit, types.ErrImageTooLarge)
 	}
 	if err := c.uploadElsewhere(bi); err != nil {
 		return res, err
@@ -111,9 +104,9 @@ func (c *BackingImageController) Upload(ctx context.Context, image string, body 
 	k := fileJobKey{bi.UID, disk}
 	if job, ok := c.files.get(k); ok {
 		if job.done { // the last upload's end, not recorded yet
-			return res, fmt.Errorf("the previous transfer of %s onto disk %s is being recorded; try again in a moment: %w", image, disk, ErrImageNotReady)
+			return res, fmt.Errorf("the previous transfer of %s onto disk %s is being recorded; try again in a moment: %w", image, disk, types.ErrImageNotReady)
 		}
-		return res, fmt.Errorf("%s of %s onto disk %s is running: %w", job.kind, image, disk, ErrImageConflict)
+		return res, fmt.Errorf("%s of %s onto disk %s is running: %w", job.kind, image, disk, types.ErrImageConflict)
 	}
 	claimed = true // from here status may hold a claim, even if the call below fails after writing it
 	if err := c.claimUploadDisk(ctx, image, disk); err != nil {
@@ -127,7 +120,7 @@ func (c *BackingImageController) Upload(ctx context.Context, image string, body 
 		return res, err
 	})
 	if ended == nil { // a job for the disk appeared since the check above
-		return res, fmt.Errorf("another transfer of %s onto disk %s started: %w", image, disk, ErrImageConflict)
+		return res, fmt.Errorf("another transfer of %s onto disk %s started: %w", image, disk, types.ErrImageConflict)
 	}
 	c.queue.Add(bi.Namespace + "/" + bi.Name)
 	<-ended
@@ -154,7 +147,7 @@ func (c *BackingImageController) uploadElsewhere(bi *v1beta1.BackingImage) error
 		return nil // this node's own mark is in memory (beginUpload), not in status
 	}
 	return fmt.Errorf("an upload of backing image %s is already in progress on node %s; wait for it to end: %w",
-		bi.Name, loc.Node, ErrImageConflict)
+		bi.Name, loc.Node, types.ErrImageConflict)
 }
 
 // receive writes the upload into dir's source.part and prepares it.
@@ -176,7 +169,7 @@ func (c *BackingImageController) receive(ctx context.Context, report jobReport, 
 			got += int64(n)
 			if got > c.uploadLimit {
 				f.Close()
-				return imagefile.Result{}, fmt.Errorf("the upload passed %d bytes, the limit: %w", c.uploadLimit, ErrImageTooLarge)
+				return imagefile.Result{}, fmt.Errorf("the upload passed %d bytes, the limit: %w", c.uploadLimit, types.ErrImageTooLarge)
 			}
 			if _, err := f.Write(buf[:n]); err != nil {
 				f.Close()
@@ -210,7 +203,7 @@ func (c *BackingImageController) receive(ctx context.Context, report jobReport, 
 func (c *BackingImageController) uploadDisk() (uuid, path string, err error) {
 	node, err := c.ds.Nodes.GetRO(c.controllerID)
 	if err != nil {
-		return "", "", fmt.Errorf("node %s is not registered yet: %w", c.controllerID, ErrImageNotReady)
+		return "", "", fmt.Errorf("node %s is not registered yet: %w", c.controllerID, types.ErrImageNotReady)
 	}
 	best := int64(-1)
 	for name, st := range node.Status.DiskStatus {
@@ -221,7 +214,7 @@ func (c *BackingImageController) uploadDisk() (uuid, path string, err error) {
 		}
 	}
 	if uuid == "" {
-		return "", "", fmt.Errorf("node %s has no schedulable disk to receive the upload: %w", c.controllerID, ErrImageNotReady)
+		return "", "", fmt.Errorf("node %s has no schedulable disk to receive the upload: %w", c.controllerID, types.ErrImageNotReady)
 	}
 	return uuid, path, nil
 }
@@ -242,7 +235,7 @@ func (c *BackingImageController) claimUploadDiskOnce(ctx context.Context, image,
 	// Checked again on each read: another manager's claim may have landed
 	// since the cached read, and then this claim's write conflicts.
 	if len(readyCopies(bi)) > 0 {
-		return fmt.Errorf("backing image %s already holds its data; create another image for other data: %w", image, ErrImageConflict)
+		return fmt.Errorf("backing image %s already holds its data; create another image for other data: %w", image, types.ErrImageConflict)
 	}
 	if err := c.uploadElsewhere(bi); err != nil {
 		return err
@@ -282,7 +275,7 @@ func (c *BackingImageController) claimUploadDiskOnce(ctx context.Context, image,
 func (c *BackingImageController) Download(ctx context.Context, image string, w io.Writer) error {
 	bi, err := c.ds.BackingImages.GetRO(image)
 	if err != nil {
-		return fmt.Errorf("backing image %s: %w", image, ErrImageNotFound)
+		return fmt.Errorf("backing image %s: %w", image, types.ErrImageNotFound)
 	}
 	s := &imageSync{BackingImageController: c, bi: bi}
 	src, waiting := s.copySource("")
@@ -300,7 +293,7 @@ func (c *BackingImageController) Download(ctx context.Context, image string, w i
 		}
 		defer resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("fetching the copy on node %s: %s: %w", src.node, resp.Status, ErrImageNotReady)
+			return fmt.Errorf("fetching the copy on node %s: %s: %w", src.node, resp.Status, types.ErrImageNotReady)
 		}
 		_, err = io.Copy(w, resp.Body)
 		return err
@@ -308,5 +301,5 @@ func (c *BackingImageController) Download(ctx context.Context, image string, w i
 	if waiting == "" {
 		waiting = "no ready copy"
 	}
-	return fmt.Errorf("backing image %s has no copy to download yet (%s): %w", image, waiting, ErrImageNotReady)
+	return fmt.Errorf("backing image %s has no copy to download yet (%s): %w", image, waiting, types.ErrImageNotReady)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/strata-storage/strata/datastore/dstest"
 	"github.com/strata-storage/strata/internal/imagefile"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
 )
 
 // untouchedBody fails the test if an upload reads it: a refused upload is
@@ -90,7 +91,7 @@ func TestBackingImageUploadOneAtATime(t *testing.T) {
 			body := &untouchedBody{}
 			start := time.Now()
 			_, err := tc.to.Upload(ctx, "img", body, int64(len(img)))
-			require.ErrorIs(t, err, ErrImageConflict)
+			require.ErrorIs(t, err, types.ErrImageConflict)
 			assert.Contains(t, err.Error(), tc.wantMsg)
 			assert.Less(t, time.Since(start), time.Second, "refused at once")
 			assert.Zero(t, body.reads.Load(), "the second upload's body is not read")
@@ -170,7 +171,7 @@ func TestBackingImageUploadElsewhere(t *testing.T) {
 			require.NoError(t, err)
 			err = c.uploadElsewhere(bi)
 			if tc.wantConflict {
-				require.ErrorIs(t, err, ErrImageConflict)
+				require.ErrorIs(t, err, types.ErrImageConflict)
 				assert.Contains(t, err.Error(), "in progress on node node-1")
 				return
 			}

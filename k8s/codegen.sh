@@ -37,5 +37,5 @@ rm -rf k8s/crds
 go tool controller-gen crd paths=./k8s/pkg/apis/... output:crd:dir=k8s/crds
 # controller-gen gives every resource.Quantity a regular-expression pattern
 # that no marker can remove; a user's `size: abc` should be refused with a
-# sentence instead (internal/crdquantity).
+# sentence instead (internal/devtools/crdquantity).
 go run ./scripts/crd-quantity k8s/crds/*.yaml

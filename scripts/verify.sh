@@ -40,6 +40,11 @@ if grep -nE 'AddEventHandlerWithResyncPeriod|WithResyncPeriod\(' $(hand_written)
   say "per-handler resync periods are not allowed"; fail=1
 fi
 
+say "== imports follow the layers"
+# No import up the layers or across controller families, no development
+# tool in the strata binary (docs/architecture.md draws the layers).
+go run ./scripts/check-imports >&2 || fail=1
+
 say "== file length"
 while read -r n f; do
   [ "$f" = total ] && continue

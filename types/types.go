@@ -70,3 +70,11 @@ const CSIDriverName = "driver.strata.io"
 // CreateVolume or CreateSnapshot was called with. A Snapshot carrying it was
 // made for a VolumeSnapshot, which the snapshot quota charged already.
 const AnnotationCSIName = "strata.io/csi-name"
+
+// The ConfigMap that publishes Strata's CA bundle (key CABundleKey) for
+// users' tools (the kubectl plugin, the CSI plugin's REST client): the
+// webhook leader writes it.
+const (
+	CABundleConfigMap = "strata-ca-bundle"
+	CABundleKey       = "ca.crt"
+)

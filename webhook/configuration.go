@@ -19,10 +19,6 @@ import (
 
 // Names of the webhook's objects.
 const (
-	// CABundleConfigMap publishes the CA bundle (key CABundleKey) for
-	// users' tools.
-	CABundleConfigMap = "strata-ca-bundle"
-	CABundleKey       = "ca.crt"
 	// ServiceName is the Service in front of every manager (package mode).
 	ServiceName = "strata-webhook"
 	// ServicePort is the Service's port; it targets the managers' --webhook-listen port.
@@ -134,12 +130,12 @@ func applyConfigurations(ctx context.Context, kube kubernetes.Interface,
 // namespace may read, so that users' tools (curl to the HTTPS API) can
 // trust Strata's certificates without reading the CA Secret.
 func applyCABundle(ctx context.Context, kube kubernetes.Interface, namespace string, bundle []byte) error {
-	cm := corev1ac.ConfigMap(CABundleConfigMap, namespace).
+	cm := corev1ac.ConfigMap(types.CABundleConfigMap, namespace).
 		WithLabels(map[string]string{types.LabelComponent: pki.ComponentCA}).
-		WithData(map[string]string{CABundleKey: string(bundle)})
+		WithData(map[string]string{types.CABundleKey: string(bundle)})
 	_, err := kube.CoreV1().ConfigMaps(namespace).Apply(ctx, cm, metav1.ApplyOptions{FieldManager: fieldManager, Force: true})
 	if err != nil {
-		return fmt.Errorf("applying ConfigMap %s: %w", CABundleConfigMap, err)
+		return fmt.Errorf("applying ConfigMap %s: %w", types.CABundleConfigMap, err)
 	}
 	return nil
 }

@@ -262,9 +262,9 @@ func TestLeaderRotatesTheCA(t *testing.T) {
 
 	assert.Equal(t, leaderResync, pass())
 	assert.Equal(t, promoted.BundlePEM(), bundleInConfig())
-	cm, err := env.Kube.CoreV1().ConfigMaps(ns).Get(ctx, CABundleConfigMap, metav1.GetOptions{})
+	cm, err := env.Kube.CoreV1().ConfigMaps(ns).Get(ctx, types.CABundleConfigMap, metav1.GetOptions{})
 	require.NoError(t, err)
-	assert.Equal(t, string(promoted.BundlePEM()), cm.Data[CABundleKey], "users' tools see the same bundle")
+	assert.Equal(t, string(promoted.BundlePEM()), cm.Data[types.CABundleKey], "users' tools see the same bundle")
 }
 
 // An admin asks for a rotation with an annotation; the leader starts phase

@@ -24,7 +24,6 @@ import (
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
 	"github.com/strata-storage/strata/types"
-	"github.com/strata-storage/strata/webhook"
 )
 
 // client reaches one manager's REST API, and the API server for what the
@@ -54,14 +53,14 @@ func newClient(ctx context.Context, cmd *cli.Command) (*client, error) {
 		return nil, err
 	}
 	ns := cmd.String("strata-namespace")
-	cm, err := c.kube.CoreV1().ConfigMaps(ns).Get(ctx, webhook.CABundleConfigMap, metav1.GetOptions{})
+	cm, err := c.kube.CoreV1().ConfigMaps(ns).Get(ctx, types.CABundleConfigMap, metav1.GetOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("reading Strata's CA bundle (ConfigMap %s/%s): %w", ns, webhook.CABundleConfigMap, err)
+		return nil, fmt.Errorf("reading Strata's CA bundle (ConfigMap %s/%s): %w", ns, types.CABundleConfigMap, err)
 	}
 	if c.base, err = apiBase(ctx, cmd, c.strata, ns); err != nil {
 		return nil, err
 	}
-	apiCfg, err := apiclient.Config(restCfg, []byte(cm.Data[webhook.CABundleKey]), cmd.String("token"))
+	apiCfg, err := apiclient.Config(restCfg, []byte(cm.Data[types.CABundleKey]), cmd.String("token"))
 	if err != nil {
 		return nil, err
 	}

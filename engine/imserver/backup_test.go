@@ -16,7 +16,7 @@ import (
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/engineapi/impb"
 	"github.com/strata-storage/strata/internal/backupstore"
-	"github.com/strata-storage/strata/internal/s3server"
+	"github.com/strata-storage/strata/internal/devtools/s3server"
 )
 
 const backupVolSize = 8 * mib

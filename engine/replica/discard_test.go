@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/strata-storage/strata/internal/fsalloc"
+	"github.com/strata-storage/strata/internal/devtools/fsalloc"
 )
 
 // dirAllocated is what every file of the replica's directory holds on disk.

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/strata-storage/strata/internal/s3server"
+	"github.com/strata-storage/strata/internal/devtools/s3server"
 )
 
 // The S3 store against a real S3-compatible server: versitygw on loopback

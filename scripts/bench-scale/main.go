@@ -1,6 +1,6 @@
-// Command bench-scale is a thin main over internal/benchscale: the control-plane scale bench (docs/bench-scale.md).
+// Command bench-scale is a thin main over internal/devtools/benchscale: the control-plane scale bench (docs/bench-scale.md).
 package main
 
-import "github.com/strata-storage/strata/internal/benchscale"
+import "github.com/strata-storage/strata/internal/devtools/benchscale"
 
 func main() { benchscale.Main() }

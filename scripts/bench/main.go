@@ -37,7 +37,7 @@ import (
 
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/engineapi/impb"
-	"github.com/strata-storage/strata/internal/benchvol"
+	"github.com/strata-storage/strata/internal/devtools/benchvol"
 	"github.com/strata-storage/strata/internal/pki"
 )
 

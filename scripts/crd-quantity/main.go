@@ -1,6 +1,6 @@
 // Command crd-quantity rewrites, in place, the quantity fields of the CRD
 // files it is given, so a value that is no quantity is refused with "not a
-// quantity such as 10Gi" (internal/crdquantity). k8s/codegen.sh runs it on
+// quantity such as 10Gi" (internal/devtools/crdquantity). k8s/codegen.sh runs it on
 // controller-gen's output:
 //
 //	go run ./scripts/crd-quantity k8s/crds/*.yaml
@@ -10,7 +10,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/strata-storage/strata/internal/crdquantity"
+	"github.com/strata-storage/strata/internal/devtools/crdquantity"
 )
 
 func main() {

@@ -1,6 +1,6 @@
-// Command run-local is a thin main over internal/runlocal: make run.
+// Command run-local is a thin main over internal/devtools/runlocal: make run.
 package main
 
-import "github.com/strata-storage/strata/internal/runlocal"
+import "github.com/strata-storage/strata/internal/devtools/runlocal"
 
 func main() { runlocal.Main() }

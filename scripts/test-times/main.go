@@ -15,7 +15,7 @@ import (
 	"io"
 	"os"
 
-	"github.com/strata-storage/strata/internal/testtimes"
+	"github.com/strata-storage/strata/internal/devtools/testtimes"
 )
 
 const module = "github.com/strata-storage/strata/"

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/strata-storage/strata/engineapi/impb"
-	"github.com/strata-storage/strata/internal/fsalloc"
+	"github.com/strata-storage/strata/internal/devtools/fsalloc"
 )
 
 // dirAllocated is what the files of a replica's directory hold on disk.

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/strata-storage/strata/internal/runlocal"
+	"github.com/strata-storage/strata/internal/devtools/runlocal"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 

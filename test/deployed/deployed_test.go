@@ -18,7 +18,7 @@ import (
 
 	"github.com/strata-storage/strata/controller"
 	"github.com/strata-storage/strata/engineapi"
-	"github.com/strata-storage/strata/internal/localcluster"
+	"github.com/strata-storage/strata/internal/devtools/localcluster"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 

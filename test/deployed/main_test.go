@@ -18,8 +18,8 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/strata-storage/strata/internal/localcluster"
-	"github.com/strata-storage/strata/internal/runlocal"
+	"github.com/strata-storage/strata/internal/devtools/localcluster"
+	"github.com/strata-storage/strata/internal/devtools/runlocal"
 	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
 	"github.com/strata-storage/strata/test/suite"
 	"github.com/strata-storage/strata/types"

@@ -21,7 +21,7 @@ import (
 	ktypes "k8s.io/apimachinery/pkg/types"
 
 	"github.com/strata-storage/strata/csi"
-	"github.com/strata-storage/strata/internal/localcluster"
+	"github.com/strata-storage/strata/internal/devtools/localcluster"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 

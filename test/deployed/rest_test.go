@@ -20,7 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
-	"github.com/strata-storage/strata/webhook"
+	"github.com/strata-storage/strata/types"
 )
 
 // restClient calls one manager's REST API as a user does: HTTPS trusting
@@ -34,10 +34,10 @@ type restClient struct {
 
 func newRESTClient(t *testing.T, node, token string) *restClient {
 	t.Helper()
-	cm, err := env.kube.CoreV1().ConfigMaps(ns).Get(context.Background(), webhook.CABundleConfigMap, metav1.GetOptions{})
+	cm, err := env.kube.CoreV1().ConfigMaps(ns).Get(context.Background(), types.CABundleConfigMap, metav1.GetOptions{})
 	require.NoError(t, err)
 	pool := x509.NewCertPool()
-	require.True(t, pool.AppendCertsFromPEM([]byte(cm.Data[webhook.CABundleKey])), "the published CA bundle")
+	require.True(t, pool.AppendCertsFromPEM([]byte(cm.Data[types.CABundleKey])), "the published CA bundle")
 	n, err := env.strata.StrataV1beta1().Nodes(ns).Get(context.Background(), node, metav1.GetOptions{})
 	require.NoError(t, err)
 	require.NotEmpty(t, n.Status.APIAddress)

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/strata-storage/strata/internal/fsalloc"
+	"github.com/strata-storage/strata/internal/devtools/fsalloc"
 )
 
 // The space a user sees is the space they use (issue 29), with a Pod on a

@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/strata-storage/strata/csi"
-	"github.com/strata-storage/strata/internal/fsalloc"
+	"github.com/strata-storage/strata/internal/devtools/fsalloc"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 )

@@ -7,8 +7,8 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/strata-storage/strata/internal/auditcheck"
-	"github.com/strata-storage/strata/internal/localcluster"
+	"github.com/strata-storage/strata/internal/devtools/auditcheck"
+	"github.com/strata-storage/strata/internal/devtools/localcluster"
 	"github.com/strata-storage/strata/types"
 )
 

@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/strata-storage/strata/internal/backupstore"
-	"github.com/strata-storage/strata/internal/s3server"
+	"github.com/strata-storage/strata/internal/devtools/s3server"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 

@@ -13,8 +13,8 @@ import (
 
 	"github.com/strata-storage/strata/controller"
 	"github.com/strata-storage/strata/internal/backupstore"
-	"github.com/strata-storage/strata/internal/localcluster"
-	"github.com/strata-storage/strata/internal/s3server"
+	"github.com/strata-storage/strata/internal/devtools/localcluster"
+	"github.com/strata-storage/strata/internal/devtools/s3server"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 )

@@ -24,7 +24,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/strata-storage/strata/internal/localcluster"
+	"github.com/strata-storage/strata/internal/devtools/localcluster"
 	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
 	"github.com/strata-storage/strata/package/images"
 	"github.com/strata-storage/strata/test/suite"

@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/strata-storage/strata/engineapi"
-	"github.com/strata-storage/strata/internal/localcluster"
+	"github.com/strata-storage/strata/internal/devtools/localcluster"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 

@@ -18,7 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/strata-storage/strata/csi"
-	"github.com/strata-storage/strata/internal/localcluster"
+	"github.com/strata-storage/strata/internal/devtools/localcluster"
 )
 
 // Claims and Pods as the process-mode tests make them (the user flows with

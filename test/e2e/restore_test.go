@@ -18,7 +18,7 @@ import (
 
 	"github.com/strata-storage/strata/controller"
 	"github.com/strata-storage/strata/internal/backupstore"
-	"github.com/strata-storage/strata/internal/s3server"
+	"github.com/strata-storage/strata/internal/devtools/s3server"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 

@@ -21,8 +21,8 @@ import (
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/internal/pki"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
 	stypes "github.com/strata-storage/strata/types"
-	"github.com/strata-storage/strata/webhook"
 )
 
 // strangerAddr is where the stranger's connections come from: another
@@ -225,12 +225,12 @@ func caBundlePool(t *testing.T) *x509.CertPool {
 	t.Helper()
 	var pool *x509.CertPool
 	require.Eventually(t, func() bool {
-		cm, err := env.adminKube.CoreV1().ConfigMaps(ns).Get(context.Background(), webhook.CABundleConfigMap, metav1.GetOptions{})
+		cm, err := env.adminKube.CoreV1().ConfigMaps(ns).Get(context.Background(), types.CABundleConfigMap, metav1.GetOptions{})
 		if err != nil {
 			return false
 		}
 		pool = x509.NewCertPool()
-		return pool.AppendCertsFromPEM([]byte(cm.Data[webhook.CABundleKey]))
-	}, 30*time.Second, 100*time.Millisecond, "ConfigMap %s published", webhook.CABundleConfigMap)
+		return pool.AppendCertsFromPEM([]byte(cm.Data[types.CABundleKey]))
+	}, 30*time.Second, 100*time.Millisecond, "ConfigMap %s published", types.CABundleConfigMap)
 	return pool
 }

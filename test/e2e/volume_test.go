@@ -22,7 +22,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/strata-storage/strata/engine/replica"
-	"github.com/strata-storage/strata/internal/localcluster"
+	"github.com/strata-storage/strata/internal/devtools/localcluster"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	stypes "github.com/strata-storage/strata/types"
 )

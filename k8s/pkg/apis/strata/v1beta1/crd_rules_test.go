@@ -6,12 +6,12 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
-	"github.com/strata-storage/strata/internal/crdquantity"
+	"github.com/strata-storage/strata/internal/devtools/crdquantity"
 )
 
 // A quantity field with a CEL rule reports one error for a value that is no
 // quantity (size: abc): the isQuantity rule every quantity gets
-// (internal/crdquantity). A rule that called quantity() on it would fail
+// (internal/devtools/crdquantity). A rule that called quantity() on it would fail
 // too, with a second error about a regular expression, so every such rule
 // is guarded by isQuantity.
 func TestQuantityRulesSkipValuesThatAreNoQuantity(t *testing.T) {

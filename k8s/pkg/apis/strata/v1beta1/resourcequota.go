@@ -11,7 +11,7 @@ const DefaultResourceQuotaName = "default-resource-quota"
 // SnapshotLimit caps the total snapshot size in a namespace and per VM.
 type SnapshotLimit struct {
 	// The rule skips a value that is no quantity: the isQuantity rule
-	// k8s/codegen.sh gives every quantity (internal/crdquantity) refuses it
+	// k8s/codegen.sh gives every quantity (internal/devtools/crdquantity) refuses it
 	// already, and quantity() would add a second, confusing error.
 
 	// NamespaceTotalSnapshotSizeQuota caps the size of all snapshots of the

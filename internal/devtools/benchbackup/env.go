@@ -14,10 +14,10 @@ import (
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/engineapi/impb"
 	"github.com/strata-storage/strata/internal/backupstore"
-	"github.com/strata-storage/strata/internal/benchvol"
-	"github.com/strata-storage/strata/internal/localcluster"
+	"github.com/strata-storage/strata/internal/devtools/benchvol"
+	"github.com/strata-storage/strata/internal/devtools/localcluster"
+	"github.com/strata-storage/strata/internal/devtools/s3server"
 	"github.com/strata-storage/strata/internal/pki"
-	"github.com/strata-storage/strata/internal/s3server"
 )
 
 const (

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/strata-storage/strata/internal/s3server"
+	"github.com/strata-storage/strata/internal/devtools/s3server"
 )
 
 // Two requests that ended together and share a line, or interleave across

@@ -12,7 +12,7 @@ import (
 // one JSON object a line, at level Metadata (who, which verb on which
 // resource, namespace and name, the response code and the authorizer's
 // decision; no bodies), of the requests of the users and groups named and
-// no one else's. internal/auditcheck reads it.
+// no one else's. internal/devtools/auditcheck reads it.
 type AuditOptions struct {
 	// Users are user names, e.g. system:serviceaccount:kube-system:snapshot-controller.
 	Users []string

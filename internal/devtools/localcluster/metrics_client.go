@@ -8,11 +8,10 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/strata-storage/strata/types"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
-
-	"github.com/strata-storage/strata/webhook"
 )
 
 // ManagerMetricsClient reaches the managers' metrics port as a scraper
@@ -26,11 +25,11 @@ func (c *Cluster) ManagerMetricsClient(ctx context.Context, namespace string) (*
 	}
 	pool := x509.NewCertPool()
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		cm, err := kube.CoreV1().ConfigMaps(namespace).Get(ctx, webhook.CABundleConfigMap, metav1.GetOptions{})
-		return err == nil && pool.AppendCertsFromPEM([]byte(cm.Data[webhook.CABundleKey])), nil
+		cm, err := kube.CoreV1().ConfigMaps(namespace).Get(ctx, types.CABundleConfigMap, metav1.GetOptions{})
+		return err == nil && pool.AppendCertsFromPEM([]byte(cm.Data[types.CABundleKey])), nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("waiting for Strata's CA bundle (ConfigMap %s/%s): %w", namespace, webhook.CABundleConfigMap, err)
+		return nil, fmt.Errorf("waiting for Strata's CA bundle (ConfigMap %s/%s): %w", namespace, types.CABundleConfigMap, err)
 	}
 	transport := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}
 	return &http.Client{Timeout: 10 * time.Second, Transport: bearer{token: c.AdminConfig.BearerToken, next: transport}}, nil

@@ -22,8 +22,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/strata-storage/strata/internal/localcluster"
-	"github.com/strata-storage/strata/internal/runlocal"
+	"github.com/strata-storage/strata/internal/devtools/localcluster"
+	"github.com/strata-storage/strata/internal/devtools/runlocal"
 	"github.com/strata-storage/strata/k8s/pkg/client/clientset/versioned"
 	"github.com/strata-storage/strata/package/images"
 	"github.com/strata-storage/strata/types"
