@@ -12,7 +12,7 @@ import (
 // and gives the CSI node plugin nothing: what the end-to-end audit check
 // holds against the audit log, checked here without a cluster.
 func TestShippedManifests(t *testing.T) {
-	r, err := LoadManifests(filepath.Join("..", "..", "package", "manifests"))
+	r, err := LoadManifests(filepath.Join("..", "..", "..", "package", "manifests"))
 	require.NoError(t, err)
 	for _, sa := range []string{"strata-system/strata-manager", "strata-system/strata-csi-controller",
 		"strata-system/strata-csi-node", "kube-system/snapshot-controller"} {
