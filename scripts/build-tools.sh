@@ -15,7 +15,8 @@
 #     package/chart/strata), and the upstream CSI sidecars csi-provisioner,
 #     csi-attacher, csi-resizer, csi-snapshotter, snapshot-controller and
 #     csi-snapshot-metadata.
-# Names given together build in one `go build`, so the go command spreads
+# Names given together build in one `go build` (the sidecars then linked
+# one by one, each with its own version stamp), so the go command spreads
 # their packages and links over both cores: `make run` asks for all it
 # needs at once (scripts/build-tools.sh run-tools).
 # Prints the bin directory on stdout; progress goes to stderr.
