@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -150,65 +149,16 @@ func testPVCBlockModeOnTwoNodes(t *testing.T) {
 func assertNoTraceOfVolume(t *testing.T, nodeName, volume string, loopsBefore map[string]string) {
 	t.Helper()
 	node := clusterNode(t, nodeName)
-	stateDir := filepath.Join(node.StrataDir(), "csi", volume)
-	fileDir := filepath.Join(fuseDir(t, nodeName), volume)
-	kubeletCSI := filepath.Join(node.KubeletRoot(), "plugins", "kubernetes.io", "csi")
-	sum := sha256.Sum256([]byte(volume))
-	handleHash := hex.EncodeToString(sum[:])
+	traces := localcluster.VolumeTraces{Volume: volume, KubeletRoot: node.KubeletRoot(), LoopsBefore: loopsBefore,
+		Dirs: []string{filepath.Join(node.StrataDir(), "csi", volume), filepath.Join(fuseDir(t, nodeName), volume)}}
 	var left []string
 	ok := assert.Eventually(t, func() bool {
-		left = nil
-		for _, m := range append(localcluster.MountsUnder(stateDir), localcluster.MountsUnder(fileDir)...) {
-			left = append(left, "mount "+m)
-		}
-		// The kubelet's paths of this volume: named for the PV (block) or
-		// for the SHA-256 of the volume handle (a filesystem's staging).
-		for _, m := range localcluster.MountsUnder(kubeletCSI) {
-			if strings.Contains(m, volume) || strings.Contains(m, handleHash) {
-				left = append(left, "mount "+m)
-			}
-		}
-		for dev, file := range localcluster.LoopDevices() {
-			// Only this volume's: the flows beside this one make their own
-			// (on the instance manager's file of their volume, or the
-			// kubelet's for a block volume under a path named for the PV).
-			ours := strings.HasPrefix(file, stateDir+"/") || strings.Contains(file, volume)
-			if was, found := loopsBefore[dev]; ours && (!found || was != file) {
-				left = append(left, "loop device "+dev+" on "+file)
-			}
-		}
-		for _, p := range nbdfuseProcesses(stateDir) {
-			left = append(left, "nbdfuse "+p)
-		}
+		left = traces.Left()
 		return len(left) == 0
 	}, 30*time.Second, 250*time.Millisecond, "nothing of volume %s left on %s", volume, nodeName)
 	if !ok {
 		t.Logf("left on %s: %s", nodeName, strings.Join(left, "; "))
 	}
-}
-
-// nbdfuseProcesses lists the command lines of the nbdfuse processes (in
-// the node plugins' containers, seen from the host) that mount dir.
-func nbdfuseProcesses(dir string) []string {
-	var out []string
-	cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, f := range cmdlines {
-		b, err := os.ReadFile(f)
-		if err != nil || len(b) == 0 {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		if filepath.Base(args[0]) != "nbdfuse" {
-			continue
-		}
-		for _, a := range args[1:] {
-			if a == dir || a == dir+"/" {
-				out = append(out, strings.Join(args, " "))
-				break
-			}
-		}
-	}
-	return out
 }
 
 // A claim grows while its Pod runs: csi-resizer calls

@@ -13,8 +13,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/strata-storage/strata/csi"
 	"github.com/strata-storage/strata/internal/devtools/fsalloc"
+	"github.com/strata-storage/strata/internal/devtools/localcluster"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 )
@@ -59,18 +59,12 @@ func waitVolumeGone(t *testing.T, volume string) {
 }
 
 // volumesOfClaimIn lists the Strata volumes the CSI driver made for the
-// claim (named in their annotations).
+// claim.
 func volumesOfClaimIn(t *testing.T, namespace, claimName string) []string {
 	t.Helper()
-	list, err := env.strata.StrataV1beta1().Volumes(ns).List(context.Background(), metav1.ListOptions{})
+	volumes, err := localcluster.VolumesOfClaim(context.Background(), env.strata, ns, namespace, claimName)
 	require.NoError(t, err)
-	var out []string
-	for _, v := range list.Items {
-		if v.Annotations[csi.AnnotationPVCName] == claimName && v.Annotations[csi.AnnotationPVCNamespace] == namespace {
-			out = append(out, v.Name)
-		}
-	}
-	return out
+	return volumes
 }
 
 // waitCloned waits for the volume's fill from its data source to complete.

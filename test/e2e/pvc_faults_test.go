@@ -161,7 +161,7 @@ func nodePluginKilledWhilePodStarts(t *testing.T, points ...string) {
 			t.Logf("%s killed %s after the Pod's creation (VolumeAttachment attached after %s); on the node: mounts %v, nbdfuse %v",
 				plugin, killed.Round(time.Millisecond), attached.Round(time.Millisecond),
 				append(localcluster.MountsUnder(stateDir), localcluster.MountsUnder(filepath.Join(node.KubeletRoot(), "plugins/kubernetes.io/csi"))...),
-				nbdfuseProcesses(stateDir))
+				localcluster.NBDFuseProcesses(stateDir))
 			time.Sleep(time.Second)
 			require.NoError(t, env.cluster.RestartCSI(plugin))
 
@@ -171,7 +171,7 @@ func nodePluginKilledWhilePodStarts(t *testing.T, points ...string) {
 			kubectl(t, "-n", podNamespace, "exec", pod.Name, "--", "sh", "-c", "echo more >> /data/f; sync")
 			assert.Equal(t, "node-2", getVolume(t, volume).Status.CurrentNodeID)
 			assert.Len(t, loopsOnTheInstanceManagersFile(volume), 1, "one loop device, on the instance manager's file")
-			assert.Empty(t, nbdfuseProcesses(stateDir), "no nbdfuse: the instance manager serves the volume as a file")
+			assert.Empty(t, localcluster.NBDFuseProcesses(stateDir), "no nbdfuse: the instance manager serves the volume as a file")
 
 			deletePod(t, pod.Name)
 			require.NoError(t, env.adminKube.CoreV1().PersistentVolumeClaims(podNamespace).Delete(ctx, pvc.Name, metav1.DeleteOptions{}))

@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,7 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/strata-storage/strata/csi"
 	"github.com/strata-storage/strata/internal/devtools/localcluster"
 )
 
@@ -71,19 +68,12 @@ func createClaimWith(t *testing.T, name, size string, edit func(*corev1.Persiste
 	return pvc
 }
 
-// volumesOfClaim lists the Strata volumes the CSI driver made for the claim
-// (named in their strata.io/pvc-name annotation).
+// volumesOfClaim lists the Strata volumes the CSI driver made for the claim.
 func volumesOfClaim(t *testing.T, claim string) []string {
 	t.Helper()
-	list, err := env.adminStrata.StrataV1beta1().Volumes(ns).List(context.Background(), metav1.ListOptions{})
+	volumes, err := localcluster.VolumesOfClaim(context.Background(), env.adminStrata, ns, podNamespace, claim)
 	require.NoError(t, err)
-	var out []string
-	for _, v := range list.Items {
-		if v.Annotations[csi.AnnotationPVCName] == claim && v.Annotations[csi.AnnotationPVCNamespace] == podNamespace {
-			out = append(out, v.Name)
-		}
-	}
-	return out
+	return volumes
 }
 
 func waitVolumeSnapshotReady(t *testing.T, name string, timeout time.Duration) {
@@ -108,64 +98,14 @@ func waitVolumeSnapshotReady(t *testing.T, name string, timeout time.Duration) {
 // test.
 func assertNoTraceOfVolume(t *testing.T, node *localcluster.Node, volume string, loopsBefore map[string]string) {
 	t.Helper()
-	stateDir := node.CSIStateDir() + "/" + volume
-	kubeletCSI := node.KubeletRoot() + "/plugins/kubernetes.io/csi"
-	sum := sha256.Sum256([]byte(volume))
-	handleHash := hex.EncodeToString(sum[:])
+	traces := localcluster.VolumeTraces{Volume: volume, KubeletRoot: node.KubeletRoot(), LoopsBefore: loopsBefore,
+		Dirs: []string{node.CSIStateDir() + "/" + volume}}
 	var left []string
 	ok := assert.Eventually(t, func() bool {
-		left = nil
-		left = append(left, localcluster.MountsUnder(stateDir)...)
-		// The kubelet's paths of this volume: named for the PV (block) or
-		// for the SHA-256 of the volume handle (a filesystem's staging).
-		for _, m := range localcluster.MountsUnder(kubeletCSI) {
-			if strings.Contains(m, volume) || strings.Contains(m, handleHash) {
-				left = append(left, m)
-			}
-		}
-		for i := range left {
-			left[i] = "mount " + left[i]
-		}
-		for dev, file := range localcluster.LoopDevices() {
-			// Only this volume's: tests running beside this one make their
-			// own (the plugin's under their state directory, the kubelet's
-			// for a block volume under a path named for the PV, which is
-			// named like the volume).
-			ours := strings.HasPrefix(file, stateDir+"/") || strings.Contains(file, volume)
-			if was, ok := loopsBefore[dev]; ours && (!ok || was != file) {
-				left = append(left, "loop device "+dev+" on "+file)
-			}
-		}
-		for _, p := range nbdfuseProcesses(stateDir) {
-			left = append(left, "nbdfuse "+p)
-		}
+		left = traces.Left()
 		return len(left) == 0
 	}, 30*time.Second, 250*time.Millisecond, "nothing of volume %s left on %s", volume, node.Name)
 	if !ok {
 		t.Logf("left on %s: %s", node.Name, strings.Join(left, "; "))
 	}
-}
-
-// nbdfuseProcesses lists the command lines of the nbdfuse processes that
-// mount dir.
-func nbdfuseProcesses(dir string) []string {
-	var out []string
-	cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, f := range cmdlines {
-		b, err := os.ReadFile(f)
-		if err != nil || len(b) == 0 {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		if filepath.Base(args[0]) != "nbdfuse" {
-			continue
-		}
-		for _, a := range args[1:] {
-			if a == dir || a == dir+"/" {
-				out = append(out, strings.Join(args, " "))
-				break
-			}
-		}
-	}
-	return out
 }
