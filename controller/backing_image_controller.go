@@ -149,18 +149,6 @@ func (s *imageSync) requestFirstDisk() (bool, error) {
 	return true, nil
 }
 
-// readyCopies lists the disks in spec whose copy is ready, sorted.
-func readyCopies(bi *v1beta1.BackingImage) []string {
-	var out []string
-	for disk, st := range bi.Status.DiskFileStatusMap {
-		if _, wanted := bi.Spec.DiskFileSpecMap[disk]; wanted && st != nil && st.State == v1beta1.BackingImageStateReady {
-			out = append(out, disk)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
 // chooseFirstCopyDisk names the disk that fetches from the source while no
 // disk holds a ready copy: the current choice while it is wanted and its
 // node is up, else the first wanted disk on an alive node. An uploaded

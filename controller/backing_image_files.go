@@ -12,7 +12,6 @@ import (
 
 	"github.com/strata-storage/strata/internal/atomicfile"
 	"github.com/strata-storage/strata/internal/imagefile"
-	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 )
 
@@ -22,23 +21,11 @@ import (
 // a transfer sit beside it and never carry the final name, so the final
 // name always means a complete, checked copy.
 const (
-	backingImagesDir   = "backing-images"
-	backingFileName    = "backing"
 	backingSourcePart  = "source.part" // a download or upload as it arrives
 	maxFileTransfers   = 2             // per manager: each reads or writes a whole image
 	fileRetryBaseDelay = 5 * time.Second
 	fileRetryMaxDelay  = 5 * time.Minute
 )
-
-// BackingImageDir is the directory of an image's copy on the disk at diskPath.
-func BackingImageDir(diskPath, image, uuid string) string {
-	return filepath.Join(diskPath, backingImagesDir, image+"-"+uuid)
-}
-
-// BackingImageFile is the image's file on the disk at diskPath.
-func BackingImageFile(diskPath string, bi *v1beta1.BackingImage) string {
-	return filepath.Join(BackingImageDir(diskPath, bi.Name, bi.Status.UUID), backingFileName)
-}
 
 // fileJobKey names one transfer: an image (by UID, so a re-created image of
 // the same name starts afresh) onto one disk.

@@ -132,7 +132,3 @@ func (c *BackupController) enqueueUnfinished() {
 		}
 	}
 }
-
-func backupFinished(b *v1beta1.Backup) bool {
-	return b.Status.State == v1beta1.BackupStateCompleted || b.Status.State == v1beta1.BackupStateError
-}

@@ -22,9 +22,6 @@ const (
 	imConditionReasonUnreachable = "WatchStreamFailed"
 )
 
-// instanceManagerName is the InstanceManager CR of a node.
-func instanceManagerName(node string) string { return "im-" + node }
-
 // syncInstanceManager creates this node's InstanceManager CR if missing and
 // reports its endpoint and state from the Watch stream's last word.
 func (c *InstanceManagerController) syncInstanceManager(ctx context.Context, key string) error {

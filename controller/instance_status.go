@@ -61,14 +61,6 @@ func splitAddress(addr string) (string, int32) {
 	return host, int32(p)
 }
 
-// instanceAddress is the dataconn address a running replica serves on.
-func instanceAddress(st *v1beta1.InstanceStatus) string {
-	if st.IP == "" || st.Port == 0 {
-		return ""
-	}
-	return net.JoinHostPort(st.IP, strconv.Itoa(int(st.Port)))
-}
-
 func snapshotInfos(in map[string]*engineapi.Snapshot) map[string]*v1beta1.SnapshotInfo {
 	if len(in) == 0 {
 		return nil

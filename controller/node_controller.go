@@ -315,16 +315,6 @@ func (nc *NodeController) syncPeerNode(ctx context.Context, key string, nodeRO *
 	return nil
 }
 
-func setCondition(conds *[]metav1.Condition, condType string, status bool, reason, message string, now metav1.Time) {
-	s := metav1.ConditionFalse
-	if status {
-		s = metav1.ConditionTrue
-	}
-	meta.SetStatusCondition(conds, metav1.Condition{
-		Type: condType, Status: s, Reason: reason, Message: message, LastTransitionTime: now,
-	})
-}
-
 func diskPaths(node *v1beta1.Node) string {
 	paths := make([]string, 0, len(node.Spec.Disks))
 	for _, name := range slices.Sorted(maps.Keys(node.Spec.Disks)) {

@@ -166,21 +166,6 @@ func (c *RecurringJobController) selectVolumes(job *v1beta1.RecurringJob) ([]*v1
 	return out, nil
 }
 
-// volumeSettled: not being deleted, and not being filled by a clone or a
-// restore.
-func volumeSettled(v *v1beta1.Volume) bool {
-	if v.DeletionTimestamp != nil {
-		return false
-	}
-	if cs := v.Status.CloneStatus; cs != nil && cs.State != v1beta1.VolumeCloneStateCompleted {
-		return false
-	}
-	if rs := v.Status.RestoreStatus; rs != nil && rs.State != v1beta1.VolumeRestoreStateCompleted {
-		return false
-	}
-	return true
-}
-
 // waitFor polls the cache until done says so, ctx ends or timeout passes.
 func (c *RecurringJobController) waitFor(ctx context.Context, timeout time.Duration, done func() (bool, error)) error {
 	return wait.PollUntilContextTimeout(ctx, c.pollInterval, timeout, true, func(context.Context) (bool, error) {

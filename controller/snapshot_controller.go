@@ -204,22 +204,6 @@ func (c *SnapshotController) ensureSnapshotTicket(ctx context.Context, s *v1beta
 	return c.ensureSnapshotterTicket(ctx, vol, snapshotTicketID(s.Name), "Snapshot", s)
 }
 
-// ensureSnapshotterTicket asks for vol to be attached, without a frontend,
-// for a snapshot operation owned by owner (a Snapshot, a SnapshotGroup):
-// where it is attached, else on this node.
-func (c *baseController) ensureSnapshotterTicket(ctx context.Context, vol *v1beta1.Volume, id, kind string, owner metav1.Object) error {
-	node := vol.Spec.NodeID
-	if node == "" {
-		node = c.controllerID
-	}
-	return c.ensureTicket(ctx, vol.Name, &v1beta1.AttachmentTicket{
-		ID: id, Type: v1beta1.AttacherTypeSnapshotController, NodeID: node,
-		Parameters: map[string]string{v1beta1.AttachmentParameterDisableFrontend: v1beta1.AnyValue},
-		OwnerRef: &v1beta1.TicketOwnerReference{APIVersion: v1beta1.SchemeGroupVersion.String(), Kind: kind,
-			Namespace: owner.GetNamespace(), Name: owner.GetName(), UID: string(owner.GetUID())},
-	})
-}
-
 // deleteSnapshot removes the snapshot from the chain and purges, attaching
 // the volume for it if need be. The finalizer goes once the chain no longer
 // holds it, or holds it removed where no purge can drop it now: under the
@@ -280,28 +264,6 @@ func (c *SnapshotController) removeFromEngine(ctx context.Context, s *v1beta1.Sn
 	}
 	c.recorder.Eventf(s, corev1.EventTypeNormal, EventReasonSnapshotRemoved, "removed snapshot %s from volume %s", s.Name, s.Spec.Volume)
 	return nil
-}
-
-// purgeDrops tells whether a purge takes a removed snapshot out of the
-// chain: a leaf is deleted, one with a single snapshot child is coalesced
-// into it; one under the head is only pruned.
-func purgeDrops(info *v1beta1.SnapshotInfo) bool {
-	switch len(info.Children) {
-	case 0:
-		return true
-	case 1:
-		return !info.Children[types.VolumeHeadName]
-	}
-	return false
-}
-
-func isPurging(e *v1beta1.Engine) bool {
-	for _, p := range e.Status.PurgeStatus {
-		if p != nil && p.IsPurging {
-			return true
-		}
-	}
-	return false
 }
 
 // releaseSnapshot drops the snapshot's ticket and finalizer.

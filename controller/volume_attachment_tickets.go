@@ -117,16 +117,6 @@ func fillIncomplete(vol *v1beta1.Volume) bool {
 	return cloneIncomplete(vol) || restoreIncomplete(vol)
 }
 
-func cloneIncomplete(vol *v1beta1.Volume) bool {
-	return vol.Spec.DataSource != "" &&
-		(vol.Status.CloneStatus == nil || vol.Status.CloneStatus.State != v1beta1.VolumeCloneStateCompleted)
-}
-
-func restoreIncomplete(vol *v1beta1.Volume) bool {
-	return vol.Spec.FromBackup != "" &&
-		(vol.Status.RestoreStatus == nil || vol.Status.RestoreStatus.State != v1beta1.VolumeRestoreStateCompleted)
-}
-
 // fillerType is the attacher that fills an incomplete volume.
 func fillerType(vol *v1beta1.Volume) v1beta1.AttacherType {
 	if restoreIncomplete(vol) {
@@ -295,13 +285,6 @@ func waitingMessage(vol *v1beta1.Volume) string {
 		msg += "; " + c.Message
 	}
 	return msg
-}
-
-func orUnknown(s string) string {
-	if s == "" {
-		return "in an unknown state"
-	}
-	return s
 }
 
 // attachmentSummary is what kubectl get va shows: the node the volume is

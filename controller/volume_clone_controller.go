@@ -2,8 +2,6 @@ package controller
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -44,13 +42,6 @@ func cloneSnapshotName(target string) string {
 		return name
 	}
 	return derivedSnapshotName("clone", target)
-}
-
-// derivedSnapshotName is prefix-<24 hex digits of key's SHA-256>: a valid
-// snapshot name, the same for the same key, where the natural one is not.
-func derivedSnapshotName(prefix, key string) string {
-	sum := sha256.Sum256([]byte(key))
-	return prefix + "-" + hex.EncodeToString(sum[:12])
 }
 
 // cloneSync is what one sync of a clone target knows.

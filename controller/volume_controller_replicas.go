@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	corev1 "k8s.io/api/core/v1"
@@ -44,12 +43,6 @@ func (s *volumeSync) desiredReplicaCount() int {
 		return 3
 	}
 	return int(n)
-}
-
-// engineRunning tells whether the engine runs on its node as asked.
-func engineRunning(e *v1beta1.Engine) bool {
-	return e != nil && e.Spec.NodeID != "" && e.Spec.DesireState == v1beta1.InstanceStateRunning &&
-		e.Status.CurrentState == v1beta1.InstanceStateRunning
 }
 
 // reconcileReplicas records failures, marks rebuilt replicas healthy,
@@ -458,10 +451,6 @@ func (s *volumeSync) salvage() error {
 // salvageWindow: replicas that failed within this of the last failure are
 // taken to hold the same data.
 const salvageWindow = time.Minute
-
-func findCondition(conds []metav1.Condition, t string) *metav1.Condition {
-	return meta.FindStatusCondition(conds, t)
-}
 
 func (s *volumeSync) nowMeta() metav1.Time { return metav1.NewTime(s.now) }
 
