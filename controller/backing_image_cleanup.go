@@ -21,7 +21,7 @@ import (
 // another disk still copies from it. wrote is true when the spec was written.
 func (s *imageSync) cleanupUnusedCopies() (wrote bool, err error) {
 	bi := s.bi
-	waitMinutes, err := s.ds.GetSettingInt(types.SettingBackingImageCleanupWaitInterval)
+	waitMinutes, err := s.DS.GetSettingInt(types.SettingBackingImageCleanupWaitInterval)
 	if err != nil {
 		return false, err
 	}
@@ -42,7 +42,7 @@ func (s *imageSync) cleanupUnusedCopies() (wrote bool, err error) {
 	var expired []candidate
 	next := time.Duration(0)
 	for _, disk := range slices.Sorted(maps.Keys(bi.Spec.DiskFileSpecMap)) {
-		users, err := s.ds.ImageUsersOnDisk(bi.Name, disk)
+		users, err := s.DS.ImageUsersOnDisk(bi.Name, disk)
 		if err != nil {
 			return false, err
 		}
@@ -78,7 +78,7 @@ func (s *imageSync) cleanupUnusedCopies() (wrote bool, err error) {
 		left--
 	}
 	if next > 0 {
-		s.queue.AddAfter(s.key, next+time.Second)
+		s.Queue.AddAfter(s.key, next+time.Second)
 	}
 	if len(remove) == 0 {
 		return false, nil
@@ -90,7 +90,7 @@ func (s *imageSync) cleanupUnusedCopies() (wrote bool, err error) {
 // while another wanted disk still waits for its copy.
 func (s *imageSync) lastSourceCopy(disk string, removing []string) bool {
 	ready := 0
-	for _, r := range readyCopies(s.bi) {
+	for _, r := range ReadyCopies(s.bi) {
 		if r != disk && !slices.Contains(removing, r) {
 			ready++
 		}
@@ -116,11 +116,11 @@ func (s *imageSync) dropFromSpec(disks []string, why string) error {
 	for _, d := range disks {
 		delete(bi.Spec.DiskFileSpecMap, d)
 	}
-	if _, err := s.ds.BackingImages.Update(s.ctx, bi); err != nil {
+	if _, err := s.DS.BackingImages.Update(s.ctx, bi); err != nil {
 		return err
 	}
 	for _, d := range disks {
-		s.recorder.Eventf(bi, corev1.EventTypeNormal, EventReasonBackingImageCleanedUp, "cleaning up the copy on disk %s: %s", d, why)
+		s.Recorder.Eventf(bi, corev1.EventTypeNormal, EventReasonBackingImageCleanedUp, "cleaning up the copy on disk %s: %s", d, why)
 	}
 	return nil
 }
@@ -128,7 +128,7 @@ func (s *imageSync) dropFromSpec(disks []string, why string) error {
 // removeStrayCopies deletes the image directories on this node's disks that
 // no existing image accounts for (see strayImageDirs).
 func (c *BackingImageController) removeStrayCopies() {
-	images, err := c.ds.BackingImages.ListRO(nil)
+	images, err := c.DS.BackingImages.ListRO(nil)
 	if err != nil {
 		return
 	}
@@ -141,7 +141,7 @@ func (c *BackingImageController) removeStrayCopies() {
 		}
 		keep[bi.Name+"-"+bi.Status.UUID] = true
 	}
-	node, err := c.ds.Nodes.GetRO(c.controllerID)
+	node, err := c.DS.Nodes.GetRO(c.ControllerID)
 	if err != nil {
 		return
 	}
@@ -151,10 +151,10 @@ func (c *BackingImageController) removeStrayCopies() {
 		}
 		for _, dir := range strayImageDirs(spec.Path, keep) {
 			if err := os.RemoveAll(dir); err != nil {
-				c.logger.WithError(err).WithField("dir", dir).Warn("Cannot remove a stray backing image copy")
+				c.Logger.WithError(err).WithField("dir", dir).Warn("Cannot remove a stray backing image copy")
 				continue
 			}
-			c.logger.WithField("dir", dir).Info("Removed a stray backing image copy")
+			c.Logger.WithField("dir", dir).Info("Removed a stray backing image copy")
 		}
 	}
 }

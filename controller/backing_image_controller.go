@@ -47,11 +47,11 @@ type imageSync struct {
 // disks: fetching, copying, verifying, removing, each reported under its
 // disk in status.diskFileStatusMap.
 func (c *BackingImageController) syncBackingImage(ctx context.Context, key string) error {
-	name, err := nameFromKey(key)
+	name, err := NameFromKey(key)
 	if err != nil {
 		return err
 	}
-	biRO, err := c.ds.BackingImages.GetRO(name)
+	biRO, err := c.DS.BackingImages.GetRO(name)
 	if apierrors.IsNotFound(err) {
 		c.removeStrayCopies()
 		return nil
@@ -59,14 +59,14 @@ func (c *BackingImageController) syncBackingImage(ctx context.Context, key strin
 	if err != nil {
 		return err
 	}
-	owner, err := c.isResponsibleFor(key, biRO.Status.OwnerID, "")
+	owner, err := c.IsResponsibleFor(key, biRO.Status.OwnerID, "")
 	if err != nil {
 		return err
 	}
 	s := &imageSync{BackingImageController: c, ctx: ctx, key: key, biRO: biRO, bi: biRO.DeepCopy(), owner: owner,
-		now: c.ds.Clock.Now()}
+		now: c.DS.Clock.Now()}
 	if owner {
-		s.bi.Status.OwnerID = c.controllerID
+		s.bi.Status.OwnerID = c.ControllerID
 		if wrote, err := s.reconcileImage(); wrote || err != nil {
 			return err // the spec write brings the image back
 		}
@@ -76,7 +76,7 @@ func (c *BackingImageController) syncBackingImage(ctx context.Context, key strin
 		s.summarize()
 	}
 	if !equality.Semantic.DeepEqual(s.biRO.Status, s.bi.Status) {
-		if _, err := c.ds.BackingImages.UpdateStatus(ctx, s.bi); err != nil {
+		if _, err := c.DS.BackingImages.UpdateStatus(ctx, s.bi); err != nil {
 			return errors.Join(localErr, err)
 		}
 	}
@@ -84,7 +84,7 @@ func (c *BackingImageController) syncBackingImage(ctx context.Context, key strin
 		c.files.take(k)
 	}
 	if owner && s.bi.DeletionTimestamp != nil && len(s.bi.Status.DiskFileStatusMap) == 0 {
-		if _, err := c.ds.BackingImages.RemoveFinalizer(ctx, s.bi, types.FinalizerName); err != nil {
+		if _, err := c.DS.BackingImages.RemoveFinalizer(ctx, s.bi, types.FinalizerName); err != nil {
 			return errors.Join(localErr, err)
 		}
 	}
@@ -97,7 +97,7 @@ func (c *BackingImageController) syncBackingImage(ctx context.Context, key strin
 func (s *imageSync) reconcileImage() (wrote bool, err error) {
 	bi := s.bi
 	if bi.DeletionTimestamp == nil && !slices.Contains(bi.Finalizers, types.FinalizerName) {
-		_, err := s.ds.BackingImages.AddFinalizer(s.ctx, bi, types.FinalizerName)
+		_, err := s.DS.BackingImages.AddFinalizer(s.ctx, bi, types.FinalizerName)
 		return true, err
 	}
 	if bi.Status.UUID == "" {
@@ -122,7 +122,7 @@ func (s *imageSync) reconcileImage() (wrote bool, err error) {
 // asked for any yet: a new image is fetched at once, so its size and checksum
 // are known (and checked) before a volume needs it.
 func (s *imageSync) requestFirstDisk() (bool, error) {
-	node, err := s.ds.Nodes.GetRO(s.controllerID)
+	node, err := s.DS.Nodes.GetRO(s.ControllerID)
 	if err != nil {
 		return false, err
 	}
@@ -137,15 +137,15 @@ func (s *imageSync) requestFirstDisk() (bool, error) {
 		}
 	}
 	if best == "" {
-		return false, fmt.Errorf("backing image %s: node %s has no schedulable disk for the first copy", s.bi.Name, s.controllerID)
+		return false, fmt.Errorf("backing image %s: node %s has no schedulable disk for the first copy", s.bi.Name, s.ControllerID)
 	}
 	bi := s.biRO.DeepCopy()
 	bi.Spec.DiskFileSpecMap = map[string]*v1beta1.BackingImageDiskFileSpec{best: {}}
-	if _, err := s.ds.BackingImages.Update(s.ctx, bi); err != nil {
+	if _, err := s.DS.BackingImages.Update(s.ctx, bi); err != nil {
 		return false, err
 	}
-	s.recorder.Eventf(bi, corev1.EventTypeNormal, EventReasonBackingImageDiskChosen, "fetching the first copy onto disk %s of node %s",
-		best, s.controllerID)
+	s.Recorder.Eventf(bi, corev1.EventTypeNormal, EventReasonBackingImageDiskChosen, "fetching the first copy onto disk %s of node %s",
+		best, s.ControllerID)
 	return true, nil
 }
 
@@ -155,7 +155,7 @@ func (s *imageSync) requestFirstDisk() (bool, error) {
 // image's first disk is where the upload arrived.
 func (s *imageSync) chooseFirstCopyDisk() {
 	bi := s.bi
-	if bi.Spec.SourceType == v1beta1.BackingImageSourceTypeUpload || len(readyCopies(bi)) > 0 {
+	if bi.Spec.SourceType == v1beta1.BackingImageSourceTypeUpload || len(ReadyCopies(bi)) > 0 {
 		return
 	}
 	if s.diskUsable(bi.Status.FirstCopyDisk) {
@@ -164,8 +164,8 @@ func (s *imageSync) chooseFirstCopyDisk() {
 	for _, disk := range slices.Sorted(maps.Keys(bi.Spec.DiskFileSpecMap)) {
 		if s.diskUsable(disk) {
 			bi.Status.FirstCopyDisk = disk
-			loc, _ := s.ds.LocateDisk(disk)
-			s.recorder.Eventf(bi, corev1.EventTypeNormal, EventReasonBackingImageFirstCopy,
+			loc, _ := s.DS.LocateDisk(disk)
+			s.Recorder.Eventf(bi, corev1.EventTypeNormal, EventReasonBackingImageFirstCopy,
 				"the source is fetched onto disk %s of node %s", disk, loc.Node)
 			return
 		}
@@ -180,8 +180,8 @@ func (s *imageSync) diskUsable(disk string) bool {
 	if _, ok := s.bi.Spec.DiskFileSpecMap[disk]; !ok {
 		return false
 	}
-	loc, ok := s.ds.LocateDisk(disk)
-	return ok && s.ds.IsNodeAlive(loc.Node)
+	loc, ok := s.DS.LocateDisk(disk)
+	return ok && s.DS.IsNodeAlive(loc.Node)
 }
 
 // markCopiesOfDownNodes: a copy on a node whose manager is down cannot be
@@ -191,11 +191,11 @@ func (s *imageSync) markCopiesOfDownNodes() {
 		if st == nil || st.State == v1beta1.BackingImageStateUnknown {
 			continue
 		}
-		loc, ok := s.ds.LocateDisk(disk)
+		loc, ok := s.DS.LocateDisk(disk)
 		switch {
 		case !ok:
 			setFileState(st, v1beta1.BackingImageStateUnknown, 0, "no node reports this disk", s.now)
-		case !s.ds.IsNodeAlive(loc.Node):
+		case !s.DS.IsNodeAlive(loc.Node):
 			setFileState(st, v1beta1.BackingImageStateUnknown, 0, fmt.Sprintf("node %s is down", loc.Node), s.now)
 		}
 	}
@@ -205,7 +205,7 @@ func (s *imageSync) markCopiesOfDownNodes() {
 // its copies are removed as stray directories when that node comes back.
 func (s *imageSync) dropCopiesOfDownNodes() {
 	for disk := range s.bi.Status.DiskFileStatusMap {
-		if loc, ok := s.ds.LocateDisk(disk); !ok || !s.ds.IsNodeAlive(loc.Node) {
+		if loc, ok := s.DS.LocateDisk(disk); !ok || !s.DS.IsNodeAlive(loc.Node) {
 			delete(s.bi.Status.DiskFileStatusMap, disk)
 		}
 	}
@@ -215,7 +215,7 @@ func (s *imageSync) dropCopiesOfDownNodes() {
 // failure.
 func (s *imageSync) summarize() {
 	bi := s.bi
-	bi.Status.Copies = fmt.Sprintf("%d/%d", len(readyCopies(bi)), len(bi.Spec.DiskFileSpecMap))
+	bi.Status.Copies = fmt.Sprintf("%d/%d", len(ReadyCopies(bi)), len(bi.Spec.DiskFileSpecMap))
 	bi.Status.Message = ""
 	for _, disk := range slices.Sorted(maps.Keys(bi.Status.DiskFileStatusMap)) {
 		if st := bi.Status.DiskFileStatusMap[disk]; st != nil && st.State == v1beta1.BackingImageStateFailed {

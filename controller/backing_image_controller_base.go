@@ -27,7 +27,7 @@ import (
 // the source once onto one disk, then copied disk to disk, data extents
 // only, through the peers' HTTP endpoints (backing_image_local.go).
 type BackingImageController struct {
-	*baseController
+	*BaseController
 	files      *fileJobs
 	httpClient *http.Client
 	peerScheme string // https, or http in unit tests
@@ -40,7 +40,7 @@ type BackingImageController struct {
 func NewBackingImageController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
 	controllerID string, dataPlane engineapi.Connector, uploadLimit int64, peerTLS *tls.Config) (*BackingImageController, error) {
 	c := &BackingImageController{
-		baseController: newBaseController("strata-backing-image", controllerID, logger, ds, recorder),
+		BaseController: NewBaseController("strata-backing-image", controllerID, logger, ds, recorder),
 		// For copies from peers only (a download from the image's URL has
 		// its own client: imagefile.DownloadPolicy), over HTTPS with this
 		// manager's certificate (peerTLS; nil: plain HTTP, unit tests). No
@@ -51,30 +51,30 @@ func NewBackingImageController(logger logrus.FieldLogger, ds *datastore.DataStor
 		peerScheme:  map[bool]string{true: "https", false: "http"}[peerTLS != nil],
 		uploadLimit: uploadLimit,
 	}
-	c.dataPlane = dataPlane
+	c.DataPlane = dataPlane
 	c.files = newFileJobs(c.enqueueByUID)
-	c.sync = c.syncBackingImage
-	if _, err := ds.BackingImages.Informer().AddEventHandler(c.enqueueOnChange()); err != nil {
+	c.Sync = c.syncBackingImage
+	if _, err := ds.BackingImages.Informer().AddEventHandler(c.EnqueueOnChange()); err != nil {
 		return nil, err
 	}
 	// Replicas decide which copies are in use (cleanup) and ask for copies.
 	if _, err := ds.Replicas.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: onAdd(c.enqueueImageOf),
-		UpdateFunc: onUpdate(func(o, n *v1beta1.Replica) {
+		AddFunc: OnAdd(c.enqueueImageOf),
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.Replica) {
 			if o.Spec.DiskID != n.Spec.DiskID || o.Spec.BackingImage != n.Spec.BackingImage ||
 				(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) {
 				c.enqueueImageOf(o)
 				c.enqueueImageOf(n)
 			}
 		}),
-		DeleteFunc: onDelete(c.enqueueImageOf),
+		DeleteFunc: OnDelete(c.enqueueImageOf),
 	}); err != nil {
 		return nil, err
 	}
 	// A disk found or lost changes where copies can be, and who serves them.
 	if _, err := ds.Nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: onAdd(func(*v1beta1.Node) { c.enqueueAll() }),
-		UpdateFunc: onUpdate(func(o, n *v1beta1.Node) {
+		AddFunc: OnAdd(func(*v1beta1.Node) { c.enqueueAll() }),
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.Node) {
 			if !slices.Equal(diskUUIDs(o), diskUUIDs(n)) || o.Status.APIAddress != n.Status.APIAddress ||
 				!equality.Semantic.DeepEqual(o.Spec.Disks, n.Spec.Disks) {
 				c.enqueueAll()
@@ -85,17 +85,17 @@ func NewBackingImageController(logger logrus.FieldLogger, ds *datastore.DataStor
 	}
 	// An export waits for its snapshot and for the volume's engine.
 	if _, err := ds.Snapshots.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: onUpdate(func(o, n *v1beta1.Snapshot) {
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.Snapshot) {
 			if n.Labels[types.LabelBackingImage] != "" &&
 				(o.Status.ReadyToUse != n.Status.ReadyToUse || o.Status.Error != n.Status.Error) {
-				c.queue.Add(n.Namespace + "/" + n.Labels[types.LabelBackingImage])
+				c.Queue.Add(n.Namespace + "/" + n.Labels[types.LabelBackingImage])
 			}
 		}),
 	}); err != nil {
 		return nil, err
 	}
 	if _, err := ds.Engines.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: onUpdate(func(o, n *v1beta1.Engine) {
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.Engine) {
 			if o.Status.CurrentState != n.Status.CurrentState {
 				c.enqueueExportsOf(n.Spec.VolumeName)
 			}
@@ -104,7 +104,7 @@ func NewBackingImageController(logger logrus.FieldLogger, ds *datastore.DataStor
 		return nil, err
 	}
 	if _, err := ds.Settings.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: onUpdate(func(o, st *v1beta1.Setting) {
+		UpdateFunc: OnUpdate(func(o, st *v1beta1.Setting) {
 			if isBackingImageLimitSetting(st.Name) && o.Value != st.Value {
 				c.files.noteLimitSettingChanged(types.SettingName(st.Name))
 				c.enqueueAll()
@@ -116,7 +116,7 @@ func NewBackingImageController(logger logrus.FieldLogger, ds *datastore.DataStor
 	}); err != nil {
 		return nil, err
 	}
-	return c, c.requeueOnNodeReadyChange(c.enqueueAll)
+	return c, c.RequeueOnNodeReadyChange(c.enqueueAll)
 }
 
 // Run removes stray copies left while this manager was down, then runs the
@@ -126,42 +126,42 @@ func (c *BackingImageController) Run(ctx context.Context, workers int) {
 	c.files.runCtx = ctx
 	c.files.mu.Unlock()
 	c.removeStrayCopies()
-	c.baseController.Run(ctx, workers)
+	c.BaseController.Run(ctx, workers)
 }
 
 // enqueueImageOf enqueues the image a replica uses, if any.
 func (c *BackingImageController) enqueueImageOf(r *v1beta1.Replica) {
 	if r.Spec.BackingImage != "" {
-		c.queue.Add(r.Namespace + "/" + r.Spec.BackingImage)
+		c.Queue.Add(r.Namespace + "/" + r.Spec.BackingImage)
 	}
 }
 
 // enqueueExportsOf enqueues the images exported from a volume.
 func (c *BackingImageController) enqueueExportsOf(volume string) {
-	images, err := c.ds.BackingImages.ListByIndexRO(datastore.IndexByVolume, volume)
+	images, err := c.DS.BackingImages.ListByIndexRO(datastore.IndexByVolume, volume)
 	if err != nil {
 		return
 	}
 	for _, bi := range images {
-		c.enqueue(bi)
+		c.Enqueue(bi)
 	}
 }
 
 func (c *BackingImageController) enqueueAll() {
-	for _, key := range c.ds.BackingImages.Informer().GetStore().ListKeys() {
-		c.queue.Add(key)
+	for _, key := range c.DS.BackingImages.Informer().GetStore().ListKeys() {
+		c.Queue.Add(key)
 	}
 }
 
 // enqueueByUID enqueues the image a transfer belongs to.
 func (c *BackingImageController) enqueueByUID(uid k8stypes.UID) {
-	images, err := c.ds.BackingImages.ListRO(nil)
+	images, err := c.DS.BackingImages.ListRO(nil)
 	if err != nil {
 		return
 	}
 	for _, bi := range images {
 		if bi.UID == uid {
-			c.enqueue(bi)
+			c.Enqueue(bi)
 			return
 		}
 	}

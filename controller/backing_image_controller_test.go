@@ -82,7 +82,7 @@ func buildBackingImageController(env *dstest.Env, rec record.EventRecorder, me s
 	if err != nil {
 		return nil, err
 	}
-	return c.sync, nil
+	return c.Sync, nil
 }
 
 func errConflict() error {
@@ -264,9 +264,9 @@ func TestBackingImageLocalCopies(t *testing.T) {
 
 	// Found but not checked by this process: verified in the background,
 	// still reported ready meanwhile; the mismatch fails it and removes it.
-	require.NoError(t, c.sync(context.Background(), key))
+	require.NoError(t, c.Sync(context.Background(), key))
 	require.Eventually(t, func() bool { j, ok := c.files.get(fileJobKey{"uid-img", n1}); return ok && j.done }, 10*time.Second, 10*time.Millisecond)
-	require.NoError(t, c.sync(context.Background(), key))
+	require.NoError(t, c.Sync(context.Background(), key))
 	bi := imageSpec(t, env)
 	st := bi.Status.DiskFileStatusMap[n1]
 	assert.Equal(t, v1beta1.BackingImageStateFailed, st.State)
@@ -280,14 +280,14 @@ func TestBackingImageLocalCopies(t *testing.T) {
 	_, err = env.Strata.StrataV1beta1().BackingImages(testNS).Update(context.Background(), bi, metav1.UpdateOptions{})
 	require.NoError(t, err)
 	waitCache(func(b *v1beta1.BackingImage) bool { return len(b.Spec.DiskFileSpecMap) == 0 })
-	require.NoError(t, c.sync(context.Background(), key))
+	require.NoError(t, c.Sync(context.Background(), key))
 	assert.Equal(t, v1beta1.BackingImageStateTerminating, imageSpec(t, env).Status.DiskFileStatusMap[n1].State)
 	assert.DirExists(t, copyDir)
 	waitCache(func(b *v1beta1.BackingImage) bool {
 		st := b.Status.DiskFileStatusMap[n1]
 		return st != nil && st.State == v1beta1.BackingImageStateTerminating
 	})
-	require.NoError(t, c.sync(context.Background(), key))
+	require.NoError(t, c.Sync(context.Background(), key))
 	assert.NotContains(t, imageSpec(t, env).Status.DiskFileStatusMap, n1)
 	assert.NoDirExists(t, copyDir)
 }

@@ -46,7 +46,7 @@ func (s *imageSync) exportOwnerRef() *v1beta1.TicketOwnerReference {
 func (s *imageSync) startExport(k fileJobKey, diskPath string, st *v1beta1.BackingImageDiskFileStatus) error {
 	bi := s.bi
 	volName := bi.Spec.SourceParameters[v1beta1.BackingImageParameterVolumeName]
-	vol, err := s.ds.Volumes.GetRO(volName)
+	vol, err := s.DS.Volumes.GetRO(volName)
 	if apierrors.IsNotFound(err) {
 		setFileState(st, v1beta1.BackingImageStatePending, 0, fmt.Sprintf("volume %s does not exist", volName), s.now)
 		return nil
@@ -59,20 +59,20 @@ func (s *imageSync) startExport(k fileJobKey, diskPath string, st *v1beta1.Backi
 		setFileState(st, v1beta1.BackingImageStatePending, 0, waiting, s.now)
 		return err
 	}
-	if err := s.ensureTicket(s.ctx, vol.Name, &v1beta1.AttachmentTicket{ID: exportTicketID(bi),
-		Type: v1beta1.AttacherTypeBackingImageDataSourceController, NodeID: s.controllerID,
+	if err := s.EnsureTicket(s.ctx, vol.Name, &v1beta1.AttachmentTicket{ID: exportTicketID(bi),
+		Type: v1beta1.AttacherTypeBackingImageDataSourceController, NodeID: s.ControllerID,
 		Parameters: map[string]string{v1beta1.AttachmentParameterDisableFrontend: v1beta1.AnyValue}, OwnerRef: s.exportOwnerRef()}); err != nil {
 		return err
 	}
-	eng, err := s.volumeEngine(vol)
+	eng, err := s.VolumeEngine(vol)
 	if err != nil {
 		return err
 	}
-	if !engineRunning(eng) {
+	if !EngineRunning(eng) {
 		setFileState(st, v1beta1.BackingImageStatePending, 0, fmt.Sprintf("waiting for volume %s to attach", vol.Name), s.now)
 		return nil
 	}
-	client, err := s.engineDataPlane(eng)
+	client, err := s.EngineDataPlane(eng)
 	if err != nil {
 		return err
 	}
@@ -89,9 +89,9 @@ func (s *imageSync) startExport(k fileJobKey, diskPath string, st *v1beta1.Backi
 // is not ready yet.
 func (s *imageSync) exportSnapshot(vol *v1beta1.Volume) (string, string, error) {
 	name := exportSnapshotName(s.bi)
-	snap, err := s.ds.Snapshots.GetRO(name)
+	snap, err := s.DS.Snapshots.GetRO(name)
 	if apierrors.IsNotFound(err) {
-		_, err = s.ds.Snapshots.Create(s.ctx, &v1beta1.Snapshot{
+		_, err = s.DS.Snapshots.Create(s.ctx, &v1beta1.Snapshot{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.bi.Namespace,
 				Labels: map[string]string{types.LabelVolume: vol.Name, types.LabelBackingImage: s.bi.Name},
 				OwnerReferences: []metav1.OwnerReference{{APIVersion: v1beta1.SchemeGroupVersion.String(), Kind: "BackingImage",
@@ -141,26 +141,26 @@ func exportSnapshotTo(ctx context.Context, client engineapi.DataPlane, engine, s
 	if err = errors.Join(err, f.Sync(), f.Close()); err != nil {
 		return imagefile.Result{}, fmt.Errorf("snapshot %s of engine %s: %w", snapshot, engine, err)
 	}
-	return imagefile.PrepareRaw(ctx, part, filepath.Join(dir, backingFileName), checksum)
+	return imagefile.PrepareRaw(ctx, part, filepath.Join(dir, BackingFileName), checksum)
 }
 
 // releaseExport drops the export's ticket and snapshot once a copy is ready
 // (only what the cache still shows, so a quiet image costs no calls).
 func (s *imageSync) releaseExport() error {
 	bi := s.bi
-	if bi.Spec.SourceType != v1beta1.BackingImageSourceTypeExportFromVolume || len(readyCopies(bi)) == 0 {
+	if bi.Spec.SourceType != v1beta1.BackingImageSourceTypeExportFromVolume || len(ReadyCopies(bi)) == 0 {
 		return nil
 	}
 	vol := bi.Spec.SourceParameters[v1beta1.BackingImageParameterVolumeName]
-	if va, err := s.ds.VolumeAttachments.GetRO(vol); err == nil {
+	if va, err := s.DS.VolumeAttachments.GetRO(vol); err == nil {
 		if _, ok := va.Spec.AttachmentTickets[exportTicketID(bi)]; ok {
-			if err := s.removeTicket(s.ctx, vol, exportTicketID(bi)); err != nil {
+			if err := s.RemoveTicket(s.ctx, vol, exportTicketID(bi)); err != nil {
 				return err
 			}
 		}
 	}
-	if _, err := s.ds.Snapshots.GetRO(exportSnapshotName(bi)); err == nil {
-		if err := s.ds.Snapshots.Delete(s.ctx, exportSnapshotName(bi)); err != nil && !apierrors.IsNotFound(err) {
+	if _, err := s.DS.Snapshots.GetRO(exportSnapshotName(bi)); err == nil {
+		if err := s.DS.Snapshots.Delete(s.ctx, exportSnapshotName(bi)); err != nil && !apierrors.IsNotFound(err) {
 			return err
 		}
 	}

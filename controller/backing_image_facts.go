@@ -32,11 +32,11 @@ const (
 // messages carry no progress, so a download costs the volume no writes.
 // Pure: the condition, the BackingImage handler's filter and the replica's
 // condition share it.
-func backingImageVerdict(name string, bi *v1beta1.BackingImage) (ok bool, reason, message string) {
+func BackingImageVerdict(name string, bi *v1beta1.BackingImage) (ok bool, reason, message string) {
 	switch {
 	case bi == nil:
 		return false, BackingImageReadyReasonMissing, fmt.Sprintf("backing image %s does not exist", name)
-	case len(readyCopies(bi)) > 0:
+	case len(ReadyCopies(bi)) > 0:
 		return true, BackingImageReadyReasonReady, fmt.Sprintf("backing image %s has a ready copy", name)
 	}
 	if failure := imageFailure(bi); failure != "" {
@@ -59,15 +59,15 @@ func imageFailure(bi *v1beta1.BackingImage) string {
 
 // backingImageVerdictChanged: an image update changed what its volumes'
 // condition says; its download progress and last-use times do not.
-func backingImageVerdictChanged(o, n *v1beta1.BackingImage) bool {
-	ook, oreason, omsg := backingImageVerdict(o.Name, o)
-	nok, nreason, nmsg := backingImageVerdict(n.Name, n)
+func BackingImageVerdictChanged(o, n *v1beta1.BackingImage) bool {
+	ook, oreason, omsg := BackingImageVerdict(o.Name, o)
+	nok, nreason, nmsg := BackingImageVerdict(n.Name, n)
 	return ook != nok || oreason != nreason || omsg != nmsg
 }
 
 // imageNotReady is the volume's BackingImageReady condition while False.
-func imageNotReady(vol *v1beta1.Volume) *metav1.Condition {
-	c := findCondition(vol.Status.Conditions, VolumeConditionBackingImageReady)
+func ImageNotReady(vol *v1beta1.Volume) *metav1.Condition {
+	c := FindCondition(vol.Status.Conditions, VolumeConditionBackingImageReady)
 	if c == nil || c.Status != metav1.ConditionFalse {
 		return nil
 	}
@@ -76,8 +76,8 @@ func imageNotReady(vol *v1beta1.Volume) *metav1.Condition {
 
 // imageBlocking is the volume's BackingImageReady condition while the image
 // failed or is gone: the volume cannot attach until that changes.
-func imageBlocking(vol *v1beta1.Volume) *metav1.Condition {
-	c := imageNotReady(vol)
+func ImageBlocking(vol *v1beta1.Volume) *metav1.Condition {
+	c := ImageNotReady(vol)
 	if c == nil || (c.Reason != BackingImageReadyReasonFailed && c.Reason != BackingImageReadyReasonMissing) {
 		return nil
 	}
@@ -86,9 +86,9 @@ func imageBlocking(vol *v1beta1.Volume) *metav1.Condition {
 
 // backingImageConditionChanged: the AD controller's ticket messages quote
 // the condition, so a change of it is a change for them.
-func backingImageConditionChanged(o, n *v1beta1.Volume) bool {
-	oc := findCondition(o.Status.Conditions, VolumeConditionBackingImageReady)
-	nc := findCondition(n.Status.Conditions, VolumeConditionBackingImageReady)
+func BackingImageConditionChanged(o, n *v1beta1.Volume) bool {
+	oc := FindCondition(o.Status.Conditions, VolumeConditionBackingImageReady)
+	nc := FindCondition(n.Status.Conditions, VolumeConditionBackingImageReady)
 	if oc == nil || nc == nil {
 		return (oc == nil) != (nc == nil)
 	}

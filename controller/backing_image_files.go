@@ -276,14 +276,14 @@ func retryDelay(attempts int32) time.Duration {
 // (directory names "<name>-<uuid>") accounts for: left by an image deleted
 // while this node was down, or by a crash between a removal's steps.
 func strayImageDirs(diskPath string, keep map[string]bool) []string {
-	entries, err := os.ReadDir(filepath.Join(diskPath, backingImagesDir))
+	entries, err := os.ReadDir(filepath.Join(diskPath, BackingImagesDir))
 	if err != nil {
 		return nil
 	}
 	var out []string
 	for _, e := range entries {
 		if e.IsDir() && !keep[e.Name()] && !strings.HasPrefix(e.Name(), ".") {
-			out = append(out, filepath.Join(diskPath, backingImagesDir, e.Name()))
+			out = append(out, filepath.Join(diskPath, BackingImagesDir, e.Name()))
 		}
 	}
 	return out

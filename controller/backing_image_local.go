@@ -26,7 +26,7 @@ func (s *imageSync) reconcileLocalCopies() error {
 	if bi.Status.UUID == "" {
 		return nil // the owner names the image's files first
 	}
-	node, err := s.ds.Nodes.GetRO(s.controllerID)
+	node, err := s.DS.Nodes.GetRO(s.ControllerID)
 	if err != nil {
 		return nil // not registered yet; its add event brings every image back
 	}
@@ -82,7 +82,7 @@ func (s *imageSync) removeCopy(disk, diskPath string, st *v1beta1.BackingImageDi
 		return fmt.Errorf("backing image %s: %s", s.bi.Name, st.Message)
 	}
 	delete(s.bi.Status.DiskFileStatusMap, disk)
-	s.recorder.Eventf(s.bi, corev1.EventTypeNormal, EventReasonBackingImageCleanedUp, "removed the copy on disk %s (%s)", disk, dir)
+	s.Recorder.Eventf(s.bi, corev1.EventTypeNormal, EventReasonBackingImageCleanedUp, "removed the copy on disk %s (%s)", disk, dir)
 	return nil
 }
 
@@ -140,7 +140,7 @@ func (s *imageSync) holdFailed(k fileJobKey, st *v1beta1.BackingImageDiskFileSta
 		gen, ok = st.FailedGeneration, true
 	}
 	if ok {
-		if gen == s.bi.Generation && !limitSettingMoved(s.ds, st) {
+		if gen == s.bi.Generation && !limitSettingMoved(s.DS, st) {
 			return true
 		}
 		s.files.forgetFailure(k)
@@ -148,7 +148,7 @@ func (s *imageSync) holdFailed(k fileJobKey, st *v1beta1.BackingImageDiskFileSta
 		return false
 	}
 	if wait := s.retryWait(st); wait > 0 {
-		s.queue.AddAfter(s.key, wait)
+		s.Queue.AddAfter(s.key, wait)
 		return true
 	}
 	return false
@@ -170,7 +170,7 @@ func (s *imageSync) recordJob(disk string, st *v1beta1.BackingImageDiskFileStatu
 	if job.err != nil {
 		if errors.Is(job.err, context.Canceled) {
 			setFileState(st, v1beta1.BackingImageStatePending, 0, "the transfer was stopped; starting again", s.now)
-			s.queue.Add(s.key)
+			s.Queue.Add(s.key)
 			return nil
 		}
 		s.recordFailure(k, st, job)
@@ -181,7 +181,7 @@ func (s *imageSync) recordJob(disk string, st *v1beta1.BackingImageDiskFileStatu
 		s.bi.Status.Size = job.result.SourceSize
 	}
 	if st.State != v1beta1.BackingImageStateReady {
-		s.recorder.Eventf(s.bi, corev1.EventTypeNormal, EventReasonBackingImageReady, "the copy on disk %s is ready (%s)", disk, job.kind)
+		s.Recorder.Eventf(s.bi, corev1.EventTypeNormal, EventReasonBackingImageReady, "the copy on disk %s is ready (%s)", disk, job.kind)
 	}
 	st.Attempts, st.FailedGeneration = 0, 0
 	setFileState(st, v1beta1.BackingImageStateReady, 100, "", s.now)
@@ -214,14 +214,14 @@ func permanentCopyError(err error) bool {
 func (s *imageSync) recordFailure(k fileJobKey, st *v1beta1.BackingImageDiskFileStatus, job fileJob) {
 	st.Attempts++
 	msg := fmt.Sprintf("%s: %v", job.kind, job.err)
-	log := s.logger.WithFields(logrus.Fields{"backingImage": s.bi.Name, "disk": k.disk, "attempt": st.Attempts}).WithError(job.err)
+	log := s.Logger.WithFields(logrus.Fields{"backingImage": s.bi.Name, "disk": k.disk, "attempt": st.Attempts}).WithError(job.err)
 	name := limitSetting(job.err)
 	if name != "" && s.files.limitChangedSince(name, job.startedAt) {
 		// Refused by a cap whose value changed while it ran: it may have
 		// run with the old value, so it is retried now, not held.
 		setFileState(st, v1beta1.BackingImageStateFailed, 0, msg, s.now)
 		log.WithField("setting", name).Info("Backing image copy refused by a setting that changed meanwhile; retrying now")
-		s.queue.Add(s.key)
+		s.Queue.Add(s.key)
 		return
 	}
 	if permanentCopyError(job.err) {
@@ -229,12 +229,12 @@ func (s *imageSync) recordFailure(k fileJobKey, st *v1beta1.BackingImageDiskFile
 		st.FailedGeneration = job.generation // survives a manager restart
 		st.FailedSetting, st.FailedSettingValue = "", ""
 		if name != "" {
-			value, _ := s.ds.GetSettingValue(name) // from the cache; "" if unset, which any value differs from
+			value, _ := s.DS.GetSettingValue(name) // from the cache; "" if unset, which any value differs from
 			st.FailedSetting, st.FailedSettingValue = string(name), value
 		}
 		msg += "; " + notRetriedHint(job.kind, job.err)
 		setFileState(st, v1beta1.BackingImageStateFailed, 0, msg, s.now)
-		s.recorder.Eventf(s.bi, corev1.EventTypeWarning, EventReasonBackingImageFailed, "disk %s: %s", k.disk, msg)
+		s.Recorder.Eventf(s.bi, corev1.EventTypeWarning, EventReasonBackingImageFailed, "disk %s: %s", k.disk, msg)
 		if name != "" {
 			log = log.WithField("setting", name)
 		}
@@ -242,10 +242,10 @@ func (s *imageSync) recordFailure(k fileJobKey, st *v1beta1.BackingImageDiskFile
 		return
 	}
 	setFileState(st, v1beta1.BackingImageStateFailed, 0, msg, s.now)
-	s.recorder.Eventf(s.bi, corev1.EventTypeWarning, EventReasonBackingImageFailed, "disk %s, attempt %d: %s (next try in %s)",
+	s.Recorder.Eventf(s.bi, corev1.EventTypeWarning, EventReasonBackingImageFailed, "disk %s, attempt %d: %s (next try in %s)",
 		k.disk, st.Attempts, msg, retryDelay(st.Attempts))
 	log.WithField("retryIn", retryDelay(st.Attempts)).Warn("Backing image copy failed, will retry")
-	s.queue.AddAfter(s.key, retryDelay(st.Attempts))
+	s.Queue.AddAfter(s.key, retryDelay(st.Attempts))
 }
 
 // Job kinds, as they appear in a copy's message.
@@ -261,7 +261,7 @@ const (
 func (s *imageSync) startTransfer(k fileJobKey, diskPath string, st *v1beta1.BackingImageDiskFileStatus) error {
 	bi := s.bi
 	dir := BackingImageDir(diskPath, bi.Name, bi.Status.UUID)
-	file := filepath.Join(dir, backingFileName)
+	file := filepath.Join(dir, BackingFileName)
 	want := bi.Status.Checksum
 	src, waiting := s.copySource(k.disk)
 	var kind string
@@ -308,11 +308,11 @@ func (s *imageSync) startTransfer(k fileJobKey, diskPath string, st *v1beta1.Bac
 // prepares the raw image beside it within the size cap. A part file that
 // turned out not to be a usable image goes, so the next try fetches afresh.
 func (s *imageSync) download(ctx context.Context, report jobReport, imageURL, dir, checksum string) (imagefile.Result, error) {
-	policy, err := downloadPolicy(s.ds)
+	policy, err := downloadPolicy(s.DS)
 	if err != nil {
 		return imagefile.Result{}, err
 	}
-	limits, err := imageLimits(s.ds)
+	limits, err := imageLimits(s.DS)
 	if err != nil {
 		return imagefile.Result{}, err
 	}
@@ -326,7 +326,7 @@ func (s *imageSync) download(ctx context.Context, report jobReport, imageURL, di
 		}
 		return imagefile.Result{}, err
 	}
-	res, err := imagefile.Prepare(ctx, part, filepath.Join(dir, backingFileName), checksum, limits)
+	res, err := imagefile.Prepare(ctx, part, filepath.Join(dir, BackingFileName), checksum, limits)
 	if err != nil && ctx.Err() == nil {
 		os.Remove(part)
 		return res, err
@@ -376,19 +376,19 @@ type copySource struct {
 func (s *imageSync) copySource(disk string) (copySource, string) {
 	bi := s.bi
 	var remote []copySource
-	for _, r := range readyCopies(bi) {
+	for _, r := range ReadyCopies(bi) {
 		if r == disk {
 			continue
 		}
-		loc, ok := s.ds.LocateDisk(r)
+		loc, ok := s.DS.LocateDisk(r)
 		if !ok {
 			continue
 		}
-		if loc.Node == s.controllerID {
+		if loc.Node == s.ControllerID {
 			return copySource{disk: r, node: loc.Node, localPath: BackingImageFile(loc.Path, bi)}, ""
 		}
-		node, err := s.ds.Nodes.GetRO(loc.Node)
-		if err == nil && node.Status.APIAddress != "" && s.ds.IsNodeAlive(loc.Node) {
+		node, err := s.DS.Nodes.GetRO(loc.Node)
+		if err == nil && node.Status.APIAddress != "" && s.DS.IsNodeAlive(loc.Node) {
 			remote = append(remote, copySource{disk: r, node: loc.Node, url: fmt.Sprintf("%s://%s/v1/backingimages/%s/disks/%s/file?uuid=%s",
 				s.peerScheme, node.Status.APIAddress, url.PathEscape(bi.Name), url.PathEscape(r), url.QueryEscape(bi.Status.UUID))})
 		}
@@ -396,7 +396,7 @@ func (s *imageSync) copySource(disk string) (copySource, string) {
 	if len(remote) > 0 {
 		return remote[0], ""
 	}
-	if len(readyCopies(bi)) > 0 {
+	if len(ReadyCopies(bi)) > 0 {
 		return copySource{}, "waiting for a node holding a ready copy to be reachable"
 	}
 	switch {
@@ -415,6 +415,6 @@ func (s *imageSync) copySource(disk string) (copySource, string) {
 // startJob starts a transfer, tying it to this image's key. Each start is
 // logged: a copy retried without end shows as a run of these lines.
 func (s *imageSync) startJob(k fileJobKey, kind string, work func(ctx context.Context, report jobReport) (imagefile.Result, error)) {
-	s.logger.WithFields(logrus.Fields{"backingImage": s.bi.Name, "disk": k.disk, "kind": kind}).Info("Starting backing image transfer")
+	s.Logger.WithFields(logrus.Fields{"backingImage": s.bi.Name, "disk": k.disk, "kind": kind}).Info("Starting backing image transfer")
 	s.files.start(k, kind, s.bi.Generation, work)
 }

@@ -101,7 +101,7 @@ func TestBackingImageFailureIsPermanentOrRetried(t *testing.T) {
 			env, c, rec := fetchEnv(t)
 			kind := cmp.Or(tc.kind, jobDownloading)
 			finishJob(c, kind, tc.err)
-			require.NoError(t, c.sync(context.Background(), testNS+"/img"))
+			require.NoError(t, c.Sync(context.Background(), testNS+"/img"))
 
 			st := imageSpec(t, env).Status.DiskFileStatusMap["uuid-node-1"]
 			assert.Equal(t, v1beta1.BackingImageStateFailed, st.State)
@@ -175,7 +175,7 @@ func TestBackingImageChecksumMismatchNotRetried(t *testing.T) {
 		}, 5*time.Second, 5*time.Millisecond)
 	}
 	finishJob(c, jobDownloading, fmt.Errorf("%w: spec.checksum is ab, the image's raw data has SHA-512 cd", imagefile.ErrChecksumMismatch))
-	require.NoError(t, c.sync(ctx, key))
+	require.NoError(t, c.Sync(ctx, key))
 	waitCache(func(b *v1beta1.BackingImage) bool {
 		return b.Status.DiskFileStatusMap["uuid-node-1"].State == v1beta1.BackingImageStateFailed
 	})
@@ -183,7 +183,7 @@ func TestBackingImageChecksumMismatchNotRetried(t *testing.T) {
 
 	env.Clock.Step(time.Hour) // far past any back-off
 	env.ClearActions()
-	require.NoError(t, c.sync(ctx, key))
+	require.NoError(t, c.Sync(ctx, key))
 	assert.Empty(t, writes(env.Strata.Actions()), "nothing to write")
 	assert.Empty(t, drainEvents(rec), "no event")
 	_, started := c.files.get(fetchKey)
@@ -193,7 +193,7 @@ func TestBackingImageChecksumMismatchNotRetried(t *testing.T) {
 
 	// A restarted manager knows the failure only from the status: still held.
 	c.files.forgetFailure(fetchKey)
-	require.NoError(t, c.sync(ctx, key))
+	require.NoError(t, c.Sync(ctx, key))
 	assert.Empty(t, writes(env.Strata.Actions()), "nothing to write after a restart")
 	_, started = c.files.get(fetchKey)
 	assert.False(t, started, "no transfer started after a restart")
@@ -203,7 +203,7 @@ func TestBackingImageChecksumMismatchNotRetried(t *testing.T) {
 	_, err := env.Strata.StrataV1beta1().BackingImages(testNS).Update(ctx, bi, metav1.UpdateOptions{})
 	require.NoError(t, err)
 	waitCache(func(b *v1beta1.BackingImage) bool { return b.Generation == 3 })
-	require.NoError(t, c.sync(ctx, key))
+	require.NoError(t, c.Sync(ctx, key))
 	job, started := c.files.get(fetchKey)
 	require.True(t, started, "the spec changed: fetched again")
 	assert.Equal(t, jobDownloading, job.kind)
@@ -226,9 +226,9 @@ func TestBackingImageLimitSettingChangeRetries(t *testing.T) {
 		return err == nil
 	}, 5*time.Second, 5*time.Millisecond)
 
-	require.NoError(t, c.sync(ctx, key))
+	require.NoError(t, c.Sync(ctx, key))
 	require.Eventually(t, func() bool { j, _ := c.files.get(fetchKey); return j.done }, 10*time.Second, 10*time.Millisecond)
-	require.NoError(t, c.sync(ctx, key))
+	require.NoError(t, c.Sync(ctx, key))
 	require.Eventually(t, func() bool {
 		b, err := env.DS.BackingImages.GetRO("img")
 		return err == nil && b.Status.DiskFileStatusMap["uuid-node-1"].State == v1beta1.BackingImageStateFailed
@@ -237,7 +237,7 @@ func TestBackingImageLimitSettingChangeRetries(t *testing.T) {
 	assert.Contains(t, st.Message, "connecting to 127.0.0.1:1 refused: a loopback address")
 	assert.Contains(t, st.Message, "not retried until the image's spec or the setting backing-image-download-allow-local-addresses changes")
 	drainEvents(rec)
-	require.NoError(t, c.sync(ctx, key))
+	require.NoError(t, c.Sync(ctx, key))
 	_, started := c.files.get(fetchKey)
 	require.False(t, started, "held: failed for good")
 
@@ -252,7 +252,7 @@ func TestBackingImageLimitSettingChangeRetries(t *testing.T) {
 		v, err := env.DS.GetSettingValue(types.SettingBackingImageDownloadAllowLocal)
 		return err == nil && v == "true"
 	}, 5*time.Second, 5*time.Millisecond, "the setting's update is in the cache")
-	require.NoError(t, c.sync(ctx, key))
+	require.NoError(t, c.Sync(ctx, key))
 	job, started := c.files.get(fetchKey)
 	require.True(t, started, "the setting changed: fetched again")
 	assert.Equal(t, jobDownloading, job.kind)
@@ -267,7 +267,7 @@ func TestBackingImageRefusedWhileItsSettingChanged(t *testing.T) {
 	env, c, _ := fetchEnv(t)
 	finishJob(c, jobDownloading, refusedDownload(t))
 	c.files.noteLimitSettingChanged(types.SettingBackingImageDownloadAllowLocal)
-	require.NoError(t, c.sync(context.Background(), testNS+"/img"))
+	require.NoError(t, c.Sync(context.Background(), testNS+"/img"))
 	st := imageSpec(t, env).Status.DiskFileStatusMap["uuid-node-1"]
 	assert.Equal(t, v1beta1.BackingImageStateFailed, st.State)
 	assert.Zero(t, st.FailedGeneration, "not held for good")
@@ -311,8 +311,8 @@ func TestBackingImageFinishedJobSurvivesAConflictingStatusWrite(t *testing.T) {
 				conflicts--
 				return true, nil, apierrors.NewConflict(v1beta1.Resource("backingimages"), "img", errors.New("the object has been modified"))
 			})
-			require.Error(t, c.sync(ctx, key), "the first write conflicts")
-			require.NoError(t, c.sync(ctx, key))
+			require.Error(t, c.Sync(ctx, key), "the first write conflicts")
+			require.NoError(t, c.Sync(ctx, key))
 
 			bi := imageSpec(t, env)
 			st := bi.Status.DiskFileStatusMap["uuid-node-1"]

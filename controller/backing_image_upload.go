@@ -22,7 +22,7 @@ import (
 // this node, for a peer to fetch. uuid must be the image's: a peer with a
 // stale view never gets the file of an earlier image of the same name.
 func (c *BackingImageController) CopyFile(image, disk, uuid string) (string, error) {
-	bi, err := c.ds.BackingImages.GetRO(image)
+	bi, err := c.DS.BackingImages.GetRO(image)
 	if err != nil {
 		return "", fmt.Errorf("backing image %s: %w", image, types.ErrImageNotFound)
 	}
@@ -31,7 +31,7 @@ func (c *BackingImageController) CopyFile(image, disk, uuid string) (string, err
 	}
 	path, ok := c.localDiskPath(disk)
 	if !ok {
-		return "", fmt.Errorf("disk %s is not on node %s: %w", disk, c.controllerID, types.ErrImageNotFound)
+		return "", fmt.Errorf("disk %s is not on node %s: %w", disk, c.ControllerID, types.ErrImageNotFound)
 	}
 	if !c.files.isVerified(fileJobKey{bi.UID, disk}) {
 		return "", fmt.Errorf("the copy of %s on disk %s is not ready: %w", image, disk, types.ErrImageNotReady)
@@ -41,8 +41,8 @@ func (c *BackingImageController) CopyFile(image, disk, uuid string) (string, err
 
 // localDiskPath is the path of this node's disk with the given UUID.
 func (c *BackingImageController) localDiskPath(disk string) (string, bool) {
-	loc, ok := c.ds.LocateDisk(disk)
-	if !ok || loc.Node != c.controllerID {
+	loc, ok := c.DS.LocateDisk(disk)
+	if !ok || loc.Node != c.ControllerID {
 		return "", false
 	}
 	return loc.Path, true
@@ -64,7 +64,7 @@ func (c *BackingImageController) localDiskPath(disk string) (string, bool) {
 // to a job still reading it; a client that goes away ends the transfer.
 func (c *BackingImageController) Upload(ctx context.Context, image string, body io.Reader, size int64) (imagefile.Result, error) {
 	var res imagefile.Result
-	bi, err := c.ds.BackingImages.GetROOrLive(ctx, image)
+	bi, err := c.DS.BackingImages.GetROOrLive(ctx, image)
 	if apierrors.IsNotFound(err) {
 		return res, fmt.Errorf("backing image %s does not exist: %w", image, types.ErrImageNotFound)
 	}
@@ -73,13 +73,13 @@ func (c *BackingImageController) Upload(ctx context.Context, image string, body 
 	}
 	if !c.files.beginUpload(bi.UID) {
 		return res, fmt.Errorf("an upload of backing image %s is already in progress on node %s; wait for it to end: %w",
-			image, c.controllerID, types.ErrImageConflict)
+			image, c.ControllerID, types.ErrImageConflict)
 	}
 	claimed := false
 	defer func() {
 		c.files.endUpload(bi.UID)
 		if claimed { // the sync sees the mark gone: a claim with no upload behind it is withdrawn
-			c.queue.Add(bi.Namespace + "/" + bi.Name)
+			c.Queue.Add(bi.Namespace + "/" + bi.Name)
 		}
 	}()
 	switch {
@@ -87,7 +87,7 @@ func (c *BackingImageController) Upload(ctx context.Context, image string, body 
 		return res, fmt.Errorf("backing image %s has sourceType %s, not upload: %w", image, bi.Spec.SourceType, types.ErrImageConflict)
 	case bi.DeletionTimestamp != nil:
 		return res, fmt.Errorf("backing image %s is being deleted: %w", image, types.ErrImageConflict)
-	case len(readyCopies(bi)) > 0:
+	case len(ReadyCopies(bi)) > 0:
 		return res, fmt.Errorf("backing image %s already holds its data; create another image for other data: %w", image, types.ErrImageConflict)
 	case bi.Status.UUID == "":
 		return res, fmt.Errorf("backing image %s is not initialised yet; try again in a moment: %w", image, types.ErrImageNotReady)
@@ -122,7 +122,7 @@ func (c *BackingImageController) Upload(ctx context.Context, image string, body 
 	if ended == nil { // a job for the disk appeared since the check above
 		return res, fmt.Errorf("another transfer of %s onto disk %s started: %w", image, disk, types.ErrImageConflict)
 	}
-	c.queue.Add(bi.Namespace + "/" + bi.Name)
+	c.Queue.Add(bi.Namespace + "/" + bi.Name)
 	<-ended
 	if !ran { // stopped while waiting for a transfer slot
 		if err = ctx.Err(); err == nil {
@@ -142,8 +142,8 @@ func (c *BackingImageController) uploadElsewhere(bi *v1beta1.BackingImage) error
 	if first == "" || st == nil || st.State != v1beta1.BackingImageStateInProgress || st.Message != jobUploading {
 		return nil
 	}
-	loc, ok := c.ds.LocateDisk(first)
-	if !ok || loc.Node == c.controllerID || !c.ds.IsNodeAlive(loc.Node) {
+	loc, ok := c.DS.LocateDisk(first)
+	if !ok || loc.Node == c.ControllerID || !c.DS.IsNodeAlive(loc.Node) {
 		return nil // this node's own mark is in memory (beginUpload), not in status
 	}
 	return fmt.Errorf("an upload of backing image %s is already in progress on node %s; wait for it to end: %w",
@@ -192,18 +192,18 @@ func (c *BackingImageController) receive(ctx context.Context, report jobReport, 
 	if err := errors.Join(f.Sync(), f.Close()); err != nil {
 		return imagefile.Result{}, err
 	}
-	limits, err := imageLimits(c.ds)
+	limits, err := imageLimits(c.DS)
 	if err != nil {
 		return imagefile.Result{}, err
 	}
-	return imagefile.Prepare(ctx, part, filepath.Join(dir, backingFileName), checksum, limits)
+	return imagefile.Prepare(ctx, part, filepath.Join(dir, BackingFileName), checksum, limits)
 }
 
 // uploadDisk picks this node's schedulable disk with the most room.
 func (c *BackingImageController) uploadDisk() (uuid, path string, err error) {
-	node, err := c.ds.Nodes.GetRO(c.controllerID)
+	node, err := c.DS.Nodes.GetRO(c.ControllerID)
 	if err != nil {
-		return "", "", fmt.Errorf("node %s is not registered yet: %w", c.controllerID, types.ErrImageNotReady)
+		return "", "", fmt.Errorf("node %s is not registered yet: %w", c.ControllerID, types.ErrImageNotReady)
 	}
 	best := int64(-1)
 	for name, st := range node.Status.DiskStatus {
@@ -214,7 +214,7 @@ func (c *BackingImageController) uploadDisk() (uuid, path string, err error) {
 		}
 	}
 	if uuid == "" {
-		return "", "", fmt.Errorf("node %s has no schedulable disk to receive the upload: %w", c.controllerID, types.ErrImageNotReady)
+		return "", "", fmt.Errorf("node %s has no schedulable disk to receive the upload: %w", c.ControllerID, types.ErrImageNotReady)
 	}
 	return uuid, path, nil
 }
@@ -228,13 +228,13 @@ func (c *BackingImageController) claimUploadDisk(ctx context.Context, image, dis
 }
 
 func (c *BackingImageController) claimUploadDiskOnce(ctx context.Context, image, disk string) error {
-	bi, err := c.ds.BackingImages.GetLive(ctx, image)
+	bi, err := c.DS.BackingImages.GetLive(ctx, image)
 	if err != nil {
 		return err
 	}
 	// Checked again on each read: another manager's claim may have landed
 	// since the cached read, and then this claim's write conflicts.
-	if len(readyCopies(bi)) > 0 {
+	if len(ReadyCopies(bi)) > 0 {
 		return fmt.Errorf("backing image %s already holds its data; create another image for other data: %w", image, types.ErrImageConflict)
 	}
 	if err := c.uploadElsewhere(bi); err != nil {
@@ -245,7 +245,7 @@ func (c *BackingImageController) claimUploadDiskOnce(ctx context.Context, image,
 			bi.Spec.DiskFileSpecMap = map[string]*v1beta1.BackingImageDiskFileSpec{}
 		}
 		bi.Spec.DiskFileSpecMap[disk] = &v1beta1.BackingImageDiskFileSpec{}
-		if bi, err = c.ds.BackingImages.Update(ctx, bi); err != nil {
+		if bi, err = c.DS.BackingImages.Update(ctx, bi); err != nil {
 			return err
 		}
 	}
@@ -260,8 +260,8 @@ func (c *BackingImageController) claimUploadDiskOnce(ctx context.Context, image,
 			st = &v1beta1.BackingImageDiskFileStatus{}
 			bi.Status.DiskFileStatusMap[disk] = st
 		}
-		setFileState(st, v1beta1.BackingImageStateInProgress, 0, jobUploading, c.ds.Clock.Now())
-		if _, err := c.ds.BackingImages.UpdateStatus(ctx, bi); err != nil {
+		setFileState(st, v1beta1.BackingImageStateInProgress, 0, jobUploading, c.DS.Clock.Now())
+		if _, err := c.DS.BackingImages.UpdateStatus(ctx, bi); err != nil {
 			return err
 		}
 	}
@@ -273,7 +273,7 @@ func (c *BackingImageController) claimUploadDiskOnce(ctx context.Context, image,
 // disks when one holds it, else fetched from the manager of a node that
 // does (the peer route, with this manager's certificate) and passed on.
 func (c *BackingImageController) Download(ctx context.Context, image string, w io.Writer) error {
-	bi, err := c.ds.BackingImages.GetRO(image)
+	bi, err := c.DS.BackingImages.GetRO(image)
 	if err != nil {
 		return fmt.Errorf("backing image %s: %w", image, types.ErrImageNotFound)
 	}

@@ -115,7 +115,7 @@ func TestBackingImageUploadOneAtATime(t *testing.T) {
 	}
 	require.ErrorContains(t, r.err, "client went away")
 	assert.False(t, c.files.uploading("uid-img"), "no upload is marked once it ended")
-	require.NoError(t, c.sync(ctx, testNS+"/img"))
+	require.NoError(t, c.Sync(ctx, testNS+"/img"))
 	st := imageSpec(t, env).Status.DiskFileStatusMap["uuid-node-1"]
 	require.NotNil(t, st)
 	assert.Equal(t, v1beta1.BackingImageStateFailed, st.State)
@@ -130,9 +130,9 @@ func TestBackingImageUploadOneAtATime(t *testing.T) {
 	res, err := c.Upload(ctx, "img", bytes.NewReader(img), int64(len(img)))
 	require.NoError(t, err)
 	assert.Equal(t, sha512Of(string(img)), res.Checksum)
-	_, err = os.Stat(filepath.Join(BackingImageDir(dir, "img", "abcd1234"), backingFileName))
+	_, err = os.Stat(filepath.Join(BackingImageDir(dir, "img", "abcd1234"), BackingFileName))
 	require.NoError(t, err)
-	require.NoError(t, c.sync(ctx, testNS+"/img"))
+	require.NoError(t, c.Sync(ctx, testNS+"/img"))
 	bi := imageSpec(t, env)
 	assert.Equal(t, v1beta1.BackingImageStateReady, bi.Status.DiskFileStatusMap["uuid-node-1"].State)
 	assert.Equal(t, sha512Of(string(img)), bi.Status.Checksum)

@@ -63,7 +63,7 @@ type backupSync struct {
 }
 
 func (c *BackupController) syncBackup(ctx context.Context, key string) error {
-	bRO, ok, err := getResponsible(c.baseController, c.ds.Backups, key, c.backupOwnerAndNode)
+	bRO, ok, err := GetResponsible(c.BaseController, c.DS.Backups, key, c.backupOwnerAndNode)
 	if err != nil || !ok {
 		return err
 	}
@@ -75,14 +75,14 @@ func (c *BackupController) syncBackup(ctx context.Context, key string) error {
 	}
 	if !slices.Contains(bRO.Finalizers, types.FinalizerName) {
 		// The update event brings the backup back.
-		_, err := c.ds.Backups.AddFinalizer(ctx, bRO, types.FinalizerName)
+		_, err := c.DS.Backups.AddFinalizer(ctx, bRO, types.FinalizerName)
 		return err
 	}
 	b := bRO.DeepCopy()
-	b.Status.OwnerID = c.controllerID
+	b.Status.OwnerID = c.ControllerID
 	actErr := c.reconcileBackup(ctx, b)
 	if !equality.Semantic.DeepEqual(bRO.Status, b.Status) {
-		if _, err := c.ds.Backups.UpdateStatus(ctx, b); err != nil {
+		if _, err := c.DS.Backups.UpdateStatus(ctx, b); err != nil {
 			return errors.Join(actErr, err)
 		}
 	}
@@ -96,16 +96,16 @@ func (c *BackupController) syncBackup(ctx context.Context, key string) error {
 // volume is (or is being) attached to, which sees the engine's instance
 // events. A finished one stays with its owner.
 func (c *BackupController) backupOwnerAndNode(b *v1beta1.Backup) (string, string) {
-	if backupFinished(b) && b.DeletionTimestamp == nil {
+	if BackupFinished(b) && b.DeletionTimestamp == nil {
 		return b.Status.OwnerID, ""
 	}
 	volume := backupVolumeName(b)
 	if volume == "" && b.Spec.SnapshotName != "" {
-		if s, err := c.ds.Snapshots.GetRO(b.Spec.SnapshotName); err == nil {
+		if s, err := c.DS.Snapshots.GetRO(b.Spec.SnapshotName); err == nil {
 			volume = s.Spec.Volume
 		}
 	}
-	if v, err := c.ds.Volumes.GetRO(volume); err == nil && volume != "" {
+	if v, err := c.DS.Volumes.GetRO(volume); err == nil && volume != "" {
 		if v.Status.CurrentNodeID != "" {
 			return b.Status.OwnerID, v.Status.CurrentNodeID
 		}
@@ -124,13 +124,13 @@ func backupVolumeName(b *v1beta1.Backup) string {
 // reconcileBackup moves an unfinished backup one step on; a finished one
 // only lets its volume go.
 func (c *BackupController) reconcileBackup(ctx context.Context, b *v1beta1.Backup) error {
-	if backupFinished(b) {
-		c.retries.forget(b.UID)
+	if BackupFinished(b) {
+		c.retries.Forget(b.UID)
 		c.reconcileVerify(b)
 		if b.Status.VolumeName == "" {
 			return nil
 		}
-		return c.removeTicket(ctx, b.Status.VolumeName, backupTicketID(b.Name))
+		return c.RemoveTicket(ctx, b.Status.VolumeName, backupTicketID(b.Name))
 	}
 	if b.Status.State == "" {
 		b.Status.State = v1beta1.BackupStateNew
@@ -147,7 +147,7 @@ func (c *BackupController) reconcileBackup(ctx context.Context, b *v1beta1.Backu
 	}
 	if msg := c.resolveTarget(s); msg != "" {
 		b.Status.Error = msg
-		c.queue.AddAfter(c.ds.Namespace+"/"+b.Name, backupWaitTarget)
+		c.Queue.AddAfter(c.DS.Namespace+"/"+b.Name, backupWaitTarget)
 		return nil
 	}
 	b.Status.URL = s.target.Spec.BackupTargetURL
@@ -166,7 +166,7 @@ func (c *BackupController) resolveVolume(s *backupSync) (string, error) {
 	b := s.b
 	volume := b.Labels[types.LabelVolume]
 	if b.Spec.SnapshotName != "" {
-		snap, err := c.ds.Snapshots.GetRO(b.Spec.SnapshotName)
+		snap, err := c.DS.Snapshots.GetRO(b.Spec.SnapshotName)
 		if apierrors.IsNotFound(err) {
 			return fmt.Sprintf("snapshot %s not found", b.Spec.SnapshotName), nil
 		}
@@ -180,7 +180,7 @@ func (c *BackupController) resolveVolume(s *backupSync) (string, error) {
 	} else {
 		b.Status.SnapshotName = b.Name
 	}
-	vol, err := c.ds.Volumes.GetRO(volume)
+	vol, err := c.DS.Volumes.GetRO(volume)
 	if apierrors.IsNotFound(err) || (err == nil && vol.DeletionTimestamp != nil) {
 		return fmt.Sprintf("volume %s not found", volume), nil
 	}
@@ -195,9 +195,9 @@ func (c *BackupController) resolveVolume(s *backupSync) (string, error) {
 // resolveTarget finds the default BackupTarget, or says why it cannot be
 // used yet (the backup waits for it).
 func (c *BackupController) resolveTarget(s *backupSync) string {
-	bt, err := c.ds.BackupTargets.GetRO(DefaultBackupTargetName)
+	bt, err := c.DS.BackupTargets.GetRO(DefaultBackupTargetName)
 	if err != nil {
-		return fmt.Sprintf("no backup target: create BackupTarget %s/%s (%v)", c.ds.Namespace, DefaultBackupTargetName, err)
+		return fmt.Sprintf("no backup target: create BackupTarget %s/%s (%v)", c.DS.Namespace, DefaultBackupTargetName, err)
 	}
 	if !bt.Status.Available {
 		msg := "not checked yet"
@@ -217,15 +217,15 @@ func (c *BackupController) resolveTarget(s *backupSync) string {
 func (c *BackupController) ensureBackupTicket(ctx context.Context, s *backupSync) error {
 	b := s.b
 	node := s.vol.Spec.NodeID
-	if va, err := c.ds.VolumeAttachments.GetRO(s.vol.Name); err == nil {
+	if va, err := c.DS.VolumeAttachments.GetRO(s.vol.Name); err == nil {
 		if t := va.Spec.AttachmentTickets[backupTicketID(b.Name)]; t != nil {
 			node = t.NodeID // keep the node the ticket has
 		}
 	}
 	if node == "" {
-		node = c.controllerID
+		node = c.ControllerID
 	}
-	return c.ensureTicket(ctx, s.vol.Name, &v1beta1.AttachmentTicket{ID: backupTicketID(b.Name),
+	return c.EnsureTicket(ctx, s.vol.Name, &v1beta1.AttachmentTicket{ID: backupTicketID(b.Name),
 		Type: v1beta1.AttacherTypeBackupController, NodeID: node,
 		OwnerRef: &v1beta1.TicketOwnerReference{APIVersion: v1beta1.SchemeGroupVersion.String(), Kind: "Backup",
 			Namespace: b.Namespace, Name: b.Name, UID: string(b.UID)},
@@ -237,7 +237,7 @@ func (c *BackupController) ensureBackupTicket(ctx context.Context, s *backupSync
 // system snapshot, never refused by the volume's limits).
 func (c *BackupController) backupSnapshotReady(ctx context.Context, s *backupSync) (bool, error) {
 	b := s.b
-	snap, err := c.ds.Snapshots.GetRO(b.Status.SnapshotName)
+	snap, err := c.DS.Snapshots.GetRO(b.Status.SnapshotName)
 	switch {
 	case apierrors.IsNotFound(err) && b.Spec.SnapshotName == "":
 		b.Status.Error = ""
@@ -263,7 +263,7 @@ func (c *BackupController) backupSnapshotReady(ctx context.Context, s *backupSyn
 
 func (c *BackupController) createBackupSnapshot(ctx context.Context, s *backupSync) error {
 	b := s.b
-	_, err := c.ds.Snapshots.Create(ctx, &v1beta1.Snapshot{
+	_, err := c.DS.Snapshots.Create(ctx, &v1beta1.Snapshot{
 		ObjectMeta: metav1.ObjectMeta{Name: b.Name, Namespace: b.Namespace,
 			Labels: map[string]string{types.LabelVolume: s.vol.Name},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: v1beta1.SchemeGroupVersion.String(), Kind: "Backup",
@@ -279,15 +279,15 @@ func (c *BackupController) createBackupSnapshot(ctx context.Context, s *backupSy
 // runs on this node, and follows it through the instance cache.
 func (c *BackupController) runBackupJob(ctx context.Context, s *backupSync) error {
 	b := s.b
-	e, err := c.volumeEngine(s.vol)
+	e, err := c.VolumeEngine(s.vol)
 	if err != nil {
 		return err
 	}
-	if s.vol.Status.State != v1beta1.VolumeStateAttached || e == nil || !engineRunning(e) ||
+	if s.vol.Status.State != v1beta1.VolumeStateAttached || e == nil || !EngineRunning(e) ||
 		e.Spec.NodeID != s.vol.Status.CurrentNodeID {
 		return nil // the volume's update brings the backup back
 	}
-	if e.Spec.NodeID != c.controllerID || c.instances == nil {
+	if e.Spec.NodeID != c.ControllerID || c.instances == nil {
 		return nil // the manager of the engine's node takes it (backupOwnerAndNode)
 	}
 	inst, found, synced := c.instances.Get(e.Name)
@@ -295,13 +295,13 @@ func (c *BackupController) runBackupJob(ctx context.Context, s *backupSync) erro
 		return nil // the cache's sync brings the backup back
 	}
 	st := inst.BackupStatus[b.Name]
-	if st != nil && c.retries.previousError(b.UID, st.State, inst.Revision) {
+	if st != nil && c.retries.PreviousError(b.UID, st.State, inst.Revision) {
 		st = nil // the new attempt has not shown yet
 	}
 	switch {
 	case st == nil:
-		if wait := c.retries.backoffLeft(b.UID, c.ds.Clock.Now()); wait > 0 {
-			c.queue.AddAfter(c.ds.Namespace+"/"+b.Name, wait)
+		if wait := c.retries.BackoffLeft(b.UID, c.DS.Clock.Now()); wait > 0 {
+			c.Queue.AddAfter(c.DS.Namespace+"/"+b.Name, wait)
 			return nil
 		}
 		return c.startBackupJob(ctx, s, e, inst.Revision)
@@ -327,7 +327,7 @@ func (c *BackupController) startBackupJob(ctx context.Context, s *backupSync, e 
 	args := engineapi.SnapshotBackupArgs{Engine: e.Name, Snapshot: s.snap.Name, Backup: b.Name, Volume: s.vol.Name,
 		Target: target, Labels: b.Spec.Labels}
 	args.BaseBackup, args.BaseSnapshot = c.baseBackup(s)
-	ref, err := c.ds.BackingImageRefOf(s.vol)
+	ref, err := c.DS.BackingImageRefOf(s.vol)
 	if err != nil {
 		b.Status.Error = err.Error()
 		return err
@@ -336,7 +336,7 @@ func (c *BackupController) startBackupJob(ctx context.Context, s *backupSync, e 
 		args.BackingImage = &engineapi.BackingImageRef{Name: ref.Name, URL: ref.URL, Checksum: ref.Checksum}
 		b.Status.VolumeBackingImageName = ref.Name
 	}
-	dp, err := c.engineDataPlane(e)
+	dp, err := c.EngineDataPlane(e)
 	if err != nil {
 		return err
 	}
@@ -352,13 +352,13 @@ func (c *BackupController) startBackupJob(ctx context.Context, s *backupSync, e 
 		b.Status.Error = "starting the backup: " + err.Error()
 		return err
 	}
-	c.retries.started(b.UID, revision)
+	c.retries.Started(b.UID, revision)
 	if b.Status.State != v1beta1.BackupStateInProgress {
 		base := "a full backup"
 		if args.BaseBackup != "" {
 			base = "incremental on " + args.BaseBackup
 		}
-		c.recorder.Eventf(b, corev1.EventTypeNormal, EventReasonBackupStarted, "backing up snapshot %s of volume %s to %s (%s)",
+		c.Recorder.Eventf(b, corev1.EventTypeNormal, EventReasonBackupStarted, "backing up snapshot %s of volume %s to %s (%s)",
 			s.snap.Name, s.vol.Name, s.target.Spec.BackupTargetURL, base)
 	}
 	b.Status.State, b.Status.Progress, b.Status.Error = v1beta1.BackupStateInProgress, 0, ""
@@ -369,7 +369,7 @@ func (c *BackupController) startBackupJob(ctx context.Context, s *backupSync, e 
 // baseBackup is the newest completed backup of the same volume on the same
 // target whose snapshot still exists: only what changed since is read.
 func (c *BackupController) baseBackup(s *backupSync) (string, string) {
-	backups, err := c.ds.Backups.ListByIndexRO(datastore.IndexByVolume, s.vol.Name)
+	backups, err := c.DS.Backups.ListByIndexRO(datastore.IndexByVolume, s.vol.Name)
 	if err != nil {
 		return "", ""
 	}
@@ -379,7 +379,7 @@ func (c *BackupController) baseBackup(s *backupSync) (string, string) {
 			o.Status.VolumeName != s.vol.Name || o.Status.URL != s.target.Spec.BackupTargetURL {
 			continue
 		}
-		snap, err := c.ds.Snapshots.GetRO(o.Status.SnapshotName)
+		snap, err := c.DS.Snapshots.GetRO(o.Status.SnapshotName)
 		if err != nil || snap.DeletionTimestamp != nil || snap.Spec.Volume != s.vol.Name || snap.Status.MarkRemoved {
 			continue
 		}
@@ -418,16 +418,16 @@ func (c *BackupController) setCompleted(b *v1beta1.Backup, bt *v1beta1.BackupTar
 		st.IncrementalOn = jobBase
 	}
 	if b.Status.State != v1beta1.BackupStateCompleted {
-		BackupDuration.Observe(c.ds.Clock.Since(b.CreationTimestamp.Time).Seconds())
+		BackupDuration.Observe(c.DS.Clock.Since(b.CreationTimestamp.Time).Seconds())
 		BackupUploadedBytes.Add(float64(h.Stats.NewBytes))
 	}
 	b.Status = st
-	c.retries.forget(b.UID)
+	c.retries.Forget(b.UID)
 	how := "a full backup"
 	if st.IncrementalOn != "" {
 		how = "incremental on " + st.IncrementalOn
 	}
-	c.recorder.Eventf(b, corev1.EventTypeNormal, EventReasonBackupCompleted,
+	c.Recorder.Eventf(b, corev1.EventTypeNormal, EventReasonBackupCompleted,
 		"backed up snapshot %s of volume %s (%s): %d bytes uploaded, %d stored", h.Snapshot, h.Volume, how,
 		h.Stats.NewBytes, h.Stats.StoredBytes)
 }
@@ -441,7 +441,7 @@ func (c *BackupController) jobFailed(ctx context.Context, s *backupSync, msg str
 		c.setCompleted(b, s.target, m.Header, "")
 		return nil
 	}
-	attempts, wait := c.retries.failed(b.UID, revision, c.ds.Clock.Now(), backupRetryBase)
+	attempts, wait := c.retries.Failed(b.UID, revision, c.DS.Clock.Now(), backupRetryBase)
 	if attempts >= maxBackupAttempts {
 		c.failBackup(b, fmt.Sprintf("failed %d times, last: %s", attempts, msg))
 		return nil
@@ -449,8 +449,8 @@ func (c *BackupController) jobFailed(ctx context.Context, s *backupSync, msg str
 	BackupFailures.WithLabelValues("false").Inc()
 	b.Status.State = v1beta1.BackupStatePending
 	b.Status.Error = fmt.Sprintf("attempt %d failed, retried in %s: %s", attempts, wait, msg)
-	c.recorder.Event(b, corev1.EventTypeWarning, EventReasonBackupFailed, b.Status.Error)
-	c.queue.AddAfter(c.ds.Namespace+"/"+b.Name, wait)
+	c.Recorder.Event(b, corev1.EventTypeWarning, EventReasonBackupFailed, b.Status.Error)
+	c.Queue.AddAfter(c.DS.Namespace+"/"+b.Name, wait)
 	return nil
 }
 
@@ -460,10 +460,10 @@ func (c *BackupController) failBackup(b *v1beta1.Backup, msg string) {
 		BackupFailures.WithLabelValues("true").Inc()
 	}
 	if b.Status.State != v1beta1.BackupStateError || b.Status.Error != msg {
-		c.recorder.Event(b, corev1.EventTypeWarning, EventReasonBackupFailed, msg)
+		c.Recorder.Event(b, corev1.EventTypeWarning, EventReasonBackupFailed, msg)
 	}
 	b.Status.State, b.Status.Error = v1beta1.BackupStateError, msg
-	c.retries.forget(b.UID)
+	c.retries.Forget(b.UID)
 }
 
 // deleteBackup deletes the backup's manifest from the target (its chunks
@@ -476,13 +476,13 @@ func (c *BackupController) deleteBackup(ctx context.Context, b *v1beta1.Backup) 
 	volume := backupVolumeName(b)
 	if c.backupJobRunning(b, volume) {
 		// Its manifest would be written after the delete: wait for the end.
-		c.queue.AddAfter(c.ds.Namespace+"/"+b.Name, backupWaitJob)
+		c.Queue.AddAfter(c.DS.Namespace+"/"+b.Name, backupWaitJob)
 		return nil
 	}
-	c.retries.forget(b.UID)
+	c.retries.Forget(b.UID)
 	c.cancelVerify(b)
 	if volume != "" {
-		if err := c.removeTicket(ctx, volume, backupTicketID(b.Name)); err != nil {
+		if err := c.RemoveTicket(ctx, volume, backupTicketID(b.Name)); err != nil {
 			return fmt.Errorf("backup %s: releasing its ticket: %w", b.Name, err)
 		}
 	}
@@ -493,13 +493,13 @@ func (c *BackupController) deleteBackup(ctx context.Context, b *v1beta1.Backup) 
 		msg := "deleting the backup from the target: " + err.Error()
 		if b.Status.Error != msg {
 			b.Status.Error = msg
-			if _, uerr := c.ds.Backups.UpdateStatus(ctx, b); uerr != nil {
+			if _, uerr := c.DS.Backups.UpdateStatus(ctx, b); uerr != nil {
 				return errors.Join(err, uerr)
 			}
 		}
 		return fmt.Errorf("backup %s: %w", b.Name, err)
 	}
-	_, err := c.ds.Backups.RemoveFinalizer(ctx, b, types.FinalizerName)
+	_, err := c.DS.Backups.RemoveFinalizer(ctx, b, types.FinalizerName)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
@@ -509,12 +509,12 @@ func (c *BackupController) deleteBackup(ctx context.Context, b *v1beta1.Backup) 
 // backupJobRunning tells whether this node's instance manager runs the
 // backup's job now.
 func (c *BackupController) backupJobRunning(b *v1beta1.Backup, volume string) bool {
-	vol, err := c.ds.Volumes.GetRO(volume)
+	vol, err := c.DS.Volumes.GetRO(volume)
 	if err != nil || volume == "" || c.instances == nil {
 		return false
 	}
-	e, err := c.volumeEngine(vol)
-	if err != nil || e == nil || e.Spec.NodeID != c.controllerID {
+	e, err := c.VolumeEngine(vol)
+	if err != nil || e == nil || e.Spec.NodeID != c.ControllerID {
 		return false
 	}
 	inst, found, _ := c.instances.Get(e.Name)
@@ -529,9 +529,9 @@ func (c *BackupController) backupJobRunning(b *v1beta1.Backup, volume string) bo
 // the one the backup was taken to. No target (or another one now): there
 // is nothing this cluster can delete, and the CR goes.
 func (c *BackupController) deleteManifest(ctx context.Context, b *v1beta1.Backup, volume string) error {
-	bt, err := c.ds.BackupTargets.GetRO(DefaultBackupTargetName)
+	bt, err := c.DS.BackupTargets.GetRO(DefaultBackupTargetName)
 	if apierrors.IsNotFound(err) || volume == "" || (err == nil && b.Status.URL != "" && b.Status.URL != bt.Spec.BackupTargetURL) {
-		c.logger.WithField("backup", b.Name).Info("Backup deleted without touching a target: not taken to the default one")
+		c.Logger.WithField("backup", b.Name).Info("Backup deleted without touching a target: not taken to the default one")
 		return nil
 	}
 	if err != nil {
@@ -548,10 +548,10 @@ func (c *BackupController) deleteManifest(ctx context.Context, b *v1beta1.Backup
 	}
 	// Its packs go with the target owner's GC, asked for now; a failed ask
 	// is retried with the (idempotent) delete.
-	if err := requestBackupTargetGC(ctx, c.ds, bt); err != nil {
+	if err := requestBackupTargetGC(ctx, c.DS, bt); err != nil {
 		return err
 	}
-	c.recorder.Eventf(b, corev1.EventTypeNormal, EventReasonBackupDeleted, "deleted backup %s of volume %s from %s",
+	c.Recorder.Eventf(b, corev1.EventTypeNormal, EventReasonBackupDeleted, "deleted backup %s of volume %s from %s",
 		b.Name, volume, bt.Spec.BackupTargetURL)
 	return nil
 }
@@ -563,7 +563,7 @@ func (c *BackupController) deleteBackupSnapshot(ctx context.Context, b *v1beta1.
 	if b.Spec.SnapshotName != "" {
 		return nil
 	}
-	snap, err := c.ds.Snapshots.GetRO(b.Name)
+	snap, err := c.DS.Snapshots.GetRO(b.Name)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
@@ -575,7 +575,7 @@ func (c *BackupController) deleteBackupSnapshot(ctx context.Context, b *v1beta1.
 	}) {
 		return nil
 	}
-	err = c.ds.Snapshots.Delete(ctx, snap.Name)
+	err = c.DS.Snapshots.Delete(ctx, snap.Name)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
@@ -584,11 +584,11 @@ func (c *BackupController) deleteBackupSnapshot(ctx context.Context, b *v1beta1.
 
 // engineTarget is the target as the instance manager takes it.
 func (c *BackupController) engineTarget(ctx context.Context, bt *v1beta1.BackupTarget) (engineapi.BackupTarget, error) {
-	return engineBackupTarget(ctx, c.ds, bt)
+	return engineBackupTarget(ctx, c.DS, bt)
 }
 
 func (c *BackupController) openTarget(ctx context.Context, bt *v1beta1.BackupTarget) (*backupstore.Target, error) {
-	secret, err := targetCredentials(ctx, c.ds, bt)
+	secret, err := targetCredentials(ctx, c.DS, bt)
 	if err != nil {
 		return nil, err
 	}

@@ -23,7 +23,7 @@ import (
 // cache, and records the result as the BackupTarget controller's mirror
 // would. Deleting a Backup deletes its manifest from the target.
 type BackupController struct {
-	*baseController
+	*BaseController
 	// instances is this node's instance cache: a backup job's progress and
 	// end come from it. Nil on a node without an instance manager, which
 	// then takes no backups.
@@ -33,7 +33,7 @@ type BackupController struct {
 
 	mu sync.Mutex
 	// retries are the failed jobs of backups this manager runs, by UID.
-	retries *jobRetries
+	retries *JobRetries
 	// verifies are the verify actions this manager runs or ran, by UID
 	// (backup_verify.go); runCtx is what they run under (Run's).
 	verifies map[k8stypes.UID]*verifyRun
@@ -44,21 +44,21 @@ type BackupController struct {
 func NewBackupController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
 	controllerID string, dataPlane engineapi.Connector, instances *InstanceCache) (*BackupController, error) {
 	c := &BackupController{
-		baseController: newBaseController("strata-backup", controllerID, logger, ds, recorder),
-		instances:      instances, storeFor: backupstore.StoreFor, retries: newJobRetries(),
+		BaseController: NewBaseController("strata-backup", controllerID, logger, ds, recorder),
+		instances:      instances, storeFor: backupstore.StoreFor, retries: NewJobRetries(),
 		verifies: map[k8stypes.UID]*verifyRun{}, runCtx: context.Background(),
 	}
-	c.dataPlane = dataPlane
-	c.sync = c.syncBackup
-	if err := c.requeueOnNodeReadyChange(c.enqueueEveryKey(ds.Backups.Informer())); err != nil {
+	c.DataPlane = dataPlane
+	c.Sync = c.syncBackup
+	if err := c.RequeueOnNodeReadyChange(c.EnqueueEveryKey(ds.Backups.Informer())); err != nil {
 		return nil, err
 	}
-	if _, err := ds.Backups.Informer().AddEventHandler(c.enqueueOnChange()); err != nil {
+	if _, err := ds.Backups.Informer().AddEventHandler(c.EnqueueOnChange()); err != nil {
 		return nil, err
 	}
 	if _, err := ds.Snapshots.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: onAdd(func(s *v1beta1.Snapshot) { c.enqueueBackupsOf(s.Spec.Volume) }),
-		UpdateFunc: onUpdate(func(o, n *v1beta1.Snapshot) {
+		AddFunc: OnAdd(func(s *v1beta1.Snapshot) { c.enqueueBackupsOf(s.Spec.Volume) }),
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.Snapshot) {
 			if o.Status.ReadyToUse != n.Status.ReadyToUse || o.Status.Error != n.Status.Error ||
 				(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) {
 				c.enqueueBackupsOf(n.Spec.Volume)
@@ -68,7 +68,7 @@ func NewBackupController(logger logrus.FieldLogger, ds *datastore.DataStore, rec
 		return nil, err
 	}
 	if _, err := ds.Volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: onUpdate(func(o, n *v1beta1.Volume) {
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.Volume) {
 			if o.Status.State != n.Status.State || o.Status.CurrentNodeID != n.Status.CurrentNodeID ||
 				o.Spec.NodeID != n.Spec.NodeID {
 				c.enqueueBackupsOf(n.Name)
@@ -79,8 +79,8 @@ func NewBackupController(logger logrus.FieldLogger, ds *datastore.DataStore, rec
 	}
 	// A target created, fixed or made available again lets waiting backups go on.
 	if _, err := ds.BackupTargets.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: onAdd(func(*v1beta1.BackupTarget) { c.enqueueUnfinished() }),
-		UpdateFunc: onUpdate(func(o, n *v1beta1.BackupTarget) {
+		AddFunc: OnAdd(func(*v1beta1.BackupTarget) { c.enqueueUnfinished() }),
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.BackupTarget) {
 			// Not every poll (lastSyncedAt): only what may unblock a backup.
 			if o.Status.Available != n.Status.Available || o.Generation != n.Generation {
 				c.enqueueUnfinished()
@@ -100,7 +100,7 @@ func NewBackupController(logger logrus.FieldLogger, ds *datastore.DataStore, rec
 // enqueueBackupsOfEngine enqueues the unfinished backups of the volume an
 // instance serves (replica instances are no engine and enqueue nothing).
 func (c *BackupController) enqueueBackupsOfEngine(name string) {
-	if e, err := c.ds.Engines.GetRO(name); err == nil {
+	if e, err := c.DS.Engines.GetRO(name); err == nil {
 		c.enqueueBackupsOf(e.Spec.VolumeName)
 	}
 }
@@ -108,27 +108,27 @@ func (c *BackupController) enqueueBackupsOfEngine(name string) {
 // enqueueBackupsOf enqueues a volume's unfinished backups (by-volume index)
 // and the ones being deleted.
 func (c *BackupController) enqueueBackupsOf(volume string) {
-	backups, err := c.ds.Backups.ListByIndexRO(datastore.IndexByVolume, volume)
+	backups, err := c.DS.Backups.ListByIndexRO(datastore.IndexByVolume, volume)
 	if err != nil {
-		c.logger.WithError(err).WithField("volume", volume).Warn("Cannot list the backups of a volume")
+		c.Logger.WithError(err).WithField("volume", volume).Warn("Cannot list the backups of a volume")
 		return
 	}
 	for _, b := range backups {
-		if !backupFinished(b) || b.DeletionTimestamp != nil {
-			c.enqueue(b)
+		if !BackupFinished(b) || b.DeletionTimestamp != nil {
+			c.Enqueue(b)
 		}
 	}
 }
 
 // enqueueUnfinished enqueues every backup still to be taken.
 func (c *BackupController) enqueueUnfinished() {
-	backups, err := c.ds.Backups.ListRO(nil)
+	backups, err := c.DS.Backups.ListRO(nil)
 	if err != nil {
 		return
 	}
 	for _, b := range backups {
-		if !backupFinished(b) || b.DeletionTimestamp != nil {
-			c.enqueue(b)
+		if !BackupFinished(b) || b.DeletionTimestamp != nil {
+			c.Enqueue(b)
 		}
 	}
 }

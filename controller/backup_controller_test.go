@@ -98,11 +98,11 @@ func engineWithBackup(st *engineapi.BackupStatus) *engineapi.Instance {
 // syncedInstanceCache is an instance cache that has replayed instances.
 func syncedInstanceCache(instances ...*engineapi.Instance) *InstanceCache {
 	cache := NewInstanceCache()
-	cache.streamOpened()
+	cache.StreamOpened()
 	for _, inst := range instances {
-		cache.apply(&engineapi.WatchEvent{Kind: engineapi.WatchUpdated, Instance: inst})
+		cache.Apply(&engineapi.WatchEvent{Kind: engineapi.WatchUpdated, Instance: inst})
 	}
-	cache.apply(&engineapi.WatchEvent{Kind: engineapi.WatchSynced})
+	cache.Apply(&engineapi.WatchEvent{Kind: engineapi.WatchSynced})
 	return cache
 }
 
@@ -368,14 +368,14 @@ func TestBackupJobRetries(t *testing.T) {
 		testVA(backupTicketFor("b1")), testBackup("b1", "s1", backupState(v1beta1.BackupStateInProgress, 30))),
 		[]runtime.Object{testLease("node-1", 0), testLease("node-2", 0)})
 	cache := NewInstanceCache()
-	cache.streamOpened()
+	cache.StreamOpened()
 	failed := func(rev uint64) {
 		inst := engineWithBackup(&engineapi.BackupStatus{Snapshot: "s1", State: engineapi.JobStateError, Error: "connection refused"})
 		inst.Revision = rev
-		cache.apply(&engineapi.WatchEvent{Kind: engineapi.WatchUpdated, Instance: inst})
+		cache.Apply(&engineapi.WatchEvent{Kind: engineapi.WatchUpdated, Instance: inst})
 	}
 	failed(7)
-	cache.apply(&engineapi.WatchEvent{Kind: engineapi.WatchSynced})
+	cache.Apply(&engineapi.WatchEvent{Kind: engineapi.WatchSynced})
 	dp := newFakeConnector(nil)
 	c, err := NewBackupController(logrus.New(), env.DS, record.NewFakeRecorder(20), "node-1", dp, cache)
 	require.NoError(t, err)

@@ -43,35 +43,35 @@ const (
 // (and the mirrored CRs) only when something changed, besides lastSyncedAt,
 // and looks again after the poll interval.
 func (c *BackupTargetController) syncBackupTarget(ctx context.Context, key string) error {
-	name, err := nameFromKey(key)
+	name, err := NameFromKey(key)
 	if err != nil {
 		return err
 	}
-	btRO, err := c.ds.BackupTargets.GetRO(name)
+	btRO, err := c.DS.BackupTargets.GetRO(name)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	if responsible, err := c.isResponsibleFor(key, btRO.Status.OwnerID, ""); err != nil || !responsible {
+	if responsible, err := c.IsResponsibleFor(key, btRO.Status.OwnerID, ""); err != nil || !responsible {
 		return err
 	}
 	bt := btRO.DeepCopy()
-	bt.Status.OwnerID = c.controllerID
+	bt.Status.OwnerID = c.ControllerID
 	callCtx, cancel := context.WithTimeout(ctx, backupTargetCallTimeout)
 	defer cancel()
 	reason, lookErr := c.lookAtTarget(callCtx, bt)
 	c.setAvailable(bt, reason, lookErr)
 	if lookErr == nil {
-		bt.Status.LastSyncedAt = metav1.NewTime(c.ds.Clock.Now().Truncate(time.Second))
+		bt.Status.LastSyncedAt = metav1.NewTime(c.DS.Clock.Now().Truncate(time.Second))
 	}
 	if !reflect.DeepEqual(bt.Status, btRO.Status) {
-		if _, err := c.ds.BackupTargets.UpdateStatus(ctx, bt); err != nil {
+		if _, err := c.DS.BackupTargets.UpdateStatus(ctx, bt); err != nil {
 			return err
 		}
 	}
-	c.queue.AddAfter(key, pollInterval(bt))
+	c.Queue.AddAfter(key, pollInterval(bt))
 	return nil
 }
 
@@ -79,7 +79,7 @@ func (c *BackupTargetController) syncBackupTarget(ctx context.Context, key strin
 // BackupVolumes it no longer holds backups of; the reason says what kind
 // of failure an error is.
 func (c *BackupTargetController) lookAtTarget(ctx context.Context, bt *v1beta1.BackupTarget) (string, error) {
-	secret, err := targetCredentials(ctx, c.ds, bt)
+	secret, err := targetCredentials(ctx, c.DS, bt)
 	if errors.Is(err, errCredentialsForbidden) {
 		return BackupTargetReasonForbidden, err
 	}
@@ -146,7 +146,7 @@ func (c *BackupTargetController) setAvailable(bt *v1beta1.BackupTarget, reason s
 		Message: "the store answers and its backups are listed", ObservedGeneration: bt.Generation,
 		// Whole seconds, as the API server stores it: a sub-second time would
 		// differ from its own read-back and rewrite an unchanged status.
-		LastTransitionTime: metav1.NewTime(c.ds.Clock.Now().Truncate(time.Second))}
+		LastTransitionTime: metav1.NewTime(c.DS.Clock.Now().Truncate(time.Second))}
 	if err != nil {
 		cond.Status, cond.Message = metav1.ConditionFalse, err.Error()
 		if errors.Is(err, context.DeadlineExceeded) {
@@ -155,8 +155,8 @@ func (c *BackupTargetController) setAvailable(bt *v1beta1.BackupTarget, reason s
 	}
 	was := meta.FindStatusCondition(bt.Status.Conditions, ConditionTypeAvailable)
 	if err != nil && (was == nil || was.Status != metav1.ConditionFalse || was.Message != cond.Message) {
-		c.recorder.Event(bt, corev1.EventTypeWarning, EventReasonBackupTargetUnavailable, cond.Message)
-		c.logger.WithField("backupTarget", bt.Name).WithError(err).Warn("Backup target unavailable")
+		c.Recorder.Event(bt, corev1.EventTypeWarning, EventReasonBackupTargetUnavailable, cond.Message)
+		c.Logger.WithField("backupTarget", bt.Name).WithError(err).Warn("Backup target unavailable")
 	}
 	meta.SetStatusCondition(&bt.Status.Conditions, cond)
 	bt.Status.Available = err == nil

@@ -21,7 +21,7 @@ import (
 // (backup_volume_prune.go). It looks again every spec.pollInterval. On a
 // second queue it garbage-collects the target (backup_target_gc.go).
 type BackupTargetController struct {
-	*baseController
+	*BaseController
 	// storeFor opens a target's store; tests replace it.
 	storeFor func(url string, secret map[string][]byte) (backupstore.ObjectStore, error)
 	// gcQueue holds the keys of targets whose GC may be due.
@@ -34,20 +34,20 @@ type BackupTargetController struct {
 // NewBackupTargetController wires the controller to the BackupTarget informer.
 func NewBackupTargetController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
 	controllerID string) (*BackupTargetController, error) {
-	c := &BackupTargetController{baseController: newBaseController("strata-backup-target", controllerID, logger, ds, recorder),
+	c := &BackupTargetController{BaseController: NewBaseController("strata-backup-target", controllerID, logger, ds, recorder),
 		storeFor: backupstore.StoreFor, gcRuns: map[string]gcMemory{}}
-	c.sync = c.syncBackupTarget
-	c.gcQueue = c.addQueue("strata-backup-target-gc", c.syncBackupTargetGC)
-	enqueueAll := c.enqueueEveryKey(ds.BackupTargets.Informer())
-	if err := c.requeueOnNodeReadyChange(func() { enqueueAll(); c.enqueueAllGC() }); err != nil {
+	c.Sync = c.syncBackupTarget
+	c.gcQueue = c.AddQueue("strata-backup-target-gc", c.syncBackupTargetGC)
+	enqueueAll := c.EnqueueEveryKey(ds.BackupTargets.Informer())
+	if err := c.RequeueOnNodeReadyChange(func() { enqueueAll(); c.enqueueAllGC() }); err != nil {
 		return nil, err
 	}
 	_, err := ds.BackupTargets.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: onAdd(func(t *v1beta1.BackupTarget) { c.enqueue(t); c.enqueueGC(t) }),
+		AddFunc: OnAdd(func(t *v1beta1.BackupTarget) { c.Enqueue(t); c.enqueueGC(t) }),
 		// A new spec, not our own status write, needs a look.
-		UpdateFunc: onUpdate(func(o, n *v1beta1.BackupTarget) {
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.BackupTarget) {
 			if o.Generation != n.Generation {
-				c.enqueue(n)
+				c.Enqueue(n)
 			}
 			if gcKeysChanged(o, n) {
 				c.enqueueGC(n)
@@ -61,7 +61,7 @@ func NewBackupTargetController(logger logrus.FieldLogger, ds *datastore.DataStor
 	}
 	// A new GC interval reschedules every target's timer.
 	_, err = ds.Settings.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: onUpdate(func(o, n *v1beta1.Setting) {
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.Setting) {
 			if n.Name == string(types.SettingBackupGCInterval) && o.Value != n.Value {
 				c.enqueueAllGC()
 			}
@@ -73,13 +73,13 @@ func NewBackupTargetController(logger logrus.FieldLogger, ds *datastore.DataStor
 	// The last Backup of a volume or the volume deleted: its BackupVolume
 	// may go, or show it is empty (backup_volume_prune.go).
 	_, err = ds.Backups.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		DeleteFunc: onDelete(func(b *v1beta1.Backup) { c.enqueueIfBackupVolumeEmptied(backupVolumeName(b)) }),
+		DeleteFunc: OnDelete(func(b *v1beta1.Backup) { c.enqueueIfBackupVolumeEmptied(backupVolumeName(b)) }),
 	})
 	if err != nil {
 		return nil, err
 	}
 	_, err = ds.Volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		DeleteFunc: onDelete(func(v *v1beta1.Volume) { c.enqueueIfBackupVolumeEmptied(v.Name) }),
+		DeleteFunc: OnDelete(func(v *v1beta1.Volume) { c.enqueueIfBackupVolumeEmptied(v.Name) }),
 	})
 	return c, err
 }
@@ -91,7 +91,7 @@ func (c *BackupTargetController) enqueueGC(obj any) {
 }
 
 func (c *BackupTargetController) enqueueAllGC() {
-	for _, key := range c.ds.BackupTargets.Informer().GetStore().ListKeys() {
+	for _, key := range c.DS.BackupTargets.Informer().GetStore().ListKeys() {
 		c.gcQueue.Add(key)
 	}
 }

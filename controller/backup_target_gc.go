@@ -86,7 +86,7 @@ func planBackupGC(bt *v1beta1.BackupTarget, backups []*v1beta1.Backup) gcPlan {
 		case b.Status.URL != "" && b.Status.URL != url:
 		case b.Status.State == v1beta1.BackupStateCompleted && b.DeletionTimestamp == nil && b.Status.URL == url:
 			completed = append(completed, b.Name)
-		case !backupFinished(b) && b.DeletionTimestamp == nil:
+		case !BackupFinished(b) && b.DeletionTimestamp == nil:
 			taking = append(taking, b.Name)
 		}
 	}
@@ -123,11 +123,11 @@ func gcDue(mem gcMemory, requested string, interval time.Duration, now time.Time
 // went, and sets the timer for the next one: a quiet target costs one queue
 // add per interval and nothing else.
 func (c *BackupTargetController) syncBackupTargetGC(ctx context.Context, key string) error {
-	name, err := nameFromKey(key)
+	name, err := NameFromKey(key)
 	if err != nil {
 		return err
 	}
-	btRO, err := c.ds.BackupTargets.GetRO(name)
+	btRO, err := c.DS.BackupTargets.GetRO(name)
 	if apierrors.IsNotFound(err) {
 		c.forgetGC(key)
 		return nil
@@ -135,14 +135,14 @@ func (c *BackupTargetController) syncBackupTargetGC(ctx context.Context, key str
 	if err != nil {
 		return err
 	}
-	if responsible, err := c.isResponsibleFor(key, btRO.Status.OwnerID, ""); err != nil || !responsible {
+	if responsible, err := c.IsResponsibleFor(key, btRO.Status.OwnerID, ""); err != nil || !responsible {
 		return err // the new owner's queue has the key (requeueOnNodeReadyChange)
 	}
 	interval, err := c.settingMinutes(types.SettingBackupGCInterval)
 	if err != nil {
 		return err
 	}
-	now := c.ds.Clock.Now()
+	now := c.DS.Clock.Now()
 	requested := btRO.Annotations[AnnotationBackupGCRequestedAt]
 	mem := c.gcMemoryOf(key)
 	due, wait := gcDue(mem, requested, interval, now)
@@ -170,7 +170,7 @@ func (c *BackupTargetController) syncBackupTargetGC(ctx context.Context, key str
 
 // collect runs one GC of the target with the cluster's records.
 func (c *BackupTargetController) collect(ctx context.Context, bt *v1beta1.BackupTarget) (*backupstore.GCReport, gcPlan, error) {
-	backups, err := c.ds.Backups.ListRO(nil)
+	backups, err := c.DS.Backups.ListRO(nil)
 	if err != nil {
 		return nil, gcPlan{}, err
 	}
@@ -184,7 +184,7 @@ func (c *BackupTargetController) collect(ctx context.Context, bt *v1beta1.Backup
 	}
 	callCtx, cancel := context.WithTimeout(ctx, backupGCTimeout)
 	defer cancel()
-	secret, err := targetCredentials(callCtx, c.ds, bt)
+	secret, err := targetCredentials(callCtx, c.DS, bt)
 	if err != nil {
 		return nil, plan, err
 	}
@@ -192,7 +192,7 @@ func (c *BackupTargetController) collect(ctx context.Context, bt *v1beta1.Backup
 	if err != nil {
 		return nil, plan, err
 	}
-	tgt, err := backupstore.Open(callCtx, store, backupstore.Options{Logger: c.logger})
+	tgt, err := backupstore.Open(callCtx, store, backupstore.Options{Logger: c.Logger})
 	if err != nil {
 		return nil, plan, err
 	}
@@ -212,7 +212,7 @@ func errEmptyListing(err error) bool {
 // status or message changed.
 func (c *BackupTargetController) recordGC(ctx context.Context, btRO *v1beta1.BackupTarget, rep *backupstore.GCReport,
 	plan gcPlan, gcErr error) error {
-	log := c.logger.WithField("backupTarget", btRO.Name)
+	log := c.Logger.WithField("backupTarget", btRO.Name)
 	if rep != nil {
 		log = log.WithFields(logrus.Fields{"manifests": rep.Manifests, "packs": rep.Packs, "packsReferenced": rep.PacksReferenced,
 			"packsYoung": rep.PacksYoung, "packsDeleted": rep.PacksDeleted, "bytesDeleted": rep.BytesDeleted,
@@ -225,16 +225,16 @@ func (c *BackupTargetController) recordGC(ctx context.Context, btRO *v1beta1.Bac
 		reason = BackupTargetReasonGCDeferred
 		msg = fmt.Sprintf("the target lists no backup and %s: nothing swept (%v)", plan.blocker, gcErr)
 		log.Warn("Backup target GC deferred: " + msg)
-		c.recorder.Event(btRO, corev1.EventTypeWarning, EventReasonGarbageCollectionDeferred, msg)
+		c.Recorder.Event(btRO, corev1.EventTypeWarning, EventReasonGarbageCollectionDeferred, msg)
 	case gcErr != nil:
 		reason, msg = BackupTargetReasonGCFailed, gcErr.Error()
 		log.WithError(gcErr).Warn("Backup target GC failed")
-		c.recorder.Event(btRO, corev1.EventTypeWarning, EventReasonGarbageCollectionFailed, msg)
+		c.Recorder.Event(btRO, corev1.EventTypeWarning, EventReasonGarbageCollectionFailed, msg)
 	case rep.Deferred != "":
 		reason = BackupTargetReasonGCDeferred
 		msg = fmt.Sprintf("%s; %d packs (%d bytes) deleted", rep.Deferred, rep.PacksDeleted, rep.BytesDeleted)
 		log.WithField("deferred", rep.Deferred).Info("Backup target GC deferred")
-		c.recorder.Event(btRO, corev1.EventTypeWarning, EventReasonGarbageCollectionDeferred, msg)
+		c.Recorder.Event(btRO, corev1.EventTypeWarning, EventReasonGarbageCollectionDeferred, msg)
 	default:
 		reason = BackupTargetReasonGCCollected
 		msg = fmt.Sprintf("%d packs (%d bytes) deleted; %d packs referenced by %d backups, %d unreferenced kept within the grace",
@@ -246,7 +246,7 @@ func (c *BackupTargetController) recordGC(ctx context.Context, btRO *v1beta1.Bac
 		}
 		log.Info("Backup target garbage collected")
 		if rep.PacksDeleted > 0 || rep.IndexesDeleted > 0 || rep.MarkersDeleted > 0 {
-			c.recorder.Event(btRO, corev1.EventTypeNormal, EventReasonGarbageCollected, msg)
+			c.Recorder.Event(btRO, corev1.EventTypeNormal, EventReasonGarbageCollected, msg)
 		}
 	}
 	status := metav1.ConditionTrue
@@ -255,7 +255,7 @@ func (c *BackupTargetController) recordGC(ctx context.Context, btRO *v1beta1.Bac
 	}
 	return c.setGCCondition(ctx, btRO, metav1.Condition{Type: ConditionTypeGarbageCollected, Status: status,
 		Reason: reason, Message: msg, ObservedGeneration: btRO.Generation,
-		LastTransitionTime: metav1.NewTime(c.ds.Clock.Now().Truncate(time.Second))})
+		LastTransitionTime: metav1.NewTime(c.DS.Clock.Now().Truncate(time.Second))})
 }
 
 // setGCCondition writes the condition unless the target already has it. It
@@ -274,9 +274,9 @@ func (c *BackupTargetController) setGCCondition(ctx context.Context, btRO *v1bet
 		if !meta.SetStatusCondition(&bt.Status.Conditions, cond) && same(bt) {
 			return nil
 		}
-		_, err := c.ds.BackupTargets.UpdateStatus(ctx, bt)
+		_, err := c.DS.BackupTargets.UpdateStatus(ctx, bt)
 		if apierrors.IsConflict(err) {
-			if live, gerr := c.ds.BackupTargets.GetLive(ctx, bt.Name); gerr == nil {
+			if live, gerr := c.DS.BackupTargets.GetLive(ctx, bt.Name); gerr == nil {
 				bt = live
 			}
 		}
@@ -292,7 +292,7 @@ func (c *BackupTargetController) setGCCondition(ctx context.Context, btRO *v1bet
 }
 
 func (c *BackupTargetController) settingMinutes(name types.SettingName) (time.Duration, error) {
-	n, err := c.ds.GetSettingInt(name)
+	n, err := c.DS.GetSettingInt(name)
 	if err != nil {
 		return 0, err
 	}

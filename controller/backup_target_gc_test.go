@@ -207,7 +207,7 @@ func TestBackupTargetGCIsQuietUntilDue(t *testing.T) {
 		Len() int
 		Get() (string, bool)
 		Done(string)
-	}{c.queue, c.gcQueue} {
+	}{c.Queue, c.gcQueue} {
 		for q.Len() > 0 {
 			k, _ := q.Get()
 			q.Done(k)
@@ -218,7 +218,7 @@ func TestBackupTargetGCIsQuietUntilDue(t *testing.T) {
 	assert.Empty(t, writes(env.Strata.Actions()))
 	assert.Empty(t, drainEvents(rec))
 	assert.Zero(t, c.gcQueue.Len(), "only the timer (AddAfter) is pending")
-	assert.Zero(t, c.queue.Len(), "the GC's condition write did not enqueue a poll")
+	assert.Zero(t, c.Queue.Len(), "the GC's condition write did not enqueue a poll")
 
 	bt, err := env.DS.BackupTargets.GetRO("default")
 	require.NoError(t, err)

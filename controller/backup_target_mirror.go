@@ -41,7 +41,7 @@ func (c *BackupTargetController) mirrorBackups(ctx context.Context, bt *v1beta1.
 func (c *BackupTargetController) mirrorBackup(ctx context.Context, bt *v1beta1.BackupTarget, tgt *backupstore.Target,
 	b backupstore.BackupInfo) error {
 	want := completedBackupStatus(bt.Spec.BackupTargetURL, b.Header)
-	existing, err := c.ds.Backups.GetRO(b.Backup)
+	existing, err := c.DS.Backups.GetRO(b.Backup)
 	if apierrors.IsNotFound(err) {
 		// A Backup deleted while the listing was read would come back as a
 		// ghost of a deleted manifest: the manifest goes before the CR's
@@ -50,8 +50,8 @@ func (c *BackupTargetController) mirrorBackup(ctx context.Context, bt *v1beta1.B
 		if there, err := tgt.HasBackup(ctx, b.Volume, b.Backup); err != nil || !there {
 			return err
 		}
-		created, err := c.ds.Backups.Create(ctx, &v1beta1.Backup{
-			ObjectMeta: metav1.ObjectMeta{Name: b.Backup, Namespace: c.ds.Namespace,
+		created, err := c.DS.Backups.Create(ctx, &v1beta1.Backup{
+			ObjectMeta: metav1.ObjectMeta{Name: b.Backup, Namespace: c.DS.Namespace,
 				Labels:      map[string]string{types.LabelVolume: b.Volume},
 				Annotations: map[string]string{AnnotationBackupMirrored: "true"}},
 			Spec: v1beta1.BackupSpec{SnapshotName: b.Snapshot, Labels: b.Labels}})
@@ -67,7 +67,7 @@ func (c *BackupTargetController) mirrorBackup(ctx context.Context, bt *v1beta1.B
 	}
 	switch {
 	case existing.Status.VolumeName != "" && existing.Status.VolumeName != b.Volume:
-		c.logger.WithFields(map[string]any{"backup": b.Backup, "volume": b.Volume, "crVolume": existing.Status.VolumeName}).
+		c.Logger.WithFields(map[string]any{"backup": b.Backup, "volume": b.Volume, "crVolume": existing.Status.VolumeName}).
 			Warn("A Backup CR of this name belongs to another volume; the target's backup is not mirrored")
 		return nil
 	case existing.Status.State != "" && existing.Status.State != v1beta1.BackupStateCompleted:
@@ -84,7 +84,7 @@ func (c *BackupTargetController) mirrorBackup(ctx context.Context, bt *v1beta1.B
 	}
 	bk := existing.DeepCopy()
 	bk.Status = want
-	_, err = c.ds.Backups.UpdateStatus(ctx, bk)
+	_, err = c.DS.Backups.UpdateStatus(ctx, bk)
 	return err
 }
 
@@ -108,10 +108,10 @@ func completedBackupStatus(url string, h backupstore.Header) v1beta1.BackupStatu
 }
 
 func (c *BackupTargetController) mirrorBackupVolume(ctx context.Context, volume string, last backupstore.BackupInfo) error {
-	existing, err := c.ds.BackupVolumes.GetRO(volume)
+	existing, err := c.DS.BackupVolumes.GetRO(volume)
 	if apierrors.IsNotFound(err) {
-		existing, err = c.ds.BackupVolumes.Create(ctx, &v1beta1.BackupVolume{
-			ObjectMeta: metav1.ObjectMeta{Name: volume, Namespace: c.ds.Namespace,
+		existing, err = c.DS.BackupVolumes.Create(ctx, &v1beta1.BackupVolume{
+			ObjectMeta: metav1.ObjectMeta{Name: volume, Namespace: c.DS.Namespace,
 				Labels: map[string]string{types.LabelVolume: volume}}})
 		if apierrors.IsAlreadyExists(err) {
 			return nil
@@ -132,6 +132,6 @@ func (c *BackupTargetController) mirrorBackupVolume(ctx context.Context, volume 
 	}
 	bv := existing.DeepCopy()
 	bv.Status = want
-	_, err = c.ds.BackupVolumes.UpdateStatus(ctx, bv)
+	_, err = c.DS.BackupVolumes.UpdateStatus(ctx, bv)
 	return err
 }

@@ -64,7 +64,7 @@ func (c *BackupController) reconcileVerify(b *v1beta1.Backup) {
 	case run != nil && run.requestedAt == req:
 		// running
 	default:
-		bt, err := c.ds.BackupTargets.GetRO(DefaultBackupTargetName)
+		bt, err := c.DS.BackupTargets.GetRO(DefaultBackupTargetName)
 		switch {
 		case err != nil:
 			c.setVerification(b, 0, fmt.Errorf("no backup target %s: %w", DefaultBackupTargetName, err))
@@ -90,7 +90,7 @@ func (c *BackupController) startVerify(b *v1beta1.Backup, bt *v1beta1.BackupTarg
 	run := &verifyRun{requestedAt: req, cancel: cancel}
 	c.verifies[b.UID] = run
 	c.mu.Unlock()
-	log := c.logger.WithFields(logrus.Fields{"backup": b.Name, "volume": volume, "target": bt.Spec.BackupTargetURL,
+	log := c.Logger.WithFields(logrus.Fields{"backup": b.Name, "volume": volume, "target": bt.Spec.BackupTargetURL,
 		"requestedAt": req})
 	log.Info("Backup verify started")
 	go func() {
@@ -103,7 +103,7 @@ func (c *BackupController) startVerify(b *v1beta1.Backup, bt *v1beta1.BackupTarg
 		}
 		c.mu.Unlock()
 		log.WithFields(logrus.Fields{"chunks": run.chunks, "bytes": run.bytes}).WithError(err).Info("Backup verify ended")
-		c.queue.Add(key)
+		c.Queue.Add(key)
 	}()
 }
 
@@ -126,12 +126,12 @@ func (c *BackupController) verifyBackup(ctx context.Context, bt *v1beta1.BackupT
 // setVerification records a finished verify of the current request.
 func (c *BackupController) setVerification(b *v1beta1.Backup, chunks int64, err error) {
 	v := &v1beta1.BackupVerification{RequestedAt: b.Spec.VerifyRequestedAt, State: v1beta1.BackupVerifyPassed,
-		Chunks: chunks, VerifiedAt: metav1.NewTime(c.ds.Clock.Now().Truncate(time.Second))}
+		Chunks: chunks, VerifiedAt: metav1.NewTime(c.DS.Clock.Now().Truncate(time.Second))}
 	if err != nil {
 		v.State, v.Error = v1beta1.BackupVerifyFailed, err.Error()
-		c.recorder.Event(b, corev1.EventTypeWarning, EventReasonBackupVerifyFailed, v.Error)
+		c.Recorder.Event(b, corev1.EventTypeWarning, EventReasonBackupVerifyFailed, v.Error)
 	} else {
-		c.recorder.Eventf(b, corev1.EventTypeNormal, EventReasonBackupVerified,
+		c.Recorder.Eventf(b, corev1.EventTypeNormal, EventReasonBackupVerified,
 			"all %d data chunks of backup %s read back from the target and matched their SHA-256", chunks, b.Name)
 	}
 	b.Status.Verification = v
@@ -168,5 +168,5 @@ func (c *BackupController) Run(ctx context.Context, workers int) {
 	c.mu.Lock()
 	c.runCtx = ctx
 	c.mu.Unlock()
-	c.baseController.Run(ctx, workers)
+	c.BaseController.Run(ctx, workers)
 }

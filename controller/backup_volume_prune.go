@@ -81,11 +81,11 @@ func sortedList(names []string) string {
 
 // backupVolumeFateOf is decideBackupVolume for a volume, from the cache.
 func (c *BackupTargetController) backupVolumeFateOf(volume string) (backupVolumeFate, error) {
-	backups, err := c.ds.Backups.ListByIndexRO(datastore.IndexByVolume, volume)
+	backups, err := c.DS.Backups.ListByIndexRO(datastore.IndexByVolume, volume)
 	if err != nil {
 		return backupVolumeFate{}, err
 	}
-	vol, err := c.ds.Volumes.GetRO(volume)
+	vol, err := c.DS.Volumes.GetRO(volume)
 	if apierrors.IsNotFound(err) {
 		vol, err = nil, nil
 	}
@@ -104,9 +104,9 @@ func (c *BackupTargetController) pruneBackupVolumes(ctx context.Context, bt *v1b
 	for _, b := range listed {
 		onTarget[b.Volume] = true
 	}
-	bvs, err := c.ds.BackupVolumes.ListRO(nil)
+	bvs, err := c.DS.BackupVolumes.ListRO(nil)
 	if err != nil {
-		c.logger.WithError(err).Warn("Cannot list the backup volumes")
+		c.Logger.WithError(err).Warn("Cannot list the backup volumes")
 		return
 	}
 	for _, bv := range bvs {
@@ -114,7 +114,7 @@ func (c *BackupTargetController) pruneBackupVolumes(ctx context.Context, bt *v1b
 			continue
 		}
 		if err := c.pruneBackupVolume(ctx, bt, tgt, bv); err != nil {
-			c.logger.WithFields(logrus.Fields{"backupTarget": bt.Name, "backupVolume": bv.Name}).WithError(err).
+			c.Logger.WithFields(logrus.Fields{"backupTarget": bt.Name, "backupVolume": bv.Name}).WithError(err).
 				Warn("Cannot remove or empty a backup volume the target holds no backup of")
 		}
 	}
@@ -137,13 +137,13 @@ func (c *BackupTargetController) pruneBackupVolume(ctx context.Context, bt *v1be
 	if fate.hold != "" {
 		return c.showBackupVolumeEmpty(ctx, bv, fate.hold)
 	}
-	deleted, err := c.ds.BackupVolumes.DeleteIfUID(ctx, bv.Name, bv.UID)
+	deleted, err := c.DS.BackupVolumes.DeleteIfUID(ctx, bv.Name, bv.UID)
 	if err != nil || !deleted {
 		return err
 	}
-	c.logger.WithFields(logrus.Fields{"backupTarget": bt.Name, "backupVolume": bv.Name}).
+	c.Logger.WithFields(logrus.Fields{"backupTarget": bt.Name, "backupVolume": bv.Name}).
 		Info("Backup volume removed: no backup, no Backup and no volume left")
-	c.recorder.Event(bt, corev1.EventTypeNormal, EventReasonBackupVolumeRemoved, fmt.Sprintf(
+	c.Recorder.Event(bt, corev1.EventTypeNormal, EventReasonBackupVolumeRemoved, fmt.Sprintf(
 		"removed BackupVolume %s: the target holds no backup of it, no Backup names it, and the volume is deleted", bv.Name))
 	return nil
 }
@@ -155,9 +155,9 @@ func (c *BackupTargetController) showBackupVolumeEmpty(ctx context.Context, bvRO
 	st := &bv.Status
 	st.Size, st.DataStored, st.LastBackupName, st.LastBackupAt = 0, 0, "", ""
 	st.BackingImageName, st.BackingImageChecksum = "", ""
-	c.logger.WithFields(logrus.Fields{"backupVolume": bv.Name, "keptBecause": hold}).
+	c.Logger.WithFields(logrus.Fields{"backupVolume": bv.Name, "keptBecause": hold}).
 		Info("Backup volume has no backup left on the target; kept")
-	_, err := c.ds.BackupVolumes.UpdateStatus(ctx, bv)
+	_, err := c.DS.BackupVolumes.UpdateStatus(ctx, bv)
 	return err
 }
 
@@ -170,7 +170,7 @@ func (c *BackupTargetController) enqueueIfBackupVolumeEmptied(volume string) {
 	if volume == "" {
 		return
 	}
-	bv, err := c.ds.BackupVolumes.GetRO(volume)
+	bv, err := c.DS.BackupVolumes.GetRO(volume)
 	if err != nil {
 		return
 	}
@@ -178,7 +178,7 @@ func (c *BackupTargetController) enqueueIfBackupVolumeEmptied(volume string) {
 	if err != nil || fate.asIs || (fate.hold != "" && bv.Status.LastBackupName == "") {
 		return
 	}
-	for _, key := range c.ds.BackupTargets.Informer().GetStore().ListKeys() {
-		c.queue.Add(key)
+	for _, key := range c.DS.BackupTargets.Informer().GetStore().ListKeys() {
+		c.Queue.Add(key)
 	}
 }

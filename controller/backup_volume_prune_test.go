@@ -163,7 +163,7 @@ func TestEmptiedBackupVolumeBringsThePollForward(t *testing.T) {
 			require.NoError(t, err)
 			drainQueue(t, c)
 			c.enqueueIfBackupVolumeEmptied("vol-gone")
-			assert.Equal(t, tc.want, c.queue.Len())
+			assert.Equal(t, tc.want, c.Queue.Len())
 		})
 	}
 
@@ -174,10 +174,10 @@ func TestEmptiedBackupVolumeBringsThePollForward(t *testing.T) {
 	require.NoError(t, err)
 	drainQueue(t, c)
 	require.NoError(t, env.Strata.StrataV1beta1().Backups(testNS).Delete(context.Background(), "bk-x", metav1.DeleteOptions{}))
-	require.Eventually(t, func() bool { return c.queue.Len() == 1 }, 5*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return c.Queue.Len() == 1 }, 5*time.Second, 10*time.Millisecond,
 		"the target's poll is enqueued")
-	key, _ := c.queue.Get()
-	c.queue.Done(key)
+	key, _ := c.Queue.Get()
+	c.Queue.Done(key)
 	assert.Equal(t, testNS+"/default", key)
 }
 
@@ -185,9 +185,9 @@ func TestEmptiedBackupVolumeBringsThePollForward(t *testing.T) {
 // poll queue.
 func drainQueue(t *testing.T, c *BackupTargetController) {
 	t.Helper()
-	require.Eventually(t, func() bool { return c.queue.Len() == 1 }, 5*time.Second, 10*time.Millisecond, "the initial add")
-	for c.queue.Len() > 0 {
-		key, _ := c.queue.Get()
-		c.queue.Done(key)
+	require.Eventually(t, func() bool { return c.Queue.Len() == 1 }, 5*time.Second, 10*time.Millisecond, "the initial add")
+	for c.Queue.Len() > 0 {
+		key, _ := c.Queue.Get()
+		c.Queue.Done(key)
 	}
 }

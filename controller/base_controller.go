@@ -65,17 +65,17 @@ func newRateLimiter(b RetryBackoff) workqueue.TypedRateLimiter[string] {
 
 // baseController is the plumbing every controller shares: the rate-limited
 // queue and the sample-controller worker loop around a sync function.
-type baseController struct {
+type BaseController struct {
 	name         string
-	controllerID string // this manager's node name
-	logger       logrus.FieldLogger
-	ds           *datastore.DataStore
-	recorder     record.EventRecorder
-	queue        workqueue.TypedRateLimitingInterface[string]
-	sync         func(ctx context.Context, key string) error
+	ControllerID string // this manager's node name
+	Logger       logrus.FieldLogger
+	DS           *datastore.DataStore
+	Recorder     record.EventRecorder
+	Queue        workqueue.TypedRateLimitingInterface[string]
+	Sync         func(ctx context.Context, key string) error
 	// dataPlane reaches instance managers, for controllers that act
 	// through the data plane (nil for the others).
-	dataPlane engineapi.Connector
+	DataPlane engineapi.Connector
 	// extra are further queues of other kinds of keys, each with its sync
 	// (external-snapshotter keeps one queue per kind rather than prefixed keys).
 	extra []keyQueue
@@ -88,7 +88,7 @@ type keyQueue struct {
 }
 
 // addQueue makes another queue, named name, whose keys sync runs.
-func (c *baseController) addQueue(name string, sync func(ctx context.Context, key string) error) workqueue.TypedRateLimitingInterface[string] {
+func (c *BaseController) AddQueue(name string, sync func(ctx context.Context, key string) error) workqueue.TypedRateLimitingInterface[string] {
 	q := newQueue(name)
 	c.extra = append(c.extra, keyQueue{queue: q, sync: sync})
 	return q
@@ -99,42 +99,42 @@ func newQueue(name string) workqueue.TypedRateLimitingInterface[string] {
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: name})
 }
 
-func newBaseController(name, controllerID string, logger logrus.FieldLogger, ds *datastore.DataStore,
-	recorder record.EventRecorder) *baseController {
-	return &baseController{
+func NewBaseController(name, controllerID string, logger logrus.FieldLogger, ds *datastore.DataStore,
+	recorder record.EventRecorder) *BaseController {
+	return &BaseController{
 		name:         name,
-		controllerID: controllerID,
-		logger:       logger.WithField("controller", name),
-		ds:           ds,
-		recorder:     recorder,
-		queue:        newQueue(name),
+		ControllerID: controllerID,
+		Logger:       logger.WithField("controller", name),
+		DS:           ds,
+		Recorder:     recorder,
+		Queue:        newQueue(name),
 	}
 }
 
 // Run starts workers on every queue and blocks until ctx ends, then shuts
 // the queues down.
-func (c *baseController) Run(ctx context.Context, workers int) {
+func (c *BaseController) Run(ctx context.Context, workers int) {
 	defer utilruntime.HandleCrash()
-	queues := append([]keyQueue{{queue: c.queue, sync: c.sync}}, c.extra...)
+	queues := append([]keyQueue{{queue: c.Queue, sync: c.Sync}}, c.extra...)
 	for _, q := range queues {
 		defer q.queue.ShutDown()
 	}
-	c.logger.WithField("workers", workers).Info("Starting controller")
+	c.Logger.WithField("workers", workers).Info("Starting controller")
 	for _, q := range queues {
 		for i := 0; i < workers; i++ {
 			go wait.UntilWithContext(ctx, func(ctx context.Context) { c.worker(ctx, q) }, time.Second)
 		}
 	}
 	<-ctx.Done()
-	c.logger.Info("Stopping controller")
+	c.Logger.Info("Stopping controller")
 }
 
-func (c *baseController) worker(ctx context.Context, q keyQueue) {
+func (c *BaseController) worker(ctx context.Context, q keyQueue) {
 	for c.processNextWorkItem(ctx, q) {
 	}
 }
 
-func (c *baseController) processNextWorkItem(ctx context.Context, q keyQueue) bool {
+func (c *BaseController) processNextWorkItem(ctx context.Context, q keyQueue) bool {
 	key, quit := q.queue.Get()
 	if quit {
 		return false
@@ -144,13 +144,13 @@ func (c *baseController) processNextWorkItem(ctx context.Context, q keyQueue) bo
 	return true
 }
 
-func (c *baseController) handleErr(queue workqueue.TypedRateLimitingInterface[string], key string, err error) {
+func (c *BaseController) handleErr(queue workqueue.TypedRateLimitingInterface[string], key string, err error) {
 	if err == nil {
 		queue.Forget(key)
 		return
 	}
 	retries := queue.NumRequeues(key)
-	log := c.logger.WithField("key", key).WithField("retries", retries).WithError(err)
+	log := c.Logger.WithField("key", key).WithField("retries", retries).WithError(err)
 	if retries < loudAfterRetries {
 		log.Warn("Sync failed, will retry")
 	} else {
@@ -160,45 +160,45 @@ func (c *baseController) handleErr(queue workqueue.TypedRateLimitingInterface[st
 }
 
 // enqueue adds an informer object's key; tombstones of deleted objects work too.
-func (c *baseController) enqueue(obj interface{}) {
+func (c *BaseController) Enqueue(obj interface{}) {
 	key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
 	if err != nil {
 		utilruntime.HandleError(fmt.Errorf("%s: cannot get key of %T: %w", c.name, obj, err))
 		return
 	}
-	c.queue.Add(key)
+	c.Queue.Add(key)
 }
 
 // enqueueName adds the key of the object named name in the manager's
 // namespace ("" is none).
-func (c *baseController) enqueueName(name string) {
+func (c *BaseController) EnqueueName(name string) {
 	if name != "" {
-		c.queue.Add(c.ds.Namespace + "/" + name)
+		c.Queue.Add(c.DS.Namespace + "/" + name)
 	}
 }
 
 // enqueueOnChange is the handler of a controller's own kind: every add,
 // update and delete enqueues the object's key.
-func (c *baseController) enqueueOnChange() cache.ResourceEventHandlerFuncs {
+func (c *BaseController) EnqueueOnChange() cache.ResourceEventHandlerFuncs {
 	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    c.enqueue,
-		UpdateFunc: func(_, obj interface{}) { c.enqueue(obj) },
-		DeleteFunc: c.enqueue,
+		AddFunc:    c.Enqueue,
+		UpdateFunc: func(_, obj interface{}) { c.Enqueue(obj) },
+		DeleteFunc: c.Enqueue,
 	}
 }
 
 // enqueueEveryKey adds the key of every object informer holds.
-func (c *baseController) enqueueEveryKey(informer cache.SharedIndexInformer) func() {
+func (c *BaseController) EnqueueEveryKey(informer cache.SharedIndexInformer) func() {
 	return func() {
 		for _, key := range informer.GetStore().ListKeys() {
-			c.queue.Add(key)
+			c.Queue.Add(key)
 		}
 	}
 }
 
 // nameFromKey strips the namespace: every Strata object the controllers sync
 // lives in the manager's namespace.
-func nameFromKey(key string) (string, error) {
+func NameFromKey(key string) (string, error) {
 	_, name, err := cache.SplitMetaNamespaceKey(key)
 	return name, err
 }
@@ -208,44 +208,44 @@ func nameFromKey(key string) (string, error) {
 // and engines there may now start, or must be judged unreachable, and
 // replicas waiting for a node may now be placed. Status rewrites that keep
 // the state call nothing.
-func (c *baseController) onInstanceManagerStateChange(fn func(node string)) error {
-	_, err := c.ds.InstanceManagers.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: onUpdate(func(o, n *v1beta1.InstanceManager) {
+func (c *BaseController) OnInstanceManagerStateChange(fn func(node string)) error {
+	_, err := c.DS.InstanceManagers.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.InstanceManager) {
 			if o.Status.CurrentState != n.Status.CurrentState {
 				fn(n.Spec.NodeID)
 			}
 		}),
-		DeleteFunc: onDelete(func(im *v1beta1.InstanceManager) { fn(im.Spec.NodeID) }),
+		DeleteFunc: OnDelete(func(im *v1beta1.InstanceManager) { fn(im.Spec.NodeID) }),
 	})
 	return err
 }
 
 // enqueueByNode adds every object of informer placed on node (by-node index).
-func (c *baseController) enqueueByNode(informer cache.SharedIndexInformer, node string) {
-	for _, obj := range c.onNode(informer, node) {
-		c.enqueue(obj)
+func (c *BaseController) EnqueueByNode(informer cache.SharedIndexInformer, node string) {
+	for _, obj := range c.OnNode(informer, node) {
+		c.Enqueue(obj)
 	}
 }
 
 // onNode lists the cached objects of informer placed on node (by-node index).
-func (c *baseController) onNode(informer cache.SharedIndexInformer, node string) []interface{} {
+func (c *BaseController) OnNode(informer cache.SharedIndexInformer, node string) []interface{} {
 	objs, err := informer.GetIndexer().ByIndex(datastore.IndexByNode, node)
 	if err != nil {
-		c.logger.WithError(err).WithField("node", node).Warn("Cannot list the node's objects")
+		c.Logger.WithError(err).WithField("node", node).Warn("Cannot list the node's objects")
 	}
 	return objs
 }
 
 // enqueueVolumesWhere enqueues every volume keep accepts (for a change that
 // may move many: node readiness, a target becoming available).
-func (c *baseController) enqueueVolumesWhere(keep func(*v1beta1.Volume) bool) {
-	vols, err := c.ds.Volumes.ListRO(nil)
+func (c *BaseController) EnqueueVolumesWhere(keep func(*v1beta1.Volume) bool) {
+	vols, err := c.DS.Volumes.ListRO(nil)
 	if err != nil {
 		return
 	}
 	for _, v := range vols {
 		if keep(v) {
-			c.enqueue(v)
+			c.Enqueue(v)
 		}
 	}
 }

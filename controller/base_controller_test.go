@@ -30,10 +30,10 @@ func TestFailingKeyIsNeverDropped(t *testing.T) {
 			SetRetryBackoff(RetryBackoff{BaseDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond})
 			t.Cleanup(func() { retryBackoff = saved })
 
-			c := newBaseController("test", "node-1", logrus.New(), nil, record.NewFakeRecorder(1))
+			c := NewBaseController("test", "node-1", logrus.New(), nil, record.NewFakeRecorder(1))
 			var calls atomic.Int32
 			done := make(chan struct{})
-			c.sync = func(context.Context, string) error {
+			c.Sync = func(context.Context, string) error {
 				if n := calls.Add(1); n <= tc.failures {
 					return errors.New("injected API error")
 				}
@@ -43,14 +43,14 @@ func TestFailingKeyIsNeverDropped(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			go c.Run(ctx, 1)
-			c.queue.Add("ns/obj")
+			c.Queue.Add("ns/obj")
 			select {
 			case <-done:
 			case <-time.After(30 * time.Second):
 				require.FailNow(t, "the key was dropped", "sync ran %d times", calls.Load())
 			}
 			assert.Equal(t, tc.failures+1, calls.Load())
-			require.Eventually(t, func() bool { return c.queue.NumRequeues("ns/obj") == 0 }, 5*time.Second, time.Millisecond,
+			require.Eventually(t, func() bool { return c.Queue.NumRequeues("ns/obj") == 0 }, 5*time.Second, time.Millisecond,
 				"success forgets the failures")
 		})
 	}

@@ -5,14 +5,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-func orUnknown(s string) string {
+func OrUnknown(s string) string {
 	if s == "" {
 		return "in an unknown state"
 	}
 	return s
 }
 
-func setCondition(conds *[]metav1.Condition, condType string, status bool, reason, message string, now metav1.Time) {
+func SetCondition(conds *[]metav1.Condition, condType string, status bool, reason, message string, now metav1.Time) {
 	s := metav1.ConditionFalse
 	if status {
 		s = metav1.ConditionTrue
@@ -22,6 +22,6 @@ func setCondition(conds *[]metav1.Condition, condType string, status bool, reaso
 	})
 }
 
-func findCondition(conds []metav1.Condition, t string) *metav1.Condition {
+func FindCondition(conds []metav1.Condition, t string) *metav1.Condition {
 	return meta.FindStatusCondition(conds, t)
 }

@@ -11,8 +11,8 @@ import (
 // volumeEngine is the engine that serves a volume's data: the one on the
 // node the volume is attached to, else (detached, or a migration's second
 // engine) the first by name. Nil when the volume has none.
-func (c *baseController) volumeEngine(vol *v1beta1.Volume) (*v1beta1.Engine, error) {
-	engines, err := c.ds.Engines.ListByIndexRO(datastore.IndexByVolume, vol.Name)
+func (c *BaseController) VolumeEngine(vol *v1beta1.Volume) (*v1beta1.Engine, error) {
+	engines, err := c.DS.Engines.ListByIndexRO(datastore.IndexByVolume, vol.Name)
 	if err != nil {
 		return nil, fmt.Errorf("listing the engines of volume %s: %w", vol.Name, err)
 	}
@@ -33,16 +33,16 @@ func (c *baseController) volumeEngine(vol *v1beta1.Volume) (*v1beta1.Engine, err
 
 // engineDataPlane reaches the instance manager that runs an engine, at the
 // endpoint its node's InstanceManager reports.
-func (c *baseController) engineDataPlane(e *v1beta1.Engine) (engineapi.DataPlane, error) {
-	im, err := c.ds.InstanceManagers.GetRO(instanceManagerName(e.Spec.NodeID))
+func (c *BaseController) EngineDataPlane(e *v1beta1.Engine) (engineapi.DataPlane, error) {
+	im, err := c.DS.InstanceManagers.GetRO(InstanceManagerName(e.Spec.NodeID))
 	if err != nil {
 		return nil, fmt.Errorf("instance manager of node %s: %w", e.Spec.NodeID, err)
 	}
 	if im.Status.Endpoint == "" {
 		return nil, fmt.Errorf("instance manager of node %s has no endpoint yet", e.Spec.NodeID)
 	}
-	if c.dataPlane == nil {
+	if c.DataPlane == nil {
 		return nil, fmt.Errorf("controller %s has no data plane access", c.name)
 	}
-	return c.dataPlane.DataPlane(im.Status.Endpoint)
+	return c.DataPlane.DataPlane(im.Status.Endpoint)
 }

@@ -28,13 +28,13 @@ const (
 // syncEngine drives one engine's instance toward its spec and writes what
 // the instance cache says of it, only when that changed.
 func (c *EngineController) syncEngine(ctx context.Context, key string) error {
-	eRO, ok, err := getResponsible(c.baseController, c.ds.Engines, key,
+	eRO, ok, err := GetResponsible(c.BaseController, c.DS.Engines, key,
 		func(e *v1beta1.Engine) (string, string) { return e.Status.OwnerID, e.Spec.NodeID })
 	if err != nil || !ok {
 		return err
 	}
 	e := eRO.DeepCopy()
-	e.Status.OwnerID = c.controllerID
+	e.Status.OwnerID = c.ControllerID
 
 	if e.DeletionTimestamp != nil {
 		if err := c.cleanupEngine(ctx, e); err != nil {
@@ -52,10 +52,10 @@ func (c *EngineController) syncEngine(ctx context.Context, key string) error {
 		if synced {
 			actErr = c.driveEngine(ctx, e, inst, found)
 		}
-		observeEngine(e, inst, found, synced, instanceManagerName(c.controllerID))
+		observeEngine(e, inst, found, synced, InstanceManagerName(c.ControllerID))
 	} else {
 		observeUnreachable(&e.Status.InstanceStatus, e.Spec.NodeID)
-		if e.Spec.NodeID == "" || !c.ds.IsNodeAlive(e.Spec.NodeID) {
+		if e.Spec.NodeID == "" || !c.DS.IsNodeAlive(e.Spec.NodeID) {
 			clearEngineRuntime(&e.Status)
 		}
 	}
@@ -63,7 +63,7 @@ func (c *EngineController) syncEngine(ctx context.Context, key string) error {
 		actErr = fmt.Errorf("engine %s: driving its instance: %w", e.Name, actErr)
 	}
 	if !equality.Semantic.DeepEqual(eRO.Status, e.Status) {
-		if _, err := c.ds.Engines.UpdateStatus(ctx, e); err != nil {
+		if _, err := c.DS.Engines.UpdateStatus(ctx, e); err != nil {
 			return errors.Join(actErr, err)
 		}
 	}
@@ -176,7 +176,7 @@ func (c *EngineController) driveEngine(ctx context.Context, e *v1beta1.Engine, i
 			// One runs already, with whatever limits it was given: set them once it runs.
 			e.Status.SnapshotLimits = nil
 		default:
-			c.recorder.Eventf(e, corev1.EventTypeWarning, EventReasonEngineStartFailed, "starting engine on %s: %v", e.Spec.NodeID, err)
+			c.Recorder.Eventf(e, corev1.EventTypeWarning, EventReasonEngineStartFailed, "starting engine on %s: %v", e.Spec.NodeID, err)
 			return fmt.Errorf("starting engine %s: %w", e.Name, err)
 		}
 		e.Status.CurrentReplicaAddressMap = maps.Clone(e.Spec.ReplicaAddressMap)
@@ -204,10 +204,10 @@ func (c *EngineController) expandEngine(ctx context.Context, client engineapi.Da
 	case errors.Is(err, engineapi.ErrBusy):
 		return fmt.Errorf("expanding engine %s to %d bytes: %w; retrying", e.Name, e.Spec.VolumeSize, err)
 	case err != nil:
-		c.recorder.Eventf(e, corev1.EventTypeWarning, EventReasonEngineExpandFailed, "expanding to %d bytes: %v", e.Spec.VolumeSize, err)
+		c.Recorder.Eventf(e, corev1.EventTypeWarning, EventReasonEngineExpandFailed, "expanding to %d bytes: %v", e.Spec.VolumeSize, err)
 		return fmt.Errorf("expanding engine %s to %d bytes: %w", e.Name, e.Spec.VolumeSize, err)
 	}
-	c.recorder.Eventf(e, corev1.EventTypeNormal, EventReasonEngineExpanded, "expanded from %d to %d bytes", inst.Size, e.Spec.VolumeSize)
+	c.Recorder.Eventf(e, corev1.EventTypeNormal, EventReasonEngineExpanded, "expanded from %d to %d bytes", inst.Size, e.Spec.VolumeSize)
 	return nil
 }
 
@@ -227,7 +227,7 @@ func (c *EngineController) reconcileEngineReplicas(ctx context.Context, client e
 			return fmt.Errorf("removing replica %s from engine %s: %w", r, e.Name, err)
 		}
 		delete(e.Status.CurrentReplicaAddressMap, r)
-		c.recorder.Eventf(e, corev1.EventTypeNormal, EventReasonEngineReplicaRemove, "removed replica %s", r)
+		c.Recorder.Eventf(e, corev1.EventTypeNormal, EventReasonEngineReplicaRemove, "removed replica %s", r)
 		// The instance's next event tells the new replica set.
 		return nil
 	}
@@ -247,7 +247,7 @@ func (c *EngineController) reconcileEngineReplicas(ctx context.Context, client e
 		// The new replica has no limits yet: set them on every replica again.
 		e.Status.SnapshotLimits = nil
 		e.Status.CurrentReplicaAddressMap[r] = addr
-		c.recorder.Eventf(e, corev1.EventTypeNormal, EventReasonEngineReplicaAdd, "rebuilding replica %s at %s", r, addr)
+		c.Recorder.Eventf(e, corev1.EventTypeNormal, EventReasonEngineReplicaAdd, "rebuilding replica %s at %s", r, addr)
 	}
 	return nil
 }
@@ -271,7 +271,7 @@ func (c *EngineController) cleanupEngine(ctx context.Context, e *v1beta1.Engine)
 			}
 		}
 	}
-	_, err := c.ds.Engines.RemoveFinalizer(ctx, e, types.FinalizerName)
+	_, err := c.DS.Engines.RemoveFinalizer(ctx, e, types.FinalizerName)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
@@ -280,6 +280,6 @@ func (c *EngineController) cleanupEngine(ctx context.Context, e *v1beta1.Engine)
 
 // volumeGoing tells a volume that is deleted or being deleted.
 func (c *EngineController) volumeGoing(name string) bool {
-	v, err := c.ds.Volumes.GetRO(name)
+	v, err := c.DS.Volumes.GetRO(name)
 	return apierrors.IsNotFound(err) || (err == nil && v.DeletionTimestamp != nil)
 }

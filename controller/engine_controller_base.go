@@ -21,10 +21,10 @@ type EngineController struct {
 func NewEngineController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
 	controllerID, imAddress string, dataPlane engineapi.Connector, instances *InstanceCache) (*EngineController, error) {
 	c := &EngineController{instanceController: &instanceController{
-		baseController: newBaseController("strata-engine", controllerID, logger, ds, recorder),
+		BaseController: NewBaseController("strata-engine", controllerID, logger, ds, recorder),
 		imAddress:      imAddress, instances: instances,
 	}}
-	c.dataPlane = dataPlane
-	c.sync = c.syncEngine
+	c.DataPlane = dataPlane
+	c.Sync = c.syncEngine
 	return c, c.wireInstanceEvents(ds.Engines.Informer())
 }

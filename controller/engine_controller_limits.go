@@ -44,10 +44,10 @@ func (c *EngineController) applySnapshotLimits(ctx context.Context, client engin
 		return fmt.Errorf("setting snapshot limits (%d snapshots, %d bytes) on engine %s: %w", want.MaxCount, want.MaxSize, e.Name, err)
 	}
 	e.Status.SnapshotLimits = &want
-	c.logger.WithFields(map[string]any{"engine": e.Name, "volume": e.Spec.VolumeName,
+	c.Logger.WithFields(map[string]any{"engine": e.Name, "volume": e.Spec.VolumeName,
 		"maxCount": want.MaxCount, "maxSize": want.MaxSize}).Info("Set snapshot limits")
 	if was != nil { // a change, not the first setting or one after a replica joined
-		c.recorder.Eventf(e, corev1.EventTypeNormal, EventReasonEngineSnapshotLimits, "user snapshot limits now %s (were %s)",
+		c.Recorder.Eventf(e, corev1.EventTypeNormal, EventReasonEngineSnapshotLimits, "user snapshot limits now %s (were %s)",
 			describeSnapshotLimits(want), describeSnapshotLimits(*was))
 	}
 	return nil

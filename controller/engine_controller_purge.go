@@ -24,10 +24,10 @@ const purgeFreeableAt = 16 << 20
 // says so then). A busy engine (a rebuild) is left for a later event.
 func (c *EngineController) purgeFreeable(ctx context.Context, client engineapi.DataPlane, e *v1beta1.Engine) error {
 	freeable, _ := e.Status.RemovedExclusive()
-	if freeable < purgeFreeableAt || isPurging(e) {
+	if freeable < purgeFreeableAt || IsPurging(e) {
 		return nil
 	}
-	if noPurge, _ := c.ds.GetSettingBool(types.SettingDisableSnapshotPurge); noPurge {
+	if noPurge, _ := c.DS.GetSettingBool(types.SettingDisableSnapshotPurge); noPurge {
 		return nil
 	}
 	err := client.SnapshotPurge(ctx, e.Name)
@@ -37,7 +37,7 @@ func (c *EngineController) purgeFreeable(ctx context.Context, client engineapi.D
 	case err != nil:
 		return fmt.Errorf("purging engine %s (removed snapshots hold %d bytes a purge frees): %w", e.Name, freeable, err)
 	}
-	c.logger.WithFields(map[string]any{"engine": e.Name, "volume": e.Spec.VolumeName, "bytes": freeable}).
+	c.Logger.WithFields(map[string]any{"engine": e.Name, "volume": e.Spec.VolumeName, "bytes": freeable}).
 		Info("Purging: removed snapshots hold data a purge frees")
 	return nil
 }

@@ -16,7 +16,7 @@ import "k8s.io/client-go/tools/cache"
 // delivers one.
 
 // onAdd adapts fn to a ResourceEventHandlerFuncs.AddFunc.
-func onAdd[T any](fn func(T)) func(obj any) {
+func OnAdd[T any](fn func(T)) func(obj any) {
 	return func(obj any) {
 		if t, ok := obj.(T); ok {
 			fn(t)
@@ -26,7 +26,7 @@ func onAdd[T any](fn func(T)) func(obj any) {
 
 // onUpdate adapts fn to a ResourceEventHandlerFuncs.UpdateFunc; fn is called
 // only when both versions are a T.
-func onUpdate[T any](fn func(old, cur T)) func(oldObj, newObj any) {
+func OnUpdate[T any](fn func(old, cur T)) func(oldObj, newObj any) {
 	return func(oldObj, newObj any) {
 		o, ok1 := oldObj.(T)
 		n, ok2 := newObj.(T)
@@ -39,7 +39,7 @@ func onUpdate[T any](fn func(old, cur T)) func(oldObj, newObj any) {
 // onDelete adapts fn to a ResourceEventHandlerFuncs.DeleteFunc. fn gets the
 // last known state, from the tombstone when the informer missed the delete;
 // a tombstone without an object of type T calls nothing.
-func onDelete[T any](fn func(T)) func(obj any) {
+func OnDelete[T any](fn func(T)) func(obj any) {
 	return func(obj any) {
 		if t, ok := lastState[T](obj); ok {
 			fn(t)
@@ -49,17 +49,17 @@ func onDelete[T any](fn func(T)) func(obj any) {
 
 // onEveryChange is a handler that calls fn with the object of every add,
 // update (its new version) and delete.
-func onEveryChange[T any](fn func(T)) cache.ResourceEventHandlerFuncs {
+func OnEveryChange[T any](fn func(T)) cache.ResourceEventHandlerFuncs {
 	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    onAdd(fn),
-		UpdateFunc: onUpdate(func(_, cur T) { fn(cur) }),
-		DeleteFunc: onDelete(fn),
+		AddFunc:    OnAdd(fn),
+		UpdateFunc: OnUpdate(func(_, cur T) { fn(cur) }),
+		DeleteFunc: OnDelete(fn),
 	}
 }
 
 // filterFor adapts keep to a FilteringResourceEventHandler.FilterFunc, which
 // sees delete events' tombstones too: it judges their last known state.
-func filterFor[T any](keep func(T) bool) func(obj any) bool {
+func FilterFor[T any](keep func(T) bool) func(obj any) bool {
 	return func(obj any) bool {
 		t, ok := lastState[T](obj)
 		return ok && keep(t)

@@ -41,11 +41,11 @@ func TestTypedEventHandlers(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var got []string
 			h := cache.ResourceEventHandlerFuncs{
-				AddFunc: onAdd(func(e *v1beta1.Engine) { got = append(got, "add "+e.Name) }),
-				UpdateFunc: onUpdate(func(o, n *v1beta1.Engine) {
+				AddFunc: OnAdd(func(e *v1beta1.Engine) { got = append(got, "add "+e.Name) }),
+				UpdateFunc: OnUpdate(func(o, n *v1beta1.Engine) {
 					got = append(got, "update "+o.Name+" "+n.Name)
 				}),
-				DeleteFunc: onDelete(func(e *v1beta1.Engine) { got = append(got, "delete "+e.Name) }),
+				DeleteFunc: OnDelete(func(e *v1beta1.Engine) { got = append(got, "delete "+e.Name) }),
 			}
 			tc.fire(h)
 			assert.Equal(t, tc.want, got)
@@ -58,8 +58,8 @@ func TestTypedEventHandlers(t *testing.T) {
 func TestTypedEventHandlersInterface(t *testing.T) {
 	var got []string
 	h := cache.ResourceEventHandlerFuncs{
-		UpdateFunc: onUpdate(func(o, n metav1.Object) { got = append(got, o.GetName()+">"+n.GetName()) }),
-		DeleteFunc: onDelete(func(m metav1.Object) { got = append(got, "-"+m.GetName()) }),
+		UpdateFunc: OnUpdate(func(o, n metav1.Object) { got = append(got, o.GetName()+">"+n.GetName()) }),
+		DeleteFunc: OnDelete(func(m metav1.Object) { got = append(got, "-"+m.GetName()) }),
 	}
 	s := &v1beta1.Snapshot{ObjectMeta: metav1.ObjectMeta{Name: "s"}}
 	b := &v1beta1.Backup{ObjectMeta: metav1.ObjectMeta{Name: "b"}}
@@ -70,7 +70,7 @@ func TestTypedEventHandlersInterface(t *testing.T) {
 }
 
 func TestFilterFor(t *testing.T) {
-	keep := filterFor(func(im *v1beta1.InstanceManager) bool { return im.Name == "mine" })
+	keep := FilterFor(func(im *v1beta1.InstanceManager) bool { return im.Name == "mine" })
 	mine := &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "mine"}}
 	other := &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "other"}}
 	tests := []struct {

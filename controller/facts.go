@@ -13,24 +13,24 @@ import (
 )
 
 // engineRunning tells whether the engine runs on its node as asked.
-func engineRunning(e *v1beta1.Engine) bool {
+func EngineRunning(e *v1beta1.Engine) bool {
 	return e != nil && e.Spec.NodeID != "" && e.Spec.DesireState == v1beta1.InstanceStateRunning &&
 		e.Status.CurrentState == v1beta1.InstanceStateRunning
 }
 
 // derivedSnapshotName is prefix-<24 hex digits of key's SHA-256>: a valid
 // snapshot name, the same for the same key, where the natural one is not.
-func derivedSnapshotName(prefix, key string) string {
+func DerivedSnapshotName(prefix, key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return prefix + "-" + hex.EncodeToString(sum[:12])
 }
 
-func cloneIncomplete(vol *v1beta1.Volume) bool {
+func CloneIncomplete(vol *v1beta1.Volume) bool {
 	return vol.Spec.DataSource != "" &&
 		(vol.Status.CloneStatus == nil || vol.Status.CloneStatus.State != v1beta1.VolumeCloneStateCompleted)
 }
 
-func restoreIncomplete(vol *v1beta1.Volume) bool {
+func RestoreIncomplete(vol *v1beta1.Volume) bool {
 	return vol.Spec.FromBackup != "" &&
 		(vol.Status.RestoreStatus == nil || vol.Status.RestoreStatus.State != v1beta1.VolumeRestoreStateCompleted)
 }
@@ -38,7 +38,7 @@ func restoreIncomplete(vol *v1beta1.Volume) bool {
 // purgeDrops tells whether a purge takes a removed snapshot out of the
 // chain: a leaf is deleted, one with a single snapshot child is coalesced
 // into it; one under the head is only pruned.
-func purgeDrops(info *v1beta1.SnapshotInfo) bool {
+func PurgeDrops(info *v1beta1.SnapshotInfo) bool {
 	switch len(info.Children) {
 	case 0:
 		return true
@@ -48,7 +48,7 @@ func purgeDrops(info *v1beta1.SnapshotInfo) bool {
 	return false
 }
 
-func isPurging(e *v1beta1.Engine) bool {
+func IsPurging(e *v1beta1.Engine) bool {
 	for _, p := range e.Status.PurgeStatus {
 		if p != nil && p.IsPurging {
 			return true
@@ -59,7 +59,7 @@ func isPurging(e *v1beta1.Engine) bool {
 
 // volumeSettled: not being deleted, and not being filled by a clone or a
 // restore.
-func volumeSettled(v *v1beta1.Volume) bool {
+func VolumeSettled(v *v1beta1.Volume) bool {
 	if v.DeletionTimestamp != nil {
 		return false
 	}
@@ -73,7 +73,7 @@ func volumeSettled(v *v1beta1.Volume) bool {
 }
 
 // instanceAddress is the dataconn address a running replica serves on.
-func instanceAddress(st *v1beta1.InstanceStatus) string {
+func InstanceAddress(st *v1beta1.InstanceStatus) string {
 	if st.IP == "" || st.Port == 0 {
 		return ""
 	}
@@ -81,24 +81,24 @@ func instanceAddress(st *v1beta1.InstanceStatus) string {
 }
 
 // instanceManagerName is the InstanceManager CR of a node.
-func instanceManagerName(node string) string { return "im-" + node }
+func InstanceManagerName(node string) string { return "im-" + node }
 
-func backupFinished(b *v1beta1.Backup) bool {
+func BackupFinished(b *v1beta1.Backup) bool {
 	return b.Status.State == v1beta1.BackupStateCompleted || b.Status.State == v1beta1.BackupStateError
 }
 
 // BackingImageDir is the directory of an image's copy on the disk at diskPath.
 func BackingImageDir(diskPath, image, uuid string) string {
-	return filepath.Join(diskPath, backingImagesDir, image+"-"+uuid)
+	return filepath.Join(diskPath, BackingImagesDir, image+"-"+uuid)
 }
 
 // BackingImageFile is the image's file on the disk at diskPath.
 func BackingImageFile(diskPath string, bi *v1beta1.BackingImage) string {
-	return filepath.Join(BackingImageDir(diskPath, bi.Name, bi.Status.UUID), backingFileName)
+	return filepath.Join(BackingImageDir(diskPath, bi.Name, bi.Status.UUID), BackingFileName)
 }
 
 // readyCopies lists the disks in spec whose copy is ready, sorted.
-func readyCopies(bi *v1beta1.BackingImage) []string {
+func ReadyCopies(bi *v1beta1.BackingImage) []string {
 	var out []string
 	for disk, st := range bi.Status.DiskFileStatusMap {
 		if _, wanted := bi.Spec.DiskFileSpecMap[disk]; wanted && st != nil && st.State == v1beta1.BackingImageStateReady {
@@ -109,6 +109,6 @@ func readyCopies(bi *v1beta1.BackingImage) []string {
 	return out
 }
 
-const backingImagesDir = "backing-images"
+const BackingImagesDir = "backing-images"
 
-const backingFileName = "backing"
+const BackingFileName = "backing"

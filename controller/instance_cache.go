@@ -87,7 +87,7 @@ func (c *InstanceCache) Synced() bool {
 
 // streamOpened starts a replay: the instance manager is about to send its
 // current state again, then the sync marker.
-func (c *InstanceCache) streamOpened() {
+func (c *InstanceCache) StreamOpened() {
 	c.mu.Lock()
 	c.seen = map[string]bool{}
 	c.mu.Unlock()
@@ -95,7 +95,7 @@ func (c *InstanceCache) streamOpened() {
 
 // streamLost marks the cache unsynced and tells every listener about every
 // instance it held, so their objects are re-evaluated as unknown.
-func (c *InstanceCache) streamLost() {
+func (c *InstanceCache) StreamLost() {
 	c.mu.Lock()
 	c.failed = true
 	if !c.synced {
@@ -112,7 +112,7 @@ func (c *InstanceCache) streamLost() {
 }
 
 // apply folds one Watch event into the cache.
-func (c *InstanceCache) apply(ev *engineapi.WatchEvent) {
+func (c *InstanceCache) Apply(ev *engineapi.WatchEvent) {
 	if ev.Kind == engineapi.WatchUnknown || (ev.Kind != engineapi.WatchSynced && ev.Instance == nil) {
 		return // nothing this cache can use; the stream goes on
 	}

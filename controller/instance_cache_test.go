@@ -57,11 +57,11 @@ func TestInstanceCache(t *testing.T) {
 			for _, s := range tc.steps {
 				switch {
 				case s.opened:
-					c.streamOpened()
+					c.StreamOpened()
 				case s.lost:
-					c.streamLost()
+					c.StreamLost()
 				default:
-					c.apply(s.ev)
+					c.Apply(s.ev)
 				}
 			}
 			assert.Equal(t, tc.wantSynced, c.Synced())
@@ -87,13 +87,13 @@ func TestInstanceCache(t *testing.T) {
 func TestInstanceCacheStarting(t *testing.T) {
 	c := NewInstanceCache()
 	assert.True(t, c.Starting(), "a new manager knows nothing yet")
-	c.streamLost()
+	c.StreamLost()
 	assert.False(t, c.Starting(), "a failed stream is lost sight, not starting")
-	c.streamOpened()
-	c.apply(synced)
+	c.StreamOpened()
+	c.Apply(synced)
 	assert.False(t, c.Starting())
 	assert.True(t, c.Synced())
-	c.streamLost()
+	c.StreamLost()
 	assert.False(t, c.Starting())
 	assert.False(t, c.Synced())
 }
@@ -112,10 +112,10 @@ func TestInstanceCacheSkipsEventsItCannotUse(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			c := NewInstanceCache()
-			c.streamOpened()
-			c.apply(updated("a", 1))
-			assert.NotPanics(t, func() { c.apply(tc.ev) })
-			c.apply(synced)
+			c.StreamOpened()
+			c.Apply(updated("a", 1))
+			assert.NotPanics(t, func() { c.Apply(tc.ev) })
+			c.Apply(synced)
 			_, found, ok := c.Get("a")
 			assert.True(t, found && ok)
 			_, found, _ = c.Get("x")

@@ -11,7 +11,7 @@ import (
 // cache its Watch stream feeds) and the wiring that enqueues an object when
 // its instance changes.
 type instanceController struct {
-	*baseController
+	*BaseController
 	imAddress string
 	instances *InstanceCache
 }
@@ -21,30 +21,30 @@ type instanceController struct {
 // kind when a node's Ready condition flips, which may move ownership.
 func (c *instanceController) wireInstanceEvents(informer cache.SharedIndexInformer) error {
 	if c.instances != nil {
-		c.instances.OnChange(func(name string) { c.queue.Add(c.ds.Namespace + "/" + name) })
+		c.instances.OnChange(func(name string) { c.Queue.Add(c.DS.Namespace + "/" + name) })
 		// Once the view is complete again, every object on this node gets a
 		// look, including those whose instance does not exist yet.
-		c.instances.OnSynced(func() { c.enqueueByNode(informer, c.controllerID) })
+		c.instances.OnSynced(func() { c.EnqueueByNode(informer, c.ControllerID) })
 	}
 	// The same when any node's instance manager changes state as its CR
 	// says: objects there owned by this manager (their node's manager is
 	// down) are judged again.
-	if err := c.onInstanceManagerStateChange(func(node string) { c.enqueueByNode(informer, node) }); err != nil {
+	if err := c.OnInstanceManagerStateChange(func(node string) { c.EnqueueByNode(informer, node) }); err != nil {
 		return err
 	}
-	if _, err := informer.AddEventHandler(c.enqueueOnChange()); err != nil {
+	if _, err := informer.AddEventHandler(c.EnqueueOnChange()); err != nil {
 		return err
 	}
-	return c.requeueOnNodeReadyChange(c.enqueueEveryKey(informer))
+	return c.RequeueOnNodeReadyChange(c.EnqueueEveryKey(informer))
 }
 
 // local tells whether an instance on nodeID runs in this manager's instance
 // manager, so this manager can act on it and knows its state.
 func (c *instanceController) local(nodeID string) bool {
-	return nodeID != "" && nodeID == c.controllerID && c.instances != nil
+	return nodeID != "" && nodeID == c.ControllerID && c.instances != nil
 }
 
 // client is this node's instance manager.
 func (c *instanceController) client() (engineapi.DataPlane, error) {
-	return c.dataPlane.DataPlane(c.imAddress)
+	return c.DataPlane.DataPlane(c.imAddress)
 }

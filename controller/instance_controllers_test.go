@@ -69,14 +69,14 @@ func startRealIMWith(t *testing.T, o realIMOptions) *realIM {
 	require.NoError(t, err)
 	next, err := client.DataPlane().Watch(ctx)
 	require.NoError(t, err)
-	im.cache.streamOpened()
+	im.cache.StreamOpened()
 	go func() {
 		for {
 			ev, err := next()
 			if err != nil {
 				return
 			}
-			im.cache.apply(ev)
+			im.cache.Apply(ev)
 		}
 	}()
 	require.Eventually(t, im.cache.Synced, 10*time.Second, 10*time.Millisecond)

@@ -25,11 +25,11 @@ const (
 // syncInstanceManager creates this node's InstanceManager CR if missing and
 // reports its endpoint and state from the Watch stream's last word.
 func (c *InstanceManagerController) syncInstanceManager(ctx context.Context, key string) error {
-	name, err := nameFromKey(key)
+	name, err := NameFromKey(key)
 	if err != nil {
 		return err
 	}
-	imRO, err := c.ds.InstanceManagers.GetRO(name)
+	imRO, err := c.DS.InstanceManagers.GetRO(name)
 	if apierrors.IsNotFound(err) {
 		return c.createInstanceManager(ctx, name)
 	}
@@ -39,12 +39,12 @@ func (c *InstanceManagerController) syncInstanceManager(ctx context.Context, key
 
 	im := imRO.DeepCopy()
 	conn := c.connection()
-	now := metav1.NewTime(c.ds.Clock.Now())
-	im.Status.OwnerID = c.controllerID
+	now := metav1.NewTime(c.DS.Clock.Now())
+	im.Status.OwnerID = c.ControllerID
 	im.Status.Endpoint = c.address
 	if conn.connected {
 		im.Status.CurrentState = v1beta1.InstanceStateRunning
-		setCondition(&im.Status.Conditions, v1beta1.ConditionTypeReady, true, imConditionReasonWatching,
+		SetCondition(&im.Status.Conditions, v1beta1.ConditionTypeReady, true, imConditionReasonWatching,
 			"the instance manager answers on its Watch stream", now)
 	} else {
 		im.Status.CurrentState = v1beta1.InstanceStateUnknown
@@ -53,21 +53,21 @@ func (c *InstanceManagerController) syncInstanceManager(ctx context.Context, key
 			im.Status.CurrentState = v1beta1.InstanceStateError
 			msg = fmt.Sprintf("Watch stream to %s failed: %s", c.address, conn.err)
 		}
-		setCondition(&im.Status.Conditions, v1beta1.ConditionTypeReady, false, imConditionReasonUnreachable, msg, now)
+		SetCondition(&im.Status.Conditions, v1beta1.ConditionTypeReady, false, imConditionReasonUnreachable, msg, now)
 	}
 	if equality.Semantic.DeepEqual(imRO.Status, im.Status) {
 		return nil
 	}
-	updated, err := c.ds.InstanceManagers.UpdateStatus(ctx, im)
+	updated, err := c.DS.InstanceManagers.UpdateStatus(ctx, im)
 	if err != nil {
 		return err
 	}
 	if imRO.Status.CurrentState != updated.Status.CurrentState {
 		switch updated.Status.CurrentState {
 		case v1beta1.InstanceStateRunning:
-			c.recorder.Event(updated, corev1.EventTypeNormal, EventReasonInstanceManagerRunning, "instance manager at "+c.address+" answers")
+			c.Recorder.Event(updated, corev1.EventTypeNormal, EventReasonInstanceManagerRunning, "instance manager at "+c.address+" answers")
 		case v1beta1.InstanceStateError:
-			c.recorder.Event(updated, corev1.EventTypeWarning, EventReasonInstanceManagerUnreachable, conn.err)
+			c.Recorder.Event(updated, corev1.EventTypeWarning, EventReasonInstanceManagerUnreachable, conn.err)
 		}
 	}
 	return nil
@@ -75,11 +75,11 @@ func (c *InstanceManagerController) syncInstanceManager(ctx context.Context, key
 
 func (c *InstanceManagerController) createInstanceManager(ctx context.Context, name string) error {
 	im := &v1beta1.InstanceManager{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: c.ds.Namespace,
-			Labels: map[string]string{types.LabelNode: c.controllerID, types.LabelComponent: "instance-manager"}},
-		Spec: v1beta1.InstanceManagerSpec{NodeID: c.controllerID},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: c.DS.Namespace,
+			Labels: map[string]string{types.LabelNode: c.ControllerID, types.LabelComponent: "instance-manager"}},
+		Spec: v1beta1.InstanceManagerSpec{NodeID: c.ControllerID},
 	}
-	_, err := c.ds.InstanceManagers.Create(ctx, im)
+	_, err := c.DS.InstanceManagers.Create(ctx, im)
 	if apierrors.IsAlreadyExists(err) {
 		return nil
 	}

@@ -27,7 +27,7 @@ type imConnection struct {
 // from a Watch stream it holds open, so the sync makes no gRPC call and an
 // idle instance manager costs no polling.
 type InstanceManagerController struct {
-	*baseController
+	*BaseController
 	address   string
 	dataPlane engineapi.Connector
 	cache     *InstanceCache
@@ -42,28 +42,28 @@ type InstanceManagerController struct {
 func NewInstanceManagerController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
 	controllerID, address string, dataPlane engineapi.Connector, instances *InstanceCache) (*InstanceManagerController, error) {
 	c := &InstanceManagerController{
-		baseController: newBaseController("strata-instance-manager", controllerID, logger, ds, recorder),
+		BaseController: NewBaseController("strata-instance-manager", controllerID, logger, ds, recorder),
 		address:        address, dataPlane: dataPlane, cache: instances,
 	}
-	c.sync = c.syncInstanceManager
+	c.Sync = c.syncInstanceManager
 	_, err := ds.InstanceManagers.Informer().AddEventHandler(cache.FilteringResourceEventHandler{
-		FilterFunc: filterFor(func(im *v1beta1.InstanceManager) bool {
-			return im.Name == instanceManagerName(controllerID)
+		FilterFunc: FilterFor(func(im *v1beta1.InstanceManager) bool {
+			return im.Name == InstanceManagerName(controllerID)
 		}),
-		Handler: c.enqueueOnChange(),
+		Handler: c.EnqueueOnChange(),
 	})
 	return c, err
 }
 
 func (c *InstanceManagerController) key() string {
-	return c.ds.Namespace + "/" + instanceManagerName(c.controllerID)
+	return c.DS.Namespace + "/" + InstanceManagerName(c.ControllerID)
 }
 
 // Run holds the Watch stream open and runs the workers until ctx ends.
 func (c *InstanceManagerController) Run(ctx context.Context, workers int) {
 	go c.watchInstanceManager(ctx)
-	c.queue.Add(c.key())
-	c.baseController.Run(ctx, workers)
+	c.Queue.Add(c.key())
+	c.BaseController.Run(ctx, workers)
 }
 
 // watchInstanceManager keeps a Watch stream to the instance manager open,
@@ -82,7 +82,7 @@ func (c *InstanceManagerController) watchInstanceManager(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		c.cache.streamLost()
+		c.cache.StreamLost()
 		c.setConnection(imConnection{err: err.Error()})
 		select {
 		case <-ctx.Done():
@@ -101,13 +101,13 @@ func (c *InstanceManagerController) watchOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c.cache.streamOpened()
+	c.cache.StreamOpened()
 	for {
 		ev, err := next()
 		if err != nil {
 			return err
 		}
-		c.cache.apply(ev)
+		c.cache.Apply(ev)
 		// The first event (the current state) proves the stream is live.
 		c.setConnection(imConnection{connected: true})
 	}
@@ -119,7 +119,7 @@ func (c *InstanceManagerController) setConnection(conn imConnection) {
 	c.conn = conn
 	c.mu.Unlock()
 	if changed {
-		c.queue.Add(c.key())
+		c.Queue.Add(c.key())
 	}
 }
 

@@ -59,7 +59,7 @@ func (c *InstanceManagerRolloutController) syncRollout(ctx context.Context, _ st
 	if err := c.setUpToDate(ctx, false, imRolloutReasonReplacing, outdated+"; nothing on this node is in use: replacing it"); err != nil {
 		return err
 	}
-	err = c.ds.KubeClient.CoreV1().Pods(c.ds.Namespace).Delete(ctx, pod.Name,
+	err = c.DS.KubeClient.CoreV1().Pods(c.DS.Namespace).Delete(ctx, pod.Name,
 		metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}})
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 		return nil // gone or replaced already: the informer brings the next state
@@ -67,10 +67,10 @@ func (c *InstanceManagerRolloutController) syncRollout(ctx context.Context, _ st
 	if err != nil {
 		return fmt.Errorf("deleting the outdated instance-manager Pod %s: %w", pod.Name, err)
 	}
-	c.logger.WithField("pod", pod.Name).WithField("from", running).WithField("to", wanted).
+	c.Logger.WithField("pod", pod.Name).WithField("from", running).WithField("to", wanted).
 		Info("Replaced the outdated instance-manager Pod: nothing on this node was in use")
-	if im, err := c.ds.InstanceManagers.GetRO(instanceManagerName(c.controllerID)); err == nil {
-		c.recorder.Eventf(im, corev1.EventTypeNormal, EventReasonInstanceManagerReplaced,
+	if im, err := c.DS.InstanceManagers.GetRO(InstanceManagerName(c.ControllerID)); err == nil {
+		c.Recorder.Eventf(im, corev1.EventTypeNormal, EventReasonInstanceManagerReplaced,
 			"deleted Pod %s (revision %s) for the DaemonSet's revision %s: nothing on the node was in use", pod.Name, running, wanted)
 	}
 	return nil
@@ -105,16 +105,16 @@ func (c *InstanceManagerRolloutController) outdated() bool {
 func (c *InstanceManagerRolloutController) volumesInUse() []string {
 	var names []string
 	add := func(volume string) {
-		v, err := c.ds.Volumes.GetRO(volume)
+		v, err := c.DS.Volumes.GetRO(volume)
 		if err == nil && v.Status.State != v1beta1.VolumeStateDetached && !slices.Contains(names, volume) {
 			names = append(names, volume)
 		}
 	}
-	engines, _ := c.ds.Engines.ListByIndexRO(datastore.IndexByNode, c.controllerID)
+	engines, _ := c.DS.Engines.ListByIndexRO(datastore.IndexByNode, c.ControllerID)
 	for _, e := range engines {
 		add(e.Spec.VolumeName)
 	}
-	replicas, _ := c.ds.Replicas.ListByIndexRO(datastore.IndexByNode, c.controllerID)
+	replicas, _ := c.DS.Replicas.ListByIndexRO(datastore.IndexByNode, c.ControllerID)
 	for _, r := range replicas {
 		add(r.Spec.VolumeName)
 	}
@@ -131,7 +131,7 @@ func (c *InstanceManagerRolloutController) othersNotReady() []string {
 	}
 	var names []string
 	for _, p := range pods {
-		if p.Spec.NodeName != c.controllerID && (p.DeletionTimestamp != nil || !podIsReady(p)) {
+		if p.Spec.NodeName != c.ControllerID && (p.DeletionTimestamp != nil || !podIsReady(p)) {
 			names = append(names, p.Name+" on "+p.Spec.NodeName)
 		}
 	}
@@ -151,7 +151,7 @@ func podIsReady(p *corev1.Pod) bool {
 // setUpToDate writes the UpToDate condition on this node's
 // InstanceManager when it changed; a new reason for waiting is an event.
 func (c *InstanceManagerRolloutController) setUpToDate(ctx context.Context, upToDate bool, reason, message string) error {
-	imRO, err := c.ds.InstanceManagers.GetRO(instanceManagerName(c.controllerID))
+	imRO, err := c.DS.InstanceManagers.GetRO(InstanceManagerName(c.ControllerID))
 	if apierrors.IsNotFound(err) {
 		return nil // the instance manager controller creates it; its add requeues us
 	}
@@ -160,16 +160,16 @@ func (c *InstanceManagerRolloutController) setUpToDate(ctx context.Context, upTo
 	}
 	before := meta.FindStatusCondition(imRO.Status.Conditions, v1beta1.ConditionTypeUpToDate)
 	im := imRO.DeepCopy()
-	setCondition(&im.Status.Conditions, v1beta1.ConditionTypeUpToDate, upToDate, reason, message, metav1.NewTime(c.ds.Clock.Now()))
+	SetCondition(&im.Status.Conditions, v1beta1.ConditionTypeUpToDate, upToDate, reason, message, metav1.NewTime(c.DS.Clock.Now()))
 	if equality.Semantic.DeepEqual(imRO.Status, im.Status) {
 		return nil
 	}
-	updated, err := c.ds.InstanceManagers.UpdateStatus(ctx, im)
+	updated, err := c.DS.InstanceManagers.UpdateStatus(ctx, im)
 	if err != nil {
 		return err
 	}
 	if !upToDate && reason != imRolloutReasonReplacing && (before == nil || before.Reason != reason) {
-		c.recorder.Event(updated, corev1.EventTypeNormal, EventReasonInstanceManagerOutdated, message)
+		c.Recorder.Event(updated, corev1.EventTypeNormal, EventReasonInstanceManagerOutdated, message)
 	}
 	return nil
 }

@@ -24,7 +24,7 @@ import (
 // It runs only where the instance managers are Pods (the chart's managers
 // are given their label selector); its one key is this node.
 type InstanceManagerRolloutController struct {
-	*baseController
+	*BaseController
 	pods *datastore.InstanceManagerPods
 }
 
@@ -37,22 +37,22 @@ func NewInstanceManagerRolloutController(logger logrus.FieldLogger, ds *datastor
 		return nil, fmt.Errorf("the instance manager rollout needs the instance managers' Pods watched")
 	}
 	c := &InstanceManagerRolloutController{
-		baseController: newBaseController("strata-instance-manager-rollout", controllerID, logger, ds, recorder),
+		BaseController: NewBaseController("strata-instance-manager-rollout", controllerID, logger, ds, recorder),
 		pods:           ds.InstanceManagerPods,
 	}
-	c.sync = c.syncRollout
-	always := func(any) { c.queue.Add(c.key()) }
+	c.Sync = c.syncRollout
+	always := func(any) { c.Queue.Add(c.key()) }
 	handlers := []struct {
 		informer cache.SharedIndexInformer
 		handler  cache.ResourceEventHandler
 	}{
 		// Any instance-manager Pod (another node's readiness gates ours)
 		// and any revision (a new one is the upgrade).
-		{c.pods.PodInformer, onEveryChange(always)},
-		{c.pods.RevisionsInformer, onEveryChange(always)},
+		{c.pods.PodInformer, OnEveryChange(always)},
+		{c.pods.RevisionsInformer, OnEveryChange(always)},
 		{ds.InstanceManagers.Informer(), cache.FilteringResourceEventHandler{
-			FilterFunc: filterFor(func(im *v1beta1.InstanceManager) bool { return im.Spec.NodeID == controllerID }),
-			Handler:    onEveryChange(always)}},
+			FilterFunc: FilterFor(func(im *v1beta1.InstanceManager) bool { return im.Spec.NodeID == controllerID }),
+			Handler:    OnEveryChange(always)}},
 		// What holds the node in use, only while the Pod is outdated: an
 		// idle cluster or an up-to-date Pod adds nothing to the queue.
 		{ds.Engines.Informer(), whileOutdated(c, func(e *v1beta1.Engine) bool { return e.Spec.NodeID == controllerID })},
@@ -71,12 +71,12 @@ func NewInstanceManagerRolloutController(logger logrus.FieldLogger, ds *datastor
 // while this node's instance-manager Pod runs an old revision.
 func whileOutdated[T any](c *InstanceManagerRolloutController, keep func(T) bool) cache.ResourceEventHandler {
 	return cache.FilteringResourceEventHandler{
-		FilterFunc: func(obj any) bool { return filterFor(keep)(obj) && c.outdated() },
-		Handler:    onEveryChange(func(T) { c.queue.Add(c.key()) }),
+		FilterFunc: func(obj any) bool { return FilterFor(keep)(obj) && c.outdated() },
+		Handler:    OnEveryChange(func(T) { c.Queue.Add(c.key()) }),
 	}
 }
 
-func (c *InstanceManagerRolloutController) key() string { return c.controllerID }
+func (c *InstanceManagerRolloutController) key() string { return c.ControllerID }
 
 // ownPod is this node's instance-manager Pod (not one being deleted), or nil.
 func (c *InstanceManagerRolloutController) ownPod() (*corev1.Pod, error) {
@@ -85,7 +85,7 @@ func (c *InstanceManagerRolloutController) ownPod() (*corev1.Pod, error) {
 		return nil, err
 	}
 	for _, p := range pods {
-		if p.Spec.NodeName == c.controllerID && p.DeletionTimestamp == nil {
+		if p.Spec.NodeName == c.ControllerID && p.DeletionTimestamp == nil {
 			return p, nil
 		}
 	}

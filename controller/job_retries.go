@@ -28,15 +28,15 @@ type jobRetry struct {
 // jobRetries keeps the failed jobs of the objects a controller runs, by
 // UID, in memory: a restarted manager starts counting again, which is
 // fine since the job it finds (or starts) is the one that counts.
-type jobRetries struct {
+type JobRetries struct {
 	mu sync.Mutex
 	m  map[k8stypes.UID]*jobRetry
 }
 
-func newJobRetries() *jobRetries { return &jobRetries{m: map[k8stypes.UID]*jobRetry{}} }
+func NewJobRetries() *JobRetries { return &JobRetries{m: map[k8stypes.UID]*jobRetry{}} }
 
 // get is a copy of uid's record, nil when its jobs have not failed.
-func (r *jobRetries) get(uid k8stypes.UID) *jobRetry {
+func (r *JobRetries) get(uid k8stypes.UID) *jobRetry {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if j := r.m[uid]; j != nil {
@@ -47,7 +47,7 @@ func (r *jobRetries) get(uid k8stypes.UID) *jobRetry {
 }
 
 // started notes the instance revision a retried job was started at.
-func (r *jobRetries) started(uid k8stypes.UID, revision uint64) {
+func (r *JobRetries) Started(uid k8stypes.UID, revision uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if j := r.m[uid]; j != nil {
@@ -57,7 +57,7 @@ func (r *jobRetries) started(uid k8stypes.UID, revision uint64) {
 
 // failed counts a failure seen at revision and returns the attempts so far
 // and how long to wait before the next: base, doubled at each further one.
-func (r *jobRetries) failed(uid k8stypes.UID, revision uint64, now time.Time, base time.Duration) (int, time.Duration) {
+func (r *JobRetries) Failed(uid k8stypes.UID, revision uint64, now time.Time, base time.Duration) (int, time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	j := r.m[uid]
@@ -74,20 +74,20 @@ func (r *jobRetries) failed(uid k8stypes.UID, revision uint64, now time.Time, ba
 
 // previousError tells an error status (state) at revision that is the
 // previous attempt's: the job started again since has not shown yet.
-func (r *jobRetries) previousError(uid k8stypes.UID, state string, revision uint64) bool {
+func (r *JobRetries) PreviousError(uid k8stypes.UID, state string, revision uint64) bool {
 	j := r.get(uid)
 	return state == engineapi.JobStateError && j != nil && (j.counted || revision <= j.revision)
 }
 
 // backoffLeft is how long the next attempt of uid's job must still wait.
-func (r *jobRetries) backoffLeft(uid k8stypes.UID, now time.Time) time.Duration {
+func (r *JobRetries) BackoffLeft(uid k8stypes.UID, now time.Time) time.Duration {
 	if j := r.get(uid); j != nil && now.Before(j.notBefore) {
 		return j.notBefore.Sub(now)
 	}
 	return 0
 }
 
-func (r *jobRetries) forget(uid k8stypes.UID) {
+func (r *JobRetries) Forget(uid k8stypes.UID) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.m, uid)

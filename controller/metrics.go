@@ -74,7 +74,7 @@ func (m *MetricsCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	mine := func(namespace, name, owner string) bool {
-		return responsibleNode(namespace+"/"+name, owner, "", alive) == m.me
+		return ResponsibleNode(namespace+"/"+name, owner, "", alive) == m.me
 	}
 	m.collectVolumes(ch, mine)
 	m.collectQuotas(ch, mine)

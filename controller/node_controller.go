@@ -29,13 +29,13 @@ const (
 )
 
 func (nc *NodeController) syncNode(ctx context.Context, key string) error {
-	name, err := nameFromKey(key)
+	name, err := NameFromKey(key)
 	if err != nil {
 		return err
 	}
-	node, err := nc.ds.Nodes.GetRO(name)
+	node, err := nc.DS.Nodes.GetRO(name)
 	if apierrors.IsNotFound(err) {
-		if name == nc.controllerID {
+		if name == nc.ControllerID {
 			return nc.registerNode(ctx)
 		}
 		return nil
@@ -43,7 +43,7 @@ func (nc *NodeController) syncNode(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	if name == nc.controllerID {
+	if name == nc.ControllerID {
 		return nc.syncOwnNode(ctx, node)
 	}
 	return nc.syncPeerNode(ctx, key, node)
@@ -54,24 +54,24 @@ func (nc *NodeController) syncNode(ctx context.Context, key string) error {
 func (nc *NodeController) registerNode(ctx context.Context) error {
 	node := &v1beta1.Node{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      nc.controllerID,
-			Namespace: nc.ds.Namespace,
-			Labels:    map[string]string{types.LabelNode: nc.controllerID},
+			Name:      nc.ControllerID,
+			Namespace: nc.DS.Namespace,
+			Labels:    map[string]string{types.LabelNode: nc.ControllerID},
 		},
 		Spec: v1beta1.NodeSpec{AllowScheduling: true, Disks: map[string]v1beta1.DiskSpec{}},
 	}
 	for _, d := range nc.disks {
 		node.Spec.Disks[d.Name] = v1beta1.DiskSpec{Path: d.Path, AllowScheduling: true}
 	}
-	created, err := nc.ds.Nodes.Create(ctx, node)
+	created, err := nc.DS.Nodes.Create(ctx, node)
 	if apierrors.IsAlreadyExists(err) {
 		return nil // the cache has not caught up; the add event syncs it
 	}
 	if err != nil {
-		return fmt.Errorf("registering node %s: %w", nc.controllerID, err)
+		return fmt.Errorf("registering node %s: %w", nc.ControllerID, err)
 	}
-	nc.logger.WithField("disks", len(node.Spec.Disks)).Info("Registered node")
-	nc.recorder.Eventf(created, corev1.EventTypeNormal, EventReasonNodeRegistered,
+	nc.Logger.WithField("disks", len(node.Spec.Disks)).Info("Registered node")
+	nc.Recorder.Eventf(created, corev1.EventTypeNormal, EventReasonNodeRegistered,
 		"Registered node with %d disk(s)", len(node.Spec.Disks))
 	return nil
 }
@@ -79,9 +79,9 @@ func (nc *NodeController) registerNode(ctx context.Context) error {
 // syncOwnNode reports this node Ready and its disks as they are now.
 func (nc *NodeController) syncOwnNode(ctx context.Context, nodeRO *v1beta1.Node) error {
 	node := nodeRO.DeepCopy()
-	now := metav1.NewTime(nc.ds.Clock.Now())
+	now := metav1.NewTime(nc.DS.Clock.Now())
 
-	minAvailablePct, err := nc.ds.GetSettingInt(types.SettingStorageMinimalAvailablePercentage)
+	minAvailablePct, err := nc.DS.GetSettingInt(types.SettingStorageMinimalAvailablePercentage)
 	if err != nil {
 		return err
 	}
@@ -94,7 +94,7 @@ func (nc *NodeController) syncOwnNode(ctx context.Context, nodeRO *v1beta1.Node)
 	// after a restart would have them mark the node down again. The lease's
 	// add or renewal event syncs the node once it is live.
 	wasReady := meta.IsStatusConditionTrue(nodeRO.Status.Conditions, v1beta1.ConditionTypeReady)
-	if nc.ds.IsNodeAlive(nc.controllerID) {
+	if nc.DS.IsNodeAlive(nc.ControllerID) {
 		meta.SetStatusCondition(&node.Status.Conditions, metav1.Condition{
 			Type: v1beta1.ConditionTypeReady, Status: metav1.ConditionTrue, LastTransitionTime: now,
 			Reason: v1beta1.NodeConditionReasonManagerRunning, Message: "strata-manager is running on the node",
@@ -105,7 +105,7 @@ func (nc *NodeController) syncOwnNode(ctx context.Context, nodeRO *v1beta1.Node)
 	if equality.Semantic.DeepEqual(nodeRO.Status, node.Status) {
 		return nc.cleanupOrphans(ctx, node)
 	}
-	updated, err := nc.ds.Nodes.UpdateStatus(ctx, node)
+	updated, err := nc.DS.Nodes.UpdateStatus(ctx, node)
 	if err != nil {
 		return err
 	}
@@ -113,7 +113,7 @@ func (nc *NodeController) syncOwnNode(ctx context.Context, nodeRO *v1beta1.Node)
 		return err
 	}
 	if !wasReady && meta.IsStatusConditionTrue(updated.Status.Conditions, v1beta1.ConditionTypeReady) {
-		nc.recorder.Event(updated, corev1.EventTypeNormal, EventReasonNodeReady, "strata-manager is running on the node")
+		nc.Recorder.Event(updated, corev1.EventTypeNormal, EventReasonNodeReady, "strata-manager is running on the node")
 	}
 	for name, ds := range updated.Status.DiskStatus {
 		before := nodeRO.Status.DiskStatus[name]
@@ -121,7 +121,7 @@ func (nc *NodeController) syncOwnNode(ctx context.Context, nodeRO *v1beta1.Node)
 		if c != nil && c.Status == metav1.ConditionFalse &&
 			(before == nil || meta.IsStatusConditionTrue(before.Conditions, v1beta1.ConditionTypeReady) ||
 				meta.FindStatusCondition(before.Conditions, v1beta1.ConditionTypeReady) == nil) {
-			nc.recorder.Eventf(updated, corev1.EventTypeWarning, EventReasonDiskNotReady, "Disk %s: %s", name, c.Message)
+			nc.Recorder.Eventf(updated, corev1.EventTypeWarning, EventReasonDiskNotReady, "Disk %s: %s", name, c.Message)
 		}
 	}
 	return nil
@@ -160,8 +160,8 @@ func (nc *NodeController) diskStatuses(node *v1beta1.Node, minAvailablePct int64
 			}
 			st.StorageMaximum, st.StorageAvailable = 0, 0
 			st.OrphanedReplicaDirectories = nil // unknown while the disk is not readable
-			setCondition(&st.Conditions, v1beta1.ConditionTypeReady, false, reason, err.Error(), now)
-			setCondition(&st.Conditions, v1beta1.ConditionTypeSchedulable, false, reason, "disk is not ready", now)
+			SetCondition(&st.Conditions, v1beta1.ConditionTypeReady, false, reason, err.Error(), now)
+			SetCondition(&st.Conditions, v1beta1.ConditionTypeSchedulable, false, reason, "disk is not ready", now)
 			out[name] = st
 			continue
 		}
@@ -171,9 +171,9 @@ func (nc *NodeController) diskStatuses(node *v1beta1.Node, minAvailablePct int64
 		st.StorageAvailable = stableAvailable(st.StorageAvailable, info.Available, info.Total)
 		st.ScheduledReplica, st.StorageScheduled = nc.scheduledReplicas(node.Name, info.UUID)
 		st.OrphanedReplicaDirectories = nc.orphanedDirectories(spec.Path)
-		setCondition(&st.Conditions, v1beta1.ConditionTypeReady, true, v1beta1.DiskConditionReasonReady, "disk is ready", now)
+		SetCondition(&st.Conditions, v1beta1.ConditionTypeReady, true, v1beta1.DiskConditionReasonReady, "disk is ready", now)
 		ok, reason, msg := diskSchedulable(node, spec, st, minAvailablePct)
-		setCondition(&st.Conditions, v1beta1.ConditionTypeSchedulable, ok, reason, msg, now)
+		SetCondition(&st.Conditions, v1beta1.ConditionTypeSchedulable, ok, reason, msg, now)
 		out[name] = st
 	}
 	return out
@@ -210,7 +210,7 @@ func inspectDisks(node *v1beta1.Node) (map[string]diskInfo, map[string]error) {
 
 // scheduledReplicas finds the replicas placed on a disk through the by-disk index.
 func (nc *NodeController) scheduledReplicas(nodeName, diskUUID string) (map[string]int64, int64) {
-	replicas, err := nc.ds.Replicas.ListByIndexRO(datastore.IndexByDisk, diskUUID)
+	replicas, err := nc.DS.Replicas.ListByIndexRO(datastore.IndexByDisk, diskUUID)
 	if err != nil || len(replicas) == 0 {
 		return nil, 0
 	}
@@ -273,8 +273,8 @@ func anyDiskSchedulable(node *v1beta1.Node) bool {
 // manager marks the node not Ready. The node's own manager marks it Ready
 // again when it comes back.
 func (nc *NodeController) syncPeerNode(ctx context.Context, key string, nodeRO *v1beta1.Node) error {
-	now := nc.ds.Clock.Now()
-	deadline, hasLease := nc.ds.NodeLeaseExpiry(nodeRO.Name)
+	now := nc.DS.Clock.Now()
+	deadline, hasLease := nc.DS.NodeLeaseExpiry(nodeRO.Name)
 	if !hasLease {
 		// A node registers before its first lease exists: give it one lease
 		// duration from registration before the missing lease counts.
@@ -288,13 +288,13 @@ func (nc *NodeController) syncPeerNode(ctx context.Context, key string, nodeRO *
 	if ready != nil && ready.Status == metav1.ConditionFalse && ready.Reason == v1beta1.NodeConditionReasonManagerDown {
 		return nil
 	}
-	responsible, err := nc.isResponsibleFor(key, nodeRO.Name, "")
+	responsible, err := nc.IsResponsibleFor(key, nodeRO.Name, "")
 	if err != nil {
 		return err
 	}
 	if !responsible {
 		// Look again later in case the responsible manager goes down too.
-		nc.queue.AddAfter(key, nc.leaseDuration)
+		nc.Queue.AddAfter(key, nc.leaseDuration)
 		return nil
 	}
 
@@ -304,14 +304,14 @@ func (nc *NodeController) syncPeerNode(ctx context.Context, key string, nodeRO *
 	}
 	node := nodeRO.DeepCopy()
 	t := metav1.NewTime(now)
-	setCondition(&node.Status.Conditions, v1beta1.ConditionTypeReady, false, v1beta1.NodeConditionReasonManagerDown, msg, t)
-	setCondition(&node.Status.Conditions, v1beta1.ConditionTypeSchedulable, false, v1beta1.NodeConditionReasonManagerDown, "node is down", t)
-	updated, err := nc.ds.Nodes.UpdateStatus(ctx, node)
+	SetCondition(&node.Status.Conditions, v1beta1.ConditionTypeReady, false, v1beta1.NodeConditionReasonManagerDown, msg, t)
+	SetCondition(&node.Status.Conditions, v1beta1.ConditionTypeSchedulable, false, v1beta1.NodeConditionReasonManagerDown, "node is down", t)
+	updated, err := nc.DS.Nodes.UpdateStatus(ctx, node)
 	if err != nil {
 		return err
 	}
-	nc.logger.WithField("node", node.Name).Warn("Marked node down: " + msg)
-	nc.recorder.Event(updated, corev1.EventTypeWarning, EventReasonNodeDown, msg)
+	nc.Logger.WithField("node", node.Name).Warn("Marked node down: " + msg)
+	nc.Recorder.Event(updated, corev1.EventTypeWarning, EventReasonNodeDown, msg)
 	return nil
 }
 

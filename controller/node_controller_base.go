@@ -56,7 +56,7 @@ type NodeControllerOptions struct {
 // Ready), keeps its heartbeat lease, and marks peer nodes down when their
 // leases run out.
 type NodeController struct {
-	*baseController
+	*BaseController
 	disks             []DiskConfig
 	leaseDuration     time.Duration
 	diskCheckInterval time.Duration
@@ -89,13 +89,13 @@ func (nc *NodeController) checkPeerAt(key, node string, d time.Duration) {
 		t.Stop()
 	}
 	nc.peerTimers[key] = time.AfterFunc(d, func() {
-		if deadline, ok := nc.ds.NodeLeaseExpiry(node); ok {
-			if now := nc.ds.Clock.Now(); now.Before(deadline) {
+		if deadline, ok := nc.DS.NodeLeaseExpiry(node); ok {
+			if now := nc.DS.Clock.Now(); now.Before(deadline) {
 				nc.checkPeerAt(key, node, deadline.Sub(now)+leaseCheckSlack)
 				return
 			}
 		}
-		nc.queue.Add(key)
+		nc.Queue.Add(key)
 	})
 }
 
@@ -113,7 +113,7 @@ func NewNodeController(logger logrus.FieldLogger, ds *datastore.DataStore, recor
 		opts.FreeSpaceReportInterval = DefaultFreeSpaceReportInterval
 	}
 	nc := &NodeController{
-		baseController:          newBaseController("strata-node", controllerID, logger, ds, recorder),
+		BaseController:          NewBaseController("strata-node", controllerID, logger, ds, recorder),
 		disks:                   disks,
 		leaseDuration:           opts.LeaseDuration,
 		diskCheckInterval:       opts.DiskCheckInterval,
@@ -122,19 +122,19 @@ func NewNodeController(logger logrus.FieldLogger, ds *datastore.DataStore, recor
 		apiAddress:              opts.APIAddress,
 		imClient:                func() (engineapi.DataPlane, error) { return opts.DataPlane.DataPlane(opts.IMAddress) },
 	}
-	nc.sync = nc.syncNode
+	nc.Sync = nc.syncNode
 	if nc.instances != nil {
 		// A live view again: orphans left while it was lost can go now.
-		nc.instances.OnSynced(func() { nc.queue.Add(ds.Namespace + "/" + controllerID) })
+		nc.instances.OnSynced(func() { nc.Queue.Add(ds.Namespace + "/" + controllerID) })
 	}
 	leaseSeconds := int32(opts.LeaseDuration.Round(time.Second) / time.Second)
 	// Renew four times per lease duration, as the kubelet does, so one or two
 	// slow renewals do not make the node look down.
 	nc.heartbeat = lease.NewController(clock.RealClock{}, ds.KubeClient, controllerID, max(leaseSeconds, 1),
-		func() { nc.logger.Warn("Heartbeat lease renewals keep failing") },
+		func() { nc.Logger.Warn("Heartbeat lease renewals keep failing") },
 		opts.LeaseDuration/4, types.NodeLeaseName(controllerID), ds.Namespace, labelNodeLease(controllerID))
 
-	if _, err := ds.Nodes.Informer().AddEventHandler(nc.enqueueOnChange()); err != nil {
+	if _, err := ds.Nodes.Informer().AddEventHandler(nc.EnqueueOnChange()); err != nil {
 		return nil, err
 	}
 	// The disks' scheduledReplica lists follow the replicas placed here, as
@@ -145,37 +145,37 @@ func NewNodeController(logger logrus.FieldLogger, ds *datastore.DataStore, recor
 	// (a thousand volumes created at once), so they are gathered into one
 	// write per placementBatch.
 	if _, err := ds.Replicas.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: onAdd(func(r *v1beta1.Replica) {
+		AddFunc: OnAdd(func(r *v1beta1.Replica) {
 			if r.Spec.NodeID == controllerID {
-				nc.queue.AddAfter(ds.Namespace+"/"+controllerID, placementBatch)
+				nc.Queue.AddAfter(ds.Namespace+"/"+controllerID, placementBatch)
 			}
 		}),
-		UpdateFunc: onUpdate(func(old, cur *v1beta1.Replica) {
+		UpdateFunc: OnUpdate(func(old, cur *v1beta1.Replica) {
 			if (old.Spec.NodeID == controllerID || cur.Spec.NodeID == controllerID) && placementChanged(old, cur) {
-				nc.queue.AddAfter(ds.Namespace+"/"+controllerID, placementBatch)
+				nc.Queue.AddAfter(ds.Namespace+"/"+controllerID, placementBatch)
 			}
 		}),
-		DeleteFunc: onDelete(func(r *v1beta1.Replica) {
+		DeleteFunc: OnDelete(func(r *v1beta1.Replica) {
 			if r.Spec.NodeID == controllerID {
-				nc.queue.Add(ds.Namespace + "/" + controllerID)
+				nc.Queue.Add(ds.Namespace + "/" + controllerID)
 			}
 		}),
 	}); err != nil {
 		return nil, err
 	}
 	if _, err := ds.LeaseInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    onAdd(nc.enqueueLeaseNode),
-		UpdateFunc: onUpdate(nc.onLeaseUpdate),
-		DeleteFunc: onDelete(nc.enqueueLeaseNode),
+		AddFunc:    OnAdd(nc.enqueueLeaseNode),
+		UpdateFunc: OnUpdate(nc.onLeaseUpdate),
+		DeleteFunc: OnDelete(nc.enqueueLeaseNode),
 	}); err != nil {
 		return nil, err
 	}
 	// The disks' schedulability is judged against a setting: a change of it
 	// shows at once, not at the next disk check.
 	if _, err := ds.Settings.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: onUpdate(func(o, n *v1beta1.Setting) {
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.Setting) {
 			if n.Name == string(types.SettingStorageMinimalAvailablePercentage) && o.Value != n.Value {
-				nc.queue.Add(ds.Namespace + "/" + nc.controllerID)
+				nc.Queue.Add(ds.Namespace + "/" + nc.ControllerID)
 			}
 		}),
 	}); err != nil {
@@ -223,8 +223,8 @@ func (nc *NodeController) StartHeartbeat(ctx context.Context) {
 func (nc *NodeController) Run(ctx context.Context, workers int) {
 	nc.StartHeartbeat(ctx)
 	go wait.UntilWithContext(ctx, nc.checkDisks, nc.diskCheckInterval)
-	nc.queue.Add(nc.ds.Namespace + "/" + nc.controllerID)
-	nc.baseController.Run(ctx, workers)
+	nc.Queue.Add(nc.DS.Namespace + "/" + nc.ControllerID)
+	nc.BaseController.Run(ctx, workers)
 }
 
 // enqueueLeaseNode enqueues the node a heartbeat lease belongs to: a new
@@ -234,7 +234,7 @@ func (nc *NodeController) enqueueLeaseNode(l *coordinationv1.Lease) {
 	if node == "" {
 		node = strings.TrimPrefix(l.Name, types.NodeLeaseName(""))
 	}
-	nc.queue.Add(nc.ds.Namespace + "/" + node)
+	nc.Queue.Add(nc.DS.Namespace + "/" + node)
 }
 
 // onLeaseUpdate ignores plain renewals: the node's expiry check is already
@@ -242,7 +242,7 @@ func (nc *NodeController) enqueueLeaseNode(l *coordinationv1.Lease) {
 // expired and is renewed again, or that changed hands, needs a look now.
 func (nc *NodeController) onLeaseUpdate(oldLease, newLease *coordinationv1.Lease) {
 	expiry, ok := datastore.LeaseExpiry(oldLease)
-	wasExpired := !ok || !nc.ds.Clock.Now().Before(expiry)
+	wasExpired := !ok || !nc.DS.Clock.Now().Before(expiry)
 	if wasExpired || ptr.Deref(oldLease.Spec.HolderIdentity, "") != ptr.Deref(newLease.Spec.HolderIdentity, "") {
 		nc.enqueueLeaseNode(newLease)
 	}
@@ -261,26 +261,26 @@ func (nc *NodeController) onLeaseUpdate(oldLease, newLease *coordinationv1.Lease
 // be up to one interval old. A sync for another reason writes the fresh
 // figure anyway, after which there is nothing left here to report.
 func (nc *NodeController) checkDisks(context.Context) {
-	node, err := nc.ds.Nodes.GetRO(nc.controllerID)
+	node, err := nc.DS.Nodes.GetRO(nc.ControllerID)
 	if err != nil {
 		return
 	}
-	minAvailablePct, err := nc.ds.GetSettingInt(types.SettingStorageMinimalAvailablePercentage)
+	minAvailablePct, err := nc.DS.GetSettingInt(types.SettingStorageMinimalAvailablePercentage)
 	if err != nil {
-		nc.logger.WithError(err).Warn("Cannot check disks")
+		nc.Logger.WithError(err).Warn("Cannot check disks")
 		return
 	}
 	cp := node.DeepCopy()
-	now := nc.ds.Clock.Now()
+	now := nc.DS.Clock.Now()
 	fresh := nc.diskStatuses(cp, minAvailablePct, metav1.NewTime(now))
 	if equality.Semantic.DeepEqual(fresh, node.Status.DiskStatus) {
 		return
 	}
 	if onlyFreeSpaceMoved(node.Status.DiskStatus, fresh) && now.Sub(nc.lastDiskEnqueue) < nc.freeSpaceReportInterval {
-		nc.logger.WithField("nextReport", nc.lastDiskEnqueue.Add(nc.freeSpaceReportInterval).Format(time.RFC3339)).
+		nc.Logger.WithField("nextReport", nc.lastDiskEnqueue.Add(nc.freeSpaceReportInterval).Format(time.RFC3339)).
 			Debug("Free space moved; reported at the next free-space report")
 		return
 	}
 	nc.lastDiskEnqueue = now
-	nc.queue.Add(nc.ds.Namespace + "/" + nc.controllerID)
+	nc.Queue.Add(nc.DS.Namespace + "/" + nc.ControllerID)
 }

@@ -29,7 +29,7 @@ func TestNodeControllerSync(t *testing.T) {
 	// node-x is dead; with node-1 and node-3 alive, find which one rendezvous
 	// hashing makes responsible so both outcomes are tested.
 	deadKey := testNS + "/node-x"
-	owner := responsibleNode(deadKey, "node-x", "", []string{"node-1", "node-3"})
+	owner := ResponsibleNode(deadKey, "node-x", "", []string{"node-1", "node-3"})
 	other := "node-3"
 	if owner == "node-3" {
 		other = "node-1"
@@ -328,9 +328,9 @@ func TestNodeRequeuedOnMinimalAvailableChange(t *testing.T) {
 	env := dstest.New(t, []runtime.Object{zeroMinAvailable(), other}, nil)
 	nc, err := NewNodeController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", nil, NodeControllerOptions{})
 	require.NoError(t, err)
-	for nc.queue.Len() > 0 { // the initial adds
-		key, _ := nc.queue.Get()
-		nc.queue.Done(key)
+	for nc.Queue.Len() > 0 { // the initial adds
+		key, _ := nc.Queue.Get()
+		nc.Queue.Done(key)
 	}
 	update := func(s *v1beta1.Setting, value string) {
 		s = s.DeepCopy()
@@ -342,8 +342,8 @@ func TestNodeRequeuedOnMinimalAvailableChange(t *testing.T) {
 	// update (the one that matters) has enqueued the node, the two before
 	// it have been handled, and the count says whether they added anything
 	// (the queue itself would fold a second add of the key into one).
-	q := &addCounter{TypedRateLimitingInterface: nc.queue}
-	nc.queue = q
+	q := &addCounter{TypedRateLimitingInterface: nc.Queue}
+	nc.Queue = q
 	update(other, "2")
 	update(zeroMinAvailable(), "0")
 	update(zeroMinAvailable(), "10")
@@ -360,12 +360,12 @@ func TestNodeRequeuedOnReplicaPlacement(t *testing.T) {
 	env := dstest.New(t, []runtime.Object{zeroMinAvailable()}, nil)
 	nc, err := NewNodeController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", nil, NodeControllerOptions{})
 	require.NoError(t, err)
-	for nc.queue.Len() > 0 { // the initial adds
-		key, _ := nc.queue.Get()
-		nc.queue.Done(key)
+	for nc.Queue.Len() > 0 { // the initial adds
+		key, _ := nc.Queue.Get()
+		nc.Queue.Done(key)
 	}
-	q := &addCounter{TypedRateLimitingInterface: nc.queue}
-	nc.queue = q
+	q := &addCounter{TypedRateLimitingInterface: nc.Queue}
+	nc.Queue = q
 	replicas := env.Strata.StrataV1beta1().Replicas(testNS)
 	ctx := context.Background()
 	replica := func(name, node string) *v1beta1.Replica {

@@ -22,8 +22,8 @@ import (
 func reportedDisk(uuid string, total, available int64, schedulable bool, reason, msg string) *v1beta1.DiskStatus {
 	st := &v1beta1.DiskStatus{DiskUUID: uuid, StorageMaximum: total, StorageAvailable: available}
 	now := metav1.NewTime(dstest.Now)
-	setCondition(&st.Conditions, v1beta1.ConditionTypeReady, true, v1beta1.DiskConditionReasonReady, "disk is ready", now)
-	setCondition(&st.Conditions, v1beta1.ConditionTypeSchedulable, schedulable, reason, msg, now)
+	SetCondition(&st.Conditions, v1beta1.ConditionTypeReady, true, v1beta1.DiskConditionReasonReady, "disk is ready", now)
+	SetCondition(&st.Conditions, v1beta1.ConditionTypeSchedulable, schedulable, reason, msg, now)
 	return st
 }
 
@@ -105,11 +105,11 @@ func TestCheckDisksPacesFreeSpaceReports(t *testing.T) {
 	require.NoError(t, err)
 	// The informer's replay of the Node is the only add until the test's
 	// own: the checks write nothing, so no further event comes.
-	require.Eventually(t, func() bool { return nc.queue.Len() == 1 }, 5*time.Second, 10*time.Millisecond)
-	key, _ := nc.queue.Get()
-	nc.queue.Done(key)
-	q := &addCounter{TypedRateLimitingInterface: nc.queue}
-	nc.queue = q
+	require.Eventually(t, func() bool { return nc.Queue.Len() == 1 }, 5*time.Second, 10*time.Millisecond)
+	key, _ := nc.Queue.Get()
+	nc.Queue.Done(key)
+	q := &addCounter{TypedRateLimitingInterface: nc.Queue}
+	nc.Queue = q
 
 	steps := []struct {
 		name    string

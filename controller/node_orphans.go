@@ -47,7 +47,7 @@ func (nc *NodeController) orphanedDirectories(diskPath string) []string {
 		}
 		// The instance manager creates a directory only for a replica this
 		// manager's cache holds, so one the cache lacks has gone.
-		if named, err := nc.ds.Replicas.ListByIndexRO(datastore.IndexByDataDirectory, e.Name()); err == nil && len(named) == 0 {
+		if named, err := nc.DS.Replicas.ListByIndexRO(datastore.IndexByDataDirectory, e.Name()); err == nil && len(named) == 0 {
 			orphans = append(orphans, e.Name())
 		}
 	}
@@ -65,7 +65,7 @@ func (nc *NodeController) cleanupOrphans(ctx context.Context, node *v1beta1.Node
 	}
 	stale := nc.staleInstances()
 	orphans := map[string]string{} // path -> disk name
-	if autoDelete, err := nc.ds.GetSettingBool(types.SettingOrphanedDataAutoDeletion); err == nil && autoDelete {
+	if autoDelete, err := nc.DS.GetSettingBool(types.SettingOrphanedDataAutoDeletion); err == nil && autoDelete {
 		for name, st := range node.Status.DiskStatus {
 			spec, ok := node.Spec.Disks[name]
 			if !ok || !meta.IsStatusConditionTrue(st.Conditions, v1beta1.ConditionTypeReady) {
@@ -102,15 +102,15 @@ func (nc *NodeController) cleanupOrphans(ctx context.Context, node *v1beta1.Node
 				continue
 			}
 			deleted++
-			nc.logger.WithField("path", path).Info("Deleted orphaned replica data")
-			nc.recorder.Eventf(node, corev1.EventTypeNormal, EventReasonOrphanedDataDeleted,
+			nc.Logger.WithField("path", path).Info("Deleted orphaned replica data")
+			nc.Recorder.Eventf(node, corev1.EventTypeNormal, EventReasonOrphanedDataDeleted,
 				"deleted orphaned replica data %s on disk %s: no replica names it", path, orphans[path])
 		}
 		if deleted > 0 {
 			// The status drops them at once rather than at the next disk
 			// check. Only after progress: a directory that cannot go is
 			// retried with the queue's backoff, not in a loop.
-			nc.queue.Add(nc.ds.Namespace + "/" + nc.controllerID)
+			nc.Queue.Add(nc.DS.Namespace + "/" + nc.ControllerID)
 		}
 	}
 	return errors.Join(errs...)
@@ -125,9 +125,9 @@ func (nc *NodeController) staleInstances() []*engineapi.Instance {
 		var err error
 		switch inst.Type {
 		case engineapi.InstanceTypeReplica:
-			_, err = nc.ds.Replicas.GetRO(inst.Name)
+			_, err = nc.DS.Replicas.GetRO(inst.Name)
 		case engineapi.InstanceTypeEngine:
-			_, err = nc.ds.Engines.GetRO(inst.Name)
+			_, err = nc.DS.Engines.GetRO(inst.Name)
 		default:
 			continue
 		}
@@ -143,9 +143,9 @@ func (nc *NodeController) staleInstances() []*engineapi.Instance {
 func (nc *NodeController) stopStaleInstance(ctx context.Context, client engineapi.DataPlane, node *v1beta1.Node, inst *engineapi.Instance) error {
 	var err error
 	if inst.Type == engineapi.InstanceTypeReplica {
-		_, err = nc.ds.Replicas.GetLive(ctx, inst.Name)
+		_, err = nc.DS.Replicas.GetLive(ctx, inst.Name)
 	} else {
-		_, err = nc.ds.Engines.GetLive(ctx, inst.Name)
+		_, err = nc.DS.Engines.GetLive(ctx, inst.Name)
 	}
 	if err == nil {
 		return nil
@@ -156,8 +156,8 @@ func (nc *NodeController) stopStaleInstance(ctx context.Context, client engineap
 	if err := client.InstanceDelete(ctx, inst.Name); err != nil && !errors.Is(err, engineapi.ErrNotFound) {
 		return fmt.Errorf("stopping orphaned instance %s: %w", inst.Name, err)
 	}
-	nc.logger.WithField("instance", inst.Name).Info("Stopped an instance whose Engine or Replica is gone")
-	nc.recorder.Eventf(node, corev1.EventTypeNormal, EventReasonOrphanedInstanceStopped,
+	nc.Logger.WithField("instance", inst.Name).Info("Stopped an instance whose Engine or Replica is gone")
+	nc.Recorder.Eventf(node, corev1.EventTypeNormal, EventReasonOrphanedInstanceStopped,
 		"stopped instance %s: its %s is gone", inst.Name, instanceKind(inst))
 	return nil
 }
@@ -175,7 +175,7 @@ func instanceKind(inst *engineapi.Instance) string {
 func (nc *NodeController) liveDirectories(ctx context.Context, nodeName string) (map[string]bool, error) {
 	// Every replica, not only those labelled with this node: a directory
 	// any replica names is never an orphan.
-	list, err := nc.ds.StrataClient.StrataV1beta1().Replicas(nc.ds.Namespace).List(ctx, metav1.ListOptions{})
+	list, err := nc.DS.StrataClient.StrataV1beta1().Replicas(nc.DS.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("listing replicas to confirm orphans on node %s: %w", nodeName, err)
 	}

@@ -201,7 +201,7 @@ func TestEngineCleanupWithUnreachableInstanceManager(t *testing.T) {
 // manager is unreachable.
 func lostStream() *InstanceCache {
 	c := NewInstanceCache()
-	c.streamLost()
+	c.StreamLost()
 	return c
 }
 

@@ -22,7 +22,7 @@ import (
 //
 // alive lists the nodes whose managers hold their heartbeat lease. "" means
 // no node is alive.
-func responsibleNode(key, ownerID, preferred string, alive []string) string {
+func ResponsibleNode(key, ownerID, preferred string, alive []string) string {
 	isAlive := func(n string) bool {
 		for _, a := range alive {
 			if a == n {
@@ -52,12 +52,12 @@ func responsibleNode(key, ownerID, preferred string, alive []string) string {
 
 // isResponsibleFor tells whether this manager reconciles the object with the
 // given key, recorded owner and preferred owner.
-func (c *baseController) isResponsibleFor(key, ownerID, preferred string) (bool, error) {
-	alive, err := c.ds.AliveNodeNames()
+func (c *BaseController) IsResponsibleFor(key, ownerID, preferred string) (bool, error) {
+	alive, err := c.DS.AliveNodeNames()
 	if err != nil {
 		return false, err
 	}
-	return responsibleNode(key, ownerID, preferred, alive) == c.controllerID, nil
+	return ResponsibleNode(key, ownerID, preferred, alive) == c.ControllerID, nil
 }
 
 // requeueOnNodeReadyChange re-enqueues every object a controller reconciles
@@ -65,9 +65,9 @@ func (c *baseController) isResponsibleFor(key, ownerID, preferred string) (bool,
 // away: that is when the responsible node of an object can change. Objects
 // first seen while no node was alive (at cluster start) are picked up this
 // way once their owner's manager comes up. Renewals change nothing here.
-func (c *baseController) requeueOnNodeReadyChange(enqueueAll func()) error {
-	_, err := c.ds.Nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: onUpdate(func(o, n *v1beta1.Node) {
+func (c *BaseController) RequeueOnNodeReadyChange(enqueueAll func()) error {
+	_, err := c.DS.Nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.Node) {
 			if readyFlipped(o, n) {
 				enqueueAll()
 			}
@@ -95,9 +95,9 @@ func readyStatus(n *v1beta1.Node) metav1.ConditionStatus {
 // whether this manager reconciles it: its instance's node when that node is
 // alive, else its recorded owner, else the hashing fallback. A missing
 // object (deleted) or another node's object yields ok=false.
-func getResponsible[T datastore.Object](c *baseController, store *datastore.Store[T], key string,
+func GetResponsible[T datastore.Object](c *BaseController, store *datastore.Store[T], key string,
 	ownerAndNode func(T) (ownerID, nodeID string)) (obj T, ok bool, err error) {
-	name, err := nameFromKey(key)
+	name, err := NameFromKey(key)
 	if err != nil {
 		return obj, false, err
 	}
@@ -109,6 +109,6 @@ func getResponsible[T datastore.Object](c *baseController, store *datastore.Stor
 		return obj, false, err
 	}
 	owner, node := ownerAndNode(obj)
-	ok, err = c.isResponsibleFor(key, owner, node)
+	ok, err = c.IsResponsibleFor(key, owner, node)
 	return obj, ok, err
 }

@@ -27,14 +27,14 @@ func TestRequeueOnNodeReadyChange(t *testing.T) {
 	require.NoError(t, err)
 	drain := func() int {
 		n := 0
-		for sc.queue.Len() > 0 {
-			key, _ := sc.queue.Get()
-			sc.queue.Done(key)
+		for sc.Queue.Len() > 0 {
+			key, _ := sc.Queue.Get()
+			sc.Queue.Done(key)
 			n++
 		}
 		return n
 	}
-	require.Eventually(t, func() bool { return sc.queue.Len() == 2 }, 5*time.Second, 10*time.Millisecond, "initial adds")
+	require.Eventually(t, func() bool { return sc.Queue.Len() == 2 }, 5*time.Second, 10*time.Millisecond, "initial adds")
 	drain()
 
 	nodes := env.Strata.StrataV1beta1().Nodes(testNS)
@@ -63,7 +63,7 @@ func TestRequeueOnNodeReadyChange(t *testing.T) {
 				c, _ := env.DS.Nodes.GetRO("node-2")
 				return c.ResourceVersion == updated.ResourceVersion
 			}, 5*time.Second, 10*time.Millisecond)
-			require.Eventually(t, func() bool { return sc.queue.Len() == 2 }, 5*time.Second, 10*time.Millisecond)
+			require.Eventually(t, func() bool { return sc.Queue.Len() == 2 }, 5*time.Second, 10*time.Millisecond)
 			assert.Equal(t, 2, drain())
 		})
 	}

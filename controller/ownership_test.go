@@ -23,7 +23,7 @@ func TestResponsibleNode(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			assert.Equal(t, tc.want, responsibleNode("strata-system/obj", tc.ownerID, tc.preferred, tc.alive))
+			assert.Equal(t, tc.want, ResponsibleNode("strata-system/obj", tc.ownerID, tc.preferred, tc.alive))
 		})
 	}
 }
@@ -33,10 +33,10 @@ func TestOrphansSpreadAndStayPut(t *testing.T) {
 	counts := map[string]int{}
 	for i := 0; i < 300; i++ {
 		key := fmt.Sprintf("strata-system/vol-%d", i)
-		winner := responsibleNode(key, "node-dead", "", alive)
+		winner := ResponsibleNode(key, "node-dead", "", alive)
 		counts[winner]++
 		// Order of the alive list must not matter: every manager agrees.
-		assert.Equal(t, winner, responsibleNode(key, "node-dead", "", []string{"node-3", "node-1", "node-2"}))
+		assert.Equal(t, winner, ResponsibleNode(key, "node-dead", "", []string{"node-3", "node-1", "node-2"}))
 		// Losing a node that did not win moves nothing.
 		for _, gone := range alive {
 			if gone == winner {
@@ -48,7 +48,7 @@ func TestOrphansSpreadAndStayPut(t *testing.T) {
 					rest = append(rest, n)
 				}
 			}
-			assert.Equal(t, winner, responsibleNode(key, "node-dead", "", rest))
+			assert.Equal(t, winner, ResponsibleNode(key, "node-dead", "", rest))
 		}
 	}
 	for _, n := range alive {

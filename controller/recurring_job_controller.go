@@ -32,11 +32,11 @@ const (
 // the latest tick missed), and sleep until the next tick. A job with no
 // tick due and nothing new costs no write: only its AddAfter.
 func (c *RecurringJobController) syncRecurringJob(ctx context.Context, key string) error {
-	name, err := nameFromKey(key)
+	name, err := NameFromKey(key)
 	if err != nil {
 		return nil
 	}
-	jobRO, err := c.ds.RecurringJobs.GetRO(name)
+	jobRO, err := c.DS.RecurringJobs.GetRO(name)
 	if apierrors.IsNotFound(err) || (err == nil && jobRO.DeletionTimestamp != nil) {
 		c.cancelRun(key)
 		return nil
@@ -46,7 +46,7 @@ func (c *RecurringJobController) syncRecurringJob(ctx context.Context, key strin
 	}
 	// Jobs have no node; one alive manager owns each, the recorded owner
 	// while it lives (ownership.go).
-	responsible, err := c.isResponsibleFor(key, jobRO.Status.OwnerID, "")
+	responsible, err := c.IsResponsibleFor(key, jobRO.Status.OwnerID, "")
 	if err != nil {
 		return err
 	}
@@ -55,7 +55,7 @@ func (c *RecurringJobController) syncRecurringJob(ctx context.Context, key strin
 		return nil
 	}
 	job := jobRO.DeepCopy()
-	job.Status.OwnerID = c.controllerID
+	job.Status.OwnerID = c.ControllerID
 	schedule, err := cron.ParseStandard(job.Spec.Cron)
 	if err != nil {
 		c.setScheduled(job, metav1.ConditionFalse, EventReasonRecurringJobInvalid,
@@ -69,7 +69,7 @@ func (c *RecurringJobController) syncRecurringJob(ctx context.Context, key strin
 		// The run's end enqueues the job again.
 		return c.writeJobStatus(ctx, jobRO, job)
 	}
-	now := c.ds.Clock.Now()
+	now := c.DS.Clock.Now()
 	tick, due := dueTick(schedule, tickBase(job), now)
 	if !due {
 		if err := c.writeJobStatus(ctx, jobRO, job); err != nil {
@@ -95,7 +95,7 @@ func (c *RecurringJobController) startTick(ctx context.Context, key string, job 
 	tick time.Time, outcome *runOutcome) error {
 	job.Status.LastScheduledAt = metav1.NewTime(tick)
 	job.Status.ExecutionCount++
-	updated, err := c.ds.RecurringJobs.UpdateStatus(ctx, job)
+	updated, err := c.DS.RecurringJobs.UpdateStatus(ctx, job)
 	if err != nil {
 		return fmt.Errorf("recurring job %s: recording tick %s: %w", job.Name, tick.Format(time.RFC3339), err)
 	}
@@ -119,7 +119,7 @@ func (c *RecurringJobController) sleepUntil(key string, next, now time.Time) {
 	if next.IsZero() {
 		return
 	}
-	c.queue.AddAfter(key, next.Sub(now))
+	c.Queue.AddAfter(key, next.Sub(now))
 }
 
 // applyOutcome writes a finished run's outcome into job's status and
@@ -151,11 +151,11 @@ func (c *RecurringJobController) applyOutcome(key string, job *v1beta1.Recurring
 func (c *RecurringJobController) reportOutcome(job *v1beta1.RecurringJob, r *jobRun) {
 	tick := r.tick.Format(time.RFC3339)
 	if r.outcome.err != nil {
-		c.recorder.Eventf(job, corev1.EventTypeWarning, EventReasonRecurringJobFailed, "%s run of tick %s on %d volumes: %s",
+		c.Recorder.Eventf(job, corev1.EventTypeWarning, EventReasonRecurringJobFailed, "%s run of tick %s on %d volumes: %s",
 			job.Spec.Task, tick, r.outcome.volumes, job.Status.LastRunError)
 		return
 	}
-	c.recorder.Eventf(job, corev1.EventTypeNormal, EventReasonRecurringJobCompleted, "%s run of tick %s done on %d volumes",
+	c.Recorder.Eventf(job, corev1.EventTypeNormal, EventReasonRecurringJobCompleted, "%s run of tick %s done on %d volumes",
 		job.Spec.Task, tick, r.outcome.volumes)
 }
 
@@ -176,19 +176,19 @@ func (c *RecurringJobController) forgetOutcome(key string, out *runOutcome) {
 func (c *RecurringJobController) setScheduled(job *v1beta1.RecurringJob, status metav1.ConditionStatus, reason, msg string) {
 	if status == metav1.ConditionFalse {
 		if cond := meta.FindStatusCondition(job.Status.Conditions, ConditionTypeScheduled); cond == nil || cond.Message != msg {
-			c.recorder.Event(job, corev1.EventTypeWarning, reason, msg)
+			c.Recorder.Event(job, corev1.EventTypeWarning, reason, msg)
 		}
 	}
 	meta.SetStatusCondition(&job.Status.Conditions, metav1.Condition{Type: ConditionTypeScheduled, Status: status,
 		Reason: reason, Message: msg, ObservedGeneration: job.Generation,
-		LastTransitionTime: metav1.NewTime(c.ds.Clock.Now())})
+		LastTransitionTime: metav1.NewTime(c.DS.Clock.Now())})
 }
 
 func (c *RecurringJobController) writeJobStatus(ctx context.Context, before, job *v1beta1.RecurringJob) error {
 	if equality.Semantic.DeepEqual(before.Status, job.Status) {
 		return nil
 	}
-	if _, err := c.ds.RecurringJobs.UpdateStatus(ctx, job); err != nil {
+	if _, err := c.DS.RecurringJobs.UpdateStatus(ctx, job); err != nil {
 		return fmt.Errorf("recurring job %s: writing status: %w", job.Name, err)
 	}
 	return nil

@@ -23,7 +23,7 @@ import (
 // changes, when its run ends, or when a node's readiness flips (ownership
 // may move).
 type RecurringJobController struct {
-	*baseController
+	*BaseController
 
 	// Bounds of a run's waits, so a run never hangs on one volume; tests
 	// shorten them.
@@ -44,29 +44,29 @@ type RecurringJobController struct {
 func NewRecurringJobController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
 	controllerID string, dataPlane engineapi.Connector) (*RecurringJobController, error) {
 	c := &RecurringJobController{
-		baseController: newBaseController("strata-recurring-job", controllerID, logger, ds, recorder),
+		BaseController: NewBaseController("strata-recurring-job", controllerID, logger, ds, recorder),
 		snapshotWait:   defaultRecurringSnapshotWait, backupWait: defaultRecurringBackupWait,
 		pollInterval: defaultRecurringPollInterval,
 		runCtx:       context.Background(), runs: map[string]*jobRun{},
 	}
-	c.dataPlane = dataPlane
-	c.sync = c.syncRecurringJob
-	if err := c.requeueOnNodeReadyChange(c.enqueueEveryKey(ds.RecurringJobs.Informer())); err != nil {
+	c.DataPlane = dataPlane
+	c.Sync = c.syncRecurringJob
+	if err := c.RequeueOnNodeReadyChange(c.EnqueueEveryKey(ds.RecurringJobs.Informer())); err != nil {
 		return nil, err
 	}
 	// Volumes are not watched: which volumes a job runs on is decided when
 	// it runs, so a label change has nothing to enqueue.
 	if _, err := ds.RecurringJobs.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: c.enqueue,
+		AddFunc: c.Enqueue,
 		// A new spec (schedule, task) needs a look; our own status writes
 		// do not.
-		UpdateFunc: onUpdate(func(o, n *v1beta1.RecurringJob) {
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.RecurringJob) {
 			if o.Generation != n.Generation || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) {
-				c.enqueue(n)
+				c.Enqueue(n)
 			}
 		}),
 		// The sync finds it gone and cancels a run in flight.
-		DeleteFunc: c.enqueue,
+		DeleteFunc: c.Enqueue,
 	}); err != nil {
 		return nil, err
 	}
@@ -78,5 +78,5 @@ func (c *RecurringJobController) Run(ctx context.Context, workers int) {
 	c.mu.Lock()
 	c.runCtx = ctx
 	c.mu.Unlock()
-	c.baseController.Run(ctx, workers)
+	c.BaseController.Run(ctx, workers)
 }

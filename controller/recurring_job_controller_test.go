@@ -132,18 +132,18 @@ func TestRecurringJobSync(t *testing.T) {
 			objects:    withNodes(snapshotJob("*/5 * * * *", steady("11:55:00", 4), jobOwnedBy("node-2"))),
 			wantWrites: nil},
 		{name: "a dead owner's job goes to the survivor the hash picks", key: key,
-			me:         responsibleNode(key, "", "", []string{"node-1", "node-2"}),
+			me:         ResponsibleNode(key, "", "", []string{"node-1", "node-2"}),
 			kube:       []runtime.Object{testLease("node-1", 0), testLease("node-2", 0)},
 			objects:    withNodes(snapshotJob("*/5 * * * *", steady("11:50:00", 4), jobOwnedBy("node-3"))),
 			wantWrites: []string{"update recurringjobs/status j"}, wantEvents: []string{"Normal RecurringJobStarted"},
 			check: func(t *testing.T, env *dstest.Env) {
 				j := jobOf(t, env, "j")
-				assert.Equal(t, responsibleNode(key, "", "", []string{"node-1", "node-2"}), j.Status.OwnerID)
+				assert.Equal(t, ResponsibleNode(key, "", "", []string{"node-1", "node-2"}), j.Status.OwnerID)
 				assert.Equal(t, at("12:00:00"), j.Status.LastScheduledAt.UTC(), "the latest of the two missed")
 				assert.EqualValues(t, 5, j.Status.ExecutionCount)
 			}},
 		{name: "the other survivor leaves it alone", key: key,
-			me:         otherOf(responsibleNode(key, "", "", []string{"node-1", "node-2"}), "node-1", "node-2"),
+			me:         otherOf(ResponsibleNode(key, "", "", []string{"node-1", "node-2"}), "node-1", "node-2"),
 			kube:       []runtime.Object{testLease("node-1", 0), testLease("node-2", 0)},
 			objects:    withNodes(snapshotJob("*/5 * * * *", steady("11:50:00", 4), jobOwnedBy("node-3"))),
 			wantWrites: nil},
@@ -430,7 +430,7 @@ func TestRecurringJobRun(t *testing.T) {
 			env := dstest.New(t, append(tc.objects, tc.job), []runtime.Object{testLease("node-1", 0)})
 			markTakenOnCreate(env)
 			c := newRecurringJobController(t, env, record.NewFakeRecorder(50), "node-1", newFakeConnector(nil))
-			out := c.runJob(context.Background(), c.logger, tc.job, at(now))
+			out := c.runJob(context.Background(), c.Logger, tc.job, at(now))
 			if tc.wantErr != "" {
 				require.Error(t, out.err)
 				assert.Contains(t, out.err.Error(), tc.wantErr)
@@ -456,7 +456,7 @@ func TestRecurringJobConcurrency(t *testing.T) {
 	env := dstest.New(t, append(objs, job), []runtime.Object{testLease("node-1", 0)})
 	c := newRecurringJobController(t, env, record.NewFakeRecorder(50), "node-1", newFakeConnector(nil))
 	done := make(chan runOutcome)
-	go func() { done <- c.runJob(context.Background(), c.logger, job, at("12:00:00")) }()
+	go func() { done <- c.runJob(context.Background(), c.Logger, job, at("12:00:00")) }()
 	// Play the snapshot controller slowly: every 30 ms, note how many
 	// snapshots wait to be taken, then take them.
 	most := 0

@@ -36,8 +36,8 @@ func (c *RecurringJobController) groupTask(ctx context.Context, job *v1beta1.Rec
 		names = append(names, v.Name)
 	}
 	name := recurringObjectName(job.Name, groupVolumeName, tick)
-	_, err := c.ds.SnapshotGroups.Create(ctx, &v1beta1.SnapshotGroup{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: c.ds.Namespace, Labels: jobLabels(job, "")},
+	_, err := c.DS.SnapshotGroups.Create(ctx, &v1beta1.SnapshotGroup{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: c.DS.Namespace, Labels: jobLabels(job, "")},
 		Spec:       v1beta1.SnapshotGroupSpec{Volumes: names, Labels: jobLabels(job, "")}})
 	if apierrors.IsAlreadyExists(err) {
 		err = c.groupMadeByJob(ctx, job, name) // a retried run: it is ours
@@ -52,7 +52,7 @@ func (c *RecurringJobController) groupTask(ctx context.Context, job *v1beta1.Rec
 }
 
 func (c *RecurringJobController) groupMadeByJob(ctx context.Context, job *v1beta1.RecurringJob, name string) error {
-	g, err := c.ds.SnapshotGroups.GetROOrLive(ctx, name)
+	g, err := c.DS.SnapshotGroups.GetROOrLive(ctx, name)
 	if err != nil {
 		return err
 	}
@@ -64,7 +64,7 @@ func (c *RecurringJobController) groupMadeByJob(ctx context.Context, job *v1beta
 
 func (c *RecurringJobController) waitGroupReady(ctx context.Context, name string) error {
 	return c.waitTaken(ctx, "snapshot group "+name, func() (bool, error) {
-		g, err := c.ds.SnapshotGroups.GetRO(name)
+		g, err := c.DS.SnapshotGroups.GetRO(name)
 		switch {
 		case apierrors.IsNotFound(err):
 			return false, nil // the cache has not seen it yet
@@ -83,7 +83,7 @@ func (c *RecurringJobController) waitGroupReady(ctx context.Context, name string
 
 // pruneJobGroups keeps the job's newest spec.retain Ready groups.
 func (c *RecurringJobController) pruneJobGroups(ctx context.Context, job *v1beta1.RecurringJob) error {
-	groups, err := c.ds.SnapshotGroups.ListByIndexRO(datastore.IndexByMakingJob, job.Name)
+	groups, err := c.DS.SnapshotGroups.ListByIndexRO(datastore.IndexByMakingJob, job.Name)
 	if err != nil {
 		return err
 	}
@@ -95,11 +95,11 @@ func (c *RecurringJobController) pruneJobGroups(ctx context.Context, job *v1beta
 	}
 	var errs []error
 	for _, name := range retentionVictims(items, int(job.Spec.Retain)) {
-		if err := c.ds.SnapshotGroups.Delete(ctx, name); err != nil && !apierrors.IsNotFound(err) {
+		if err := c.DS.SnapshotGroups.Delete(ctx, name); err != nil && !apierrors.IsNotFound(err) {
 			errs = append(errs, fmt.Errorf("deleting snapshot group %s: %w", name, err))
 			continue
 		}
-		c.logger.WithField("snapshotGroup", name).Info("Deleted a snapshot group")
+		c.Logger.WithField("snapshotGroup", name).Info("Deleted a snapshot group")
 	}
 	return errors.Join(errs...)
 }

@@ -71,7 +71,7 @@ func TestRecurringJobGroupRun(t *testing.T) {
 				return false, nil, nil
 			})
 			c := newRecurringJobController(t, env, record.NewFakeRecorder(50), "node-1", newFakeConnector(nil))
-			out := c.runJob(context.Background(), c.logger, job, at(now))
+			out := c.runJob(context.Background(), c.Logger, job, at(now))
 			if tc.wantErr != "" {
 				require.Error(t, out.err)
 				assert.Contains(t, out.err.Error(), tc.wantErr)

@@ -60,9 +60,9 @@ func (c *RecurringJobController) startRun(key string, job *v1beta1.RecurringJob,
 	}
 	c.runs[key] = r
 	c.mu.Unlock()
-	log := c.logger.WithFields(logrus.Fields{"recurringJob": job.Name, "task": job.Spec.Task,
+	log := c.Logger.WithFields(logrus.Fields{"recurringJob": job.Name, "task": job.Spec.Task,
 		"tick": tick.Format(time.RFC3339)})
-	c.recorder.Eventf(job, corev1.EventTypeNormal, EventReasonRecurringJobStarted, "%s run of tick %s started",
+	c.Recorder.Eventf(job, corev1.EventTypeNormal, EventReasonRecurringJobStarted, "%s run of tick %s started",
 		job.Spec.Task, tick.Format(time.RFC3339))
 	go func() {
 		defer cancel()
@@ -72,7 +72,7 @@ func (c *RecurringJobController) startRun(key string, job *v1beta1.RecurringJob,
 		current := c.runs[key] == r
 		c.mu.Unlock()
 		if current {
-			c.queue.Add(key)
+			c.Queue.Add(key)
 		}
 	}()
 }
@@ -94,7 +94,7 @@ func (c *RecurringJobController) runJob(ctx context.Context, log logrus.FieldLog
 	tick time.Time) runOutcome {
 	volumes, err := c.selectVolumes(job)
 	if err != nil {
-		return runOutcome{finishedAt: c.ds.Clock.Now(), err: err}
+		return runOutcome{finishedAt: c.DS.Clock.Now(), err: err}
 	}
 	log.WithField("volumes", len(volumes)).Info("Recurring job run started")
 	if job.Spec.Task == v1beta1.RecurringJobTaskSnapshotGroup {
@@ -103,7 +103,7 @@ func (c *RecurringJobController) runJob(ctx context.Context, log logrus.FieldLog
 		if ctx.Err() != nil {
 			err = errRunCancelled
 		}
-		return runOutcome{finishedAt: c.ds.Clock.Now(), volumes: len(volumes), err: err}
+		return runOutcome{finishedAt: c.DS.Clock.Now(), volumes: len(volumes), err: err}
 	}
 	slots := make(chan struct{}, max(1, int(job.Spec.Concurrency)))
 	var (
@@ -131,7 +131,7 @@ func (c *RecurringJobController) runJob(ctx context.Context, log logrus.FieldLog
 	if ctx.Err() != nil {
 		errs = append(errs, errRunCancelled)
 	}
-	out := runOutcome{finishedAt: c.ds.Clock.Now(), volumes: len(volumes), err: errors.Join(errs...)}
+	out := runOutcome{finishedAt: c.DS.Clock.Now(), volumes: len(volumes), err: errors.Join(errs...)}
 	log.WithFields(logrus.Fields{"volumes": out.volumes, "failed": len(errs)}).Info("Recurring job run ended")
 	return out
 }
@@ -148,12 +148,12 @@ func (c *RecurringJobController) selectVolumes(job *v1beta1.RecurringJob) ([]*v1
 	}
 	byName := map[string]*v1beta1.Volume{}
 	for _, k := range keys {
-		vols, err := c.ds.Volumes.ListByIndexRO(datastore.IndexByRecurringJob, k)
+		vols, err := c.DS.Volumes.ListByIndexRO(datastore.IndexByRecurringJob, k)
 		if err != nil {
 			return nil, fmt.Errorf("listing the volumes of %s: %w", k, err)
 		}
 		for _, v := range vols {
-			if volumeSettled(v) {
+			if VolumeSettled(v) {
 				byName[v.Name] = v
 			}
 		}

@@ -70,7 +70,7 @@ func jobLabels(job *v1beta1.RecurringJob, volume string) map[string]string {
 // takeJobSnapshot creates the tick's snapshot and waits until it is taken.
 func (c *RecurringJobController) takeJobSnapshot(ctx context.Context, job *v1beta1.RecurringJob, vol *v1beta1.Volume,
 	name string) error {
-	_, err := c.ds.Snapshots.Create(ctx, &v1beta1.Snapshot{
+	_, err := c.DS.Snapshots.Create(ctx, &v1beta1.Snapshot{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: vol.Namespace, Labels: jobLabels(job, vol.Name)},
 		Spec:       v1beta1.SnapshotSpec{Volume: vol.Name, CreateSnapshot: true, Labels: jobLabels(job, "")}})
 	if apierrors.IsAlreadyExists(err) {
@@ -83,7 +83,7 @@ func (c *RecurringJobController) takeJobSnapshot(ctx context.Context, job *v1bet
 }
 
 func (c *RecurringJobController) madeByJob(ctx context.Context, job *v1beta1.RecurringJob, name string) error {
-	s, err := c.ds.Snapshots.GetROOrLive(ctx, name)
+	s, err := c.DS.Snapshots.GetROOrLive(ctx, name)
 	if err != nil {
 		return err
 	}
@@ -95,7 +95,7 @@ func (c *RecurringJobController) madeByJob(ctx context.Context, job *v1beta1.Rec
 
 func (c *RecurringJobController) waitSnapshotReady(ctx context.Context, name string) error {
 	return c.waitTaken(ctx, "snapshot "+name, func() (bool, error) {
-		s, err := c.ds.Snapshots.GetRO(name)
+		s, err := c.DS.Snapshots.GetRO(name)
 		switch {
 		case apierrors.IsNotFound(err):
 			return false, nil // the cache has not seen it yet
@@ -129,8 +129,8 @@ func (c *RecurringJobController) waitTaken(ctx context.Context, what string, tak
 // createJobBackup backs up the tick's snapshot to the default target.
 func (c *RecurringJobController) createJobBackup(ctx context.Context, job *v1beta1.RecurringJob, vol *v1beta1.Volume,
 	name string) error {
-	_, err := c.ds.Backups.Create(ctx, &v1beta1.Backup{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: c.ds.Namespace, Labels: jobLabels(job, vol.Name)},
+	_, err := c.DS.Backups.Create(ctx, &v1beta1.Backup{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: c.DS.Namespace, Labels: jobLabels(job, vol.Name)},
 		Spec:       v1beta1.BackupSpec{SnapshotName: name, Labels: jobLabels(job, "")}})
 	if apierrors.IsAlreadyExists(err) {
 		return nil // a retried run; its name says it is the tick's
@@ -145,7 +145,7 @@ func (c *RecurringJobController) createJobBackup(ctx context.Context, job *v1bet
 // then is left to the backup controller: not an error.
 func (c *RecurringJobController) waitBackup(ctx context.Context, name string) error {
 	err := c.waitFor(ctx, c.backupWait, func() (bool, error) {
-		b, err := c.ds.Backups.GetRO(name)
+		b, err := c.DS.Backups.GetRO(name)
 		switch {
 		case apierrors.IsNotFound(err):
 			return false, nil
@@ -162,7 +162,7 @@ func (c *RecurringJobController) waitBackup(ctx context.Context, name string) er
 		return errRunCancelled
 	}
 	if wait.Interrupted(err) {
-		c.logger.WithField("backup", name).Info("Backup still running; left to the backup controller")
+		c.Logger.WithField("backup", name).Info("Backup still running; left to the backup controller")
 		return nil
 	}
 	return err
@@ -175,7 +175,7 @@ func (c *RecurringJobController) pruneJobSnapshots(ctx context.Context, job *v1b
 	if job.Spec.Retain <= 0 {
 		return nil
 	}
-	snaps, err := c.ds.Snapshots.ListByIndexRO(datastore.IndexByVolume, volume)
+	snaps, err := c.DS.Snapshots.ListByIndexRO(datastore.IndexByVolume, volume)
 	if err != nil {
 		return err
 	}
@@ -214,7 +214,7 @@ func (c *RecurringJobController) pruneJobBackups(ctx context.Context, job *v1bet
 	if job.Spec.Retain <= 0 {
 		return nil
 	}
-	backups, err := c.ds.Backups.ListByIndexRO(datastore.IndexByVolume, volume)
+	backups, err := c.DS.Backups.ListByIndexRO(datastore.IndexByVolume, volume)
 	if err != nil {
 		return err
 	}
@@ -237,11 +237,11 @@ func (c *RecurringJobController) pruneJobBackups(ctx context.Context, job *v1bet
 	}
 	var errs []error
 	for _, name := range retentionVictims(items, int(job.Spec.Retain)) {
-		if err := c.ds.Backups.Delete(ctx, name); err != nil && !apierrors.IsNotFound(err) {
+		if err := c.DS.Backups.Delete(ctx, name); err != nil && !apierrors.IsNotFound(err) {
 			errs = append(errs, fmt.Errorf("deleting backup %s: %w", name, err))
 			continue
 		}
-		c.logger.WithFields(map[string]any{"recurringJob": job.Name, "backup": name}).Info("Deleted a backup beyond retain")
+		c.Logger.WithFields(map[string]any{"recurringJob": job.Name, "backup": name}).Info("Deleted a backup beyond retain")
 	}
 	return errors.Join(errs...)
 }
@@ -252,7 +252,7 @@ func (c *RecurringJobController) pruneJobBackups(ctx context.Context, job *v1bet
 // clone or an export (TakenForStrata), and snapshots a running backup or
 // clone reads.
 func (c *RecurringJobController) snapshotDeleteTask(ctx context.Context, job *v1beta1.RecurringJob, vol *v1beta1.Volume) error {
-	snaps, err := c.ds.Snapshots.ListByIndexRO(datastore.IndexByVolume, vol.Name)
+	snaps, err := c.DS.Snapshots.ListByIndexRO(datastore.IndexByVolume, vol.Name)
 	if err != nil {
 		return err
 	}
@@ -275,12 +275,12 @@ func (c *RecurringJobController) snapshotDeleteTask(ctx context.Context, job *v1
 // a delete left under the live head, now coalescible). A rebuilding volume
 // keeps its system snapshots: the rebuild reads them.
 func (c *RecurringJobController) snapshotCleanupTask(ctx context.Context, vol *v1beta1.Volume) error {
-	e, err := c.volumeEngine(vol)
+	e, err := c.VolumeEngine(vol)
 	if err != nil {
 		return err
 	}
 	rebuilding := e != nil && isRebuilding(e)
-	snaps, err := c.ds.Snapshots.ListByIndexRO(datastore.IndexByVolume, vol.Name)
+	snaps, err := c.DS.Snapshots.ListByIndexRO(datastore.IndexByVolume, vol.Name)
 	if err != nil {
 		return err
 	}
@@ -314,21 +314,21 @@ func isRebuilding(e *v1beta1.Engine) bool {
 // not attached for it: its next snapshot delete, or a run while it is
 // attached, purges.
 func (c *RecurringJobController) purgeRemoved(ctx context.Context, vol *v1beta1.Volume, e *v1beta1.Engine) error {
-	if e == nil || !engineRunning(e) || vol.Status.State != v1beta1.VolumeStateAttached ||
-		e.Spec.NodeID != vol.Status.CurrentNodeID || isPurging(e) {
+	if e == nil || !EngineRunning(e) || vol.Status.State != v1beta1.VolumeStateAttached ||
+		e.Spec.NodeID != vol.Status.CurrentNodeID || IsPurging(e) {
 		return nil
 	}
-	if noPurge, _ := c.ds.GetSettingBool(types.SettingDisableSnapshotPurge); noPurge {
+	if noPurge, _ := c.DS.GetSettingBool(types.SettingDisableSnapshotPurge); noPurge {
 		return nil
 	}
 	droppable := false
 	for name, info := range e.Status.Snapshots {
-		droppable = droppable || (name != types.VolumeHeadName && info != nil && info.Removed && purgeDrops(info))
+		droppable = droppable || (name != types.VolumeHeadName && info != nil && info.Removed && PurgeDrops(info))
 	}
 	if !droppable {
 		return nil
 	}
-	client, err := c.engineDataPlane(e)
+	client, err := c.EngineDataPlane(e)
 	if err != nil {
 		return err
 	}
@@ -339,7 +339,7 @@ func (c *RecurringJobController) purgeRemoved(ctx context.Context, vol *v1beta1.
 }
 
 func (c *RecurringJobController) snapshotsInUse(volume string) map[string]bool {
-	return snapshotReaders(c.ds, volume).names()
+	return SnapshotReaders(c.DS, volume).Names()
 }
 
 // deleteSnapshots deletes the named Snapshot CRs but those in use; the
@@ -350,11 +350,11 @@ func (c *RecurringJobController) deleteSnapshots(ctx context.Context, names []st
 		if inUse[name] {
 			continue
 		}
-		if err := c.ds.Snapshots.Delete(ctx, name); err != nil && !apierrors.IsNotFound(err) {
+		if err := c.DS.Snapshots.Delete(ctx, name); err != nil && !apierrors.IsNotFound(err) {
 			errs = append(errs, fmt.Errorf("deleting snapshot %s: %w", name, err))
 			continue
 		}
-		c.logger.WithField("snapshot", name).Info("Deleted a snapshot")
+		c.Logger.WithField("snapshot", name).Info("Deleted a snapshot")
 	}
 	return errors.Join(errs...)
 }

@@ -33,7 +33,7 @@ func (c *ReplicaController) backingFile(ctx context.Context, r *v1beta1.Replica)
 	if r.Spec.BackingImage == "" {
 		return "", nil
 	}
-	bi, err := c.ds.BackingImages.GetRO(r.Spec.BackingImage)
+	bi, err := c.DS.BackingImages.GetRO(r.Spec.BackingImage)
 	if apierrors.IsNotFound(err) {
 		setWaiting(r, reasonBackingImageMissing, fmt.Sprintf("backing image %s does not exist", r.Spec.BackingImage))
 		return "", nil
@@ -44,7 +44,7 @@ func (c *ReplicaController) backingFile(ctx context.Context, r *v1beta1.Replica)
 	// An image with no ready copy and a failed one has nothing to copy: say
 	// so, rather than "pending: waiting for the first copy" (issue 23), and
 	// ask for no copy, whose spec write would also retry the failed fetch.
-	if _, reason, msg := backingImageVerdict(bi.Name, bi); reason == BackingImageReadyReasonFailed {
+	if _, reason, msg := BackingImageVerdict(bi.Name, bi); reason == BackingImageReadyReasonFailed {
 		setWaiting(r, reasonBackingImageFailed, msg)
 		return "", nil
 	}
@@ -94,7 +94,7 @@ func (c *ReplicaController) requestCopy(ctx context.Context, biRO *v1beta1.Backi
 		bi.Spec.DiskFileSpecMap = map[string]*v1beta1.BackingImageDiskFileSpec{}
 	}
 	bi.Spec.DiskFileSpecMap[disk] = &v1beta1.BackingImageDiskFileSpec{}
-	_, err := c.ds.BackingImages.Update(ctx, bi)
+	_, err := c.DS.BackingImages.Update(ctx, bi)
 	return err
 }
 

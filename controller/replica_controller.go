@@ -32,13 +32,13 @@ func ReplicaDataPath(r *v1beta1.Replica) string {
 // syncReplica drives one replica's instance toward its desired state and
 // reports what the instance cache says of it.
 func (c *ReplicaController) syncReplica(ctx context.Context, key string) error {
-	rRO, ok, err := getResponsible(c.baseController, c.ds.Replicas, key,
+	rRO, ok, err := GetResponsible(c.BaseController, c.DS.Replicas, key,
 		func(r *v1beta1.Replica) (string, string) { return r.Status.OwnerID, r.Spec.NodeID })
 	if err != nil || !ok {
 		return err
 	}
 	r := rRO.DeepCopy()
-	r.Status.OwnerID = c.controllerID
+	r.Status.OwnerID = c.ControllerID
 
 	if r.DeletionTimestamp != nil {
 		if err := c.cleanupReplica(ctx, r); err != nil {
@@ -59,7 +59,7 @@ func (c *ReplicaController) syncReplica(ctx context.Context, key string) error {
 		if synced {
 			actErr = c.driveReplica(ctx, r, inst, found)
 		}
-		observeInstance(&r.Status.InstanceStatus, inst, found, synced, instanceManagerName(c.controllerID))
+		observeInstance(&r.Status.InstanceStatus, inst, found, synced, InstanceManagerName(c.ControllerID))
 	} else {
 		observeUnreachable(&r.Status.InstanceStatus, r.Spec.NodeID)
 	}
@@ -67,7 +67,7 @@ func (c *ReplicaController) syncReplica(ctx context.Context, key string) error {
 		actErr = fmt.Errorf("replica %s: driving its instance: %w", r.Name, actErr)
 	}
 	if !equality.Semantic.DeepEqual(rRO.Status, r.Status) {
-		if _, err := c.ds.Replicas.UpdateStatus(ctx, r); err != nil {
+		if _, err := c.DS.Replicas.UpdateStatus(ctx, r); err != nil {
 			return errors.Join(actErr, err)
 		}
 	}
@@ -96,7 +96,7 @@ func (c *ReplicaController) driveReplica(ctx context.Context, r *v1beta1.Replica
 			Size: r.Spec.VolumeSize, DataDir: ReplicaDataPath(r), BackingFile: backing,
 		})
 		if err != nil && !errors.Is(err, engineapi.ErrAlreadyExists) {
-			c.recorder.Eventf(r, corev1.EventTypeWarning, EventReasonReplicaStartFailed, "starting replica in %s: %v", ReplicaDataPath(r), err)
+			c.Recorder.Eventf(r, corev1.EventTypeWarning, EventReasonReplicaStartFailed, "starting replica in %s: %v", ReplicaDataPath(r), err)
 			return fmt.Errorf("starting replica %s: %w", r.Name, err)
 		}
 	case !wantRunning && found:
@@ -125,7 +125,7 @@ func (c *ReplicaController) deleteReplicaData(ctx context.Context, r *v1beta1.Re
 	if err := client.ReplicaDataDelete(ctx, ReplicaDataPath(r)); err != nil {
 		return fmt.Errorf("deleting data of replica %s: %w", r.Name, err)
 	}
-	c.recorder.Eventf(r, corev1.EventTypeNormal, EventReasonReplicaDataDeleted, "deleted %s on %s", ReplicaDataPath(r), r.Spec.NodeID)
+	c.Recorder.Eventf(r, corev1.EventTypeNormal, EventReasonReplicaDataDeleted, "deleted %s on %s", ReplicaDataPath(r), r.Spec.NodeID)
 	return nil
 }
 
@@ -163,10 +163,10 @@ func (c *ReplicaController) cleanupReplica(ctx context.Context, r *v1beta1.Repli
 			why = "the instance manager of node " + r.Spec.NodeID + " is unreachable"
 		}
 		msg := fmt.Sprintf("%s: data directory %s is left there, to be deleted once it is back", why, ReplicaDataPath(r))
-		c.logger.WithField("replica", r.Name).Warn(msg)
-		c.recorder.Event(r, corev1.EventTypeWarning, EventReasonReplicaDataLeft, msg)
+		c.Logger.WithField("replica", r.Name).Warn(msg)
+		c.Recorder.Event(r, corev1.EventTypeWarning, EventReasonReplicaDataLeft, msg)
 	}
-	_, err := c.ds.Replicas.RemoveFinalizer(ctx, r, types.FinalizerName)
+	_, err := c.DS.Replicas.RemoveFinalizer(ctx, r, types.FinalizerName)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
@@ -177,16 +177,16 @@ func (c *ReplicaController) cleanupReplica(ctx context.Context, r *v1beta1.Repli
 // (same UUID) was remounted elsewhere on the node and added there: its data
 // is on that disk, so the replica is reused from the new path.
 func (c *ReplicaController) followMovedDisk(ctx context.Context, rRO *v1beta1.Replica) (bool, error) {
-	loc, ok := c.ds.LocateDisk(rRO.Spec.DiskID)
+	loc, ok := c.DS.LocateDisk(rRO.Spec.DiskID)
 	if !ok || !loc.Ready || loc.Node != rRO.Spec.NodeID || (loc.Path == rRO.Spec.DiskPath && loc.Name == rRO.Spec.DiskName) {
 		return false, nil
 	}
 	r := rRO.DeepCopy()
 	r.Spec.DiskPath, r.Spec.DiskName = loc.Path, loc.Name
-	if _, err := c.ds.Replicas.Update(ctx, r); err != nil {
+	if _, err := c.DS.Replicas.Update(ctx, r); err != nil {
 		return false, err
 	}
-	c.recorder.Eventf(r, corev1.EventTypeNormal, EventReasonReplicaDiskMoved, "disk %s is now %s at %s (was %s at %s)",
+	c.Recorder.Eventf(r, corev1.EventTypeNormal, EventReasonReplicaDiskMoved, "disk %s is now %s at %s (was %s at %s)",
 		r.Spec.DiskID, loc.Name, loc.Path, rRO.Spec.DiskName, rRO.Spec.DiskPath)
 	return true, nil
 }

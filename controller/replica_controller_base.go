@@ -23,28 +23,28 @@ type ReplicaController struct {
 func NewReplicaController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
 	controllerID, imAddress string, dataPlane engineapi.Connector, instances *InstanceCache) (*ReplicaController, error) {
 	c := &ReplicaController{instanceController: &instanceController{
-		baseController: newBaseController("strata-replica", controllerID, logger, ds, recorder),
+		BaseController: NewBaseController("strata-replica", controllerID, logger, ds, recorder),
 		imAddress:      imAddress, instances: instances,
 	}}
-	c.dataPlane = dataPlane
-	c.sync = c.syncReplica
+	c.DataPlane = dataPlane
+	c.Sync = c.syncReplica
 	// A replica waiting for its backing image's copy starts once the copy
 	// on its disk is ready.
 	if _, err := ds.BackingImages.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: onAdd(c.enqueueWaitingOn),
-		UpdateFunc: onUpdate(func(o, n *v1beta1.BackingImage) {
+		AddFunc: OnAdd(c.enqueueWaitingOn),
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.BackingImage) {
 			if o.Status.UUID != n.Status.UUID || !equality.Semantic.DeepEqual(o.Status.DiskFileStatusMap, n.Status.DiskFileStatusMap) ||
 				!equality.Semantic.DeepEqual(o.Spec.DiskFileSpecMap, n.Spec.DiskFileSpecMap) {
 				c.enqueueWaitingOn(n)
 			}
 		}),
-		DeleteFunc: onDelete(c.enqueueWaitingOn),
+		DeleteFunc: OnDelete(c.enqueueWaitingOn),
 	}); err != nil {
 		return nil, err
 	}
 	// A disk of this node found at another path: its replicas follow it.
 	if _, err := ds.Nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: onUpdate(func(o, n *v1beta1.Node) {
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.Node) {
 			if n.Name == controllerID && !equality.Semantic.DeepEqual(datastore.NodeDisks(o), datastore.NodeDisks(n)) {
 				c.enqueueReplicasOfNode(n.Name)
 			}
@@ -56,25 +56,25 @@ func NewReplicaController(logger logrus.FieldLogger, ds *datastore.DataStore, re
 }
 
 func (c *ReplicaController) enqueueReplicasOfNode(node string) {
-	reps, err := c.ds.Replicas.ListByIndexRO(datastore.IndexByNode, node)
+	reps, err := c.DS.Replicas.ListByIndexRO(datastore.IndexByNode, node)
 	if err != nil {
 		return
 	}
 	for _, r := range reps {
-		c.enqueue(r)
+		c.Enqueue(r)
 	}
 }
 
 // enqueueWaitingOn enqueues this node's replicas of the image that are not
 // running yet.
 func (c *ReplicaController) enqueueWaitingOn(bi *v1beta1.BackingImage) {
-	reps, err := c.ds.Replicas.ListByIndexRO(datastore.IndexByBackingImage, bi.Name)
+	reps, err := c.DS.Replicas.ListByIndexRO(datastore.IndexByBackingImage, bi.Name)
 	if err != nil {
 		return
 	}
 	for _, r := range reps {
-		if r.Spec.NodeID == c.controllerID && r.Status.CurrentState != v1beta1.InstanceStateRunning {
-			c.enqueue(r)
+		if r.Spec.NodeID == c.ControllerID && r.Status.CurrentState != v1beta1.InstanceStateRunning {
+			c.Enqueue(r)
 		}
 	}
 }

@@ -19,7 +19,7 @@ func (c *ResourceQuotaController) syncResourceQuota(ctx context.Context, key str
 	if err != nil || name != v1beta1.DefaultResourceQuotaName {
 		return nil // the webhook refuses any other name; Strata never reads one
 	}
-	rqRO, err := c.ds.ResourceQuotas.GetInNamespaceRO(namespace, name)
+	rqRO, err := c.DS.ResourceQuotas.GetInNamespaceRO(namespace, name)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
@@ -27,7 +27,7 @@ func (c *ResourceQuotaController) syncResourceQuota(ctx context.Context, key str
 		return err
 	}
 	// Quotas have no owner node; any one alive manager keeps each.
-	if responsible, err := c.isResponsibleFor(key, "", ""); err != nil || !responsible {
+	if responsible, err := c.IsResponsibleFor(key, "", ""); err != nil || !responsible {
 		return err
 	}
 	want := c.snapshotUsage(rqRO)
@@ -36,7 +36,7 @@ func (c *ResourceQuotaController) syncResourceQuota(ctx context.Context, key str
 	}
 	rq := rqRO.DeepCopy()
 	rq.Status.SnapshotLimitStatus = want
-	_, err = c.ds.ResourceQuotas.UpdateStatus(ctx, rq)
+	_, err = c.DS.ResourceQuotas.UpdateStatus(ctx, rq)
 	return err
 }
 
@@ -44,19 +44,19 @@ func (c *ResourceQuotaController) syncResourceQuota(ctx context.Context, key str
 // namespace's total, and a total for every VM of the namespace with Strata
 // volumes or a quota of its own.
 func (c *ResourceQuotaController) snapshotUsage(rq *v1beta1.ResourceQuota) v1beta1.SnapshotLimitStatus {
-	volumes := c.ds.VolumesInNamespace(rq.Namespace)
+	volumes := c.DS.VolumesInNamespace(rq.Namespace)
 	st := v1beta1.SnapshotLimitStatus{
-		NamespaceTotalSnapshotSizeUsage:   bytesQuantity(c.ds.SnapshotBytesOf(volumes)),
-		NamespaceRemovedSnapshotSizeUsage: bytesQuantity(c.ds.RemovedBytesOf(volumes)),
+		NamespaceTotalSnapshotSizeUsage:   bytesQuantity(c.DS.SnapshotBytesOf(volumes)),
+		NamespaceRemovedSnapshotSizeUsage: bytesQuantity(c.DS.RemovedBytesOf(volumes)),
 	}
 	vms := map[string]resource.Quantity{}
 	for name := range rq.Spec.SnapshotLimit.VMTotalSnapshotSizeQuota {
 		vms[name] = *bytesQuantity(0)
 	}
-	for _, vm := range c.ds.OptionalKinds.VirtualMachinesIn(rq.Namespace) {
-		volumes := c.ds.VirtualMachineVolumes(vm)
+	for _, vm := range c.DS.OptionalKinds.VirtualMachinesIn(rq.Namespace) {
+		volumes := c.DS.VirtualMachineVolumes(vm)
 		if _, quoted := vms[vm.GetName()]; len(volumes) > 0 || quoted {
-			vms[vm.GetName()] = *bytesQuantity(c.ds.SnapshotBytesOf(volumes))
+			vms[vm.GetName()] = *bytesQuantity(c.DS.SnapshotBytesOf(volumes))
 		}
 	}
 	if len(vms) > 0 {

@@ -19,7 +19,7 @@ import (
 // volumes, use. Its key is the quota's namespace/name; a change enqueues
 // only the one namespace it touches.
 type ResourceQuotaController struct {
-	*baseController
+	*BaseController
 }
 
 // NewResourceQuotaController wires the controller to the quota informer, the
@@ -27,17 +27,17 @@ type ResourceQuotaController struct {
 // KubeVirt is installed, the VMs.
 func NewResourceQuotaController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
 	controllerID string) (*ResourceQuotaController, error) {
-	c := &ResourceQuotaController{baseController: newBaseController("strata-resource-quota", controllerID, logger, ds, recorder)}
-	c.sync = c.syncResourceQuota
-	if err := c.requeueOnNodeReadyChange(c.enqueueEveryKey(ds.ResourceQuotas.Informer())); err != nil {
+	c := &ResourceQuotaController{BaseController: NewBaseController("strata-resource-quota", controllerID, logger, ds, recorder)}
+	c.Sync = c.syncResourceQuota
+	if err := c.RequeueOnNodeReadyChange(c.EnqueueEveryKey(ds.ResourceQuotas.Informer())); err != nil {
 		return nil, err
 	}
 	if _, err := ds.ResourceQuotas.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: c.enqueue,
+		AddFunc: c.Enqueue,
 		// A new limit, not our own status write, needs a look.
-		UpdateFunc: onUpdate(func(o, n *v1beta1.ResourceQuota) {
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.ResourceQuota) {
 			if o.Generation != n.Generation {
-				c.enqueue(n)
+				c.Enqueue(n)
 			}
 		}),
 	}); err != nil {
@@ -46,7 +46,7 @@ func NewResourceQuotaController(logger logrus.FieldLogger, ds *datastore.DataSto
 	ds.SnapshotUsage.OnChange(c.enqueueVolume)
 	// Deleted snapshots' data still on disk counts too.
 	if _, err := ds.Volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: onUpdate(func(o, n *v1beta1.Volume) {
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.Volume) {
 			if o.Status.RemovedSnapshotsSize != n.Status.RemovedSnapshotsSize {
 				c.enqueueVolume(n.Name)
 			}
@@ -55,26 +55,26 @@ func NewResourceQuotaController(logger logrus.FieldLogger, ds *datastore.DataSto
 		return nil, err
 	}
 	if _, err := ds.PersistentVolumeInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: onAdd(c.enqueuePV),
-		UpdateFunc: onUpdate(func(o, n *corev1.PersistentVolume) {
+		AddFunc: OnAdd(c.enqueuePV),
+		UpdateFunc: OnUpdate(func(o, n *corev1.PersistentVolume) {
 			if pvBinding(o) != pvBinding(n) {
 				c.enqueuePV(o)
 				c.enqueuePV(n)
 			}
 		}),
-		DeleteFunc: onDelete(c.enqueuePV),
+		DeleteFunc: OnDelete(c.enqueuePV),
 	}); err != nil {
 		return nil, err
 	}
 	if ok := ds.OptionalKinds; ok != nil {
 		if err := ok.AddVirtualMachineHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc: onAdd(c.enqueueVM),
-			UpdateFunc: onUpdate(func(o, n *unstructured.Unstructured) {
+			AddFunc: OnAdd(c.enqueueVM),
+			UpdateFunc: OnUpdate(func(o, n *unstructured.Unstructured) {
 				if !sameClaims(o, n) {
 					c.enqueueVM(n)
 				}
 			}),
-			DeleteFunc: onDelete(c.enqueueVM),
+			DeleteFunc: OnDelete(c.enqueueVM),
 		}); err != nil {
 			return nil, err
 		}
@@ -88,13 +88,13 @@ func (c *ResourceQuotaController) enqueueNamespace(namespace string) {
 	if namespace == "" {
 		return
 	}
-	if _, ok := c.ds.NamespaceQuota(namespace); ok {
-		c.queue.Add(namespace + "/" + v1beta1.DefaultResourceQuotaName)
+	if _, ok := c.DS.NamespaceQuota(namespace); ok {
+		c.Queue.Add(namespace + "/" + v1beta1.DefaultResourceQuotaName)
 	}
 }
 
 func (c *ResourceQuotaController) enqueueVolume(volume string) {
-	if claim, ok := c.ds.ClaimOfVolume(volume); ok {
+	if claim, ok := c.DS.ClaimOfVolume(volume); ok {
 		c.enqueueNamespace(claim.Namespace)
 	}
 }

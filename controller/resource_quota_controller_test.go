@@ -99,7 +99,7 @@ func quotaWorld() (strata []runtime.Object, kube []runtime.Object, vms []*unstru
 }
 
 func TestSyncResourceQuota(t *testing.T) {
-	me := responsibleNode(quotaKey, "", "", []string{"node-1", "node-2", "node-3"})
+	me := ResponsibleNode(quotaKey, "", "", []string{"node-1", "node-2", "node-3"})
 	notMe := "node-1"
 	if me == notMe {
 		notMe = "node-2"

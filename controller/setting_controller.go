@@ -16,11 +16,11 @@ const EventReasonInvalidSetting = "InvalidSetting"
 // the verdict in status, so an admin sees a bad value at once: readers of
 // the setting refuse it (GetSettingInt and friends) rather than guess.
 func (sc *SettingController) syncSetting(ctx context.Context, key string) error {
-	name, err := nameFromKey(key)
+	name, err := NameFromKey(key)
 	if err != nil {
 		return err
 	}
-	settingRO, err := sc.ds.Settings.GetRO(name)
+	settingRO, err := sc.DS.Settings.GetRO(name)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
@@ -28,7 +28,7 @@ func (sc *SettingController) syncSetting(ctx context.Context, key string) error 
 		return err
 	}
 	// Settings have no owner node; any one alive manager reports on each.
-	if responsible, err := sc.isResponsibleFor(key, "", ""); err != nil || !responsible {
+	if responsible, err := sc.IsResponsibleFor(key, "", ""); err != nil || !responsible {
 		return err
 	}
 
@@ -40,13 +40,13 @@ func (sc *SettingController) syncSetting(ctx context.Context, key string) error 
 	if setting.Status == settingRO.Status {
 		return nil
 	}
-	updated, err := sc.ds.Settings.UpdateStatus(ctx, setting)
+	updated, err := sc.DS.Settings.UpdateStatus(ctx, setting)
 	if err != nil {
 		return err
 	}
 	if !updated.Status.Applied {
-		sc.logger.WithField("setting", name).Warn("Setting rejected: " + updated.Status.Message)
-		sc.recorder.Event(updated, corev1.EventTypeWarning, EventReasonInvalidSetting, updated.Status.Message)
+		sc.Logger.WithField("setting", name).Warn("Setting rejected: " + updated.Status.Message)
+		sc.Recorder.Event(updated, corev1.EventTypeWarning, EventReasonInvalidSetting, updated.Status.Message)
 	}
 	return nil
 }

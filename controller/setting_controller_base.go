@@ -11,23 +11,23 @@ import (
 
 // SettingController reports in each Setting's status whether its value is valid.
 type SettingController struct {
-	*baseController
+	*BaseController
 }
 
 // NewSettingController wires the setting controller to the Setting informer.
 func NewSettingController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
 	controllerID string) (*SettingController, error) {
-	sc := &SettingController{baseController: newBaseController("strata-setting", controllerID, logger, ds, recorder)}
-	sc.sync = sc.syncSetting
-	if err := sc.requeueOnNodeReadyChange(sc.enqueueEveryKey(ds.Settings.Informer())); err != nil {
+	sc := &SettingController{BaseController: NewBaseController("strata-setting", controllerID, logger, ds, recorder)}
+	sc.Sync = sc.syncSetting
+	if err := sc.RequeueOnNodeReadyChange(sc.EnqueueEveryKey(ds.Settings.Informer())); err != nil {
 		return nil, err
 	}
 	_, err := ds.Settings.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: sc.enqueue,
+		AddFunc: sc.Enqueue,
 		// Only a new value needs a verdict; status writes come back as updates too.
-		UpdateFunc: onUpdate(func(o, n *v1beta1.Setting) {
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.Setting) {
 			if o.Value != n.Value || o.Status != n.Status {
-				sc.enqueue(n)
+				sc.Enqueue(n)
 			}
 		}),
 	})

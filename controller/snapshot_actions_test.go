@@ -129,7 +129,7 @@ func startSnapshotRig(t *testing.T) *snapshotRig {
 		if err != nil {
 			return false, err.Error()
 		}
-		return engineRunning(e) && len(e.Status.ReplicaModeMap) == 2, fmt.Sprintf("status %+v", e.Status.InstanceStatus)
+		return EngineRunning(e) && len(e.Status.ReplicaModeMap) == 2, fmt.Sprintf("status %+v", e.Status.InstanceStatus)
 	})
 	return r
 }

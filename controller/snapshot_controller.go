@@ -42,8 +42,8 @@ type snapshotView struct {
 }
 
 func (c *SnapshotController) syncSnapshot(ctx context.Context, key string) error {
-	sRO, ok, err := getResponsible(c.baseController, c.ds.Snapshots, key, func(s *v1beta1.Snapshot) (string, string) {
-		vol, err := c.ds.Volumes.GetRO(s.Spec.Volume)
+	sRO, ok, err := GetResponsible(c.BaseController, c.DS.Snapshots, key, func(s *v1beta1.Snapshot) (string, string) {
+		vol, err := c.DS.Volumes.GetRO(s.Spec.Volume)
 		if err != nil {
 			return s.Status.OwnerID, ""
 		}
@@ -53,9 +53,9 @@ func (c *SnapshotController) syncSnapshot(ctx context.Context, key string) error
 		return err
 	}
 	s := sRO.DeepCopy()
-	s.Status.OwnerID = c.controllerID
+	s.Status.OwnerID = c.ControllerID
 
-	vol, err := c.ds.Volumes.GetRO(s.Spec.Volume)
+	vol, err := c.DS.Volumes.GetRO(s.Spec.Volume)
 	if apierrors.IsNotFound(err) || (err == nil && vol.DeletionTimestamp != nil) {
 		// The volume's data goes with it: nothing to remove in an engine.
 		if s.DeletionTimestamp != nil {
@@ -65,19 +65,19 @@ func (c *SnapshotController) syncSnapshot(ctx context.Context, key string) error
 			s.Status.ReadyToUse, s.Status.Error = false, fmt.Sprintf("volume %s not found", s.Spec.Volume)
 			return c.writeSnapshotStatus(ctx, sRO, s)
 		}
-		return c.ds.Snapshots.Delete(ctx, s.Name)
+		return c.DS.Snapshots.Delete(ctx, s.Name)
 	}
 	if err != nil {
 		return err
 	}
 	view := snapshotView{vol: vol}
-	if view.eng, err = c.volumeEngine(vol); err != nil {
+	if view.eng, err = c.VolumeEngine(vol); err != nil {
 		return err
 	}
 	if view.eng != nil {
 		view.info = view.eng.Status.Snapshots[s.Name]
 		view.known = view.eng.Status.Snapshots != nil
-		view.running = engineRunning(view.eng) && vol.Status.CurrentNodeID == view.eng.Spec.NodeID &&
+		view.running = EngineRunning(view.eng) && vol.Status.CurrentNodeID == view.eng.Spec.NodeID &&
 			vol.Status.State == v1beta1.VolumeStateAttached
 	}
 
@@ -94,8 +94,8 @@ func (c *SnapshotController) syncSnapshot(ctx context.Context, key string) error
 		if err := c.writeSnapshotStatus(ctx, sRO, s); err != nil {
 			return err
 		}
-		c.recorder.Event(s, corev1.EventTypeWarning, EventReasonSnapshotLost, snapshotLostMessage)
-		err := c.ds.Snapshots.Delete(ctx, s.Name)
+		c.Recorder.Event(s, corev1.EventTypeWarning, EventReasonSnapshotLost, snapshotLostMessage)
+		err := c.DS.Snapshots.Delete(ctx, s.Name)
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
@@ -107,7 +107,7 @@ func (c *SnapshotController) syncSnapshot(ctx context.Context, key string) error
 	case s.Spec.CreateSnapshot && view.info == nil && s.Status.CreationTime == "":
 		actErr = c.takeSnapshot(ctx, s, view)
 	case view.info != nil:
-		actErr = c.removeTicket(ctx, vol.Name, snapshotTicketID(s.Name))
+		actErr = c.RemoveTicket(ctx, vol.Name, snapshotTicketID(s.Name))
 	}
 	return errors.Join(actErr, c.writeSnapshotStatus(ctx, sRO, s))
 }
@@ -143,7 +143,7 @@ func (c *SnapshotController) writeSnapshotStatus(ctx context.Context, before, s 
 	if equality.Semantic.DeepEqual(before.Status, s.Status) {
 		return nil
 	}
-	_, err := c.ds.Snapshots.UpdateStatus(ctx, s)
+	_, err := c.DS.Snapshots.UpdateStatus(ctx, s)
 	return err
 }
 
@@ -155,23 +155,23 @@ func (c *SnapshotController) takeSnapshot(ctx context.Context, s *v1beta1.Snapsh
 	if !view.running {
 		return c.ensureSnapshotTicket(ctx, s, view.vol)
 	}
-	client, err := c.engineDataPlane(view.eng)
+	client, err := c.EngineDataPlane(view.eng)
 	if err != nil {
 		return err
 	}
-	_, err = client.SnapshotCreate(ctx, view.eng.Name, s.Name, !s.TakenForStrata(), s.Spec.Labels, fsFreezeFor(c.ds, view.vol))
+	_, err = client.SnapshotCreate(ctx, view.eng.Name, s.Name, !s.TakenForStrata(), s.Spec.Labels, fsFreezeFor(c.DS, view.vol))
 	switch {
 	case err == nil:
-		c.recorder.Eventf(s, corev1.EventTypeNormal, EventReasonSnapshotCreated, "took snapshot %s of volume %s", s.Name, s.Spec.Volume)
+		c.Recorder.Eventf(s, corev1.EventTypeNormal, EventReasonSnapshotCreated, "took snapshot %s of volume %s", s.Name, s.Spec.Volume)
 	case errors.Is(err, engineapi.ErrAlreadyExists):
 	case errors.Is(err, engineapi.ErrLimitExceeded):
 		// Retrying will not help until the admin acts; say why in status.
 		s.Status.Error = limitRefusal(view, err)
-		c.recorder.Event(s, corev1.EventTypeWarning, EventReasonSnapshotFailed, s.Status.Error)
+		c.Recorder.Event(s, corev1.EventTypeWarning, EventReasonSnapshotFailed, s.Status.Error)
 		return nil
 	case errors.Is(err, engineapi.ErrInvalid):
 		s.Status.Error = err.Error()
-		c.recorder.Event(s, corev1.EventTypeWarning, EventReasonSnapshotFailed, err.Error())
+		c.Recorder.Event(s, corev1.EventTypeWarning, EventReasonSnapshotFailed, err.Error())
 		return nil
 	default:
 		return fmt.Errorf("taking snapshot %s: %w", s.Name, err)
@@ -201,7 +201,7 @@ func limitRefusal(view snapshotView, err error) string {
 }
 
 func (c *SnapshotController) ensureSnapshotTicket(ctx context.Context, s *v1beta1.Snapshot, vol *v1beta1.Volume) error {
-	return c.ensureSnapshotterTicket(ctx, vol, snapshotTicketID(s.Name), "Snapshot", s)
+	return c.EnsureSnapshotterTicket(ctx, vol, snapshotTicketID(s.Name), "Snapshot", s)
 }
 
 // deleteSnapshot removes the snapshot from the chain and purges, attaching
@@ -210,7 +210,7 @@ func (c *SnapshotController) ensureSnapshotTicket(ctx context.Context, s *v1beta
 // live head (a purge prunes it) or with several children. A later purge
 // coalesces it once a newer snapshot sits on top.
 func (c *SnapshotController) deleteSnapshot(ctx context.Context, s *v1beta1.Snapshot, view snapshotView) error {
-	purging := view.eng != nil && isPurging(view.eng)
+	purging := view.eng != nil && IsPurging(view.eng)
 	if view.info == nil && s.Spec.CreateSnapshot && view.running {
 		// An earlier sync may have taken it before the engine's status
 		// says so: make sure, or the engine monitor would give the
@@ -219,7 +219,7 @@ func (c *SnapshotController) deleteSnapshot(ctx context.Context, s *v1beta1.Snap
 			return err
 		}
 	}
-	if view.info == nil || (view.info.Removed && !purging && !purgeDrops(view.info)) {
+	if view.info == nil || (view.info.Removed && !purging && !PurgeDrops(view.info)) {
 		return c.releaseSnapshot(ctx, s)
 	}
 	if !view.running {
@@ -227,18 +227,18 @@ func (c *SnapshotController) deleteSnapshot(ctx context.Context, s *v1beta1.Snap
 	}
 	if !view.info.Removed {
 		// The readers' progress enqueues it again (snapshot_controller_base).
-		if who := snapshotReaders(c.ds, s.Spec.Volume).describe(s.Name); who != "" {
-			c.recorder.Event(s, corev1.EventTypeNormal, EventReasonSnapshotWaiting, waitingForReaders(s.Name, who))
+		if who := SnapshotReaders(c.DS, s.Spec.Volume).Describe(s.Name); who != "" {
+			c.Recorder.Event(s, corev1.EventTypeNormal, EventReasonSnapshotWaiting, WaitingForReaders(s.Name, who))
 			return nil
 		}
 		if err := c.removeFromEngine(ctx, s, view); err != nil {
 			return err
 		}
 	}
-	if noPurge, _ := c.ds.GetSettingBool(types.SettingDisableSnapshotPurge); noPurge || purging {
+	if noPurge, _ := c.DS.GetSettingBool(types.SettingDisableSnapshotPurge); noPurge || purging {
 		return nil
 	}
-	client, err := c.engineDataPlane(view.eng)
+	client, err := c.EngineDataPlane(view.eng)
 	if err != nil {
 		return err
 	}
@@ -251,7 +251,7 @@ func (c *SnapshotController) deleteSnapshot(ctx context.Context, s *v1beta1.Snap
 // removeFromEngine marks the snapshot removed in the engine; one the engine
 // does not have is fine.
 func (c *SnapshotController) removeFromEngine(ctx context.Context, s *v1beta1.Snapshot, view snapshotView) error {
-	client, err := c.engineDataPlane(view.eng)
+	client, err := c.EngineDataPlane(view.eng)
 	if err != nil {
 		return err
 	}
@@ -262,16 +262,16 @@ func (c *SnapshotController) removeFromEngine(ctx context.Context, s *v1beta1.Sn
 	case err != nil:
 		return fmt.Errorf("removing snapshot %s: %w", s.Name, err)
 	}
-	c.recorder.Eventf(s, corev1.EventTypeNormal, EventReasonSnapshotRemoved, "removed snapshot %s from volume %s", s.Name, s.Spec.Volume)
+	c.Recorder.Eventf(s, corev1.EventTypeNormal, EventReasonSnapshotRemoved, "removed snapshot %s from volume %s", s.Name, s.Spec.Volume)
 	return nil
 }
 
 // releaseSnapshot drops the snapshot's ticket and finalizer.
 func (c *SnapshotController) releaseSnapshot(ctx context.Context, s *v1beta1.Snapshot) error {
-	if err := c.removeTicket(ctx, s.Spec.Volume, snapshotTicketID(s.Name)); err != nil {
+	if err := c.RemoveTicket(ctx, s.Spec.Volume, snapshotTicketID(s.Name)); err != nil {
 		return err
 	}
-	_, err := c.ds.Snapshots.RemoveFinalizer(ctx, s, types.FinalizerName)
+	_, err := c.DS.Snapshots.RemoveFinalizer(ctx, s, types.FinalizerName)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
@@ -282,8 +282,8 @@ func (c *SnapshotController) releaseSnapshot(ctx context.Context, s *v1beta1.Sna
 // (createSnapshot false: the controller only mirrors it). The live head
 // and snapshots already removed get none.
 func (c *SnapshotController) syncEngineSnapshots(ctx context.Context, key string) error {
-	eRO, ok, err := getResponsible(c.baseController, c.ds.Engines, key, func(e *v1beta1.Engine) (string, string) {
-		vol, err := c.ds.Volumes.GetRO(e.Spec.VolumeName)
+	eRO, ok, err := GetResponsible(c.BaseController, c.DS.Engines, key, func(e *v1beta1.Engine) (string, string) {
+		vol, err := c.DS.Volumes.GetRO(e.Spec.VolumeName)
 		if err != nil {
 			return e.Status.OwnerID, ""
 		}
@@ -292,14 +292,14 @@ func (c *SnapshotController) syncEngineSnapshots(ctx context.Context, key string
 	if err != nil || !ok || eRO.DeletionTimestamp != nil {
 		return err
 	}
-	vol, err := c.ds.Volumes.GetRO(eRO.Spec.VolumeName)
+	vol, err := c.DS.Volumes.GetRO(eRO.Spec.VolumeName)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
 	if err != nil || vol.DeletionTimestamp != nil {
 		return err
 	}
-	if primary, err := c.volumeEngine(vol); err != nil || primary == nil || primary.Name != eRO.Name {
+	if primary, err := c.VolumeEngine(vol); err != nil || primary == nil || primary.Name != eRO.Name {
 		return err // a migration engine's chain is the same chain
 	}
 	var errs []error
@@ -308,7 +308,7 @@ func (c *SnapshotController) syncEngineSnapshots(ctx context.Context, key string
 		if name == types.VolumeHeadName || info == nil || info.Removed {
 			continue
 		}
-		if _, err := c.ds.Snapshots.GetRO(name); err == nil || !apierrors.IsNotFound(err) {
+		if _, err := c.DS.Snapshots.GetRO(name); err == nil || !apierrors.IsNotFound(err) {
 			continue
 		}
 		snap := &v1beta1.Snapshot{
@@ -320,7 +320,7 @@ func (c *SnapshotController) syncEngineSnapshots(ctx context.Context, key string
 			Spec: v1beta1.SnapshotSpec{Volume: vol.Name, CreateSnapshot: false, Labels: info.Labels},
 		}
 		c.joinGroup(snap)
-		if _, err := c.ds.Snapshots.Create(ctx, snap); err != nil && !apierrors.IsAlreadyExists(err) {
+		if _, err := c.DS.Snapshots.Create(ctx, snap); err != nil && !apierrors.IsAlreadyExists(err) {
 			errs = append(errs, err)
 		}
 	}

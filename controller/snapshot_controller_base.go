@@ -19,7 +19,7 @@ import (
 // snapshot in a chain a CR. Status comes from engine.status.snapshots only;
 // gRPC is used to act, never to read.
 type SnapshotController struct {
-	*baseController
+	*BaseController
 	// engines queues Engine keys: the engine-monitor half of the
 	// controller (CRs for chain snapshots that have none).
 	engines workqueue.TypedRateLimitingInterface[string]
@@ -28,47 +28,47 @@ type SnapshotController struct {
 // NewSnapshotController wires the snapshot controller of node controllerID.
 func NewSnapshotController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
 	controllerID string, dataPlane engineapi.Connector) (*SnapshotController, error) {
-	c := &SnapshotController{baseController: newBaseController("strata-snapshot", controllerID, logger, ds, recorder)}
-	c.dataPlane = dataPlane
-	c.sync = c.syncSnapshot
-	c.engines = c.addQueue("strata-snapshot-engines", c.syncEngineSnapshots)
-	if _, err := ds.Snapshots.Informer().AddEventHandler(c.enqueueOnChange()); err != nil {
+	c := &SnapshotController{BaseController: NewBaseController("strata-snapshot", controllerID, logger, ds, recorder)}
+	c.DataPlane = dataPlane
+	c.Sync = c.syncSnapshot
+	c.engines = c.AddQueue("strata-snapshot-engines", c.syncEngineSnapshots)
+	if _, err := ds.Snapshots.Informer().AddEventHandler(c.EnqueueOnChange()); err != nil {
 		return nil, err
 	}
 	if _, err := ds.Engines.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    onAdd(func(e *v1beta1.Engine) { c.engines.Add(e.Namespace + "/" + e.Name) }),
-		UpdateFunc: onUpdate(c.enqueueEngineChange),
+		AddFunc:    OnAdd(func(e *v1beta1.Engine) { c.engines.Add(e.Namespace + "/" + e.Name) }),
+		UpdateFunc: OnUpdate(c.enqueueEngineChange),
 	}); err != nil {
 		return nil, err
 	}
 	// Snapshots waiting for their volume to attach (or to be deleted with
 	// it) look again when its state changes.
 	if _, err := ds.Volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: onUpdate(func(o, n *v1beta1.Volume) {
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.Volume) {
 			if attachmentOrOwnerChanged(o, n) {
 				c.enqueueVolumeSnapshots(n.Name)
 			}
 			// A clone done with its source's snapshot lets a delete go on.
-			if volumeSettled(o) != volumeSettled(n) {
+			if VolumeSettled(o) != VolumeSettled(n) {
 				c.enqueueSourceSnapshot(n)
 			}
 		}),
-		DeleteFunc: onDelete(c.enqueueSourceSnapshot),
+		DeleteFunc: OnDelete(c.enqueueSourceSnapshot),
 	}); err != nil {
 		return nil, err
 	}
 	// So does a backup that finished (or went) with its snapshot.
 	if _, err := ds.Backups.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: onUpdate(func(o, n *v1beta1.Backup) {
-			if backupFinished(o) != backupFinished(n) {
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.Backup) {
+			if BackupFinished(o) != BackupFinished(n) {
 				c.enqueueBackupSnapshot(n)
 			}
 		}),
-		DeleteFunc: onDelete(c.enqueueBackupSnapshot),
+		DeleteFunc: OnDelete(c.enqueueBackupSnapshot),
 	}); err != nil {
 		return nil, err
 	}
-	return c, c.requeueOnNodeReadyChange(c.enqueueEveryKey(ds.Snapshots.Informer()))
+	return c, c.RequeueOnNodeReadyChange(c.EnqueueEveryKey(ds.Snapshots.Informer()))
 }
 
 // enqueueEngineChange enqueues only what an engine update concerns: the
@@ -83,7 +83,7 @@ func (c *SnapshotController) enqueueEngineChange(old, cur *v1beta1.Engine) {
 		c.enqueueVolumeSnapshots(cur.Spec.VolumeName)
 	} else {
 		for _, name := range changed {
-			c.queue.Add(cur.Namespace + "/" + name)
+			c.Queue.Add(cur.Namespace + "/" + name)
 		}
 	}
 	if appeared {
@@ -99,13 +99,13 @@ func attachmentOrOwnerChanged(o, n *v1beta1.Volume) bool {
 }
 
 func (c *SnapshotController) enqueueVolumeSnapshots(volume string) {
-	snaps, err := c.ds.Snapshots.ListByIndexRO(datastore.IndexByVolume, volume)
+	snaps, err := c.DS.Snapshots.ListByIndexRO(datastore.IndexByVolume, volume)
 	if err != nil {
-		c.logger.WithError(err).Warn("Cannot list a volume's snapshots")
+		c.Logger.WithError(err).Warn("Cannot list a volume's snapshots")
 		return
 	}
 	for _, s := range snaps {
-		c.enqueue(s)
+		c.Enqueue(s)
 	}
 }
 
@@ -135,15 +135,15 @@ func engineSnapshotDiff(old, cur *v1beta1.Engine) (changed []string, all, appear
 }
 
 func (c *SnapshotController) enqueueBackupSnapshot(b *v1beta1.Backup) {
-	c.enqueueName(b.Spec.SnapshotName)
-	c.enqueueName(b.Status.SnapshotName)
+	c.EnqueueName(b.Spec.SnapshotName)
+	c.EnqueueName(b.Status.SnapshotName)
 }
 
 func (c *SnapshotController) enqueueSourceSnapshot(v *v1beta1.Volume) {
 	if src, ok := types.ParseDataSource(v.Spec.DataSource); ok {
-		c.enqueueName(src.Snapshot)
+		c.EnqueueName(src.Snapshot)
 	}
 	if cs := v.Status.CloneStatus; cs != nil {
-		c.enqueueName(cs.Snapshot)
+		c.EnqueueName(cs.Snapshot)
 	}
 }

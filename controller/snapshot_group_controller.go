@@ -40,12 +40,12 @@ type groupMember struct {
 }
 
 func (c *SnapshotGroupController) syncGroup(ctx context.Context, key string) error {
-	gRO, ok, err := getResponsible(c.baseController, c.ds.SnapshotGroups, key, c.groupOwner)
+	gRO, ok, err := GetResponsible(c.BaseController, c.DS.SnapshotGroups, key, c.groupOwner)
 	if err != nil || !ok || gRO.DeletionTimestamp != nil {
 		return err // members go with the group (owner references)
 	}
 	g := gRO.DeepCopy()
-	g.Status.OwnerID = c.controllerID
+	g.Status.OwnerID = c.ControllerID
 	if g.Status.State == "" {
 		g.Status.State = v1beta1.SnapshotGroupPending
 	}
@@ -59,7 +59,7 @@ func (c *SnapshotGroupController) syncGroup(ctx context.Context, key string) err
 		// whatever part of it was taken, then cut again. Only if the API
 		// server agrees: the cache may not have the end of this manager's
 		// own cut yet, and rolling back a finished cut removes good data.
-		live, err := c.ds.SnapshotGroups.GetLive(ctx, g.Name)
+		live, err := c.DS.SnapshotGroups.GetLive(ctx, g.Name)
 		if err != nil || live.Status.State != v1beta1.SnapshotGroupCutting || live.ResourceVersion != gRO.ResourceVersion {
 			return err // the newer version is on its way to the cache
 		}
@@ -78,7 +78,7 @@ func (c *SnapshotGroupController) groupOwner(g *v1beta1.SnapshotGroup) (string, 
 	if len(g.Spec.Volumes) == 0 {
 		return g.Status.OwnerID, ""
 	}
-	vol, err := c.ds.Volumes.GetRO(g.Spec.Volumes[0])
+	vol, err := c.DS.Volumes.GetRO(g.Spec.Volumes[0])
 	if err != nil {
 		return g.Status.OwnerID, ""
 	}
@@ -89,7 +89,7 @@ func (c *SnapshotGroupController) writeGroupStatus(ctx context.Context, before, 
 	if equality.Semantic.DeepEqual(before.Status, g.Status) {
 		return nil
 	}
-	_, err := c.ds.SnapshotGroups.UpdateStatus(ctx, g)
+	_, err := c.DS.SnapshotGroups.UpdateStatus(ctx, g)
 	return err
 }
 
@@ -126,7 +126,7 @@ func (c *SnapshotGroupController) cutWhenReady(ctx context.Context, g *v1beta1.S
 	g.Status.State, g.Status.ReadyToUse = v1beta1.SnapshotGroupReady, true
 	g.Status.CreationTime = time.Now().UTC().Format(time.RFC3339)
 	g.Status.StallMilliseconds = res.Stall.Milliseconds()
-	c.recorder.Eventf(g, corev1.EventTypeNormal, EventReasonGroupSnapshotTaken,
+	c.Recorder.Eventf(g, corev1.EventTypeNormal, EventReasonGroupSnapshotTaken,
 		"took a crash-consistent snapshot of %d volumes; their writes waited %d ms", len(members), g.Status.StallMilliseconds)
 	return c.ensureMemberCRs(ctx, g)
 }
@@ -134,7 +134,7 @@ func (c *SnapshotGroupController) cutWhenReady(ctx context.Context, g *v1beta1.S
 // persistStatus writes g's status now, keeping g's resource version current
 // for the sync's final write.
 func (c *SnapshotGroupController) persistStatus(ctx context.Context, g *v1beta1.SnapshotGroup) error {
-	out, err := c.ds.SnapshotGroups.UpdateStatus(ctx, g)
+	out, err := c.DS.SnapshotGroups.UpdateStatus(ctx, g)
 	if err != nil {
 		return err
 	}
@@ -150,12 +150,12 @@ func (c *SnapshotGroupController) cut(ctx context.Context, g *v1beta1.SnapshotGr
 	labels[types.LabelSnapshotGroup] = g.Name
 	cut := make([]engineapi.CutMember, 0, len(members))
 	for _, m := range members {
-		dp, err := c.engineDataPlane(m.eng)
+		dp, err := c.EngineDataPlane(m.eng)
 		if err != nil {
 			return engineapi.CutResult{}, err
 		}
 		cut = append(cut, engineapi.CutMember{Client: dp, Engine: m.eng.Name, Snapshot: m.snapshot, UserCreated: true, Labels: labels,
-			FSFreeze: fsFreezeFor(c.ds, m.vol)})
+			FSFreeze: fsFreezeFor(c.DS, m.vol)})
 	}
 	return engineapi.TakeGroupCut(ctx, g.Name+"-"+strconv.Itoa(int(g.Status.Attempt)), cut, groupCutTimeout)
 }
@@ -170,13 +170,13 @@ func (c *SnapshotGroupController) cutFailed(ctx context.Context, g *v1beta1.Snap
 		return nil
 	}
 	g.Status.State, g.Status.Error = v1beta1.SnapshotGroupPending, "the cut failed, retrying: "+err.Error()
-	c.recorder.Event(g, corev1.EventTypeWarning, EventReasonGroupSnapshotFailed, g.Status.Error)
+	c.Recorder.Event(g, corev1.EventTypeWarning, EventReasonGroupSnapshotFailed, g.Status.Error)
 	return fmt.Errorf("group snapshot %s: %w", g.Name, err)
 }
 
 func (c *SnapshotGroupController) failGroup(g *v1beta1.SnapshotGroup, why string) {
 	g.Status.State, g.Status.ReadyToUse, g.Status.Error, g.Status.Snapshots = v1beta1.SnapshotGroupFailed, false, why, nil
-	c.recorder.Event(g, corev1.EventTypeWarning, EventReasonGroupSnapshotFailed, why)
+	c.Recorder.Event(g, corev1.EventTypeWarning, EventReasonGroupSnapshotFailed, why)
 }
 
 var errGroupFailed = errors.New("group snapshot cannot be taken")
@@ -188,18 +188,18 @@ func (c *SnapshotGroupController) groupMembers(ctx context.Context, g *v1beta1.S
 	var members []*groupMember
 	waiting := ""
 	for _, name := range g.Spec.Volumes {
-		vol, err := c.ds.Volumes.GetRO(name)
+		vol, err := c.DS.Volumes.GetRO(name)
 		if apierrors.IsNotFound(err) || (err == nil && vol.DeletionTimestamp != nil) {
 			return nil, "", fmt.Errorf("%w: volume %s does not exist", errGroupFailed, name)
 		}
 		if err != nil {
 			return nil, "", err
 		}
-		eng, err := c.volumeEngine(vol)
+		eng, err := c.VolumeEngine(vol)
 		if err != nil {
 			return nil, "", err
 		}
-		running := eng != nil && engineRunning(eng) && vol.Status.CurrentNodeID == eng.Spec.NodeID &&
+		running := eng != nil && EngineRunning(eng) && vol.Status.CurrentNodeID == eng.Spec.NodeID &&
 			vol.Status.State == v1beta1.VolumeStateAttached
 		if !running {
 			if err := c.ensureGroupTicket(ctx, g, vol); err != nil {
@@ -216,13 +216,13 @@ func (c *SnapshotGroupController) groupMembers(ctx context.Context, g *v1beta1.S
 }
 
 func (c *SnapshotGroupController) ensureGroupTicket(ctx context.Context, g *v1beta1.SnapshotGroup, vol *v1beta1.Volume) error {
-	return c.ensureSnapshotterTicket(ctx, vol, groupTicketID(g.Name), "SnapshotGroup", g)
+	return c.EnsureSnapshotterTicket(ctx, vol, groupTicketID(g.Name), "SnapshotGroup", g)
 }
 
 func (c *SnapshotGroupController) releaseTickets(ctx context.Context, g *v1beta1.SnapshotGroup) error {
 	var errs []error
 	for _, vol := range g.Spec.Volumes {
-		errs = append(errs, c.removeTicket(ctx, vol, groupTicketID(g.Name)))
+		errs = append(errs, c.RemoveTicket(ctx, vol, groupTicketID(g.Name)))
 	}
 	return errors.Join(errs...)
 }
@@ -240,7 +240,7 @@ func (c *SnapshotGroupController) rollBack(ctx context.Context, g *v1beta1.Snaps
 		// removed snapshot) keeps the group's members the finished cut's,
 		// rather than until a later purge takes it out of the chain.
 		for _, m := range g.Status.Snapshots {
-			if err := c.ds.Snapshots.Delete(ctx, m.Snapshot); err != nil && !apierrors.IsNotFound(err) {
+			if err := c.DS.Snapshots.Delete(ctx, m.Snapshot); err != nil && !apierrors.IsNotFound(err) {
 				errs = append(errs, err)
 			}
 		}
@@ -249,7 +249,7 @@ func (c *SnapshotGroupController) rollBack(ctx context.Context, g *v1beta1.Snaps
 		g.Status.Error = "rolling back a cut that did not finish: " + err.Error()
 		return fmt.Errorf("group snapshot %s: rolling back cut %d: %w", g.Name, g.Status.Attempt, err)
 	}
-	c.recorder.Eventf(g, corev1.EventTypeWarning, EventReasonGroupCutRolledBack,
+	c.Recorder.Eventf(g, corev1.EventTypeWarning, EventReasonGroupCutRolledBack,
 		"cut %d did not finish (its manager stopped): removed what it took; cutting again", g.Status.Attempt)
 	g.Status.State, g.Status.Snapshots, g.Status.Error = v1beta1.SnapshotGroupPending, nil, ""
 	return nil
@@ -258,24 +258,24 @@ func (c *SnapshotGroupController) rollBack(ctx context.Context, g *v1beta1.Snaps
 // removeMemberSnapshot removes a member snapshot a cut may have taken; the
 // engine tells whether it had (the cached chain may lag behind the cut).
 func (c *SnapshotGroupController) removeMemberSnapshot(ctx context.Context, g *v1beta1.SnapshotGroup, m v1beta1.SnapshotGroupMember) error {
-	vol, err := c.ds.Volumes.GetRO(m.Volume)
+	vol, err := c.DS.Volumes.GetRO(m.Volume)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	eng, err := c.volumeEngine(vol)
+	eng, err := c.VolumeEngine(vol)
 	if err != nil {
 		return err
 	}
-	if eng == nil || !engineRunning(eng) {
+	if eng == nil || !EngineRunning(eng) {
 		if err := c.ensureGroupTicket(ctx, g, vol); err != nil {
 			return err
 		}
 		return fmt.Errorf("waiting for volume %s to attach to remove snapshot %s", m.Volume, m.Snapshot)
 	}
-	dp, err := c.engineDataPlane(eng)
+	dp, err := c.EngineDataPlane(eng)
 	if err != nil {
 		return err
 	}
@@ -299,7 +299,7 @@ func (c *SnapshotGroupController) ensureMemberCRs(ctx context.Context, g *v1beta
 }
 
 func (c *SnapshotGroupController) ensureMemberCR(ctx context.Context, g *v1beta1.SnapshotGroup, m v1beta1.SnapshotGroupMember) error {
-	existing, err := c.ds.Snapshots.GetRO(m.Snapshot)
+	existing, err := c.DS.Snapshots.GetRO(m.Snapshot)
 	if apierrors.IsNotFound(err) {
 		return nil // not reported yet; the engine's change enqueues the group
 	}
@@ -316,7 +316,7 @@ func (c *SnapshotGroupController) ensureMemberCR(ctx context.Context, g *v1beta1
 	}
 	s.Labels[types.LabelSnapshotGroup] = g.Name
 	s.OwnerReferences = owners
-	_, err = c.ds.Snapshots.Update(ctx, s)
+	_, err = c.DS.Snapshots.Update(ctx, s)
 	return err
 }
 
@@ -343,7 +343,7 @@ func memberSnapshotName(group, volume string, attempt int32) string {
 	if types.ValidateSnapshotName(name) == nil {
 		return name
 	}
-	return derivedSnapshotName("sg", name)
+	return DerivedSnapshotName("sg", name)
 }
 
 // joinGroup makes a Snapshot CR the engine monitor is about to create for a
@@ -355,7 +355,7 @@ func (c *SnapshotController) joinGroup(s *v1beta1.Snapshot) {
 	if name == "" {
 		return
 	}
-	g, err := c.ds.SnapshotGroups.GetRO(name)
+	g, err := c.DS.SnapshotGroups.GetRO(name)
 	if err != nil {
 		return
 	}

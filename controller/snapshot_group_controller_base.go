@@ -18,35 +18,35 @@ import (
 // it. The cut's manager is the first volume's. A cut is recorded as begun
 // before it starts, so one whose manager died is rolled back and retaken.
 type SnapshotGroupController struct {
-	*baseController
+	*BaseController
 }
 
 // NewSnapshotGroupController wires the group snapshot controller of node
 // controllerID.
 func NewSnapshotGroupController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
 	controllerID string, dataPlane engineapi.Connector) (*SnapshotGroupController, error) {
-	c := &SnapshotGroupController{baseController: newBaseController("strata-snapshot-group", controllerID, logger, ds, recorder)}
-	c.dataPlane = dataPlane
-	c.sync = c.syncGroup
-	if _, err := ds.SnapshotGroups.Informer().AddEventHandler(c.enqueueOnChange()); err != nil {
+	c := &SnapshotGroupController{BaseController: NewBaseController("strata-snapshot-group", controllerID, logger, ds, recorder)}
+	c.DataPlane = dataPlane
+	c.Sync = c.syncGroup
+	if _, err := ds.SnapshotGroups.Informer().AddEventHandler(c.EnqueueOnChange()); err != nil {
 		return nil, err
 	}
 	// A pending group waits for its volumes: their attachment and owner
 	// changes (and a volume going away) look at the groups naming them.
 	if _, err := ds.Volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: onUpdate(func(o, n *v1beta1.Volume) {
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.Volume) {
 			if attachmentOrOwnerChanged(o, n) {
 				c.enqueueVolumeGroups(n.Name)
 			}
 		}),
-		DeleteFunc: onDelete(func(v *v1beta1.Volume) { c.enqueueVolumeGroups(v.Name) }),
+		DeleteFunc: OnDelete(func(v *v1beta1.Volume) { c.enqueueVolumeGroups(v.Name) }),
 	}); err != nil {
 		return nil, err
 	}
 	// So does one whose engine starts or stops running.
 	if _, err := ds.Engines.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: onUpdate(func(o, n *v1beta1.Engine) {
-			if engineRunning(o) != engineRunning(n) {
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.Engine) {
+			if EngineRunning(o) != EngineRunning(n) {
 				c.enqueueVolumeGroups(n.Spec.VolumeName)
 			}
 		}),
@@ -55,20 +55,20 @@ func NewSnapshotGroupController(logger logrus.FieldLogger, ds *datastore.DataSto
 	}
 	// A group just cut, once the engine monitor made its members' CRs.
 	if _, err := ds.Snapshots.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: onAdd(func(s *v1beta1.Snapshot) { c.enqueueName(s.Spec.Labels[types.LabelSnapshotGroup]) }),
+		AddFunc: OnAdd(func(s *v1beta1.Snapshot) { c.EnqueueName(s.Spec.Labels[types.LabelSnapshotGroup]) }),
 	}); err != nil {
 		return nil, err
 	}
-	return c, c.requeueOnNodeReadyChange(c.enqueueEveryKey(ds.SnapshotGroups.Informer()))
+	return c, c.RequeueOnNodeReadyChange(c.EnqueueEveryKey(ds.SnapshotGroups.Informer()))
 }
 
 func (c *SnapshotGroupController) enqueueVolumeGroups(volume string) {
-	groups, err := c.ds.SnapshotGroups.ListByIndexRO(datastore.IndexByVolume, volume)
+	groups, err := c.DS.SnapshotGroups.ListByIndexRO(datastore.IndexByVolume, volume)
 	if err != nil {
-		c.logger.WithError(err).Warn("Cannot list a volume's group snapshots")
+		c.Logger.WithError(err).Warn("Cannot list a volume's group snapshots")
 		return
 	}
 	for _, g := range groups {
-		c.enqueue(g)
+		c.Enqueue(g)
 	}
 }

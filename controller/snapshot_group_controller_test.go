@@ -81,7 +81,7 @@ func startGroupRig(t *testing.T) *groupRig {
 			if err != nil {
 				return false, err.Error()
 			}
-			return engineRunning(e) && e.Status.Snapshots != nil, fmt.Sprintf("status %+v", e.Status.InstanceStatus)
+			return EngineRunning(e) && e.Status.Snapshots != nil, fmt.Sprintf("status %+v", e.Status.InstanceStatus)
 		})
 	}
 	return r

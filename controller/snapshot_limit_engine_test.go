@@ -23,11 +23,11 @@ import (
 // as the InstanceManager controller leaves it.
 func syncedCache(insts ...*engineapi.Instance) *InstanceCache {
 	c := NewInstanceCache()
-	c.streamOpened()
+	c.StreamOpened()
 	for _, inst := range insts {
-		c.apply(&engineapi.WatchEvent{Kind: engineapi.WatchUpdated, Instance: inst})
+		c.Apply(&engineapi.WatchEvent{Kind: engineapi.WatchUpdated, Instance: inst})
 	}
-	c.apply(&engineapi.WatchEvent{Kind: engineapi.WatchSynced})
+	c.Apply(&engineapi.WatchEvent{Kind: engineapi.WatchSynced})
 	return c
 }
 
@@ -52,7 +52,7 @@ func TestEngineSnapshotLimits(t *testing.T) {
 			e.Status.OwnerID = "node-1"
 			e.Status.CurrentReplicaAddressMap = map[string]string{"r1": "10.0.0.1:9001", "r2": "10.0.0.2:9001"}
 		})
-		observeEngine(e, running, true, true, instanceManagerName("node-1"))
+		observeEngine(e, running, true, true, InstanceManagerName("node-1"))
 		e.Status.SnapshotLimits = recorded
 		for _, m := range mut {
 			m(e)
@@ -278,7 +278,7 @@ func TestEnginePurgesFreeableRemovedSnapshots(t *testing.T) {
 				e.Status.OwnerID = "node-1"
 				e.Status.CurrentReplicaAddressMap = map[string]string{"r1": "10.0.0.1:9001"}
 			})
-			observeEngine(e, tc.inst, true, true, instanceManagerName("node-1"))
+			observeEngine(e, tc.inst, true, true, InstanceManagerName("node-1"))
 			e.Status.SnapshotLimits = &v1beta1.EngineSnapshotLimits{}
 			env := dstest.New(t, append([]runtime.Object{e, schedNode("node-1")}, tc.objects...), []runtime.Object{testLease("node-1", 0)})
 			dp := newFakeConnector(nil)

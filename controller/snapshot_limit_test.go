@@ -126,7 +126,7 @@ func TestVolumeSnapshotLimitCondition(t *testing.T) {
 	condition := func(t *testing.T, env *dstest.Env) *metav1.Condition {
 		v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v1", metav1.GetOptions{})
 		require.NoError(t, err)
-		c := findCondition(v.Status.Conditions, VolumeConditionSnapshotLimit)
+		c := FindCondition(v.Status.Conditions, VolumeConditionSnapshotLimit)
 		require.NotNil(t, c)
 		return c
 	}

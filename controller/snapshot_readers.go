@@ -15,9 +15,9 @@ import (
 // deletes the snapshot, and a deleted one stays in the chain: a purge
 // changes a removed snapshot's layer in place (it punches what the head
 // overwrote or trimmed), which a reader in the middle of it would see.
-type readers map[string][]string
+type Readers map[string][]string
 
-func (r readers) names() map[string]bool {
+func (r Readers) Names() map[string]bool {
 	out := map[string]bool{}
 	for name := range r {
 		out[name] = true
@@ -25,7 +25,7 @@ func (r readers) names() map[string]bool {
 	return out
 }
 
-func (r readers) describe(snapshot string) string {
+func (r Readers) Describe(snapshot string) string {
 	rs := slices.Clone(r[snapshot])
 	slices.Sort(rs)
 	return strings.Join(slices.Compact(rs), ", ")
@@ -33,8 +33,8 @@ func (r readers) describe(snapshot string) string {
 
 // snapshotReaders lists the readers of the volume's snapshots, from the
 // caches' indexes.
-func snapshotReaders(ds *datastore.DataStore, volume string) readers {
-	out := readers{}
+func SnapshotReaders(ds *datastore.DataStore, volume string) Readers {
+	out := Readers{}
 	add := func(snapshot, reader string) {
 		if snapshot != "" {
 			out[snapshot] = append(out[snapshot], reader)
@@ -42,7 +42,7 @@ func snapshotReaders(ds *datastore.DataStore, volume string) readers {
 	}
 	if backups, err := ds.Backups.ListByIndexRO(datastore.IndexByVolume, volume); err == nil {
 		for _, b := range backups {
-			if !backupFinished(b) {
+			if !BackupFinished(b) {
 				add(b.Spec.SnapshotName, "backup "+b.Name)
 				add(b.Status.SnapshotName, "backup "+b.Name)
 			}
@@ -50,7 +50,7 @@ func snapshotReaders(ds *datastore.DataStore, volume string) readers {
 	}
 	if clones, err := ds.Volumes.ListByIndexRO(datastore.IndexByCloneSource, volume); err == nil {
 		for _, v := range clones {
-			if src, ok := types.ParseDataSource(v.Spec.DataSource); ok && !volumeSettled(v) {
+			if src, ok := types.ParseDataSource(v.Spec.DataSource); ok && !VolumeSettled(v) {
 				add(src.Snapshot, "clone "+v.Name)
 			}
 			if cs := v.Status.CloneStatus; cs != nil && cs.State != v1beta1.VolumeCloneStateCompleted {
@@ -62,6 +62,6 @@ func snapshotReaders(ds *datastore.DataStore, volume string) readers {
 }
 
 // waitingForReaders is the message of a deleted snapshot kept for them.
-func waitingForReaders(snapshot, who string) string {
+func WaitingForReaders(snapshot, who string) string {
 	return fmt.Sprintf("snapshot %s is removed once %s no longer reads it", snapshot, who)
 }

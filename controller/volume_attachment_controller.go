@@ -24,11 +24,11 @@ import (
 // Every write is made on a fresh copy of the cache; a conflict is returned
 // and the key retried.
 func (c *VolumeAttachmentController) syncVolumeAttachment(ctx context.Context, key string) error {
-	name, err := nameFromKey(key)
+	name, err := NameFromKey(key)
 	if err != nil {
 		return err
 	}
-	vol, err := c.ds.Volumes.GetRO(name)
+	vol, err := c.DS.Volumes.GetRO(name)
 	if apierrors.IsNotFound(err) {
 		// The garbage collector removes the VolumeAttachment of a deleted volume.
 		return nil
@@ -36,12 +36,12 @@ func (c *VolumeAttachmentController) syncVolumeAttachment(ctx context.Context, k
 	if err != nil {
 		return err
 	}
-	va, err := c.ds.VolumeAttachments.GetRO(name)
+	va, err := c.DS.VolumeAttachments.GetRO(name)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
 	// The manager that reconciles the volume reconciles its attachment.
-	if responsible, err := c.isResponsibleFor(key, "", vol.Status.OwnerID); err != nil || !responsible {
+	if responsible, err := c.IsResponsibleFor(key, "", vol.Status.OwnerID); err != nil || !responsible {
 		return err
 	}
 	if va == nil {
@@ -52,7 +52,7 @@ func (c *VolumeAttachmentController) syncVolumeAttachment(ctx context.Context, k
 		return nil
 	}
 	if va.Spec.Volume != vol.Name {
-		c.logger.WithFields(map[string]interface{}{"volumeAttachment": va.Name, "volume": va.Spec.Volume}).
+		c.Logger.WithFields(map[string]interface{}{"volumeAttachment": va.Name, "volume": va.Spec.Volume}).
 			Warn("VolumeAttachment names another volume than its own name; ignoring it")
 		return nil
 	}
@@ -81,13 +81,13 @@ func (c *VolumeAttachmentController) applyAttachmentDecision(ctx context.Context
 	}
 	cp := vol.DeepCopy()
 	want.applyTo(cp)
-	updated, err := c.ds.Volumes.Update(ctx, cp)
+	updated, err := c.DS.Volumes.Update(ctx, cp)
 	if err != nil {
 		return vol, err
 	}
 	for _, a := range actions {
-		c.logger.WithField("volume", vol.Name).Info(a.Message)
-		c.recorder.Event(va, corev1.EventTypeNormal, a.Reason, a.Message)
+		c.Logger.WithField("volume", vol.Name).Info(a.Message)
+		c.Recorder.Event(va, corev1.EventTypeNormal, a.Reason, a.Message)
 	}
 	return updated, nil
 }
@@ -97,7 +97,7 @@ func (c *VolumeAttachmentController) applyAttachmentDecision(ctx context.Context
 // shows.
 func (c *VolumeAttachmentController) updateTicketStatuses(ctx context.Context, vol *v1beta1.Volume,
 	va *v1beta1.VolumeAttachment, unwatched map[string]string) error {
-	now := metav1.NewTime(c.ds.Clock.Now())
+	now := metav1.NewTime(c.DS.Clock.Now())
 	statuses := ticketStatuses(vol, va, now)
 	markUnwatchedOwners(statuses, unwatched, now)
 	want := attachmentSummary(vol, statuses)
@@ -110,7 +110,7 @@ func (c *VolumeAttachmentController) updateTicketStatuses(ctx context.Context, v
 	}
 	cp := va.DeepCopy()
 	cp.Status = want
-	_, err := c.ds.VolumeAttachments.UpdateStatus(ctx, cp)
+	_, err := c.DS.VolumeAttachments.UpdateStatus(ctx, cp)
 	return err
 }
 
@@ -136,7 +136,7 @@ func (c *VolumeAttachmentController) createVolumeAttachment(ctx context.Context,
 	if upgrade != nil {
 		va.Spec.AttachmentTickets[upgrade.ID] = upgrade
 	}
-	created, err := c.ds.VolumeAttachments.Create(ctx, va)
+	created, err := c.DS.VolumeAttachments.Create(ctx, va)
 	if apierrors.IsAlreadyExists(err) {
 		// The cache lags; the informer brings it and enqueues the key.
 		return nil
@@ -147,8 +147,8 @@ func (c *VolumeAttachmentController) createVolumeAttachment(ctx context.Context,
 	if upgrade != nil {
 		msg := fmt.Sprintf("volume %s is attached (or attaching) to node %s without a VolumeAttachment: "+
 			"added ticket %s (%s) to keep it there", vol.Name, upgrade.NodeID, upgrade.ID, upgrade.Type)
-		c.logger.WithField("volume", vol.Name).Info(msg)
-		c.recorder.Event(created, corev1.EventTypeNormal, EventReasonADUpgradeTicket, msg)
+		c.Logger.WithField("volume", vol.Name).Info(msg)
+		c.Recorder.Event(created, corev1.EventTypeNormal, EventReasonADUpgradeTicket, msg)
 	}
 	return nil
 }

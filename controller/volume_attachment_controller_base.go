@@ -20,7 +20,7 @@ import (
 //
 // Its key is the namespace/name shared by a Volume and its VolumeAttachment.
 type VolumeAttachmentController struct {
-	*baseController
+	*BaseController
 	lookups map[schema.GroupKind]ownerLookup
 	// unwatchedKindsLogged holds the ticket owner kinds already logged as
 	// not watched, so each is logged once.
@@ -32,24 +32,24 @@ type VolumeAttachmentController struct {
 func NewVolumeAttachmentController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
 	controllerID string) (*VolumeAttachmentController, error) {
 	c := &VolumeAttachmentController{
-		baseController: newBaseController("strata-volume-attachment", controllerID, logger, ds, recorder),
+		BaseController: NewBaseController("strata-volume-attachment", controllerID, logger, ds, recorder),
 	}
-	c.sync = c.syncVolumeAttachment
+	c.Sync = c.syncVolumeAttachment
 	c.lookups = c.ownerLookups()
-	if err := c.requeueOnNodeReadyChange(c.enqueueEveryKey(ds.Volumes.Informer())); err != nil {
+	if err := c.RequeueOnNodeReadyChange(c.EnqueueEveryKey(ds.Volumes.Informer())); err != nil {
 		return nil, err
 	}
-	if _, err := ds.VolumeAttachments.Informer().AddEventHandler(c.enqueueOnChange()); err != nil {
+	if _, err := ds.VolumeAttachments.Informer().AddEventHandler(c.EnqueueOnChange()); err != nil {
 		return nil, err
 	}
 
 	volumeOwner := c.ownerHandlers(gkVolume)
 	if _, err := ds.Volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		// A new volume gets its VolumeAttachment; the key is the same.
-		AddFunc: c.enqueue,
-		UpdateFunc: onUpdate(func(o, n *v1beta1.Volume) {
+		AddFunc: c.Enqueue,
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.Volume) {
 			if volumeChangeMattersForAD(o, n) {
-				c.enqueue(n)
+				c.Enqueue(n)
 			}
 			volumeOwner.UpdateFunc(o, n)
 		}),
@@ -88,6 +88,6 @@ func volumeChangeMattersForAD(o, n *v1beta1.Volume) bool {
 		o.Status.OwnerID != n.Status.OwnerID ||
 		o.Status.Robustness != n.Status.Robustness ||
 		fillStatusChanged(o, n) ||
-		backingImageConditionChanged(o, n) ||
+		BackingImageConditionChanged(o, n) ||
 		(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
 }

@@ -558,9 +558,9 @@ func TestVolumeAttachmentEnqueue(t *testing.T) {
 
 	drain := func() []string {
 		var keys []string
-		for c.queue.Len() > 0 {
-			k, _ := c.queue.Get()
-			c.queue.Done(k)
+		for c.Queue.Len() > 0 {
+			k, _ := c.Queue.Get()
+			c.Queue.Done(k)
 			keys = append(keys, k)
 		}
 		sort.Strings(keys)
@@ -651,7 +651,7 @@ func TestVolumeAttachmentEnqueue(t *testing.T) {
 				assert.Equal(t, []string{marker}, drainThrough(marker), "nothing but the marker enqueued")
 				return
 			}
-			require.Eventually(t, func() bool { return c.queue.Len() == len(step.want) }, 5*time.Second, 10*time.Millisecond)
+			require.Eventually(t, func() bool { return c.Queue.Len() == len(step.want) }, 5*time.Second, 10*time.Millisecond)
 			assert.Equal(t, step.want, drain())
 		})
 	}

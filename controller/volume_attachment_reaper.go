@@ -79,27 +79,27 @@ func liveOwner[T metav1.Object](get func(ctx context.Context, namespace, name st
 }
 
 func (c *VolumeAttachmentController) ownerLookups() map[schema.GroupKind]ownerLookup {
-	strata, kube := c.ds.StrataClient.StrataV1beta1(), c.ds.KubeClient.StorageV1()
+	strata, kube := c.DS.StrataClient.StrataV1beta1(), c.DS.KubeClient.StorageV1()
 	return map[schema.GroupKind]ownerLookup{
-		gkSnapshot: {cachedOwner(c.ds.Snapshots), liveOwner(func(ctx context.Context, ns, name string) (*v1beta1.Snapshot, error) {
+		gkSnapshot: {cachedOwner(c.DS.Snapshots), liveOwner(func(ctx context.Context, ns, name string) (*v1beta1.Snapshot, error) {
 			return strata.Snapshots(ns).Get(ctx, name, metav1.GetOptions{})
 		}), true},
-		gkBackup: {cachedOwner(c.ds.Backups), liveOwner(func(ctx context.Context, ns, name string) (*v1beta1.Backup, error) {
+		gkBackup: {cachedOwner(c.DS.Backups), liveOwner(func(ctx context.Context, ns, name string) (*v1beta1.Backup, error) {
 			return strata.Backups(ns).Get(ctx, name, metav1.GetOptions{})
 		}), true},
-		gkVolume: {cachedOwner(c.ds.Volumes), liveOwner(func(ctx context.Context, ns, name string) (*v1beta1.Volume, error) {
+		gkVolume: {cachedOwner(c.DS.Volumes), liveOwner(func(ctx context.Context, ns, name string) (*v1beta1.Volume, error) {
 			return strata.Volumes(ns).Get(ctx, name, metav1.GetOptions{})
 		}), true},
-		gkBackingImage: {cachedOwner(c.ds.BackingImages), liveOwner(func(ctx context.Context, ns, name string) (*v1beta1.BackingImage, error) {
+		gkBackingImage: {cachedOwner(c.DS.BackingImages), liveOwner(func(ctx context.Context, ns, name string) (*v1beta1.BackingImage, error) {
 			return strata.BackingImages(ns).Get(ctx, name, metav1.GetOptions{})
 		}), true},
-		gkSnapshotGroup: {cachedOwner(c.ds.SnapshotGroups), liveOwner(func(ctx context.Context, ns, name string) (*v1beta1.SnapshotGroup, error) {
+		gkSnapshotGroup: {cachedOwner(c.DS.SnapshotGroups), liveOwner(func(ctx context.Context, ns, name string) (*v1beta1.SnapshotGroup, error) {
 			return strata.SnapshotGroups(ns).Get(ctx, name, metav1.GetOptions{})
 		}), true},
-		gkLease: {cachedOwner(c.ds.APITicketLeases), liveOwner(func(ctx context.Context, ns, name string) (*coordinationv1.Lease, error) {
-			return c.ds.KubeClient.CoordinationV1().Leases(ns).Get(ctx, name, metav1.GetOptions{})
+		gkLease: {cachedOwner(c.DS.APITicketLeases), liveOwner(func(ctx context.Context, ns, name string) (*coordinationv1.Lease, error) {
+			return c.DS.KubeClient.CoordinationV1().Leases(ns).Get(ctx, name, metav1.GetOptions{})
 		}), true},
-		gkStorageVolumeAttachment: {cachedOwner(c.ds.StorageVolumeAttachments),
+		gkStorageVolumeAttachment: {cachedOwner(c.DS.StorageVolumeAttachments),
 			liveOwner(func(ctx context.Context, _, name string) (*storagev1.VolumeAttachment, error) {
 				return kube.VolumeAttachments().Get(ctx, name, metav1.GetOptions{})
 			}), false},
@@ -129,7 +129,7 @@ func (c *VolumeAttachmentController) ticketOwnerVerdict(ctx context.Context,
 	if !lookup.namespaced {
 		ns = ""
 	} else if ns == "" {
-		ns = c.ds.Namespace
+		ns = c.DS.Namespace
 	}
 	matches := func(obj metav1.Object) bool { return ref.UID == "" || obj.GetUID() == k8stypes.UID(ref.UID) }
 
@@ -160,7 +160,7 @@ func (c *VolumeAttachmentController) presentUnlessLapsed(obj metav1.Object) (own
 	if !ok {
 		return ownerPresent, "", nil
 	}
-	if end := leaseEnd(l); !end.IsZero() && !c.ds.Clock.Now().Before(end) {
+	if end := leaseEnd(l); !end.IsZero() && !c.DS.Clock.Now().Before(end) {
 		return ownerGone, fmt.Sprintf("its holder %q stopped renewing it (it lapsed at %s)",
 			ptr.Deref(l.Spec.HolderIdentity, ""), end.UTC().Format(time.RFC3339)), nil
 	}
@@ -186,12 +186,12 @@ func (c *VolumeAttachmentController) requeueAtLapse(va *v1beta1.VolumeAttachment
 	if datastore.TicketOwnerGroupKind(ref) != gkLease {
 		return
 	}
-	l, err := c.ds.APITicketLeases.GetInNamespaceRO(cmp.Or(ref.Namespace, c.ds.Namespace), ref.Name)
+	l, err := c.DS.APITicketLeases.GetInNamespaceRO(cmp.Or(ref.Namespace, c.DS.Namespace), ref.Name)
 	if err != nil {
 		return
 	}
 	if end := leaseEnd(l); !end.IsZero() {
-		c.queue.AddAfter(va.Namespace+"/"+va.Name, end.Sub(c.ds.Clock.Now())+time.Second)
+		c.Queue.AddAfter(va.Namespace+"/"+va.Name, end.Sub(c.DS.Clock.Now())+time.Second)
 	}
 }
 
@@ -201,8 +201,8 @@ func (c *VolumeAttachmentController) deleteLapsedLease(ctx context.Context, ref 
 	if datastore.TicketOwnerGroupKind(ref) != gkLease {
 		return
 	}
-	if _, err := c.ds.APITicketLeases.DeleteIfUID(ctx, ref.Name, k8stypes.UID(ref.UID)); err != nil && !apierrors.IsNotFound(err) {
-		c.logger.WithError(err).WithField("lease", ref.Name).Warn("Cannot delete a lapsed API ticket Lease")
+	if _, err := c.DS.APITicketLeases.DeleteIfUID(ctx, ref.Name, k8stypes.UID(ref.UID)); err != nil && !apierrors.IsNotFound(err) {
+		c.Logger.WithError(err).WithField("lease", ref.Name).Warn("Cannot delete a lapsed API ticket Lease")
 	}
 }
 
@@ -238,7 +238,7 @@ func (c *VolumeAttachmentController) reapTickets(ctx context.Context,
 			gk := datastore.TicketOwnerGroupKind(t.OwnerRef).String()
 			unwatched[id] = gk
 			if _, logged := c.unwatchedKindsLogged.LoadOrStore(gk, true); !logged {
-				c.logger.WithFields(map[string]interface{}{"volumeAttachment": va.Name, "ticket": id, "ownerKind": gk}).
+				c.Logger.WithFields(map[string]interface{}{"volumeAttachment": va.Name, "ticket": id, "ownerKind": gk}).
 					Warn("Ticket owner kind is not watched; such tickets are never removed when their owner goes")
 			}
 		}
@@ -250,14 +250,14 @@ func (c *VolumeAttachmentController) reapTickets(ctx context.Context,
 	for _, g := range gone {
 		delete(cp.Spec.AttachmentTickets, g.id)
 	}
-	updated, err := c.ds.VolumeAttachments.Update(ctx, cp)
+	updated, err := c.DS.VolumeAttachments.Update(ctx, cp)
 	if err != nil {
 		return va, nil, err
 	}
 	for _, g := range gone {
 		c.deleteLapsedLease(ctx, g.owner)
-		c.logger.WithField("volumeAttachment", va.Name).Info(g.msg)
-		c.recorder.Event(updated, corev1.EventTypeNormal, EventReasonADTicketRemoved, g.msg)
+		c.Logger.WithField("volumeAttachment", va.Name).Info(g.msg)
+		c.Recorder.Event(updated, corev1.EventTypeNormal, EventReasonADTicketRemoved, g.msg)
 	}
 	return updated, unwatched, nil
 }
@@ -278,7 +278,7 @@ func ownerName(ref *v1beta1.TicketOwnerReference) string {
 func markUnwatchedOwners(statuses map[string]*v1beta1.AttachmentTicketStatus, unwatched map[string]string, now metav1.Time) {
 	for id, st := range statuses {
 		if gk, ok := unwatched[id]; ok {
-			setCondition(&st.Conditions, TicketConditionTypeOwnerWatched, false, TicketReasonOwnerKindNotWatched,
+			SetCondition(&st.Conditions, TicketConditionTypeOwnerWatched, false, TicketReasonOwnerKindNotWatched,
 				fmt.Sprintf("owners of kind %s are not watched: the ticket stays until its creator removes it", gk), now)
 			continue
 		}
@@ -300,14 +300,14 @@ func removeCondition(conds *[]metav1.Condition, condType string) {
 // ticket owned by m (through IndexByTicketOwner), for m of kind gk that
 // was deleted or replaced.
 func (c *VolumeAttachmentController) enqueueTicketsOwnedBy(gk schema.GroupKind, m metav1.Object) {
-	vas, err := c.ds.VolumeAttachments.ListByIndexRO(datastore.IndexByTicketOwner,
+	vas, err := c.DS.VolumeAttachments.ListByIndexRO(datastore.IndexByTicketOwner,
 		datastore.TicketOwnerKey(gk, m.GetNamespace(), m.GetName()))
 	if err != nil {
-		c.logger.WithError(err).Warn("Cannot look up the tickets of a deleted owner")
+		c.Logger.WithError(err).Warn("Cannot look up the tickets of a deleted owner")
 		return
 	}
 	for _, va := range vas {
-		c.enqueue(va)
+		c.Enqueue(va)
 	}
 }
 
@@ -316,11 +316,11 @@ func (c *VolumeAttachmentController) enqueueTicketsOwnedBy(gk schema.GroupKind, 
 // that as an update with a new UID).
 func (c *VolumeAttachmentController) ownerHandlers(gk schema.GroupKind) cache.ResourceEventHandlerFuncs {
 	return cache.ResourceEventHandlerFuncs{
-		UpdateFunc: onUpdate(func(o, n metav1.Object) {
+		UpdateFunc: OnUpdate(func(o, n metav1.Object) {
 			if o.GetUID() != n.GetUID() {
 				c.enqueueTicketsOwnedBy(gk, o)
 			}
 		}),
-		DeleteFunc: onDelete(func(m metav1.Object) { c.enqueueTicketsOwnedBy(gk, m) }),
+		DeleteFunc: OnDelete(func(m metav1.Object) { c.enqueueTicketsOwnedBy(gk, m) }),
 	}
 }

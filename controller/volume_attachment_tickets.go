@@ -114,12 +114,12 @@ func parametersCompatible(disableFrontend bool, t *v1beta1.AttachmentTicket) boo
 // the controller filling it may attach it, so no workload ever reads a
 // half-filled volume.
 func fillIncomplete(vol *v1beta1.Volume) bool {
-	return cloneIncomplete(vol) || restoreIncomplete(vol)
+	return CloneIncomplete(vol) || RestoreIncomplete(vol)
 }
 
 // fillerType is the attacher that fills an incomplete volume.
 func fillerType(vol *v1beta1.Volume) v1beta1.AttacherType {
-	if restoreIncomplete(vol) {
+	if RestoreIncomplete(vol) {
 		return v1beta1.AttacherTypeVolumeRestoreController
 	}
 	return v1beta1.AttacherTypeVolumeCloneController
@@ -147,7 +147,7 @@ func fillStatusChanged(o, n *v1beta1.Volume) bool {
 }
 
 func fillWaitReason(vol *v1beta1.Volume) string {
-	if restoreIncomplete(vol) {
+	if RestoreIncomplete(vol) {
 		return TicketReasonWaitingForRestore
 	}
 	return TicketReasonWaitingForClone
@@ -155,13 +155,13 @@ func fillWaitReason(vol *v1beta1.Volume) string {
 
 // fillWaitMessage says what a ticket of another kind waits for.
 func fillWaitMessage(vol *v1beta1.Volume) string {
-	if restoreIncomplete(vol) {
+	if RestoreIncomplete(vol) {
 		rs := vol.Status.RestoreStatus
 		if rs == nil {
 			return fmt.Sprintf("the volume is restored from backup %s first; the restore has not started", vol.Spec.FromBackup)
 		}
 		msg := fmt.Sprintf("the volume is restored from backup %s first; the restore is %s (%d%%)",
-			vol.Spec.FromBackup, orUnknown(string(rs.State)), rs.Progress)
+			vol.Spec.FromBackup, OrUnknown(string(rs.State)), rs.Progress)
 		if rs.Message != "" {
 			msg += ": " + rs.Message
 		}
@@ -172,7 +172,7 @@ func fillWaitMessage(vol *v1beta1.Volume) string {
 		return fmt.Sprintf("the volume is filled from %s first; the clone has not started", vol.Spec.DataSource)
 	}
 	msg := fmt.Sprintf("the volume is filled from %s first; the clone is %s (%d%%)",
-		vol.Spec.DataSource, orUnknown(string(cs.State)), cs.Progress)
+		vol.Spec.DataSource, OrUnknown(string(cs.State)), cs.Progress)
 	if cs.Message != "" {
 		msg += ": " + cs.Message
 	}
@@ -231,7 +231,7 @@ func ticketStatuses(vol *v1beta1.Volume, va *v1beta1.VolumeAttachment, now metav
 	out := map[string]*v1beta1.AttachmentTicketStatus{}
 	attached := vol.Status.State == v1beta1.VolumeStateAttached && vol.Status.CurrentNodeID != ""
 	migrationEngine := vol.Status.CurrentMigrationNodeID
-	imageFailed := imageBlocking(vol)
+	imageFailed := ImageBlocking(vol)
 	for id, t := range va.Spec.AttachmentTickets {
 		if t == nil {
 			continue
@@ -268,7 +268,7 @@ func ticketStatuses(vol *v1beta1.Volume, va *v1beta1.VolumeAttachment, now metav
 			reason, msg = TicketReasonWaitingToAttach, waitingMessage(vol)
 		}
 		st.Satisfied = ok
-		setCondition(&st.Conditions, v1beta1.AttachmentStatusConditionTypeSatisfied, ok, reason, msg, now)
+		SetCondition(&st.Conditions, v1beta1.AttachmentStatusConditionTypeSatisfied, ok, reason, msg, now)
 		if c := meta.FindStatusCondition(st.Conditions, v1beta1.AttachmentStatusConditionTypeSatisfied); c != nil {
 			c.ObservedGeneration = t.Generation
 		}
@@ -280,8 +280,8 @@ func ticketStatuses(vol *v1beta1.Volume, va *v1beta1.VolumeAttachment, now metav
 // waitingMessage says what an unsatisfied ticket waits for: the volume's
 // state, and its backing image while that has no ready copy.
 func waitingMessage(vol *v1beta1.Volume) string {
-	msg := fmt.Sprintf("the volume is %s", orUnknown(string(vol.Status.State)))
-	if c := imageNotReady(vol); c != nil {
+	msg := fmt.Sprintf("the volume is %s", OrUnknown(string(vol.Status.State)))
+	if c := ImageNotReady(vol); c != nil {
 		msg += "; " + c.Message
 	}
 	return msg

@@ -15,13 +15,13 @@ const EventReasonVolumeBackingImageFailed = "BackingImageFailed"
 
 // enqueueVolumesOn enqueues the volumes built on an image.
 func (c *VolumeController) enqueueVolumesOn(bi *v1beta1.BackingImage) {
-	volumes, err := c.ds.Volumes.ListByIndexRO(datastore.IndexByBackingImage, bi.Name)
+	volumes, err := c.DS.Volumes.ListByIndexRO(datastore.IndexByBackingImage, bi.Name)
 	if err != nil {
-		c.logger.WithError(err).WithField("backingImage", bi.Name).Warn("Cannot list the volumes on a backing image")
+		c.Logger.WithError(err).WithField("backingImage", bi.Name).Warn("Cannot list the volumes on a backing image")
 		return
 	}
 	for _, v := range volumes {
-		c.enqueue(v)
+		c.Enqueue(v)
 	}
 }
 
@@ -33,26 +33,26 @@ func (s *volumeSync) updateBackingImageCondition() {
 		meta.RemoveStatusCondition(&s.v.Status.Conditions, VolumeConditionBackingImageReady)
 		return
 	}
-	bi, err := s.ds.BackingImages.GetRO(name)
+	bi, err := s.DS.BackingImages.GetRO(name)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return // keep the last verdict
 	}
 	if err != nil {
 		bi = nil
 	}
-	ok, reason, message := backingImageVerdict(name, bi)
+	ok, reason, message := BackingImageVerdict(name, bi)
 	s.setCondition(VolumeConditionBackingImageReady, ok, reason, message)
 }
 
 // backingImageEvent warns when the volume's image turns failed or goes
 // missing: `kubectl describe volume` then says why it does not attach.
 func (s *volumeSync) backingImageEvent(old, cur *v1beta1.Volume) {
-	c := imageBlocking(cur)
+	c := ImageBlocking(cur)
 	if c == nil {
 		return
 	}
-	if o := imageBlocking(old); o != nil && o.Reason == c.Reason {
+	if o := ImageBlocking(old); o != nil && o.Reason == c.Reason {
 		return
 	}
-	s.recorder.Event(cur, corev1.EventTypeWarning, EventReasonVolumeBackingImageFailed, c.Message)
+	s.Recorder.Event(cur, corev1.EventTypeWarning, EventReasonVolumeBackingImageFailed, c.Message)
 }

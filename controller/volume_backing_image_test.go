@@ -65,7 +65,7 @@ func TestBackingImageVerdict(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			ok, reason, msg := backingImageVerdict("img", tc.bi)
+			ok, reason, msg := BackingImageVerdict("img", tc.bi)
 			assert.Equal(t, tc.wantOK, ok)
 			assert.Equal(t, tc.wantReason, reason)
 			assert.Equal(t, tc.wantMsg, msg)
@@ -98,7 +98,7 @@ func TestBackingImageVerdictChanged(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			n := downloading.DeepCopy()
 			tc.mutate(n)
-			assert.Equal(t, tc.want, backingImageVerdictChanged(downloading, n))
+			assert.Equal(t, tc.want, BackingImageVerdictChanged(downloading, n))
 		})
 	}
 }
@@ -109,8 +109,8 @@ func onImage(v *v1beta1.Volume) { v.Spec.BackingImage = "img" }
 // imageCondition gives the volume the BackingImageReady condition a verdict gives.
 func imageCondition(bi *v1beta1.BackingImage) func(*v1beta1.Volume) {
 	return func(v *v1beta1.Volume) {
-		ok, reason, msg := backingImageVerdict("img", bi)
-		setCondition(&v.Status.Conditions, VolumeConditionBackingImageReady, ok, reason, msg, metav1.NewTime(dstest.Now))
+		ok, reason, msg := BackingImageVerdict("img", bi)
+		SetCondition(&v.Status.Conditions, VolumeConditionBackingImageReady, ok, reason, msg, metav1.NewTime(dstest.Now))
 	}
 }
 
@@ -298,9 +298,9 @@ func TestVolumeEnqueueOnBackingImage(t *testing.T) {
 		t.Helper()
 		var keys []string
 		require.Eventually(t, func() bool {
-			for c.queue.Len() > 0 {
-				k, _ := c.queue.Get()
-				c.queue.Done(k)
+			for c.Queue.Len() > 0 {
+				k, _ := c.Queue.Get()
+				c.Queue.Done(k)
 				keys = append(keys, k)
 			}
 			for _, m := range markers {

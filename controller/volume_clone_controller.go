@@ -41,7 +41,7 @@ func cloneSnapshotName(target string) string {
 	if name := "clone-" + target; len(name) <= 63 {
 		return name
 	}
-	return derivedSnapshotName("clone", target)
+	return DerivedSnapshotName("clone", target)
 }
 
 // cloneSync is what one sync of a clone target knows.
@@ -56,7 +56,7 @@ type cloneSync struct {
 }
 
 func (c *VolumeCloneController) syncClone(ctx context.Context, key string) error {
-	vRO, ok, err := getResponsible(c.baseController, c.ds.Volumes, key, func(v *v1beta1.Volume) (string, string) {
+	vRO, ok, err := GetResponsible(c.BaseController, c.DS.Volumes, key, func(v *v1beta1.Volume) (string, string) {
 		return v.Status.OwnerID, v.Status.OwnerID
 	})
 	if err != nil || !ok || vRO.Spec.DataSource == "" {
@@ -74,7 +74,7 @@ func (c *VolumeCloneController) syncClone(ctx context.Context, key string) error
 	actErr := c.reconcileClone(ctx, s)
 	c.setClonedCondition(v)
 	if !equality.Semantic.DeepEqual(vRO.Status, v.Status) {
-		if _, err := c.ds.Volumes.UpdateStatus(ctx, v); err != nil {
+		if _, err := c.DS.Volumes.UpdateStatus(ctx, v); err != nil {
 			// A copy's outcome stays for the retry: losing it would start
 			// the copy over.
 			return errors.Join(actErr, err)
@@ -112,7 +112,7 @@ func (c *VolumeCloneController) reconcileClone(ctx context.Context, s *cloneSync
 		return err
 	}
 
-	source, err := c.ds.Volumes.GetRO(src.Volume)
+	source, err := c.DS.Volumes.GetRO(src.Volume)
 	if apierrors.IsNotFound(err) || (err == nil && source.DeletionTimestamp != nil) {
 		return c.fail(ctx, s, fmt.Sprintf("source volume %s went away before the clone completed", src.Volume))
 	}
@@ -132,7 +132,7 @@ func (c *VolumeCloneController) reconcileClone(ctx context.Context, s *cloneSync
 // for a whole volume it is taken for the clone (a Snapshot CR owned by the
 // target, so it goes with it).
 func (c *VolumeCloneController) sourceSnapshotReady(ctx context.Context, s *cloneSync) (bool, error) {
-	snap, err := c.ds.Snapshots.GetRO(s.snap)
+	snap, err := c.DS.Snapshots.GetRO(s.snap)
 	switch {
 	case apierrors.IsNotFound(err) && s.source.Snapshot == "":
 		s.status.Message = fmt.Sprintf("taking snapshot %s of volume %s", s.snap, s.source.Volume)
@@ -163,7 +163,7 @@ func (c *VolumeCloneController) createCloneSnapshot(ctx context.Context, s *clon
 		Spec: v1beta1.SnapshotSpec{Volume: s.source.Volume, CreateSnapshot: true,
 			Labels: map[string]string{"strata.io/clone-target": t.Name}},
 	}
-	_, err := c.ds.Snapshots.Create(ctx, snap)
+	_, err := c.DS.Snapshots.Create(ctx, snap)
 	if apierrors.IsAlreadyExists(err) {
 		return nil
 	}
@@ -179,17 +179,17 @@ func (c *VolumeCloneController) ensureCloneTickets(ctx context.Context, s *clone
 		Namespace: t.Namespace, Name: t.Name, UID: string(t.UID)}
 	node := t.Spec.NodeID
 	if node == "" {
-		node = c.controllerID
+		node = c.ControllerID
 	}
 	sourceNode := source.Spec.NodeID
 	if sourceNode == "" {
 		sourceNode = node
 	}
 	return errors.Join(
-		c.ensureTicket(ctx, t.Name, &v1beta1.AttachmentTicket{ID: cloneTicketID(t.Name),
+		c.EnsureTicket(ctx, t.Name, &v1beta1.AttachmentTicket{ID: cloneTicketID(t.Name),
 			Type: v1beta1.AttacherTypeVolumeCloneController, NodeID: node, OwnerRef: owner,
 			Parameters: map[string]string{v1beta1.AttachmentParameterDisableFrontend: v1beta1.TrueValue}}),
-		c.ensureTicket(ctx, source.Name, &v1beta1.AttachmentTicket{ID: cloneTicketID(t.Name),
+		c.EnsureTicket(ctx, source.Name, &v1beta1.AttachmentTicket{ID: cloneTicketID(t.Name),
 			Type: v1beta1.AttacherTypeVolumeCloneController, NodeID: sourceNode, OwnerRef: owner,
 			Parameters: map[string]string{v1beta1.AttachmentParameterDisableFrontend: v1beta1.AnyValue}}))
 }
@@ -215,7 +215,7 @@ func (c *VolumeCloneController) startCopy(s *cloneSync, source *v1beta1.Volume) 
 		s.status.State, s.status.Message = v1beta1.VolumeCloneStateCopying, ""
 		return nil
 	}
-	client, err := c.engineDataPlane(targetEng)
+	client, err := c.EngineDataPlane(targetEng)
 	if err != nil {
 		return err
 	}
@@ -228,7 +228,7 @@ func (c *VolumeCloneController) startCopy(s *cloneSync, source *v1beta1.Volume) 
 	}
 	s.status.State, s.status.Message, s.status.Progress = v1beta1.VolumeCloneStateCopying, "", 0
 	s.status.Attempts++
-	c.recorder.Eventf(s.target, corev1.EventTypeNormal, EventReasonCloneStarted,
+	c.Recorder.Eventf(s.target, corev1.EventTypeNormal, EventReasonCloneStarted,
 		"copying snapshot %s of volume %s (attempt %d)", s.snap, source.Name, s.status.Attempts)
 	return nil
 }
@@ -236,13 +236,13 @@ func (c *VolumeCloneController) startCopy(s *cloneSync, source *v1beta1.Volume) 
 // cloneTargetEngine is the target's engine once it runs attached with its
 // frontend off, or why not yet.
 func (c *VolumeCloneController) cloneTargetEngine(t *v1beta1.Volume) (*v1beta1.Engine, bool, string, error) {
-	e, err := c.volumeEngine(t)
+	e, err := c.VolumeEngine(t)
 	if err != nil {
 		return nil, false, "", err
 	}
-	if t.Status.State != v1beta1.VolumeStateAttached || e == nil || !engineRunning(e) ||
+	if t.Status.State != v1beta1.VolumeStateAttached || e == nil || !EngineRunning(e) ||
 		t.Status.CurrentNodeID != e.Spec.NodeID {
-		return nil, false, fmt.Sprintf("waiting for volume %s to attach for the clone (now %s)", t.Name, orUnknown(string(t.Status.State))), nil
+		return nil, false, fmt.Sprintf("waiting for volume %s to attach for the clone (now %s)", t.Name, OrUnknown(string(t.Status.State))), nil
 	}
 	if e.Status.Endpoint != "" {
 		return nil, false, fmt.Sprintf("waiting for volume %s's frontend to stop", t.Name), nil
@@ -253,12 +253,12 @@ func (c *VolumeCloneController) cloneTargetEngine(t *v1beta1.Volume) (*v1beta1.E
 // cloneSourceAddress is the data address of a healthy replica of the
 // attached source, or why there is none yet.
 func (c *VolumeCloneController) cloneSourceAddress(source *v1beta1.Volume) (string, string, error) {
-	e, err := c.volumeEngine(source)
+	e, err := c.VolumeEngine(source)
 	if err != nil {
 		return "", "", err
 	}
-	if source.Status.State != v1beta1.VolumeStateAttached || e == nil || !engineRunning(e) {
-		return "", fmt.Sprintf("waiting for source volume %s to attach (now %s)", source.Name, orUnknown(string(source.Status.State))), nil
+	if source.Status.State != v1beta1.VolumeStateAttached || e == nil || !EngineRunning(e) {
+		return "", fmt.Sprintf("waiting for source volume %s to attach (now %s)", source.Name, OrUnknown(string(source.Status.State))), nil
 	}
 	for _, r := range slices.Sorted(maps.Keys(e.Status.ReplicaModeMap)) {
 		if e.Status.ReplicaModeMap[r] == v1beta1.ReplicaModeRW && e.Status.CurrentReplicaAddressMap[r] != "" {
@@ -282,7 +282,7 @@ func (c *VolumeCloneController) takeCopyResult(ctx context.Context, s *cloneSync
 		// volume must not detach while its status still says copying.
 		s.status.State, s.status.Progress, s.status.Message = v1beta1.VolumeCloneStateCompleted, 100, ""
 		if !seen {
-			c.recorder.Eventf(s.target, corev1.EventTypeNormal, EventReasonCloneCompleted,
+			c.Recorder.Eventf(s.target, corev1.EventTypeNormal, EventReasonCloneCompleted,
 				"copied snapshot %s of volume %s", s.snap, s.source.Volume)
 		}
 		return true, nil
@@ -290,7 +290,7 @@ func (c *VolumeCloneController) takeCopyResult(ctx context.Context, s *cloneSync
 		return true, c.fail(ctx, s, err.Error())
 	}
 	s.status.State, s.status.Message = v1beta1.VolumeCloneStatePending, "the last copy failed and is retried: "+err.Error()
-	c.recorder.Event(s.target, corev1.EventTypeWarning, EventReasonCloneFailed, s.status.Message)
+	c.Recorder.Event(s.target, corev1.EventTypeWarning, EventReasonCloneFailed, s.status.Message)
 	return true, fmt.Errorf("clone into %s: %w", s.target.Name, err)
 }
 
@@ -299,7 +299,7 @@ func (c *VolumeCloneController) takeCopyResult(ctx context.Context, s *cloneSync
 // once the state is stored.
 func (c *VolumeCloneController) fail(_ context.Context, s *cloneSync, msg string) error {
 	if s.status.State != v1beta1.VolumeCloneStateFailed {
-		c.recorder.Event(s.target, corev1.EventTypeWarning, EventReasonCloneFailed, msg)
+		c.Recorder.Event(s.target, corev1.EventTypeWarning, EventReasonCloneFailed, msg)
 	}
 	s.status.State, s.status.Message = v1beta1.VolumeCloneStateFailed, msg
 	return nil
@@ -308,11 +308,11 @@ func (c *VolumeCloneController) fail(_ context.Context, s *cloneSync, msg string
 // release drops the clone's tickets and the snapshot taken for it.
 func (c *VolumeCloneController) release(ctx context.Context, t *v1beta1.Volume) error {
 	var errs []error
-	errs = append(errs, c.removeTicket(ctx, t.Name, cloneTicketID(t.Name)))
+	errs = append(errs, c.RemoveTicket(ctx, t.Name, cloneTicketID(t.Name)))
 	if src, ok := types.ParseDataSource(t.Spec.DataSource); ok {
-		errs = append(errs, c.removeTicket(ctx, src.Volume, cloneTicketID(t.Name)))
-		if _, err := c.ds.Snapshots.GetRO(cloneSnapshotName(t.Name)); src.Snapshot == "" && err == nil {
-			err := c.ds.Snapshots.Delete(ctx, cloneSnapshotName(t.Name))
+		errs = append(errs, c.RemoveTicket(ctx, src.Volume, cloneTicketID(t.Name)))
+		if _, err := c.DS.Snapshots.GetRO(cloneSnapshotName(t.Name)); src.Snapshot == "" && err == nil {
+			err := c.DS.Snapshots.Delete(ctx, cloneSnapshotName(t.Name))
 			if err != nil && !apierrors.IsNotFound(err) {
 				errs = append(errs, err)
 			}
@@ -326,13 +326,13 @@ func (c *VolumeCloneController) setClonedCondition(v *v1beta1.Volume) {
 	now := metav1.NewTime(time.Now())
 	switch cs.State {
 	case v1beta1.VolumeCloneStateCompleted:
-		setCondition(&v.Status.Conditions, VolumeConditionCloned, true, "CloneCompleted",
+		SetCondition(&v.Status.Conditions, VolumeConditionCloned, true, "CloneCompleted",
 			fmt.Sprintf("filled from %s", v.Spec.DataSource), now)
 	case v1beta1.VolumeCloneStateFailed:
-		setCondition(&v.Status.Conditions, VolumeConditionCloned, false, "CloneFailed", cs.Message, now)
+		SetCondition(&v.Status.Conditions, VolumeConditionCloned, false, "CloneFailed", cs.Message, now)
 	default:
-		setCondition(&v.Status.Conditions, VolumeConditionCloned, false, "CloneInProgress",
-			fmt.Sprintf("filling from %s: %s", v.Spec.DataSource, orUnknown(string(cs.State))), now)
+		SetCondition(&v.Status.Conditions, VolumeConditionCloned, false, "CloneInProgress",
+			fmt.Sprintf("filling from %s: %s", v.Spec.DataSource, OrUnknown(string(cs.State))), now)
 	}
 }
 
@@ -341,7 +341,7 @@ func (c *VolumeCloneController) setClonedCondition(v *v1beta1.Volume) {
 // webhook makes the volume an owner), so garbage collection alone would
 // keep it as long as the source lives.
 func (c *VolumeCloneController) syncCloneSnapshot(ctx context.Context, key string) error {
-	snap, ok, err := getResponsible(c.baseController, c.ds.Snapshots, key, func(s *v1beta1.Snapshot) (string, string) {
+	snap, ok, err := GetResponsible(c.BaseController, c.DS.Snapshots, key, func(s *v1beta1.Snapshot) (string, string) {
 		return s.Status.OwnerID, ""
 	})
 	if err != nil || !ok || snap.DeletionTimestamp != nil {
@@ -351,14 +351,14 @@ func (c *VolumeCloneController) syncCloneSnapshot(ctx context.Context, key strin
 		if ref.Kind != "Volume" || ref.Name == snap.Spec.Volume {
 			continue
 		}
-		target, err := c.ds.Volumes.GetRO(ref.Name)
+		target, err := c.DS.Volumes.GetRO(ref.Name)
 		if err == nil && target.UID == ref.UID && target.DeletionTimestamp == nil {
 			return nil // its clone is still being made, or it is done and will delete it
 		}
 		if err != nil && !apierrors.IsNotFound(err) {
 			return err
 		}
-		err = c.ds.Snapshots.Delete(ctx, snap.Name)
+		err = c.DS.Snapshots.Delete(ctx, snap.Name)
 		if apierrors.IsNotFound(err) {
 			return nil
 		}

@@ -25,7 +25,7 @@ import (
 // releases the tickets when done. Until the clone is completed the AD
 // controller attaches the volume for no other ticket.
 type VolumeCloneController struct {
-	*baseController
+	*BaseController
 
 	// snapshots queues the keys of snapshots taken for clones whose target
 	// volume went away before the clone controller saw it go.
@@ -44,22 +44,22 @@ type VolumeCloneController struct {
 func NewVolumeCloneController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
 	controllerID string, dataPlane engineapi.Connector) (*VolumeCloneController, error) {
 	c := &VolumeCloneController{
-		baseController: newBaseController("strata-volume-clone", controllerID, logger, ds, recorder),
+		BaseController: NewBaseController("strata-volume-clone", controllerID, logger, ds, recorder),
 		copies:         map[k8stypes.UID]context.CancelFunc{},
 		results:        map[k8stypes.UID]copyOutcome{},
 		runCtx:         context.Background(),
 	}
-	c.dataPlane = dataPlane
-	c.sync = c.syncClone
-	c.snapshots = c.addQueue("strata-volume-clone-snapshots", c.syncCloneSnapshot)
+	c.DataPlane = dataPlane
+	c.Sync = c.syncClone
+	c.snapshots = c.AddQueue("strata-volume-clone-snapshots", c.syncCloneSnapshot)
 	if _, err := ds.Volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: onAdd(func(v *v1beta1.Volume) {
+		AddFunc: OnAdd(func(v *v1beta1.Volume) {
 			if v.Spec.DataSource != "" {
-				c.enqueue(v)
+				c.Enqueue(v)
 			}
 		}),
-		UpdateFunc: onUpdate(c.enqueueVolumeChange),
-		DeleteFunc: onDelete(func(v *v1beta1.Volume) {
+		UpdateFunc: OnUpdate(c.enqueueVolumeChange),
+		DeleteFunc: OnDelete(func(v *v1beta1.Volume) {
 			c.enqueueClonesOf(v.Name)
 			if src, ok := types.ParseDataSource(v.Spec.DataSource); ok && src.Snapshot == "" {
 				c.snapshots.Add(v.Namespace + "/" + cloneSnapshotName(v.Name))
@@ -69,7 +69,7 @@ func NewVolumeCloneController(logger logrus.FieldLogger, ds *datastore.DataStore
 		return nil, err
 	}
 	if _, err := ds.Engines.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: onUpdate(func(o, n *v1beta1.Engine) {
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.Engine) {
 			if engineChangeMattersForClone(o, n) {
 				c.enqueueVolumeAndClones(n.Spec.VolumeName)
 			}
@@ -78,18 +78,18 @@ func NewVolumeCloneController(logger logrus.FieldLogger, ds *datastore.DataStore
 		return nil, err
 	}
 	if _, err := ds.Snapshots.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: onAdd(func(s *v1beta1.Snapshot) { c.enqueueClonesOf(s.Spec.Volume) }),
-		UpdateFunc: onUpdate(func(o, n *v1beta1.Snapshot) {
+		AddFunc: OnAdd(func(s *v1beta1.Snapshot) { c.enqueueClonesOf(s.Spec.Volume) }),
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.Snapshot) {
 			if o.Status.ReadyToUse != n.Status.ReadyToUse || o.Status.Error != n.Status.Error ||
 				(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) {
 				c.enqueueClonesOf(n.Spec.Volume)
 			}
 		}),
-		DeleteFunc: onDelete(func(s *v1beta1.Snapshot) { c.enqueueClonesOf(s.Spec.Volume) }),
+		DeleteFunc: OnDelete(func(s *v1beta1.Snapshot) { c.enqueueClonesOf(s.Spec.Volume) }),
 	}); err != nil {
 		return nil, err
 	}
-	return c, c.requeueOnNodeReadyChange(c.enqueueClones)
+	return c, c.RequeueOnNodeReadyChange(c.enqueueClones)
 }
 
 // Run keeps ctx for the copies, then runs the workers.
@@ -97,7 +97,7 @@ func (c *VolumeCloneController) Run(ctx context.Context, workers int) {
 	c.mu.Lock()
 	c.runCtx = ctx
 	c.mu.Unlock()
-	c.baseController.Run(ctx, workers)
+	c.BaseController.Run(ctx, workers)
 }
 
 // enqueueVolumeChange enqueues a target whose own state moved, and the
@@ -108,7 +108,7 @@ func (c *VolumeCloneController) enqueueVolumeChange(o, n *v1beta1.Volume) {
 		o.Spec.NodeID != n.Spec.NodeID || o.Status.OwnerID != n.Status.OwnerID ||
 		(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
 	if n.Spec.DataSource != "" && (attachmentMoved || !equality.Semantic.DeepEqual(o.Status.CloneStatus, n.Status.CloneStatus)) {
-		c.enqueue(n)
+		c.Enqueue(n)
 	}
 	if attachmentMoved {
 		c.enqueueClonesOf(n.Name)
@@ -126,25 +126,25 @@ func engineChangeMattersForClone(o, n *v1beta1.Engine) bool {
 // enqueueVolumeAndClones enqueues the volume when it is a clone target, and
 // the clones of it.
 func (c *VolumeCloneController) enqueueVolumeAndClones(volume string) {
-	if v, err := c.ds.Volumes.GetRO(volume); err == nil && v.Spec.DataSource != "" {
-		c.enqueue(v)
+	if v, err := c.DS.Volumes.GetRO(volume); err == nil && v.Spec.DataSource != "" {
+		c.Enqueue(v)
 	}
 	c.enqueueClonesOf(volume)
 }
 
 // enqueueClonesOf enqueues the volumes filled from source (by-clone-source index).
 func (c *VolumeCloneController) enqueueClonesOf(source string) {
-	targets, err := c.ds.Volumes.ListByIndexRO(datastore.IndexByCloneSource, source)
+	targets, err := c.DS.Volumes.ListByIndexRO(datastore.IndexByCloneSource, source)
 	if err != nil {
-		c.logger.WithError(err).WithField("volume", source).Warn("Cannot list the clones of a volume")
+		c.Logger.WithError(err).WithField("volume", source).Warn("Cannot list the clones of a volume")
 		return
 	}
 	for _, t := range targets {
-		c.enqueue(t)
+		c.Enqueue(t)
 	}
 }
 
 // enqueueClones enqueues every volume with a data source (node ownership changed).
 func (c *VolumeCloneController) enqueueClones() {
-	c.enqueueVolumesWhere(func(v *v1beta1.Volume) bool { return v.Spec.DataSource != "" })
+	c.EnqueueVolumesWhere(func(v *v1beta1.Volume) bool { return v.Spec.DataSource != "" })
 }

@@ -138,7 +138,7 @@ func TestVolumeCloneControllerSync(t *testing.T) {
 				func(t *testing.T, env *dstest.Env) {
 					v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v2", metav1.GetOptions{})
 					require.NoError(t, err)
-					c := findCondition(v.Status.Conditions, VolumeConditionCloned)
+					c := FindCondition(v.Status.Conditions, VolumeConditionCloned)
 					require.NotNil(t, c)
 					assert.Equal(t, metav1.ConditionFalse, c.Status)
 					assert.Equal(t, "CloneFailed", c.Reason)

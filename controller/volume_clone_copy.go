@@ -39,7 +39,7 @@ func (c *VolumeCloneController) runCopy(t *v1beta1.Volume, client engineapi.Data
 	c.copies[t.UID] = cancel
 	c.mu.Unlock()
 	key := t.Namespace + "/" + t.Name
-	log := c.logger.WithFields(logrus.Fields{"volume": t.Name, "engine": args.Engine, "source": args.SourceAddress,
+	log := c.Logger.WithFields(logrus.Fields{"volume": t.Name, "engine": args.Engine, "source": args.SourceAddress,
 		"snapshot": args.Snapshot, "backingShared": args.BackingShared})
 	log.Info("Clone copy started")
 	go func() {
@@ -54,7 +54,7 @@ func (c *VolumeCloneController) runCopy(t *v1beta1.Volume, client engineapi.Data
 		delete(c.copies, t.UID)
 		c.results[t.UID] = copyOutcome{err: err}
 		c.mu.Unlock()
-		c.queue.Add(key)
+		c.Queue.Add(key)
 	}()
 	return true
 }

@@ -68,11 +68,11 @@ type volumeSync struct {
 }
 
 func (c *VolumeController) syncVolume(ctx context.Context, key string) error {
-	name, err := nameFromKey(key)
+	name, err := NameFromKey(key)
 	if err != nil {
 		return err
 	}
-	vRO, err := c.ds.Volumes.GetRO(name)
+	vRO, err := c.DS.Volumes.GetRO(name)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
@@ -83,15 +83,15 @@ func (c *VolumeController) syncVolume(ctx context.Context, key string) error {
 	if preferred == "" {
 		preferred = vRO.Status.CurrentNodeID
 	}
-	if ok, err := c.isResponsibleFor(key, vRO.Status.OwnerID, preferred); err != nil || !ok {
+	if ok, err := c.IsResponsibleFor(key, vRO.Status.OwnerID, preferred); err != nil || !ok {
 		return err
 	}
-	s := &volumeSync{VolumeController: c, ctx: ctx, key: key, vRO: vRO, v: vRO.DeepCopy(), now: c.ds.Clock.Now()}
-	s.v.Status.OwnerID = c.controllerID
-	if s.engines, err = c.ds.Engines.ListByIndexRO(datastore.IndexByVolume, name); err != nil {
+	s := &volumeSync{VolumeController: c, ctx: ctx, key: key, vRO: vRO, v: vRO.DeepCopy(), now: c.DS.Clock.Now()}
+	s.v.Status.OwnerID = c.ControllerID
+	if s.engines, err = c.DS.Engines.ListByIndexRO(datastore.IndexByVolume, name); err != nil {
 		return err
 	}
-	if s.replicas, err = c.ds.Replicas.ListByIndexRO(datastore.IndexByVolume, name); err != nil {
+	if s.replicas, err = c.DS.Replicas.ListByIndexRO(datastore.IndexByVolume, name); err != nil {
 		return err
 	}
 	slices.SortFunc(s.engines, byName[*v1beta1.Engine])
@@ -99,7 +99,7 @@ func (c *VolumeController) syncVolume(ctx context.Context, key string) error {
 	if c.created.unseen(name, s.replicas, s.now) {
 		// A sync on a cache without the replica the last one created would
 		// place another, maybe on the same node: wait for the cache.
-		c.queue.AddAfter(key, cacheCatchUpDelay)
+		c.Queue.AddAfter(key, cacheCatchUpDelay)
 		return nil
 	}
 
@@ -116,7 +116,7 @@ func (c *VolumeController) syncVolume(ctx context.Context, key string) error {
 	if !slices.Contains(vRO.Finalizers, types.FinalizerName) {
 		// The mutating webhook adds it on create; this covers volumes
 		// created while no webhook answered. The update enqueues us again.
-		_, err := c.ds.Volumes.AddFinalizer(ctx, vRO, types.FinalizerName)
+		_, err := c.DS.Volumes.AddFinalizer(ctx, vRO, types.FinalizerName)
 		return err
 	}
 	err = s.reconcile()
@@ -181,7 +181,7 @@ func (s *volumeSync) writeStatus() error {
 	if equality.Semantic.DeepEqual(s.vRO.Status, s.v.Status) {
 		return nil
 	}
-	updated, err := s.ds.Volumes.UpdateStatus(s.ctx, s.v)
+	updated, err := s.DS.Volumes.UpdateStatus(s.ctx, s.v)
 	if err != nil {
 		return err
 	}
@@ -197,10 +197,10 @@ func (s *volumeSync) statusEvents(old, cur *v1beta1.Volume) {
 	if old.Status.State != cur.Status.State {
 		switch cur.Status.State {
 		case v1beta1.VolumeStateAttached:
-			s.recorder.Eventf(cur, corev1.EventTypeNormal, EventReasonVolumeAttached, "attached to %s", cur.Status.CurrentNodeID)
+			s.Recorder.Eventf(cur, corev1.EventTypeNormal, EventReasonVolumeAttached, "attached to %s", cur.Status.CurrentNodeID)
 		case v1beta1.VolumeStateDetached:
 			if old.Status.State != v1beta1.VolumeStateCreating && old.Status.State != "" {
-				s.recorder.Event(cur, corev1.EventTypeNormal, EventReasonVolumeDetached, "detached")
+				s.Recorder.Event(cur, corev1.EventTypeNormal, EventReasonVolumeDetached, "detached")
 			}
 		}
 	}
@@ -214,12 +214,12 @@ func (s *volumeSync) statusEvents(old, cur *v1beta1.Volume) {
 	if old.Status.Robustness != cur.Status.Robustness {
 		switch cur.Status.Robustness {
 		case v1beta1.VolumeRobustnessDegraded:
-			s.recorder.Event(cur, corev1.EventTypeWarning, EventReasonVolumeDegraded, "fewer healthy replicas than spec.numberOfReplicas")
+			s.Recorder.Event(cur, corev1.EventTypeWarning, EventReasonVolumeDegraded, "fewer healthy replicas than spec.numberOfReplicas")
 		case v1beta1.VolumeRobustnessFaulted:
-			s.recorder.Event(cur, corev1.EventTypeWarning, EventReasonVolumeFaulted, "no healthy replica")
+			s.Recorder.Event(cur, corev1.EventTypeWarning, EventReasonVolumeFaulted, "no healthy replica")
 		case v1beta1.VolumeRobustnessHealthy:
 			if old.Status.Robustness != "" {
-				s.recorder.Event(cur, corev1.EventTypeNormal, EventReasonVolumeHealthy, "every replica is healthy")
+				s.Recorder.Event(cur, corev1.EventTypeNormal, EventReasonVolumeHealthy, "every replica is healthy")
 			}
 		}
 	}
@@ -228,18 +228,18 @@ func (s *volumeSync) statusEvents(old, cur *v1beta1.Volume) {
 // conditionWarning warns with condType's message when it turns True or,
 // True already, changes reason; not at every status write.
 func (s *volumeSync) conditionWarning(old, cur *v1beta1.Volume, condType, eventReason string) {
-	c := findCondition(cur.Status.Conditions, condType)
+	c := FindCondition(cur.Status.Conditions, condType)
 	if c == nil || c.Status != metav1.ConditionTrue {
 		return
 	}
-	if o := findCondition(old.Status.Conditions, condType); o != nil && o.Status == c.Status && o.Reason == c.Reason {
+	if o := FindCondition(old.Status.Conditions, condType); o != nil && o.Status == c.Status && o.Reason == c.Reason {
 		return
 	}
-	s.recorder.Event(cur, corev1.EventTypeWarning, eventReason, c.Message)
+	s.Recorder.Event(cur, corev1.EventTypeWarning, eventReason, c.Message)
 }
 
 func (s *volumeSync) setCondition(condType string, ok bool, reason, message string) {
-	setCondition(&s.v.Status.Conditions, condType, ok, reason, message, metav1.NewTime(s.now))
+	SetCondition(&s.v.Status.Conditions, condType, ok, reason, message, metav1.NewTime(s.now))
 }
 
 // deleteVolume deletes the engines and replicas (their controllers stop the
@@ -249,13 +249,13 @@ func (s *volumeSync) deleteVolume() (done bool, err error) {
 	s.v.Status.State = v1beta1.VolumeStateDeleting
 	// Snapshots go first: each CR's finalizer waits for its controller,
 	// which lets it go at once for a volume being deleted.
-	snaps, err := s.ds.Snapshots.ListByIndexRO(datastore.IndexByVolume, s.v.Name)
+	snaps, err := s.DS.Snapshots.ListByIndexRO(datastore.IndexByVolume, s.v.Name)
 	if err != nil {
 		return false, err
 	}
 	for _, snap := range snaps {
 		if snap.DeletionTimestamp == nil {
-			if err := s.ds.Snapshots.Delete(s.ctx, snap.Name); err != nil {
+			if err := s.DS.Snapshots.Delete(s.ctx, snap.Name); err != nil {
 				return false, err
 			}
 		}
@@ -265,14 +265,14 @@ func (s *volumeSync) deleteVolume() (done bool, err error) {
 	}
 	for _, e := range s.engines {
 		if e.DeletionTimestamp == nil {
-			if err := s.ds.Engines.Delete(s.ctx, e.Name); err != nil {
+			if err := s.DS.Engines.Delete(s.ctx, e.Name); err != nil {
 				return false, err
 			}
 		}
 	}
 	for _, r := range s.replicas {
 		if r.DeletionTimestamp == nil {
-			if err := s.ds.Replicas.Delete(s.ctx, r.Name); err != nil {
+			if err := s.DS.Replicas.Delete(s.ctx, r.Name); err != nil {
 				return false, err
 			}
 		}
@@ -280,7 +280,7 @@ func (s *volumeSync) deleteVolume() (done bool, err error) {
 	if len(s.engines)+len(s.replicas) > 0 {
 		return false, nil // their deletion events bring us back
 	}
-	_, err = s.ds.Volumes.RemoveFinalizer(s.ctx, s.vRO, types.FinalizerName)
+	_, err = s.DS.Volumes.RemoveFinalizer(s.ctx, s.vRO, types.FinalizerName)
 	if apierrors.IsNotFound(err) {
 		err = nil
 	}
@@ -293,7 +293,7 @@ func (s *volumeSync) ensureEngine() error {
 	if len(s.engines) > 0 {
 		return nil
 	}
-	e, err := s.ds.Engines.Create(s.ctx, s.newEngine(""))
+	e, err := s.DS.Engines.Create(s.ctx, s.newEngine(""))
 	if err != nil {
 		return err
 	}
@@ -340,7 +340,7 @@ func (s *volumeSync) updateEngine(before, after *v1beta1.Engine) (*v1beta1.Engin
 	if equality.Semantic.DeepEqual(before.Spec, after.Spec) {
 		return before, nil
 	}
-	updated, err := s.ds.Engines.Update(s.ctx, after)
+	updated, err := s.DS.Engines.Update(s.ctx, after)
 	if err != nil {
 		return before, err
 	}
@@ -361,7 +361,7 @@ func (s *volumeSync) updateReplica(before, after *v1beta1.Replica) (*v1beta1.Rep
 	if equality.Semantic.DeepEqual(before.Spec, after.Spec) {
 		return before, nil
 	}
-	updated, err := s.ds.Replicas.Update(s.ctx, after)
+	updated, err := s.DS.Replicas.Update(s.ctx, after)
 	if err != nil {
 		return before, err
 	}
@@ -452,7 +452,7 @@ func (s *volumeSync) updateSpaceRetainedCondition() {
 	if e := s.primaryEngine(); e != nil {
 		held, names = e.Status.RemovedExclusive()
 	}
-	noPurge, _ := s.ds.GetSettingBool(types.SettingDisableSnapshotPurge)
+	noPurge, _ := s.DS.GetSettingBool(types.SettingDisableSnapshotPurge)
 	ok, reason, message := spaceRetainedCondition(noPurge, held, names)
 	s.setCondition(VolumeConditionSnapshotSpaceRetained, ok, reason, message)
 }

@@ -37,7 +37,7 @@ func (s *volumeSync) instanceStopped(st v1beta1.InstanceStatus, nodeID string) b
 	case "", v1beta1.InstanceStateStopped, v1beta1.InstanceStateError:
 		return true
 	case v1beta1.InstanceStateUnknown:
-		return nodeID == "" || !s.ds.IsNodeAlive(nodeID)
+		return nodeID == "" || !s.DS.IsNodeAlive(nodeID)
 	}
 	return false
 }
@@ -91,7 +91,7 @@ func (s *volumeSync) detach(faulted bool) error {
 		}
 		if e != primary {
 			// A migration engine goes with the detach.
-			if err := s.ds.Engines.Delete(s.ctx, e.Name); err != nil {
+			if err := s.DS.Engines.Delete(s.ctx, e.Name); err != nil {
 				return err
 			}
 			enginesDown = false
@@ -157,7 +157,7 @@ func (s *volumeSync) detach(faulted bool) error {
 	if expanding && expanded {
 		old := v.Status.CurrentSize
 		v.Status.CurrentSize = s.specSize()
-		s.recorder.Eventf(v, corev1.EventTypeNormal, EventReasonVolumeExpanded, "expanded offline from %d to %d bytes", old, v.Status.CurrentSize)
+		s.Recorder.Eventf(v, corev1.EventTypeNormal, EventReasonVolumeExpanded, "expanded offline from %d to %d bytes", old, v.Status.CurrentSize)
 	}
 	if faulted {
 		return s.salvage()
@@ -186,7 +186,7 @@ func (s *volumeSync) attach(want string) error {
 		after.Spec.EngineName = eng.Name
 		if usable(r) {
 			after.Spec.DesireState = v1beta1.InstanceStateRunning
-			if !engineRunning(eng) {
+			if !EngineRunning(eng) {
 				after.Spec.VolumeSize = size
 			}
 		} else {
@@ -199,7 +199,7 @@ func (s *volumeSync) attach(want string) error {
 		if !usable(updated) {
 			continue
 		}
-		addr := instanceAddress(&updated.Status.InstanceStatus)
+		addr := InstanceAddress(&updated.Status.InstanceStatus)
 		isRunning := updated.Status.CurrentState == v1beta1.InstanceStateRunning && addr != ""
 		if isRunning {
 			all[updated.Name] = addr
@@ -226,7 +226,7 @@ func (s *volumeSync) attach(want string) error {
 	after.Spec.BackingImage = v.Spec.BackingImage
 	after.Spec.SnapshotMaxCount = s.snapshotMaxCount()
 	after.Spec.SnapshotMaxSize = v.Spec.SnapshotMaxSize.Value()
-	if !engineRunning(eng) || eng.Spec.NodeID != want {
+	if !EngineRunning(eng) || eng.Spec.NodeID != want {
 		if v.Status.State == v1beta1.VolumeStateAttached {
 			v.Status.State = v1beta1.VolumeStateAttaching // the engine went away under us
 		}
@@ -261,7 +261,7 @@ func (s *volumeSync) attach(want string) error {
 	v.Status.FrontendEndpoint = eng.Status.Endpoint
 	if eng.Status.CurrentSize > 0 {
 		if old := v.Status.CurrentSize; old != 0 && eng.Status.CurrentSize > old {
-			s.recorder.Eventf(v, corev1.EventTypeNormal, EventReasonVolumeExpanded, "expanded online from %d to %d bytes",
+			s.Recorder.Eventf(v, corev1.EventTypeNormal, EventReasonVolumeExpanded, "expanded online from %d to %d bytes",
 				old, eng.Status.CurrentSize)
 		}
 		v.Status.CurrentSize = eng.Status.CurrentSize
@@ -276,7 +276,7 @@ func (s *volumeSync) snapshotMaxCount() int32 {
 	if n := s.v.Spec.SnapshotMaxCount; n > 0 {
 		return n
 	}
-	n, err := s.ds.GetSettingInt(types.SettingSnapshotMaxCount)
+	n, err := s.DS.GetSettingInt(types.SettingSnapshotMaxCount)
 	if err != nil {
 		return 0
 	}
@@ -297,7 +297,7 @@ func (s *volumeSync) reconcileMigration(primary *v1beta1.Engine) error {
 			mig = e
 			continue
 		}
-		if err := s.ds.Engines.Delete(s.ctx, e.Name); err != nil {
+		if err := s.DS.Engines.Delete(s.ctx, e.Name); err != nil {
 			return err
 		}
 	}
@@ -309,7 +309,7 @@ func (s *volumeSync) reconcileMigration(primary *v1beta1.Engine) error {
 		e := s.newEngine(target)
 		e.Spec.ReplicaAddressMap = maps.Clone(primary.Spec.ReplicaAddressMap)
 		e.Spec.SnapshotMaxCount, e.Spec.SnapshotMaxSize = primary.Spec.SnapshotMaxCount, primary.Spec.SnapshotMaxSize
-		created, err := s.ds.Engines.Create(s.ctx, e)
+		created, err := s.DS.Engines.Create(s.ctx, e)
 		if err != nil {
 			return err
 		}
@@ -327,7 +327,7 @@ func (s *volumeSync) reconcileMigration(primary *v1beta1.Engine) error {
 		return err
 	}
 	v.Status.CurrentMigrationNodeID = ""
-	if engineRunning(mig) && (v.Spec.Frontend == "" || v.Spec.DisableFrontend || mig.Status.Endpoint != "") {
+	if EngineRunning(mig) && (v.Spec.Frontend == "" || v.Spec.DisableFrontend || mig.Status.Endpoint != "") {
 		v.Status.CurrentMigrationNodeID = target
 	}
 	return nil
@@ -347,13 +347,13 @@ func (s *volumeSync) confirmMigration() error {
 			mig = e
 		}
 	}
-	if !engineRunning(mig) {
+	if !EngineRunning(mig) {
 		// The migration engine died before the switch: detach and attach anew.
 		v.Status.CurrentMigrationNodeID = ""
 		return nil
 	}
 	if old != nil {
-		if err := s.ds.Engines.Delete(s.ctx, old.Name); err != nil {
+		if err := s.DS.Engines.Delete(s.ctx, old.Name); err != nil {
 			return err
 		}
 	}
@@ -361,7 +361,7 @@ func (s *volumeSync) confirmMigration() error {
 	v.Status.CurrentNodeID = mig.Spec.NodeID
 	v.Status.CurrentMigrationNodeID = ""
 	v.Status.FrontendEndpoint = mig.Status.Endpoint
-	s.recorder.Eventf(v, corev1.EventTypeNormal, EventReasonMigrated, "migrated from %s to %s", from, mig.Spec.NodeID)
+	s.Recorder.Eventf(v, corev1.EventTypeNormal, EventReasonMigrated, "migrated from %s to %s", from, mig.Spec.NodeID)
 	return nil
 }
 
@@ -371,7 +371,7 @@ func (s *volumeSync) updateRobustness() {
 	want := s.desiredReplicaCount()
 	eng := s.primaryEngine()
 	healthy := 0
-	if engineRunning(eng) && v.Status.CurrentNodeID != "" {
+	if EngineRunning(eng) && v.Status.CurrentNodeID != "" {
 		for _, r := range s.replicasWhere(usable) {
 			if eng.Status.ReplicaModeMap[r.Name] == v1beta1.ReplicaModeRW {
 				healthy++

@@ -18,7 +18,7 @@ import (
 // VolumeAttachment controller writes that), replaces failed replicas,
 // salvages a faulted volume, expands a detached one, and cleans up on delete.
 type VolumeController struct {
-	*baseController
+	*BaseController
 	// created are the replicas this manager created that its cache may not
 	// show yet, by volume; see awaitCreatedReplicas.
 	created createdReplicas
@@ -27,49 +27,49 @@ type VolumeController struct {
 // NewVolumeController wires the volume controller of node controllerID.
 func NewVolumeController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
 	controllerID string) (*VolumeController, error) {
-	c := &VolumeController{baseController: newBaseController("strata-volume", controllerID, logger, ds, recorder),
+	c := &VolumeController{BaseController: NewBaseController("strata-volume", controllerID, logger, ds, recorder),
 		created: createdReplicas{byVolume: map[string]map[string]time.Time{}}}
-	c.sync = c.syncVolume
+	c.Sync = c.syncVolume
 
-	if _, err := ds.Volumes.Informer().AddEventHandler(c.enqueueOnChange()); err != nil {
+	if _, err := ds.Volumes.Informer().AddEventHandler(c.EnqueueOnChange()); err != nil {
 		return nil, err
 	}
 	// An engine or replica change concerns exactly its volume.
 	if _, err := ds.Engines.Informer().AddEventHandler(
-		onEveryChange(func(e *v1beta1.Engine) { c.enqueueVolume(e.Spec.VolumeName) })); err != nil {
+		OnEveryChange(func(e *v1beta1.Engine) { c.enqueueVolume(e.Spec.VolumeName) })); err != nil {
 		return nil, err
 	}
 	if _, err := ds.Replicas.Informer().AddEventHandler(
-		onEveryChange(func(r *v1beta1.Replica) { c.enqueueVolume(r.Spec.VolumeName) })); err != nil {
+		OnEveryChange(func(r *v1beta1.Replica) { c.enqueueVolume(r.Spec.VolumeName) })); err != nil {
 		return nil, err
 	}
 	// A volume on a backing image says whether the image can serve it; the
 	// image's progress and last-use times enqueue nothing.
 	if _, err := ds.BackingImages.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: onAdd(c.enqueueVolumesOn),
-		UpdateFunc: onUpdate(func(o, n *v1beta1.BackingImage) {
-			if backingImageVerdictChanged(o, n) {
+		AddFunc: OnAdd(c.enqueueVolumesOn),
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.BackingImage) {
+			if BackingImageVerdictChanged(o, n) {
 				c.enqueueVolumesOn(n)
 			}
 		}),
-		DeleteFunc: onDelete(c.enqueueVolumesOn),
+		DeleteFunc: OnDelete(c.enqueueVolumesOn),
 	}); err != nil {
 		return nil, err
 	}
 	// A deleting volume waits for its snapshots to go.
 	if _, err := ds.Snapshots.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		DeleteFunc: onDelete(func(s *v1beta1.Snapshot) { c.enqueueVolume(s.Spec.Volume) }),
+		DeleteFunc: OnDelete(func(s *v1beta1.Snapshot) { c.enqueueVolume(s.Spec.Volume) }),
 	}); err != nil {
 		return nil, err
 	}
-	if err := c.onInstanceManagerStateChange(c.enqueueVolumesConcerning); err != nil {
+	if err := c.OnInstanceManagerStateChange(c.enqueueVolumesConcerning); err != nil {
 		return nil, err
 	}
-	enqueueAll := c.enqueueEveryKey(ds.Volumes.Informer())
+	enqueueAll := c.EnqueueEveryKey(ds.Volumes.Informer())
 	// Turning snapshot purge off or on decides every volume's
 	// SnapshotSpaceRetained condition; an admin flips it rarely.
 	if _, err := ds.Settings.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: onUpdate(func(o, st *v1beta1.Setting) {
+		UpdateFunc: OnUpdate(func(o, st *v1beta1.Setting) {
 			if st.Name == string(types.SettingDisableSnapshotPurge) && o.Value != st.Value {
 				enqueueAll()
 			}
@@ -77,11 +77,11 @@ func NewVolumeController(logger logrus.FieldLogger, ds *datastore.DataStore, rec
 	}); err != nil {
 		return nil, err
 	}
-	return c, c.requeueOnNodeReadyChange(enqueueAll)
+	return c, c.RequeueOnNodeReadyChange(enqueueAll)
 }
 
 // enqueueVolume enqueues a volume by name ("" is none: an object of no volume).
-func (c *VolumeController) enqueueVolume(volume string) { c.enqueueName(volume) }
+func (c *VolumeController) enqueueVolume(volume string) { c.EnqueueName(volume) }
 
 // enqueueVolumeOf enqueues the volume of a cached engine or replica, as the
 // by-node index lists them.
@@ -98,19 +98,19 @@ func (c *VolumeController) enqueueVolumeOf(obj any) {
 // affects: those with a replica or an engine there, and those waiting for a
 // node to place a replica on.
 func (c *VolumeController) enqueueVolumesConcerning(node string) {
-	for _, informer := range []cache.SharedIndexInformer{c.ds.Replicas.Informer(), c.ds.Engines.Informer()} {
-		for _, obj := range c.onNode(informer, node) {
+	for _, informer := range []cache.SharedIndexInformer{c.DS.Replicas.Informer(), c.DS.Engines.Informer()} {
+		for _, obj := range c.OnNode(informer, node) {
 			c.enqueueVolumeOf(obj)
 		}
 	}
-	volumes, err := c.ds.Volumes.ListRO(nil)
+	volumes, err := c.DS.Volumes.ListRO(nil)
 	if err != nil {
-		c.logger.WithError(err).Warn("Cannot list volumes")
+		c.Logger.WithError(err).Warn("Cannot list volumes")
 		return
 	}
 	for _, v := range volumes {
-		if cond := findCondition(v.Status.Conditions, VolumeConditionScheduled); cond != nil && cond.Status == metav1.ConditionFalse {
-			c.queue.Add(c.ds.Namespace + "/" + v.Name)
+		if cond := FindCondition(v.Status.Conditions, VolumeConditionScheduled); cond != nil && cond.Status == metav1.ConditionFalse {
+			c.Queue.Add(c.DS.Namespace + "/" + v.Name)
 		}
 	}
 }

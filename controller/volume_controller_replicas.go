@@ -38,7 +38,7 @@ func (s *volumeSync) desiredReplicaCount() int {
 	if n := s.v.Spec.NumberOfReplicas; n > 0 {
 		return int(n)
 	}
-	n, err := s.ds.GetSettingInt(types.SettingDefaultReplicaCount)
+	n, err := s.DS.GetSettingInt(types.SettingDefaultReplicaCount)
 	if err != nil || n < 1 {
 		return 3
 	}
@@ -49,7 +49,7 @@ func (s *volumeSync) desiredReplicaCount() int {
 // schedules missing replicas and replaces failed ones.
 func (s *volumeSync) reconcileReplicas() error {
 	eng := s.primaryEngine()
-	running := engineRunning(eng)
+	running := EngineRunning(eng)
 	attachedOrAttaching := s.v.Spec.NodeID != "" || s.v.Status.CurrentNodeID != ""
 	for _, r := range s.replicas {
 		if !usable(r) {
@@ -63,10 +63,10 @@ func (s *volumeSync) reconcileReplicas() error {
 			// The engine had it; its instance is gone (instance manager
 			// restarted). Unknown is not gone: the engine judges a replica
 			// it cannot reach by marking it ERR.
-			s.markFailed(after, fmt.Sprintf("its instance is %s", orUnknown(string(r.Status.CurrentState))))
+			s.markFailed(after, fmt.Sprintf("its instance is %s", OrUnknown(string(r.Status.CurrentState))))
 		case r.Spec.DesireState == v1beta1.InstanceStateRunning && r.Status.CurrentState == v1beta1.InstanceStateError:
 			s.markFailed(after, "its instance failed to start")
-		case attachedOrAttaching && r.Spec.NodeID != "" && !s.ds.IsNodeAlive(r.Spec.NodeID) &&
+		case attachedOrAttaching && r.Spec.NodeID != "" && !s.DS.IsNodeAlive(r.Spec.NodeID) &&
 			!(running && eng.Status.ReplicaModeMap[r.Name] == v1beta1.ReplicaModeRW):
 			// A running engine that still has the replica RW is the better
 			// judge: a node whose manager restarts (its lease runs out) keeps
@@ -124,7 +124,7 @@ func (s *volumeSync) reconcileReplicas() error {
 				if err := s.reuseFailedReplica(r); err != nil {
 					return err
 				}
-				s.queue.AddAfter(s.key, left)
+				s.Queue.AddAfter(s.key, left)
 				waiting++
 				continue
 			}
@@ -158,7 +158,7 @@ func compareStrings(a, b string) int {
 }
 
 func (s *volumeSync) replenishmentWait() time.Duration {
-	secs, err := s.ds.GetSettingInt(types.SettingReplicaReplenishmentWaitInterval)
+	secs, err := s.DS.GetSettingInt(types.SettingReplicaReplenishmentWaitInterval)
 	if err != nil {
 		secs = 600
 	}
@@ -178,11 +178,11 @@ const (
 // brings over only what it lacks, rather than a new replica copying all.
 func (s *volumeSync) reuseFailedReplica(r *v1beta1.Replica) error {
 	attempts, _ := strconv.Atoi(r.Annotations[annotationReuseAttempts])
-	if attempts >= maxReplicaReuses || r.Spec.NodeID == "" || !s.ds.IsNodeAlive(r.Spec.NodeID) ||
+	if attempts >= maxReplicaReuses || r.Spec.NodeID == "" || !s.DS.IsNodeAlive(r.Spec.NodeID) ||
 		r.Status.CurrentState != v1beta1.InstanceStateStopped {
 		return nil
 	}
-	if loc, ok := s.ds.LocateDisk(r.Spec.DiskID); !ok || !loc.Ready || loc.Node != r.Spec.NodeID {
+	if loc, ok := s.DS.LocateDisk(r.Spec.DiskID); !ok || !loc.Ready || loc.Node != r.Spec.NodeID {
 		return nil
 	}
 	down, err := s.instanceManagersDown()
@@ -198,7 +198,7 @@ func (s *volumeSync) reuseFailedReplica(r *v1beta1.Replica) error {
 	if _, err := s.updateReplica(r, after); err != nil {
 		return err
 	}
-	s.recorder.Eventf(s.v, corev1.EventTypeNormal, EventReasonReplicaReused,
+	s.Recorder.Eventf(s.v, corev1.EventTypeNormal, EventReasonReplicaReused,
 		"reusing failed replica %s on %s (its data is still on disk %s; attempt %d of %d)", r.Name, r.Spec.NodeID,
 		r.Spec.DiskID, attempts+1, maxReplicaReuses)
 	return nil
@@ -207,15 +207,15 @@ func (s *volumeSync) reuseFailedReplica(r *v1beta1.Replica) error {
 func (s *volumeSync) markFailed(r *v1beta1.Replica, why string) {
 	r.Spec.FailedAt = s.now.UTC().Format(time.RFC3339)
 	r.Spec.DesireState = v1beta1.InstanceStateStopped
-	s.logger.WithField("volume", s.v.Name).WithField("replica", r.Name).Warn("Replica failed: " + why)
-	s.recorder.Eventf(s.v, corev1.EventTypeWarning, EventReasonReplicaFailed, "replica %s on %s failed: %s", r.Name, r.Spec.NodeID, why)
+	s.Logger.WithField("volume", s.v.Name).WithField("replica", r.Name).Warn("Replica failed: " + why)
+	s.Recorder.Eventf(s.v, corev1.EventTypeWarning, EventReasonReplicaFailed, "replica %s on %s failed: %s", r.Name, r.Spec.NodeID, why)
 }
 
 func (s *volumeSync) deleteReplica(r *v1beta1.Replica, why string) error {
-	if err := s.ds.Replicas.Delete(s.ctx, r.Name); err != nil {
+	if err := s.DS.Replicas.Delete(s.ctx, r.Name); err != nil {
 		return err
 	}
-	s.logger.WithField("volume", s.v.Name).WithField("replica", r.Name).Info("Deleting replica: " + why)
+	s.Logger.WithField("volume", s.v.Name).WithField("replica", r.Name).Info("Deleting replica: " + why)
 	r = r.DeepCopy()
 	now := s.nowMeta()
 	r.DeletionTimestamp = &now
@@ -256,7 +256,7 @@ func (s *volumeSync) trimExtraReplicas(live []*v1beta1.Replica, want int, keepNo
 			return err
 		}
 		if keepNode != "" {
-			s.recorder.Eventf(s.v, corev1.EventTypeNormal, EventReasonReplicaLocal,
+			s.Recorder.Eventf(s.v, corev1.EventTypeNormal, EventReasonReplicaLocal,
 				"replica %s on %s removed: a replica on %s, where the volume is attached, holds the data", r.Name, r.Spec.NodeID, keepNode)
 		}
 	}
@@ -299,11 +299,11 @@ func (s *volumeSync) keepReplicaLocal(live []*v1beta1.Replica, want int, node st
 // that node cannot take the replica nothing is created, and the volume's
 // Scheduled condition is not touched (its replicas are all placed).
 func (s *volumeSync) scheduleReplica(start bool, onlyNode string) error {
-	nodes, err := s.ds.Nodes.ListRO(nil)
+	nodes, err := s.DS.Nodes.ListRO(nil)
 	if err != nil {
 		return err
 	}
-	alive, err := s.ds.AliveNodeNames()
+	alive, err := s.DS.AliveNodeNames()
 	if err != nil {
 		return err
 	}
@@ -311,9 +311,9 @@ func (s *volumeSync) scheduleReplica(start bool, onlyNode string) error {
 	for _, n := range alive {
 		opts.AliveNodes[n] = true
 	}
-	opts.SoftAntiAffinity, _ = s.ds.GetSettingBool(types.SettingReplicaSoftAntiAffinity)
-	opts.OverProvisioningPercentage, _ = s.ds.GetSettingInt(types.SettingStorageOverProvisioningPercentage)
-	opts.MinimalAvailablePercentage, _ = s.ds.GetSettingInt(types.SettingStorageMinimalAvailablePercentage)
+	opts.SoftAntiAffinity, _ = s.DS.GetSettingBool(types.SettingReplicaSoftAntiAffinity)
+	opts.OverProvisioningPercentage, _ = s.DS.GetSettingInt(types.SettingStorageOverProvisioningPercentage)
+	opts.MinimalAvailablePercentage, _ = s.DS.GetSettingInt(types.SettingStorageMinimalAvailablePercentage)
 	if opts.InstanceManagerDown, err = s.instanceManagersDown(); err != nil {
 		return err
 	}
@@ -323,7 +323,7 @@ func (s *volumeSync) scheduleReplica(start bool, onlyNode string) error {
 			if st == nil || st.DiskUUID == "" {
 				continue
 			}
-			onDisk, err := s.ds.Replicas.ListByIndexRO(datastore.IndexByDisk, st.DiskUUID)
+			onDisk, err := s.DS.Replicas.ListByIndexRO(datastore.IndexByDisk, st.DiskUUID)
 			if err != nil {
 				return err
 			}
@@ -337,15 +337,15 @@ func (s *volumeSync) scheduleReplica(start bool, onlyNode string) error {
 	opts.OnlyNode = onlyNode
 	p, err := scheduler.ScheduleReplica(s.v, placed, nodes, opts)
 	if onlyNode != "" && scheduler.IsNoPlacement(err) {
-		s.logger.WithError(err).WithField("volume", s.v.Name).Debug("No replica on the attached node for data locality")
+		s.Logger.WithError(err).WithField("volume", s.v.Name).Debug("No replica on the attached node for data locality")
 		return nil
 	}
 	if scheduler.IsNoPlacement(err) {
 		s.setCondition(VolumeConditionScheduled, false, "ReplicaUnschedulable", err.Error())
-		if c := findCondition(s.vRO.Status.Conditions, VolumeConditionScheduled); c == nil || c.Message != err.Error() {
-			s.recorder.Event(s.v, corev1.EventTypeWarning, EventReasonReplicaUnschedule, err.Error())
+		if c := FindCondition(s.vRO.Status.Conditions, VolumeConditionScheduled); c == nil || c.Message != err.Error() {
+			s.Recorder.Event(s.v, corev1.EventTypeWarning, EventReasonReplicaUnschedule, err.Error())
 		}
-		s.queue.AddAfter(s.key, unschedulableRetry)
+		s.Queue.AddAfter(s.key, unschedulableRetry)
 		return nil
 	}
 	if err != nil {
@@ -367,14 +367,14 @@ func (s *volumeSync) scheduleReplica(start bool, onlyNode string) error {
 	}
 	r.Labels[types.LabelNode] = p.NodeID
 	r.Labels[types.LabelDisk] = p.DiskUUID
-	created, err := s.ds.Replicas.Create(s.ctx, r)
+	created, err := s.DS.Replicas.Create(s.ctx, r)
 	if err != nil {
 		return err
 	}
 	s.replicas = append(s.replicas, created)
 	s.created.add(s.v.Name, created.Name, s.now)
 	s.setCondition(VolumeConditionScheduled, true, "ReplicasScheduled", "every replica has a node and disk")
-	s.recorder.Eventf(s.v, corev1.EventTypeNormal, EventReasonReplicaScheduled, "replica %s on %s disk %s", created.Name, p.NodeID, p.DiskName)
+	s.Recorder.Eventf(s.v, corev1.EventTypeNormal, EventReasonReplicaScheduled, "replica %s on %s disk %s", created.Name, p.NodeID, p.DiskName)
 	return nil
 }
 
@@ -382,7 +382,7 @@ func (s *volumeSync) scheduleReplica(start bool, onlyNode string) error {
 // a replica now. A node without an InstanceManager CR (a manager started
 // without a data plane address) is left to the other rules.
 func (s *volumeSync) instanceManagersDown() (map[string]string, error) {
-	ims, err := s.ds.InstanceManagers.ListRO(nil)
+	ims, err := s.DS.InstanceManagers.ListRO(nil)
 	if err != nil {
 		return nil, err
 	}
@@ -395,7 +395,7 @@ func (s *volumeSync) instanceManagersDown() (map[string]string, error) {
 		// changing error text is left out so the volumes' conditions (and
 		// events) change only when the state does.
 		down[im.Spec.NodeID] = fmt.Sprintf("instance manager %s is %s (kubectl -n %s describe im %s)",
-			im.Name, orUnknown(string(im.Status.CurrentState)), im.Namespace, im.Name)
+			im.Name, OrUnknown(string(im.Status.CurrentState)), im.Namespace, im.Name)
 	}
 	return down, nil
 }
@@ -407,7 +407,7 @@ func (s *volumeSync) instanceManagersDown() (map[string]string, error) {
 func (s *volumeSync) salvage() error {
 	var cands []*v1beta1.Replica
 	for _, r := range s.replicas {
-		if r.DeletionTimestamp == nil && r.Spec.FailedAt != "" && r.Spec.HealthyAt != "" && s.ds.IsNodeAlive(r.Spec.NodeID) {
+		if r.DeletionTimestamp == nil && r.Spec.FailedAt != "" && r.Spec.HealthyAt != "" && s.DS.IsNodeAlive(r.Spec.NodeID) {
 			cands = append(cands, r)
 		}
 	}
@@ -444,7 +444,7 @@ func (s *volumeSync) salvage() error {
 			return err
 		}
 	}
-	s.recorder.Event(s.v, corev1.EventTypeWarning, EventReasonVolumeSalvaged, msg)
+	s.Recorder.Event(s.v, corev1.EventTypeWarning, EventReasonVolumeSalvaged, msg)
 	return nil
 }
 

@@ -283,7 +283,7 @@ func TestVolumeControllerSync(t *testing.T) {
 			check: allChecks(func(t *testing.T, env *dstest.Env) {
 				v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v1", metav1.GetOptions{})
 				require.NoError(t, err)
-				c := findCondition(v.Status.Conditions, VolumeConditionScheduled)
+				c := FindCondition(v.Status.Conditions, VolumeConditionScheduled)
 				require.NotNil(t, c)
 				assert.Equal(t, metav1.ConditionFalse, c.Status)
 				assert.Contains(t, c.Message, "node-1: instance manager im-node-1 is error")

@@ -45,14 +45,14 @@ type restoreSync struct {
 }
 
 func (c *VolumeRestoreController) syncRestore(ctx context.Context, key string) error {
-	vRO, ok, err := getResponsible(c.baseController, c.ds.Volumes, key, restoreOwnerAndNode)
+	vRO, ok, err := GetResponsible(c.BaseController, c.DS.Volumes, key, restoreOwnerAndNode)
 	if err != nil || !ok || vRO.Spec.FromBackup == "" {
 		return err
 	}
 	v := vRO.DeepCopy()
 	if v.DeletionTimestamp != nil {
-		c.retries.forget(v.UID)
-		return c.removeTicket(ctx, v.Name, restoreTicketID(v.Name))
+		c.retries.Forget(v.UID)
+		return c.RemoveTicket(ctx, v.Name, restoreTicketID(v.Name))
 	}
 	if v.Status.RestoreStatus == nil {
 		v.Status.RestoreStatus = &v1beta1.VolumeRestoreStatus{State: v1beta1.VolumeRestoreStatePending, Backup: v.Spec.FromBackup}
@@ -61,7 +61,7 @@ func (c *VolumeRestoreController) syncRestore(ctx context.Context, key string) e
 	actErr := c.reconcileRestore(ctx, s)
 	setRestoredCondition(v)
 	if !equality.Semantic.DeepEqual(vRO.Status, v.Status) {
-		if _, err := c.ds.Volumes.UpdateStatus(ctx, v); err != nil {
+		if _, err := c.DS.Volumes.UpdateStatus(ctx, v); err != nil {
 			return errors.Join(actErr, err)
 		}
 	}
@@ -91,8 +91,8 @@ func finalRestoreState(s v1beta1.VolumeRestoreState) bool {
 func (c *VolumeRestoreController) reconcileRestore(ctx context.Context, s *restoreSync) error {
 	if finalRestoreState(s.status.State) {
 		// Written last sync: the volume may detach now.
-		c.retries.forget(s.vol.UID)
-		return c.removeTicket(ctx, s.vol.Name, restoreTicketID(s.vol.Name))
+		c.retries.Forget(s.vol.UID)
+		return c.RemoveTicket(ctx, s.vol.Name, restoreTicketID(s.vol.Name))
 	}
 	if ok, err := c.restoreSource(s); !ok || err != nil {
 		return err
@@ -102,7 +102,7 @@ func (c *VolumeRestoreController) reconcileRestore(ctx context.Context, s *resto
 		// volume; its creation enqueues nobody here, so look again soon
 		// rather than fail the sync.
 		s.status.Message = "waiting for the volume's VolumeAttachment"
-		c.queue.AddAfter(s.vol.Namespace+"/"+s.vol.Name, time.Second)
+		c.Queue.AddAfter(s.vol.Namespace+"/"+s.vol.Name, time.Second)
 		return nil
 	} else if err != nil {
 		return err
@@ -113,7 +113,7 @@ func (c *VolumeRestoreController) reconcileRestore(ctx context.Context, s *resto
 // restoreSource finds the backup and its target, or says why not.
 func (c *VolumeRestoreController) restoreSource(s *restoreSync) (bool, error) {
 	name := s.vol.Spec.FromBackup
-	b, err := c.ds.Backups.GetRO(name)
+	b, err := c.DS.Backups.GetRO(name)
 	switch {
 	case apierrors.IsNotFound(err) || (err == nil && b.DeletionTimestamp != nil):
 		c.failRestore(s, fmt.Sprintf("backup %s went away before the restore completed", name))
@@ -121,12 +121,12 @@ func (c *VolumeRestoreController) restoreSource(s *restoreSync) (bool, error) {
 	case err != nil:
 		return false, err
 	case b.Status.State != v1beta1.BackupStateCompleted:
-		c.failRestore(s, fmt.Sprintf("backup %s is %s, not Completed", name, orUnknown(string(b.Status.State))))
+		c.failRestore(s, fmt.Sprintf("backup %s is %s, not Completed", name, OrUnknown(string(b.Status.State))))
 		return false, nil
 	}
 	s.backup = b
 	s.status.Backup, s.status.BackupVolume = name, b.Status.VolumeName
-	bt, err := c.ds.BackupTargets.GetRO(DefaultBackupTargetName)
+	bt, err := c.DS.BackupTargets.GetRO(DefaultBackupTargetName)
 	switch {
 	case apierrors.IsNotFound(err):
 		s.status.Message = fmt.Sprintf("waiting for the backup target %s to be created", DefaultBackupTargetName)
@@ -149,15 +149,15 @@ func (c *VolumeRestoreController) restoreSource(s *restoreSync) (bool, error) {
 // node of the ticket already there while that node lives, else on this
 // manager's node.
 func (c *VolumeRestoreController) ensureRestoreTicket(ctx context.Context, v *v1beta1.Volume) error {
-	node := c.controllerID
-	if va, err := c.ds.VolumeAttachments.GetRO(v.Name); err == nil {
-		if t := va.Spec.AttachmentTickets[restoreTicketID(v.Name)]; t != nil && c.ds.IsNodeAlive(t.NodeID) {
+	node := c.ControllerID
+	if va, err := c.DS.VolumeAttachments.GetRO(v.Name); err == nil {
+		if t := va.Spec.AttachmentTickets[restoreTicketID(v.Name)]; t != nil && c.DS.IsNodeAlive(t.NodeID) {
 			node = t.NodeID
 		}
 	}
 	owner := &v1beta1.TicketOwnerReference{APIVersion: v1beta1.SchemeGroupVersion.String(), Kind: "Volume",
 		Namespace: v.Namespace, Name: v.Name, UID: string(v.UID)}
-	return c.ensureTicket(ctx, v.Name, &v1beta1.AttachmentTicket{ID: restoreTicketID(v.Name),
+	return c.EnsureTicket(ctx, v.Name, &v1beta1.AttachmentTicket{ID: restoreTicketID(v.Name),
 		Type: v1beta1.AttacherTypeVolumeRestoreController, NodeID: node, OwnerRef: owner,
 		Parameters: map[string]string{v1beta1.AttachmentParameterDisableFrontend: v1beta1.TrueValue}})
 }
@@ -166,18 +166,18 @@ func (c *VolumeRestoreController) ensureRestoreTicket(ctx context.Context, v *v1
 // runs here without a frontend, and follows it through the instance cache.
 func (c *VolumeRestoreController) runRestoreJob(ctx context.Context, s *restoreSync) error {
 	v := s.vol
-	e, err := c.volumeEngine(v)
+	e, err := c.VolumeEngine(v)
 	if err != nil {
 		return err
 	}
 	switch {
-	case v.Status.State != v1beta1.VolumeStateAttached || e == nil || !engineRunning(e) || e.Spec.NodeID != v.Status.CurrentNodeID:
-		s.status.Message = fmt.Sprintf("waiting for the volume to attach for the restore (now %s)", orUnknown(string(v.Status.State)))
+	case v.Status.State != v1beta1.VolumeStateAttached || e == nil || !EngineRunning(e) || e.Spec.NodeID != v.Status.CurrentNodeID:
+		s.status.Message = fmt.Sprintf("waiting for the volume to attach for the restore (now %s)", OrUnknown(string(v.Status.State)))
 		return nil
 	case e.Status.Endpoint != "":
 		s.status.Message = "waiting for the volume's frontend to stop"
 		return nil
-	case e.Spec.NodeID != c.controllerID || c.instances == nil:
+	case e.Spec.NodeID != c.ControllerID || c.instances == nil:
 		return nil // the manager of the engine's node follows it (restoreOwnerAndNode)
 	}
 	inst, found, synced := c.instances.Get(e.Name)
@@ -188,13 +188,13 @@ func (c *VolumeRestoreController) runRestoreJob(ctx context.Context, s *restoreS
 	if st != nil && (st.Backup != s.backup.Name || st.Volume != s.backup.Status.VolumeName) {
 		st = nil // another restore's, which this one replaces
 	}
-	if st != nil && c.retries.previousError(v.UID, st.State, inst.Revision) {
+	if st != nil && c.retries.PreviousError(v.UID, st.State, inst.Revision) {
 		st = nil // the new attempt has not shown yet
 	}
 	switch {
 	case st == nil:
-		if wait := c.retries.backoffLeft(v.UID, c.ds.Clock.Now()); wait > 0 {
-			c.queue.AddAfter(v.Namespace+"/"+v.Name, wait)
+		if wait := c.retries.BackoffLeft(v.UID, c.DS.Clock.Now()); wait > 0 {
+			c.Queue.AddAfter(v.Namespace+"/"+v.Name, wait)
 			return nil
 		}
 		return c.startRestoreJob(ctx, s, e, inst.Revision)
@@ -207,7 +207,7 @@ func (c *VolumeRestoreController) runRestoreJob(ctx context.Context, s *restoreS
 	case st.State == engineapi.JobStateCompleted:
 		s.status.State, s.status.Progress, s.status.Message = v1beta1.VolumeRestoreStateCompleted, 100, ""
 		s.status.BytesDone, s.status.BytesTotal = st.BytesTotal, st.BytesTotal
-		c.recorder.Eventf(v, corev1.EventTypeNormal, EventReasonRestoreCompleted, "restored backup %s of volume %s (%d bytes fetched)",
+		c.Recorder.Eventf(v, corev1.EventTypeNormal, EventReasonRestoreCompleted, "restored backup %s of volume %s (%d bytes fetched)",
 			s.backup.Name, s.backup.Status.VolumeName, st.BytesTotal)
 		return nil
 	}
@@ -215,14 +215,14 @@ func (c *VolumeRestoreController) runRestoreJob(ctx context.Context, s *restoreS
 }
 
 func (c *VolumeRestoreController) startRestoreJob(ctx context.Context, s *restoreSync, e *v1beta1.Engine, revision uint64) error {
-	target, err := engineBackupTarget(ctx, c.ds, s.target)
+	target, err := engineBackupTarget(ctx, c.DS, s.target)
 	if err != nil {
 		s.status.Message = err.Error()
 		return err
 	}
 	args := engineapi.BackupRestoreArgs{Engine: e.Name, Backup: s.backup.Name, Volume: s.backup.Status.VolumeName,
 		Target: target, Backing: restoreOntoBackingImage(s.vol, s.backup)}
-	dp, err := c.engineDataPlane(e)
+	dp, err := c.EngineDataPlane(e)
 	if err != nil {
 		return err
 	}
@@ -238,9 +238,9 @@ func (c *VolumeRestoreController) startRestoreJob(ctx context.Context, s *restor
 		s.status.Message = "starting the restore: " + err.Error()
 		return err
 	}
-	c.retries.started(s.vol.UID, revision)
+	c.retries.Started(s.vol.UID, revision)
 	s.status.Attempts++
-	c.recorder.Eventf(s.vol, corev1.EventTypeNormal, EventReasonRestoreStarted,
+	c.Recorder.Eventf(s.vol, corev1.EventTypeNormal, EventReasonRestoreStarted,
 		"restoring backup %s of volume %s from %s (attempt %d, backing image kept: %t)",
 		s.backup.Name, s.backup.Status.VolumeName, s.target.Spec.BackupTargetURL, s.status.Attempts, args.Backing)
 	s.status.State, s.status.Progress, s.status.Message = v1beta1.VolumeRestoreStateRestoring, 0, ""
@@ -271,15 +271,15 @@ func (c *VolumeRestoreController) restoreJobFailed(s *restoreSync, msg string, r
 		c.failRestore(s, msg)
 		return nil
 	}
-	attempts, wait := c.retries.failed(s.vol.UID, revision, c.ds.Clock.Now(), backupRetryBase)
+	attempts, wait := c.retries.Failed(s.vol.UID, revision, c.DS.Clock.Now(), backupRetryBase)
 	if attempts >= maxRestoreAttempts {
 		c.failRestore(s, fmt.Sprintf("failed %d times, last: %s", attempts, msg))
 		return nil
 	}
 	s.status.State = v1beta1.VolumeRestoreStatePending
 	s.status.Message = fmt.Sprintf("attempt %d failed, retried in %s: %s", attempts, wait.Round(time.Second), msg)
-	c.recorder.Event(s.vol, corev1.EventTypeWarning, EventReasonRestoreFailed, s.status.Message)
-	c.queue.AddAfter(s.vol.Namespace+"/"+s.vol.Name, wait)
+	c.Recorder.Event(s.vol, corev1.EventTypeWarning, EventReasonRestoreFailed, s.status.Message)
+	c.Queue.AddAfter(s.vol.Namespace+"/"+s.vol.Name, wait)
 	return nil
 }
 
@@ -288,7 +288,7 @@ func (c *VolumeRestoreController) restoreJobFailed(s *restoreSync, msg string, r
 // once the state is stored.
 func (c *VolumeRestoreController) failRestore(s *restoreSync, msg string) {
 	if s.status.State != v1beta1.VolumeRestoreStateFailed {
-		c.recorder.Event(s.vol, corev1.EventTypeWarning, EventReasonRestoreFailed, msg)
+		c.Recorder.Event(s.vol, corev1.EventTypeWarning, EventReasonRestoreFailed, msg)
 	}
 	s.status.State, s.status.Message = v1beta1.VolumeRestoreStateFailed, msg
 }
@@ -298,13 +298,13 @@ func setRestoredCondition(v *v1beta1.Volume) {
 	now := metav1.NewTime(time.Now())
 	switch rs.State {
 	case v1beta1.VolumeRestoreStateCompleted:
-		setCondition(&v.Status.Conditions, VolumeConditionRestored, true, "RestoreCompleted",
+		SetCondition(&v.Status.Conditions, VolumeConditionRestored, true, "RestoreCompleted",
 			fmt.Sprintf("restored from backup %s", v.Spec.FromBackup), now)
 	case v1beta1.VolumeRestoreStateFailed:
-		setCondition(&v.Status.Conditions, VolumeConditionRestored, false, "RestoreFailed", rs.Message, now)
+		SetCondition(&v.Status.Conditions, VolumeConditionRestored, false, "RestoreFailed", rs.Message, now)
 	default:
-		setCondition(&v.Status.Conditions, VolumeConditionRestored, false, "RestoreInProgress",
-			fmt.Sprintf("restoring from backup %s: %s", v.Spec.FromBackup, orUnknown(string(rs.State))), now)
+		SetCondition(&v.Status.Conditions, VolumeConditionRestored, false, "RestoreInProgress",
+			fmt.Sprintf("restoring from backup %s: %s", v.Spec.FromBackup, OrUnknown(string(rs.State))), now)
 	}
 }
 

@@ -21,40 +21,40 @@ import (
 // controller attaches the volume for no other ticket, so nothing reads a
 // half-restored volume.
 type VolumeRestoreController struct {
-	*baseController
+	*BaseController
 	// instances is this node's instance cache, where a restore job's
 	// progress and end show. Nil on a node without an instance manager,
 	// which then restores nothing.
 	instances *InstanceCache
 	// retries are the failed restore jobs of volumes this manager fills.
-	retries *jobRetries
+	retries *JobRetries
 }
 
 // NewVolumeRestoreController wires the restore controller of node controllerID.
 func NewVolumeRestoreController(logger logrus.FieldLogger, ds *datastore.DataStore, recorder record.EventRecorder,
 	controllerID string, dataPlane engineapi.Connector, instances *InstanceCache) (*VolumeRestoreController, error) {
 	c := &VolumeRestoreController{
-		baseController: newBaseController("strata-volume-restore", controllerID, logger, ds, recorder),
-		instances:      instances, retries: newJobRetries(),
+		BaseController: NewBaseController("strata-volume-restore", controllerID, logger, ds, recorder),
+		instances:      instances, retries: NewJobRetries(),
 	}
-	c.dataPlane = dataPlane
-	c.sync = c.syncRestore
+	c.DataPlane = dataPlane
+	c.Sync = c.syncRestore
 	if _, err := ds.Volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: onAdd(func(v *v1beta1.Volume) {
+		AddFunc: OnAdd(func(v *v1beta1.Volume) {
 			if v.Spec.FromBackup != "" {
-				c.enqueue(v)
+				c.Enqueue(v)
 			}
 		}),
-		UpdateFunc: onUpdate(func(o, n *v1beta1.Volume) {
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.Volume) {
 			if restoreChangeMatters(o, n) {
-				c.enqueue(n)
+				c.Enqueue(n)
 			}
 		}),
 	}); err != nil {
 		return nil, err
 	}
 	if _, err := ds.Engines.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: onUpdate(func(o, n *v1beta1.Engine) {
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.Engine) {
 			if o.Status.CurrentState != n.Status.CurrentState || o.Status.Endpoint != n.Status.Endpoint {
 				c.enqueueRestoring(n.Spec.VolumeName)
 			}
@@ -64,8 +64,8 @@ func NewVolumeRestoreController(logger logrus.FieldLogger, ds *datastore.DataSto
 	}
 	// A target created, fixed or made available again lets waiting restores go on.
 	if _, err := ds.BackupTargets.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: onAdd(func(*v1beta1.BackupTarget) { c.enqueueAllRestoring() }),
-		UpdateFunc: onUpdate(func(o, n *v1beta1.BackupTarget) {
+		AddFunc: OnAdd(func(*v1beta1.BackupTarget) { c.enqueueAllRestoring() }),
+		UpdateFunc: OnUpdate(func(o, n *v1beta1.BackupTarget) {
 			if o.Status.Available != n.Status.Available || o.Generation != n.Generation {
 				c.enqueueAllRestoring()
 			}
@@ -82,7 +82,7 @@ func NewVolumeRestoreController(logger logrus.FieldLogger, ds *datastore.DataSto
 		})
 		instances.OnSynced(c.enqueueAllRestoring)
 	}
-	return c, c.requeueOnNodeReadyChange(c.enqueueAllRestoring)
+	return c, c.RequeueOnNodeReadyChange(c.enqueueAllRestoring)
 }
 
 // restoreChangeMatters: a volume to restore whose attachment, ownership or
@@ -96,16 +96,16 @@ func restoreChangeMatters(o, n *v1beta1.Volume) bool {
 		(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) {
 		return true
 	}
-	return restoreIncomplete(n) && (o.Status.State != n.Status.State || o.Status.CurrentNodeID != n.Status.CurrentNodeID ||
+	return RestoreIncomplete(n) && (o.Status.State != n.Status.State || o.Status.CurrentNodeID != n.Status.CurrentNodeID ||
 		o.Spec.NodeID != n.Spec.NodeID || o.Status.OwnerID != n.Status.OwnerID)
 }
 
 // enqueueRestoring enqueues a volume still to be restored.
 func (c *VolumeRestoreController) enqueueRestoring(volume string) {
-	if v, err := c.ds.Volumes.GetRO(volume); err == nil && restoreIncomplete(v) {
-		c.enqueue(v)
+	if v, err := c.DS.Volumes.GetRO(volume); err == nil && RestoreIncomplete(v) {
+		c.Enqueue(v)
 	}
 }
 
 // enqueueAllRestoring enqueues every volume still to be restored.
-func (c *VolumeRestoreController) enqueueAllRestoring() { c.enqueueVolumesWhere(restoreIncomplete) }
+func (c *VolumeRestoreController) enqueueAllRestoring() { c.EnqueueVolumesWhere(RestoreIncomplete) }
