@@ -25,28 +25,6 @@ import (
 	"github.com/strata-storage/strata/types"
 )
 
-// testImage is backing image "img", owned by node-3 (a node with no disk
-// here, so only the owner's decisions run), with copies wanted on the
-// disks named, each in the state given.
-func testImage(copies map[string]v1beta1.BackingImageState, mut ...func(*v1beta1.BackingImage)) *v1beta1.BackingImage {
-	bi := &v1beta1.BackingImage{
-		ObjectMeta: metav1.ObjectMeta{Name: "img", Namespace: testNS, UID: "uid-img", Finalizers: []string{types.FinalizerName}},
-		Spec: v1beta1.BackingImageSpec{SourceType: v1beta1.BackingImageSourceTypeDownload,
-			SourceParameters: map[string]string{v1beta1.BackingImageParameterURL: "http://images/img.qcow2"},
-			DiskFileSpecMap:  map[string]*v1beta1.BackingImageDiskFileSpec{}},
-		Status: v1beta1.BackingImageStatus{OwnerID: "node-3", UUID: "abcd1234", Checksum: "c",
-			DiskFileStatusMap: map[string]*v1beta1.BackingImageDiskFileStatus{}, DiskLastRefAtMap: map[string]string{}},
-	}
-	for disk, state := range copies {
-		bi.Spec.DiskFileSpecMap[disk] = &v1beta1.BackingImageDiskFileSpec{}
-		bi.Status.DiskFileStatusMap[disk] = &v1beta1.BackingImageDiskFileStatus{State: state}
-	}
-	for _, m := range mut {
-		m(bi)
-	}
-	return bi
-}
-
 func unusedSince(ago time.Duration, disks ...string) func(*v1beta1.BackingImage) {
 	return func(bi *v1beta1.BackingImage) {
 		for _, d := range disks {
@@ -67,14 +45,6 @@ func imageUser(name, disk string) *v1beta1.Replica {
 
 func imageObjects(objs ...runtime.Object) []runtime.Object {
 	return append([]runtime.Object{readyDiskNode("node-1"), readyDiskNode("node-2"), testNode("node-3", nil, readyTrue()), cleanupWait("1")}, objs...)
-}
-
-// readyDiskNode is schedNode with its disk reported ready.
-func readyDiskNode(name string) *v1beta1.Node {
-	n := schedNode(name)
-	n.Status.DiskStatus["disk-1"].Conditions = []metav1.Condition{{Type: v1beta1.ConditionTypeReady, Status: metav1.ConditionTrue,
-		Reason: v1beta1.DiskConditionReasonReady, LastTransitionTime: metav1.NewTime(dstest.Now)}}
-	return n
 }
 
 func buildBackingImageController(env *dstest.Env, rec record.EventRecorder, me string, dp engineapi.Connector) (func(context.Context, string) error, error) {

@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/strata-storage/strata/datastore/dstest"
@@ -45,22 +44,6 @@ func availableTarget(dir string) *v1beta1.BackupTarget {
 	bt := testBackupTarget("file://"+dir, "")
 	bt.Status.Available = true
 	return bt
-}
-
-func testBackup(name, snapshot string, mut ...func(*v1beta1.Backup)) *v1beta1.Backup {
-	b := &v1beta1.Backup{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS, UID: k8stypes.UID("uid-" + name),
-		Finalizers: []string{types.FinalizerName}}, Spec: v1beta1.BackupSpec{SnapshotName: snapshot},
-		Status: v1beta1.BackupStatus{OwnerID: "node-1"}}
-	for _, m := range mut {
-		m(b)
-	}
-	return b
-}
-
-func backupState(state v1beta1.BackupState, progress int32) func(*v1beta1.Backup) {
-	return func(b *v1beta1.Backup) {
-		b.Status.State, b.Status.Progress, b.Status.VolumeName, b.Status.OwnerID = state, progress, "v1", "node-1"
-	}
 }
 
 func completedBackup(name, snapshot, url, createdAt string) *v1beta1.Backup {
@@ -392,11 +375,7 @@ func TestBackupJobRetries(t *testing.T) {
 	}
 
 	// The backoff passes (the clock is left alone: the leases would expire).
-	backoffPassed := func() {
-		c.retries.mu.Lock()
-		c.retries.m["uid-b1"].notBefore = time.Time{}
-		c.retries.mu.Unlock()
-	}
+	backoffPassed := func() { c.retries.EndBackoff("uid-b1") }
 	sync("attempt 1 failed, retried in 10s")
 	sync("attempt 1 failed")
 	// The instance changes for another reason (a purge's progress): the

@@ -2,8 +2,6 @@ package controller
 
 import (
 	"context"
-	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -12,86 +10,16 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/strata-storage/strata/datastore/dstest"
-	"github.com/strata-storage/strata/engine/imserver"
 	"github.com/strata-storage/strata/engineapi"
-	"github.com/strata-storage/strata/engineapi/impb"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 )
-
-// realIM is a real instance manager in this process, reached over gRPC, with
-// an instance cache fed by its Watch stream as the InstanceManager
-// controller feeds it: the engine and replica controllers are tested against
-// the real data plane, not a mock.
-type realIM struct {
-	addr  string
-	pool  *engineapi.Pool
-	cache *InstanceCache
-}
-
-func startRealIM(t *testing.T) *realIM {
-	t.Helper()
-	return startRealIMWith(t, realIMOptions{sizeReportInterval: -1})
-}
-
-// realIMOptions tunes startRealIMWith: how often the instance manager
-// re-reads its engines' chains and follows purges (negative: never), and
-// gRPC server options such as an interceptor that injects faults.
-type realIMOptions struct {
-	sizeReportInterval time.Duration
-	serverOptions      []grpc.ServerOption
-}
-
-func startRealIMWith(t *testing.T, o realIMOptions) *realIM {
-	t.Helper()
-	log := logrus.New()
-	log.SetOutput(io.Discard)
-	// The tests' disks are t.TempDir()s.
-	srv, err := imserver.New(imserver.Options{StateDir: t.TempDir(), DiskPaths: []string{os.TempDir()},
-		DataHost: "127.0.0.1", NBDSocket: "/run/strata/nbd.sock", Log: log, SizeReportInterval: o.sizeReportInterval})
-	require.NoError(t, err)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	gs := grpc.NewServer(o.serverOptions...)
-	impb.RegisterInstanceManagerServer(gs, srv)
-	go func() { _ = gs.Serve(l) }()
-	im := &realIM{addr: l.Addr().String(), pool: engineapi.NewPool(10*time.Second, nil), cache: NewInstanceCache()}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(func() { cancel(); im.pool.Close(); gs.Stop(); _ = srv.Close() })
-	client, err := im.pool.Get(im.addr)
-	require.NoError(t, err)
-	next, err := client.DataPlane().Watch(ctx)
-	require.NoError(t, err)
-	im.cache.StreamOpened()
-	go func() {
-		for {
-			ev, err := next()
-			if err != nil {
-				return
-			}
-			im.cache.Apply(ev)
-		}
-	}()
-	require.Eventually(t, im.cache.Synced, 10*time.Second, 10*time.Millisecond)
-	return im
-}
-
-// waitInstance waits until the cache shows the instance in the given state
-// (found=false: gone).
-func (im *realIM) waitInstance(t *testing.T, name string, found bool, state engineapi.InstanceState) {
-	t.Helper()
-	require.Eventually(t, func() bool {
-		inst, ok, _ := im.cache.Get(name)
-		return ok == found && (!found || inst.State == state)
-	}, 10*time.Second, 10*time.Millisecond, "instance %s found=%v state=%s", name, found, state)
-}
 
 func TestReplicaControllerAgainstRealInstanceManager(t *testing.T) {
 	im := startRealIM(t)
@@ -254,22 +182,4 @@ func TestEngineControllerAgainstRealInstanceManager(t *testing.T) {
 	assert.Equal(t, v1beta1.InstanceStateStopped, got.Status.CurrentState)
 	assert.Nil(t, got.Status.ReplicaModeMap)
 	assert.Contains(t, got.Status.Snapshots, "volume-head")
-}
-
-func (im *realIM) instances() *InstanceCache { return im.cache }
-
-// startReplicas starts 4 MiB replicas of volume v1 with their data in disk
-// and returns their data addresses by name.
-func (im *realIM) startReplicas(t *testing.T, disk string, names ...string) map[string]string {
-	t.Helper()
-	dp, err := im.pool.DataPlane(im.addr)
-	require.NoError(t, err)
-	addrs := map[string]string{}
-	for _, name := range names {
-		inst, err := dp.InstanceCreate(context.Background(), engineapi.InstanceSpec{Name: name, Type: engineapi.InstanceTypeReplica,
-			VolumeName: "v1", Size: 4 << 20, DataDir: filepath.Join(disk, name)})
-		require.NoError(t, err)
-		addrs[name] = inst.Address
-	}
-	return addrs
 }

@@ -18,11 +18,6 @@ import (
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 
-func testIM(status v1beta1.InstanceManagerStatus) *v1beta1.InstanceManager {
-	return &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: testNS},
-		Spec: v1beta1.InstanceManagerSpec{NodeID: "node-1"}, Status: status}
-}
-
 func TestInstanceManagerControllerSync(t *testing.T) {
 	const addr = "127.0.0.1:8500"
 	running := v1beta1.InstanceManagerStatus{OwnerID: "node-1", Endpoint: addr, CurrentState: v1beta1.InstanceStateRunning,

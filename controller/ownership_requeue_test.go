@@ -68,28 +68,3 @@ func TestRequeueOnNodeReadyChange(t *testing.T) {
 		})
 	}
 }
-
-func TestReadyFlipped(t *testing.T) {
-	node := func(conds ...metav1.Condition) *v1beta1.Node {
-		n := testNode("node-2", nil, conds...)
-		return n
-	}
-	renewed := node(readyTrue())
-	renewed.Status.DiskPaths = "/x"
-	tests := []struct {
-		name     string
-		old, cur *v1beta1.Node
-		want     bool
-	}{
-		{"a status change that keeps Ready", node(readyTrue()), renewed, false},
-		{"Ready True -> False", node(readyTrue()), node(readyDown("gone")), true},
-		{"Ready False -> True", node(readyDown("gone")), node(readyTrue()), true},
-		{"no condition -> True", node(), node(readyTrue()), true},
-		{"False with another message", node(readyDown("gone")), node(readyDown("still gone")), false},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			assert.Equal(t, tc.want, readyFlipped(tc.old, tc.cur))
-		})
-	}
-}

@@ -17,10 +17,6 @@ import (
 	"github.com/strata-storage/strata/types"
 )
 
-func testSetting(name types.SettingName, value string, status v1beta1.SettingStatus) *v1beta1.Setting {
-	return &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(name), Namespace: testNS}, Value: value, Status: status}
-}
-
 func TestSettingControllerSync(t *testing.T) {
 	alive := []runtime.Object{testNode("node-1", nil)}
 	tests := []struct {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"path"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -358,4 +359,111 @@ func TestSnapshotControllerActionsAgainstRealInstanceManager(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSnapshotLimitsAgainstRealInstanceManager runs the engine and snapshot
+// controllers over a real instance manager: the count limit refuses the
+// next user snapshot with a clear error, system snapshots (a clone's, an
+// export's, a rebuild's) are still taken, replicas rebuilt into the engine
+// enforce the limit too, and a raised limit applies to the running engine.
+func TestSnapshotLimitsAgainstRealInstanceManager(t *testing.T) {
+	r := startSnapshotRig(t)
+	setLimit := func(n int32) {
+		t.Helper()
+		e, err := r.env.Strata.StrataV1beta1().Engines(testNS).Get(r.ctx, rigEngine, metav1.GetOptions{})
+		require.NoError(t, err)
+		e.Spec.SnapshotMaxCount = n
+		_, err = r.env.Strata.StrataV1beta1().Engines(testNS).Update(r.ctx, e, metav1.UpdateOptions{})
+		require.NoError(t, err)
+		r.eventually(fmt.Sprintf("the engine given %d", n), func() (bool, string) {
+			e, err := r.env.DS.Engines.GetRO(rigEngine)
+			if err != nil {
+				return false, err.Error()
+			}
+			return e.Status.SnapshotLimits != nil && e.Status.SnapshotLimits.MaxCount == n, fmt.Sprintf("%+v", e.Status.SnapshotLimits)
+		})
+	}
+	refusal := func(name string) (bool, string) {
+		s := r.snapshot(name)
+		return strings.HasPrefix(s.Status.Error, v1beta1.SnapshotLimitExceeded), fmt.Sprintf("status %+v", s.Status)
+	}
+	setLimit(2)
+	r.request("s1")
+	r.request("s2")
+	r.waitReady("s1")
+	r.waitReady("s2")
+	drainEvents(r.rec)
+
+	r.request("s3")
+	r.eventually("s3 refused", func() (bool, string) { return refusal("s3") })
+	s3 := r.snapshot("s3")
+	assert.Contains(t, s3.Status.Error, "volume v1 holds 2 of at most 2 user snapshots (spec.snapshotMaxCount)")
+	assert.Contains(t, s3.Status.Error, "2 user snapshots, at most 2 allowed", "the engine's own words")
+	assert.False(t, s3.Status.ReadyToUse)
+	assert.Contains(t, drainEvents(r.rec), "Warning SnapshotFailed")
+	assert.NotContains(t, r.chain(), "s3")
+
+	// A clone's and an export's snapshots are the system's: not refused.
+	for name, owner := range map[string]metav1.OwnerReference{
+		"clone-src":  {APIVersion: "strata.io/v1beta1", Kind: "Volume", Name: "v2", UID: "uid-v2"},
+		"export-src": {APIVersion: "strata.io/v1beta1", Kind: "BackingImage", Name: "bi", UID: "uid-bi"},
+	} {
+		_, err := r.env.Strata.StrataV1beta1().Snapshots(testNS).Create(r.ctx, testSnapshot(name, true, func(s *v1beta1.Snapshot) {
+			s.OwnerReferences, s.Status = []metav1.OwnerReference{owner}, v1beta1.SnapshotStatus{}
+		}), metav1.CreateOptions{})
+		require.NoError(t, err)
+		r.waitReady(name)
+		assert.False(t, r.snapshot(name).Status.UserCreated, "%s is a system snapshot", name)
+	}
+
+	// Rebuild r3 into the engine, then drop r1 and r2: only rebuilt
+	// replicas are left, and they must refuse too.
+	dp := r.client.DataPlane()
+	inst, err := dp.InstanceCreate(r.ctx, engineapi.InstanceSpec{Name: "r3", Type: engineapi.InstanceTypeReplica,
+		VolumeName: "v1", Size: 4 << 20, DataDir: filepath.Join(t.TempDir(), "r3")})
+	require.NoError(t, err)
+	editReplicas := func(edit func(map[string]string)) {
+		t.Helper()
+		e, err := r.env.Strata.StrataV1beta1().Engines(testNS).Get(r.ctx, rigEngine, metav1.GetOptions{})
+		require.NoError(t, err)
+		edit(e.Spec.ReplicaAddressMap)
+		_, err = r.env.Strata.StrataV1beta1().Engines(testNS).Update(r.ctx, e, metav1.UpdateOptions{})
+		require.NoError(t, err)
+	}
+	modes := func(want map[string]v1beta1.ReplicaMode) func() (bool, string) {
+		return func() (bool, string) {
+			e, err := r.env.DS.Engines.GetRO(rigEngine)
+			if err != nil {
+				return false, err.Error()
+			}
+			return assert.ObjectsAreEqual(want, e.Status.ReplicaModeMap), fmt.Sprintf("%v", e.Status.ReplicaModeMap)
+		}
+	}
+	editReplicas(func(m map[string]string) { m["r3"] = inst.Address })
+	r.eventually("r3 rebuilt", modes(map[string]v1beta1.ReplicaMode{"r1": "RW", "r2": "RW", "r3": "RW"}))
+	editReplicas(func(m map[string]string) { delete(m, "r1"); delete(m, "r2") })
+	r.eventually("only r3 left", modes(map[string]v1beta1.ReplicaMode{"r3": "RW"}))
+	system := 0
+	for name, s := range mustList(t, r) {
+		if strings.HasPrefix(name, "rebuild-") && !s.UserCreated {
+			system++
+		}
+	}
+	assert.Equal(t, 1, system, "the rebuild took a system snapshot on the volume at its limit")
+	r.request("s4")
+	r.eventually("s4 refused by the rebuilt replica", func() (bool, string) { return refusal("s4") })
+
+	// Raised while it runs: the next snapshot is taken.
+	setLimit(5)
+	assert.Contains(t, drainEvents(r.rec), "Normal SnapshotLimitsSet")
+	r.request("s5")
+	r.waitReady("s5")
+}
+
+// mustList is the engine's chain as the instance manager reads it now.
+func mustList(t *testing.T, r *snapshotRig) map[string]*engineapi.Snapshot {
+	t.Helper()
+	snaps, err := r.client.DataPlane().SnapshotList(r.ctx, rigEngine)
+	require.NoError(t, err)
+	return snaps
 }

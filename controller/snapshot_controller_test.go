@@ -22,23 +22,6 @@ import (
 	"github.com/strata-storage/strata/types"
 )
 
-func chain(entries ...*v1beta1.SnapshotInfo) map[string]*v1beta1.SnapshotInfo {
-	m := map[string]*v1beta1.SnapshotInfo{types.VolumeHeadName: {Name: types.VolumeHeadName, Size: 4096}}
-	for _, e := range entries {
-		m[e.Name] = e
-	}
-	return m
-}
-
-func snapInfo(name string, mut ...func(*v1beta1.SnapshotInfo)) *v1beta1.SnapshotInfo {
-	i := &v1beta1.SnapshotInfo{Name: name, UserCreated: true, Created: "2026-11-21T11:00:00Z", Size: 8192,
-		Children: map[string]bool{types.VolumeHeadName: true}}
-	for _, m := range mut {
-		m(i)
-	}
-	return i
-}
-
 func engineWith(state v1beta1.InstanceState, snaps map[string]*v1beta1.SnapshotInfo) *v1beta1.Engine {
 	e := vcEngine()
 	e.Status.CurrentState = state

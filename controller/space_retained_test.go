@@ -59,7 +59,7 @@ func TestVolumeSpaceRetainedCondition(t *testing.T) {
 		check: func(t *testing.T, env *dstest.Env) {
 			v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v1", metav1.GetOptions{})
 			require.NoError(t, err)
-			c := FindCondition(v.Status.Conditions, VolumeConditionSnapshotSpaceRetained)
+			c := FindCondition(v.Status.Conditions, v1beta1.VolumeConditionSnapshotSpaceRetained)
 			require.NotNil(t, c)
 			assert.Equal(t, metav1.ConditionTrue, c.Status)
 			assert.Contains(t, c.Message, "deleted snapshots s1 hold 8Mi")

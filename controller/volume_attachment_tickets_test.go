@@ -14,14 +14,6 @@ import (
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 
-func tickets(ts ...*v1beta1.AttachmentTicket) map[string]*v1beta1.AttachmentTicket {
-	m := map[string]*v1beta1.AttachmentTicket{}
-	for _, t := range ts {
-		m[t.ID] = t
-	}
-	return m
-}
-
 const (
 	csi      = v1beta1.AttacherTypeCSIAttacher
 	api      = v1beta1.AttacherTypeStrataAPI

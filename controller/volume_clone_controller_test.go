@@ -43,25 +43,6 @@ func vaFor(volume string, tickets ...*v1beta1.AttachmentTicket) *v1beta1.VolumeA
 	return va
 }
 
-// withNodes adds the schedulable nodes node-1 and node-2 to objects.
-func withNodes(objects ...runtime.Object) []runtime.Object {
-	return append([]runtime.Object{schedNode("node-1"), schedNode("node-2")}, objects...)
-}
-
-func readySnap(name string) *v1beta1.Snapshot {
-	return testSnapshot(name, true, func(s *v1beta1.Snapshot) { s.Status.ReadyToUse = true })
-}
-
-// runningEngine is volume's engine on node-1, frontend off, replica r1 RW.
-func runningEngine(volume string) *v1beta1.Engine {
-	return vcEngine(func(e *v1beta1.Engine) {
-		e.Name, e.Spec.VolumeName, e.Spec.NodeID = volume+"-e-0", volume, "node-1"
-		e.Spec.DesireState, e.Status.CurrentState = v1beta1.InstanceStateRunning, v1beta1.InstanceStateRunning
-		e.Status.ReplicaModeMap = map[string]v1beta1.ReplicaMode{volume + "-r1": v1beta1.ReplicaModeRW}
-		e.Status.CurrentReplicaAddressMap = map[string]string{volume + "-r1": "10.0.0.1:" + volume}
-	})
-}
-
 func cloneStatusOf(t *testing.T, env *dstest.Env) *v1beta1.VolumeCloneStatus {
 	t.Helper()
 	v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v2", metav1.GetOptions{})

@@ -20,17 +20,8 @@ import (
 	"github.com/strata-storage/strata/types"
 )
 
-// Volume condition types and event reasons.
+// Volume event reasons.
 const (
-	VolumeConditionScheduled = "Scheduled"
-	VolumeConditionSalvaged  = "Salvaged"
-	// VolumeConditionSnapshotLimit is True when the volume's next user
-	// snapshot would be refused, or nearly so (see snapshotLimitCondition).
-	VolumeConditionSnapshotLimit = "SnapshotLimit"
-	// VolumeConditionSnapshotSpaceRetained is True when removed snapshots
-	// hold data a purge would free and purge is disabled.
-	VolumeConditionSnapshotSpaceRetained = "SnapshotSpaceRetained"
-
 	EventReasonVolumeAttached    = "Attached"
 	EventReasonVolumeDetached    = "Detached"
 	EventReasonVolumeDegraded    = "Degraded"
@@ -208,8 +199,8 @@ func (s *volumeSync) statusEvents(old, cur *v1beta1.Volume) {
 	// at it: the admin learns before (or as) user snapshots are refused,
 	// not from a failed backup. SnapshotSpaceRetained, when purge being
 	// disabled starts keeping deleted snapshots' data.
-	s.conditionWarning(old, cur, VolumeConditionSnapshotLimit, EventReasonSnapshotLimit)
-	s.conditionWarning(old, cur, VolumeConditionSnapshotSpaceRetained, EventReasonSpaceRetained)
+	s.conditionWarning(old, cur, v1beta1.VolumeConditionSnapshotLimit, EventReasonSnapshotLimit)
+	s.conditionWarning(old, cur, v1beta1.VolumeConditionSnapshotSpaceRetained, EventReasonSpaceRetained)
 	s.backingImageEvent(old, cur)
 	if old.Status.Robustness != cur.Status.Robustness {
 		switch cur.Status.Robustness {
@@ -373,15 +364,6 @@ func (s *volumeSync) updateReplica(before, after *v1beta1.Replica) (*v1beta1.Rep
 	return updated, nil
 }
 
-// Reasons of the SnapshotLimit condition, the most pressing first.
-const (
-	SnapshotLimitReasonCountReached = "CountLimitReached"
-	SnapshotLimitReasonSizeReached  = "SizeLimitReached"
-	SnapshotLimitReasonCountNear    = "CountLimitNear"
-	SnapshotLimitReasonSizeNear     = "SizeLimitNear"
-	SnapshotLimitReasonWithin       = "WithinLimits"
-)
-
 // updateSnapshotLimitCondition judges the chain the engine last reported
 // (its cached status: no gRPC) against the limits the engine is given.
 // The condition changes only when the limits change or the chain comes
@@ -394,7 +376,7 @@ func (s *volumeSync) updateSnapshotLimitCondition() {
 		userCount, size = e.Status.SnapshotUsage()
 	}
 	ok, reason, message := snapshotLimitCondition(s.snapshotMaxCount(), s.v.Spec.SnapshotMaxSize.Value(), userCount, size)
-	s.setCondition(VolumeConditionSnapshotLimit, ok, reason, message)
+	s.setCondition(v1beta1.VolumeConditionSnapshotLimit, ok, reason, message)
 }
 
 // snapshotLimitCondition is True when the next user snapshot would be
@@ -419,17 +401,17 @@ func snapshotLimitCondition(maxCount int32, maxSize int64, userCount int, size i
 	const refused = ": the next user snapshot will be refused"
 	switch {
 	case countReached:
-		return true, SnapshotLimitReasonCountReached, count + " (spec.snapshotMaxCount)" + refused + "; " + held
+		return true, v1beta1.SnapshotLimitReasonCountReached, count + " (spec.snapshotMaxCount)" + refused + "; " + held
 	case sizeReached:
-		return true, SnapshotLimitReasonSizeReached, count + "; " + held + " (spec.snapshotMaxSize)" + refused
+		return true, v1beta1.SnapshotLimitReasonSizeReached, count + "; " + held + " (spec.snapshotMaxSize)" + refused
 	case countNear:
-		return true, SnapshotLimitReasonCountNear, count + " (spec.snapshotMaxCount): one more is allowed; " + held
+		return true, v1beta1.SnapshotLimitReasonCountNear, count + " (spec.snapshotMaxCount): one more is allowed; " + held
 	case sizeNear:
-		return true, SnapshotLimitReasonSizeNear, count + "; " + held + " (spec.snapshotMaxSize): 90% or more used"
+		return true, v1beta1.SnapshotLimitReasonSizeNear, count + "; " + held + " (spec.snapshotMaxSize): 90% or more used"
 	}
 	// Within the limits the message names the limits only: figures that
 	// move with every snapshot would cost a Volume write per snapshot.
-	return false, SnapshotLimitReasonWithin, withinLimitsMessage(maxCount, maxSize)
+	return false, v1beta1.SnapshotLimitReasonWithin, withinLimitsMessage(maxCount, maxSize)
 }
 
 func withinLimitsMessage(maxCount int32, maxSize int64) string {
@@ -454,7 +436,7 @@ func (s *volumeSync) updateSpaceRetainedCondition() {
 	}
 	noPurge, _ := s.DS.GetSettingBool(types.SettingDisableSnapshotPurge)
 	ok, reason, message := spaceRetainedCondition(noPurge, held, names)
-	s.setCondition(VolumeConditionSnapshotSpaceRetained, ok, reason, message)
+	s.setCondition(v1beta1.VolumeConditionSnapshotSpaceRetained, ok, reason, message)
 }
 
 // spaceRetainedCondition is pure, so table-tested.

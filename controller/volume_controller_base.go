@@ -109,7 +109,7 @@ func (c *VolumeController) enqueueVolumesConcerning(node string) {
 		return
 	}
 	for _, v := range volumes {
-		if cond := FindCondition(v.Status.Conditions, VolumeConditionScheduled); cond != nil && cond.Status == metav1.ConditionFalse {
+		if cond := FindCondition(v.Status.Conditions, v1beta1.VolumeConditionScheduled); cond != nil && cond.Status == metav1.ConditionFalse {
 			c.Queue.Add(c.DS.Namespace + "/" + v.Name)
 		}
 	}

@@ -341,8 +341,8 @@ func (s *volumeSync) scheduleReplica(start bool, onlyNode string) error {
 		return nil
 	}
 	if scheduler.IsNoPlacement(err) {
-		s.setCondition(VolumeConditionScheduled, false, "ReplicaUnschedulable", err.Error())
-		if c := FindCondition(s.vRO.Status.Conditions, VolumeConditionScheduled); c == nil || c.Message != err.Error() {
+		s.setCondition(v1beta1.VolumeConditionScheduled, false, "ReplicaUnschedulable", err.Error())
+		if c := FindCondition(s.vRO.Status.Conditions, v1beta1.VolumeConditionScheduled); c == nil || c.Message != err.Error() {
 			s.Recorder.Event(s.v, corev1.EventTypeWarning, EventReasonReplicaUnschedule, err.Error())
 		}
 		s.Queue.AddAfter(s.key, unschedulableRetry)
@@ -373,7 +373,7 @@ func (s *volumeSync) scheduleReplica(start bool, onlyNode string) error {
 	}
 	s.replicas = append(s.replicas, created)
 	s.created.add(s.v.Name, created.Name, s.now)
-	s.setCondition(VolumeConditionScheduled, true, "ReplicasScheduled", "every replica has a node and disk")
+	s.setCondition(v1beta1.VolumeConditionScheduled, true, "ReplicasScheduled", "every replica has a node and disk")
 	s.Recorder.Eventf(s.v, corev1.EventTypeNormal, EventReasonReplicaScheduled, "replica %s on %s disk %s", created.Name, p.NodeID, p.DiskName)
 	return nil
 }
@@ -412,7 +412,7 @@ func (s *volumeSync) salvage() error {
 		}
 	}
 	if len(cands) == 0 {
-		s.setCondition(VolumeConditionSalvaged, false, "NoCandidate", "no failed replica that held data is on a live node")
+		s.setCondition(v1beta1.VolumeConditionSalvaged, false, "NoCandidate", "no failed replica that held data is on a live node")
 		return nil
 	}
 	latest := ""
@@ -433,7 +433,7 @@ func (s *volumeSync) salvage() error {
 	// next pass starts over, rather than trusting replicas again while the
 	// status still says the volume is on its way out of a node.
 	msg := fmt.Sprintf("salvaged replicas %v", names)
-	s.setCondition(VolumeConditionSalvaged, true, "Salvaged", msg)
+	s.setCondition(v1beta1.VolumeConditionSalvaged, true, "Salvaged", msg)
 	if err := s.writeStatus(); err != nil {
 		return err
 	}

@@ -22,22 +22,6 @@ import (
 	"github.com/strata-storage/strata/types"
 )
 
-// engineRunningOn makes the engine run on node with replicas r1..r3 in mode RW unless overridden.
-func engineRunningOn(node string, modes map[string]v1beta1.ReplicaMode) func(*v1beta1.Engine) {
-	return func(e *v1beta1.Engine) {
-		e.Spec.NodeID, e.Spec.DesireState = node, v1beta1.InstanceStateRunning
-		e.Spec.ReplicaAddressMap = map[string]string{}
-		for r := range modes {
-			e.Spec.ReplicaAddressMap[r] = "10.0.0.1:9000"
-		}
-		e.Spec.SnapshotMaxCount = 250 // the setting's default
-		e.Status.CurrentState = v1beta1.InstanceStateRunning
-		e.Status.Endpoint = "nbd://127.0.0.1:10809/v1"
-		e.Status.CurrentSize = gib
-		e.Status.ReplicaModeMap = modes
-	}
-}
-
 // attachedOn is a volume fully attached to node, reconciled by that node,
 // with the SnapshotLimit condition its empty chain gives.
 // headHolding gives the engine a chain of just its head, holding size bytes.
@@ -47,42 +31,11 @@ func headHolding(size int64) func(*v1beta1.Engine) {
 	}
 }
 
-func attachedOn(node string) func(*v1beta1.Volume) {
-	return func(v *v1beta1.Volume) {
-		v.Spec.NodeID, v.Status.State, v.Status.CurrentNodeID, v.Status.OwnerID = node, v1beta1.VolumeStateAttached, node, node
-		v.Status.FrontendEndpoint = "nbd://127.0.0.1:10809/v1"
-		withinSnapshotLimits(v)
-	}
-}
-
-// withinSnapshotLimits gives the volume the SnapshotLimit condition of an
-// empty chain under the snapshot-max-count setting's default.
-func withinSnapshotLimits(v *v1beta1.Volume) {
-	v.Status.Conditions = append(v.Status.Conditions, metav1.Condition{Type: VolumeConditionSnapshotLimit,
-		Status: metav1.ConditionFalse, Reason: SnapshotLimitReasonWithin,
-		Message: "under 250 user snapshots (spec.snapshotMaxCount); no size limit", LastTransitionTime: metav1.NewTime(dstest.Now)},
-		metav1.Condition{Type: VolumeConditionSnapshotSpaceRetained, Status: metav1.ConditionFalse, Reason: "PurgeEnabled",
-			Message: "deleted snapshots' data is freed by a purge", LastTransitionTime: metav1.NewTime(dstest.Now)})
-}
-
-func replicaRunning(r *v1beta1.Replica) {
-	r.Spec.DesireState = v1beta1.InstanceStateRunning
-	r.Status.CurrentState, r.Status.IP, r.Status.Port = v1beta1.InstanceStateRunning, "10.0.0.1", 9000
-}
-
 func failedAgo(d time.Duration) func(*v1beta1.Replica) {
 	return func(r *v1beta1.Replica) {
 		r.Spec.FailedAt = dstest.Now.Add(-d).Format(time.RFC3339)
 		r.Spec.DesireState = v1beta1.InstanceStateStopped
 	}
-}
-
-func threeReplicas(mut ...func(*v1beta1.Replica)) []runtime.Object {
-	return []runtime.Object{vcReplica("r1", "node-1", mut...), vcReplica("r2", "node-2", mut...), vcReplica("r3", "node-3", mut...)}
-}
-
-func allRW() map[string]v1beta1.ReplicaMode {
-	return map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW, "r2": v1beta1.ReplicaModeRW, "r3": v1beta1.ReplicaModeRW}
 }
 
 func TestVolumeControllerSync(t *testing.T) {
@@ -283,7 +236,7 @@ func TestVolumeControllerSync(t *testing.T) {
 			check: allChecks(func(t *testing.T, env *dstest.Env) {
 				v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v1", metav1.GetOptions{})
 				require.NoError(t, err)
-				c := FindCondition(v.Status.Conditions, VolumeConditionScheduled)
+				c := FindCondition(v.Status.Conditions, v1beta1.VolumeConditionScheduled)
 				require.NotNil(t, c)
 				assert.Equal(t, metav1.ConditionFalse, c.Status)
 				assert.Contains(t, c.Message, "node-1: instance manager im-node-1 is error")
@@ -402,28 +355,6 @@ func volumeSyncer(env *dstest.Env, rec record.EventRecorder, me string, _ engine
 		return nil, err
 	}
 	return c.syncVolume, nil
-}
-
-// trimGeneratedNames cuts the random suffix of created engines and replicas
-// so the tables can name them.
-func trimGeneratedNames(ws []string) []string {
-	for i, w := range ws {
-		for _, p := range []string{"v1-e-", "v1-r-"} {
-			if j := indexOf(w, p); j >= 0 && len(w) == j+len(p)+8 {
-				ws[i] = w[:j+len(p)]
-			}
-		}
-	}
-	return ws
-}
-
-func indexOf(s, sub string) int {
-	for i := 0; i+len(sub) <= len(s); i++ {
-		if s[i:i+len(sub)] == sub {
-			return i
-		}
-	}
-	return -1
 }
 
 // A replica this manager created holds the volume's next syncs back until

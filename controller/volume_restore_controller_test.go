@@ -3,8 +3,6 @@ package controller
 import (
 	"context"
 	"fmt"
-	"maps"
-	"slices"
 	"testing"
 
 	"github.com/sirupsen/logrus"
@@ -18,29 +16,6 @@ import (
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
-
-// restoringVolume is v1, restored from backup b1, attached to node-1 with
-// its frontend off.
-func restoringVolume(mut ...func(*v1beta1.Volume)) *v1beta1.Volume {
-	return vcVolume(append([]func(*v1beta1.Volume){func(v *v1beta1.Volume) {
-		v.Spec.FromBackup, v.Spec.DisableFrontend = "b1", true
-		v.Spec.NodeID, v.Status.CurrentNodeID, v.Status.State = "node-1", "node-1", v1beta1.VolumeStateAttached
-	}}, mut...)...)
-}
-
-func restoreState(state v1beta1.VolumeRestoreState, progress int32) func(*v1beta1.Volume) {
-	return func(v *v1beta1.Volume) {
-		v.Status.RestoreStatus = &v1beta1.VolumeRestoreStatus{Backup: "b1", BackupVolume: "src", State: state, Progress: progress}
-		setRestoredCondition(v)
-	}
-}
-
-func restoreTicket() *v1beta1.AttachmentTicket {
-	return &v1beta1.AttachmentTicket{ID: restoreTicketID("v1"), Type: v1beta1.AttacherTypeVolumeRestoreController, NodeID: "node-1",
-		OwnerRef: &v1beta1.TicketOwnerReference{APIVersion: v1beta1.SchemeGroupVersion.String(), Kind: "Volume",
-			Namespace: testNS, Name: "v1", UID: "uid-v1"},
-		Parameters: map[string]string{v1beta1.AttachmentParameterDisableFrontend: v1beta1.TrueValue}}
-}
 
 // engineWithRestore is v1's engine instance showing a restore job.
 func engineWithRestore(st *engineapi.RestoreStatus) *engineapi.Instance {
@@ -169,17 +144,16 @@ func TestSyncRestore(t *testing.T) {
 	}
 }
 
-// Until the restore completes only the restore controller's ticket may
-// attach the volume; a workload's ticket says what it waits for.
-func TestRestoreGatesTickets(t *testing.T) {
-	tickets := map[string]*v1beta1.AttachmentTicket{
-		"csi":                 ticket("csi", v1beta1.AttacherTypeCSIAttacher, "node-2"),
-		restoreTicketID("v1"): restoreTicket(),
+func restoreState(state v1beta1.VolumeRestoreState, progress int32) func(*v1beta1.Volume) {
+	return func(v *v1beta1.Volume) {
+		v.Status.RestoreStatus = &v1beta1.VolumeRestoreStatus{Backup: "b1", BackupVolume: "src", State: state, Progress: progress}
+		setRestoredCondition(v)
 	}
-	restoring := restoringVolume(restoreState(v1beta1.VolumeRestoreStateRestoring, 40))
-	assert.Equal(t, []string{restoreTicketID("v1")}, slices.Sorted(maps.Keys(eligibleTickets(restoring, tickets))))
-	assert.Equal(t, TicketReasonWaitingForRestore, fillWaitReason(restoring))
-	assert.Equal(t, "the volume is restored from backup b1 first; the restore is restoring (40%)", fillWaitMessage(restoring))
-	done := restoringVolume(restoreState(v1beta1.VolumeRestoreStateCompleted, 100))
-	assert.Len(t, eligibleTickets(done, tickets), 2)
+}
+
+func restoreTicket() *v1beta1.AttachmentTicket {
+	return &v1beta1.AttachmentTicket{ID: restoreTicketID("v1"), Type: v1beta1.AttacherTypeVolumeRestoreController, NodeID: "node-1",
+		OwnerRef: &v1beta1.TicketOwnerReference{APIVersion: v1beta1.SchemeGroupVersion.String(), Kind: "Volume",
+			Namespace: testNS, Name: "v1", UID: "uid-v1"},
+		Parameters: map[string]string{v1beta1.AttachmentParameterDisableFrontend: v1beta1.TrueValue}}
 }
