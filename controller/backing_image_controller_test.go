@@ -34,17 +34,17 @@ func unusedSince(ago time.Duration, disks ...string) func(*v1beta1.BackingImage)
 }
 
 func cleanupWait(minutes string) *v1beta1.Setting {
-	return &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingBackingImageCleanupWaitInterval), Namespace: testNS},
+	return &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingBackingImageCleanupWaitInterval), Namespace: NS},
 		Value: minutes}
 }
 
 // imageUser is a replica of a volume on img, on the given disk.
 func imageUser(name, disk string) *v1beta1.Replica {
-	return testReplicaCR(name, "/data", func(r *v1beta1.Replica) { r.Spec.BackingImage, r.Spec.DiskID = "img", disk })
+	return ReplicaCR(name, "/data", func(r *v1beta1.Replica) { r.Spec.BackingImage, r.Spec.DiskID = "img", disk })
 }
 
 func imageObjects(objs ...runtime.Object) []runtime.Object {
-	return append([]runtime.Object{readyDiskNode("node-1"), readyDiskNode("node-2"), testNode("node-3", nil, readyTrue()), cleanupWait("1")}, objs...)
+	return append([]runtime.Object{ReadyDiskNode("node-1"), ReadyDiskNode("node-2"), Node("node-3", nil, ReadyTrue()), cleanupWait("1")}, objs...)
 }
 
 func buildBackingImageController(env *dstest.Env, rec record.EventRecorder, me string, dp engineapi.Connector) (func(context.Context, string) error, error) {
@@ -66,7 +66,7 @@ func sha512Of(s string) string {
 
 func imageSpec(t *testing.T, env *dstest.Env) *v1beta1.BackingImage {
 	t.Helper()
-	bi, err := env.Strata.StrataV1beta1().BackingImages(testNS).Get(context.Background(), "img", metav1.GetOptions{})
+	bi, err := env.Strata.StrataV1beta1().BackingImages(NS).Get(context.Background(), "img", metav1.GetOptions{})
 	require.NoError(t, err)
 	return bi
 }
@@ -74,102 +74,102 @@ func imageSpec(t *testing.T, env *dstest.Env) *v1beta1.BackingImage {
 func TestBackingImageOwnerDecisions(t *testing.T) {
 	const ready, failed = v1beta1.BackingImageStateReady, v1beta1.BackingImageStateFailed
 	n1, n2 := "uuid-node-1", "uuid-node-2"
-	runSyncCases(t, []syncCase{
+	RunSyncCases(t, []SyncCase{
 		{
-			name:       "a new image gets the finalizer first",
-			objects:    imageObjects(testImage(nil, func(bi *v1beta1.BackingImage) { bi.Finalizers = nil })),
-			me:         "node-3",
-			key:        testNS + "/img",
-			wantWrites: []string{"update backingimages img"},
+			Name:       "a new image gets the finalizer first",
+			Objects:    imageObjects(Image(nil, func(bi *v1beta1.BackingImage) { bi.Finalizers = nil })),
+			Me:         "node-3",
+			Key:        NS + "/img",
+			WantWrites: []string{"update backingimages img"},
 		},
 		{
-			name:       "an image nobody asked a copy of is fetched onto the owner's disk",
-			objects:    imageObjects(testImage(nil, func(bi *v1beta1.BackingImage) { bi.Status.OwnerID = "node-1" })),
-			me:         "node-1",
-			key:        testNS + "/img",
-			wantWrites: []string{"update backingimages img"},
-			wantEvents: []string{"Normal DiskRequested"},
-			check: func(t *testing.T, env *dstest.Env) {
+			Name:       "an image nobody asked a copy of is fetched onto the owner's disk",
+			Objects:    imageObjects(Image(nil, func(bi *v1beta1.BackingImage) { bi.Status.OwnerID = "node-1" })),
+			Me:         "node-1",
+			Key:        NS + "/img",
+			WantWrites: []string{"update backingimages img"},
+			WantEvents: []string{"Normal DiskRequested"},
+			Check: func(t *testing.T, env *dstest.Env) {
 				assert.Contains(t, imageSpec(t, env).Spec.DiskFileSpecMap, n1)
 			},
 		},
 		{
-			name:       "the first-copy disk is chosen among the wanted disks of alive nodes",
-			objects:    imageObjects(testImage(map[string]v1beta1.BackingImageState{n2: v1beta1.BackingImageStatePending})),
-			me:         "node-3",
-			key:        testNS + "/img",
-			wantWrites: []string{"update backingimages/status img"},
-			wantEvents: []string{"Normal FirstCopyDisk"},
-			check: func(t *testing.T, env *dstest.Env) {
+			Name:       "the first-copy disk is chosen among the wanted disks of alive nodes",
+			Objects:    imageObjects(Image(map[string]v1beta1.BackingImageState{n2: v1beta1.BackingImageStatePending})),
+			Me:         "node-3",
+			Key:        NS + "/img",
+			WantWrites: []string{"update backingimages/status img"},
+			WantEvents: []string{"Normal FirstCopyDisk"},
+			Check: func(t *testing.T, env *dstest.Env) {
 				bi := imageSpec(t, env)
 				assert.Equal(t, n2, bi.Status.FirstCopyDisk)
 				assert.Equal(t, "0/1", bi.Status.Copies)
 			},
 		},
 		{
-			name: "a copy unused for longer than the interval is taken out of the spec",
-			objects: imageObjects(testImage(map[string]v1beta1.BackingImageState{n1: ready, n2: ready},
+			Name: "a copy unused for longer than the interval is taken out of the spec",
+			Objects: imageObjects(Image(map[string]v1beta1.BackingImageState{n1: ready, n2: ready},
 				unusedSince(2*time.Minute, n2)), imageUser("r1", n1)),
-			me:         "node-3",
-			key:        testNS + "/img",
-			wantWrites: []string{"update backingimages img"},
-			wantEvents: []string{"Normal CopyCleanedUp"},
-			check: func(t *testing.T, env *dstest.Env) {
+			Me:         "node-3",
+			Key:        NS + "/img",
+			WantWrites: []string{"update backingimages img"},
+			WantEvents: []string{"Normal CopyCleanedUp"},
+			Check: func(t *testing.T, env *dstest.Env) {
 				assert.NotContains(t, imageSpec(t, env).Spec.DiskFileSpecMap, n2)
 				assert.Contains(t, imageSpec(t, env).Spec.DiskFileSpecMap, n1)
 			},
 		},
 		{
-			name: "before the interval the unused copy stays",
-			objects: imageObjects(testImage(map[string]v1beta1.BackingImageState{n1: ready, n2: ready},
+			Name: "before the interval the unused copy stays",
+			Objects: imageObjects(Image(map[string]v1beta1.BackingImageState{n1: ready, n2: ready},
 				unusedSince(30*time.Second, n2), func(bi *v1beta1.BackingImage) { bi.Status.Copies = "2/2" }), imageUser("r1", n1)),
-			me:  "node-3",
-			key: testNS + "/img",
+			Me:  "node-3",
+			Key: NS + "/img",
 		},
 		{
-			name: "never below minNumberOfCopies",
-			objects: imageObjects(testImage(map[string]v1beta1.BackingImageState{n1: ready, n2: ready},
+			Name: "never below minNumberOfCopies",
+			Objects: imageObjects(Image(map[string]v1beta1.BackingImageState{n1: ready, n2: ready},
 				unusedSince(time.Hour, n1, n2), func(bi *v1beta1.BackingImage) {
 					bi.Spec.MinNumberOfCopies, bi.Status.Copies = 1, "2/2"
 				})),
-			me:         "node-3",
-			key:        testNS + "/img",
-			wantWrites: []string{"update backingimages img"},
-			wantEvents: []string{"Normal CopyCleanedUp"},
-			check: func(t *testing.T, env *dstest.Env) {
+			Me:         "node-3",
+			Key:        NS + "/img",
+			WantWrites: []string{"update backingimages img"},
+			WantEvents: []string{"Normal CopyCleanedUp"},
+			Check: func(t *testing.T, env *dstest.Env) {
 				assert.Len(t, imageSpec(t, env).Spec.DiskFileSpecMap, 1, "the older copy goes, one stays")
 			},
 		},
 		{
-			name: "the last ready copy stays while another disk copies from it",
-			objects: imageObjects(testImage(map[string]v1beta1.BackingImageState{n1: ready, n2: v1beta1.BackingImageStateInProgress},
+			Name: "the last ready copy stays while another disk copies from it",
+			Objects: imageObjects(Image(map[string]v1beta1.BackingImageState{n1: ready, n2: v1beta1.BackingImageStateInProgress},
 				unusedSince(time.Hour, n1), func(bi *v1beta1.BackingImage) { bi.Status.Copies = "1/2" }), imageUser("r2", n2)),
-			me:  "node-3",
-			key: testNS + "/img",
+			Me:  "node-3",
+			Key: NS + "/img",
 		},
 		{
-			name: "a used copy loses its last-use time",
-			objects: imageObjects(testImage(map[string]v1beta1.BackingImageState{n1: ready},
+			Name: "a used copy loses its last-use time",
+			Objects: imageObjects(Image(map[string]v1beta1.BackingImageState{n1: ready},
 				unusedSince(time.Hour, n1), func(bi *v1beta1.BackingImage) { bi.Status.Copies = "1/1" }), imageUser("r1", n1)),
-			me:         "node-3",
-			key:        testNS + "/img",
-			wantWrites: []string{"update backingimages/status img"},
-			check: func(t *testing.T, env *dstest.Env) {
+			Me:         "node-3",
+			Key:        NS + "/img",
+			WantWrites: []string{"update backingimages/status img"},
+			Check: func(t *testing.T, env *dstest.Env) {
 				assert.Empty(t, imageSpec(t, env).Status.DiskLastRefAtMap)
 			},
 		},
 		{
-			name: "a copy on a node whose manager is down is unknown, and the first failure is shown",
-			objects: imageObjects(testImage(map[string]v1beta1.BackingImageState{n1: ready, n2: failed},
+			Name: "a copy on a node whose manager is down is unknown, and the first failure is shown",
+			Objects: imageObjects(Image(map[string]v1beta1.BackingImageState{n1: ready, n2: failed},
 				func(bi *v1beta1.BackingImage) { bi.Status.DiskFileStatusMap[n2].Message = "checksum mismatch" }),
 				imageUser("r1", n1), imageUser("r2", n2)),
-			kube:       []runtime.Object{testLease("node-1", time.Hour), testLease("node-2", 0), testLease("node-3", 0)},
-			me:         "node-3",
-			key:        testNS + "/img",
-			wantWrites: []string{"update backingimages/status img"},
+			Kube:       []runtime.Object{Lease("node-1", time.Hour), Lease("node-2", 0), Lease("node-3", 0)},
+			Me:         "node-3",
+			Key:        NS + "/img",
+			WantWrites: []string{"update backingimages/status img"},
 			// No ready copy can be reached: the failed disk fetches from the source.
-			wantEvents: []string{"Normal FirstCopyDisk"},
-			check: func(t *testing.T, env *dstest.Env) {
+			WantEvents: []string{"Normal FirstCopyDisk"},
+			Check: func(t *testing.T, env *dstest.Env) {
 				bi := imageSpec(t, env)
 				assert.Equal(t, n2, bi.Status.FirstCopyDisk)
 				assert.Equal(t, v1beta1.BackingImageStateUnknown, bi.Status.DiskFileStatusMap[n1].State)
@@ -179,23 +179,23 @@ func TestBackingImageOwnerDecisions(t *testing.T) {
 			},
 		},
 		{
-			name: "a deleted image loses its finalizer once no copy is left",
-			objects: imageObjects(testImage(nil, func(bi *v1beta1.BackingImage) {
+			Name: "a deleted image loses its finalizer once no copy is left",
+			Objects: imageObjects(Image(nil, func(bi *v1beta1.BackingImage) {
 				now := metav1.NewTime(dstest.Now)
 				bi.DeletionTimestamp, bi.Status.Copies = &now, "0/0"
 			})),
-			me:         "node-3",
-			key:        testNS + "/img",
-			wantWrites: []string{"update backingimages img"},
+			Me:         "node-3",
+			Key:        NS + "/img",
+			WantWrites: []string{"update backingimages img"},
 		},
 		{
-			name:       "a spec write conflict is returned for a retry",
-			objects:    imageObjects(testImage(map[string]v1beta1.BackingImageState{n1: ready, n2: ready}, unusedSince(time.Hour, n2)), imageUser("r1", n1)),
-			me:         "node-3",
-			key:        testNS + "/img",
-			apiErr:     &reactorError{verb: "update", resource: "backingimages", err: errConflict()},
-			wantErr:    "stale",
-			wantWrites: []string{"update backingimages img"},
+			Name:       "a spec write conflict is returned for a retry",
+			Objects:    imageObjects(Image(map[string]v1beta1.BackingImageState{n1: ready, n2: ready}, unusedSince(time.Hour, n2)), imageUser("r1", n1)),
+			Me:         "node-3",
+			Key:        NS + "/img",
+			APIErr:     &ReactorError{Verb: "update", Resource: "backingimages", Err: errConflict()},
+			WantErr:    "stale",
+			WantWrites: []string{"update backingimages img"},
 		},
 	}, buildBackingImageController)
 }
@@ -206,24 +206,24 @@ func TestBackingImageOwnerDecisions(t *testing.T) {
 // trusted, and a wrong file is removed and fetched again.
 func TestBackingImageLocalCopies(t *testing.T) {
 	dir := t.TempDir()
-	node := readyDiskNode("node-1")
+	node := ReadyDiskNode("node-1")
 	node.Spec.Disks["disk-1"] = v1beta1.DiskSpec{Path: dir, AllowScheduling: true}
 	copyDir := BackingImageDir(dir, "img", "abcd1234")
 	require.NoError(t, os.MkdirAll(copyDir, 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(copyDir, "backing"), []byte("not the image"), 0o644))
 	n1 := "uuid-node-1"
 
-	env := dstest.New(t, []runtime.Object{node, readyDiskNode("node-2"), cleanupWait("60"),
-		testImage(map[string]v1beta1.BackingImageState{n1: v1beta1.BackingImageStateReady},
+	env := dstest.New(t, []runtime.Object{node, ReadyDiskNode("node-2"), cleanupWait("60"),
+		Image(map[string]v1beta1.BackingImageState{n1: v1beta1.BackingImageStateReady},
 			func(bi *v1beta1.BackingImage) {
 				bi.Status.OwnerID = "node-2"
 				bi.Status.Checksum = sha512Of("the image")
 			})},
-		[]runtime.Object{testLease("node-1", 0), testLease("node-2", 0)})
+		[]runtime.Object{Lease("node-1", 0), Lease("node-2", 0)})
 	rec := record.NewFakeRecorder(20)
-	c, err := NewBackingImageController(logrus.New(), env.DS, rec, "node-1", newFakeConnector(nil), 1<<30, nil)
+	c, err := NewBackingImageController(logrus.New(), env.DS, rec, "node-1", NewFakeConnector(nil), 1<<30, nil)
 	require.NoError(t, err)
-	key := testNS + "/img"
+	key := NS + "/img"
 	waitCache := func(cond func(*v1beta1.BackingImage) bool) {
 		t.Helper()
 		require.Eventually(t, func() bool {
@@ -247,7 +247,7 @@ func TestBackingImageLocalCopies(t *testing.T) {
 
 	// Taken out of the spec: terminating, then gone.
 	bi.Spec.DiskFileSpecMap = nil
-	_, err = env.Strata.StrataV1beta1().BackingImages(testNS).Update(context.Background(), bi, metav1.UpdateOptions{})
+	_, err = env.Strata.StrataV1beta1().BackingImages(NS).Update(context.Background(), bi, metav1.UpdateOptions{})
 	require.NoError(t, err)
 	waitCache(func(b *v1beta1.BackingImage) bool { return len(b.Spec.DiskFileSpecMap) == 0 })
 	require.NoError(t, c.Sync(context.Background(), key))
@@ -268,7 +268,7 @@ func TestBackingImageLocalCopies(t *testing.T) {
 // becomes the first copy.
 func TestBackingImageUpload(t *testing.T) {
 	dir := t.TempDir()
-	node := readyDiskNode("node-1")
+	node := ReadyDiskNode("node-1")
 	node.Spec.Disks["disk-1"] = v1beta1.DiskSpec{Path: dir, AllowScheduling: true}
 	upload := func(bi *v1beta1.BackingImage) {
 		bi.Spec.SourceType, bi.Spec.SourceParameters = v1beta1.BackingImageSourceTypeUpload, nil
@@ -281,18 +281,18 @@ func TestBackingImageUpload(t *testing.T) {
 		size    int64 // Content-Length; -1 unknown
 		wantErr error
 	}{
-		{name: "a download image takes no upload", image: testImage(nil), size: int64(len(img)), wantErr: types.ErrImageConflict},
-		{name: "larger than the limit, said up front", image: testImage(nil, upload), size: 1 << 20, wantErr: types.ErrImageTooLarge},
-		{name: "larger than the limit, found while reading", image: testImage(nil, upload), size: -1, wantErr: types.ErrImageTooLarge},
-		{name: "data already there", image: testImage(map[string]v1beta1.BackingImageState{"uuid-node-2": v1beta1.BackingImageStateReady}, upload),
+		{name: "a download image takes no upload", image: Image(nil), size: int64(len(img)), wantErr: types.ErrImageConflict},
+		{name: "larger than the limit, said up front", image: Image(nil, upload), size: 1 << 20, wantErr: types.ErrImageTooLarge},
+		{name: "larger than the limit, found while reading", image: Image(nil, upload), size: -1, wantErr: types.ErrImageTooLarge},
+		{name: "data already there", image: Image(map[string]v1beta1.BackingImageState{"uuid-node-2": v1beta1.BackingImageStateReady}, upload),
 			size: int64(len(img)), wantErr: types.ErrImageConflict},
-		{name: "accepted", image: testImage(nil, upload), size: int64(len(img))},
+		{name: "accepted", image: Image(nil, upload), size: int64(len(img))},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			env := dstest.New(t, []runtime.Object{node.DeepCopy(), readyDiskNode("node-2"), cleanupWait("60"), tc.image},
-				[]runtime.Object{testLease("node-1", 0), testLease("node-2", 0)})
-			c, err := NewBackingImageController(logrus.New(), env.DS, record.NewFakeRecorder(20), "node-1", newFakeConnector(nil), 32<<10, nil)
+			env := dstest.New(t, []runtime.Object{node.DeepCopy(), ReadyDiskNode("node-2"), cleanupWait("60"), tc.image},
+				[]runtime.Object{Lease("node-1", 0), Lease("node-2", 0)})
+			c, err := NewBackingImageController(logrus.New(), env.DS, record.NewFakeRecorder(20), "node-1", NewFakeConnector(nil), 32<<10, nil)
 			require.NoError(t, err)
 			if tc.wantErr == nil {
 				c.uploadLimit = 1 << 20

@@ -19,21 +19,21 @@ func TestBackingImageVerdict(t *testing.T) {
 		wantReason, wantMsg string
 	}{
 		{name: "missing", wantReason: BackingImageReadyReasonMissing, wantMsg: "backing image img does not exist"},
-		{name: "a ready copy", bi: testImage(map[string]v1beta1.BackingImageState{"d1": ready, "d2": pending}),
+		{name: "a ready copy", bi: Image(map[string]v1beta1.BackingImageState{"d1": ready, "d2": pending}),
 			wantOK: true, wantReason: BackingImageReadyReasonReady, wantMsg: "backing image img has a ready copy"},
 		{name: "a ready copy and a failed one: the others copy from the ready one",
-			bi:     testImage(map[string]v1beta1.BackingImageState{"d1": ready, "d2": failed}, withMessage("d2", "copying: EIO")),
+			bi:     Image(map[string]v1beta1.BackingImageState{"d1": ready, "d2": failed}, withMessage("d2", "copying: EIO")),
 			wantOK: true, wantReason: BackingImageReadyReasonReady, wantMsg: "backing image img has a ready copy"},
-		{name: "being fetched", bi: testImage(map[string]v1beta1.BackingImageState{"d1": v1beta1.BackingImageStateInProgress}),
+		{name: "being fetched", bi: Image(map[string]v1beta1.BackingImageState{"d1": v1beta1.BackingImageStateInProgress}),
 			wantReason: BackingImageReadyReasonPending, wantMsg: "backing image img has no ready copy yet"},
-		{name: "the fetch failed", bi: failedImage(),
-			wantReason: BackingImageReadyReasonFailed, wantMsg: "backing image img failed: disk uuid-node-1: " + badSumMsg},
+		{name: "the fetch failed", bi: FailedImage(),
+			wantReason: BackingImageReadyReasonFailed, wantMsg: "backing image img failed: disk uuid-node-1: " + BadSumMsg},
 		{name: "the first failure in disk order",
-			bi: testImage(map[string]v1beta1.BackingImageState{"d2": failed, "d1": failed, "d0": pending},
+			bi: Image(map[string]v1beta1.BackingImageState{"d2": failed, "d1": failed, "d0": pending},
 				withMessage("d1", "one"), withMessage("d2", "two")),
 			wantReason: BackingImageReadyReasonFailed, wantMsg: "backing image img failed: disk d1: one"},
 		{name: "a failed copy no longer wanted is not the image's failure",
-			bi: testImage(map[string]v1beta1.BackingImageState{"d1": pending}, func(bi *v1beta1.BackingImage) {
+			bi: Image(map[string]v1beta1.BackingImageState{"d1": pending}, func(bi *v1beta1.BackingImage) {
 				bi.Status.DiskFileStatusMap["d9"] = &v1beta1.BackingImageDiskFileStatus{State: failed, Message: "old"}
 			}),
 			wantReason: BackingImageReadyReasonPending, wantMsg: "backing image img has no ready copy yet"},
@@ -50,7 +50,7 @@ func TestBackingImageVerdict(t *testing.T) {
 
 // A volume's image changes concern it only when the verdict changes.
 func TestBackingImageVerdictChanged(t *testing.T) {
-	downloading := testImage(map[string]v1beta1.BackingImageState{"d1": v1beta1.BackingImageStateInProgress},
+	downloading := Image(map[string]v1beta1.BackingImageState{"d1": v1beta1.BackingImageStateInProgress},
 		func(bi *v1beta1.BackingImage) { bi.Status.DiskFileStatusMap["d1"].Progress = 10 })
 	tests := []struct {
 		name   string

@@ -28,18 +28,18 @@ import (
 // local copy is driven here).
 func fetchEnv(t *testing.T, mut ...func(*v1beta1.BackingImage)) (*dstest.Env, *BackingImageController, *record.FakeRecorder) {
 	t.Helper()
-	node := readyDiskNode("node-1")
+	node := ReadyDiskNode("node-1")
 	node.Spec.Disks["disk-1"] = v1beta1.DiskSpec{Path: t.TempDir(), AllowScheduling: true}
-	bi := testImage(map[string]v1beta1.BackingImageState{"uuid-node-1": v1beta1.BackingImageStateInProgress},
+	bi := Image(map[string]v1beta1.BackingImageState{"uuid-node-1": v1beta1.BackingImageStateInProgress},
 		append([]func(*v1beta1.BackingImage){func(bi *v1beta1.BackingImage) {
 			bi.Generation, bi.Status.OwnerID, bi.Status.FirstCopyDisk, bi.Status.Checksum = 2, "node-2", "uuid-node-1", ""
 			bi.Spec.SourceParameters[v1beta1.BackingImageParameterURL] = "http://127.0.0.1:1/img.raw" // refused at once
 			bi.Status.DiskFileStatusMap["uuid-node-1"].Message = jobDownloading
 		}}, mut...)...)
-	env := dstest.New(t, []runtime.Object{node, readyDiskNode("node-2"), cleanupWait("60"), bi},
-		[]runtime.Object{testLease("node-1", 0), testLease("node-2", 0)})
+	env := dstest.New(t, []runtime.Object{node, ReadyDiskNode("node-2"), cleanupWait("60"), bi},
+		[]runtime.Object{Lease("node-1", 0), Lease("node-2", 0)})
 	rec := record.NewFakeRecorder(20)
-	c, err := NewBackingImageController(logrus.New(), env.DS, rec, "node-1", newFakeConnector(nil), 1<<30, nil)
+	c, err := NewBackingImageController(logrus.New(), env.DS, rec, "node-1", NewFakeConnector(nil), 1<<30, nil)
 	require.NoError(t, err)
 	return env, c, rec
 }
@@ -101,7 +101,7 @@ func TestBackingImageFailureIsPermanentOrRetried(t *testing.T) {
 			env, c, rec := fetchEnv(t)
 			kind := cmp.Or(tc.kind, jobDownloading)
 			finishJob(c, kind, tc.err)
-			require.NoError(t, c.Sync(context.Background(), testNS+"/img"))
+			require.NoError(t, c.Sync(context.Background(), NS+"/img"))
 
 			st := imageSpec(t, env).Status.DiskFileStatusMap["uuid-node-1"]
 			assert.Equal(t, v1beta1.BackingImageStateFailed, st.State)
@@ -116,7 +116,7 @@ func TestBackingImageFailureIsPermanentOrRetried(t *testing.T) {
 			if forGood {
 				assert.EqualValues(t, 2, gen, "at the generation the job ran at")
 			}
-			events := drainEvents(rec)
+			events := DrainEvents(rec)
 			require.Equal(t, []string{"Warning CopyFailed"}, events)
 		})
 	}
@@ -151,8 +151,8 @@ func TestBackingImageHoldFailed(t *testing.T) {
 			if tc.forGoodAt > 0 {
 				c.files.markFailedForGood(fetchKey, tc.forGoodAt)
 			}
-			bi := testImage(nil, func(bi *v1beta1.BackingImage) { bi.Generation = tc.generation })
-			s := &imageSync{BackingImageController: c, key: testNS + "/img", bi: bi, now: tc.now}
+			bi := Image(nil, func(bi *v1beta1.BackingImage) { bi.Generation = tc.generation })
+			s := &imageSync{BackingImageController: c, key: NS + "/img", bi: bi, now: tc.now}
 			st := &v1beta1.BackingImageDiskFileStatus{State: v1beta1.BackingImageStateFailed, Attempts: 1, LastStateTransitionTime: failedAt,
 				FailedSetting: tc.failedSetting, FailedSettingValue: tc.failedValue}
 			assert.Equal(t, tc.wantHold, s.holdFailed(fetchKey, st))
@@ -166,7 +166,7 @@ func TestBackingImageHoldFailed(t *testing.T) {
 // nothing and write nothing, however late; a spec change fetches again.
 func TestBackingImageChecksumMismatchNotRetried(t *testing.T) {
 	env, c, rec := fetchEnv(t)
-	ctx, key := context.Background(), testNS+"/img"
+	ctx, key := context.Background(), NS+"/img"
 	waitCache := func(cond func(*v1beta1.BackingImage) bool) {
 		t.Helper()
 		require.Eventually(t, func() bool {
@@ -179,13 +179,13 @@ func TestBackingImageChecksumMismatchNotRetried(t *testing.T) {
 	waitCache(func(b *v1beta1.BackingImage) bool {
 		return b.Status.DiskFileStatusMap["uuid-node-1"].State == v1beta1.BackingImageStateFailed
 	})
-	drainEvents(rec)
+	DrainEvents(rec)
 
 	env.Clock.Step(time.Hour) // far past any back-off
 	env.ClearActions()
 	require.NoError(t, c.Sync(ctx, key))
-	assert.Empty(t, writes(env.Strata.Actions()), "nothing to write")
-	assert.Empty(t, drainEvents(rec), "no event")
+	assert.Empty(t, Writes(env.Strata.Actions()), "nothing to write")
+	assert.Empty(t, DrainEvents(rec), "no event")
 	_, started := c.files.get(fetchKey)
 	assert.False(t, started, "no transfer started")
 	assert.EqualValues(t, imageSpec(t, env).Generation, imageSpec(t, env).Status.DiskFileStatusMap["uuid-node-1"].FailedGeneration,
@@ -194,13 +194,13 @@ func TestBackingImageChecksumMismatchNotRetried(t *testing.T) {
 	// A restarted manager knows the failure only from the status: still held.
 	c.files.forgetFailure(fetchKey)
 	require.NoError(t, c.Sync(ctx, key))
-	assert.Empty(t, writes(env.Strata.Actions()), "nothing to write after a restart")
+	assert.Empty(t, Writes(env.Strata.Actions()), "nothing to write after a restart")
 	_, started = c.files.get(fetchKey)
 	assert.False(t, started, "no transfer started after a restart")
 
 	bi := imageSpec(t, env)
 	bi.Generation, bi.Spec.MinNumberOfCopies = 3, 2
-	_, err := env.Strata.StrataV1beta1().BackingImages(testNS).Update(ctx, bi, metav1.UpdateOptions{})
+	_, err := env.Strata.StrataV1beta1().BackingImages(NS).Update(ctx, bi, metav1.UpdateOptions{})
 	require.NoError(t, err)
 	waitCache(func(b *v1beta1.BackingImage) bool { return b.Generation == 3 })
 	require.NoError(t, c.Sync(ctx, key))
@@ -217,9 +217,9 @@ func TestBackingImageChecksumMismatchNotRetried(t *testing.T) {
 // changing that setting gives it a new try at once, without a spec change.
 func TestBackingImageLimitSettingChangeRetries(t *testing.T) {
 	env, c, rec := fetchEnv(t)
-	ctx, key := context.Background(), testNS+"/img"
-	_, err := env.Strata.StrataV1beta1().Settings(testNS).Create(ctx, &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{
-		Name: string(types.SettingBackingImageDownloadAllowLocal), Namespace: testNS}, Value: "false"}, metav1.CreateOptions{})
+	ctx, key := context.Background(), NS+"/img"
+	_, err := env.Strata.StrataV1beta1().Settings(NS).Create(ctx, &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{
+		Name: string(types.SettingBackingImageDownloadAllowLocal), Namespace: NS}, Value: "false"}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		_, err := env.DS.Settings.GetRO(string(types.SettingBackingImageDownloadAllowLocal))
@@ -236,15 +236,15 @@ func TestBackingImageLimitSettingChangeRetries(t *testing.T) {
 	st := imageSpec(t, env).Status.DiskFileStatusMap["uuid-node-1"]
 	assert.Contains(t, st.Message, "connecting to 127.0.0.1:1 refused: a loopback address")
 	assert.Contains(t, st.Message, "not retried until the image's spec or the setting backing-image-download-allow-local-addresses changes")
-	drainEvents(rec)
+	DrainEvents(rec)
 	require.NoError(t, c.Sync(ctx, key))
 	_, started := c.files.get(fetchKey)
 	require.False(t, started, "held: failed for good")
 
-	setting, err := env.Strata.StrataV1beta1().Settings(testNS).Get(ctx, string(types.SettingBackingImageDownloadAllowLocal), metav1.GetOptions{})
+	setting, err := env.Strata.StrataV1beta1().Settings(NS).Get(ctx, string(types.SettingBackingImageDownloadAllowLocal), metav1.GetOptions{})
 	require.NoError(t, err)
 	setting.Value = "true"
-	_, err = env.Strata.StrataV1beta1().Settings(testNS).Update(ctx, setting, metav1.UpdateOptions{})
+	_, err = env.Strata.StrataV1beta1().Settings(NS).Update(ctx, setting, metav1.UpdateOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, string(types.SettingBackingImageDownloadAllowLocal), st.FailedSetting, "the status names the setting")
 	assert.Equal(t, "false", st.FailedSettingValue, "and its value then")
@@ -267,7 +267,7 @@ func TestBackingImageRefusedWhileItsSettingChanged(t *testing.T) {
 	env, c, _ := fetchEnv(t)
 	finishJob(c, jobDownloading, refusedDownload(t))
 	c.files.noteLimitSettingChanged(types.SettingBackingImageDownloadAllowLocal)
-	require.NoError(t, c.Sync(context.Background(), testNS+"/img"))
+	require.NoError(t, c.Sync(context.Background(), NS+"/img"))
 	st := imageSpec(t, env).Status.DiskFileStatusMap["uuid-node-1"]
 	assert.Equal(t, v1beta1.BackingImageStateFailed, st.State)
 	assert.Zero(t, st.FailedGeneration, "not held for good")
@@ -296,7 +296,7 @@ func TestBackingImageFinishedJobSurvivesAConflictingStatusWrite(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			env, c, _ := fetchEnv(t)
-			ctx, key := context.Background(), testNS+"/img"
+			ctx, key := context.Background(), NS+"/img"
 			job := tc.job
 			job.kind, job.done, job.generation, job.startedAt = jobDownloading, true, 2, time.Now()
 			c.files.mu.Lock()

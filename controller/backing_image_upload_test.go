@@ -44,17 +44,17 @@ type uploadResult struct {
 // the next upload is taken; when that one ends, the image holds its data.
 func TestBackingImageUploadOneAtATime(t *testing.T) {
 	dir := t.TempDir()
-	node := readyDiskNode("node-1")
+	node := ReadyDiskNode("node-1")
 	node.Spec.Disks["disk-1"] = v1beta1.DiskSpec{Path: dir, AllowScheduling: true}
-	image := testImage(nil, func(bi *v1beta1.BackingImage) {
+	image := Image(nil, func(bi *v1beta1.BackingImage) {
 		bi.Spec.SourceType, bi.Spec.SourceParameters = v1beta1.BackingImageSourceTypeUpload, nil
 		bi.Status.Checksum = ""
 	})
-	env := dstest.New(t, []runtime.Object{node, readyDiskNode("node-2"), cleanupWait("60"), image},
-		[]runtime.Object{testLease("node-1", 0), testLease("node-2", 0)})
-	c, err := NewBackingImageController(logrus.New(), env.DS, record.NewFakeRecorder(100), "node-1", newFakeConnector(nil), 1<<20, nil)
+	env := dstest.New(t, []runtime.Object{node, ReadyDiskNode("node-2"), cleanupWait("60"), image},
+		[]runtime.Object{Lease("node-1", 0), Lease("node-2", 0)})
+	c, err := NewBackingImageController(logrus.New(), env.DS, record.NewFakeRecorder(100), "node-1", NewFakeConnector(nil), 1<<20, nil)
 	require.NoError(t, err)
-	peer, err := NewBackingImageController(logrus.New(), env.DS, record.NewFakeRecorder(100), "node-2", newFakeConnector(nil), 1<<20, nil)
+	peer, err := NewBackingImageController(logrus.New(), env.DS, record.NewFakeRecorder(100), "node-2", NewFakeConnector(nil), 1<<20, nil)
 	require.NoError(t, err)
 	ctx := context.Background()
 	k := fileJobKey{"uid-img", "uuid-node-1"}
@@ -115,7 +115,7 @@ func TestBackingImageUploadOneAtATime(t *testing.T) {
 	}
 	require.ErrorContains(t, r.err, "client went away")
 	assert.False(t, c.files.uploading("uid-img"), "no upload is marked once it ended")
-	require.NoError(t, c.Sync(ctx, testNS+"/img"))
+	require.NoError(t, c.Sync(ctx, NS+"/img"))
 	st := imageSpec(t, env).Status.DiskFileStatusMap["uuid-node-1"]
 	require.NotNil(t, st)
 	assert.Equal(t, v1beta1.BackingImageStateFailed, st.State)
@@ -132,7 +132,7 @@ func TestBackingImageUploadOneAtATime(t *testing.T) {
 	assert.Equal(t, sha512Of(string(img)), res.Checksum)
 	_, err = os.Stat(filepath.Join(BackingImageDir(dir, "img", "abcd1234"), BackingFileName))
 	require.NoError(t, err)
-	require.NoError(t, c.Sync(ctx, testNS+"/img"))
+	require.NoError(t, c.Sync(ctx, NS+"/img"))
 	bi := imageSpec(t, env)
 	assert.Equal(t, v1beta1.BackingImageStateReady, bi.Status.DiskFileStatusMap["uuid-node-1"].State)
 	assert.Equal(t, sha512Of(string(img)), bi.Status.Checksum)
@@ -142,7 +142,7 @@ func TestBackingImageUploadOneAtATime(t *testing.T) {
 // manager is down, or an upload that ended, holds no upload back.
 func TestBackingImageUploadElsewhere(t *testing.T) {
 	claimed := func(state v1beta1.BackingImageState, msg string) *v1beta1.BackingImage {
-		return testImage(nil, func(bi *v1beta1.BackingImage) {
+		return Image(nil, func(bi *v1beta1.BackingImage) {
 			bi.Spec.SourceType, bi.Spec.SourceParameters = v1beta1.BackingImageSourceTypeUpload, nil
 			bi.Spec.DiskFileSpecMap["uuid-node-1"] = &v1beta1.BackingImageDiskFileSpec{}
 			bi.Status.FirstCopyDisk = "uuid-node-1"
@@ -163,9 +163,9 @@ func TestBackingImageUploadElsewhere(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			env := dstest.New(t, []runtime.Object{readyDiskNode("node-1"), readyDiskNode("node-2"), tc.image},
-				[]runtime.Object{testLease("node-1", tc.node1Renewed), testLease("node-2", 0)})
-			c, err := NewBackingImageController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-2", newFakeConnector(nil), 1<<20, nil)
+			env := dstest.New(t, []runtime.Object{ReadyDiskNode("node-1"), ReadyDiskNode("node-2"), tc.image},
+				[]runtime.Object{Lease("node-1", tc.node1Renewed), Lease("node-2", 0)})
+			c, err := NewBackingImageController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-2", NewFakeConnector(nil), 1<<20, nil)
 			require.NoError(t, err)
 			bi, err := env.DS.BackingImages.GetRO("img")
 			require.NoError(t, err)

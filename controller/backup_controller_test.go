@@ -47,7 +47,7 @@ func availableTarget(dir string) *v1beta1.BackupTarget {
 }
 
 func completedBackup(name, snapshot, url, createdAt string) *v1beta1.Backup {
-	return testBackup(name, snapshot, func(b *v1beta1.Backup) {
+	return Backup(name, snapshot, func(b *v1beta1.Backup) {
 		b.Labels = map[string]string{types.LabelVolume: "v1"}
 		b.Status = v1beta1.BackupStatus{State: v1beta1.BackupStateCompleted, Progress: 100, URL: url, SnapshotName: snapshot,
 			VolumeName: "v1", BackupCreatedAt: createdAt, OwnerID: "node-1"}
@@ -56,7 +56,7 @@ func completedBackup(name, snapshot, url, createdAt string) *v1beta1.Backup {
 
 // attachedVolume is v1 attached to node-1.
 func attachedVolume() *v1beta1.Volume {
-	return vcVolume(func(v *v1beta1.Volume) {
+	return Volume(func(v *v1beta1.Volume) {
 		v.Spec.NodeID, v.Status.CurrentNodeID, v.Status.State = "node-1", "node-1", v1beta1.VolumeStateAttached
 	})
 }
@@ -64,7 +64,7 @@ func attachedVolume() *v1beta1.Volume {
 func backupTicketFor(b string) *v1beta1.AttachmentTicket {
 	return &v1beta1.AttachmentTicket{ID: backupTicketID(b), Type: v1beta1.AttacherTypeBackupController, NodeID: "node-1",
 		OwnerRef: &v1beta1.TicketOwnerReference{APIVersion: v1beta1.SchemeGroupVersion.String(), Kind: "Backup",
-			Namespace: testNS, Name: b, UID: "uid-" + b},
+			Namespace: NS, Name: b, UID: "uid-" + b},
 		Parameters: map[string]string{v1beta1.AttachmentParameterDisableFrontend: v1beta1.AnyValue}}
 }
 
@@ -89,7 +89,7 @@ func syncedInstanceCache(instances ...*engineapi.Instance) *InstanceCache {
 	return cache
 }
 
-func backupSyncFunc(instances ...*engineapi.Instance) syncFunc {
+func backupSyncFunc(instances ...*engineapi.Instance) SyncFunc {
 	return func(env *dstest.Env, rec record.EventRecorder, me string, dp engineapi.Connector) (func(context.Context, string) error, error) {
 		c, err := NewBackupController(logrus.New(), env.DS, rec, me, dp, syncedInstanceCache(instances...))
 		if err != nil {
@@ -101,7 +101,7 @@ func backupSyncFunc(instances ...*engineapi.Instance) syncFunc {
 
 func backupOf(t *testing.T, env *dstest.Env, name string) *v1beta1.Backup {
 	t.Helper()
-	b, err := env.Strata.StrataV1beta1().Backups(testNS).Get(context.Background(), name, metav1.GetOptions{})
+	b, err := env.Strata.StrataV1beta1().Backups(NS).Get(context.Background(), name, metav1.GetOptions{})
 	require.NoError(t, err)
 	return b
 }
@@ -120,7 +120,7 @@ func wantBackup(state v1beta1.BackupState, errText string) func(*testing.T, *dst
 
 func wantTicket(node string) func(*testing.T, *dstest.Env) {
 	return func(t *testing.T, env *dstest.Env) {
-		va, err := env.Strata.StrataV1beta1().VolumeAttachments(testNS).Get(context.Background(), "v1", metav1.GetOptions{})
+		va, err := env.Strata.StrataV1beta1().VolumeAttachments(NS).Get(context.Background(), "v1", metav1.GetOptions{})
 		require.NoError(t, err)
 		tk := va.Spec.AttachmentTickets[backupTicketID("b1")]
 		if node == "" {
@@ -137,16 +137,16 @@ func wantTicket(node string) func(*testing.T, *dstest.Env) {
 func TestSyncBackup(t *testing.T) {
 	dir := backupTargetDir(t, false)
 	url := "file://" + dir
-	im := &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: testNS},
+	im := &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: NS},
 		Status: v1beta1.InstanceManagerStatus{OwnerID: "node-1", CurrentState: v1beta1.InstanceStateRunning, Endpoint: "im-1:8500"}}
 	attached := func(extra ...runtime.Object) []runtime.Object {
-		return withNodes(append([]runtime.Object{availableTarget(dir), attachedVolume(), runningEngine("v1"), im,
-			readySnap("s1")}, extra...)...)
+		return WithNodes(append([]runtime.Object{availableTarget(dir), attachedVolume(), RunningEngine("v1"), im,
+			ReadySnap("s1")}, extra...)...)
 	}
 	unavailable := testBackupTarget(url, "")
 	unavailable.Status.Conditions = []metav1.Condition{{Type: ConditionTypeAvailable, Status: metav1.ConditionFalse,
 		Reason: BackupTargetReasonUnreachable, Message: "connection refused"}}
-	mirrored := testBackup("b1", "s1", func(b *v1beta1.Backup) {
+	mirrored := Backup("b1", "s1", func(b *v1beta1.Backup) {
 		b.Finalizers, b.Annotations = nil, map[string]string{AnnotationBackupMirrored: "true"}
 	})
 	inProgress := func(p int32) *engineapi.BackupStatus {
@@ -155,116 +155,116 @@ func TestSyncBackup(t *testing.T) {
 	}
 	// Each case with the job status its engine's instance shows.
 	cases := []struct {
-		syncCase
+		SyncCase
 		job *engineapi.BackupStatus
 	}{
-		{syncCase: syncCase{name: "a missing finalizer is added first", key: testNS + "/b1",
-			objects:    attached(testVA(), testBackup("b1", "s1", func(b *v1beta1.Backup) { b.Finalizers = nil })),
-			wantWrites: []string{"update backups b1"}}},
-		{syncCase: syncCase{name: "a mirrored backup is the mirror's until it has a state", key: testNS + "/b1",
-			objects: attached(testVA(), mirrored)}},
-		{syncCase: syncCase{name: "a named snapshot of an attached volume: the job starts on the engine's node", key: testNS + "/b1",
-			objects:    attached(testVA(), testBackup("b1", "s1")),
-			wantWrites: []string{"update volumeattachments v1", "update backups/status b1"},
-			wantCalls:  []string{"SnapshotBackup v1-e-0 s1 b1 v1 " + url},
-			wantEvents: []string{"Normal BackupStarted"},
-			check: allChecks(wantBackup(v1beta1.BackupStateInProgress, ""), wantTicket("node-1"), func(t *testing.T, env *dstest.Env) {
+		{SyncCase: SyncCase{Name: "a missing finalizer is added first", Key: NS + "/b1",
+			Objects:    attached(VA(), Backup("b1", "s1", func(b *v1beta1.Backup) { b.Finalizers = nil })),
+			WantWrites: []string{"update backups b1"}}},
+		{SyncCase: SyncCase{Name: "a mirrored backup is the mirror's until it has a state", Key: NS + "/b1",
+			Objects: attached(VA(), mirrored)}},
+		{SyncCase: SyncCase{Name: "a named snapshot of an attached volume: the job starts on the engine's node", Key: NS + "/b1",
+			Objects:    attached(VA(), Backup("b1", "s1")),
+			WantWrites: []string{"update volumeattachments v1", "update backups/status b1"},
+			WantCalls:  []string{"SnapshotBackup v1-e-0 s1 b1 v1 " + url},
+			WantEvents: []string{"Normal BackupStarted"},
+			Check: AllChecks(wantBackup(v1beta1.BackupStateInProgress, ""), wantTicket("node-1"), func(t *testing.T, env *dstest.Env) {
 				b := backupOf(t, env, "b1")
 				assert.Equal(t, "v1", b.Status.VolumeName)
 				assert.Equal(t, "s1", b.Status.SnapshotName)
 				assert.Equal(t, url, b.Status.URL)
 			})}},
-		{syncCase: syncCase{name: "incremental on the newest completed backup whose snapshot still exists", key: testNS + "/b1",
-			objects: attached(testVA(), testBackup("b1", "s1"), readySnap("s0"),
+		{SyncCase: SyncCase{Name: "incremental on the newest completed backup whose snapshot still exists", Key: NS + "/b1",
+			Objects: attached(VA(), Backup("b1", "s1"), ReadySnap("s0"),
 				completedBackup("b-old", "s0", url, "2026-11-20T10:00:00Z"),
 				completedBackup("b-newer-snap-gone", "s-gone", url, "2026-11-21T10:00:00Z"),
 				completedBackup("b-other-target", "s0", "file:///elsewhere", "2026-11-21T11:00:00Z")),
-			wantWrites: []string{"update volumeattachments v1", "update backups/status b1"},
-			wantCalls:  []string{"SnapshotBackup v1-e-0 s1 b1 v1 " + url + " base=b-old/s0"},
-			wantEvents: []string{"Normal BackupStarted"}}},
-		{syncCase: syncCase{name: "no default target: the backup waits and says so", key: testNS + "/b1",
-			objects:    withNodes(attachedVolume(), runningEngine("v1"), im, readySnap("s1"), testVA(), testBackup("b1", "s1")),
-			wantWrites: []string{"update backups/status b1"},
-			check:      wantBackup(v1beta1.BackupStatePending, "no backup target: create BackupTarget strata-system/default")}},
-		{syncCase: syncCase{name: "an unavailable target: the backup waits with the target's message", key: testNS + "/b1",
-			objects:    withNodes(unavailable, attachedVolume(), runningEngine("v1"), im, readySnap("s1"), testVA(), testBackup("b1", "s1")),
-			wantWrites: []string{"update backups/status b1"},
-			check:      wantBackup(v1beta1.BackupStatePending, "is not available: connection refused")}},
-		{syncCase: syncCase{name: "a snapshot that does not exist is refused", key: testNS + "/b1",
-			objects:    attached(testVA(), testBackup("b1", "nope")),
-			wantWrites: []string{"update backups/status b1"}, wantEvents: []string{"Warning BackupFailed"},
-			check: wantBackup(v1beta1.BackupStateError, "snapshot nope not found")}},
-		{syncCase: syncCase{name: "a backup naming neither a snapshot nor a volume is refused", key: testNS + "/b1",
-			objects:    attached(testVA(), testBackup("b1", "")),
-			wantWrites: []string{"update backups/status b1"}, wantEvents: []string{"Warning BackupFailed"},
-			check: wantBackup(v1beta1.BackupStateError, "neither spec.snapshotName nor the label")}},
-		{syncCase: syncCase{name: "a whole-volume backup takes a system snapshot owned by the Backup", key: testNS + "/b1",
-			objects: attached(testVA(), testBackup("b1", "", func(b *v1beta1.Backup) {
+			WantWrites: []string{"update volumeattachments v1", "update backups/status b1"},
+			WantCalls:  []string{"SnapshotBackup v1-e-0 s1 b1 v1 " + url + " base=b-old/s0"},
+			WantEvents: []string{"Normal BackupStarted"}}},
+		{SyncCase: SyncCase{Name: "no default target: the backup waits and says so", Key: NS + "/b1",
+			Objects:    WithNodes(attachedVolume(), RunningEngine("v1"), im, ReadySnap("s1"), VA(), Backup("b1", "s1")),
+			WantWrites: []string{"update backups/status b1"},
+			Check:      wantBackup(v1beta1.BackupStatePending, "no backup target: create BackupTarget strata-system/default")}},
+		{SyncCase: SyncCase{Name: "an unavailable target: the backup waits with the target's message", Key: NS + "/b1",
+			Objects:    WithNodes(unavailable, attachedVolume(), RunningEngine("v1"), im, ReadySnap("s1"), VA(), Backup("b1", "s1")),
+			WantWrites: []string{"update backups/status b1"},
+			Check:      wantBackup(v1beta1.BackupStatePending, "is not available: connection refused")}},
+		{SyncCase: SyncCase{Name: "a snapshot that does not exist is refused", Key: NS + "/b1",
+			Objects:    attached(VA(), Backup("b1", "nope")),
+			WantWrites: []string{"update backups/status b1"}, WantEvents: []string{"Warning BackupFailed"},
+			Check: wantBackup(v1beta1.BackupStateError, "snapshot nope not found")}},
+		{SyncCase: SyncCase{Name: "a backup naming neither a snapshot nor a volume is refused", Key: NS + "/b1",
+			Objects:    attached(VA(), Backup("b1", "")),
+			WantWrites: []string{"update backups/status b1"}, WantEvents: []string{"Warning BackupFailed"},
+			Check: wantBackup(v1beta1.BackupStateError, "neither spec.snapshotName nor the label")}},
+		{SyncCase: SyncCase{Name: "a whole-volume backup takes a system snapshot owned by the Backup", Key: NS + "/b1",
+			Objects: attached(VA(), Backup("b1", "", func(b *v1beta1.Backup) {
 				b.Labels = map[string]string{types.LabelVolume: "v1"}
 			})),
-			wantWrites: []string{"update volumeattachments v1", "create snapshots b1", "update backups/status b1"},
-			check: allChecks(wantBackup(v1beta1.BackupStatePending, ""), func(t *testing.T, env *dstest.Env) {
-				s, err := env.Strata.StrataV1beta1().Snapshots(testNS).Get(context.Background(), "b1", metav1.GetOptions{})
+			WantWrites: []string{"update volumeattachments v1", "create snapshots b1", "update backups/status b1"},
+			Check: AllChecks(wantBackup(v1beta1.BackupStatePending, ""), func(t *testing.T, env *dstest.Env) {
+				s, err := env.Strata.StrataV1beta1().Snapshots(NS).Get(context.Background(), "b1", metav1.GetOptions{})
 				require.NoError(t, err)
 				assert.True(t, s.TakenForStrata())
 				assert.True(t, s.Spec.CreateSnapshot)
 				assert.Equal(t, "b1", backupOf(t, env, "b1").Status.SnapshotName)
 			})}},
-		{syncCase: syncCase{name: "a detached volume is attached on this node through the backup's ticket", key: testNS + "/b1",
-			objects: withNodes(availableTarget(dir), vcVolume(), vcEngine(), im, readySnap("s1"), testVA(),
-				testBackup("b1", "s1")),
-			wantWrites: []string{"update volumeattachments v1", "update backups/status b1"},
-			check:      allChecks(wantBackup(v1beta1.BackupStatePending, ""), wantTicket("node-1"))}},
-		{syncCase: syncCase{name: "an engine on another node: its manager takes the backup", key: testNS + "/b1", me: "node-2",
-			objects: attached(testVA(backupTicketFor("b1")), testBackup("b1", "s1", backupState(v1beta1.BackupStatePending, 0)))}},
-		{syncCase: syncCase{name: "progress below the step is not written", key: testNS + "/b1",
-			objects: attached(testVA(backupTicketFor("b1")), testBackup("b1", "s1", func(b *v1beta1.Backup) {
-				backupState(v1beta1.BackupStateInProgress, 10)(b)
+		{SyncCase: SyncCase{Name: "a detached volume is attached on this node through the backup's ticket", Key: NS + "/b1",
+			Objects: WithNodes(availableTarget(dir), Volume(), Engine(), im, ReadySnap("s1"), VA(),
+				Backup("b1", "s1")),
+			WantWrites: []string{"update volumeattachments v1", "update backups/status b1"},
+			Check:      AllChecks(wantBackup(v1beta1.BackupStatePending, ""), wantTicket("node-1"))}},
+		{SyncCase: SyncCase{Name: "an engine on another node: its manager takes the backup", Key: NS + "/b1", Me: "node-2",
+			Objects: attached(VA(backupTicketFor("b1")), Backup("b1", "s1", BackupState(v1beta1.BackupStatePending, 0)))}},
+		{SyncCase: SyncCase{Name: "progress below the step is not written", Key: NS + "/b1",
+			Objects: attached(VA(backupTicketFor("b1")), Backup("b1", "s1", func(b *v1beta1.Backup) {
+				BackupState(v1beta1.BackupStateInProgress, 10)(b)
 				b.Status.SnapshotName, b.Status.URL = "s1", url
 			}))}, job: inProgress(15)},
-		{syncCase: syncCase{name: "progress past the step is written", key: testNS + "/b1",
-			objects: attached(testVA(backupTicketFor("b1")), testBackup("b1", "s1", func(b *v1beta1.Backup) {
-				backupState(v1beta1.BackupStateInProgress, 10)(b)
+		{SyncCase: SyncCase{Name: "progress past the step is written", Key: NS + "/b1",
+			Objects: attached(VA(backupTicketFor("b1")), Backup("b1", "s1", func(b *v1beta1.Backup) {
+				BackupState(v1beta1.BackupStateInProgress, 10)(b)
 				b.Status.SnapshotName, b.Status.URL = "s1", url
 			})),
-			wantWrites: []string{"update backups/status b1"},
-			check: func(t *testing.T, env *dstest.Env) {
+			WantWrites: []string{"update backups/status b1"},
+			Check: func(t *testing.T, env *dstest.Env) {
 				b := backupOf(t, env, "b1")
 				assert.Equal(t, int32(25), b.Status.Progress)
 				assert.Equal(t, []int64{25 << 20, 100 << 20}, []int64{b.Status.BytesDone, b.Status.BytesTotal})
 			}}, job: inProgress(25)},
-		{syncCase: syncCase{name: "a failed job is retried later", key: testNS + "/b1",
-			objects:    attached(testVA(backupTicketFor("b1")), testBackup("b1", "s1", backupState(v1beta1.BackupStateInProgress, 30))),
-			wantWrites: []string{"update backups/status b1"}, wantEvents: []string{"Warning BackupFailed"},
-			check: wantBackup(v1beta1.BackupStatePending, "attempt 1 failed, retried in 10s: dial tcp: connection refused")}, job: &engineapi.BackupStatus{Snapshot: "s1", State: engineapi.JobStateError, Error: "dial tcp: connection refused"}},
-		{syncCase: syncCase{name: "an engine busy with another backup: retried with backoff", key: testNS + "/b1",
-			objects: attached(testVA(backupTicketFor("b1")), testBackup("b1", "s1")),
-			dpErr:   map[string]error{"SnapshotBackup": fmt.Errorf("%w: a backup runs", engineapi.ErrBusy)},
-			wantErr: "busy", wantWrites: []string{"update backups/status b1"},
-			wantCalls: []string{"SnapshotBackup v1-e-0 s1 b1 v1 " + url},
-			check:     wantBackup(v1beta1.BackupStatePending, "another backup or restore of volume v1 runs")}},
-		{syncCase: syncCase{name: "a backup the instance manager refuses is not retried", key: testNS + "/b1",
-			objects:    attached(testVA(backupTicketFor("b1")), testBackup("b1", "s1")),
-			dpErr:      map[string]error{"SnapshotBackup": fmt.Errorf("%w: snapshot s1 is not in the chain", engineapi.ErrInvalid)},
-			wantWrites: []string{"update backups/status b1"}, wantEvents: []string{"Warning BackupFailed"},
-			wantCalls: []string{"SnapshotBackup v1-e-0 s1 b1 v1 " + url},
-			check:     wantBackup(v1beta1.BackupStateError, "the instance manager refused the backup")}},
-		{syncCase: syncCase{name: "a finished backup releases its ticket", key: testNS + "/b1",
-			objects:    attached(testVA(backupTicketFor("b1")), completedBackup("b1", "s1", url, "2026-11-21T10:00:00Z")),
-			wantWrites: []string{"update volumeattachments v1"}, check: wantTicket("")}},
+		{SyncCase: SyncCase{Name: "a failed job is retried later", Key: NS + "/b1",
+			Objects:    attached(VA(backupTicketFor("b1")), Backup("b1", "s1", BackupState(v1beta1.BackupStateInProgress, 30))),
+			WantWrites: []string{"update backups/status b1"}, WantEvents: []string{"Warning BackupFailed"},
+			Check: wantBackup(v1beta1.BackupStatePending, "attempt 1 failed, retried in 10s: dial tcp: connection refused")}, job: &engineapi.BackupStatus{Snapshot: "s1", State: engineapi.JobStateError, Error: "dial tcp: connection refused"}},
+		{SyncCase: SyncCase{Name: "an engine busy with another backup: retried with backoff", Key: NS + "/b1",
+			Objects: attached(VA(backupTicketFor("b1")), Backup("b1", "s1")),
+			DPErr:   map[string]error{"SnapshotBackup": fmt.Errorf("%w: a backup runs", engineapi.ErrBusy)},
+			WantErr: "busy", WantWrites: []string{"update backups/status b1"},
+			WantCalls: []string{"SnapshotBackup v1-e-0 s1 b1 v1 " + url},
+			Check:     wantBackup(v1beta1.BackupStatePending, "another backup or restore of volume v1 runs")}},
+		{SyncCase: SyncCase{Name: "a backup the instance manager refuses is not retried", Key: NS + "/b1",
+			Objects:    attached(VA(backupTicketFor("b1")), Backup("b1", "s1")),
+			DPErr:      map[string]error{"SnapshotBackup": fmt.Errorf("%w: snapshot s1 is not in the chain", engineapi.ErrInvalid)},
+			WantWrites: []string{"update backups/status b1"}, WantEvents: []string{"Warning BackupFailed"},
+			WantCalls: []string{"SnapshotBackup v1-e-0 s1 b1 v1 " + url},
+			Check:     wantBackup(v1beta1.BackupStateError, "the instance manager refused the backup")}},
+		{SyncCase: SyncCase{Name: "a finished backup releases its ticket", Key: NS + "/b1",
+			Objects:    attached(VA(backupTicketFor("b1")), completedBackup("b1", "s1", url, "2026-11-21T10:00:00Z")),
+			WantWrites: []string{"update volumeattachments v1"}, Check: wantTicket("")}},
 	}
 	for _, tc := range cases {
-		runSyncCases(t, []syncCase{tc.syncCase}, backupSyncFunc(engineWithBackup(tc.job)))
+		RunSyncCases(t, []SyncCase{tc.SyncCase}, backupSyncFunc(engineWithBackup(tc.job)))
 	}
 }
 
 func TestSyncBackupCompletesAndDeletes(t *testing.T) {
 	dir := backupTargetDir(t, true)
 	url := "file://" + dir
-	im := &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: testNS},
+	im := &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: NS},
 		Status: v1beta1.InstanceManagerStatus{OwnerID: "node-1", CurrentState: v1beta1.InstanceStateRunning, Endpoint: "im-1:8500"}}
-	running := testBackup("b1", "s1", func(b *v1beta1.Backup) {
-		backupState(v1beta1.BackupStateInProgress, 90)(b)
+	running := Backup("b1", "s1", func(b *v1beta1.Backup) {
+		BackupState(v1beta1.BackupStateInProgress, 90)(b)
 		b.Status.SnapshotName, b.Status.URL = "s1", url
 	})
 	fs, err := backupstore.NewFileStore(dir)
@@ -274,12 +274,12 @@ func TestSyncBackupCompletesAndDeletes(t *testing.T) {
 	m, err := tgt.LoadManifest(context.Background(), "v1", "b1")
 	require.NoError(t, err)
 
-	runSyncCases(t, []syncCase{{name: "a completed job: the status the mirror would write, from the manifest", key: testNS + "/b1",
-		objects: withNodes(availableTarget(dir), attachedVolume(), runningEngine("v1"), im,
-			testSnapshot("s1", true, func(s *v1beta1.Snapshot) { s.Status.ReadyToUse, s.Status.CreationTime = true, "2026-11-21T11:00:00Z" }),
-			testVA(backupTicketFor("b1")), running),
-		wantWrites: []string{"update backups/status b1"}, wantEvents: []string{"Normal BackupCompleted"},
-		check: func(t *testing.T, env *dstest.Env) {
+	RunSyncCases(t, []SyncCase{{Name: "a completed job: the status the mirror would write, from the manifest", Key: NS + "/b1",
+		Objects: WithNodes(availableTarget(dir), attachedVolume(), RunningEngine("v1"), im,
+			Snapshot("s1", true, func(s *v1beta1.Snapshot) { s.Status.ReadyToUse, s.Status.CreationTime = true, "2026-11-21T11:00:00Z" }),
+			VA(backupTicketFor("b1")), running),
+		WantWrites: []string{"update backups/status b1"}, WantEvents: []string{"Normal BackupCompleted"},
+		Check: func(t *testing.T, env *dstest.Env) {
 			b := backupOf(t, env, "b1")
 			want := completedBackupStatus(url, m.Header)
 			want.OwnerID, want.SnapshotCreatedAt = "node-1", "2026-11-21T11:00:00Z"
@@ -297,46 +297,46 @@ func TestSyncBackupCompletesAndDeletes(t *testing.T) {
 			bt, err := env.DS.BackupTargets.GetRO("default")
 			require.NoError(t, err)
 			require.NoError(t, btc.mirrorBackup(context.Background(), bt, tgt, backupstore.BackupInfo{Header: m.Header}))
-			assert.Empty(t, writes(env.Strata.Actions()), "the mirror rewrites nothing")
+			assert.Empty(t, Writes(env.Strata.Actions()), "the mirror rewrites nothing")
 		}}}, backupSyncFunc(engineWithBackup(&engineapi.BackupStatus{Snapshot: "s1", State: engineapi.JobStateCompleted,
 		Progress: 100, StoredBytes: m.Stats.StoredBytes})))
 
 	now := metav1.NewTime(dstest.Now)
 	deletingBackup := func(b *v1beta1.Backup) *v1beta1.Backup { b.DeletionTimestamp = &now; return b }
 	gone := t.TempDir() + "/gone"
-	runSyncCases(t, []syncCase{
-		{name: "an unreachable target keeps the finalizer and says why", key: testNS + "/b1",
-			objects:    withNodes(availableTarget(gone), vcVolume(), testVA(), deletingBackup(completedBackup("b1", "s1", "file://"+gone, "x"))),
-			wantErr:    "no such file or directory",
-			wantWrites: []string{"update backups/status b1"},
-			check: func(t *testing.T, env *dstest.Env) {
+	RunSyncCases(t, []SyncCase{
+		{Name: "an unreachable target keeps the finalizer and says why", Key: NS + "/b1",
+			Objects:    WithNodes(availableTarget(gone), Volume(), VA(), deletingBackup(completedBackup("b1", "s1", "file://"+gone, "x"))),
+			WantErr:    "no such file or directory",
+			WantWrites: []string{"update backups/status b1"},
+			Check: func(t *testing.T, env *dstest.Env) {
 				b := backupOf(t, env, "b1")
 				assert.Contains(t, b.Finalizers, types.FinalizerName)
 				assert.Contains(t, b.Status.Error, "deleting the backup from the target")
 			}},
-		{name: "delete: the manifest goes from the target, then the ticket and the finalizer", key: testNS + "/b1",
-			objects: withNodes(availableTarget(dir), vcVolume(), testVA(backupTicketFor("b1")),
+		{Name: "delete: the manifest goes from the target, then the ticket and the finalizer", Key: NS + "/b1",
+			Objects: WithNodes(availableTarget(dir), Volume(), VA(backupTicketFor("b1")),
 				deletingBackup(completedBackup("b1", "s1", url, "x"))),
-			wantWrites: []string{"update volumeattachments v1", "update backuptargets default", "update backups b1"},
-			wantEvents: []string{"Normal BackupDeleted"},
-			check: allChecks(wantTicket(""), func(t *testing.T, env *dstest.Env) {
+			WantWrites: []string{"update volumeattachments v1", "update backuptargets default", "update backups b1"},
+			WantEvents: []string{"Normal BackupDeleted"},
+			Check: AllChecks(wantTicket(""), func(t *testing.T, env *dstest.Env) {
 				_, err := tgt.LoadManifest(context.Background(), "v1", "b1")
 				assert.ErrorIs(t, err, backupstore.ErrNotFound)
-				bt, err := env.Strata.StrataV1beta1().BackupTargets(testNS).Get(context.Background(), "default", metav1.GetOptions{})
+				bt, err := env.Strata.StrataV1beta1().BackupTargets(NS).Get(context.Background(), "default", metav1.GetOptions{})
 				require.NoError(t, err)
 				assert.NotEmpty(t, bt.Annotations[AnnotationBackupGCRequestedAt], "the target's owner is asked for a GC")
 			})},
-		{name: "delete while the job runs: it waits for the job's end", key: testNS + "/b1",
-			objects: withNodes(availableTarget(dir), attachedVolume(), runningEngine("v1"), im, testVA(backupTicketFor("b1")),
-				deletingBackup(testBackup("b1", "s1", backupState(v1beta1.BackupStateInProgress, 40))))},
-		{name: "delete with no target: nothing to delete from, the finalizer goes (and no GC is asked)", key: testNS + "/b1",
-			objects:    withNodes(vcVolume(), testVA(), deletingBackup(completedBackup("b1", "s1", url, "x"))),
-			wantWrites: []string{"update backups b1"}},
-		{name: "delete of a whole-volume backup deletes its snapshot", key: testNS + "/b1",
-			objects: withNodes(vcVolume(), testVA(), testSnapshot("b1", true, func(s *v1beta1.Snapshot) {
+		{Name: "delete while the job runs: it waits for the job's end", Key: NS + "/b1",
+			Objects: WithNodes(availableTarget(dir), attachedVolume(), RunningEngine("v1"), im, VA(backupTicketFor("b1")),
+				deletingBackup(Backup("b1", "s1", BackupState(v1beta1.BackupStateInProgress, 40))))},
+		{Name: "delete with no target: nothing to delete from, the finalizer goes (and no GC is asked)", Key: NS + "/b1",
+			Objects:    WithNodes(Volume(), VA(), deletingBackup(completedBackup("b1", "s1", url, "x"))),
+			WantWrites: []string{"update backups b1"}},
+		{Name: "delete of a whole-volume backup deletes its snapshot", Key: NS + "/b1",
+			Objects: WithNodes(Volume(), VA(), Snapshot("b1", true, func(s *v1beta1.Snapshot) {
 				s.OwnerReferences = []metav1.OwnerReference{{Kind: "Backup", Name: "b1", UID: "uid-b1"}}
-			}), deletingBackup(testBackup("b1", "", func(b *v1beta1.Backup) { b.Labels = map[string]string{types.LabelVolume: "v1"} }))),
-			wantWrites: []string{"delete snapshots b1", "update backups b1"}},
+			}), deletingBackup(Backup("b1", "", func(b *v1beta1.Backup) { b.Labels = map[string]string{types.LabelVolume: "v1"} }))),
+			WantWrites: []string{"delete snapshots b1", "update backups b1"}},
 	}, backupSyncFunc(engineWithBackup(&engineapi.BackupStatus{Snapshot: "s1", State: engineapi.JobStateInProgress})))
 }
 
@@ -345,11 +345,11 @@ func TestSyncBackupCompletesAndDeletes(t *testing.T) {
 // seen again, even at a later revision of the instance, does not.
 func TestBackupJobRetries(t *testing.T) {
 	dir := backupTargetDir(t, false)
-	im := &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: testNS},
+	im := &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: NS},
 		Status: v1beta1.InstanceManagerStatus{OwnerID: "node-1", CurrentState: v1beta1.InstanceStateRunning, Endpoint: "im-1:8500"}}
-	env := dstest.New(t, withNodes(availableTarget(dir), attachedVolume(), runningEngine("v1"), im, readySnap("s1"),
-		testVA(backupTicketFor("b1")), testBackup("b1", "s1", backupState(v1beta1.BackupStateInProgress, 30))),
-		[]runtime.Object{testLease("node-1", 0), testLease("node-2", 0)})
+	env := dstest.New(t, WithNodes(availableTarget(dir), attachedVolume(), RunningEngine("v1"), im, ReadySnap("s1"),
+		VA(backupTicketFor("b1")), Backup("b1", "s1", BackupState(v1beta1.BackupStateInProgress, 30))),
+		[]runtime.Object{Lease("node-1", 0), Lease("node-2", 0)})
 	cache := NewInstanceCache()
 	cache.StreamOpened()
 	failed := func(rev uint64) {
@@ -359,12 +359,12 @@ func TestBackupJobRetries(t *testing.T) {
 	}
 	failed(7)
 	cache.Apply(&engineapi.WatchEvent{Kind: engineapi.WatchSynced})
-	dp := newFakeConnector(nil)
+	dp := NewFakeConnector(nil)
 	c, err := NewBackupController(logrus.New(), env.DS, record.NewFakeRecorder(20), "node-1", dp, cache)
 	require.NoError(t, err)
 	sync := func(wantErr string) *v1beta1.Backup {
 		t.Helper()
-		require.NoError(t, c.syncBackup(context.Background(), testNS+"/b1"))
+		require.NoError(t, c.syncBackup(context.Background(), NS+"/b1"))
 		b := backupOf(t, env, "b1")
 		require.Eventually(t, func() bool {
 			got, err := env.DS.Backups.GetRO("b1")
@@ -382,11 +382,11 @@ func TestBackupJobRetries(t *testing.T) {
 	// same error at a later revision is still the first failure.
 	failed(8)
 	sync("attempt 1 failed, retried in 10s")
-	assert.Empty(t, dp.calls(), "not before the backoff")
+	assert.Empty(t, dp.Calls(), "not before the backoff")
 	backoffPassed()
 	b := sync("")
 	assert.Equal(t, v1beta1.BackupStateInProgress, b.Status.State)
-	assert.Len(t, dp.calls(), 1, "started again")
+	assert.Len(t, dp.Calls(), 1, "started again")
 	failed(9)
 	sync("attempt 2 failed, retried in 20s")
 	for i := 3; i < maxBackupAttempts; i++ {

@@ -62,18 +62,18 @@ func TestCompletedBackupSaysWhatItDid(t *testing.T) {
 	for _, tc := range cases {
 		dir, m1 := twoBackupsDir(t, tc.incremental)
 		url := "file://" + dir
-		running := testBackup("b1", "s1", func(b *v1beta1.Backup) {
-			backupState(v1beta1.BackupStateInProgress, 90)(b)
+		running := Backup("b1", "s1", func(b *v1beta1.Backup) {
+			BackupState(v1beta1.BackupStateInProgress, 90)(b)
 			b.Status.SnapshotName, b.Status.URL, b.Status.BytesDone, b.Status.BytesTotal = "s1", url, 9, 10
 		})
 		job := &engineapi.BackupStatus{Snapshot: "s1", State: engineapi.JobStateCompleted, Progress: 100,
 			BaseBackup: tc.jobBase, NewBytes: m1.Stats.NewBytes, StoredBytes: m1.Stats.StoredBytes}
-		runSyncCases(t, []syncCase{{name: tc.name, key: testNS + "/b1",
-			objects: withNodes(availableTarget(dir), attachedVolume(), runningEngine("v1"),
-				testIM(v1beta1.InstanceManagerStatus{OwnerID: "node-1", CurrentState: v1beta1.InstanceStateRunning, Endpoint: "im-1:8500"}), readySnap("s1"),
-				testVA(backupTicketFor("b1")), running),
-			wantWrites: []string{"update backups/status b1"}, wantEvents: []string{"Normal BackupCompleted"},
-			check: func(t *testing.T, env *dstest.Env) {
+		RunSyncCases(t, []SyncCase{{Name: tc.name, Key: NS + "/b1",
+			Objects: WithNodes(availableTarget(dir), attachedVolume(), RunningEngine("v1"),
+				IM(v1beta1.InstanceManagerStatus{OwnerID: "node-1", CurrentState: v1beta1.InstanceStateRunning, Endpoint: "im-1:8500"}), ReadySnap("s1"),
+				VA(backupTicketFor("b1")), running),
+			WantWrites: []string{"update backups/status b1"}, WantEvents: []string{"Normal BackupCompleted"},
+			Check: func(t *testing.T, env *dstest.Env) {
 				b := backupOf(t, env, "b1")
 				assert.Equal(t, v1beta1.BackupStateCompleted, b.Status.State)
 				assert.Equal(t, m1.Stats.NewBytes, b.Status.UploadedBytes)
@@ -96,10 +96,10 @@ func assertBackupStatusKept(t *testing.T, env *dstest.Env, dir string, m1 *backu
 		return err == nil && reflect.DeepEqual(got.Status, want)
 	}, 5*time.Second, 10*time.Millisecond, "the cache holds the completed status")
 	env.ClearActions()
-	bc, err := NewBackupController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", newFakeConnector(nil),
+	bc, err := NewBackupController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", NewFakeConnector(nil),
 		syncedInstanceCache(engineWithBackup(nil)))
 	require.NoError(t, err)
-	require.NoError(t, bc.syncBackup(ctx, testNS+"/b1"))
+	require.NoError(t, bc.syncBackup(ctx, NS+"/b1"))
 	btc, err := NewBackupTargetController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1")
 	require.NoError(t, err)
 	fs, err := backupstore.NewFileStore(dir)
@@ -109,6 +109,6 @@ func assertBackupStatusKept(t *testing.T, env *dstest.Env, dir string, m1 *backu
 	bt, err := env.DS.BackupTargets.GetRO("default")
 	require.NoError(t, err)
 	require.NoError(t, btc.mirrorBackup(ctx, bt, tgt, backupstore.BackupInfo{Header: m1.Header}))
-	assert.NotContains(t, writes(env.Strata.Actions()), "update backups/status b1", "the status is kept as it is")
+	assert.NotContains(t, Writes(env.Strata.Actions()), "update backups/status b1", "the status is kept as it is")
 	assert.Equal(t, want, backupOf(t, env, "b1").Status)
 }

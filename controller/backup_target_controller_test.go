@@ -22,7 +22,7 @@ import (
 )
 
 func testBackupTarget(url, secret string) *v1beta1.BackupTarget {
-	return &v1beta1.BackupTarget{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: testNS, Generation: 1},
+	return &v1beta1.BackupTarget{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: NS, Generation: 1},
 		Spec: v1beta1.BackupTargetSpec{BackupTargetURL: url, CredentialSecret: secret}}
 }
 
@@ -45,7 +45,7 @@ func oldTarget(t *testing.T) string {
 
 func TestSyncBackupTarget(t *testing.T) {
 	dir := oldTarget(t)
-	s3Secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s3-creds", Namespace: testNS},
+	s3Secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s3-creds", Namespace: NS},
 		Data: map[string][]byte{backupstore.SecretAccessKey: []byte("k"), backupstore.SecretSecretKey: []byte("s")}}
 	cases := []struct {
 		name       string
@@ -84,15 +84,15 @@ func TestSyncBackupTarget(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			kube := append([]runtime.Object{testLease("node-1", 0)}, tc.extra...)
-			env := dstest.New(t, append([]runtime.Object{schedNode("node-1"), tc.target}, tc.objects...), kube)
+			kube := append([]runtime.Object{Lease("node-1", 0)}, tc.extra...)
+			env := dstest.New(t, append([]runtime.Object{SchedNode("node-1"), tc.target}, tc.objects...), kube)
 			rec := record.NewFakeRecorder(10)
 			c, err := NewBackupTargetController(logrus.New(), env.DS, rec, "node-1")
 			require.NoError(t, err)
 			env.ClearActions()
-			require.NoError(t, c.syncBackupTarget(context.Background(), testNS+"/default"))
-			assert.Equal(t, tc.wantWrites, writes(env.Strata.Actions()))
-			bt, err := env.Strata.StrataV1beta1().BackupTargets(testNS).Get(context.Background(), "default", metav1.GetOptions{})
+			require.NoError(t, c.syncBackupTarget(context.Background(), NS+"/default"))
+			assert.Equal(t, tc.wantWrites, Writes(env.Strata.Actions()))
+			bt, err := env.Strata.StrataV1beta1().BackupTargets(NS).Get(context.Background(), "default", metav1.GetOptions{})
 			require.NoError(t, err)
 			cond := meta.FindStatusCondition(bt.Status.Conditions, ConditionTypeAvailable)
 			require.NotNil(t, cond)
@@ -100,16 +100,16 @@ func TestSyncBackupTarget(t *testing.T) {
 			assert.Equal(t, tc.wantMsg == "", bt.Status.Available)
 			assert.Contains(t, cond.Message, tc.wantMsg)
 			if tc.wantMsg != "" {
-				assert.Equal(t, []string{"Warning BackupTargetUnavailable"}, drainEvents(rec))
+				assert.Equal(t, []string{"Warning BackupTargetUnavailable"}, DrainEvents(rec))
 			} else {
-				bk, err := env.Strata.StrataV1beta1().Backups(testNS).Get(context.Background(), "bk-a2", metav1.GetOptions{})
+				bk, err := env.Strata.StrataV1beta1().Backups(NS).Get(context.Background(), "bk-a2", metav1.GetOptions{})
 				require.NoError(t, err)
 				assert.Equal(t, v1beta1.BackupStateCompleted, bk.Status.State)
 				assert.Equal(t, "vol-a", bk.Status.VolumeName)
 				assert.Equal(t, "snap-bk-a2", bk.Status.SnapshotName)
 				assert.Equal(t, map[string]string{"app": "db"}, bk.Status.Labels)
 				assert.Positive(t, bk.Status.Size)
-				bv, err := env.Strata.StrataV1beta1().BackupVolumes(testNS).Get(context.Background(), "vol-a", metav1.GetOptions{})
+				bv, err := env.Strata.StrataV1beta1().BackupVolumes(NS).Get(context.Background(), "vol-a", metav1.GetOptions{})
 				require.NoError(t, err)
 				assert.Equal(t, "bk-a2", bv.Status.LastBackupName, "the newest backup of the volume")
 				assert.Equal(t, int64(300000), bv.Status.Size)
@@ -118,8 +118,8 @@ func TestSyncBackupTarget(t *testing.T) {
 			// Nothing changed: a second look writes nothing (the clock did not move).
 			env.ClearActions()
 			waitCacheHas(t, env)
-			require.NoError(t, c.syncBackupTarget(context.Background(), testNS+"/default"))
-			assert.Empty(t, writes(env.Strata.Actions()), "an unchanged target and its backups are not rewritten")
+			require.NoError(t, c.syncBackupTarget(context.Background(), NS+"/default"))
+			assert.Empty(t, Writes(env.Strata.Actions()), "an unchanged target and its backups are not rewritten")
 		})
 	}
 }
@@ -130,9 +130,9 @@ func waitCacheHas(t *testing.T, env *dstest.Env) {
 	t.Helper()
 	ctx := context.Background()
 	require.Eventually(t, func() bool {
-		bts, _ := env.Strata.StrataV1beta1().BackupTargets(testNS).List(ctx, metav1.ListOptions{})
-		bks, _ := env.Strata.StrataV1beta1().Backups(testNS).List(ctx, metav1.ListOptions{})
-		bvs, _ := env.Strata.StrataV1beta1().BackupVolumes(testNS).List(ctx, metav1.ListOptions{})
+		bts, _ := env.Strata.StrataV1beta1().BackupTargets(NS).List(ctx, metav1.ListOptions{})
+		bks, _ := env.Strata.StrataV1beta1().Backups(NS).List(ctx, metav1.ListOptions{})
+		bvs, _ := env.Strata.StrataV1beta1().BackupVolumes(NS).List(ctx, metav1.ListOptions{})
 		for _, o := range bts.Items {
 			if got, err := env.DS.BackupTargets.GetRO(o.Name); err != nil || !reflect.DeepEqual(got.Status, o.Status) {
 				return false
@@ -171,7 +171,7 @@ func TestMirrorDoesNotRecreateADeletedBackup(t *testing.T) {
 	bt, err := env.DS.BackupTargets.GetRO("default")
 	require.NoError(t, err)
 	require.NoError(t, c.mirrorBackups(context.Background(), bt, tgt, listed))
-	bks, err := env.Strata.StrataV1beta1().Backups(testNS).List(context.Background(), metav1.ListOptions{})
+	bks, err := env.Strata.StrataV1beta1().Backups(NS).List(context.Background(), metav1.ListOptions{})
 	require.NoError(t, err)
 	var names []string
 	for _, b := range bks.Items {

@@ -23,8 +23,8 @@ import (
 // by the API server; the condition and the event say so, name the Secret
 // and say what to add to the Role, rather than calling it missing.
 func TestBackupTargetCredentialSecretForbidden(t *testing.T) {
-	env := dstest.New(t, []runtime.Object{schedNode("node-1"), testBackupTarget("s3://b@us-east-1/x", "team-creds")},
-		[]runtime.Object{testLease("node-1", 0)})
+	env := dstest.New(t, []runtime.Object{SchedNode("node-1"), testBackupTarget("s3://b@us-east-1/x", "team-creds")},
+		[]runtime.Object{Lease("node-1", 0)})
 	env.Kube.PrependReactor("get", "secrets", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		name := a.(k8stesting.GetAction).GetName()
 		return true, nil, apierrors.NewForbidden(corev1.Resource("secrets"), name, errors.New(
@@ -33,9 +33,9 @@ func TestBackupTargetCredentialSecretForbidden(t *testing.T) {
 	rec := record.NewFakeRecorder(10)
 	c, err := NewBackupTargetController(logrus.New(), env.DS, rec, "node-1")
 	require.NoError(t, err)
-	require.NoError(t, c.syncBackupTarget(context.Background(), testNS+"/default"))
+	require.NoError(t, c.syncBackupTarget(context.Background(), NS+"/default"))
 
-	bt, err := env.Strata.StrataV1beta1().BackupTargets(testNS).Get(context.Background(), "default", metav1.GetOptions{})
+	bt, err := env.Strata.StrataV1beta1().BackupTargets(NS).Get(context.Background(), "default", metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.False(t, bt.Status.Available)
 	cond := meta.FindStatusCondition(bt.Status.Conditions, ConditionTypeAvailable)

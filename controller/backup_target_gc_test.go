@@ -88,7 +88,7 @@ func gcBackupTarget(g *gcTarget, mut ...func(*v1beta1.BackupTarget)) *v1beta1.Ba
 }
 
 func gcSetting(name types.SettingName, value string) *v1beta1.Setting {
-	return &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(name), Namespace: testNS}, Value: value}
+	return &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(name), Namespace: NS}, Value: value}
 }
 
 func gcSyncFunc(env *dstest.Env, rec record.EventRecorder, me string, _ engineapi.Connector) (func(context.Context, string) error, error) {
@@ -101,7 +101,7 @@ func gcSyncFunc(env *dstest.Env, rec record.EventRecorder, me string, _ engineap
 
 func wantGC(reason, msg string) func(*testing.T, *dstest.Env) {
 	return func(t *testing.T, env *dstest.Env) {
-		bt, err := env.Strata.StrataV1beta1().BackupTargets(testNS).Get(context.Background(), "default", metav1.GetOptions{})
+		bt, err := env.Strata.StrataV1beta1().BackupTargets(NS).Get(context.Background(), "default", metav1.GetOptions{})
 		require.NoError(t, err)
 		cond := meta.FindStatusCondition(bt.Status.Conditions, ConditionTypeGarbageCollected)
 		require.NotNil(t, cond)
@@ -138,45 +138,45 @@ func TestSyncBackupTargetGC(t *testing.T) {
 	other := newGCTarget(t, "b1")
 	url := func(g *gcTarget) string { return "file://" + g.dir }
 
-	runSyncCases(t, []syncCase{
-		{name: "after a delete: the packs only the deleted backup used go, the others stay", key: testNS + "/default",
-			objects:    withNodes(gcBackupTarget(afterDelete), noGrace, completed("b2", url(afterDelete))),
-			wantWrites: []string{"update backuptargets/status default"}, wantEvents: []string{"Normal GarbageCollected"},
-			check: allChecks(wantPacksLeft(afterDelete, map[string]int{"b2": len(afterDelete.packs["b2"])}),
+	RunSyncCases(t, []SyncCase{
+		{Name: "after a delete: the packs only the deleted backup used go, the others stay", Key: NS + "/default",
+			Objects:    WithNodes(gcBackupTarget(afterDelete), noGrace, completed("b2", url(afterDelete))),
+			WantWrites: []string{"update backuptargets/status default"}, WantEvents: []string{"Normal GarbageCollected"},
+			Check: AllChecks(wantPacksLeft(afterDelete, map[string]int{"b2": len(afterDelete.packs["b2"])}),
 				wantGC(BackupTargetReasonGCCollected, "packs referenced by 1 backups"))},
-		{name: "an empty listing the cluster agrees with (no Backup CRs): ConfirmEmpty, everything goes", key: testNS + "/default",
-			objects: withNodes(gcBackupTarget(allDeleted), noGrace,
+		{Name: "an empty listing the cluster agrees with (no Backup CRs): ConfirmEmpty, everything goes", Key: NS + "/default",
+			Objects: WithNodes(gcBackupTarget(allDeleted), noGrace,
 				completed("b1", url(allDeleted), deleting), completed("b-elsewhere", "file:///elsewhere")),
-			wantWrites: []string{"update backuptargets/status default"}, wantEvents: []string{"Normal GarbageCollected"},
-			check: allChecks(wantPacksLeft(allDeleted, map[string]int{}), wantGC(BackupTargetReasonGCCollected, "0 backups"))},
-		{name: "an empty listing while the cluster records a completed backup: nothing deleted", key: testNS + "/default",
-			objects:    withNodes(gcBackupTarget(recorded), noGrace, completed("b2", url(recorded))),
-			wantWrites: []string{"update backuptargets/status default"}, wantEvents: []string{"Warning GarbageCollectionDeferred"},
-			check: allChecks(wantPacksLeft(recorded, map[string]int{"b1": len(recorded.packs["b1"]), "b2": len(recorded.packs["b2"])}),
+			WantWrites: []string{"update backuptargets/status default"}, WantEvents: []string{"Normal GarbageCollected"},
+			Check: AllChecks(wantPacksLeft(allDeleted, map[string]int{}), wantGC(BackupTargetReasonGCCollected, "0 backups"))},
+		{Name: "an empty listing while the cluster records a completed backup: nothing deleted", Key: NS + "/default",
+			Objects:    WithNodes(gcBackupTarget(recorded), noGrace, completed("b2", url(recorded))),
+			WantWrites: []string{"update backuptargets/status default"}, WantEvents: []string{"Warning GarbageCollectionDeferred"},
+			Check: AllChecks(wantPacksLeft(recorded, map[string]int{"b1": len(recorded.packs["b1"]), "b2": len(recorded.packs["b2"])}),
 				wantGC(BackupTargetReasonGCDeferred, "the cluster records 1 completed backups of the target (b2)"))},
-		{name: "an empty listing while a backup is being taken: deferred", key: testNS + "/default",
-			objects: withNodes(gcBackupTarget(taking), noGrace, testBackup("b3", "s3", func(b *v1beta1.Backup) {
+		{Name: "an empty listing while a backup is being taken: deferred", Key: NS + "/default",
+			Objects: WithNodes(gcBackupTarget(taking), noGrace, Backup("b3", "s3", func(b *v1beta1.Backup) {
 				b.Status.State = v1beta1.BackupStatePending
 			})),
-			wantWrites: []string{"update backuptargets/status default"}, wantEvents: []string{"Warning GarbageCollectionDeferred"},
-			check: allChecks(wantPacksLeft(taking, map[string]int{"b1": len(taking.packs["b1"]), "b2": len(taking.packs["b2"])}),
+			WantWrites: []string{"update backuptargets/status default"}, WantEvents: []string{"Warning GarbageCollectionDeferred"},
+			Check: AllChecks(wantPacksLeft(taking, map[string]int{"b1": len(taking.packs["b1"]), "b2": len(taking.packs["b2"])}),
 				wantGC(BackupTargetReasonGCDeferred, "backup b3 is in progress"))},
-		{name: "a backup's fresh inflight marker on the target: deferred", key: testNS + "/default",
-			objects:    withNodes(gcBackupTarget(inFlight), noGrace, completed("b2", url(inFlight))),
-			wantWrites: []string{"update backuptargets/status default"}, wantEvents: []string{"Warning GarbageCollectionDeferred"},
-			check: allChecks(wantPacksLeft(inFlight, map[string]int{"b1": len(inFlight.packs["b1"]), "b2": len(inFlight.packs["b2"])}),
+		{Name: "a backup's fresh inflight marker on the target: deferred", Key: NS + "/default",
+			Objects:    WithNodes(gcBackupTarget(inFlight), noGrace, completed("b2", url(inFlight))),
+			WantWrites: []string{"update backuptargets/status default"}, WantEvents: []string{"Warning GarbageCollectionDeferred"},
+			Check: AllChecks(wantPacksLeft(inFlight, map[string]int{"b1": len(inFlight.packs["b1"]), "b2": len(inFlight.packs["b2"])}),
 				wantGC(BackupTargetReasonGCDeferred, "backup in flight (v3/b3-0011"))},
-		{name: "within the default grace (60 min) fresh packs stay: no event, the condition says so", key: testNS + "/default",
-			objects:    withNodes(gcBackupTarget(withGrace), completed("b2", url(withGrace))),
-			wantWrites: []string{"update backuptargets/status default"},
-			check: allChecks(wantPacksLeft(withGrace, map[string]int{"b1": len(withGrace.packs["b1"]), "b2": len(withGrace.packs["b2"])}),
+		{Name: "within the default grace (60 min) fresh packs stay: no event, the condition says so", Key: NS + "/default",
+			Objects:    WithNodes(gcBackupTarget(withGrace), completed("b2", url(withGrace))),
+			WantWrites: []string{"update backuptargets/status default"},
+			Check: AllChecks(wantPacksLeft(withGrace, map[string]int{"b1": len(withGrace.packs["b1"]), "b2": len(withGrace.packs["b2"])}),
 				wantGC(BackupTargetReasonGCCollected, "0 packs (0 bytes) deleted"))},
-		{name: "another manager owns the target: it collects it, this one does nothing", key: testNS + "/default", me: "node-2",
-			objects: withNodes(gcBackupTarget(other), noGrace, completed("b2", url(other))),
-			check:   wantPacksLeft(other, map[string]int{"b1": len(other.packs["b1"]), "b2": len(other.packs["b2"])})},
-		{name: "an unavailable target: no GC", key: testNS + "/default",
-			objects: withNodes(gcBackupTarget(other, func(bt *v1beta1.BackupTarget) { bt.Status.Available = false }), noGrace),
-			check:   wantPacksLeft(other, map[string]int{"b1": len(other.packs["b1"]), "b2": len(other.packs["b2"])})},
+		{Name: "another manager owns the target: it collects it, this one does nothing", Key: NS + "/default", Me: "node-2",
+			Objects: WithNodes(gcBackupTarget(other), noGrace, completed("b2", url(other))),
+			Check:   wantPacksLeft(other, map[string]int{"b1": len(other.packs["b1"]), "b2": len(other.packs["b2"])})},
+		{Name: "an unavailable target: no GC", Key: NS + "/default",
+			Objects: WithNodes(gcBackupTarget(other, func(bt *v1beta1.BackupTarget) { bt.Status.Available = false }), noGrace),
+			Check:   wantPacksLeft(other, map[string]int{"b1": len(other.packs["b1"]), "b2": len(other.packs["b2"])})},
 	}, gcSyncFunc)
 }
 
@@ -185,8 +185,8 @@ func TestSyncBackupTargetGC(t *testing.T) {
 // request (a later delete) runs one again.
 func TestBackupTargetGCIsQuietUntilDue(t *testing.T) {
 	g := newGCTarget(t, "b1")
-	env := dstest.New(t, withNodes(gcBackupTarget(g), gcSetting(types.SettingBackupGCGrace, "0"),
-		completedBackup("b2", "s-b2", "file://"+g.dir, "x")), []runtime.Object{testLease("node-1", 0)})
+	env := dstest.New(t, WithNodes(gcBackupTarget(g), gcSetting(types.SettingBackupGCGrace, "0"),
+		completedBackup("b2", "s-b2", "file://"+g.dir, "x")), []runtime.Object{Lease("node-1", 0)})
 	rec := record.NewFakeRecorder(10)
 	c, err := NewBackupTargetController(logrus.New(), env.DS, rec, "node-1")
 	require.NoError(t, err)
@@ -195,10 +195,10 @@ func TestBackupTargetGCIsQuietUntilDue(t *testing.T) {
 		opened++
 		return backupstore.StoreFor(url, secret)
 	}
-	key := testNS + "/default"
+	key := NS + "/default"
 	require.NoError(t, c.syncBackupTargetGC(context.Background(), key))
 	assert.Equal(t, 1, opened)
-	assert.Equal(t, []string{"Normal GarbageCollected"}, drainEvents(rec))
+	assert.Equal(t, []string{"Normal GarbageCollected"}, DrainEvents(rec))
 
 	env.ClearActions()
 	waitCacheHas(t, env)
@@ -215,8 +215,8 @@ func TestBackupTargetGCIsQuietUntilDue(t *testing.T) {
 	}
 	require.NoError(t, c.syncBackupTargetGC(context.Background(), key))
 	assert.Equal(t, 1, opened, "not due: the store is not opened")
-	assert.Empty(t, writes(env.Strata.Actions()))
-	assert.Empty(t, drainEvents(rec))
+	assert.Empty(t, Writes(env.Strata.Actions()))
+	assert.Empty(t, DrainEvents(rec))
 	assert.Zero(t, c.gcQueue.Len(), "only the timer (AddAfter) is pending")
 	assert.Zero(t, c.Queue.Len(), "the GC's condition write did not enqueue a poll")
 
@@ -230,9 +230,9 @@ func TestBackupTargetGCIsQuietUntilDue(t *testing.T) {
 	env.ClearActions()
 	require.NoError(t, c.syncBackupTargetGC(context.Background(), key))
 	assert.Equal(t, 2, opened, "a new request runs a GC")
-	assert.Equal(t, []string{"update backuptargets/status default"}, writes(env.Strata.Actions()),
+	assert.Equal(t, []string{"update backuptargets/status default"}, Writes(env.Strata.Actions()),
 		"the condition now says nothing was deleted")
-	assert.Empty(t, drainEvents(rec), "nothing deleted: no event")
+	assert.Empty(t, DrainEvents(rec), "nothing deleted: no event")
 }
 
 func TestPlanBackupGC(t *testing.T) {

@@ -69,28 +69,28 @@ func TestSyncBackupVerifyDecisions(t *testing.T) {
 		}
 		return b
 	}
-	runSyncCases(t, []syncCase{
-		{name: "no request: nothing", key: testNS + "/b1",
-			objects: withNodes(availableTarget(dir), vcVolume(), testVA(), completed())},
-		{name: "a request answered already: nothing", key: testNS + "/b1",
-			objects: withNodes(availableTarget(dir), vcVolume(), testVA(), completed(verifyRequested("r1", done)))},
-		{name: "a failed backup cannot be verified, and says so", key: testNS + "/b1",
-			objects: withNodes(availableTarget(dir), vcVolume(), testVA(), completed(verifyRequested("r1", nil), func(b *v1beta1.Backup) {
+	RunSyncCases(t, []SyncCase{
+		{Name: "no request: nothing", Key: NS + "/b1",
+			Objects: WithNodes(availableTarget(dir), Volume(), VA(), completed())},
+		{Name: "a request answered already: nothing", Key: NS + "/b1",
+			Objects: WithNodes(availableTarget(dir), Volume(), VA(), completed(verifyRequested("r1", done)))},
+		{Name: "a failed backup cannot be verified, and says so", Key: NS + "/b1",
+			Objects: WithNodes(availableTarget(dir), Volume(), VA(), completed(verifyRequested("r1", nil), func(b *v1beta1.Backup) {
 				b.Status.State = v1beta1.BackupStateError
 			})),
-			wantWrites: []string{"update backups/status b1"}, wantEvents: []string{"Warning BackupVerifyFailed"},
-			check: wantVerification(v1beta1.BackupVerifyFailed, 0, "backup b1 is in state Error: only a completed backup can be verified")},
-		{name: "a backup on another target than the default", key: testNS + "/b1",
-			objects: withNodes(availableTarget(dir), vcVolume(), testVA(), completed(verifyRequested("r2", done), func(b *v1beta1.Backup) {
+			WantWrites: []string{"update backups/status b1"}, WantEvents: []string{"Warning BackupVerifyFailed"},
+			Check: wantVerification(v1beta1.BackupVerifyFailed, 0, "backup b1 is in state Error: only a completed backup can be verified")},
+		{Name: "a backup on another target than the default", Key: NS + "/b1",
+			Objects: WithNodes(availableTarget(dir), Volume(), VA(), completed(verifyRequested("r2", done), func(b *v1beta1.Backup) {
 				b.Status.URL = "file:///elsewhere"
 			})),
-			wantWrites: []string{"update backups/status b1"}, wantEvents: []string{"Warning BackupVerifyFailed"},
-			check: wantVerification(v1beta1.BackupVerifyFailed, 0, "backup b1 is on file:///elsewhere, not on the default target")},
-		{name: "a backup still being taken: its verify waits for the end", key: testNS + "/b1",
-			objects: withNodes(availableTarget(dir), vcVolume(), testVA(), readySnap("s1"), testBackup("b1", "s1", backupState(v1beta1.BackupStatePending, 0),
+			WantWrites: []string{"update backups/status b1"}, WantEvents: []string{"Warning BackupVerifyFailed"},
+			Check: wantVerification(v1beta1.BackupVerifyFailed, 0, "backup b1 is on file:///elsewhere, not on the default target")},
+		{Name: "a backup still being taken: its verify waits for the end", Key: NS + "/b1",
+			Objects: WithNodes(availableTarget(dir), Volume(), VA(), ReadySnap("s1"), Backup("b1", "s1", BackupState(v1beta1.BackupStatePending, 0),
 				verifyRequested("r1", nil))),
-			wantWrites: []string{"update volumeattachments v1", "update backups/status b1"},
-			check: func(t *testing.T, env *dstest.Env) {
+			WantWrites: []string{"update volumeattachments v1", "update backups/status b1"},
+			Check: func(t *testing.T, env *dstest.Env) {
 				assert.Nil(t, backupOf(t, env, "b1").Status.Verification)
 			}},
 	}, backupSyncFunc())
@@ -102,19 +102,19 @@ func TestSyncBackupVerifyDecisions(t *testing.T) {
 func TestBackupVerifyPassesThenFailsNamingTheBlock(t *testing.T) {
 	dir, m := verifyTarget(t)
 	url := "file://" + dir
-	env := dstest.New(t, withNodes(availableTarget(dir), vcVolume(), testVA(),
-		completedBackup("b1", "s1", url, "2026-11-21T10:00:00Z")), []runtime.Object{testLease("node-1", 0)})
+	env := dstest.New(t, WithNodes(availableTarget(dir), Volume(), VA(),
+		completedBackup("b1", "s1", url, "2026-11-21T10:00:00Z")), []runtime.Object{Lease("node-1", 0)})
 	rec := record.NewFakeRecorder(20)
-	c, err := NewBackupController(logrus.New(), env.DS, rec, "node-1", newFakeConnector(nil), nil)
+	c, err := NewBackupController(logrus.New(), env.DS, rec, "node-1", NewFakeConnector(nil), nil)
 	require.NoError(t, err)
 	ctx := context.Background()
-	key := testNS + "/b1"
+	key := NS + "/b1"
 
 	request := func(req string) {
 		t.Helper()
 		b := backupOf(t, env, "b1")
 		b.Spec.VerifyRequestedAt = req
-		_, err := env.Strata.StrataV1beta1().Backups(testNS).Update(ctx, b, metav1.UpdateOptions{})
+		_, err := env.Strata.StrataV1beta1().Backups(NS).Update(ctx, b, metav1.UpdateOptions{})
 		require.NoError(t, err)
 		require.Eventually(t, func() bool {
 			got, err := env.DS.Backups.GetRO("b1")
@@ -149,10 +149,10 @@ func TestBackupVerifyPassesThenFailsNamingTheBlock(t *testing.T) {
 	assert.Equal(t, v1beta1.BackupVerifyPassed, b.Status.Verification.State)
 	assert.Equal(t, int64(5), b.Status.Verification.Chunks, "every data chunk read back")
 	assert.False(t, b.Status.Verification.VerifiedAt.IsZero())
-	assert.Contains(t, drainEvents(rec), "Normal BackupVerified")
+	assert.Contains(t, DrainEvents(rec), "Normal BackupVerified")
 	env.ClearActions()
 	sync()
-	assert.Empty(t, writes(env.Strata.Actions()), "an answered request is not rewritten")
+	assert.Empty(t, Writes(env.Strata.Actions()), "an answered request is not rewritten")
 
 	// Flip one byte of the first chunk stored in the pack (after its
 	// 8-byte magic).
@@ -174,5 +174,5 @@ func TestBackupVerifyPassesThenFailsNamingTheBlock(t *testing.T) {
 	assert.Equal(t, int64(5), v.Chunks)
 	assert.Contains(t, v.Error, "verify backup b1 of volume v1: 1 of 5 chunks bad")
 	assert.Regexp(t, `backup b1 of volume v1: chunk \d \(offset \d+, id [0-9a-f]{64}\) in pack `+h+`: checksum mismatch`, v.Error)
-	assert.Contains(t, drainEvents(rec), "Warning BackupVerifyFailed")
+	assert.Contains(t, DrainEvents(rec), "Warning BackupVerifyFailed")
 }

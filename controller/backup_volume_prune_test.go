@@ -22,7 +22,7 @@ import (
 // testBackupVolume is the BackupVolume of volume, naming lastBackup (or
 // empty, with none).
 func testBackupVolume(volume, lastBackup string) *v1beta1.BackupVolume {
-	bv := &v1beta1.BackupVolume{ObjectMeta: metav1.ObjectMeta{Name: volume, Namespace: testNS, UID: k8stypes.UID("uid-bv-" + volume),
+	bv := &v1beta1.BackupVolume{ObjectMeta: metav1.ObjectMeta{Name: volume, Namespace: NS, UID: k8stypes.UID("uid-bv-" + volume),
 		Labels: map[string]string{types.LabelVolume: volume}}}
 	if lastBackup != "" {
 		bv.Status = v1beta1.BackupVolumeStatus{Size: 300000, LastBackupName: lastBackup, LastBackupAt: "2026-11-20T10:00:00Z"}
@@ -33,14 +33,14 @@ func testBackupVolume(volume, lastBackup string) *v1beta1.BackupVolume {
 // backupOfVolume is a Backup CR that names volume (by its label, as one
 // being taken or a mirrored one does).
 func backupOfVolume(name, volume string, state v1beta1.BackupState) *v1beta1.Backup {
-	return testBackup(name, "", func(b *v1beta1.Backup) {
+	return Backup(name, "", func(b *v1beta1.Backup) {
 		b.Labels = map[string]string{types.LabelVolume: volume}
 		b.Status.State = state
 	})
 }
 
 func volumeNamed(name string) *v1beta1.Volume {
-	return vcVolume(func(v *v1beta1.Volume) { v.Name = name })
+	return Volume(func(v *v1beta1.Volume) { v.Name = name })
 }
 
 func TestDecideBackupVolume(t *testing.T) {
@@ -123,9 +123,9 @@ func TestPruneBackupVolumes(t *testing.T) {
 			require.NoError(t, err)
 			env.ClearActions()
 			c.pruneBackupVolumes(context.Background(), bt, tgt, tc.listing)
-			assert.Equal(t, tc.wantWrites, writes(env.Strata.Actions()))
-			assertEvents(t, tc.wantEvents, rec)
-			bvs := env.Strata.StrataV1beta1().BackupVolumes(testNS)
+			assert.Equal(t, tc.wantWrites, Writes(env.Strata.Actions()))
+			AssertEvents(t, tc.wantEvents, rec)
+			bvs := env.Strata.StrataV1beta1().BackupVolumes(NS)
 			if bv, err := bvs.Get(context.Background(), "vol-gone", metav1.GetOptions{}); err == nil {
 				assert.Equal(t, tc.wantLast, bv.Status.LastBackupName)
 			}
@@ -173,12 +173,12 @@ func TestEmptiedBackupVolumeBringsThePollForward(t *testing.T) {
 	c, err := NewBackupTargetController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1")
 	require.NoError(t, err)
 	drainQueue(t, c)
-	require.NoError(t, env.Strata.StrataV1beta1().Backups(testNS).Delete(context.Background(), "bk-x", metav1.DeleteOptions{}))
+	require.NoError(t, env.Strata.StrataV1beta1().Backups(NS).Delete(context.Background(), "bk-x", metav1.DeleteOptions{}))
 	require.Eventually(t, func() bool { return c.Queue.Len() == 1 }, 5*time.Second, 10*time.Millisecond,
 		"the target's poll is enqueued")
 	key, _ := c.Queue.Get()
 	c.Queue.Done(key)
-	assert.Equal(t, testNS+"/default", key)
+	assert.Equal(t, NS+"/default", key)
 }
 
 // drainQueue waits for the initial add of the target, then empties the

@@ -32,7 +32,7 @@ type fakeConnector struct {
 	order []string
 }
 
-func newFakeConnector(fail map[string]error) *fakeConnector {
+func NewFakeConnector(fail map[string]error) *fakeConnector {
 	return &fakeConnector{fail: fail, by: map[string]*fakeDataPlane{}}
 }
 
@@ -49,7 +49,7 @@ func (f *fakeConnector) DataPlane(address string) (engineapi.DataPlane, error) {
 }
 
 // calls lists every call made, address by address in first-use order.
-func (f *fakeConnector) calls() []string {
+func (f *fakeConnector) Calls() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []string

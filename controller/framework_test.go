@@ -19,24 +19,24 @@ import (
 
 // reactorError makes the fake Strata clientset fail one kind of call, the
 // way external-snapshotter's tests inject API errors.
-type reactorError struct {
-	verb, resource, subresource string
-	err                         error
+type ReactorError struct {
+	Verb, Resource, Subresource string
+	Err                         error
 }
 
-func (r reactorError) install(fake interface {
+func (r ReactorError) Install(fake interface {
 	PrependReactor(verb, resource string, reaction k8stesting.ReactionFunc)
 }) {
-	fake.PrependReactor(r.verb, r.resource, func(action k8stesting.Action) (bool, runtime.Object, error) {
-		if action.GetSubresource() != r.subresource {
+	fake.PrependReactor(r.Verb, r.Resource, func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if action.GetSubresource() != r.Subresource {
 			return false, nil, nil
 		}
-		return true, nil, r.err
+		return true, nil, r.Err
 	})
 }
 
 // writes lists the fake client's mutating calls as "verb resource[/sub] name".
-func writes(actions []k8stesting.Action) []string {
+func Writes(actions []k8stesting.Action) []string {
 	var out []string
 	for _, a := range actions {
 		switch a.GetVerb() {
@@ -66,7 +66,7 @@ func writes(actions []k8stesting.Action) []string {
 }
 
 // drainEvents returns the recorded events as "Type Reason" so tables stay short.
-func drainEvents(rec *record.FakeRecorder) []string {
+func DrainEvents(rec *record.FakeRecorder) []string {
 	var out []string
 	for {
 		select {
@@ -81,9 +81,9 @@ func drainEvents(rec *record.FakeRecorder) []string {
 	}
 }
 
-func assertEvents(t *testing.T, want []string, rec *record.FakeRecorder) {
+func AssertEvents(t *testing.T, want []string, rec *record.FakeRecorder) {
 	t.Helper()
-	got := drainEvents(rec)
+	got := DrainEvents(rec)
 	if len(want) == 0 {
 		assert.Empty(t, got, "events")
 		return
@@ -95,64 +95,64 @@ func assertEvents(t *testing.T, want []string, rec *record.FakeRecorder) {
 // framework_test.go runs them: the objects the fake API server starts with,
 // an API error to inject, data-plane errors to inject, and what must come
 // out — the error, the API writes, the data-plane calls, the events.
-type syncCase struct {
-	name    string
-	objects []runtime.Object // Strata objects
-	kube    []runtime.Object // Kubernetes objects; default: live leases of node-1..3
-	me      string           // this manager's node; default node-1
-	key     string           // queue key; default testNS/v1
-	apiErr  *reactorError
-	dpErr   map[string]error // data-plane method -> error
-	wantErr string
+type SyncCase struct {
+	Name    string
+	Objects []runtime.Object // Strata objects
+	Kube    []runtime.Object // Kubernetes objects; default: live leases of node-1..3
+	Me      string           // this manager's node; default node-1
+	Key     string           // queue key; default testNS/v1
+	APIErr  *ReactorError
+	DPErr   map[string]error // data-plane method -> error
+	WantErr string
 	// wantWrites lists "verb resource[/sub] name" of the Strata API writes.
-	wantWrites []string
+	WantWrites []string
 	// wantCalls lists the data-plane calls ("Method arg ..."); nil: none.
-	wantCalls  []string
-	wantEvents []string
-	check      func(t *testing.T, env *dstest.Env)
+	WantCalls  []string
+	WantEvents []string
+	Check      func(t *testing.T, env *dstest.Env)
 }
 
 // syncFunc builds the controller under test over env and returns its sync.
-type syncFunc func(env *dstest.Env, rec record.EventRecorder, me string, dp engineapi.Connector) (func(context.Context, string) error, error)
+type SyncFunc func(env *dstest.Env, rec record.EventRecorder, me string, dp engineapi.Connector) (func(context.Context, string) error, error)
 
 // runSyncCases runs each case against a fresh fake API server and data plane.
-func runSyncCases(t *testing.T, cases []syncCase, build syncFunc) {
+func RunSyncCases(t *testing.T, cases []SyncCase, build SyncFunc) {
 	t.Helper()
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			kube := tc.kube
+		t.Run(tc.Name, func(t *testing.T) {
+			kube := tc.Kube
 			if kube == nil {
-				kube = []runtime.Object{testLease("node-1", 0), testLease("node-2", 0), testLease("node-3", 0)}
+				kube = []runtime.Object{Lease("node-1", 0), Lease("node-2", 0), Lease("node-3", 0)}
 			}
-			env := dstest.New(t, tc.objects, kube)
-			if tc.apiErr != nil {
-				tc.apiErr.install(env.Strata)
+			env := dstest.New(t, tc.Objects, kube)
+			if tc.APIErr != nil {
+				tc.APIErr.Install(env.Strata)
 			}
-			me := cmp.Or(tc.me, "node-1")
-			dp := newFakeConnector(tc.dpErr)
+			me := cmp.Or(tc.Me, "node-1")
+			dp := NewFakeConnector(tc.DPErr)
 			rec := record.NewFakeRecorder(20)
 			sync, err := build(env, rec, me, dp)
 			require.NoError(t, err)
 			env.ClearActions()
 
-			err = sync(context.Background(), cmp.Or(tc.key, testNS+"/v1"))
-			if tc.wantErr != "" {
-				require.ErrorContains(t, err, tc.wantErr)
+			err = sync(context.Background(), cmp.Or(tc.Key, NS+"/v1"))
+			if tc.WantErr != "" {
+				require.ErrorContains(t, err, tc.WantErr)
 			} else {
 				require.NoError(t, err)
 			}
-			assert.Equal(t, tc.wantWrites, trimGeneratedNames(writes(env.Strata.Actions())), "API writes")
-			assert.Equal(t, tc.wantCalls, dp.calls(), "data-plane calls")
-			assertEvents(t, tc.wantEvents, rec)
-			if tc.check != nil {
-				tc.check(t, env)
+			assert.Equal(t, tc.WantWrites, trimGeneratedNames(Writes(env.Strata.Actions())), "API writes")
+			assert.Equal(t, tc.WantCalls, dp.Calls(), "data-plane calls")
+			AssertEvents(t, tc.WantEvents, rec)
+			if tc.Check != nil {
+				tc.Check(t, env)
 			}
 		})
 	}
 }
 
 // allChecks runs several checks of a case in order.
-func allChecks(checks ...func(*testing.T, *dstest.Env)) func(*testing.T, *dstest.Env) {
+func AllChecks(checks ...func(*testing.T, *dstest.Env)) func(*testing.T, *dstest.Env) {
 	return func(t *testing.T, env *dstest.Env) {
 		for _, c := range checks {
 			c(t, env)

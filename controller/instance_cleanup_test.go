@@ -26,29 +26,29 @@ func TestReplicaCleanupWithUnreachableInstanceManager(t *testing.T) {
 		wantFinalizer bool
 		wantEvents    []string
 	}{
-		{name: "stream failed: the CR goes, the data is left", cache: lostStream, wantEvents: []string{"Warning DataLeftOnNode"}},
+		{name: "stream failed: the CR goes, the data is left", cache: LostStream, wantEvents: []string{"Warning DataLeftOnNode"}},
 		{name: "no stream yet: wait", cache: NewInstanceCache, wantErr: true, wantFinalizer: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			disk := t.TempDir()
-			mkReplicaDirs(t, disk, "r1")
-			r := testReplicaCR("r1", disk, func(r *v1beta1.Replica) { r.DeletionTimestamp = &metav1.Time{Time: dstest.Now} })
-			env := dstest.New(t, []runtime.Object{r, schedNode("node-1")}, []runtime.Object{testLease("node-1", 0)})
+			MkReplicaDirs(t, disk, "r1")
+			r := ReplicaCR("r1", disk, func(r *v1beta1.Replica) { r.DeletionTimestamp = &metav1.Time{Time: dstest.Now} })
+			env := dstest.New(t, []runtime.Object{r, SchedNode("node-1")}, []runtime.Object{Lease("node-1", 0)})
 			rec := record.NewFakeRecorder(10)
 			c, err := NewReplicaController(logrus.New(), env.DS, rec, "node-1", "127.0.0.1:1", nil, tc.cache())
 			require.NoError(t, err)
-			err = c.syncReplica(context.Background(), testNS+"/r1")
+			err = c.syncReplica(context.Background(), NS+"/r1")
 			if tc.wantErr {
 				require.Error(t, err)
 			} else {
 				require.NoError(t, err)
 			}
-			got, err := env.Strata.StrataV1beta1().Replicas(testNS).Get(context.Background(), "r1", metav1.GetOptions{})
+			got, err := env.Strata.StrataV1beta1().Replicas(NS).Get(context.Background(), "r1", metav1.GetOptions{})
 			require.NoError(t, err)
 			assert.Equal(t, tc.wantFinalizer, len(got.Finalizers) > 0)
 			assert.DirExists(t, filepath.Join(disk, "replicas", "r1"), "data is never deleted without the instance manager")
-			assertEvents(t, tc.wantEvents, rec)
+			AssertEvents(t, tc.wantEvents, rec)
 		})
 	}
 }
@@ -58,8 +58,8 @@ func TestReplicaCleanupWithUnreachableInstanceManager(t *testing.T) {
 // too; otherwise (a migration's engine) a stale engine could still write,
 // so it waits.
 func TestEngineCleanupWithUnreachableInstanceManager(t *testing.T) {
-	lost := lostStream
-	deletedEngine := vcEngine(func(e *v1beta1.Engine) {
+	lost := LostStream
+	deletedEngine := Engine(func(e *v1beta1.Engine) {
 		e.Spec.NodeID = "node-1"
 		e.DeletionTimestamp = &metav1.Time{Time: dstest.Now}
 	})
@@ -71,28 +71,28 @@ func TestEngineCleanupWithUnreachableInstanceManager(t *testing.T) {
 		wantFinalizer bool
 	}{
 		{name: "volume being deleted: the CR goes", cache: lost,
-			volume: vcVolume(func(v *v1beta1.Volume) { v.DeletionTimestamp = &metav1.Time{Time: dstest.Now} })},
+			volume: Volume(func(v *v1beta1.Volume) { v.DeletionTimestamp = &metav1.Time{Time: dstest.Now} })},
 		{name: "volume gone: the CR goes", cache: lost},
-		{name: "volume live (a migration's engine): wait", cache: lost, volume: vcVolume(), wantErr: true, wantFinalizer: true},
+		{name: "volume live (a migration's engine): wait", cache: lost, volume: Volume(), wantErr: true, wantFinalizer: true},
 		{name: "no stream yet: wait", cache: NewInstanceCache, wantErr: true, wantFinalizer: true,
-			volume: vcVolume(func(v *v1beta1.Volume) { v.DeletionTimestamp = &metav1.Time{Time: dstest.Now} })},
+			volume: Volume(func(v *v1beta1.Volume) { v.DeletionTimestamp = &metav1.Time{Time: dstest.Now} })},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			objs := []runtime.Object{deletedEngine.DeepCopy(), schedNode("node-1")}
+			objs := []runtime.Object{deletedEngine.DeepCopy(), SchedNode("node-1")}
 			if tc.volume != nil {
 				objs = append(objs, tc.volume)
 			}
-			env := dstest.New(t, objs, []runtime.Object{testLease("node-1", 0)})
+			env := dstest.New(t, objs, []runtime.Object{Lease("node-1", 0)})
 			c, err := NewEngineController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", "127.0.0.1:1", nil, tc.cache())
 			require.NoError(t, err)
-			err = c.syncEngine(context.Background(), testNS+"/v1-e-0")
+			err = c.syncEngine(context.Background(), NS+"/v1-e-0")
 			if tc.wantErr {
 				require.Error(t, err)
 			} else {
 				require.NoError(t, err)
 			}
-			got, err := env.Strata.StrataV1beta1().Engines(testNS).Get(context.Background(), "v1-e-0", metav1.GetOptions{})
+			got, err := env.Strata.StrataV1beta1().Engines(NS).Get(context.Background(), "v1-e-0", metav1.GetOptions{})
 			require.NoError(t, err)
 			assert.Equal(t, tc.wantFinalizer, len(got.Finalizers) > 0)
 		})

@@ -22,15 +22,15 @@ import (
 )
 
 func TestReplicaControllerAgainstRealInstanceManager(t *testing.T) {
-	im := startRealIM(t)
+	im := StartRealIM(t)
 	disk := t.TempDir()
-	env := dstest.New(t, []runtime.Object{testReplicaCR("r1", disk), schedNode("node-1")}, []runtime.Object{testLease("node-1", 0)})
+	env := dstest.New(t, []runtime.Object{ReplicaCR("r1", disk), SchedNode("node-1")}, []runtime.Object{Lease("node-1", 0)})
 	rec := record.NewFakeRecorder(20)
-	c, err := NewReplicaController(logrus.New(), env.DS, rec, "node-1", im.addr, im.pool, im.instances())
+	c, err := NewReplicaController(logrus.New(), env.DS, rec, "node-1", im.Addr, im.Pool, im.Instances())
 	require.NoError(t, err)
-	ctx, key := context.Background(), testNS+"/r1"
+	ctx, key := context.Background(), NS+"/r1"
 	get := func() *v1beta1.Replica {
-		r, err := env.Strata.StrataV1beta1().Replicas(testNS).Get(ctx, "r1", metav1.GetOptions{})
+		r, err := env.Strata.StrataV1beta1().Replicas(NS).Get(ctx, "r1", metav1.GetOptions{})
 		require.NoError(t, err)
 		return r
 	}
@@ -48,7 +48,7 @@ func TestReplicaControllerAgainstRealInstanceManager(t *testing.T) {
 
 	// desire running: the instance is created in the replica's directory.
 	require.NoError(t, c.syncReplica(ctx, key))
-	im.waitInstance(t, "r1", true, engineapi.InstanceStateRunning)
+	im.WaitInstance(t, "r1", true, engineapi.InstanceStateRunning)
 	syncAfterCache()
 	r := get()
 	assert.Equal(t, v1beta1.InstanceStateRunning, r.Status.CurrentState)
@@ -60,24 +60,24 @@ func TestReplicaControllerAgainstRealInstanceManager(t *testing.T) {
 
 	// desire stopped: the instance goes, the data stays.
 	r.Spec.DesireState = v1beta1.InstanceStateStopped
-	_, err = env.Strata.StrataV1beta1().Replicas(testNS).Update(ctx, r, metav1.UpdateOptions{})
+	_, err = env.Strata.StrataV1beta1().Replicas(NS).Update(ctx, r, metav1.UpdateOptions{})
 	require.NoError(t, err)
 	syncAfterCache()
-	im.waitInstance(t, "r1", false, "")
+	im.WaitInstance(t, "r1", false, "")
 	syncAfterCache()
 	assert.Equal(t, v1beta1.InstanceStateStopped, get().Status.CurrentState)
 	assert.Empty(t, get().Status.IP)
 	assert.FileExists(t, filepath.Join(disk, "replicas", "r1", "volume.meta"))
 
 	// deleted: the data directory goes, then the finalizer.
-	require.NoError(t, env.Strata.StrataV1beta1().Replicas(testNS).Delete(ctx, "r1", metav1.DeleteOptions{}))
+	require.NoError(t, env.Strata.StrataV1beta1().Replicas(NS).Delete(ctx, "r1", metav1.DeleteOptions{}))
 	// The fake clientset deletes at once despite the finalizer; sync from
 	// a copy with a deletion timestamp, as the API server would leave it.
-	rr := testReplicaCR("r1", disk, func(r *v1beta1.Replica) {
+	rr := ReplicaCR("r1", disk, func(r *v1beta1.Replica) {
 		now := metav1.NewTime(dstest.Now)
 		r.DeletionTimestamp = &now
 	})
-	_, err = env.Strata.StrataV1beta1().Replicas(testNS).Create(ctx, rr, metav1.CreateOptions{})
+	_, err = env.Strata.StrataV1beta1().Replicas(NS).Create(ctx, rr, metav1.CreateOptions{})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		r, err := env.DS.Replicas.GetRO("r1")
@@ -88,26 +88,26 @@ func TestReplicaControllerAgainstRealInstanceManager(t *testing.T) {
 	assert.True(t, os.IsNotExist(statErr), "data directory deleted")
 	r = get()
 	assert.NotContains(t, r.Finalizers, types.FinalizerName)
-	assertEvents(t, []string{"Normal DataDeleted"}, rec)
+	AssertEvents(t, []string{"Normal DataDeleted"}, rec)
 }
 
 func TestEngineControllerAgainstRealInstanceManager(t *testing.T) {
-	im := startRealIM(t)
+	im := StartRealIM(t)
 	disk := t.TempDir()
 	ctx := context.Background()
-	addrs := im.startReplicas(t, disk, "r1", "r2")
+	addrs := im.StartReplicas(t, disk, "r1", "r2")
 	e := &v1beta1.Engine{
-		ObjectMeta: metav1.ObjectMeta{Name: "v1-e-0", Namespace: testNS, Finalizers: []string{types.FinalizerName}},
+		ObjectMeta: metav1.ObjectMeta{Name: "v1-e-0", Namespace: NS, Finalizers: []string{types.FinalizerName}},
 		Spec: v1beta1.EngineSpec{InstanceSpec: v1beta1.InstanceSpec{VolumeName: "v1", VolumeSize: 4 << 20, NodeID: "node-1",
 			DesireState: v1beta1.InstanceStateRunning}, ReplicaAddressMap: addrs},
 	}
-	env := dstest.New(t, []runtime.Object{e, schedNode("node-1")}, []runtime.Object{testLease("node-1", 0)})
+	env := dstest.New(t, []runtime.Object{e, SchedNode("node-1")}, []runtime.Object{Lease("node-1", 0)})
 	rec := record.NewFakeRecorder(20)
-	c, err := NewEngineController(logrus.New(), env.DS, rec, "node-1", im.addr, im.pool, im.instances())
+	c, err := NewEngineController(logrus.New(), env.DS, rec, "node-1", im.Addr, im.Pool, im.Instances())
 	require.NoError(t, err)
-	key := testNS + "/v1-e-0"
+	key := NS + "/v1-e-0"
 	get := func() *v1beta1.Engine {
-		e, err := env.Strata.StrataV1beta1().Engines(testNS).Get(ctx, "v1-e-0", metav1.GetOptions{})
+		e, err := env.Strata.StrataV1beta1().Engines(NS).Get(ctx, "v1-e-0", metav1.GetOptions{})
 		require.NoError(t, err)
 		return e
 	}
@@ -122,7 +122,7 @@ func TestEngineControllerAgainstRealInstanceManager(t *testing.T) {
 	}
 
 	require.NoError(t, c.syncEngine(ctx, key))
-	im.waitInstance(t, "v1-e-0", true, engineapi.InstanceStateRunning)
+	im.WaitInstance(t, "v1-e-0", true, engineapi.InstanceStateRunning)
 	syncAfterCache()
 	got := get()
 	assert.Equal(t, v1beta1.InstanceStateRunning, got.Status.CurrentState)
@@ -134,49 +134,49 @@ func TestEngineControllerAgainstRealInstanceManager(t *testing.T) {
 	// An unchanged instance writes nothing: the monitor compares first.
 	env.ClearActions()
 	syncAfterCache()
-	assert.Empty(t, writes(env.Strata.Actions()))
+	assert.Empty(t, Writes(env.Strata.Actions()))
 
 	// A larger spec size while it runs: online expansion of the engine
 	// and its replicas; the status follows from the Watch.
 	got = get()
 	got.Spec.VolumeSize = 8 << 20
-	_, err = env.Strata.StrataV1beta1().Engines(testNS).Update(ctx, got, metav1.UpdateOptions{})
+	_, err = env.Strata.StrataV1beta1().Engines(NS).Update(ctx, got, metav1.UpdateOptions{})
 	require.NoError(t, err)
 	syncAfterCache()
 	require.Eventually(t, func() bool {
-		inst, _, _ := im.cache.Get("v1-e-0")
+		inst, _, _ := im.Cache.Get("v1-e-0")
 		return inst.Size == 8<<20
 	}, 10*time.Second, 10*time.Millisecond)
 	syncAfterCache()
 	assert.Equal(t, int64(8<<20), get().Status.CurrentSize)
-	assertEvents(t, []string{"Normal Expanded"}, rec)
+	AssertEvents(t, []string{"Normal Expanded"}, rec)
 	for _, r := range []string{"r1", "r2"} { // replicas report their size at the size-report interval
 		require.Eventually(t, func() bool {
-			inst, _, _ := im.cache.Get(r)
+			inst, _, _ := im.Cache.Get(r)
 			return inst.Size == 8<<20
 		}, 15*time.Second, 50*time.Millisecond, "replica %s grew", r)
 	}
 
 	// The spec drops r2: the engine removes it and the status follows.
 	got.Spec.ReplicaAddressMap = map[string]string{"r1": addrs["r1"]}
-	_, err = env.Strata.StrataV1beta1().Engines(testNS).Update(ctx, got, metav1.UpdateOptions{})
+	_, err = env.Strata.StrataV1beta1().Engines(NS).Update(ctx, got, metav1.UpdateOptions{})
 	require.NoError(t, err)
 	syncAfterCache()
 	require.Eventually(t, func() bool {
-		inst, _, _ := im.cache.Get("v1-e-0")
+		inst, _, _ := im.Cache.Get("v1-e-0")
 		return len(inst.ReplicaModes) == 1
 	}, 10*time.Second, 10*time.Millisecond)
 	syncAfterCache()
 	assert.Equal(t, map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW}, get().Status.ReplicaModeMap)
-	assertEvents(t, []string{"Normal ReplicaRemoved"}, rec)
+	AssertEvents(t, []string{"Normal ReplicaRemoved"}, rec)
 
 	// Desire stopped: the instance goes; the snapshot map stays as the last word.
 	got = get()
 	got.Spec.DesireState = v1beta1.InstanceStateStopped
-	_, err = env.Strata.StrataV1beta1().Engines(testNS).Update(ctx, got, metav1.UpdateOptions{})
+	_, err = env.Strata.StrataV1beta1().Engines(NS).Update(ctx, got, metav1.UpdateOptions{})
 	require.NoError(t, err)
 	syncAfterCache()
-	im.waitInstance(t, "v1-e-0", false, "")
+	im.WaitInstance(t, "v1-e-0", false, "")
 	syncAfterCache()
 	got = get()
 	assert.Equal(t, v1beta1.InstanceStateStopped, got.Status.CurrentState)

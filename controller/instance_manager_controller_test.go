@@ -28,7 +28,7 @@ func TestInstanceManagerControllerSync(t *testing.T) {
 		name       string
 		existing   []runtime.Object
 		conn       imConnection
-		apiErr     *reactorError
+		apiErr     *ReactorError
 		wantErr    string
 		wantState  v1beta1.InstanceState
 		wantReady  metav1.ConditionStatus
@@ -36,26 +36,26 @@ func TestInstanceManagerControllerSync(t *testing.T) {
 		wantEvents []string
 	}{
 		{name: "missing CR is created", wantWrites: []string{"create instancemanagers im-node-1"}},
-		{name: "open Watch stream means running", existing: []runtime.Object{testIM(v1beta1.InstanceManagerStatus{})},
+		{name: "open Watch stream means running", existing: []runtime.Object{IM(v1beta1.InstanceManagerStatus{})},
 			conn: imConnection{connected: true}, wantState: v1beta1.InstanceStateRunning, wantReady: metav1.ConditionTrue,
 			wantWrites: []string{"update instancemanagers/status im-node-1"}, wantEvents: []string{"Normal Running"}},
-		{name: "failed stream is an error with the reason", existing: []runtime.Object{testIM(running)},
+		{name: "failed stream is an error with the reason", existing: []runtime.Object{IM(running)},
 			conn: imConnection{err: "connection refused"}, wantState: v1beta1.InstanceStateError, wantReady: metav1.ConditionFalse,
 			wantWrites: []string{"update instancemanagers/status im-node-1"}, wantEvents: []string{"Warning Unreachable"}},
-		{name: "no stream yet is unknown", existing: []runtime.Object{testIM(v1beta1.InstanceManagerStatus{})},
+		{name: "no stream yet is unknown", existing: []runtime.Object{IM(v1beta1.InstanceManagerStatus{})},
 			wantState: v1beta1.InstanceStateUnknown, wantReady: metav1.ConditionFalse,
 			wantWrites: []string{"update instancemanagers/status im-node-1"}},
-		{name: "unchanged state writes nothing", existing: []runtime.Object{testIM(running)},
+		{name: "unchanged state writes nothing", existing: []runtime.Object{IM(running)},
 			conn: imConnection{connected: true}, wantState: v1beta1.InstanceStateRunning, wantReady: metav1.ConditionTrue},
-		{name: "write failure is returned", existing: []runtime.Object{testIM(v1beta1.InstanceManagerStatus{})},
-			conn: imConnection{connected: true}, apiErr: &reactorError{"update", "instancemanagers", "status", errors.New("boom")},
+		{name: "write failure is returned", existing: []runtime.Object{IM(v1beta1.InstanceManagerStatus{})},
+			conn: imConnection{connected: true}, apiErr: &ReactorError{"update", "instancemanagers", "status", errors.New("boom")},
 			wantErr: "boom", wantState: "", wantReady: "", wantWrites: []string{"update instancemanagers/status im-node-1"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			env := dstest.New(t, tc.existing, nil)
 			if tc.apiErr != nil {
-				tc.apiErr.install(env.Strata)
+				tc.apiErr.Install(env.Strata)
 			}
 			rec := record.NewFakeRecorder(10)
 			c, err := NewInstanceManagerController(logrus.New(), env.DS, rec, "node-1", addr, engineapi.NewPool(0, nil), NewInstanceCache())
@@ -69,9 +69,9 @@ func TestInstanceManagerControllerSync(t *testing.T) {
 			} else {
 				require.NoError(t, err)
 			}
-			assert.Equal(t, tc.wantWrites, writes(env.Strata.Actions()))
-			assertEvents(t, tc.wantEvents, rec)
-			im, err := env.Strata.StrataV1beta1().InstanceManagers(testNS).Get(context.Background(), "im-node-1", metav1.GetOptions{})
+			assert.Equal(t, tc.wantWrites, Writes(env.Strata.Actions()))
+			AssertEvents(t, tc.wantEvents, rec)
+			im, err := env.Strata.StrataV1beta1().InstanceManagers(NS).Get(context.Background(), "im-node-1", metav1.GetOptions{})
 			require.NoError(t, err)
 			assert.Equal(t, "node-1", im.Spec.NodeID)
 			assert.Equal(t, tc.wantState, im.Status.CurrentState)

@@ -33,7 +33,7 @@ func imPod(name, node, revision string, ready bool) *corev1.Pod {
 		status = corev1.ConditionTrue
 	}
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS, UID: k8stypes.UID("uid-" + name),
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: NS, UID: k8stypes.UID("uid-" + name),
 			Labels:          map[string]string{"app": "strata-instance-manager", appsv1.DefaultDaemonSetUniqueLabelKey: revision},
 			OwnerReferences: imDaemonSetRef()},
 		Spec:   corev1.PodSpec{NodeName: node},
@@ -43,7 +43,7 @@ func imPod(name, node, revision string, ready bool) *corev1.Pod {
 
 func imRevision(hash string, revision int64) *appsv1.ControllerRevision {
 	return &appsv1.ControllerRevision{
-		ObjectMeta: metav1.ObjectMeta{Name: "strata-instance-manager-" + hash, Namespace: testNS,
+		ObjectMeta: metav1.ObjectMeta{Name: "strata-instance-manager-" + hash, Namespace: NS,
 			Labels:          map[string]string{"app": "strata-instance-manager", appsv1.DefaultDaemonSetUniqueLabelKey: hash},
 			OwnerReferences: imDaemonSetRef()},
 		Revision: revision,
@@ -53,7 +53,7 @@ func imRevision(hash string, revision int64) *appsv1.ControllerRevision {
 func TestInstanceManagerRolloutSync(t *testing.T) {
 	revisions := []runtime.Object{imRevision("old", 1), imRevision("new", 2)}
 	attached := func(v *v1beta1.Volume) { v.Status.State = v1beta1.VolumeStateAttached }
-	replicaHere := vcReplica("v1-r-1", "node-1")
+	replicaHere := Replica("v1-r-1", "node-1")
 	tests := []struct {
 		name        string
 		strata      []runtime.Object
@@ -64,28 +64,28 @@ func TestInstanceManagerRolloutSync(t *testing.T) {
 		wantEvents  []string
 		syncedOnce  bool // the same sync ran before, and its verdict is cached
 	}{
-		{name: "the newest revision: up to date", strata: []runtime.Object{testIM(v1beta1.InstanceManagerStatus{})},
+		{name: "the newest revision: up to date", strata: []runtime.Object{IM(v1beta1.InstanceManagerStatus{})},
 			pods:       []runtime.Object{imPod("im-a", "node-1", "new", true)},
 			wantWrites: []string{"update instancemanagers/status im-node-1"}, wantReason: imRolloutReasonCurrent},
 		{name: "outdated with a replica of an attached volume here: waits",
-			strata:     []runtime.Object{testIM(v1beta1.InstanceManagerStatus{}), vcVolume(attached), replicaHere},
+			strata:     []runtime.Object{IM(v1beta1.InstanceManagerStatus{}), Volume(attached), replicaHere},
 			pods:       []runtime.Object{imPod("im-a", "node-1", "old", true)},
 			wantWrites: []string{"update instancemanagers/status im-node-1"}, wantReason: imRolloutReasonVolumesInUse,
 			wantEvents: []string{"Normal Outdated"}},
 		{name: "outdated, the node idle, another instance manager not ready: waits",
-			strata:     []runtime.Object{testIM(v1beta1.InstanceManagerStatus{}), vcVolume(), replicaHere},
+			strata:     []runtime.Object{IM(v1beta1.InstanceManagerStatus{}), Volume(), replicaHere},
 			pods:       []runtime.Object{imPod("im-a", "node-1", "old", true), imPod("im-b", "node-2", "new", false)},
 			wantWrites: []string{"update instancemanagers/status im-node-1"}, wantReason: imRolloutReasonOthersUnready,
 			wantEvents: []string{"Normal Outdated"}},
 		{name: "outdated and the node idle: the Pod is deleted",
-			strata:     []runtime.Object{testIM(v1beta1.InstanceManagerStatus{}), vcVolume(), replicaHere},
+			strata:     []runtime.Object{IM(v1beta1.InstanceManagerStatus{}), Volume(), replicaHere},
 			pods:       []runtime.Object{imPod("im-a", "node-1", "old", true), imPod("im-b", "node-2", "old", true)},
 			wantWrites: []string{"update instancemanagers/status im-node-1"}, wantReason: imRolloutReasonReplacing,
 			wantDeleted: true, wantEvents: []string{"Normal Replaced"}},
-		{name: "another node's Pod is not this node's", strata: []runtime.Object{testIM(v1beta1.InstanceManagerStatus{})},
+		{name: "another node's Pod is not this node's", strata: []runtime.Object{IM(v1beta1.InstanceManagerStatus{})},
 			pods: []runtime.Object{imPod("im-b", "node-2", "old", true)}},
 		{name: "still waiting for the same volumes: no write, no event", syncedOnce: true,
-			strata: []runtime.Object{testIM(v1beta1.InstanceManagerStatus{}), vcVolume(attached), replicaHere},
+			strata: []runtime.Object{IM(v1beta1.InstanceManagerStatus{}), Volume(attached), replicaHere},
 			pods:   []runtime.Object{imPod("im-a", "node-1", "old", true)}},
 	}
 	for _, tc := range tests {
@@ -100,20 +100,20 @@ func TestInstanceManagerRolloutSync(t *testing.T) {
 					im, err := env.DS.InstanceManagers.GetRO("im-node-1")
 					return err == nil && meta.FindStatusCondition(im.Status.Conditions, v1beta1.ConditionTypeUpToDate) != nil
 				}, 5*time.Second, 10*time.Millisecond)
-				drainEvents(rec)
+				DrainEvents(rec)
 			}
 			env.ClearActions()
 
 			require.NoError(t, c.syncRollout(context.Background(), c.key()))
-			assert.Equal(t, tc.wantWrites, writes(env.Strata.Actions()), "Strata writes")
+			assert.Equal(t, tc.wantWrites, Writes(env.Strata.Actions()), "Strata writes")
 			var kubeWrites []string
 			if tc.wantDeleted {
 				kubeWrites = []string{"delete pods im-a"}
 			}
-			assert.Equal(t, kubeWrites, writes(env.Kube.Actions()), "Pod deletes")
-			assertEvents(t, tc.wantEvents, rec)
+			assert.Equal(t, kubeWrites, Writes(env.Kube.Actions()), "Pod deletes")
+			AssertEvents(t, tc.wantEvents, rec)
 			if tc.wantReason != "" {
-				im, err := env.Strata.StrataV1beta1().InstanceManagers(testNS).Get(context.Background(), "im-node-1", metav1.GetOptions{})
+				im, err := env.Strata.StrataV1beta1().InstanceManagers(NS).Get(context.Background(), "im-node-1", metav1.GetOptions{})
 				require.NoError(t, err)
 				cond := meta.FindStatusCondition(im.Status.Conditions, v1beta1.ConditionTypeUpToDate)
 				require.NotNil(t, cond)

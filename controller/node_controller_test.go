@@ -28,7 +28,7 @@ func TestNodeControllerSync(t *testing.T) {
 	const me = "node-1"
 	// node-x is dead; with node-1 and node-3 alive, find which one rendezvous
 	// hashing makes responsible so both outcomes are tested.
-	deadKey := testNS + "/node-x"
+	deadKey := NS + "/node-x"
 	owner := ResponsibleNode(deadKey, "node-x", "", []string{"node-1", "node-3"})
 	other := "node-3"
 	if owner == "node-3" {
@@ -42,7 +42,7 @@ func TestNodeControllerSync(t *testing.T) {
 		nodes       func(diskDir string) []runtime.Object
 		leases      []runtime.Object
 		prepareDisk func(t *testing.T, diskDir string)
-		apiErr      *reactorError
+		apiErr      *ReactorError
 		wantErr     string
 		wantWrites  []string
 		wantEvents  []string
@@ -63,8 +63,8 @@ func TestNodeControllerSync(t *testing.T) {
 		{
 			name:       "own node waits for its heartbeat lease before claiming Ready",
 			key:        me,
-			nodes:      func(d string) []runtime.Object { return []runtime.Object{testNode(me, map[string]string{"disk-1": d})} },
-			leases:     []runtime.Object{testLease(me, time.Minute)},
+			nodes:      func(d string) []runtime.Object { return []runtime.Object{Node(me, map[string]string{"disk-1": d})} },
+			leases:     []runtime.Object{Lease(me, time.Minute)},
 			wantWrites: []string{"update nodes/status node-1"},
 			check: func(t *testing.T, n *v1beta1.Node, _ string) {
 				assert.Nil(t, meta.FindStatusCondition(n.Status.Conditions, v1beta1.ConditionTypeReady))
@@ -74,8 +74,8 @@ func TestNodeControllerSync(t *testing.T) {
 		{
 			name:       "own node gets Ready, disk identity and space",
 			key:        me,
-			nodes:      func(d string) []runtime.Object { return []runtime.Object{testNode(me, map[string]string{"disk-1": d})} },
-			leases:     []runtime.Object{testLease(me, 0)},
+			nodes:      func(d string) []runtime.Object { return []runtime.Object{Node(me, map[string]string{"disk-1": d})} },
+			leases:     []runtime.Object{Lease(me, 0)},
 			wantWrites: []string{"update nodes/status node-1"},
 			wantEvents: []string{"Normal ManagerRunning"},
 			check: func(t *testing.T, n *v1beta1.Node, diskDir string) {
@@ -95,9 +95,9 @@ func TestNodeControllerSync(t *testing.T) {
 		{
 			name:   "missing disk path makes the disk not ready, with its reason",
 			key:    me,
-			leases: []runtime.Object{testLease(me, 0)},
+			leases: []runtime.Object{Lease(me, 0)},
 			nodes: func(d string) []runtime.Object {
-				return []runtime.Object{testNode(me, map[string]string{"disk-1": filepath.Join(d, "absent")})}
+				return []runtime.Object{Node(me, map[string]string{"disk-1": filepath.Join(d, "absent")})}
 			},
 			wantWrites: []string{"update nodes/status node-1"},
 			wantEvents: []string{"Normal ManagerRunning", "Warning DiskNotReady"},
@@ -112,9 +112,9 @@ func TestNodeControllerSync(t *testing.T) {
 		{
 			name:   "a disk remounted at another path and added there is the same disk; the old entry is DiskMigrated",
 			key:    me,
-			leases: []runtime.Object{testLease(me, 0)},
+			leases: []runtime.Object{Lease(me, 0)},
 			nodes: func(d string) []runtime.Object {
-				n := testNode(me, map[string]string{"old": filepath.Join(d, "gone"), "new": d})
+				n := Node(me, map[string]string{"old": filepath.Join(d, "gone"), "new": d})
 				n.Status.DiskStatus = map[string]*v1beta1.DiskStatus{"old": {DiskUUID: "uuid-moved"}}
 				return []runtime.Object{n}
 			},
@@ -138,9 +138,9 @@ func TestNodeControllerSync(t *testing.T) {
 		{
 			name:   "a known disk whose config file is gone is not given a new identity (an unmounted disk's mount point)",
 			key:    me,
-			leases: []runtime.Object{testLease(me, 0)},
+			leases: []runtime.Object{Lease(me, 0)},
 			nodes: func(d string) []runtime.Object {
-				n := testNode(me, map[string]string{"disk-1": d})
+				n := Node(me, map[string]string{"disk-1": d})
 				n.Status.DiskStatus = map[string]*v1beta1.DiskStatus{"disk-1": {DiskUUID: "uuid-known"}}
 				return []runtime.Object{n}
 			},
@@ -157,8 +157,8 @@ func TestNodeControllerSync(t *testing.T) {
 		{
 			name:   "damaged disk config is reported and left untouched",
 			key:    me,
-			leases: []runtime.Object{testLease(me, 0)},
-			nodes:  func(d string) []runtime.Object { return []runtime.Object{testNode(me, map[string]string{"disk-1": d})} },
+			leases: []runtime.Object{Lease(me, 0)},
+			nodes:  func(d string) []runtime.Object { return []runtime.Object{Node(me, map[string]string{"disk-1": d})} },
 			prepareDisk: func(t *testing.T, d string) {
 				require.NoError(t, os.WriteFile(filepath.Join(d, types.DiskConfigFile), []byte("{torn"), 0o644))
 			},
@@ -175,25 +175,25 @@ func TestNodeControllerSync(t *testing.T) {
 		{
 			name:       "status write failure is returned for retry",
 			key:        me,
-			nodes:      func(d string) []runtime.Object { return []runtime.Object{testNode(me, map[string]string{"disk-1": d})} },
-			apiErr:     &reactorError{"update", "nodes", "status", errors.New("etcd is sad")},
+			nodes:      func(d string) []runtime.Object { return []runtime.Object{Node(me, map[string]string{"disk-1": d})} },
+			apiErr:     &ReactorError{"update", "nodes", "status", errors.New("etcd is sad")},
 			wantErr:    "etcd is sad",
 			wantWrites: []string{"update nodes/status node-1"},
 		},
 		{
 			name:   "peer with a live lease is left alone",
 			key:    "node-2",
-			nodes:  func(string) []runtime.Object { return []runtime.Object{testNode("node-2", nil, readyTrue())} },
-			leases: []runtime.Object{testLease("node-2", 3*time.Second), testLease(me, 0)},
+			nodes:  func(string) []runtime.Object { return []runtime.Object{Node("node-2", nil, ReadyTrue())} },
+			leases: []runtime.Object{Lease("node-2", 3*time.Second), Lease(me, 0)},
 		},
 		{
 			name:       "peer with an expired lease is marked down by the responsible manager",
 			controller: owner,
 			key:        "node-x",
 			nodes: func(string) []runtime.Object {
-				return []runtime.Object{testNode("node-x", nil, readyTrue()), testNode("node-1", nil), testNode("node-3", nil)}
+				return []runtime.Object{Node("node-x", nil, ReadyTrue()), Node("node-1", nil), Node("node-3", nil)}
 			},
-			leases:     []runtime.Object{testLease("node-x", 30*time.Second), testLease("node-1", 0), testLease("node-3", 0)},
+			leases:     []runtime.Object{Lease("node-x", 30*time.Second), Lease("node-1", 0), Lease("node-3", 0)},
 			wantWrites: []string{"update nodes/status node-x"},
 			wantEvents: []string{"Warning ManagerDown"},
 			check: func(t *testing.T, n *v1beta1.Node, _ string) {
@@ -208,17 +208,17 @@ func TestNodeControllerSync(t *testing.T) {
 			controller: other,
 			key:        "node-x",
 			nodes: func(string) []runtime.Object {
-				return []runtime.Object{testNode("node-x", nil, readyTrue()), testNode("node-1", nil), testNode("node-3", nil)}
+				return []runtime.Object{Node("node-x", nil, ReadyTrue()), Node("node-1", nil), Node("node-3", nil)}
 			},
-			leases: []runtime.Object{testLease("node-x", 30*time.Second), testLease("node-1", 0), testLease("node-3", 0)},
+			leases: []runtime.Object{Lease("node-x", 30*time.Second), Lease("node-1", 0), Lease("node-3", 0)},
 		},
 		{
 			name: "peer without any lease is down",
 			key:  "node-2",
 			nodes: func(string) []runtime.Object {
-				return []runtime.Object{testNode("node-2", nil, readyTrue()), testNode(me, nil)}
+				return []runtime.Object{Node("node-2", nil, ReadyTrue()), Node(me, nil)}
 			},
-			leases:     []runtime.Object{testLease(me, 0)},
+			leases:     []runtime.Object{Lease(me, 0)},
 			wantWrites: []string{"update nodes/status node-2"},
 			wantEvents: []string{"Warning ManagerDown"},
 			check: func(t *testing.T, n *v1beta1.Node, _ string) {
@@ -230,19 +230,19 @@ func TestNodeControllerSync(t *testing.T) {
 			name: "newly registered peer without a lease yet gets one lease duration",
 			key:  "node-2",
 			nodes: func(string) []runtime.Object {
-				n := testNode("node-2", nil)
+				n := Node("node-2", nil)
 				n.CreationTimestamp = metav1.NewTime(dstest.Now.Add(-5 * time.Second))
-				return []runtime.Object{n, testNode(me, nil)}
+				return []runtime.Object{n, Node(me, nil)}
 			},
-			leases: []runtime.Object{testLease(me, 0)},
+			leases: []runtime.Object{Lease(me, 0)},
 		},
 		{
 			name: "peer already marked down is not written again",
 			key:  "node-2",
 			nodes: func(string) []runtime.Object {
-				return []runtime.Object{testNode("node-2", nil, readyDown("gone")), testNode(me, nil)}
+				return []runtime.Object{Node("node-2", nil, ReadyDown("gone")), Node(me, nil)}
 			},
-			leases: []runtime.Object{testLease("node-2", time.Minute), testLease(me, 0)},
+			leases: []runtime.Object{Lease("node-2", time.Minute), Lease(me, 0)},
 		},
 	}
 	for _, tc := range tests {
@@ -251,10 +251,10 @@ func TestNodeControllerSync(t *testing.T) {
 			if tc.prepareDisk != nil {
 				tc.prepareDisk(t, diskDir)
 			}
-			objs := append(tc.nodes(diskDir), zeroMinAvailable())
+			objs := append(tc.nodes(diskDir), ZeroMinAvailable())
 			env := dstest.New(t, objs, tc.leases)
 			if tc.apiErr != nil {
-				tc.apiErr.install(env.Strata)
+				tc.apiErr.Install(env.Strata)
 			}
 			id := tc.controller
 			if id == "" {
@@ -266,16 +266,16 @@ func TestNodeControllerSync(t *testing.T) {
 			require.NoError(t, err)
 			env.ClearActions()
 
-			err = nc.syncNode(context.Background(), testNS+"/"+tc.key)
+			err = nc.syncNode(context.Background(), NS+"/"+tc.key)
 			if tc.wantErr != "" {
 				require.ErrorContains(t, err, tc.wantErr)
 			} else {
 				require.NoError(t, err)
 			}
-			assert.Equal(t, tc.wantWrites, writes(env.Strata.Actions()), "API writes")
-			assertEvents(t, tc.wantEvents, rec)
+			assert.Equal(t, tc.wantWrites, Writes(env.Strata.Actions()), "API writes")
+			AssertEvents(t, tc.wantEvents, rec)
 			if tc.check != nil {
-				n, err := env.Strata.StrataV1beta1().Nodes(testNS).Get(context.Background(), tc.key, metav1.GetOptions{})
+				n, err := env.Strata.StrataV1beta1().Nodes(NS).Get(context.Background(), tc.key, metav1.GetOptions{})
 				require.NoError(t, err)
 				tc.check(t, n, diskDir)
 			}
@@ -287,19 +287,19 @@ func TestNodeControllerSync(t *testing.T) {
 // API traffic.
 func TestOwnNodeSyncIsIdempotent(t *testing.T) {
 	diskDir := t.TempDir()
-	env := dstest.New(t, []runtime.Object{testNode("node-1", map[string]string{"disk-1": diskDir}), zeroMinAvailable()}, nil)
+	env := dstest.New(t, []runtime.Object{Node("node-1", map[string]string{"disk-1": diskDir}), ZeroMinAvailable()}, nil)
 	nc, err := NewNodeController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", nil, NodeControllerOptions{})
 	require.NoError(t, err)
 	ctx := context.Background()
-	require.NoError(t, nc.syncNode(ctx, testNS+"/node-1"))
+	require.NoError(t, nc.syncNode(ctx, NS+"/node-1"))
 	require.Eventually(t, func() bool {
 		n, _ := env.DS.Nodes.GetRO("node-1")
 		return n != nil && n.Status.DiskStatus != nil
 	}, 5*time.Second, 10*time.Millisecond, "cache sees the status write")
 
 	env.ClearActions()
-	require.NoError(t, nc.syncNode(ctx, testNS+"/node-1"))
-	assert.Empty(t, writes(env.Strata.Actions()))
+	require.NoError(t, nc.syncNode(ctx, NS+"/node-1"))
+	assert.Empty(t, Writes(env.Strata.Actions()))
 }
 
 func TestStableAvailable(t *testing.T) {
@@ -324,8 +324,8 @@ func TestStableAvailable(t *testing.T) {
 // A change of the minimal-free-space setting re-judges this node's disks at
 // once; other settings, and a write that keeps the value, enqueue nothing.
 func TestNodeRequeuedOnMinimalAvailableChange(t *testing.T) {
-	other := &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingDefaultReplicaCount), Namespace: testNS}, Value: "3"}
-	env := dstest.New(t, []runtime.Object{zeroMinAvailable(), other}, nil)
+	other := &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingDefaultReplicaCount), Namespace: NS}, Value: "3"}
+	env := dstest.New(t, []runtime.Object{ZeroMinAvailable(), other}, nil)
 	nc, err := NewNodeController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", nil, NodeControllerOptions{})
 	require.NoError(t, err)
 	for nc.Queue.Len() > 0 { // the initial adds
@@ -335,7 +335,7 @@ func TestNodeRequeuedOnMinimalAvailableChange(t *testing.T) {
 	update := func(s *v1beta1.Setting, value string) {
 		s = s.DeepCopy()
 		s.Value = value
-		_, err := env.Strata.StrataV1beta1().Settings(testNS).Update(context.Background(), s, metav1.UpdateOptions{})
+		_, err := env.Strata.StrataV1beta1().Settings(NS).Update(context.Background(), s, metav1.UpdateOptions{})
 		require.NoError(t, err)
 	}
 	// One handler sees one informer's events in order: once the last
@@ -345,19 +345,19 @@ func TestNodeRequeuedOnMinimalAvailableChange(t *testing.T) {
 	q := &addCounter{TypedRateLimitingInterface: nc.Queue}
 	nc.Queue = q
 	update(other, "2")
-	update(zeroMinAvailable(), "0")
-	update(zeroMinAvailable(), "10")
+	update(ZeroMinAvailable(), "0")
+	update(ZeroMinAvailable(), "10")
 	require.Eventually(t, func() bool { return q.Len() == 1 }, 5*time.Second, 10*time.Millisecond)
 	assert.EqualValues(t, 1, q.adds.Load(), "only the change of the disks' verdict enqueued the node")
 	key, _ := q.Get()
-	assert.Equal(t, testNS+"/node-1", key)
+	assert.Equal(t, NS+"/node-1", key)
 }
 
 // The disks' replica lists follow placements as they happen: a replica
 // placed on, moved on or resized on this node enqueues it; one on another
 // node, or a change of a replica's state, does not.
 func TestNodeRequeuedOnReplicaPlacement(t *testing.T) {
-	env := dstest.New(t, []runtime.Object{zeroMinAvailable()}, nil)
+	env := dstest.New(t, []runtime.Object{ZeroMinAvailable()}, nil)
 	nc, err := NewNodeController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", nil, NodeControllerOptions{})
 	require.NoError(t, err)
 	for nc.Queue.Len() > 0 { // the initial adds
@@ -366,11 +366,11 @@ func TestNodeRequeuedOnReplicaPlacement(t *testing.T) {
 	}
 	q := &addCounter{TypedRateLimitingInterface: nc.Queue}
 	nc.Queue = q
-	replicas := env.Strata.StrataV1beta1().Replicas(testNS)
+	replicas := env.Strata.StrataV1beta1().Replicas(NS)
 	ctx := context.Background()
 	replica := func(name, node string) *v1beta1.Replica {
 		return &v1beta1.Replica{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: NS},
 			Spec: v1beta1.ReplicaSpec{
 				InstanceSpec: v1beta1.InstanceSpec{NodeID: node, VolumeSize: 1 << 20}, DiskID: "uuid-" + node,
 			},
@@ -459,7 +459,7 @@ func TestHeartbeatStartsBeforeRun(t *testing.T) {
 	defer cancel()
 	nc.StartHeartbeat(ctx)
 	require.Eventually(t, func() bool {
-		_, err := env.Kube.CoordinationV1().Leases(testNS).Get(ctx, types.NodeLeaseName("node-1"), metav1.GetOptions{})
+		_, err := env.Kube.CoordinationV1().Leases(NS).Get(ctx, types.NodeLeaseName("node-1"), metav1.GetOptions{})
 		return err == nil
 	}, 5*time.Second, 10*time.Millisecond, "the lease is held before Run")
 }

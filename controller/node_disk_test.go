@@ -28,11 +28,11 @@ func reportedDisk(uuid string, total, available int64, schedulable bool, reason,
 }
 
 func schedulableDisk(available int64) *v1beta1.DiskStatus {
-	return reportedDisk("uuid-1", 100*gib, available, true, v1beta1.DiskConditionReasonSchedulable, "disk can take new replicas")
+	return reportedDisk("uuid-1", 100*GiB, available, true, v1beta1.DiskConditionReasonSchedulable, "disk can take new replicas")
 }
 
 func fullDisk(available int64, msg string) *v1beta1.DiskStatus {
-	return reportedDisk("uuid-1", 100*gib, available, false, v1beta1.DiskConditionReasonFull, msg)
+	return reportedDisk("uuid-1", 100*GiB, available, false, v1beta1.DiskConditionReasonFull, msg)
 }
 
 func TestDiskStatusOnlyFreeSpaceMoved(t *testing.T) {
@@ -43,39 +43,39 @@ func TestDiskStatusOnlyFreeSpaceMoved(t *testing.T) {
 		old, fresh disks
 		want       bool
 	}{
-		{"nothing changed", disks{"d": schedulableDisk(50 * gib)}, disks{"d": schedulableDisk(50 * gib)}, false},
-		{"only the available bytes moved", disks{"d": schedulableDisk(50 * gib)}, disks{"d": schedulableDisk(49 * gib)}, true},
-		{"a Full disk's message moved with its bytes", disks{"d": fullDisk(20*gib, "21474836480"+fullMsg)},
-			disks{"d": fullDisk(19*gib, "20401094656"+fullMsg)}, true},
-		{"one disk of two moved", disks{"a": schedulableDisk(50 * gib), "b": schedulableDisk(10 * gib)},
-			disks{"a": schedulableDisk(50 * gib), "b": schedulableDisk(9 * gib)}, true},
-		{"the Schedulable status flipped", disks{"d": schedulableDisk(26 * gib)},
-			disks{"d": fullDisk(24*gib, "25769803776"+fullMsg)}, false},
-		{"the reason changed, status kept", disks{"d": fullDisk(20*gib, "21474836480"+fullMsg)},
-			disks{"d": reportedDisk("uuid-1", 100*gib, 20*gib, false, v1beta1.DiskConditionReasonSchedOff, "scheduling is disabled on the disk")}, false},
-		{"a Full message's text besides the bytes changed", disks{"d": fullDisk(20*gib, "21474836480"+fullMsg)},
-			disks{"d": fullDisk(20*gib, "21474836480 bytes free after the 1073741824 reserved, less than 25% of 107374182400")}, false},
-		{"a disk was added", disks{"a": schedulableDisk(50 * gib)},
-			disks{"a": schedulableDisk(49 * gib), "b": schedulableDisk(10 * gib)}, false},
-		{"a disk was removed", disks{"a": schedulableDisk(50 * gib), "b": schedulableDisk(10 * gib)},
-			disks{"a": schedulableDisk(49 * gib)}, false},
-		{"a disk was renamed", disks{"a": schedulableDisk(50 * gib)}, disks{"b": schedulableDisk(49 * gib)}, false},
-		{"StorageMaximum changed", disks{"d": schedulableDisk(50 * gib)},
-			disks{"d": reportedDisk("uuid-1", 200*gib, 49*gib, true, v1beta1.DiskConditionReasonSchedulable, "disk can take new replicas")}, false},
-		{"the UUID changed", disks{"d": schedulableDisk(50 * gib)},
-			disks{"d": reportedDisk("uuid-2", 100*gib, 49*gib, true, v1beta1.DiskConditionReasonSchedulable, "disk can take new replicas")}, false},
-		{"the orphan list changed", disks{"d": schedulableDisk(50 * gib)}, disks{"d": func() *v1beta1.DiskStatus {
-			st := schedulableDisk(49 * gib)
+		{"nothing changed", disks{"d": schedulableDisk(50 * GiB)}, disks{"d": schedulableDisk(50 * GiB)}, false},
+		{"only the available bytes moved", disks{"d": schedulableDisk(50 * GiB)}, disks{"d": schedulableDisk(49 * GiB)}, true},
+		{"a Full disk's message moved with its bytes", disks{"d": fullDisk(20*GiB, "21474836480"+fullMsg)},
+			disks{"d": fullDisk(19*GiB, "20401094656"+fullMsg)}, true},
+		{"one disk of two moved", disks{"a": schedulableDisk(50 * GiB), "b": schedulableDisk(10 * GiB)},
+			disks{"a": schedulableDisk(50 * GiB), "b": schedulableDisk(9 * GiB)}, true},
+		{"the Schedulable status flipped", disks{"d": schedulableDisk(26 * GiB)},
+			disks{"d": fullDisk(24*GiB, "25769803776"+fullMsg)}, false},
+		{"the reason changed, status kept", disks{"d": fullDisk(20*GiB, "21474836480"+fullMsg)},
+			disks{"d": reportedDisk("uuid-1", 100*GiB, 20*GiB, false, v1beta1.DiskConditionReasonSchedOff, "scheduling is disabled on the disk")}, false},
+		{"a Full message's text besides the bytes changed", disks{"d": fullDisk(20*GiB, "21474836480"+fullMsg)},
+			disks{"d": fullDisk(20*GiB, "21474836480 bytes free after the 1073741824 reserved, less than 25% of 107374182400")}, false},
+		{"a disk was added", disks{"a": schedulableDisk(50 * GiB)},
+			disks{"a": schedulableDisk(49 * GiB), "b": schedulableDisk(10 * GiB)}, false},
+		{"a disk was removed", disks{"a": schedulableDisk(50 * GiB), "b": schedulableDisk(10 * GiB)},
+			disks{"a": schedulableDisk(49 * GiB)}, false},
+		{"a disk was renamed", disks{"a": schedulableDisk(50 * GiB)}, disks{"b": schedulableDisk(49 * GiB)}, false},
+		{"StorageMaximum changed", disks{"d": schedulableDisk(50 * GiB)},
+			disks{"d": reportedDisk("uuid-1", 200*GiB, 49*GiB, true, v1beta1.DiskConditionReasonSchedulable, "disk can take new replicas")}, false},
+		{"the UUID changed", disks{"d": schedulableDisk(50 * GiB)},
+			disks{"d": reportedDisk("uuid-2", 100*GiB, 49*GiB, true, v1beta1.DiskConditionReasonSchedulable, "disk can take new replicas")}, false},
+		{"the orphan list changed", disks{"d": schedulableDisk(50 * GiB)}, disks{"d": func() *v1beta1.DiskStatus {
+			st := schedulableDisk(49 * GiB)
 			st.OrphanedReplicaDirectories = []string{"vol-1-r-abc"}
 			return st
 		}()}, false},
-		{"the scheduled replicas changed", disks{"d": schedulableDisk(50 * gib)}, disks{"d": func() *v1beta1.DiskStatus {
-			st := schedulableDisk(49 * gib)
-			st.ScheduledReplica, st.StorageScheduled = map[string]int64{"r-1": gib}, gib
+		{"the scheduled replicas changed", disks{"d": schedulableDisk(50 * GiB)}, disks{"d": func() *v1beta1.DiskStatus {
+			st := schedulableDisk(49 * GiB)
+			st.ScheduledReplica, st.StorageScheduled = map[string]int64{"r-1": GiB}, GiB
 			return st
 		}()}, false},
-		{"a status appeared for a known disk", disks{"d": nil}, disks{"d": schedulableDisk(50 * gib)}, false},
-		{"no status before", nil, disks{"d": schedulableDisk(50 * gib)}, false},
+		{"a status appeared for a known disk", disks{"d": nil}, disks{"d": schedulableDisk(50 * GiB)}, false},
+		{"no status before", nil, disks{"d": schedulableDisk(50 * GiB)}, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -95,11 +95,11 @@ func TestCheckDisksPacesFreeSpaceReports(t *testing.T) {
 	// The Node reports the disk as it is, but with 1 GiB more free space
 	// than it has: past stableAvailable's threshold (at most 256 MiB)
 	// however the filesystem's use drifts during the test.
-	node := testNode("node-1", map[string]string{"disk-1": diskDir})
-	node.Status.DiskStatus = map[string]*v1beta1.DiskStatus{"disk-1": reportedDisk("uuid-1", info.Total, info.Available+gib,
+	node := Node("node-1", map[string]string{"disk-1": diskDir})
+	node.Status.DiskStatus = map[string]*v1beta1.DiskStatus{"disk-1": reportedDisk("uuid-1", info.Total, info.Available+GiB,
 		true, v1beta1.DiskConditionReasonSchedulable, "disk can take new replicas")}
 
-	env := dstest.New(t, []runtime.Object{node, zeroMinAvailable()}, nil)
+	env := dstest.New(t, []runtime.Object{node, ZeroMinAvailable()}, nil)
 	nc, err := NewNodeController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", nil,
 		NodeControllerOptions{FreeSpaceReportInterval: interval})
 	require.NoError(t, err)
@@ -137,5 +137,5 @@ func TestCheckDisksPacesFreeSpaceReports(t *testing.T) {
 		assert.Equal(t, s.adds, q.adds.Load(), s.name)
 	}
 	key, _ = q.Get()
-	assert.Equal(t, testNS+"/node-1", key)
+	assert.Equal(t, NS+"/node-1", key)
 }

@@ -29,21 +29,21 @@ func TestOrphanedDirectories(t *testing.T) {
 	}{
 		{name: "no replicas directory", want: nil},
 		{name: "every directory named", dirs: []string{"a", "b"},
-			replicas: []*v1beta1.Replica{testReplicaCR("a", "/d"), testReplicaCR("b", "/d")}, want: nil},
+			replicas: []*v1beta1.Replica{ReplicaCR("a", "/d"), ReplicaCR("b", "/d")}, want: nil},
 		{name: "unnamed directories are orphans, sorted", dirs: []string{"c", "a", "b"},
-			replicas: []*v1beta1.Replica{testReplicaCR("b", "/d")}, want: []string{"a", "c"}},
+			replicas: []*v1beta1.Replica{ReplicaCR("b", "/d")}, want: []string{"a", "c"}},
 		{name: "a replica being deleted still names its directory", dirs: []string{"a"},
-			replicas: []*v1beta1.Replica{testReplicaCR("a", "/d", func(r *v1beta1.Replica) {
+			replicas: []*v1beta1.Replica{ReplicaCR("a", "/d", func(r *v1beta1.Replica) {
 				r.DeletionTimestamp = &metav1.Time{Time: dstest.Now}
 			})}, want: nil},
 		{name: "a directory any replica names is not an orphan, whatever its node (the deletion's rule)", dirs: []string{"a"},
-			replicas: []*v1beta1.Replica{testReplicaCR("a", "/d", func(r *v1beta1.Replica) { r.Spec.NodeID = "node-2" })},
+			replicas: []*v1beta1.Replica{ReplicaCR("a", "/d", func(r *v1beta1.Replica) { r.Spec.NodeID = "node-2" })},
 			want:     nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			disk := t.TempDir()
-			mkReplicaDirs(t, disk, tc.dirs...)
+			MkReplicaDirs(t, disk, tc.dirs...)
 			var objs []runtime.Object
 			for _, r := range tc.replicas {
 				objs = append(objs, r)
@@ -61,37 +61,37 @@ func TestOrphanedDirectories(t *testing.T) {
 // manager was unreachable are reported, then removed once the view is live;
 // a directory a replica names is never touched.
 func TestOrphanCleanupAgainstRealInstanceManager(t *testing.T) {
-	im := startRealIM(t)
+	im := StartRealIM(t)
 	disk := t.TempDir()
 	ctx := context.Background()
-	client, err := im.pool.Get(im.addr)
+	client, err := im.Pool.Get(im.Addr)
 	require.NoError(t, err)
 	// "gone" runs in the instance manager (reopened after a restart, say)
 	// though no Replica names it any more; "kept" is a live replica's.
 	_, err = client.InstanceCreate(ctx, &impb.InstanceCreateRequest{Name: "gone", Type: impb.InstanceType_INSTANCE_TYPE_REPLICA,
 		VolumeName: "v1", Size: 4 << 20, DataDir: filepath.Join(disk, "replicas", "gone")})
 	require.NoError(t, err)
-	im.waitInstance(t, "gone", true, engineapi.InstanceStateRunning)
-	mkReplicaDirs(t, disk, "kept", "stray")
+	im.WaitInstance(t, "gone", true, engineapi.InstanceStateRunning)
+	MkReplicaDirs(t, disk, "kept", "stray")
 
-	node := testNode("node-1", map[string]string{"disk-1": disk}, readyTrue())
-	env := dstest.New(t, []runtime.Object{node, zeroMinAvailable(), testReplicaCR("kept", disk)}, nil)
+	node := Node("node-1", map[string]string{"disk-1": disk}, ReadyTrue())
+	env := dstest.New(t, []runtime.Object{node, ZeroMinAvailable(), ReplicaCR("kept", disk)}, nil)
 	rec := record.NewFakeRecorder(20)
 	nc, err := NewNodeController(logrus.New(), env.DS, rec, "node-1", nil,
-		NodeControllerOptions{Instances: im.instances(), IMAddress: im.addr, DataPlane: im.pool})
+		NodeControllerOptions{Instances: im.Instances(), IMAddress: im.Addr, DataPlane: im.Pool})
 	require.NoError(t, err)
 
-	key := testNS + "/node-1"
+	key := NS + "/node-1"
 	require.NoError(t, nc.syncNode(ctx, key))
-	got, err := env.Strata.StrataV1beta1().Nodes(testNS).Get(ctx, "node-1", metav1.GetOptions{})
+	got, err := env.Strata.StrataV1beta1().Nodes(NS).Get(ctx, "node-1", metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, []string{"gone", "stray"}, got.Status.DiskStatus["disk-1"].OrphanedReplicaDirectories, "reported in the status")
 
-	im.waitInstance(t, "gone", false, "")
+	im.WaitInstance(t, "gone", false, "")
 	assert.NoDirExists(t, filepath.Join(disk, "replicas", "gone"))
 	assert.NoDirExists(t, filepath.Join(disk, "replicas", "stray"))
 	assert.DirExists(t, filepath.Join(disk, "replicas", "kept"))
-	assertEvents(t, []string{"Normal OrphanedInstanceStopped", "Normal OrphanedDataDeleted", "Normal OrphanedDataDeleted"}, rec)
+	AssertEvents(t, []string{"Normal OrphanedInstanceStopped", "Normal OrphanedDataDeleted", "Normal OrphanedDataDeleted"}, rec)
 
 	// The next pass finds nothing left and clears the status.
 	require.Eventually(t, func() bool {
@@ -99,7 +99,7 @@ func TestOrphanCleanupAgainstRealInstanceManager(t *testing.T) {
 		return n != nil && len(n.Status.DiskStatus["disk-1"].OrphanedReplicaDirectories) == 2
 	}, 5*time.Second, 10*time.Millisecond)
 	require.NoError(t, nc.syncNode(ctx, key))
-	got, err = env.Strata.StrataV1beta1().Nodes(testNS).Get(ctx, "node-1", metav1.GetOptions{})
+	got, err = env.Strata.StrataV1beta1().Nodes(NS).Get(ctx, "node-1", metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Empty(t, got.Status.DiskStatus["disk-1"].OrphanedReplicaDirectories)
 }
@@ -107,7 +107,7 @@ func TestOrphanCleanupAgainstRealInstanceManager(t *testing.T) {
 // TestOrphansKept: orphans are reported and kept without a live view of the
 // instance manager, and when orphaned-data-auto-deletion is false.
 func TestOrphansKept(t *testing.T) {
-	off := &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingOrphanedDataAutoDeletion), Namespace: testNS}, Value: "false"}
+	off := &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingOrphanedDataAutoDeletion), Namespace: NS}, Value: "false"}
 	tests := []struct {
 		name    string
 		setting []runtime.Object
@@ -118,19 +118,19 @@ func TestOrphansKept(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			opts := NodeControllerOptions{Instances: lostStream(), IMAddress: "127.0.0.1:1"}
+			opts := NodeControllerOptions{Instances: LostStream(), IMAddress: "127.0.0.1:1"}
 			if tc.live {
-				im := startRealIM(t)
-				opts = NodeControllerOptions{Instances: im.instances(), IMAddress: im.addr, DataPlane: im.pool}
+				im := StartRealIM(t)
+				opts = NodeControllerOptions{Instances: im.Instances(), IMAddress: im.Addr, DataPlane: im.Pool}
 			}
 			disk := t.TempDir()
-			mkReplicaDirs(t, disk, "stray")
-			objs := append([]runtime.Object{testNode("node-1", map[string]string{"disk-1": disk}, readyTrue()), zeroMinAvailable()}, tc.setting...)
+			MkReplicaDirs(t, disk, "stray")
+			objs := append([]runtime.Object{Node("node-1", map[string]string{"disk-1": disk}, ReadyTrue()), ZeroMinAvailable()}, tc.setting...)
 			env := dstest.New(t, objs, nil)
 			nc, err := NewNodeController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", nil, opts)
 			require.NoError(t, err)
-			require.NoError(t, nc.syncNode(context.Background(), testNS+"/node-1"))
-			got, err := env.Strata.StrataV1beta1().Nodes(testNS).Get(context.Background(), "node-1", metav1.GetOptions{})
+			require.NoError(t, nc.syncNode(context.Background(), NS+"/node-1"))
+			got, err := env.Strata.StrataV1beta1().Nodes(NS).Get(context.Background(), "node-1", metav1.GetOptions{})
 			require.NoError(t, err)
 			assert.Equal(t, []string{"stray"}, got.Status.DiskStatus["disk-1"].OrphanedReplicaDirectories)
 			assert.DirExists(t, filepath.Join(disk, "replicas", "stray"))

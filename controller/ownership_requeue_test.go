@@ -19,9 +19,9 @@ import (
 
 func TestRequeueOnNodeReadyChange(t *testing.T) {
 	env := dstest.New(t, []runtime.Object{
-		testNode("node-2", nil, readyTrue()),
-		testSetting(types.SettingDefaultReplicaCount, "3", v1beta1.SettingStatus{}),
-		testSetting(types.SettingBackupTarget, "", v1beta1.SettingStatus{}),
+		Node("node-2", nil, ReadyTrue()),
+		Setting(types.SettingDefaultReplicaCount, "3", v1beta1.SettingStatus{}),
+		Setting(types.SettingBackupTarget, "", v1beta1.SettingStatus{}),
 	}, nil)
 	sc, err := NewSettingController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1")
 	require.NoError(t, err)
@@ -37,7 +37,7 @@ func TestRequeueOnNodeReadyChange(t *testing.T) {
 	require.Eventually(t, func() bool { return sc.Queue.Len() == 2 }, 5*time.Second, 10*time.Millisecond, "initial adds")
 	drain()
 
-	nodes := env.Strata.StrataV1beta1().Nodes(testNS)
+	nodes := env.Strata.StrataV1beta1().Nodes(NS)
 	ctx := context.Background()
 	// Updates that keep Ready enqueue nothing: TestReadyFlipped proves
 	// that on the filter itself rather than by waiting for no event.
@@ -46,10 +46,10 @@ func TestRequeueOnNodeReadyChange(t *testing.T) {
 		mutate func(*v1beta1.Node)
 	}{
 		{"Ready flipping to False enqueues every setting", func(n *v1beta1.Node) {
-			n.Status.Conditions = []metav1.Condition{readyDown("gone")}
+			n.Status.Conditions = []metav1.Condition{ReadyDown("gone")}
 		}},
 		{"Ready flipping back enqueues every setting", func(n *v1beta1.Node) {
-			n.Status.Conditions = []metav1.Condition{readyTrue()}
+			n.Status.Conditions = []metav1.Condition{ReadyTrue()}
 		}},
 	}
 	for _, step := range steps {

@@ -60,21 +60,21 @@ func TestOrphansSpreadAndStayPut(t *testing.T) {
 
 func TestReadyFlipped(t *testing.T) {
 	node := func(conds ...metav1.Condition) *v1beta1.Node {
-		n := testNode("node-2", nil, conds...)
+		n := Node("node-2", nil, conds...)
 		return n
 	}
-	renewed := node(readyTrue())
+	renewed := node(ReadyTrue())
 	renewed.Status.DiskPaths = "/x"
 	tests := []struct {
 		name     string
 		old, cur *v1beta1.Node
 		want     bool
 	}{
-		{"a status change that keeps Ready", node(readyTrue()), renewed, false},
-		{"Ready True -> False", node(readyTrue()), node(readyDown("gone")), true},
-		{"Ready False -> True", node(readyDown("gone")), node(readyTrue()), true},
-		{"no condition -> True", node(), node(readyTrue()), true},
-		{"False with another message", node(readyDown("gone")), node(readyDown("still gone")), false},
+		{"a status change that keeps Ready", node(ReadyTrue()), renewed, false},
+		{"Ready True -> False", node(ReadyTrue()), node(ReadyDown("gone")), true},
+		{"Ready False -> True", node(ReadyDown("gone")), node(ReadyTrue()), true},
+		{"no condition -> True", node(), node(ReadyTrue()), true},
+		{"False with another message", node(ReadyDown("gone")), node(ReadyDown("still gone")), false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

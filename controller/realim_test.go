@@ -25,75 +25,75 @@ import (
 // controller feeds it: the engine and replica controllers are tested against
 // the real data plane, not a mock.
 type realIM struct {
-	addr  string
-	pool  *engineapi.Pool
-	cache *InstanceCache
+	Addr  string
+	Pool  *engineapi.Pool
+	Cache *InstanceCache
 }
 
-func startRealIM(t *testing.T) *realIM {
+func StartRealIM(t *testing.T) *realIM {
 	t.Helper()
-	return startRealIMWith(t, realIMOptions{sizeReportInterval: -1})
+	return StartRealIMWith(t, RealIMOptions{SizeReportInterval: -1})
 }
 
 // realIMOptions tunes startRealIMWith: how often the instance manager
 // re-reads its engines' chains and follows purges (negative: never), and
 // gRPC server options such as an interceptor that injects faults.
-type realIMOptions struct {
-	sizeReportInterval time.Duration
-	serverOptions      []grpc.ServerOption
+type RealIMOptions struct {
+	SizeReportInterval time.Duration
+	ServerOptions      []grpc.ServerOption
 }
 
-func startRealIMWith(t *testing.T, o realIMOptions) *realIM {
+func StartRealIMWith(t *testing.T, o RealIMOptions) *realIM {
 	t.Helper()
 	log := logrus.New()
 	log.SetOutput(io.Discard)
 	// The tests' disks are t.TempDir()s.
 	srv, err := imserver.New(imserver.Options{StateDir: t.TempDir(), DiskPaths: []string{os.TempDir()},
-		DataHost: "127.0.0.1", NBDSocket: "/run/strata/nbd.sock", Log: log, SizeReportInterval: o.sizeReportInterval})
+		DataHost: "127.0.0.1", NBDSocket: "/run/strata/nbd.sock", Log: log, SizeReportInterval: o.SizeReportInterval})
 	require.NoError(t, err)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	gs := grpc.NewServer(o.serverOptions...)
+	gs := grpc.NewServer(o.ServerOptions...)
 	impb.RegisterInstanceManagerServer(gs, srv)
 	go func() { _ = gs.Serve(l) }()
-	im := &realIM{addr: l.Addr().String(), pool: engineapi.NewPool(10*time.Second, nil), cache: NewInstanceCache()}
+	im := &realIM{Addr: l.Addr().String(), Pool: engineapi.NewPool(10*time.Second, nil), Cache: NewInstanceCache()}
 	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(func() { cancel(); im.pool.Close(); gs.Stop(); _ = srv.Close() })
-	client, err := im.pool.Get(im.addr)
+	t.Cleanup(func() { cancel(); im.Pool.Close(); gs.Stop(); _ = srv.Close() })
+	client, err := im.Pool.Get(im.Addr)
 	require.NoError(t, err)
 	next, err := client.DataPlane().Watch(ctx)
 	require.NoError(t, err)
-	im.cache.StreamOpened()
+	im.Cache.StreamOpened()
 	go func() {
 		for {
 			ev, err := next()
 			if err != nil {
 				return
 			}
-			im.cache.Apply(ev)
+			im.Cache.Apply(ev)
 		}
 	}()
-	require.Eventually(t, im.cache.Synced, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, im.Cache.Synced, 10*time.Second, 10*time.Millisecond)
 	return im
 }
 
 // waitInstance waits until the cache shows the instance in the given state
 // (found=false: gone).
-func (im *realIM) waitInstance(t *testing.T, name string, found bool, state engineapi.InstanceState) {
+func (im *realIM) WaitInstance(t *testing.T, name string, found bool, state engineapi.InstanceState) {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		inst, ok, _ := im.cache.Get(name)
+		inst, ok, _ := im.Cache.Get(name)
 		return ok == found && (!found || inst.State == state)
 	}, 10*time.Second, 10*time.Millisecond, "instance %s found=%v state=%s", name, found, state)
 }
 
-func (im *realIM) instances() *InstanceCache { return im.cache }
+func (im *realIM) Instances() *InstanceCache { return im.Cache }
 
 // startReplicas starts 4 MiB replicas of volume v1 with their data in disk
 // and returns their data addresses by name.
-func (im *realIM) startReplicas(t *testing.T, disk string, names ...string) map[string]string {
+func (im *realIM) StartReplicas(t *testing.T, disk string, names ...string) map[string]string {
 	t.Helper()
-	dp, err := im.pool.DataPlane(im.addr)
+	dp, err := im.Pool.DataPlane(im.Addr)
 	require.NoError(t, err)
 	addrs := map[string]string{}
 	for _, name := range names {
@@ -107,14 +107,14 @@ func (im *realIM) startReplicas(t *testing.T, disk string, names ...string) map[
 
 // lostStream is an instance cache whose stream has failed: the instance
 // manager is unreachable.
-func lostStream() *InstanceCache {
+func LostStream() *InstanceCache {
 	c := NewInstanceCache()
 	c.StreamLost()
 	return c
 }
 
 // imageCondition gives the volume the BackingImageReady condition a verdict gives.
-func imageCondition(bi *v1beta1.BackingImage) func(*v1beta1.Volume) {
+func ImageCondition(bi *v1beta1.BackingImage) func(*v1beta1.Volume) {
 	return func(v *v1beta1.Volume) {
 		ok, reason, msg := BackingImageVerdict("img", bi)
 		SetCondition(&v.Status.Conditions, VolumeConditionBackingImageReady, ok, reason, msg, metav1.NewTime(dstest.Now))

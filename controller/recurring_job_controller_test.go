@@ -34,7 +34,7 @@ func at(hhmmss string) time.Time {
 
 func testJob(name string, task v1beta1.RecurringJobTask, cronSpec string, retain int32, mut ...func(*v1beta1.RecurringJob)) *v1beta1.RecurringJob {
 	j := &v1beta1.RecurringJob{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS, UID: k8stypes.UID("uid-" + name), Generation: 1,
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: NS, UID: k8stypes.UID("uid-" + name), Generation: 1,
 			CreationTimestamp: metav1.NewTime(at("09:00:00"))},
 		Spec: v1beta1.RecurringJobSpec{Task: task, Cron: cronSpec, Retain: retain, Concurrency: 2},
 	}
@@ -77,7 +77,7 @@ func recurringJobSyncFunc(env *dstest.Env, rec record.EventRecorder, me string, 
 
 func jobOf(t *testing.T, env *dstest.Env, name string) *v1beta1.RecurringJob {
 	t.Helper()
-	j, err := env.Strata.StrataV1beta1().RecurringJobs(testNS).Get(context.Background(), name, metav1.GetOptions{})
+	j, err := env.Strata.StrataV1beta1().RecurringJobs(NS).Get(context.Background(), name, metav1.GetOptions{})
 	require.NoError(t, err)
 	return j
 }
@@ -98,68 +98,68 @@ func TestRecurringJobSync(t *testing.T) {
 	snapshotJob := func(cronSpec string, mut ...func(*v1beta1.RecurringJob)) *v1beta1.RecurringJob {
 		return testJob("j", v1beta1.RecurringJobTaskSnapshot, cronSpec, 3, mut...)
 	}
-	key := testNS + "/j"
-	cases := []syncCase{
-		{name: "no tick due: nothing written", key: key,
-			objects:    withNodes(snapshotJob("*/5 * * * *", steady("12:00:00", 4))),
-			wantWrites: nil},
-		{name: "the tick of now is due: run once", key: key,
-			objects:    withNodes(snapshotJob("*/5 * * * *", steady("11:55:00", 4))),
-			wantWrites: []string{"update recurringjobs/status j"}, wantEvents: []string{"Normal RecurringJobStarted"},
-			check: wantTick("j", "12:00:00", 5)},
-		{name: "ticks missed while every manager was down: one run, for the latest", key: key,
-			objects:    withNodes(snapshotJob("7 * * * *", steady("09:07:00", 4))),
-			wantWrites: []string{"update recurringjobs/status j"}, wantEvents: []string{"Normal RecurringJobStarted"},
-			check: wantTick("j", "11:07:00", 5)},
-		{name: "a new job's first tick is the first after its creation", key: key,
-			objects: withNodes(snapshotJob("30 * * * *", func(j *v1beta1.RecurringJob) {
+	key := NS + "/j"
+	cases := []SyncCase{
+		{Name: "no tick due: nothing written", Key: key,
+			Objects:    WithNodes(snapshotJob("*/5 * * * *", steady("12:00:00", 4))),
+			WantWrites: nil},
+		{Name: "the tick of now is due: run once", Key: key,
+			Objects:    WithNodes(snapshotJob("*/5 * * * *", steady("11:55:00", 4))),
+			WantWrites: []string{"update recurringjobs/status j"}, WantEvents: []string{"Normal RecurringJobStarted"},
+			Check: wantTick("j", "12:00:00", 5)},
+		{Name: "ticks missed while every manager was down: one run, for the latest", Key: key,
+			Objects:    WithNodes(snapshotJob("7 * * * *", steady("09:07:00", 4))),
+			WantWrites: []string{"update recurringjobs/status j"}, WantEvents: []string{"Normal RecurringJobStarted"},
+			Check: wantTick("j", "11:07:00", 5)},
+		{Name: "a new job's first tick is the first after its creation", Key: key,
+			Objects: WithNodes(snapshotJob("30 * * * *", func(j *v1beta1.RecurringJob) {
 				j.CreationTimestamp, j.Status.OwnerID = metav1.NewTime(at("11:30:00")), "node-1"
 			})),
-			wantWrites: []string{"update recurringjobs/status j"}, // the condition only: 11:30 is not after 11:30
-			check: func(t *testing.T, env *dstest.Env) {
+			WantWrites: []string{"update recurringjobs/status j"}, // the condition only: 11:30 is not after 11:30
+			Check: func(t *testing.T, env *dstest.Env) {
 				j := jobOf(t, env, "j")
 				assert.True(t, j.Status.LastScheduledAt.IsZero())
 				assert.Zero(t, j.Status.ExecutionCount)
 				assert.Equal(t, "node-1", j.Status.OwnerID)
 			}},
-		{name: "a new job created before a tick runs it", key: key,
-			objects: withNodes(snapshotJob("0 * * * *", func(j *v1beta1.RecurringJob) {
+		{Name: "a new job created before a tick runs it", Key: key,
+			Objects: WithNodes(snapshotJob("0 * * * *", func(j *v1beta1.RecurringJob) {
 				j.CreationTimestamp, j.Status.OwnerID = metav1.NewTime(at("11:59:59")), "node-1"
 			})),
-			wantWrites: []string{"update recurringjobs/status j"}, wantEvents: []string{"Normal RecurringJobStarted"},
-			check: wantTick("j", "12:00:00", 1)},
-		{name: "an alive owner keeps the job", key: key,
-			objects:    withNodes(snapshotJob("*/5 * * * *", steady("11:55:00", 4), jobOwnedBy("node-2"))),
-			wantWrites: nil},
-		{name: "a dead owner's job goes to the survivor the hash picks", key: key,
-			me:         ResponsibleNode(key, "", "", []string{"node-1", "node-2"}),
-			kube:       []runtime.Object{testLease("node-1", 0), testLease("node-2", 0)},
-			objects:    withNodes(snapshotJob("*/5 * * * *", steady("11:50:00", 4), jobOwnedBy("node-3"))),
-			wantWrites: []string{"update recurringjobs/status j"}, wantEvents: []string{"Normal RecurringJobStarted"},
-			check: func(t *testing.T, env *dstest.Env) {
+			WantWrites: []string{"update recurringjobs/status j"}, WantEvents: []string{"Normal RecurringJobStarted"},
+			Check: wantTick("j", "12:00:00", 1)},
+		{Name: "an alive owner keeps the job", Key: key,
+			Objects:    WithNodes(snapshotJob("*/5 * * * *", steady("11:55:00", 4), jobOwnedBy("node-2"))),
+			WantWrites: nil},
+		{Name: "a dead owner's job goes to the survivor the hash picks", Key: key,
+			Me:         ResponsibleNode(key, "", "", []string{"node-1", "node-2"}),
+			Kube:       []runtime.Object{Lease("node-1", 0), Lease("node-2", 0)},
+			Objects:    WithNodes(snapshotJob("*/5 * * * *", steady("11:50:00", 4), jobOwnedBy("node-3"))),
+			WantWrites: []string{"update recurringjobs/status j"}, WantEvents: []string{"Normal RecurringJobStarted"},
+			Check: func(t *testing.T, env *dstest.Env) {
 				j := jobOf(t, env, "j")
 				assert.Equal(t, ResponsibleNode(key, "", "", []string{"node-1", "node-2"}), j.Status.OwnerID)
 				assert.Equal(t, at("12:00:00"), j.Status.LastScheduledAt.UTC(), "the latest of the two missed")
 				assert.EqualValues(t, 5, j.Status.ExecutionCount)
 			}},
-		{name: "the other survivor leaves it alone", key: key,
-			me:         otherOf(ResponsibleNode(key, "", "", []string{"node-1", "node-2"}), "node-1", "node-2"),
-			kube:       []runtime.Object{testLease("node-1", 0), testLease("node-2", 0)},
-			objects:    withNodes(snapshotJob("*/5 * * * *", steady("11:50:00", 4), jobOwnedBy("node-3"))),
-			wantWrites: nil},
-		{name: "a cron that does not parse: condition and event, no run", key: key,
-			objects:    withNodes(snapshotJob("61 * * * *", steady("11:50:00", 4))),
-			wantWrites: []string{"update recurringjobs/status j"}, wantEvents: []string{"Warning InvalidSchedule"},
-			check: func(t *testing.T, env *dstest.Env) {
+		{Name: "the other survivor leaves it alone", Key: key,
+			Me:         otherOf(ResponsibleNode(key, "", "", []string{"node-1", "node-2"}), "node-1", "node-2"),
+			Kube:       []runtime.Object{Lease("node-1", 0), Lease("node-2", 0)},
+			Objects:    WithNodes(snapshotJob("*/5 * * * *", steady("11:50:00", 4), jobOwnedBy("node-3"))),
+			WantWrites: nil},
+		{Name: "a cron that does not parse: condition and event, no run", Key: key,
+			Objects:    WithNodes(snapshotJob("61 * * * *", steady("11:50:00", 4))),
+			WantWrites: []string{"update recurringjobs/status j"}, WantEvents: []string{"Warning InvalidSchedule"},
+			Check: func(t *testing.T, env *dstest.Env) {
 				j := jobOf(t, env, "j")
 				require.Len(t, j.Status.Conditions, 1)
 				assert.Equal(t, metav1.ConditionFalse, j.Status.Conditions[0].Status)
 				assert.Contains(t, j.Status.Conditions[0].Message, `spec.cron "61 * * * *": `)
 				assert.EqualValues(t, 4, j.Status.ExecutionCount)
 			}},
-		{name: "a job gone: nothing", key: testNS + "/gone", wantWrites: nil},
+		{Name: "a job gone: nothing", Key: NS + "/gone", WantWrites: nil},
 	}
-	runSyncCases(t, cases, recurringJobSyncFunc)
+	RunSyncCases(t, cases, recurringJobSyncFunc)
 }
 
 func inDefaultGroup(j *v1beta1.RecurringJob) {
@@ -176,14 +176,14 @@ func otherOf(n string, a, b string) string {
 // A run's outcome comes back to the next sync, which records it with the
 // next tick's wait; a second sync with nothing new writes nothing.
 func TestRecurringJobRecordsOutcome(t *testing.T) {
-	vol := vcVolume()
-	env := dstest.New(t, withNodes(vol, testJob("j", v1beta1.RecurringJobTaskSnapshot, "*/5 * * * *", 3, steady("11:55:00", 4),
+	vol := Volume()
+	env := dstest.New(t, WithNodes(vol, testJob("j", v1beta1.RecurringJobTaskSnapshot, "*/5 * * * *", 3, steady("11:55:00", 4),
 		inDefaultGroup)),
-		[]runtime.Object{testLease("node-1", 0)})
+		[]runtime.Object{Lease("node-1", 0)})
 	markTakenOnCreate(env)
 	rec := record.NewFakeRecorder(20)
-	c := newRecurringJobController(t, env, rec, "node-1", newFakeConnector(nil))
-	key := testNS + "/j"
+	c := newRecurringJobController(t, env, rec, "node-1", NewFakeConnector(nil))
+	key := NS + "/j"
 	require.NoError(t, c.syncRecurringJob(context.Background(), key))
 	require.Eventually(t, func() bool {
 		c.mu.Lock()
@@ -200,7 +200,7 @@ func TestRecurringJobRecordsOutcome(t *testing.T) {
 	assert.Equal(t, int32(1), j.Status.LastRunVolumes)
 	assert.Empty(t, j.Status.LastRunError)
 	assert.False(t, j.Status.LastRunAt.IsZero())
-	assert.Equal(t, []string{"Normal RecurringJobStarted", "Normal RecurringJobCompleted"}, drainEvents(rec))
+	assert.Equal(t, []string{"Normal RecurringJobStarted", "Normal RecurringJobCompleted"}, DrainEvents(rec))
 	names := snapshotNames(t, env)
 	assert.Equal(t, []string{recurringObjectName("j", "v1", at("12:00:00"))}, names)
 
@@ -210,7 +210,7 @@ func TestRecurringJobRecordsOutcome(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond)
 	env.ClearActions()
 	require.NoError(t, c.syncRecurringJob(context.Background(), key))
-	assert.Empty(t, writes(env.Strata.Actions()), "a quiet job is not written")
+	assert.Empty(t, Writes(env.Strata.Actions()), "a quiet job is not written")
 }
 
 // markTakenOnCreate plays the snapshot and backup controllers: a Snapshot
@@ -233,7 +233,7 @@ func markTakenOnCreate(env *dstest.Env) {
 
 func snapshotNames(t *testing.T, env *dstest.Env) []string {
 	t.Helper()
-	l, err := env.Strata.StrataV1beta1().Snapshots(testNS).List(context.Background(), metav1.ListOptions{})
+	l, err := env.Strata.StrataV1beta1().Snapshots(NS).List(context.Background(), metav1.ListOptions{})
 	require.NoError(t, err)
 	var out []string
 	for _, s := range l.Items {
@@ -245,7 +245,7 @@ func snapshotNames(t *testing.T, env *dstest.Env) []string {
 
 func backupNames(t *testing.T, env *dstest.Env) []string {
 	t.Helper()
-	l, err := env.Strata.StrataV1beta1().Backups(testNS).List(context.Background(), metav1.ListOptions{})
+	l, err := env.Strata.StrataV1beta1().Backups(NS).List(context.Background(), metav1.ListOptions{})
 	require.NoError(t, err)
 	var out []string
 	for _, b := range l.Items {
@@ -256,7 +256,7 @@ func backupNames(t *testing.T, env *dstest.Env) []string {
 }
 
 func labelledVolume(name string, labels map[string]string, mut ...func(*v1beta1.Volume)) *v1beta1.Volume {
-	return vcVolume(append([]func(*v1beta1.Volume){func(v *v1beta1.Volume) {
+	return Volume(append([]func(*v1beta1.Volume){func(v *v1beta1.Volume) {
 		v.Name, v.UID, v.Labels = name, k8stypes.UID("uid-"+name), labels
 	}}, mut...)...)
 }
@@ -270,7 +270,7 @@ func jobSnapshot(job, volume, hhmmss string, mut ...func(*v1beta1.Snapshot)) *v1
 }
 
 func takenSnapshot(name, volume, hhmmss string, mut ...func(*v1beta1.Snapshot)) *v1beta1.Snapshot {
-	return testSnapshot(name, true, append([]func(*v1beta1.Snapshot){func(s *v1beta1.Snapshot) {
+	return Snapshot(name, true, append([]func(*v1beta1.Snapshot){func(s *v1beta1.Snapshot) {
 		s.Spec.Volume, s.Labels[types.LabelVolume] = volume, volume
 		s.Status.ReadyToUse, s.Status.UserCreated, s.Status.CreationTime = true, true, at(hhmmss).Format(time.RFC3339)
 	}}, mut...)...)
@@ -278,7 +278,7 @@ func takenSnapshot(name, volume, hhmmss string, mut ...func(*v1beta1.Snapshot)) 
 
 func jobBackup(job, volume, hhmmss string, state v1beta1.BackupState) *v1beta1.Backup {
 	name := recurringObjectName(job, volume, at(hhmmss))
-	return testBackup(name, name, func(b *v1beta1.Backup) {
+	return Backup(name, name, func(b *v1beta1.Backup) {
 		b.Labels = map[string]string{types.LabelVolume: volume, types.LabelRecurringJob: job}
 		b.Status = v1beta1.BackupStatus{State: state, VolumeName: volume, SnapshotName: name, OwnerID: "node-1",
 			BackupCreatedAt: at(hhmmss).Format(time.RFC3339)}
@@ -405,7 +405,7 @@ func TestRecurringJobRun(t *testing.T) {
 				takenSnapshot("sys", "v1", "08:00:00", systemSnap),
 				takenSnapshot("for-backup", "v1", "08:00:00", ownedByBackup, systemSnap),
 				takenSnapshot("being-backed-up", "v1", "08:30:00"),
-				testBackup("running", "being-backed-up", backupState(v1beta1.BackupStateInProgress, 10)),
+				Backup("running", "being-backed-up", BackupState(v1beta1.BackupStateInProgress, 10)),
 			},
 			wantVolumes:   1,
 			wantSnapshots: []string{"being-backed-up", "for-backup", jobObjName("j", "v1", "11:30:00"), "sys"},
@@ -419,7 +419,7 @@ func TestRecurringJobRun(t *testing.T) {
 				takenSnapshot("sys", "v1", "08:00:00", systemSnap),
 				takenSnapshot("removed", "v1", "08:00:00", func(s *v1beta1.Snapshot) { s.Status.MarkRemoved, s.Status.ReadyToUse = true, false }),
 				takenSnapshot("for-backup", "v1", "08:00:00", ownedByBackup, systemSnap),
-				testSnapshot("being-taken", true),
+				Snapshot("being-taken", true),
 			},
 			wantVolumes:   1,
 			wantSnapshots: []string{"being-taken", "for-backup", "u1"},
@@ -427,9 +427,9 @@ func TestRecurringJobRun(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			env := dstest.New(t, append(tc.objects, tc.job), []runtime.Object{testLease("node-1", 0)})
+			env := dstest.New(t, append(tc.objects, tc.job), []runtime.Object{Lease("node-1", 0)})
 			markTakenOnCreate(env)
-			c := newRecurringJobController(t, env, record.NewFakeRecorder(50), "node-1", newFakeConnector(nil))
+			c := newRecurringJobController(t, env, record.NewFakeRecorder(50), "node-1", NewFakeConnector(nil))
 			out := c.runJob(context.Background(), c.Logger, tc.job, at(now))
 			if tc.wantErr != "" {
 				require.Error(t, out.err)
@@ -453,14 +453,14 @@ func TestRecurringJobConcurrency(t *testing.T) {
 	job := testJob("j", v1beta1.RecurringJobTaskSnapshot, "@hourly", 3, func(j *v1beta1.RecurringJob) {
 		j.Spec.Groups, j.Spec.Concurrency = []string{"default"}, 2
 	})
-	env := dstest.New(t, append(objs, job), []runtime.Object{testLease("node-1", 0)})
-	c := newRecurringJobController(t, env, record.NewFakeRecorder(50), "node-1", newFakeConnector(nil))
+	env := dstest.New(t, append(objs, job), []runtime.Object{Lease("node-1", 0)})
+	c := newRecurringJobController(t, env, record.NewFakeRecorder(50), "node-1", NewFakeConnector(nil))
 	done := make(chan runOutcome)
 	go func() { done <- c.runJob(context.Background(), c.Logger, job, at("12:00:00")) }()
 	// Play the snapshot controller slowly: every 30 ms, note how many
 	// snapshots wait to be taken, then take them.
 	most := 0
-	snaps := env.Strata.StrataV1beta1().Snapshots(testNS)
+	snaps := env.Strata.StrataV1beta1().Snapshots(NS)
 	for {
 		select {
 		case out := <-done:

@@ -59,7 +59,7 @@ func TestRecurringJobGroupRun(t *testing.T) {
 				labelledVolume("v2", enabled(types.RecurringJobGroupLabel("db"))),
 				labelledVolume("v1", enabled(types.RecurringJobGroupLabel("db"))),
 				labelledVolume("v3", nil))
-			env := dstest.New(t, objs, []runtime.Object{testLease("node-1", 0)})
+			env := dstest.New(t, objs, []runtime.Object{Lease("node-1", 0)})
 			var made *v1beta1.SnapshotGroup
 			env.Strata.PrependReactor("create", "snapshotgroups", func(a k8stesting.Action) (bool, runtime.Object, error) {
 				made = a.(k8stesting.CreateAction).GetObject().(*v1beta1.SnapshotGroup).DeepCopy()
@@ -70,7 +70,7 @@ func TestRecurringJobGroupRun(t *testing.T) {
 				}
 				return false, nil, nil
 			})
-			c := newRecurringJobController(t, env, record.NewFakeRecorder(50), "node-1", newFakeConnector(nil))
+			c := newRecurringJobController(t, env, record.NewFakeRecorder(50), "node-1", NewFakeConnector(nil))
 			out := c.runJob(context.Background(), c.Logger, job, at(now))
 			if tc.wantErr != "" {
 				require.Error(t, out.err)

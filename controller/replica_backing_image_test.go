@@ -25,7 +25,7 @@ func TestReplicaWaitsOnBackingImage(t *testing.T) {
 		bi.Status.DiskFileStatusMap["uuid-node-2"] = &v1beta1.BackingImageDiskFileStatus{State: v1beta1.BackingImageStatePending,
 			Message: "waiting for the first copy, on disk uuid-node-1"}
 	}
-	inProgress := testImage(map[string]v1beta1.BackingImageState{"uuid-node-1": v1beta1.BackingImageStateInProgress})
+	inProgress := Image(map[string]v1beta1.BackingImageState{"uuid-node-1": v1beta1.BackingImageStateInProgress})
 	inProgress.Status.FirstCopyDisk = "uuid-node-1"
 	tests := []struct {
 		name                string
@@ -34,12 +34,12 @@ func TestReplicaWaitsOnBackingImage(t *testing.T) {
 		wantReason, wantMsg string
 	}{
 		{name: "failed, the copy here waiting for the first", bi: func() *v1beta1.BackingImage {
-			bi := failedImage()
+			bi := FailedImage()
 			pendingHere(bi)
 			return bi
-		}(), wantReason: reasonBackingImageFailed, wantMsg: "backing image img failed: disk uuid-node-1: " + badSumMsg},
-		{name: "failed, no copy asked for here: none is", bi: failedImage(), wantReason: reasonBackingImageFailed,
-			wantMsg: "backing image img failed: disk uuid-node-1: " + badSumMsg},
+		}(), wantReason: reasonBackingImageFailed, wantMsg: "backing image img failed: disk uuid-node-1: " + BadSumMsg},
+		{name: "failed, no copy asked for here: none is", bi: FailedImage(), wantReason: reasonBackingImageFailed,
+			wantMsg: "backing image img failed: disk uuid-node-1: " + BadSumMsg},
 		{name: "the first copy on its way: waiting for it", bi: func() *v1beta1.BackingImage {
 			bi := inProgress.DeepCopy()
 			pendingHere(bi)
@@ -52,14 +52,14 @@ func TestReplicaWaitsOnBackingImage(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			env := dstest.New(t, []runtime.Object{tc.bi}, nil)
-			c, err := NewReplicaController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-2", "", newFakeConnector(nil), nil)
+			c, err := NewReplicaController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-2", "", NewFakeConnector(nil), nil)
 			require.NoError(t, err)
 			env.ClearActions()
-			r := vcReplica("r2", "node-2", onReplicaImage)
+			r := Replica("r2", "node-2", onReplicaImage)
 			file, err := c.backingFile(context.Background(), r)
 			require.NoError(t, err)
 			assert.Empty(t, file)
-			assert.Equal(t, tc.wantWrites, writes(env.Strata.Actions()), "API writes")
+			assert.Equal(t, tc.wantWrites, Writes(env.Strata.Actions()), "API writes")
 			cond := meta.FindStatusCondition(r.Status.Conditions, ReplicaConditionWaitingForBackingImage)
 			require.NotNil(t, cond)
 			assert.Equal(t, metav1.ConditionTrue, cond.Status)
@@ -75,7 +75,7 @@ func onReplicaImage(r *v1beta1.Replica) { r.Spec.BackingImage = "img" }
 // retry finds the instance running and must still clear the condition (CI
 // once saw a replica wait for good on an image it was already running on).
 func TestRunningReplicaNoLongerWaits(t *testing.T) {
-	r := vcReplica("r2", "node-2", onReplicaImage)
+	r := Replica("r2", "node-2", onReplicaImage)
 	r.Spec.DesireState = v1beta1.InstanceStateRunning
 	setWaiting(r, reasonBackingImageCopying, "the copy of backing image img on disk uuid-node-2 is in-progress")
 	c := &ReplicaController{}

@@ -38,7 +38,7 @@ func quotaPVC(namespace, claim, pv string) *corev1.PersistentVolumeClaim {
 }
 
 func sizedSnapshot(name, volume string, size int64, removed bool) *v1beta1.Snapshot {
-	return testSnapshot(name, true, func(s *v1beta1.Snapshot) {
+	return Snapshot(name, true, func(s *v1beta1.Snapshot) {
 		s.Spec.Volume, s.Labels[types.LabelVolume] = volume, volume
 		s.Status.Size, s.Status.MarkRemoved = size, removed
 	})
@@ -84,11 +84,11 @@ func testVM(namespace, name string, claims ...string) *unstructured.Unstructured
 // (1000); vx belongs to another driver. VM vm1 uses a and b, vm2 uses b
 // alone.
 func quotaWorld() (strata []runtime.Object, kube []runtime.Object, vms []*unstructured.Unstructured) {
-	strata = []runtime.Object{schedNode("node-1"), schedNode("node-2"), schedNode("node-3"),
+	strata = []runtime.Object{SchedNode("node-1"), SchedNode("node-2"), SchedNode("node-3"),
 		sizedSnapshot("a1", "va", 10, false), sizedSnapshot("a2", "va", 20, false), sizedSnapshot("a3", "va", 100, true),
 		sizedSnapshot("b1", "vb", 5, false), sizedSnapshot("o1", "vo", 1000, false), sizedSnapshot("x1", "vx", 7, false),
-		vcVolume(func(v *v1beta1.Volume) { v.Name, v.Status.RemovedSnapshotsSize = "va", quotaWorldRemoved })}
-	kube = []runtime.Object{testLease("node-1", 0), testLease("node-2", 0), testLease("node-3", 0),
+		Volume(func(v *v1beta1.Volume) { v.Name, v.Status.RemovedSnapshotsSize = "va", quotaWorldRemoved })}
+	kube = []runtime.Object{Lease("node-1", 0), Lease("node-2", 0), Lease("node-3", 0),
 		quotaPV(types.CSIDriverName, "va", "apps", "a"), quotaPVC("apps", "a", "pv-va"),
 		quotaPV(types.CSIDriverName, "vb", "apps", "b"), quotaPVC("apps", "b", "pv-vb"),
 		quotaPV(types.CSIDriverName, "vo", "other", "o"), quotaPVC("other", "o", "pv-vo"),
@@ -117,7 +117,7 @@ func TestSyncResourceQuota(t *testing.T) {
 		quota      *v1beta1.ResourceQuota
 		noVMs      bool
 		me         string
-		apiErr     *reactorError
+		apiErr     *ReactorError
 		wantErr    string
 		wantWrites []string
 		check      func(*testing.T, *dstest.Env)
@@ -140,7 +140,7 @@ func TestSyncResourceQuota(t *testing.T) {
 		{name: "another manager keeps it", quota: testQuota(), me: notMe},
 		{name: "no quota in the namespace: nothing to keep"},
 		{name: "a failed status write is retried", quota: testQuota(),
-			apiErr:     &reactorError{verb: "update", resource: "resourcequotas", subresource: "status", err: errors.New("etcd is down")},
+			apiErr:     &ReactorError{Verb: "update", Resource: "resourcequotas", Subresource: "status", Err: errors.New("etcd is down")},
 			wantErr:    "etcd is down",
 			wantWrites: []string{"update resourcequotas/status default-resource-quota"}},
 	}
@@ -157,7 +157,7 @@ func TestSyncResourceQuota(t *testing.T) {
 				env = dstest.NewWithVMs(t, strata, kube, vms...)
 			}
 			if tc.apiErr != nil {
-				tc.apiErr.install(env.Strata)
+				tc.apiErr.Install(env.Strata)
 			}
 			c, err := NewResourceQuotaController(logrus.New(), env.DS, record.NewFakeRecorder(10), cmp.Or(tc.me, me))
 			require.NoError(t, err)
@@ -168,7 +168,7 @@ func TestSyncResourceQuota(t *testing.T) {
 			} else {
 				require.NoError(t, err)
 			}
-			assert.Equal(t, tc.wantWrites, writes(env.Strata.Actions()))
+			assert.Equal(t, tc.wantWrites, Writes(env.Strata.Actions()))
 			if tc.check != nil {
 				tc.check(t, env)
 			}

@@ -18,12 +18,12 @@ import (
 )
 
 func TestSettingControllerSync(t *testing.T) {
-	alive := []runtime.Object{testNode("node-1", nil)}
+	alive := []runtime.Object{Node("node-1", nil)}
 	tests := []struct {
 		name       string
 		setting    *v1beta1.Setting
 		aliveNodes []runtime.Object
-		apiErr     *reactorError
+		apiErr     *ReactorError
 		wantErr    string
 		wantStatus v1beta1.SettingStatus
 		wantWrites []string
@@ -31,39 +31,39 @@ func TestSettingControllerSync(t *testing.T) {
 	}{
 		{
 			name:       "valid value is marked applied",
-			setting:    testSetting(types.SettingDefaultReplicaCount, "2", v1beta1.SettingStatus{}),
+			setting:    Setting(types.SettingDefaultReplicaCount, "2", v1beta1.SettingStatus{}),
 			wantStatus: v1beta1.SettingStatus{Applied: true},
 			wantWrites: []string{"update settings/status default-replica-count"},
 		},
 		{
 			name:       "invalid value is reported with the reason",
-			setting:    testSetting(types.SettingDefaultReplicaCount, "lots", v1beta1.SettingStatus{Applied: true}),
+			setting:    Setting(types.SettingDefaultReplicaCount, "lots", v1beta1.SettingStatus{Applied: true}),
 			wantStatus: v1beta1.SettingStatus{Message: `setting default-replica-count: value "lots" is not an integer`},
 			wantWrites: []string{"update settings/status default-replica-count"},
 			wantEvents: []string{"Warning InvalidSetting"},
 		},
 		{
 			name:       "unknown setting is reported",
-			setting:    testSetting("no-such-thing", "1", v1beta1.SettingStatus{}),
+			setting:    Setting("no-such-thing", "1", v1beta1.SettingStatus{}),
 			wantStatus: v1beta1.SettingStatus{Message: `unknown setting "no-such-thing"`},
 			wantWrites: []string{"update settings/status no-such-thing"},
 			wantEvents: []string{"Warning InvalidSetting"},
 		},
 		{
 			name:       "unchanged verdict writes nothing",
-			setting:    testSetting(types.SettingDisableSnapshotPurge, "true", v1beta1.SettingStatus{Applied: true}),
+			setting:    Setting(types.SettingDisableSnapshotPurge, "true", v1beta1.SettingStatus{Applied: true}),
 			wantStatus: v1beta1.SettingStatus{Applied: true},
 		},
 		{
 			name:       "a manager that is not alive leaves it to the others",
-			setting:    testSetting(types.SettingDefaultReplicaCount, "2", v1beta1.SettingStatus{}),
+			setting:    Setting(types.SettingDefaultReplicaCount, "2", v1beta1.SettingStatus{}),
 			aliveNodes: []runtime.Object{},
 			wantStatus: v1beta1.SettingStatus{},
 		},
 		{
 			name:       "write failure is returned for retry",
-			setting:    testSetting(types.SettingDefaultReplicaCount, "2", v1beta1.SettingStatus{}),
-			apiErr:     &reactorError{"update", "settings", "status", errors.New("conflict-ish")},
+			setting:    Setting(types.SettingDefaultReplicaCount, "2", v1beta1.SettingStatus{}),
+			apiErr:     &ReactorError{"update", "settings", "status", errors.New("conflict-ish")},
 			wantErr:    "conflict-ish",
 			wantStatus: v1beta1.SettingStatus{},
 			wantWrites: []string{"update settings/status default-replica-count"},
@@ -75,24 +75,24 @@ func TestSettingControllerSync(t *testing.T) {
 			if tc.aliveNodes != nil {
 				nodes = tc.aliveNodes
 			}
-			env := dstest.New(t, append([]runtime.Object{tc.setting}, nodes...), []runtime.Object{testLease("node-1", 0)})
+			env := dstest.New(t, append([]runtime.Object{tc.setting}, nodes...), []runtime.Object{Lease("node-1", 0)})
 			if tc.apiErr != nil {
-				tc.apiErr.install(env.Strata)
+				tc.apiErr.Install(env.Strata)
 			}
 			rec := record.NewFakeRecorder(10)
 			sc, err := NewSettingController(logrus.New(), env.DS, rec, "node-1")
 			require.NoError(t, err)
 			env.ClearActions()
 
-			err = sc.syncSetting(context.Background(), testNS+"/"+tc.setting.Name)
+			err = sc.syncSetting(context.Background(), NS+"/"+tc.setting.Name)
 			if tc.wantErr != "" {
 				require.ErrorContains(t, err, tc.wantErr)
 			} else {
 				require.NoError(t, err)
 			}
-			assert.Equal(t, tc.wantWrites, writes(env.Strata.Actions()))
-			assertEvents(t, tc.wantEvents, rec)
-			got, err := env.Strata.StrataV1beta1().Settings(testNS).Get(context.Background(), tc.setting.Name, metav1.GetOptions{})
+			assert.Equal(t, tc.wantWrites, Writes(env.Strata.Actions()))
+			AssertEvents(t, tc.wantEvents, rec)
+			got, err := env.Strata.StrataV1beta1().Settings(NS).Get(context.Background(), tc.setting.Name, metav1.GetOptions{})
 			require.NoError(t, err)
 			assert.Equal(t, tc.wantStatus, got.Status)
 		})

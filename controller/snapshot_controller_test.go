@@ -23,14 +23,14 @@ import (
 )
 
 func engineWith(state v1beta1.InstanceState, snaps map[string]*v1beta1.SnapshotInfo) *v1beta1.Engine {
-	e := vcEngine()
+	e := Engine()
 	e.Status.CurrentState = state
 	e.Status.Snapshots = snaps
 	return e
 }
 
 func TestEngineSnapshotDiff(t *testing.T) {
-	base := chain(snapInfo("s1"), snapInfo("s2"))
+	base := Chain(SnapInfo("s1"), SnapInfo("s2"))
 	tests := []struct {
 		name         string
 		old, cur     *v1beta1.Engine
@@ -38,32 +38,32 @@ func TestEngineSnapshotDiff(t *testing.T) {
 		wantAll      bool
 		wantAppeared bool
 	}{
-		{name: "nothing changed", old: engineWith("running", base), cur: engineWith("running", chain(snapInfo("s1"), snapInfo("s2")))},
+		{name: "nothing changed", old: engineWith("running", base), cur: engineWith("running", Chain(SnapInfo("s1"), SnapInfo("s2")))},
 		{name: "only the head grew: no snapshot concerned",
 			old: engineWith("running", base),
 			cur: engineWith("running", func() map[string]*v1beta1.SnapshotInfo {
-				m := chain(snapInfo("s1"), snapInfo("s2"))
+				m := Chain(SnapInfo("s1"), SnapInfo("s2"))
 				m[types.VolumeHeadName].Size = 1 << 20
 				return m
 			}())},
 		{name: "one entry changed: only that snapshot",
 			old:         engineWith("running", base),
-			cur:         engineWith("running", chain(snapInfo("s1", func(i *v1beta1.SnapshotInfo) { i.Removed = true }), snapInfo("s2"))),
+			cur:         engineWith("running", Chain(SnapInfo("s1", func(i *v1beta1.SnapshotInfo) { i.Removed = true }), SnapInfo("s2"))),
 			wantChanged: []string{"s1"}},
 		{name: "a new snapshot appeared: it, and the engine for a CR",
 			old:         engineWith("running", base),
-			cur:         engineWith("running", chain(snapInfo("s1"), snapInfo("s2"), snapInfo("s3"))),
+			cur:         engineWith("running", Chain(SnapInfo("s1"), SnapInfo("s2"), SnapInfo("s3"))),
 			wantChanged: []string{"s3"}, wantAppeared: true},
 		{name: "a snapshot vanished: it (it may be lost)",
 			old:         engineWith("running", base),
-			cur:         engineWith("running", chain(snapInfo("s2"))),
+			cur:         engineWith("running", Chain(SnapInfo("s2"))),
 			wantChanged: []string{"s1"}},
 		{name: "engine state changed: every snapshot of the volume",
-			old: engineWith("stopped", base), cur: engineWith("running", chain(snapInfo("s1"), snapInfo("s2"))), wantAll: true},
+			old: engineWith("stopped", base), cur: engineWith("running", Chain(SnapInfo("s1"), SnapInfo("s2"))), wantAll: true},
 		{name: "purge status changed: every snapshot of the volume",
 			old: engineWith("running", base),
 			cur: func() *v1beta1.Engine {
-				e := engineWith("running", chain(snapInfo("s1"), snapInfo("s2")))
+				e := engineWith("running", Chain(SnapInfo("s1"), SnapInfo("s2")))
 				e.Status.PurgeStatus = map[string]*v1beta1.PurgeStatus{"r1": {IsPurging: true}}
 				return e
 			}(), wantAll: true},
@@ -86,13 +86,13 @@ func TestEngineSnapshotDiff(t *testing.T) {
 func TestSnapshotControllerSync(t *testing.T) {
 	stoppedEngine := func(snaps map[string]*v1beta1.SnapshotInfo) *v1beta1.Engine { return engineWith("stopped", snaps) }
 	snapTicket := &v1beta1.AttachmentTicket{ID: "snapshot-s1", Type: v1beta1.AttacherTypeSnapshotController, NodeID: "node-1"}
-	tests := []syncCase{
+	tests := []SyncCase{
 		{
-			name:       "requested on a detached volume: a ticket owned by the snapshot asks for an attach",
-			objects:    []runtime.Object{vcVolume(), stoppedEngine(chain()), testVA(), testSnapshot("s1", true)},
-			wantWrites: []string{"update volumeattachments v1"},
-			check: func(t *testing.T, env *dstest.Env) {
-				va, err := env.Strata.StrataV1beta1().VolumeAttachments(testNS).Get(context.Background(), "v1", metav1.GetOptions{})
+			Name:       "requested on a detached volume: a ticket owned by the snapshot asks for an attach",
+			Objects:    []runtime.Object{Volume(), stoppedEngine(Chain()), VA(), Snapshot("s1", true)},
+			WantWrites: []string{"update volumeattachments v1"},
+			Check: func(t *testing.T, env *dstest.Env) {
+				va, err := env.Strata.StrataV1beta1().VolumeAttachments(NS).Get(context.Background(), "v1", metav1.GetOptions{})
 				require.NoError(t, err)
 				tk := va.Spec.AttachmentTickets["snapshot-s1"]
 				require.NotNil(t, tk)
@@ -104,82 +104,82 @@ func TestSnapshotControllerSync(t *testing.T) {
 			},
 		},
 		{
-			name:       "taken: status mirrors the chain and the ticket is released",
-			objects:    []runtime.Object{vcVolume(), stoppedEngine(chain(snapInfo("s1"))), testVA(snapTicket), testSnapshot("s1", true)},
-			wantWrites: []string{"update volumeattachments v1", "update snapshots/status s1"},
-			check: func(t *testing.T, env *dstest.Env) {
-				s, err := env.Strata.StrataV1beta1().Snapshots(testNS).Get(context.Background(), "s1", metav1.GetOptions{})
+			Name:       "taken: status mirrors the chain and the ticket is released",
+			Objects:    []runtime.Object{Volume(), stoppedEngine(Chain(SnapInfo("s1"))), VA(snapTicket), Snapshot("s1", true)},
+			WantWrites: []string{"update volumeattachments v1", "update snapshots/status s1"},
+			Check: func(t *testing.T, env *dstest.Env) {
+				s, err := env.Strata.StrataV1beta1().Snapshots(NS).Get(context.Background(), "s1", metav1.GetOptions{})
 				require.NoError(t, err)
 				assert.True(t, s.Status.ReadyToUse)
 				assert.Equal(t, "2026-11-21T11:00:00Z", s.Status.CreationTime)
 				assert.Equal(t, int64(8192), s.Status.Size)
-				assert.Equal(t, gib, s.Status.RestoreSize)
+				assert.Equal(t, GiB, s.Status.RestoreSize)
 				assert.Equal(t, map[string]bool{types.VolumeHeadName: true}, s.Status.Children)
 			},
 		},
 		{
-			name: "mirrored status unchanged: no write",
-			objects: []runtime.Object{vcVolume(), stoppedEngine(chain(snapInfo("s1"))), testVA(), testSnapshot("s1", true, func(s *v1beta1.Snapshot) {
+			Name: "mirrored status unchanged: no write",
+			Objects: []runtime.Object{Volume(), stoppedEngine(Chain(SnapInfo("s1"))), VA(), Snapshot("s1", true, func(s *v1beta1.Snapshot) {
 				s.Status = v1beta1.SnapshotStatus{OwnerID: "node-1", Children: map[string]bool{types.VolumeHeadName: true}, UserCreated: true,
-					CreationTime: "2026-11-21T11:00:00Z", Size: 8192, RestoreSize: gib, ReadyToUse: true}
+					CreationTime: "2026-11-21T11:00:00Z", Size: 8192, RestoreSize: GiB, ReadyToUse: true}
 			})},
 		},
 		{
-			name:       "system snapshot gone from the chain: marked lost, then deleted",
-			objects:    []runtime.Object{vcVolume(), stoppedEngine(chain()), testVA(), testSnapshot("s1", false)},
-			wantWrites: []string{"update snapshots/status s1", "delete snapshots s1"},
-			wantEvents: []string{"Warning SnapshotLost"},
+			Name:       "system snapshot gone from the chain: marked lost, then deleted",
+			Objects:    []runtime.Object{Volume(), stoppedEngine(Chain()), VA(), Snapshot("s1", false)},
+			WantWrites: []string{"update snapshots/status s1", "delete snapshots s1"},
+			WantEvents: []string{"Warning SnapshotLost"},
 		},
 		{
-			name: "user snapshot taken once and gone: deleted too",
-			objects: []runtime.Object{vcVolume(), stoppedEngine(chain()), testVA(), testSnapshot("s1", true, func(s *v1beta1.Snapshot) {
+			Name: "user snapshot taken once and gone: deleted too",
+			Objects: []runtime.Object{Volume(), stoppedEngine(Chain()), VA(), Snapshot("s1", true, func(s *v1beta1.Snapshot) {
 				s.Status.CreationTime = "2026-11-21T11:00:00Z"
 			})},
-			wantWrites: []string{"update snapshots/status s1", "delete snapshots s1"},
-			wantEvents: []string{"Warning SnapshotLost"},
+			WantWrites: []string{"update snapshots/status s1", "delete snapshots s1"},
+			WantEvents: []string{"Warning SnapshotLost"},
 		},
 		{
-			name:       "deleting, not in the chain: ticket and finalizer go",
-			objects:    []runtime.Object{vcVolume(), stoppedEngine(chain()), testVA(snapTicket), testSnapshot("s1", true, deleting)},
-			wantWrites: []string{"update volumeattachments v1", "update snapshots s1"},
+			Name:       "deleting, not in the chain: ticket and finalizer go",
+			Objects:    []runtime.Object{Volume(), stoppedEngine(Chain()), VA(snapTicket), Snapshot("s1", true, Deleting)},
+			WantWrites: []string{"update volumeattachments v1", "update snapshots s1"},
 		},
 		{
-			name: "deleting, removed under the head and no purge running: released (a purge only prunes it)",
-			objects: []runtime.Object{vcVolume(), stoppedEngine(chain(snapInfo("s1", func(i *v1beta1.SnapshotInfo) { i.Removed = true }))),
-				testVA(), testSnapshot("s1", true, deleting)},
-			wantWrites: []string{"update snapshots s1"},
+			Name: "deleting, removed under the head and no purge running: released (a purge only prunes it)",
+			Objects: []runtime.Object{Volume(), stoppedEngine(Chain(SnapInfo("s1", func(i *v1beta1.SnapshotInfo) { i.Removed = true }))),
+				VA(), Snapshot("s1", true, Deleting)},
+			WantWrites: []string{"update snapshots s1"},
 		},
 		{
-			name: "deleting, still in the chain of a detached volume: a ticket to attach for the removal",
-			objects: []runtime.Object{vcVolume(), stoppedEngine(chain(snapInfo("s1", func(i *v1beta1.SnapshotInfo) {
+			Name: "deleting, still in the chain of a detached volume: a ticket to attach for the removal",
+			Objects: []runtime.Object{Volume(), stoppedEngine(Chain(SnapInfo("s1", func(i *v1beta1.SnapshotInfo) {
 				i.Children = map[string]bool{"s2": true}
-			}), snapInfo("s2"))), testVA(), testSnapshot("s1", true, deleting)},
-			wantWrites: []string{"update volumeattachments v1"},
+			}), SnapInfo("s2"))), VA(), Snapshot("s1", true, Deleting)},
+			WantWrites: []string{"update volumeattachments v1"},
 		},
 		{
-			name:       "volume being deleted: the finalizer goes at once",
-			objects:    []runtime.Object{vcVolume(func(v *v1beta1.Volume) { v.DeletionTimestamp = &metav1.Time{Time: dstest.Now} }), stoppedEngine(chain(snapInfo("s1"))), testVA(), testSnapshot("s1", true, deleting)},
-			wantWrites: []string{"update snapshots s1"},
+			Name:       "volume being deleted: the finalizer goes at once",
+			Objects:    []runtime.Object{Volume(func(v *v1beta1.Volume) { v.DeletionTimestamp = &metav1.Time{Time: dstest.Now} }), stoppedEngine(Chain(SnapInfo("s1"))), VA(), Snapshot("s1", true, Deleting)},
+			WantWrites: []string{"update snapshots s1"},
 		},
 		{
-			name:    "not responsible: the volume's owner is another node",
-			objects: []runtime.Object{vcVolume(func(v *v1beta1.Volume) { v.Status.OwnerID = "node-2" }), stoppedEngine(chain()), testVA(), testSnapshot("s1", true, func(s *v1beta1.Snapshot) { s.Status.OwnerID = "" })},
+			Name:    "not responsible: the volume's owner is another node",
+			Objects: []runtime.Object{Volume(func(v *v1beta1.Volume) { v.Status.OwnerID = "node-2" }), stoppedEngine(Chain()), VA(), Snapshot("s1", true, func(s *v1beta1.Snapshot) { s.Status.OwnerID = "" })},
 		},
 		{
-			name:       "ticket write conflicts: returned for a retry",
-			objects:    []runtime.Object{vcVolume(), stoppedEngine(chain()), testVA(), testSnapshot("s1", true)},
-			apiErr:     &reactorError{"update", "volumeattachments", "", errors.New("conflict")},
-			wantErr:    "conflict",
-			wantWrites: []string{"update volumeattachments v1"},
+			Name:       "ticket write conflicts: returned for a retry",
+			Objects:    []runtime.Object{Volume(), stoppedEngine(Chain()), VA(), Snapshot("s1", true)},
+			APIErr:     &ReactorError{"update", "volumeattachments", "", errors.New("conflict")},
+			WantErr:    "conflict",
+			WantWrites: []string{"update volumeattachments v1"},
 		},
 		{
-			name: "engine monitor: CRs for snapshots without one, none for the head or removed ones",
-			objects: []runtime.Object{vcVolume(), stoppedEngine(chain(snapInfo("s1"), snapInfo("sys-1", func(i *v1beta1.SnapshotInfo) { i.UserCreated = false }),
-				snapInfo("gone", func(i *v1beta1.SnapshotInfo) { i.Removed = true }))), testVA(), testSnapshot("s1", true)},
-			key:        engineKey + testNS + "/v1-e-0",
-			wantWrites: []string{"create snapshots sys-1"},
-			check: func(t *testing.T, env *dstest.Env) {
-				s, err := env.Strata.StrataV1beta1().Snapshots(testNS).Get(context.Background(), "sys-1", metav1.GetOptions{})
+			Name: "engine monitor: CRs for snapshots without one, none for the head or removed ones",
+			Objects: []runtime.Object{Volume(), stoppedEngine(Chain(SnapInfo("s1"), SnapInfo("sys-1", func(i *v1beta1.SnapshotInfo) { i.UserCreated = false }),
+				SnapInfo("gone", func(i *v1beta1.SnapshotInfo) { i.Removed = true }))), VA(), Snapshot("s1", true)},
+			Key:        engineKey + NS + "/v1-e-0",
+			WantWrites: []string{"create snapshots sys-1"},
+			Check: func(t *testing.T, env *dstest.Env) {
+				s, err := env.Strata.StrataV1beta1().Snapshots(NS).Get(context.Background(), "sys-1", metav1.GetOptions{})
 				require.NoError(t, err)
 				assert.False(t, s.Spec.CreateSnapshot)
 				assert.Equal(t, "v1", s.Labels[types.LabelVolume])
@@ -194,14 +194,14 @@ func TestSnapshotControllerSync(t *testing.T) {
 
 // runSnapshotCases runs snapshot controller cases on three schedulable nodes;
 // the key defaults to snapshot s1.
-func runSnapshotCases(t *testing.T, cases []syncCase) {
+func runSnapshotCases(t *testing.T, cases []SyncCase) {
 	t.Helper()
-	nodes := []runtime.Object{schedNode("node-1"), schedNode("node-2"), schedNode("node-3")}
+	nodes := []runtime.Object{SchedNode("node-1"), SchedNode("node-2"), SchedNode("node-3")}
 	for i := range cases {
-		cases[i].objects = append(append([]runtime.Object{}, nodes...), cases[i].objects...)
-		cases[i].key = cmp.Or(cases[i].key, testNS+"/s1")
+		cases[i].Objects = append(append([]runtime.Object{}, nodes...), cases[i].Objects...)
+		cases[i].Key = cmp.Or(cases[i].Key, NS+"/s1")
 	}
-	runSyncCases(t, cases, func(env *dstest.Env, rec record.EventRecorder, me string, dp engineapi.Connector) (func(context.Context, string) error, error) {
+	RunSyncCases(t, cases, func(env *dstest.Env, rec record.EventRecorder, me string, dp engineapi.Connector) (func(context.Context, string) error, error) {
 		c, err := NewSnapshotController(logrus.New(), env.DS, rec, me, dp)
 		if err != nil {
 			return nil, err
@@ -222,110 +222,110 @@ const engineKey = "engine:"
 // plane — take, remove, purge — against the in-memory data plane, with the
 // errors the instance manager can answer.
 func TestSnapshotControllerActs(t *testing.T) {
-	im := &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: testNS},
+	im := &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: NS},
 		Spec:   v1beta1.InstanceManagerSpec{NodeID: "node-1"},
 		Status: v1beta1.InstanceManagerStatus{CurrentState: v1beta1.InstanceStateRunning, Endpoint: "im-node-1:8500"}}
-	attached := func() *v1beta1.Volume { return vcVolume(attachedOn("node-1")) }
+	attached := func() *v1beta1.Volume { return Volume(AttachedOn("node-1")) }
 	running := func(snaps map[string]*v1beta1.SnapshotInfo) *v1beta1.Engine {
-		return vcEngine(engineRunningOn("node-1", allRW()), func(e *v1beta1.Engine) { e.Status.Snapshots = snaps })
+		return Engine(EngineRunningOn("node-1", AllRW()), func(e *v1beta1.Engine) { e.Status.Snapshots = snaps })
 	}
 	// s1 under s2: a purge coalesces it, so the finalizer waits for that.
-	s1UnderS2 := chain(snapInfo("s1", func(i *v1beta1.SnapshotInfo) { i.Children = map[string]bool{"s2": true} }), snapInfo("s2"))
+	s1UnderS2 := Chain(SnapInfo("s1", func(i *v1beta1.SnapshotInfo) { i.Children = map[string]bool{"s2": true} }), SnapInfo("s2"))
 	statusError := func(want string) func(*testing.T, *dstest.Env) {
 		return func(t *testing.T, env *dstest.Env) {
-			s, err := env.Strata.StrataV1beta1().Snapshots(testNS).Get(context.Background(), "s1", metav1.GetOptions{})
+			s, err := env.Strata.StrataV1beta1().Snapshots(NS).Get(context.Background(), "s1", metav1.GetOptions{})
 			require.NoError(t, err)
 			assert.Contains(t, s.Status.Error, want)
 		}
 	}
-	runSnapshotCases(t, []syncCase{
+	runSnapshotCases(t, []SyncCase{
 		{
-			name:       "requested on an attached volume: the engine takes it",
-			objects:    []runtime.Object{im, attached(), running(chain()), testVA(), testSnapshot("s1", true)},
-			wantCalls:  []string{"SnapshotCreate v1-e-0 s1 true"},
-			wantEvents: []string{"Normal SnapshotCreated"},
+			Name:       "requested on an attached volume: the engine takes it",
+			Objects:    []runtime.Object{im, attached(), running(Chain()), VA(), Snapshot("s1", true)},
+			WantCalls:  []string{"SnapshotCreate v1-e-0 s1 true"},
+			WantEvents: []string{"Normal SnapshotCreated"},
 		},
 		{
-			name:       "requested on a detached volume: no call, a ticket asks for an attach",
-			objects:    []runtime.Object{im, vcVolume(), engineWith("stopped", chain()), testVA(), testSnapshot("s1", true)},
-			wantWrites: []string{"update volumeattachments v1"},
+			Name:       "requested on a detached volume: no call, a ticket asks for an attach",
+			Objects:    []runtime.Object{im, Volume(), engineWith("stopped", Chain()), VA(), Snapshot("s1", true)},
+			WantWrites: []string{"update volumeattachments v1"},
 		},
 		{
-			name:      "the engine has it already (a retry): not taken twice, no event",
-			objects:   []runtime.Object{im, attached(), running(chain()), testVA(), testSnapshot("s1", true)},
-			dpErr:     map[string]error{"SnapshotCreate": fmt.Errorf("snapshot s1 exists: %w", engineapi.ErrAlreadyExists)},
-			wantCalls: []string{"SnapshotCreate v1-e-0 s1 true"},
+			Name:      "the engine has it already (a retry): not taken twice, no event",
+			Objects:   []runtime.Object{im, attached(), running(Chain()), VA(), Snapshot("s1", true)},
+			DPErr:     map[string]error{"SnapshotCreate": fmt.Errorf("snapshot s1 exists: %w", engineapi.ErrAlreadyExists)},
+			WantCalls: []string{"SnapshotCreate v1-e-0 s1 true"},
 		},
 		{
-			name:       "over the volume's snapshot limit: the status says why, no retry",
-			objects:    []runtime.Object{im, attached(), running(chain()), testVA(), testSnapshot("s1", true)},
-			dpErr:      map[string]error{"SnapshotCreate": fmt.Errorf("250 user snapshots: %w", engineapi.ErrLimitExceeded)},
-			wantCalls:  []string{"SnapshotCreate v1-e-0 s1 true"},
-			wantWrites: []string{"update snapshots/status s1"},
-			wantEvents: []string{"Warning SnapshotFailed"},
-			check:      statusError("250 user snapshots"),
+			Name:       "over the volume's snapshot limit: the status says why, no retry",
+			Objects:    []runtime.Object{im, attached(), running(Chain()), VA(), Snapshot("s1", true)},
+			DPErr:      map[string]error{"SnapshotCreate": fmt.Errorf("250 user snapshots: %w", engineapi.ErrLimitExceeded)},
+			WantCalls:  []string{"SnapshotCreate v1-e-0 s1 true"},
+			WantWrites: []string{"update snapshots/status s1"},
+			WantEvents: []string{"Warning SnapshotFailed"},
+			Check:      statusError("250 user snapshots"),
 		},
 		{
-			name:      "the instance manager fails the take: returned for a retry",
-			objects:   []runtime.Object{im, attached(), running(chain()), testVA(), testSnapshot("s1", true)},
-			dpErr:     map[string]error{"SnapshotCreate": fmt.Errorf("replica r2: %w", engineapi.ErrUnavailable)},
-			wantErr:   "taking snapshot s1",
-			wantCalls: []string{"SnapshotCreate v1-e-0 s1 true"},
+			Name:      "the instance manager fails the take: returned for a retry",
+			Objects:   []runtime.Object{im, attached(), running(Chain()), VA(), Snapshot("s1", true)},
+			DPErr:     map[string]error{"SnapshotCreate": fmt.Errorf("replica r2: %w", engineapi.ErrUnavailable)},
+			WantErr:   "taking snapshot s1",
+			WantCalls: []string{"SnapshotCreate v1-e-0 s1 true"},
 		},
 		{
-			name:       "deleted while in the chain of a running engine: removed, then purged",
-			objects:    []runtime.Object{im, attached(), running(s1UnderS2), testVA(), testSnapshot("s1", true, deleting)},
-			wantCalls:  []string{"SnapshotRemove v1-e-0 s1", "SnapshotPurge v1-e-0"},
-			wantEvents: []string{"Normal SnapshotRemoved"},
+			Name:       "deleted while in the chain of a running engine: removed, then purged",
+			Objects:    []runtime.Object{im, attached(), running(s1UnderS2), VA(), Snapshot("s1", true, Deleting)},
+			WantCalls:  []string{"SnapshotRemove v1-e-0 s1", "SnapshotPurge v1-e-0"},
+			WantEvents: []string{"Normal SnapshotRemoved"},
 		},
 		{
-			name: "deleted while a backup reads it: kept in the chain, an event names the backup",
-			objects: []runtime.Object{im, attached(), running(s1UnderS2), testVA(), testSnapshot("s1", true, deleting),
-				testBackup("b1", "s1", backupState(v1beta1.BackupStateInProgress, 40))},
-			wantEvents: []string{"Normal WaitingForReaders"},
+			Name: "deleted while a backup reads it: kept in the chain, an event names the backup",
+			Objects: []runtime.Object{im, attached(), running(s1UnderS2), VA(), Snapshot("s1", true, Deleting),
+				Backup("b1", "s1", BackupState(v1beta1.BackupStateInProgress, 40))},
+			WantEvents: []string{"Normal WaitingForReaders"},
 		},
 		{
-			name: "deleted after its backup finished: removed, then purged",
-			objects: []runtime.Object{im, attached(), running(s1UnderS2), testVA(), testSnapshot("s1", true, deleting),
-				testBackup("b1", "s1", backupState(v1beta1.BackupStateCompleted, 100))},
-			wantCalls:  []string{"SnapshotRemove v1-e-0 s1", "SnapshotPurge v1-e-0"},
-			wantEvents: []string{"Normal SnapshotRemoved"},
+			Name: "deleted after its backup finished: removed, then purged",
+			Objects: []runtime.Object{im, attached(), running(s1UnderS2), VA(), Snapshot("s1", true, Deleting),
+				Backup("b1", "s1", BackupState(v1beta1.BackupStateCompleted, 100))},
+			WantCalls:  []string{"SnapshotRemove v1-e-0 s1", "SnapshotPurge v1-e-0"},
+			WantEvents: []string{"Normal SnapshotRemoved"},
 		},
 		{
-			name: "already removed: only the purge",
-			objects: []runtime.Object{im, attached(), running(chain(snapInfo("s1", func(i *v1beta1.SnapshotInfo) {
+			Name: "already removed: only the purge",
+			Objects: []runtime.Object{im, attached(), running(Chain(SnapInfo("s1", func(i *v1beta1.SnapshotInfo) {
 				i.Removed, i.Children = true, map[string]bool{"s2": true}
-			}), snapInfo("s2"))), testVA(), testSnapshot("s1", true, deleting)},
-			wantCalls: []string{"SnapshotPurge v1-e-0"},
+			}), SnapInfo("s2"))), VA(), Snapshot("s1", true, Deleting)},
+			WantCalls: []string{"SnapshotPurge v1-e-0"},
 		},
 		{
-			name:       "a purge that fails is returned for a retry",
-			objects:    []runtime.Object{im, attached(), running(s1UnderS2), testVA(), testSnapshot("s1", true, deleting)},
-			dpErr:      map[string]error{"SnapshotPurge": errors.New("no space left on device")},
-			wantErr:    "purging volume v1: no space left on device",
-			wantCalls:  []string{"SnapshotRemove v1-e-0 s1", "SnapshotPurge v1-e-0"},
-			wantEvents: []string{"Normal SnapshotRemoved"},
+			Name:       "a purge that fails is returned for a retry",
+			Objects:    []runtime.Object{im, attached(), running(s1UnderS2), VA(), Snapshot("s1", true, Deleting)},
+			DPErr:      map[string]error{"SnapshotPurge": errors.New("no space left on device")},
+			WantErr:    "purging volume v1: no space left on device",
+			WantCalls:  []string{"SnapshotRemove v1-e-0 s1", "SnapshotPurge v1-e-0"},
+			WantEvents: []string{"Normal SnapshotRemoved"},
 		},
 		{
-			name:       "busy engine (a purge runs): left to finish, its end enqueues the snapshot",
-			objects:    []runtime.Object{im, attached(), running(s1UnderS2), testVA(), testSnapshot("s1", true, deleting)},
-			dpErr:      map[string]error{"SnapshotPurge": fmt.Errorf("purge running: %w", engineapi.ErrBusy)},
-			wantCalls:  []string{"SnapshotRemove v1-e-0 s1", "SnapshotPurge v1-e-0"},
-			wantEvents: []string{"Normal SnapshotRemoved"},
+			Name:       "busy engine (a purge runs): left to finish, its end enqueues the snapshot",
+			Objects:    []runtime.Object{im, attached(), running(s1UnderS2), VA(), Snapshot("s1", true, Deleting)},
+			DPErr:      map[string]error{"SnapshotPurge": fmt.Errorf("purge running: %w", engineapi.ErrBusy)},
+			WantCalls:  []string{"SnapshotRemove v1-e-0 s1", "SnapshotPurge v1-e-0"},
+			WantEvents: []string{"Normal SnapshotRemoved"},
 		},
 		{
-			name:      "removing fails: no purge, returned for a retry",
-			objects:   []runtime.Object{im, attached(), running(s1UnderS2), testVA(), testSnapshot("s1", true, deleting)},
-			dpErr:     map[string]error{"SnapshotRemove": fmt.Errorf("replica r1: %w", engineapi.ErrUnavailable)},
-			wantErr:   "removing snapshot s1",
-			wantCalls: []string{"SnapshotRemove v1-e-0 s1"},
+			Name:      "removing fails: no purge, returned for a retry",
+			Objects:   []runtime.Object{im, attached(), running(s1UnderS2), VA(), Snapshot("s1", true, Deleting)},
+			DPErr:     map[string]error{"SnapshotRemove": fmt.Errorf("replica r1: %w", engineapi.ErrUnavailable)},
+			WantErr:   "removing snapshot s1",
+			WantCalls: []string{"SnapshotRemove v1-e-0 s1"},
 		},
 		{
-			name: "purge disabled by the setting: removed, not purged",
-			objects: []runtime.Object{im, attached(), running(s1UnderS2), testVA(), testSnapshot("s1", true, deleting),
-				&v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingDisableSnapshotPurge), Namespace: testNS}, Value: "true"}},
-			wantCalls:  []string{"SnapshotRemove v1-e-0 s1"},
-			wantEvents: []string{"Normal SnapshotRemoved"},
+			Name: "purge disabled by the setting: removed, not purged",
+			Objects: []runtime.Object{im, attached(), running(s1UnderS2), VA(), Snapshot("s1", true, Deleting),
+				&v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingDisableSnapshotPurge), Namespace: NS}, Value: "true"}},
+			WantCalls:  []string{"SnapshotRemove v1-e-0 s1"},
+			WantEvents: []string{"Normal SnapshotRemoved"},
 		},
 	})
 }

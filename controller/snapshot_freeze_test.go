@@ -14,7 +14,7 @@ import (
 )
 
 func setting(name types.SettingName, value string) *v1beta1.Setting {
-	return &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(name), Namespace: testNS}, Value: value}
+	return &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(name), Namespace: NS}, Value: value}
 }
 
 // Whether, and for how long, a snapshot of a volume freezes its
@@ -36,7 +36,7 @@ func TestFSFreezeFor(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			env := dstest.New(t, tc.settings, nil)
-			vol := vcVolume(func(v *v1beta1.Volume) { v.Spec.FreezeFilesystemForSnapshot = tc.volume })
+			vol := Volume(func(v *v1beta1.Volume) { v.Spec.FreezeFilesystemForSnapshot = tc.volume })
 			assert.Equal(t, tc.want, fsFreezeFor(env.DS, vol))
 		})
 	}
@@ -55,8 +55,8 @@ func TestMirrorSnapshotConsistency(t *testing.T) {
 		"taken before it":      {map[string]string{"app": "db"}, "", map[string]string{"app": "db"}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			s := testSnapshot("s1", true)
-			mirrorSnapshot(s, snapshotView{vol: vcVolume(), eng: vcEngine(), info: &v1beta1.SnapshotInfo{Labels: tc.labels}})
+			s := Snapshot("s1", true)
+			mirrorSnapshot(s, snapshotView{vol: Volume(), eng: Engine(), info: &v1beta1.SnapshotInfo{Labels: tc.labels}})
 			assert.Equal(t, tc.want, s.Status.Consistency)
 			assert.Equal(t, tc.wantLabels, s.Status.Labels)
 		})

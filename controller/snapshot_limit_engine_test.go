@@ -34,7 +34,7 @@ func syncedCache(insts ...*engineapi.Instance) *InstanceCache {
 // says it was given, again after a replica joins, and records them when
 // the instance is created with them.
 func TestEngineSnapshotLimits(t *testing.T) {
-	running := &engineapi.Instance{Name: "v1-e-0", Type: engineapi.InstanceTypeEngine, VolumeName: "v1", Size: gib,
+	running := &engineapi.Instance{Name: "v1-e-0", Type: engineapi.InstanceTypeEngine, VolumeName: "v1", Size: GiB,
 		State: engineapi.InstanceStateRunning, FrontendEndpoint: "nbd://127.0.0.1:10809/v1",
 		ReplicaModes: map[string]engineapi.ReplicaMode{"r1": engineapi.ReplicaModeRW, "r2": engineapi.ReplicaModeRW}}
 	limits := func(count int32, size int64) *v1beta1.EngineSnapshotLimits {
@@ -43,7 +43,7 @@ func TestEngineSnapshotLimits(t *testing.T) {
 	// engine runs on node-1 with r1 and r2, its status as the monitor
 	// writes it from the instance, spec and record of limits as given.
 	engine := func(spec v1beta1.EngineSnapshotLimits, recorded *v1beta1.EngineSnapshotLimits, mut ...func(*v1beta1.Engine)) *v1beta1.Engine {
-		e := vcEngine(func(e *v1beta1.Engine) {
+		e := Engine(func(e *v1beta1.Engine) {
 			e.Spec.NodeID, e.Spec.DesireState = "node-1", v1beta1.InstanceStateRunning
 			e.Spec.ReplicaAddressMap = map[string]string{"r1": "10.0.0.1:9001", "r2": "10.0.0.2:9001"}
 			e.Spec.SnapshotMaxCount, e.Spec.SnapshotMaxSize = spec.MaxCount, spec.MaxSize
@@ -83,9 +83,9 @@ func TestEngineSnapshotLimits(t *testing.T) {
 			wantCalls: []string{"SnapshotLimitsSet v1-e-0 5 0"}, wantWrites: []string{"update engines/status v1-e-0"},
 			wantEvents: []string{"Normal SnapshotLimitsSet"}, check: recorded(limits(5, 0))},
 		{name: "the volume's size limit changed: set",
-			engine: engine(*limits(2, 4*gib), limits(2, 0)), instances: []*engineapi.Instance{running},
+			engine: engine(*limits(2, 4*GiB), limits(2, 0)), instances: []*engineapi.Instance{running},
 			wantCalls: []string{"SnapshotLimitsSet v1-e-0 2 4294967296"}, wantWrites: []string{"update engines/status v1-e-0"},
-			wantEvents: []string{"Normal SnapshotLimitsSet"}, check: recorded(limits(2, 4*gib))},
+			wantEvents: []string{"Normal SnapshotLimitsSet"}, check: recorded(limits(2, 4*GiB))},
 		{name: "a replica joins: it is rebuilt, and the limits are set again (a new replica has none)",
 			engine:    engine(*limits(2, 0), limits(2, 0), func(e *v1beta1.Engine) { e.Spec.ReplicaAddressMap["r3"] = "10.0.0.3:9001" }),
 			instances: []*engineapi.Instance{running},
@@ -112,22 +112,22 @@ func TestEngineSnapshotLimits(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			env := dstest.New(t, []runtime.Object{tc.engine, schedNode("node-1")}, []runtime.Object{testLease("node-1", 0)})
-			dp := newFakeConnector(tc.dpErr)
+			env := dstest.New(t, []runtime.Object{tc.engine, SchedNode("node-1")}, []runtime.Object{Lease("node-1", 0)})
+			dp := NewFakeConnector(tc.dpErr)
 			rec := record.NewFakeRecorder(20)
 			c, err := NewEngineController(logrus.New(), env.DS, rec, "node-1", "im-node-1:8500", dp, syncedCache(tc.instances...))
 			require.NoError(t, err)
 			env.ClearActions()
-			err = c.syncEngine(context.Background(), testNS+"/v1-e-0")
+			err = c.syncEngine(context.Background(), NS+"/v1-e-0")
 			if tc.wantErr != "" {
 				require.ErrorContains(t, err, tc.wantErr)
 			} else {
 				require.NoError(t, err)
 			}
-			assert.Equal(t, tc.wantCalls, dp.calls(), "data-plane calls")
-			assert.Equal(t, tc.wantWrites, writes(env.Strata.Actions()), "API writes")
-			assertEvents(t, tc.wantEvents, rec)
-			got, err := env.Strata.StrataV1beta1().Engines(testNS).Get(context.Background(), "v1-e-0", metav1.GetOptions{})
+			assert.Equal(t, tc.wantCalls, dp.Calls(), "data-plane calls")
+			assert.Equal(t, tc.wantWrites, Writes(env.Strata.Actions()), "API writes")
+			AssertEvents(t, tc.wantEvents, rec)
+			got, err := env.Strata.StrataV1beta1().Engines(NS).Get(context.Background(), "v1-e-0", metav1.GetOptions{})
 			require.NoError(t, err)
 			tc.check(t, got)
 		})
@@ -140,7 +140,7 @@ func TestEngineSnapshotLimits(t *testing.T) {
 // purge, or purge disabled: none.
 func TestEnginePurgesFreeableRemovedSnapshots(t *testing.T) {
 	withRemoved := func(exclusive int64, purging bool) *engineapi.Instance {
-		return &engineapi.Instance{Name: "v1-e-0", Type: engineapi.InstanceTypeEngine, VolumeName: "v1", Size: gib,
+		return &engineapi.Instance{Name: "v1-e-0", Type: engineapi.InstanceTypeEngine, VolumeName: "v1", Size: GiB,
 			State: engineapi.InstanceStateRunning, FrontendEndpoint: "nbd://127.0.0.1:10809/v1",
 			ReplicaModes: map[string]engineapi.ReplicaMode{"r1": engineapi.ReplicaModeRW},
 			Snapshots: map[string]*engineapi.Snapshot{
@@ -149,7 +149,7 @@ func TestEnginePurgesFreeableRemovedSnapshots(t *testing.T) {
 			},
 			PurgeStatus: map[string]*engineapi.PurgeStatus{"r1": {IsPurging: purging}}}
 	}
-	noPurge := &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: "disable-snapshot-purge", Namespace: testNS}, Value: "true"}
+	noPurge := &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: "disable-snapshot-purge", Namespace: NS}, Value: "true"}
 	tests := []struct {
 		name      string
 		inst      *engineapi.Instance
@@ -163,7 +163,7 @@ func TestEnginePurgesFreeableRemovedSnapshots(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			e := vcEngine(func(e *v1beta1.Engine) {
+			e := Engine(func(e *v1beta1.Engine) {
 				e.Spec.NodeID, e.Spec.DesireState = "node-1", v1beta1.InstanceStateRunning
 				e.Spec.ReplicaAddressMap = map[string]string{"r1": "10.0.0.1:9001"}
 				e.Status.OwnerID = "node-1"
@@ -171,12 +171,12 @@ func TestEnginePurgesFreeableRemovedSnapshots(t *testing.T) {
 			})
 			observeEngine(e, tc.inst, true, true, InstanceManagerName("node-1"))
 			e.Status.SnapshotLimits = &v1beta1.EngineSnapshotLimits{}
-			env := dstest.New(t, append([]runtime.Object{e, schedNode("node-1")}, tc.objects...), []runtime.Object{testLease("node-1", 0)})
-			dp := newFakeConnector(nil)
+			env := dstest.New(t, append([]runtime.Object{e, SchedNode("node-1")}, tc.objects...), []runtime.Object{Lease("node-1", 0)})
+			dp := NewFakeConnector(nil)
 			c, err := NewEngineController(logrus.New(), env.DS, record.NewFakeRecorder(20), "node-1", "im-node-1:8500", dp, syncedCache(tc.inst))
 			require.NoError(t, err)
-			require.NoError(t, c.syncEngine(context.Background(), testNS+"/v1-e-0"))
-			assert.Equal(t, tc.wantCalls, dp.calls(), "data-plane calls")
+			require.NoError(t, c.syncEngine(context.Background(), NS+"/v1-e-0"))
+			assert.Equal(t, tc.wantCalls, dp.Calls(), "data-plane calls")
 		})
 	}
 }

@@ -25,11 +25,11 @@ import (
 // snapshots Strata takes for a clone or an export are taken as system
 // snapshots, which the limits never refuse.
 func TestSnapshotControllerLimits(t *testing.T) {
-	im := &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: testNS},
+	im := &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: NS},
 		Spec:   v1beta1.InstanceManagerSpec{NodeID: "node-1"},
 		Status: v1beta1.InstanceManagerStatus{CurrentState: v1beta1.InstanceStateRunning, Endpoint: "im-node-1:8500"}}
 	limited := func(maxCount int32, maxSize int64, snaps map[string]*v1beta1.SnapshotInfo) *v1beta1.Engine {
-		return vcEngine(engineRunningOn("node-1", allRW()), func(e *v1beta1.Engine) {
+		return Engine(EngineRunningOn("node-1", AllRW()), func(e *v1beta1.Engine) {
 			e.Spec.SnapshotMaxCount, e.Spec.SnapshotMaxSize, e.Status.Snapshots = maxCount, maxSize, snaps
 		})
 	}
@@ -37,7 +37,7 @@ func TestSnapshotControllerLimits(t *testing.T) {
 		engineapi.ErrLimitExceeded)
 	statusError := func(want string) func(*testing.T, *dstest.Env) {
 		return func(t *testing.T, env *dstest.Env) {
-			s, err := env.Strata.StrataV1beta1().Snapshots(testNS).Get(context.Background(), "s1", metav1.GetOptions{})
+			s, err := env.Strata.StrataV1beta1().Snapshots(NS).Get(context.Background(), "s1", metav1.GetOptions{})
 			require.NoError(t, err)
 			assert.Equal(t, want, s.Status.Error)
 			assert.False(t, s.Status.ReadyToUse)
@@ -48,57 +48,57 @@ func TestSnapshotControllerLimits(t *testing.T) {
 			s.OwnerReferences = []metav1.OwnerReference{{APIVersion: v1beta1.SchemeGroupVersion.String(), Kind: kind, Name: name, UID: "uid-x"}}
 		}
 	}
-	runSnapshotCases(t, []syncCase{
+	runSnapshotCases(t, []SyncCase{
 		{
-			name:       "over the count limit: the status names the field and the figures",
-			objects:    []runtime.Object{im, vcVolume(attachedOn("node-1")), limited(2, 0, limitedChain(2)), testVA(), testSnapshot("s1", true)},
-			dpErr:      map[string]error{"SnapshotCreate": refused},
-			wantCalls:  []string{"SnapshotCreate v1-e-0 s1 true"},
-			wantWrites: []string{"update snapshots/status s1"},
-			wantEvents: []string{"Warning SnapshotFailed"},
-			check: statusError("snapshot limit exceeded: volume v1 holds 2 of at most 2 user snapshots (spec.snapshotMaxCount); " +
+			Name:       "over the count limit: the status names the field and the figures",
+			Objects:    []runtime.Object{im, Volume(AttachedOn("node-1")), limited(2, 0, LimitedChain(2)), VA(), Snapshot("s1", true)},
+			DPErr:      map[string]error{"SnapshotCreate": refused},
+			WantCalls:  []string{"SnapshotCreate v1-e-0 s1 true"},
+			WantWrites: []string{"update snapshots/status s1"},
+			WantEvents: []string{"Warning SnapshotFailed"},
+			Check: statusError("snapshot limit exceeded: volume v1 holds 2 of at most 2 user snapshots (spec.snapshotMaxCount); " +
 				"delete snapshots or raise the limit (engine: " + refused.Error() + ")"),
 		},
 		{
-			name:       "over the size limit: its figures",
-			objects:    []runtime.Object{im, vcVolume(attachedOn("node-1")), limited(250, 3*mib, limitedChain(1)), testVA(), testSnapshot("s1", true)},
-			dpErr:      map[string]error{"SnapshotCreate": refused},
-			wantCalls:  []string{"SnapshotCreate v1-e-0 s1 true"},
-			wantWrites: []string{"update snapshots/status s1"},
-			wantEvents: []string{"Warning SnapshotFailed"},
-			check: statusError("snapshot limit exceeded: volume v1's snapshots hold 3145728 of at most 3145728 bytes (spec.snapshotMaxSize); " +
+			Name:       "over the size limit: its figures",
+			Objects:    []runtime.Object{im, Volume(AttachedOn("node-1")), limited(250, 3*MiB, LimitedChain(1)), VA(), Snapshot("s1", true)},
+			DPErr:      map[string]error{"SnapshotCreate": refused},
+			WantCalls:  []string{"SnapshotCreate v1-e-0 s1 true"},
+			WantWrites: []string{"update snapshots/status s1"},
+			WantEvents: []string{"Warning SnapshotFailed"},
+			Check: statusError("snapshot limit exceeded: volume v1's snapshots hold 3145728 of at most 3145728 bytes (spec.snapshotMaxSize); " +
 				"delete snapshots or raise the limit (engine: " + refused.Error() + ")"),
 		},
 		{
-			name:       "refused before the cached chain shows why: both limits",
-			objects:    []runtime.Object{im, vcVolume(attachedOn("node-1")), limited(2, 0, limitedChain(1)), testVA(), testSnapshot("s1", true)},
-			dpErr:      map[string]error{"SnapshotCreate": refused},
-			wantCalls:  []string{"SnapshotCreate v1-e-0 s1 true"},
-			wantWrites: []string{"update snapshots/status s1"},
-			wantEvents: []string{"Warning SnapshotFailed"},
-			check: statusError("snapshot limit exceeded: volume v1 allows at most 2 user snapshots (spec.snapshotMaxCount) and 0 bytes " +
+			Name:       "refused before the cached chain shows why: both limits",
+			Objects:    []runtime.Object{im, Volume(AttachedOn("node-1")), limited(2, 0, LimitedChain(1)), VA(), Snapshot("s1", true)},
+			DPErr:      map[string]error{"SnapshotCreate": refused},
+			WantCalls:  []string{"SnapshotCreate v1-e-0 s1 true"},
+			WantWrites: []string{"update snapshots/status s1"},
+			WantEvents: []string{"Warning SnapshotFailed"},
+			Check: statusError("snapshot limit exceeded: volume v1 allows at most 2 user snapshots (spec.snapshotMaxCount) and 0 bytes " +
 				"of snapshots (spec.snapshotMaxSize, 0: no limit); delete snapshots or raise the limit (engine: " + refused.Error() + ")"),
 		},
 		{
-			name: "a vol:// clone's snapshot (owned by the target volume): a system snapshot",
-			objects: []runtime.Object{im, vcVolume(attachedOn("node-1")), limited(2, 0, limitedChain(2)), testVA(),
-				testSnapshot("s1", true, ownedBy("Volume", "clone-target"))},
-			wantCalls:  []string{"SnapshotCreate v1-e-0 s1 false"},
-			wantEvents: []string{"Normal SnapshotCreated"},
+			Name: "a vol:// clone's snapshot (owned by the target volume): a system snapshot",
+			Objects: []runtime.Object{im, Volume(AttachedOn("node-1")), limited(2, 0, LimitedChain(2)), VA(),
+				Snapshot("s1", true, ownedBy("Volume", "clone-target"))},
+			WantCalls:  []string{"SnapshotCreate v1-e-0 s1 false"},
+			WantEvents: []string{"Normal SnapshotCreated"},
 		},
 		{
-			name: "a backing image export's snapshot: a system snapshot",
-			objects: []runtime.Object{im, vcVolume(attachedOn("node-1")), limited(2, 0, limitedChain(2)), testVA(),
-				testSnapshot("s1", true, ownedBy("BackingImage", "bi"))},
-			wantCalls:  []string{"SnapshotCreate v1-e-0 s1 false"},
-			wantEvents: []string{"Normal SnapshotCreated"},
+			Name: "a backing image export's snapshot: a system snapshot",
+			Objects: []runtime.Object{im, Volume(AttachedOn("node-1")), limited(2, 0, LimitedChain(2)), VA(),
+				Snapshot("s1", true, ownedBy("BackingImage", "bi"))},
+			WantCalls:  []string{"SnapshotCreate v1-e-0 s1 false"},
+			WantEvents: []string{"Normal SnapshotCreated"},
 		},
 		{
-			name: "a user's snapshot owned by its own volume (as the webhook makes it): a user snapshot",
-			objects: []runtime.Object{im, vcVolume(attachedOn("node-1")), limited(5, 0, limitedChain(2)), testVA(),
-				testSnapshot("s1", true, ownedBy("Volume", "v1"))},
-			wantCalls:  []string{"SnapshotCreate v1-e-0 s1 true"},
-			wantEvents: []string{"Normal SnapshotCreated"},
+			Name: "a user's snapshot owned by its own volume (as the webhook makes it): a user snapshot",
+			Objects: []runtime.Object{im, Volume(AttachedOn("node-1")), limited(5, 0, LimitedChain(2)), VA(),
+				Snapshot("s1", true, ownedBy("Volume", "v1"))},
+			WantCalls:  []string{"SnapshotCreate v1-e-0 s1 true"},
+			WantEvents: []string{"Normal SnapshotCreated"},
 		},
 	})
 }

@@ -43,21 +43,21 @@ func TestSpaceRetainedConditionTable(t *testing.T) {
 // holding data turns the condition True, with a warning, while snapshot
 // purge is disabled.
 func TestVolumeSpaceRetainedCondition(t *testing.T) {
-	engine := vcEngine(engineRunningOn("node-1", allRW()), func(e *v1beta1.Engine) {
+	engine := Engine(EngineRunningOn("node-1", AllRW()), func(e *v1beta1.Engine) {
 		e.Status.Snapshots = map[string]*v1beta1.SnapshotInfo{
 			types.VolumeHeadName: {Name: types.VolumeHeadName, Parent: "s1"},
 			"s1":                 {Name: "s1", Removed: true, Size: 8 << 20, Exclusive: 8 << 20, Children: map[string]bool{types.VolumeHeadName: true}},
 		}
 	})
-	noPurge := &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingDisableSnapshotPurge), Namespace: testNS}, Value: "true"}
-	nodes := []runtime.Object{schedNode("node-1"), schedNode("node-2"), schedNode("node-3")}
-	objects := append(append(append([]runtime.Object{}, nodes...), noPurge, vcVolume(attachedOn("node-1")), engine),
-		threeReplicas(replicaRunning)...)
-	runSyncCases(t, []syncCase{{
-		name: "purge disabled, a deleted snapshot holding 8Mi", objects: objects,
-		wantWrites: []string{"update volumes/status v1"}, wantEvents: []string{"Warning SnapshotSpaceRetained"},
-		check: func(t *testing.T, env *dstest.Env) {
-			v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v1", metav1.GetOptions{})
+	noPurge := &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingDisableSnapshotPurge), Namespace: NS}, Value: "true"}
+	nodes := []runtime.Object{SchedNode("node-1"), SchedNode("node-2"), SchedNode("node-3")}
+	objects := append(append(append([]runtime.Object{}, nodes...), noPurge, Volume(AttachedOn("node-1")), engine),
+		ThreeReplicas(ReplicaRunning)...)
+	RunSyncCases(t, []SyncCase{{
+		Name: "purge disabled, a deleted snapshot holding 8Mi", Objects: objects,
+		WantWrites: []string{"update volumes/status v1"}, WantEvents: []string{"Warning SnapshotSpaceRetained"},
+		Check: func(t *testing.T, env *dstest.Env) {
+			v, err := env.Strata.StrataV1beta1().Volumes(NS).Get(context.Background(), "v1", metav1.GetOptions{})
 			require.NoError(t, err)
 			c := FindCondition(v.Status.Conditions, v1beta1.VolumeConditionSnapshotSpaceRetained)
 			require.NotNil(t, c)

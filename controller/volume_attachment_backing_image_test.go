@@ -15,30 +15,30 @@ import (
 // the failure, instead of "the volume is attaching".
 func TestTicketStatusesOnBackingImage(t *testing.T) {
 	now := metav1.NewTime(dstest.Now)
-	va := &v1beta1.VolumeAttachment{Spec: v1beta1.VolumeAttachmentSpec{Volume: "v1", AttachmentTickets: tickets(
-		ticket("pod", csi, "node-1"))}}
+	va := &v1beta1.VolumeAttachment{Spec: v1beta1.VolumeAttachmentSpec{Volume: "v1", AttachmentTickets: Tickets(
+		Ticket("pod", csi, "node-1"))}}
 	attaching := func(mut ...func(*v1beta1.Volume)) *v1beta1.Volume {
-		return vcVolume(append([]func(*v1beta1.Volume){onImage, func(v *v1beta1.Volume) {
+		return Volume(append([]func(*v1beta1.Volume){OnImage, func(v *v1beta1.Volume) {
 			v.Spec.NodeID, v.Status.State = "node-1", v1beta1.VolumeStateAttaching
 		}}, mut...)...)
 	}
-	downloading := testImage(map[string]v1beta1.BackingImageState{"d1": v1beta1.BackingImageStateInProgress})
+	downloading := Image(map[string]v1beta1.BackingImageState{"d1": v1beta1.BackingImageStateInProgress})
 	tests := []struct {
 		name                string
 		vol                 *v1beta1.Volume
 		wantReason, wantMsg string
 	}{
-		{"the image failed", attaching(imageCondition(failedImage())), TicketReasonBackingImageFailed,
-			"the volume cannot attach: backing image img failed: disk uuid-node-1: " + badSumMsg},
-		{"the image is gone", attaching(imageCondition(nil)), TicketReasonBackingImageFailed,
+		{"the image failed", attaching(ImageCondition(FailedImage())), TicketReasonBackingImageFailed,
+			"the volume cannot attach: backing image img failed: disk uuid-node-1: " + BadSumMsg},
+		{"the image is gone", attaching(ImageCondition(nil)), TicketReasonBackingImageFailed,
 			"the volume cannot attach: backing image img does not exist"},
-		{"the image is being fetched", attaching(imageCondition(downloading)), TicketReasonWaitingToAttach,
+		{"the image is being fetched", attaching(ImageCondition(downloading)), TicketReasonWaitingToAttach,
 			"the volume is attaching; backing image img has no ready copy yet"},
-		{"the image is ready", attaching(imageCondition(testImage(map[string]v1beta1.BackingImageState{"d1": v1beta1.BackingImageStateReady}))),
+		{"the image is ready", attaching(ImageCondition(Image(map[string]v1beta1.BackingImageState{"d1": v1beta1.BackingImageStateReady}))),
 			TicketReasonWaitingToAttach, "the volume is attaching"},
 		{"the image failed but the volume is faulted too: the image is the cause",
-			attaching(imageCondition(failedImage()), func(v *v1beta1.Volume) { v.Status.Robustness = v1beta1.VolumeRobustnessFaulted }),
-			TicketReasonBackingImageFailed, "the volume cannot attach: backing image img failed: disk uuid-node-1: " + badSumMsg},
+			attaching(ImageCondition(FailedImage()), func(v *v1beta1.Volume) { v.Status.Robustness = v1beta1.VolumeRobustnessFaulted }),
+			TicketReasonBackingImageFailed, "the volume cannot attach: backing image img failed: disk uuid-node-1: " + BadSumMsg},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

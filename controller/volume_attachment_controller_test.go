@@ -31,7 +31,7 @@ const adVolName = "v1"
 // adVolume is volume v1, reconciled by node-1, in the given state.
 func adVolume(state v1beta1.VolumeState, specNode, currentNode string, mut ...func(*v1beta1.Volume)) *v1beta1.Volume {
 	v := &v1beta1.Volume{
-		ObjectMeta: metav1.ObjectMeta{Name: adVolName, Namespace: testNS, UID: "vol-uid"},
+		ObjectMeta: metav1.ObjectMeta{Name: adVolName, Namespace: NS, UID: "vol-uid"},
 		Spec:       v1beta1.VolumeSpec{NodeID: specNode},
 		Status: v1beta1.VolumeStatus{OwnerID: "node-1", State: state, CurrentNodeID: currentNode,
 			Robustness: v1beta1.VolumeRobustnessHealthy},
@@ -52,8 +52,8 @@ func adMigrating(to, engineOn string) func(*v1beta1.Volume) {
 
 func adVA(ts ...*v1beta1.AttachmentTicket) *v1beta1.VolumeAttachment {
 	return &v1beta1.VolumeAttachment{
-		ObjectMeta: metav1.ObjectMeta{Name: adVolName, Namespace: testNS, Labels: map[string]string{types.LabelVolume: adVolName}},
-		Spec:       v1beta1.VolumeAttachmentSpec{Volume: adVolName, AttachmentTickets: tickets(ts...)},
+		ObjectMeta: metav1.ObjectMeta{Name: adVolName, Namespace: NS, Labels: map[string]string{types.LabelVolume: adVolName}},
+		Spec:       v1beta1.VolumeAttachmentSpec{Volume: adVolName, AttachmentTickets: Tickets(ts...)},
 	}
 }
 
@@ -72,7 +72,7 @@ func ownedBy(t *v1beta1.AttachmentTicket, apiVersion, kind, namespace, name, uid
 }
 
 func adSnapshot(name, uid string) *v1beta1.Snapshot {
-	return &v1beta1.Snapshot{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS, UID: k8stypes.UID(uid)},
+	return &v1beta1.Snapshot{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: NS, UID: k8stypes.UID(uid)},
 		Spec: v1beta1.SnapshotSpec{Volume: adVolName}}
 }
 
@@ -83,8 +83,8 @@ func adStorageVA(name, uid string) *storagev1.VolumeAttachment {
 // adEnv starts a datastore with node-1 and node-2 alive, and the controller of node-1.
 func adEnv(t *testing.T, strata, kube []runtime.Object) (*dstest.Env, *VolumeAttachmentController, *record.FakeRecorder) {
 	t.Helper()
-	strata = append(strata, testNode("node-1", nil), testNode("node-2", nil))
-	kube = append(kube, testLease("node-1", 0), testLease("node-2", 0))
+	strata = append(strata, Node("node-1", nil), Node("node-2", nil))
+	kube = append(kube, Lease("node-1", 0), Lease("node-2", 0))
 	env := dstest.New(t, strata, kube)
 	rec := record.NewFakeRecorder(20)
 	c, err := NewVolumeAttachmentController(logrus.New(), env.DS, rec, "node-1")
@@ -109,7 +109,7 @@ func statusSummary(sts map[string]*v1beta1.AttachmentTicketStatus) []string {
 
 func TestVolumeAttachmentControllerSync(t *testing.T) {
 	attached1 := adVolume(v1beta1.VolumeStateAttached, "node-1", "node-1")
-	podOn1 := func() *v1beta1.AttachmentTicket { return ticket("pod-a", csi, "node-1") }
+	podOn1 := func() *v1beta1.AttachmentTicket { return Ticket("pod-a", csi, "node-1") }
 	settled := adWithStatuses(adVA(podOn1()), attached1)
 	migrating := adVolume(v1beta1.VolumeStateAttached, "node-1", "node-1", adMigrating("node-2", "node-2"))
 
@@ -120,7 +120,7 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 		strata     []runtime.Object // more Strata objects (owners, node-3)
 		kube       []runtime.Object
 		setup      func(env *dstest.Env)
-		apiErr     *reactorError
+		apiErr     *ReactorError
 		wantErr    string
 		wantWrites []string
 		wantEvents []string
@@ -152,7 +152,7 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 		{
 			name:         "a detached volume attaches for its ticket, with the ticket's parameters",
 			vol:          adVolume(v1beta1.VolumeStateDetached, "", ""),
-			va:           adVA(ticket("snap-1", snapCtl, "node-2", disableF, "true")),
+			va:           adVA(Ticket("snap-1", snapCtl, "node-2", disableF, "true")),
 			wantWrites:   []string{"update volumes v1", "update volumeattachments/status v1"},
 			wantEvents:   []string{"Normal Attach"},
 			wantSpec:     &adSpec{NodeID: "node-2", DisableFrontend: true, LastAttachedBy: string(snapCtl)},
@@ -161,7 +161,7 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 		{
 			name:       "a workload on node-2 beats a snapshot on node-1",
 			vol:        adVolume(v1beta1.VolumeStateDetached, "", ""),
-			va:         adVA(ticket("snap-1", snapCtl, "node-1"), ticket("pod-a", csi, "node-2", disableF, "false")),
+			va:         adVA(Ticket("snap-1", snapCtl, "node-1"), Ticket("pod-a", csi, "node-2", disableF, "false")),
 			wantWrites: []string{"update volumes v1", "update volumeattachments/status v1"},
 			wantEvents: []string{"Normal Attach"},
 			wantSpec:   &adSpec{NodeID: "node-2", LastAttachedBy: string(csi)},
@@ -169,8 +169,8 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 		{
 			name: "a restore beats both",
 			vol:  adVolume(v1beta1.VolumeStateDetached, "", ""),
-			va: adVA(ticket("snap-1", snapCtl, "node-1"), ticket("pod-a", csi, "node-2"),
-				ticket("restore", restore, "node-3", disableF, "true")),
+			va: adVA(Ticket("snap-1", snapCtl, "node-1"), Ticket("pod-a", csi, "node-2"),
+				Ticket("restore", restore, "node-3", disableF, "true")),
 			wantWrites: []string{"update volumes v1", "update volumeattachments/status v1"},
 			wantEvents: []string{"Normal Attach"},
 			wantSpec:   &adSpec{NodeID: "node-3", DisableFrontend: true, LastAttachedBy: string(restore)},
@@ -178,7 +178,7 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 		{
 			name:         "no attach while the volume is still detaching",
 			vol:          adVolume(v1beta1.VolumeStateDetaching, "", ""),
-			va:           adVA(ticket("pod-a", csi, "node-2")),
+			va:           adVA(Ticket("pod-a", csi, "node-2")),
 			wantWrites:   []string{"update volumeattachments/status v1"},
 			wantSpec:     &adSpec{},
 			wantStatuses: []string{"pod-a: false " + TicketReasonWaitingToAttach},
@@ -186,7 +186,7 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 		{
 			name:       "no attach while the volume is asked to attach elsewhere",
 			vol:        adVolume(v1beta1.VolumeStateAttaching, "node-1", ""),
-			va:         adVA(podOn1(), ticket("ui", api, "node-2")),
+			va:         adVA(podOn1(), Ticket("ui", api, "node-2")),
 			wantWrites: []string{"update volumeattachments/status v1"},
 			wantSpec:   &adSpec{NodeID: "node-1"},
 		},
@@ -207,7 +207,7 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 		{
 			name:         "a snapshot yields to a workload on another node",
 			vol:          adVolume(v1beta1.VolumeStateAttached, "node-1", "node-1", func(v *v1beta1.Volume) { v.Spec.DisableFrontend = true }),
-			va:           adVA(ticket("snap-1", snapCtl, "node-1", disableF, "any"), ticket("pod-b", csi, "node-2")),
+			va:           adVA(Ticket("snap-1", snapCtl, "node-1", disableF, "any"), Ticket("pod-b", csi, "node-2")),
 			wantWrites:   []string{"update volumes v1", "update volumeattachments/status v1"},
 			wantEvents:   []string{"Normal Detach"},
 			wantSpec:     &adSpec{DisableFrontend: true},
@@ -217,7 +217,7 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 		{
 			name:         "statuses are written with their reasons",
 			vol:          attached1,
-			va:           adVA(podOn1(), ticket("ui", api, "node-2")),
+			va:           adVA(podOn1(), Ticket("ui", api, "node-2")),
 			wantWrites:   []string{"update volumeattachments/status v1"},
 			wantStatuses: []string{"pod-a: true " + TicketReasonAttached, "ui: false " + TicketReasonOtherNodeWins},
 		},
@@ -232,7 +232,7 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 		{
 			name:         "a second CSI ticket on a migratable volume starts a migration",
 			vol:          adVolume(v1beta1.VolumeStateAttached, "node-1", "node-1", adMigratable),
-			va:           adVA(podOn1(), ticket("pod-b", csi, "node-2")),
+			va:           adVA(podOn1(), Ticket("pod-b", csi, "node-2")),
 			wantWrites:   []string{"update volumes v1", "update volumeattachments/status v1"},
 			wantEvents:   []string{"Normal MigrationStart"},
 			wantSpec:     &adSpec{NodeID: "node-1", MigrationNodeID: "node-2"},
@@ -241,21 +241,21 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 		{
 			name:         "a volume that is not migratable keeps the second CSI ticket waiting",
 			vol:          attached1,
-			va:           adVA(podOn1(), ticket("pod-b", csi, "node-2")),
+			va:           adVA(podOn1(), Ticket("pod-b", csi, "node-2")),
 			wantWrites:   []string{"update volumeattachments/status v1"},
 			wantStatuses: []string{"pod-a: true " + TicketReasonAttached, "pod-b: false " + TicketReasonOtherNodeWins},
 		},
 		{
 			name:         "the migration ticket is satisfied once the migration engine runs",
 			vol:          migrating,
-			va:           adVA(podOn1(), ticket("pod-b", csi, "node-2")),
+			va:           adVA(podOn1(), Ticket("pod-b", csi, "node-2")),
 			wantWrites:   []string{"update volumeattachments/status v1"},
 			wantStatuses: []string{"pod-a: true " + TicketReasonAttached, "pod-b: true " + TicketReasonAttached},
 		},
 		{
 			name:         "the source's ticket going confirms the migration",
 			vol:          migrating,
-			va:           adVA(ticket("pod-b", csi, "node-2")),
+			va:           adVA(Ticket("pod-b", csi, "node-2")),
 			wantWrites:   []string{"update volumes v1", "update volumeattachments/status v1"},
 			wantEvents:   []string{"Normal MigrationConfirm"},
 			wantSpec:     &adSpec{NodeID: "node-2"},
@@ -264,7 +264,7 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 		{
 			name:         "no confirmation before the migration engine runs",
 			vol:          adVolume(v1beta1.VolumeStateAttached, "node-1", "node-1", adMigrating("node-2", "")),
-			va:           adVA(ticket("pod-b", csi, "node-2")),
+			va:           adVA(Ticket("pod-b", csi, "node-2")),
 			wantWrites:   []string{"update volumeattachments/status v1"},
 			wantSpec:     &adSpec{NodeID: "node-1", MigrationNodeID: "node-2"},
 			wantStatuses: []string{"pod-b: false " + TicketReasonWaitingMigration},
@@ -290,7 +290,7 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 		{
 			name:         "a ticket whose Snapshot is gone is removed before the decision",
 			vol:          attached1,
-			va:           adVA(podOn1(), ownedBy(ticket("snap-1", snapCtl, "node-1"), "strata.io/v1beta1", "Snapshot", testNS, "snap-1", "s-uid")),
+			va:           adVA(podOn1(), ownedBy(Ticket("snap-1", snapCtl, "node-1"), "strata.io/v1beta1", "Snapshot", NS, "snap-1", "s-uid")),
 			wantWrites:   []string{"update volumeattachments v1", "update volumeattachments/status v1"},
 			wantEvents:   []string{"Normal TicketRemoved"},
 			wantTickets:  []string{"pod-a"},
@@ -299,7 +299,7 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 		{
 			name:        "a ticket whose Snapshot was replaced (another UID) is removed, and the volume detaches",
 			vol:         attached1,
-			va:          adVA(ownedBy(ticket("snap-1", snapCtl, "node-1"), "strata.io/v1beta1", "Snapshot", "", "snap-1", "old-uid")),
+			va:          adVA(ownedBy(Ticket("snap-1", snapCtl, "node-1"), "strata.io/v1beta1", "Snapshot", "", "snap-1", "old-uid")),
 			strata:      []runtime.Object{adSnapshot("snap-1", "new-uid")},
 			wantWrites:  []string{"update volumeattachments v1", "update volumes v1", "update volumeattachments/status v1"},
 			wantEvents:  []string{"Normal TicketRemoved", "Normal Detach"},
@@ -309,7 +309,7 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 		{
 			name:         "a ticket whose Snapshot exists is kept",
 			vol:          attached1,
-			va:           adVA(ownedBy(ticket("snap-1", snapCtl, "node-1"), "strata.io/v1beta1", "Snapshot", testNS, "snap-1", "s-uid")),
+			va:           adVA(ownedBy(Ticket("snap-1", snapCtl, "node-1"), "strata.io/v1beta1", "Snapshot", NS, "snap-1", "s-uid")),
 			strata:       []runtime.Object{adSnapshot("snap-1", "s-uid")},
 			wantWrites:   []string{"update volumeattachments/status v1"},
 			wantTickets:  []string{"snap-1"},
@@ -318,7 +318,7 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 		{
 			name: "a ticket whose Snapshot the cache has not seen yet is kept (the API server has it)",
 			vol:  attached1,
-			va:   adVA(ownedBy(ticket("snap-1", snapCtl, "node-1"), "strata.io/v1beta1", "Snapshot", testNS, "snap-1", "s-uid")),
+			va:   adVA(ownedBy(Ticket("snap-1", snapCtl, "node-1"), "strata.io/v1beta1", "Snapshot", NS, "snap-1", "s-uid")),
 			setup: func(env *dstest.Env) {
 				env.Strata.PrependReactor("get", "snapshots", func(k8stesting.Action) (bool, runtime.Object, error) {
 					return true, adSnapshot("snap-1", "s-uid"), nil
@@ -330,7 +330,7 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 		{
 			name: "a CSI ticket whose Kubernetes VolumeAttachment is gone is removed; one whose is there is kept",
 			vol:  attached1,
-			va: adVA(ownedBy(ticket("csi-gone", csi, "node-1"), "storage.k8s.io/v1", "VolumeAttachment", "", "csi-gone", "g"),
+			va: adVA(ownedBy(Ticket("csi-gone", csi, "node-1"), "storage.k8s.io/v1", "VolumeAttachment", "", "csi-gone", "g"),
 				ownedBy(podOn1(), "storage.k8s.io/v1", "VolumeAttachment", "", "csi-here", "h")),
 			kube:         []runtime.Object{adStorageVA("csi-here", "h")},
 			wantWrites:   []string{"update volumeattachments v1", "update volumeattachments/status v1"},
@@ -350,7 +350,7 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 		{
 			name:       "a volume reconciled by node-2 is left to node-2",
 			vol:        adVolume(v1beta1.VolumeStateDetached, "", "", func(v *v1beta1.Volume) { v.Status.OwnerID = "node-2" }),
-			va:         adVA(ticket("pod-a", csi, "node-2")),
+			va:         adVA(Ticket("pod-a", csi, "node-2")),
 			wantWrites: nil,
 			wantSpec:   &adSpec{},
 		},
@@ -358,7 +358,7 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 			name: "a VolumeAttachment being deleted is left alone",
 			vol:  adVolume(v1beta1.VolumeStateDetached, "", ""),
 			va: func() *v1beta1.VolumeAttachment {
-				va := adVA(ticket("pod-a", csi, "node-2"))
+				va := adVA(Ticket("pod-a", csi, "node-2"))
 				va.DeletionTimestamp, va.Finalizers = &metav1.Time{Time: dstest.Now}, []string{"foreground"}
 				return va
 			}(),
@@ -368,8 +368,8 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 		{
 			name:       "a conflict writing the volume is returned for retry",
 			vol:        adVolume(v1beta1.VolumeStateDetached, "", ""),
-			va:         adVA(ticket("pod-a", csi, "node-2")),
-			apiErr:     &reactorError{"update", "volumes", "", apierrors.NewConflict(v1beta1.Resource("volumes"), adVolName, fmt.Errorf("stale"))},
+			va:         adVA(Ticket("pod-a", csi, "node-2")),
+			apiErr:     &ReactorError{"update", "volumes", "", apierrors.NewConflict(v1beta1.Resource("volumes"), adVolName, fmt.Errorf("stale"))},
 			wantErr:    "Operation cannot be fulfilled",
 			wantWrites: []string{"update volumes v1"},
 			wantSpec:   &adSpec{},
@@ -377,8 +377,8 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 		{
 			name: "a conflict removing a ticket is returned for retry",
 			vol:  attached1,
-			va:   adVA(podOn1(), ownedBy(ticket("snap-1", snapCtl, "node-1"), "strata.io/v1beta1", "Snapshot", testNS, "snap-1", "s-uid")),
-			apiErr: &reactorError{"update", "volumeattachments", "",
+			va:   adVA(podOn1(), ownedBy(Ticket("snap-1", snapCtl, "node-1"), "strata.io/v1beta1", "Snapshot", NS, "snap-1", "s-uid")),
+			apiErr: &ReactorError{"update", "volumeattachments", "",
 				apierrors.NewConflict(v1beta1.Resource("volumeattachments"), adVolName, fmt.Errorf("stale"))},
 			wantErr:     "Operation cannot be fulfilled",
 			wantWrites:  []string{"update volumeattachments v1"},
@@ -396,28 +396,28 @@ func TestVolumeAttachmentControllerSync(t *testing.T) {
 				tc.setup(env)
 			}
 			if tc.apiErr != nil {
-				tc.apiErr.install(env.Strata)
+				tc.apiErr.Install(env.Strata)
 			}
 
-			err := c.syncVolumeAttachment(context.Background(), testNS+"/"+adVolName)
+			err := c.syncVolumeAttachment(context.Background(), NS+"/"+adVolName)
 			if tc.wantErr != "" {
 				require.ErrorContains(t, err, tc.wantErr)
 				assert.True(t, apierrors.IsConflict(err), "a conflict stays a conflict for the retry: %v", err)
 			} else {
 				require.NoError(t, err)
 			}
-			assert.Equal(t, tc.wantWrites, writes(env.Strata.Actions()))
-			assertEvents(t, tc.wantEvents, rec)
+			assert.Equal(t, tc.wantWrites, Writes(env.Strata.Actions()))
+			AssertEvents(t, tc.wantEvents, rec)
 
 			ctx := context.Background()
-			vol, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(ctx, adVolName, metav1.GetOptions{})
+			vol, err := env.Strata.StrataV1beta1().Volumes(NS).Get(ctx, adVolName, metav1.GetOptions{})
 			require.NoError(t, err)
 			if tc.wantSpec != nil {
 				assert.Equal(t, *tc.wantSpec, adSpecOf(vol), "volume AD fields")
 			} else {
 				assert.Equal(t, adSpecOf(tc.vol), adSpecOf(vol), "volume AD fields unchanged")
 			}
-			va, err := env.Strata.StrataV1beta1().VolumeAttachments(testNS).Get(ctx, adVolName, metav1.GetOptions{})
+			va, err := env.Strata.StrataV1beta1().VolumeAttachments(NS).Get(ctx, adVolName, metav1.GetOptions{})
 			if tc.va == nil && len(tc.wantWrites) == 0 {
 				require.True(t, apierrors.IsNotFound(err), "no VolumeAttachment expected, got %v", err)
 				return
@@ -460,8 +460,8 @@ func TestVolumeAttachmentCreatedForVolume(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			env, c, rec := adEnv(t, []runtime.Object{tc.vol}, nil)
-			require.NoError(t, c.syncVolumeAttachment(context.Background(), testNS+"/"+adVolName))
-			va, err := env.Strata.StrataV1beta1().VolumeAttachments(testNS).Get(context.Background(), adVolName, metav1.GetOptions{})
+			require.NoError(t, c.syncVolumeAttachment(context.Background(), NS+"/"+adVolName))
+			va, err := env.Strata.StrataV1beta1().VolumeAttachments(NS).Get(context.Background(), adVolName, metav1.GetOptions{})
 			require.NoError(t, err)
 			assert.Equal(t, adVolName, va.Spec.Volume)
 			assert.Equal(t, map[string]string{types.LabelVolume: adVolName}, va.Labels)
@@ -473,11 +473,11 @@ func TestVolumeAttachmentCreatedForVolume(t *testing.T) {
 			assert.True(t, *ref.BlockOwnerDeletion, "the garbage collector removes it with the volume")
 			if tc.wantTicket == nil {
 				assert.Empty(t, va.Spec.AttachmentTickets)
-				assertEvents(t, nil, rec)
+				AssertEvents(t, nil, rec)
 				return
 			}
 			assert.Equal(t, map[string]*v1beta1.AttachmentTicket{tc.wantTicket.ID: tc.wantTicket}, va.Spec.AttachmentTickets)
-			assertEvents(t, []string{"Normal UpgradeTicket"}, rec)
+			AssertEvents(t, []string{"Normal UpgradeTicket"}, rec)
 		})
 	}
 }
@@ -485,9 +485,9 @@ func TestVolumeAttachmentCreatedForVolume(t *testing.T) {
 func TestVolumeAttachmentUnwatchedOwnerCondition(t *testing.T) {
 	vol := adVolume(v1beta1.VolumeStateAttached, "node-1", "node-1")
 	env, c, _ := adEnv(t, []runtime.Object{vol,
-		adVA(ownedBy(ticket("pod-a", csi, "node-1"), "example.com/v1", "Widget", "default", "w", "u"))}, nil)
-	require.NoError(t, c.syncVolumeAttachment(context.Background(), testNS+"/"+adVolName))
-	va, err := env.Strata.StrataV1beta1().VolumeAttachments(testNS).Get(context.Background(), adVolName, metav1.GetOptions{})
+		adVA(ownedBy(Ticket("pod-a", csi, "node-1"), "example.com/v1", "Widget", "default", "w", "u"))}, nil)
+	require.NoError(t, c.syncVolumeAttachment(context.Background(), NS+"/"+adVolName))
+	va, err := env.Strata.StrataV1beta1().VolumeAttachments(NS).Get(context.Background(), adVolName, metav1.GetOptions{})
 	require.NoError(t, err)
 	cond := meta.FindStatusCondition(va.Status.AttachmentTicketStatuses["pod-a"].Conditions, TicketConditionTypeOwnerWatched)
 	require.NotNil(t, cond)
@@ -542,15 +542,15 @@ func TestVolumeAttachmentEnqueue(t *testing.T) {
 	v2.Name, v2.UID = "v2", "v2-uid"
 	v3 := adVolume(v1beta1.VolumeStateDetached, "", "")
 	v3.Name, v3.UID = "v3", "v3-uid"
-	va2 := adVA(ownedBy(ticket("snap-1", snapCtl, "node-1"), "strata.io/v1beta1", "Snapshot", testNS, "snap-1", "s1"))
+	va2 := adVA(ownedBy(Ticket("snap-1", snapCtl, "node-1"), "strata.io/v1beta1", "Snapshot", NS, "snap-1", "s1"))
 	va2.Name, va2.Spec.Volume = "v2", "v2"
-	va3 := adVA(ownedBy(ticket("csi-x", csi, "node-1"), "storage.k8s.io/v1", "VolumeAttachment", "", "csi-x", "x"))
+	va3 := adVA(ownedBy(Ticket("csi-x", csi, "node-1"), "storage.k8s.io/v1", "VolumeAttachment", "", "csi-x", "x"))
 	va3.Name, va3.Spec.Volume = "v3", "v3"
 	// v4's ticket is owned by snap-3, whose delete is a marker on the
 	// snapshot informer.
 	v4 := adVolume(v1beta1.VolumeStateDetached, "", "")
 	v4.Name, v4.UID = "v4", "v4-uid"
-	va4 := adVA(ownedBy(ticket("snap-3", snapCtl, "node-1"), "strata.io/v1beta1", "Snapshot", testNS, "snap-3", "s3"))
+	va4 := adVA(ownedBy(Ticket("snap-3", snapCtl, "node-1"), "strata.io/v1beta1", "Snapshot", NS, "snap-3", "s3"))
 	va4.Name, va4.Spec.Volume = "v4", "v4"
 	env, c, _ := adEnv(t, []runtime.Object{adVolume(v1beta1.VolumeStateDetached, "", ""), v2, v3, v4, va2, va3, va4,
 		adSnapshot("snap-1", "s1"), adSnapshot("snap-2", "s2"), adSnapshot("snap-3", "s3")},
@@ -582,7 +582,7 @@ func TestVolumeAttachmentEnqueue(t *testing.T) {
 		return keys
 	}
 	ctx := context.Background()
-	vols := env.Strata.StrataV1beta1().Volumes(testNS)
+	vols := env.Strata.StrataV1beta1().Volumes(NS)
 	markers := 0
 	// newVolume is a marker on the volume informer: a new volume is enqueued.
 	newVolume := func(t *testing.T) string {
@@ -591,7 +591,7 @@ func TestVolumeAttachmentEnqueue(t *testing.T) {
 		v.Name, v.UID = fmt.Sprintf("marker-%d", markers), k8stypes.UID(fmt.Sprintf("marker-%d-uid", markers))
 		_, err := vols.Create(ctx, v, metav1.CreateOptions{})
 		require.NoError(t, err)
-		return testNS + "/" + v.Name
+		return NS + "/" + v.Name
 	}
 
 	// The handlers were added to running informers, which replay their
@@ -599,14 +599,14 @@ func TestVolumeAttachmentEnqueue(t *testing.T) {
 	// replay.
 	va := adVA()
 	va.Name, va.Spec.Volume = "marker-va", "marker-va"
-	_, err := env.Strata.StrataV1beta1().VolumeAttachments(testNS).Create(ctx, va, metav1.CreateOptions{})
+	_, err := env.Strata.StrataV1beta1().VolumeAttachments(NS).Create(ctx, va, metav1.CreateOptions{})
 	require.NoError(t, err)
-	initial := drainThrough(testNS + "/marker-va")
+	initial := drainThrough(NS + "/marker-va")
 	initial = append(initial, drainThrough(newVolume(t))...)
 	sort.Strings(initial)
 	initial = slices.Compact(initial) // both informers' replays enqueue v1..v4
-	assert.Equal(t, []string{testNS + "/marker-1", testNS + "/marker-va", testNS + "/v1", testNS + "/v2", testNS + "/v3",
-		testNS + "/v4"}, initial)
+	assert.Equal(t, []string{NS + "/marker-1", NS + "/marker-va", NS + "/v1", NS + "/v2", NS + "/v3",
+		NS + "/v4"}, initial)
 
 	steps := []struct {
 		name string
@@ -629,19 +629,19 @@ func TestVolumeAttachmentEnqueue(t *testing.T) {
 			v.Status.State = v1beta1.VolumeStateAttaching
 			_, err = vols.UpdateStatus(ctx, v, metav1.UpdateOptions{})
 			require.NoError(t, err)
-		}, []string{testNS + "/v1"}, nil},
+		}, []string{NS + "/v1"}, nil},
 		{"deleting a snapshot no ticket names", func(t *testing.T) {
-			require.NoError(t, env.Strata.StrataV1beta1().Snapshots(testNS).Delete(ctx, "snap-2", metav1.DeleteOptions{}))
+			require.NoError(t, env.Strata.StrataV1beta1().Snapshots(NS).Delete(ctx, "snap-2", metav1.DeleteOptions{}))
 		}, nil, func(t *testing.T) string {
-			require.NoError(t, env.Strata.StrataV1beta1().Snapshots(testNS).Delete(ctx, "snap-3", metav1.DeleteOptions{}))
-			return testNS + "/v4"
+			require.NoError(t, env.Strata.StrataV1beta1().Snapshots(NS).Delete(ctx, "snap-3", metav1.DeleteOptions{}))
+			return NS + "/v4"
 		}},
 		{"deleting the snapshot a ticket names", func(t *testing.T) {
-			require.NoError(t, env.Strata.StrataV1beta1().Snapshots(testNS).Delete(ctx, "snap-1", metav1.DeleteOptions{}))
-		}, []string{testNS + "/v2"}, nil},
+			require.NoError(t, env.Strata.StrataV1beta1().Snapshots(NS).Delete(ctx, "snap-1", metav1.DeleteOptions{}))
+		}, []string{NS + "/v2"}, nil},
 		{"deleting the Kubernetes VolumeAttachment a ticket names", func(t *testing.T) {
 			require.NoError(t, env.Kube.StorageV1().VolumeAttachments().Delete(ctx, "csi-x", metav1.DeleteOptions{}))
-		}, []string{testNS + "/v3"}, nil},
+		}, []string{NS + "/v3"}, nil},
 	}
 	for _, step := range steps {
 		t.Run(step.name, func(t *testing.T) {

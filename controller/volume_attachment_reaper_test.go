@@ -19,8 +19,8 @@ import (
 )
 
 func TestReaperOwnerVerdict(t *testing.T) {
-	backup := &v1beta1.Backup{ObjectMeta: metav1.ObjectMeta{Name: "bk-1", Namespace: testNS, UID: "b-uid"}}
-	clone := &v1beta1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "clone", Namespace: testNS, UID: "c-uid"}}
+	backup := &v1beta1.Backup{ObjectMeta: metav1.ObjectMeta{Name: "bk-1", Namespace: NS, UID: "b-uid"}}
+	clone := &v1beta1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "clone", Namespace: NS, UID: "c-uid"}}
 	_, c, _ := adEnv(t, []runtime.Object{backup, clone, adSnapshot("snap-1", "s-uid")},
 		[]runtime.Object{adStorageVA("csi-1", "k-uid"), apiLease("api-live", "l-uid", 0), apiLease("api-lapsed", "l2-uid", 2*time.Minute)})
 	ref := func(apiVersion, kind, namespace, name, uid string) *v1beta1.TicketOwnerReference {
@@ -31,24 +31,24 @@ func TestReaperOwnerVerdict(t *testing.T) {
 		ref  *v1beta1.TicketOwnerReference
 		want ownerVerdict
 	}{
-		{"backup present", ref("strata.io/v1beta1", "Backup", testNS, "bk-1", "b-uid"), ownerPresent},
+		{"backup present", ref("strata.io/v1beta1", "Backup", NS, "bk-1", "b-uid"), ownerPresent},
 		{"backup present, no UID in the reference", ref("strata.io/v1beta1", "Backup", "", "bk-1", ""), ownerPresent},
-		{"backup gone", ref("strata.io/v1beta1", "Backup", testNS, "bk-2", "x"), ownerGone},
-		{"backup replaced", ref("strata.io/v1beta1", "Backup", testNS, "bk-1", "older"), ownerGone},
-		{"clone volume present", ref("strata.io/v1beta1", "Volume", testNS, "clone", "c-uid"), ownerPresent},
-		{"clone volume gone", ref("strata.io/v1beta1", "Volume", testNS, "clone-2", "c2"), ownerGone},
-		{"another API version of the same group counts", ref("strata.io/v1", "Snapshot", testNS, "snap-1", "s-uid"), ownerPresent},
+		{"backup gone", ref("strata.io/v1beta1", "Backup", NS, "bk-2", "x"), ownerGone},
+		{"backup replaced", ref("strata.io/v1beta1", "Backup", NS, "bk-1", "older"), ownerGone},
+		{"clone volume present", ref("strata.io/v1beta1", "Volume", NS, "clone", "c-uid"), ownerPresent},
+		{"clone volume gone", ref("strata.io/v1beta1", "Volume", NS, "clone-2", "c2"), ownerGone},
+		{"another API version of the same group counts", ref("strata.io/v1", "Snapshot", NS, "snap-1", "s-uid"), ownerPresent},
 		{"kubernetes VolumeAttachment present (the namespace does not matter)",
 			ref("storage.k8s.io/v1", "VolumeAttachment", "whatever", "csi-1", "k-uid"), ownerPresent},
 		{"kubernetes VolumeAttachment gone", ref("storage.k8s.io/v1", "VolumeAttachment", "", "csi-2", "k2"), ownerGone},
 		{"strata's own VolumeAttachment is not a watched owner kind",
-			ref("strata.io/v1beta1", "VolumeAttachment", testNS, "v1", "u"), ownerNotWatched},
-		{"a kind of another group is not watched", ref("example.com/v1", "Snapshot", testNS, "snap-1", "s-uid"), ownerNotWatched},
-		{"an unparsable apiVersion is not watched", ref("a/b/c", "Snapshot", testNS, "snap-1", "s-uid"), ownerNotWatched},
-		{"an API client's Lease, renewed", ref("coordination.k8s.io/v1", "Lease", testNS, "api-live", "l-uid"), ownerPresent},
+			ref("strata.io/v1beta1", "VolumeAttachment", NS, "v1", "u"), ownerNotWatched},
+		{"a kind of another group is not watched", ref("example.com/v1", "Snapshot", NS, "snap-1", "s-uid"), ownerNotWatched},
+		{"an unparsable apiVersion is not watched", ref("a/b/c", "Snapshot", NS, "snap-1", "s-uid"), ownerNotWatched},
+		{"an API client's Lease, renewed", ref("coordination.k8s.io/v1", "Lease", NS, "api-live", "l-uid"), ownerPresent},
 		{"an API client's Lease, not renewed for longer than its duration",
-			ref("coordination.k8s.io/v1", "Lease", testNS, "api-lapsed", "l2-uid"), ownerGone},
-		{"an API client's Lease, deleted", ref("coordination.k8s.io/v1", "Lease", testNS, "api-gone", "l3-uid"), ownerGone},
+			ref("coordination.k8s.io/v1", "Lease", NS, "api-lapsed", "l2-uid"), ownerGone},
+		{"an API client's Lease, deleted", ref("coordination.k8s.io/v1", "Lease", NS, "api-gone", "l3-uid"), ownerGone},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -64,7 +64,7 @@ func TestReaperOwnerVerdict(t *testing.T) {
 
 // apiLease is a REST API client's ticket Lease of 60 s, renewed ago.
 func apiLease(name, uid string, ago time.Duration) *coordinationv1.Lease {
-	return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS, UID: k8stypes.UID(uid),
+	return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: NS, UID: k8stypes.UID(uid),
 		Labels: map[string]string{types.LabelComponent: types.ComponentAPITicket}},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: new("alice"), LeaseDurationSeconds: new(int32(60)),
 			RenewTime: &metav1.MicroTime{Time: dstest.Now.Add(-ago)}}}
@@ -73,14 +73,14 @@ func apiLease(name, uid string, ago time.Duration) *coordinationv1.Lease {
 func TestReaperKeepsTicketWhenTheAPIServerCannotTell(t *testing.T) {
 	env, c, rec := adEnv(t, []runtime.Object{
 		adVolume(v1beta1.VolumeStateAttached, "node-1", "node-1"),
-		adVA(ownedBy(ticket("snap-1", snapCtl, "node-1"), "strata.io/v1beta1", "Snapshot", testNS, "snap-1", "s-uid")),
+		adVA(ownedBy(Ticket("snap-1", snapCtl, "node-1"), "strata.io/v1beta1", "Snapshot", NS, "snap-1", "s-uid")),
 	}, nil)
-	reactorError{"get", "snapshots", "", errors.New("apiserver unavailable")}.install(env.Strata)
+	ReactorError{"get", "snapshots", "", errors.New("apiserver unavailable")}.Install(env.Strata)
 
-	err := c.syncVolumeAttachment(context.Background(), testNS+"/"+adVolName)
+	err := c.syncVolumeAttachment(context.Background(), NS+"/"+adVolName)
 	require.ErrorContains(t, err, "apiserver unavailable")
-	assert.Empty(t, writes(env.Strata.Actions()), "nothing is removed on a guess")
-	assertEvents(t, nil, rec)
+	assert.Empty(t, Writes(env.Strata.Actions()), "nothing is removed on a guess")
+	AssertEvents(t, nil, rec)
 }
 
 func TestReaperMarkUnwatchedOwners(t *testing.T) {
@@ -104,16 +104,16 @@ func TestReaperMarkUnwatchedOwners(t *testing.T) {
 func TestReaperRemovesTicketsOfLapsedAPILeases(t *testing.T) {
 	env, c, rec := adEnv(t, []runtime.Object{
 		adVolume(v1beta1.VolumeStateAttached, "node-1", "node-1"),
-		adVA(ownedBy(ticket("api-gone", v1beta1.AttacherTypeStrataAPI, "node-1"), "coordination.k8s.io/v1", "Lease", testNS, "api-lapsed", "l2-uid"),
-			ownedBy(ticket("api-here", v1beta1.AttacherTypeStrataAPI, "node-1"), "coordination.k8s.io/v1", "Lease", testNS, "api-live", "l-uid")),
+		adVA(ownedBy(Ticket("api-gone", v1beta1.AttacherTypeStrataAPI, "node-1"), "coordination.k8s.io/v1", "Lease", NS, "api-lapsed", "l2-uid"),
+			ownedBy(Ticket("api-here", v1beta1.AttacherTypeStrataAPI, "node-1"), "coordination.k8s.io/v1", "Lease", NS, "api-live", "l-uid")),
 	}, []runtime.Object{apiLease("api-live", "l-uid", 30*time.Second), apiLease("api-lapsed", "l2-uid", 61*time.Second)})
 	env.ClearActions()
 
-	require.NoError(t, c.syncVolumeAttachment(context.Background(), testNS+"/"+adVolName))
-	va, err := env.Strata.StrataV1beta1().VolumeAttachments(testNS).Get(context.Background(), adVolName, metav1.GetOptions{})
+	require.NoError(t, c.syncVolumeAttachment(context.Background(), NS+"/"+adVolName))
+	va, err := env.Strata.StrataV1beta1().VolumeAttachments(NS).Get(context.Background(), adVolName, metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Contains(t, va.Spec.AttachmentTickets, "api-here")
 	assert.NotContains(t, va.Spec.AttachmentTickets, "api-gone")
-	assert.Equal(t, []string{"delete leases api-lapsed"}, writes(env.Kube.Actions()), "the lapsed Lease goes with its ticket")
-	assert.Contains(t, drainEvents(rec), "Normal "+EventReasonADTicketRemoved)
+	assert.Equal(t, []string{"delete leases api-lapsed"}, Writes(env.Kube.Actions()), "the lapsed Lease goes with its ticket")
+	assert.Contains(t, DrainEvents(rec), "Normal "+EventReasonADTicketRemoved)
 }

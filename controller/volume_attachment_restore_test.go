@@ -13,14 +13,14 @@ import (
 // attach the volume; a workload's ticket says what it waits for.
 func TestRestoreGatesTickets(t *testing.T) {
 	tickets := map[string]*v1beta1.AttachmentTicket{
-		"csi":     ticket("csi", v1beta1.AttacherTypeCSIAttacher, "node-2"),
-		"restore": ticket("restore", v1beta1.AttacherTypeVolumeRestoreController, "node-1"),
+		"csi":     Ticket("csi", v1beta1.AttacherTypeCSIAttacher, "node-2"),
+		"restore": Ticket("restore", v1beta1.AttacherTypeVolumeRestoreController, "node-1"),
 	}
-	restoring := restoringVolume(restoreProgress(v1beta1.VolumeRestoreStateRestoring, 40))
+	restoring := RestoringVolume(restoreProgress(v1beta1.VolumeRestoreStateRestoring, 40))
 	assert.Equal(t, []string{"restore"}, slices.Sorted(maps.Keys(eligibleTickets(restoring, tickets))))
 	assert.Equal(t, TicketReasonWaitingForRestore, fillWaitReason(restoring))
 	assert.Equal(t, "the volume is restored from backup b1 first; the restore is restoring (40%)", fillWaitMessage(restoring))
-	done := restoringVolume(restoreProgress(v1beta1.VolumeRestoreStateCompleted, 100))
+	done := RestoringVolume(restoreProgress(v1beta1.VolumeRestoreStateCompleted, 100))
 	assert.Len(t, eligibleTickets(done, tickets), 2)
 }
 

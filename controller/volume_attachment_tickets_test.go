@@ -30,12 +30,12 @@ func TestSelectAttachmentTicket(t *testing.T) {
 		want    string
 	}{
 		{"none", nil, ""},
-		{"workload beats snapshot", tickets(ticket("snap-1", snapCtl, "node-1"), ticket("pod-a", csi, "node-2")), "pod-a"},
-		{"restore beats everyone", tickets(ticket("snap-1", snapCtl, "node-1"), ticket("pod-a", csi, "node-2"),
-			ticket("restore", restore, "node-3")), "restore"},
-		{"strata-api beats csi", tickets(ticket("pod-a", csi, "node-2"), ticket("ui", api, "node-1")), "ui"},
-		{"equal priority: smaller ticket ID", tickets(ticket("pod-b", csi, "node-2"), ticket("pod-a", csi, "node-1")), "pod-a"},
-		{"a ticket without a node is ignored", tickets(ticket("pod-a", csi, ""), ticket("bk", backup, "node-3")), "bk"},
+		{"workload beats snapshot", Tickets(Ticket("snap-1", snapCtl, "node-1"), Ticket("pod-a", csi, "node-2")), "pod-a"},
+		{"restore beats everyone", Tickets(Ticket("snap-1", snapCtl, "node-1"), Ticket("pod-a", csi, "node-2"),
+			Ticket("restore", restore, "node-3")), "restore"},
+		{"strata-api beats csi", Tickets(Ticket("pod-a", csi, "node-2"), Ticket("ui", api, "node-1")), "ui"},
+		{"equal priority: smaller ticket ID", Tickets(Ticket("pod-b", csi, "node-2"), Ticket("pod-a", csi, "node-1")), "pod-a"},
+		{"a ticket without a node is ignored", Tickets(Ticket("pod-a", csi, ""), Ticket("bk", backup, "node-3")), "bk"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -62,28 +62,28 @@ func TestDetachDecision(t *testing.T) {
 		wantDetach bool
 		wantReason string
 	}{
-		{"not attached: nothing to detach", volumeOn("", false), tickets(ticket("pod", csi, "node-1")), false, ""},
-		{"a ticket wants the node", volumeOn("node-1", false), tickets(ticket("pod", csi, "node-1")), false, ""},
-		{"no ticket wants the node", volumeOn("node-1", false), tickets(ticket("pod", csi, "node-2")), true,
+		{"not attached: nothing to detach", volumeOn("", false), Tickets(Ticket("pod", csi, "node-1")), false, ""},
+		{"a ticket wants the node", volumeOn("node-1", false), Tickets(Ticket("pod", csi, "node-1")), false, ""},
+		{"no ticket wants the node", volumeOn("node-1", false), Tickets(Ticket("pod", csi, "node-2")), true,
 			"no ticket asks for node node-1"},
 		{"all tickets gone", volumeOn("node-1", false), nil, true, "no ticket asks for node node-1"},
-		{"incompatible parameters", volumeOn("node-1", true), tickets(ticket("pod", csi, "node-1", disableF, "false")), true,
+		{"incompatible parameters", volumeOn("node-1", true), Tickets(Ticket("pod", csi, "node-1", disableF, "false")), true,
 			"the tickets for node node-1 ask for other attachment parameters"},
-		{"any parameter is compatible", volumeOn("node-1", true), tickets(ticket("snap", snapCtl, "node-1", disableF, "any")), false, ""},
+		{"any parameter is compatible", volumeOn("node-1", true), Tickets(Ticket("snap", snapCtl, "node-1", disableF, "any")), false, ""},
 		{"snapshot yields to a workload elsewhere", volumeOn("node-1", true),
-			tickets(ticket("snap", snapCtl, "node-1", disableF, "any"), ticket("pod", csi, "node-2")), true,
+			Tickets(Ticket("snap", snapCtl, "node-1", disableF, "any"), Ticket("pod", csi, "node-2")), true,
 			"ticket pod (csi-attacher) on node node-2 interrupts the snapshot-controller on node node-1"},
 		{"snapshot keeps the volume against another snapshot", volumeOn("node-1", true),
-			tickets(ticket("snap", snapCtl, "node-1", disableF, "any"), ticket("bk", backup, "node-2", disableF, "any")), false, ""},
-		{"an unset parameter asks for the frontend", volumeOn("node-1", true), tickets(ticket("ui", api, "node-1")), true,
+			Tickets(Ticket("snap", snapCtl, "node-1", disableF, "any"), Ticket("bk", backup, "node-2", disableF, "any")), false, ""},
+		{"an unset parameter asks for the frontend", volumeOn("node-1", true), Tickets(Ticket("ui", api, "node-1")), true,
 			"the tickets for node node-1 ask for other attachment parameters"},
 		{"a workload is never interrupted", volumeOn("node-1", false),
-			tickets(ticket("pod-a", csi, "node-1"), ticket("ui", api, "node-2")), false, ""},
+			Tickets(Ticket("pod-a", csi, "node-1"), Ticket("ui", api, "node-2")), false, ""},
 		{"a migrating volume is left to the migration decision", func() *v1beta1.Volume {
 			v := volumeOn("node-1", false)
 			v.Spec.MigrationNodeID = "node-2"
 			return v
-		}(), tickets(ticket("pod-b", csi, "node-2")), false, ""},
+		}(), Tickets(Ticket("pod-b", csi, "node-2")), false, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -103,8 +103,8 @@ func TestTicketStatuses(t *testing.T) {
 	}
 	detached := &v1beta1.Volume{Status: v1beta1.VolumeStatus{State: v1beta1.VolumeStateDetached}}
 	faulted := &v1beta1.Volume{Status: v1beta1.VolumeStatus{State: v1beta1.VolumeStateDetached, Robustness: v1beta1.VolumeRobustnessFaulted}}
-	va := &v1beta1.VolumeAttachment{Spec: v1beta1.VolumeAttachmentSpec{Volume: "v1", AttachmentTickets: tickets(
-		ticket("pod", csi, "node-1", disableF, "false"), ticket("snap", snapCtl, "node-2"))}}
+	va := &v1beta1.VolumeAttachment{Spec: v1beta1.VolumeAttachmentSpec{Volume: "v1", AttachmentTickets: Tickets(
+		Ticket("pod", csi, "node-1", disableF, "false"), Ticket("snap", snapCtl, "node-2"))}}
 
 	tests := []struct {
 		name   string
@@ -139,8 +139,8 @@ func TestTicketStatuses(t *testing.T) {
 
 func TestTicketStatusesDuringMigration(t *testing.T) {
 	now := metav1.NewTime(dstest.Now)
-	va := &v1beta1.VolumeAttachment{Spec: v1beta1.VolumeAttachmentSpec{Volume: "v1", AttachmentTickets: tickets(
-		ticket("pod-a", csi, "node-1"), ticket("pod-b", csi, "node-2"), ticket("ui", api, "node-2"))}}
+	va := &v1beta1.VolumeAttachment{Spec: v1beta1.VolumeAttachmentSpec{Volume: "v1", AttachmentTickets: Tickets(
+		Ticket("pod-a", csi, "node-1"), Ticket("pod-b", csi, "node-2"), Ticket("ui", api, "node-2"))}}
 	vol := func(specNode, migrationNode, currentNode, engineOn string) *v1beta1.Volume {
 		v := volumeOn(specNode, false)
 		v.Spec.Migratable, v.Spec.MigrationNodeID = true, migrationNode
@@ -187,7 +187,7 @@ func TestTicketStatusesKeepTransitionTimes(t *testing.T) {
 	before, later := metav1.NewTime(dstest.Now.Add(-time.Hour)), metav1.NewTime(dstest.Now)
 	vol := volumeOn("node-1", false)
 	vol.Status.State, vol.Status.CurrentNodeID = v1beta1.VolumeStateAttached, "node-1"
-	va := &v1beta1.VolumeAttachment{Spec: v1beta1.VolumeAttachmentSpec{Volume: "v1", AttachmentTickets: tickets(ticket("pod", csi, "node-1"))}}
+	va := &v1beta1.VolumeAttachment{Spec: v1beta1.VolumeAttachmentSpec{Volume: "v1", AttachmentTickets: Tickets(Ticket("pod", csi, "node-1"))}}
 	va.Status.AttachmentTicketStatuses = ticketStatuses(vol, va, before)
 
 	again := ticketStatuses(vol, va, later)

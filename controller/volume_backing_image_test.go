@@ -23,18 +23,18 @@ import (
 // the image, warned about once when the image fails, and written only
 // when it changes.
 func TestVolumeBackingImageCondition(t *testing.T) {
-	readyImage := testImage(map[string]v1beta1.BackingImageState{"uuid-node-1": v1beta1.BackingImageStateReady})
+	readyImage := Image(map[string]v1beta1.BackingImageState{"uuid-node-1": v1beta1.BackingImageStateReady})
 	volumeObjects := func(bi *v1beta1.BackingImage, mut ...func(*v1beta1.Volume)) []runtime.Object {
-		objs := []runtime.Object{schedNode("node-1"), schedNode("node-2"), schedNode("node-3"),
-			vcVolume(append([]func(*v1beta1.Volume){withinSnapshotLimits, onImage}, mut...)...), vcEngine()}
+		objs := []runtime.Object{SchedNode("node-1"), SchedNode("node-2"), SchedNode("node-3"),
+			Volume(append([]func(*v1beta1.Volume){WithinSnapshotLimits, OnImage}, mut...)...), Engine()}
 		if bi != nil {
 			objs = append(objs, bi)
 		}
-		return append(objs, threeReplicas()...)
+		return append(objs, ThreeReplicas()...)
 	}
 	conditionIs := func(status metav1.ConditionStatus, reason, msg string) func(*testing.T, *dstest.Env) {
 		return func(t *testing.T, env *dstest.Env) {
-			v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v1", metav1.GetOptions{})
+			v, err := env.Strata.StrataV1beta1().Volumes(NS).Get(context.Background(), "v1", metav1.GetOptions{})
 			require.NoError(t, err)
 			c := meta.FindStatusCondition(v.Status.Conditions, VolumeConditionBackingImageReady)
 			require.NotNil(t, c, "the BackingImageReady condition")
@@ -44,41 +44,41 @@ func TestVolumeBackingImageCondition(t *testing.T) {
 			assert.Equal(t, v1beta1.VolumeRobustnessHealthy, v.Status.Robustness, "the replicas lost nothing")
 		}
 	}
-	runSyncCases(t, []syncCase{
+	RunSyncCases(t, []SyncCase{
 		{
-			name:       "the image failed: the condition names it and its failure, with a warning",
-			objects:    volumeObjects(failedImage()),
-			wantWrites: []string{"update volumes/status v1"},
-			wantEvents: []string{"Warning BackingImageFailed"},
-			check: conditionIs(metav1.ConditionFalse, BackingImageReadyReasonFailed,
-				"backing image img failed: disk uuid-node-1: "+badSumMsg),
+			Name:       "the image failed: the condition names it and its failure, with a warning",
+			Objects:    volumeObjects(FailedImage()),
+			WantWrites: []string{"update volumes/status v1"},
+			WantEvents: []string{"Warning BackingImageFailed"},
+			Check: conditionIs(metav1.ConditionFalse, BackingImageReadyReasonFailed,
+				"backing image img failed: disk uuid-node-1: "+BadSumMsg),
 		},
 		{
-			name:    "the failure already reported: nothing to write, no second warning",
-			objects: volumeObjects(failedImage(), imageCondition(failedImage())),
+			Name:    "the failure already reported: nothing to write, no second warning",
+			Objects: volumeObjects(FailedImage(), ImageCondition(FailedImage())),
 		},
 		{
-			name:       "the image is gone",
-			objects:    volumeObjects(nil),
-			wantWrites: []string{"update volumes/status v1"},
-			wantEvents: []string{"Warning BackingImageFailed"},
-			check:      conditionIs(metav1.ConditionFalse, BackingImageReadyReasonMissing, "backing image img does not exist"),
+			Name:       "the image is gone",
+			Objects:    volumeObjects(nil),
+			WantWrites: []string{"update volumes/status v1"},
+			WantEvents: []string{"Warning BackingImageFailed"},
+			Check:      conditionIs(metav1.ConditionFalse, BackingImageReadyReasonMissing, "backing image img does not exist"),
 		},
 		{
-			name:       "the image became ready: the condition clears, no warning",
-			objects:    volumeObjects(readyImage, imageCondition(failedImage())),
-			wantWrites: []string{"update volumes/status v1"},
-			check:      conditionIs(metav1.ConditionTrue, BackingImageReadyReasonReady, "backing image img has a ready copy"),
+			Name:       "the image became ready: the condition clears, no warning",
+			Objects:    volumeObjects(readyImage, ImageCondition(FailedImage())),
+			WantWrites: []string{"update volumes/status v1"},
+			Check:      conditionIs(metav1.ConditionTrue, BackingImageReadyReasonReady, "backing image img has a ready copy"),
 		},
 		{
-			name:    "ready and reported: nothing to write",
-			objects: volumeObjects(readyImage, imageCondition(readyImage)),
+			Name:    "ready and reported: nothing to write",
+			Objects: volumeObjects(readyImage, ImageCondition(readyImage)),
 		},
 		{
-			name: "a volume without an image has no such condition",
-			objects: []runtime.Object{schedNode("node-1"), schedNode("node-2"), schedNode("node-3"),
-				vcVolume(withinSnapshotLimits), vcEngine(), vcReplica("r1", "node-1"), vcReplica("r2", "node-2"),
-				vcReplica("r3", "node-3")},
+			Name: "a volume without an image has no such condition",
+			Objects: []runtime.Object{SchedNode("node-1"), SchedNode("node-2"), SchedNode("node-3"),
+				Volume(WithinSnapshotLimits), Engine(), Replica("r1", "node-1"), Replica("r2", "node-2"),
+				Replica("r3", "node-3")},
 		},
 	}, volumeSyncer)
 }
@@ -88,17 +88,17 @@ func TestVolumeBackingImageCondition(t *testing.T) {
 func TestVolumeEnqueueOnBackingImage(t *testing.T) {
 	const inProgress = v1beta1.BackingImageStateInProgress
 	onNamed := func(name, image string) *v1beta1.Volume {
-		return vcVolume(func(v *v1beta1.Volume) { v.Name, v.UID, v.Spec.BackingImage = name, k8stypes.UID(name), image })
+		return Volume(func(v *v1beta1.Volume) { v.Name, v.UID, v.Spec.BackingImage = name, k8stypes.UID(name), image })
 	}
 	named := func(name string) func(*v1beta1.BackingImage) {
 		return func(bi *v1beta1.BackingImage) { bi.Name, bi.UID = name, k8stypes.UID(name) }
 	}
 	env := dstest.New(t, []runtime.Object{onNamed("v1", "img"), onNamed("v2", "img2"), onNamed("v3", ""), onNamed("vm", "marker"),
-		testImage(map[string]v1beta1.BackingImageState{"d1": inProgress}),
-		testImage(map[string]v1beta1.BackingImageState{"d1": inProgress}, named("img2"))}, nil)
+		Image(map[string]v1beta1.BackingImageState{"d1": inProgress}),
+		Image(map[string]v1beta1.BackingImageState{"d1": inProgress}, named("img2"))}, nil)
 	c, err := NewVolumeController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1")
 	require.NoError(t, err)
-	images := env.Strata.StrataV1beta1().BackingImages(testNS)
+	images := env.Strata.StrataV1beta1().BackingImages(NS)
 	ctx := context.Background()
 	// drainThrough drains the queue until marker came out: the informer
 	// hands a handler its events in order, so whatever an earlier event
@@ -113,7 +113,7 @@ func TestVolumeEnqueueOnBackingImage(t *testing.T) {
 				keys = append(keys, k)
 			}
 			for _, m := range markers {
-				if !slices.Contains(keys, testNS+"/"+m) {
+				if !slices.Contains(keys, NS+"/"+m) {
 					return false
 				}
 			}
@@ -133,17 +133,17 @@ func TestVolumeEnqueueOnBackingImage(t *testing.T) {
 
 	// Past both informers' replay: a new image enqueues its volumes, a new
 	// volume itself.
-	_, err = images.Create(ctx, testImage(nil, named("marker")), metav1.CreateOptions{})
+	_, err = images.Create(ctx, Image(nil, named("marker")), metav1.CreateOptions{})
 	require.NoError(t, err)
-	_, err = env.Strata.StrataV1beta1().Volumes(testNS).Create(ctx, onNamed("v4", ""), metav1.CreateOptions{})
+	_, err = env.Strata.StrataV1beta1().Volumes(NS).Create(ctx, onNamed("v4", ""), metav1.CreateOptions{})
 	require.NoError(t, err)
 	drainThrough("vm", "v4")
 
 	setCopy("img", inProgress, 50)
 	setCopy("img2", v1beta1.BackingImageStateFailed, 0)
-	assert.Equal(t, []string{testNS + "/v2"}, drainThrough("v2"), "progress enqueues nothing; a failure its volumes")
+	assert.Equal(t, []string{NS + "/v2"}, drainThrough("v2"), "progress enqueues nothing; a failure its volumes")
 	setCopy("img", v1beta1.BackingImageStateReady, 100)
-	assert.Equal(t, []string{testNS + "/v1"}, drainThrough("v1"), "ready: the volumes on the image")
+	assert.Equal(t, []string{NS + "/v1"}, drainThrough("v1"), "ready: the volumes on the image")
 	require.NoError(t, images.Delete(ctx, "img2", metav1.DeleteOptions{}))
-	assert.Equal(t, []string{testNS + "/v2"}, drainThrough("v2"), "gone: the volumes on the image")
+	assert.Equal(t, []string{NS + "/v2"}, drainThrough("v2"), "gone: the volumes on the image")
 }

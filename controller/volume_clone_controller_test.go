@@ -22,7 +22,7 @@ import (
 
 // cloneTarget is volume v2, filled from source (v1 or one of its snapshots).
 func cloneTarget(source string, mut ...func(*v1beta1.Volume)) *v1beta1.Volume {
-	v := vcVolume(func(v *v1beta1.Volume) {
+	v := Volume(func(v *v1beta1.Volume) {
 		v.Name, v.UID, v.Spec.DataSource = "v2", "uid-v2", source
 	})
 	for _, m := range mut {
@@ -38,14 +38,14 @@ func cloneState(state v1beta1.VolumeCloneState) func(*v1beta1.Volume) {
 }
 
 func vaFor(volume string, tickets ...*v1beta1.AttachmentTicket) *v1beta1.VolumeAttachment {
-	va := testVA(tickets...)
+	va := VA(tickets...)
 	va.Name, va.Spec.Volume = volume, volume
 	return va
 }
 
 func cloneStatusOf(t *testing.T, env *dstest.Env) *v1beta1.VolumeCloneStatus {
 	t.Helper()
-	v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v2", metav1.GetOptions{})
+	v, err := env.Strata.StrataV1beta1().Volumes(NS).Get(context.Background(), "v2", metav1.GetOptions{})
 	require.NoError(t, err)
 	require.NotNil(t, v.Status.CloneStatus)
 	return v.Status.CloneStatus
@@ -61,7 +61,7 @@ func wantCloneStatus(state v1beta1.VolumeCloneState, message string) func(*testi
 
 func wantTickets(volume string, ids ...string) func(*testing.T, *dstest.Env) {
 	return func(t *testing.T, env *dstest.Env) {
-		va, err := env.Strata.StrataV1beta1().VolumeAttachments(testNS).Get(context.Background(), volume, metav1.GetOptions{})
+		va, err := env.Strata.StrataV1beta1().VolumeAttachments(NS).Get(context.Background(), volume, metav1.GetOptions{})
 		require.NoError(t, err)
 		var got []string
 		for id := range va.Spec.AttachmentTickets {
@@ -82,76 +82,76 @@ func cloneSyncFunc(env *dstest.Env, rec record.EventRecorder, me string, dp engi
 // TestVolumeCloneControllerSync covers every step short of the copy, which
 // TestVolumeCloneControllerCopies runs.
 func TestVolumeCloneControllerSync(t *testing.T) {
-	cloneTicket := ticket("clone-v2", v1beta1.AttacherTypeVolumeCloneController, "node-1")
-	key := testNS + "/v2"
-	cases := []syncCase{
-		{name: "a ready snapshot, both detached: tickets on both volumes, pending",
-			objects: withNodes(vcVolume(), cloneTarget("snap://v1/s1"), readySnap("s1"), testVA(), vaFor("v2")), key: key,
-			wantWrites: []string{"update volumeattachments v2", "update volumeattachments v1", "update volumes/status v2"},
-			check: allChecks(wantCloneStatus(v1beta1.VolumeCloneStatePending, "waiting for volume v2 to attach"),
+	cloneTicket := Ticket("clone-v2", v1beta1.AttacherTypeVolumeCloneController, "node-1")
+	key := NS + "/v2"
+	cases := []SyncCase{
+		{Name: "a ready snapshot, both detached: tickets on both volumes, pending",
+			Objects: WithNodes(Volume(), cloneTarget("snap://v1/s1"), ReadySnap("s1"), VA(), vaFor("v2")), Key: key,
+			WantWrites: []string{"update volumeattachments v2", "update volumeattachments v1", "update volumes/status v2"},
+			Check: AllChecks(wantCloneStatus(v1beta1.VolumeCloneStatePending, "waiting for volume v2 to attach"),
 				wantTickets("v1", "clone-v2"), wantTickets("v2", "clone-v2"),
 				func(t *testing.T, env *dstest.Env) {
-					va, err := env.Strata.StrataV1beta1().VolumeAttachments(testNS).Get(context.Background(), "v2", metav1.GetOptions{})
+					va, err := env.Strata.StrataV1beta1().VolumeAttachments(NS).Get(context.Background(), "v2", metav1.GetOptions{})
 					require.NoError(t, err)
 					assert.Equal(t, v1beta1.TrueValue, va.Spec.AttachmentTickets["clone-v2"].Parameters[v1beta1.AttachmentParameterDisableFrontend],
 						"nothing reads the target before the copy is done")
 					assert.Equal(t, "Volume", va.Spec.AttachmentTickets["clone-v2"].OwnerRef.Kind)
 				})},
-		{name: "a snapshot not ready yet: waits, no ticket",
-			objects: withNodes(vcVolume(), cloneTarget("snap://v1/s1"), testSnapshot("s1", true), testVA(), vaFor("v2")), key: key,
-			wantWrites: []string{"update volumes/status v2"},
-			check:      wantCloneStatus(v1beta1.VolumeCloneStatePending, "waiting for snapshot s1 of volume v1 to be ready")},
-		{name: "a whole volume: a snapshot is taken for the clone",
-			objects: withNodes(vcVolume(), cloneTarget("vol://v1"), testVA(), vaFor("v2")), key: key,
-			wantWrites: []string{"create snapshots clone-v2", "update volumes/status v2"},
-			check: func(t *testing.T, env *dstest.Env) {
-				s, err := env.Strata.StrataV1beta1().Snapshots(testNS).Get(context.Background(), "clone-v2", metav1.GetOptions{})
+		{Name: "a snapshot not ready yet: waits, no ticket",
+			Objects: WithNodes(Volume(), cloneTarget("snap://v1/s1"), Snapshot("s1", true), VA(), vaFor("v2")), Key: key,
+			WantWrites: []string{"update volumes/status v2"},
+			Check:      wantCloneStatus(v1beta1.VolumeCloneStatePending, "waiting for snapshot s1 of volume v1 to be ready")},
+		{Name: "a whole volume: a snapshot is taken for the clone",
+			Objects: WithNodes(Volume(), cloneTarget("vol://v1"), VA(), vaFor("v2")), Key: key,
+			WantWrites: []string{"create snapshots clone-v2", "update volumes/status v2"},
+			Check: func(t *testing.T, env *dstest.Env) {
+				s, err := env.Strata.StrataV1beta1().Snapshots(NS).Get(context.Background(), "clone-v2", metav1.GetOptions{})
 				require.NoError(t, err)
 				assert.Equal(t, "v1", s.Spec.Volume)
 				assert.True(t, s.Spec.CreateSnapshot)
 				require.Len(t, s.OwnerReferences, 1, "the snapshot goes with the clone")
 				assert.Equal(t, "v2", s.OwnerReferences[0].Name)
 			}},
-		{name: "the source snapshot is gone: failed for good",
-			objects: withNodes(vcVolume(), cloneTarget("snap://v1/s1"), testVA(), vaFor("v2")), key: key,
-			wantWrites: []string{"update volumes/status v2"}, wantEvents: []string{"Warning CloneFailed"},
-			check: allChecks(wantCloneStatus(v1beta1.VolumeCloneStateFailed, "source snapshot s1 of volume v1 went away"),
+		{Name: "the source snapshot is gone: failed for good",
+			Objects: WithNodes(Volume(), cloneTarget("snap://v1/s1"), VA(), vaFor("v2")), Key: key,
+			WantWrites: []string{"update volumes/status v2"}, WantEvents: []string{"Warning CloneFailed"},
+			Check: AllChecks(wantCloneStatus(v1beta1.VolumeCloneStateFailed, "source snapshot s1 of volume v1 went away"),
 				func(t *testing.T, env *dstest.Env) {
-					v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v2", metav1.GetOptions{})
+					v, err := env.Strata.StrataV1beta1().Volumes(NS).Get(context.Background(), "v2", metav1.GetOptions{})
 					require.NoError(t, err)
 					c := FindCondition(v.Status.Conditions, VolumeConditionCloned)
 					require.NotNil(t, c)
 					assert.Equal(t, metav1.ConditionFalse, c.Status)
 					assert.Equal(t, "CloneFailed", c.Reason)
 				})},
-		{name: "the source volume is gone mid-way: failed; the ticket stays until that is stored",
-			objects: withNodes(cloneTarget("vol://v1", cloneState(v1beta1.VolumeCloneStatePending)), vaFor("v2", cloneTicket)), key: key,
-			wantWrites: []string{"update volumes/status v2"}, wantEvents: []string{"Warning CloneFailed"},
-			check: allChecks(wantCloneStatus(v1beta1.VolumeCloneStateFailed, "source volume v1 went away"), wantTickets("v2", "clone-v2"))},
-		{name: "failed: the tickets are released",
-			objects: withNodes(cloneTarget("vol://v1", cloneState(v1beta1.VolumeCloneStateFailed)), vaFor("v2", cloneTicket)), key: key,
-			wantWrites: []string{"update volumeattachments v2", "update volumes/status v2"}, check: wantTickets("v2")},
-		{name: "completed: the tickets are released, nothing else",
-			objects: withNodes(vcVolume(), cloneTarget("snap://v1/s1", cloneState(v1beta1.VolumeCloneStateCompleted)),
-				readySnap("s1"), testVA(cloneTicket), vaFor("v2", cloneTicket)), key: key,
-			wantWrites: []string{"update volumeattachments v2", "update volumeattachments v1", "update volumes/status v2"},
-			check:      allChecks(wantTickets("v1"), wantTickets("v2"))},
-		{name: "another node's clone is left alone", me: "node-2",
-			objects: withNodes(vcVolume(), cloneTarget("snap://v1/s1"), readySnap("s1"), testVA(), vaFor("v2")), key: key},
-		{name: "a volume without a data source: nothing", objects: withNodes(vcVolume(), testVA())},
-		{name: "API error writing a ticket: retried",
-			objects: withNodes(vcVolume(), cloneTarget("snap://v1/s1"), readySnap("s1"), testVA(), vaFor("v2")), key: key,
-			apiErr: &reactorError{verb: "update", resource: "volumeattachments", err: assert.AnError}, wantErr: assert.AnError.Error(),
-			wantWrites: []string{"update volumeattachments v2", "update volumeattachments v1", "update volumes/status v2"}},
+		{Name: "the source volume is gone mid-way: failed; the ticket stays until that is stored",
+			Objects: WithNodes(cloneTarget("vol://v1", cloneState(v1beta1.VolumeCloneStatePending)), vaFor("v2", cloneTicket)), Key: key,
+			WantWrites: []string{"update volumes/status v2"}, WantEvents: []string{"Warning CloneFailed"},
+			Check: AllChecks(wantCloneStatus(v1beta1.VolumeCloneStateFailed, "source volume v1 went away"), wantTickets("v2", "clone-v2"))},
+		{Name: "failed: the tickets are released",
+			Objects: WithNodes(cloneTarget("vol://v1", cloneState(v1beta1.VolumeCloneStateFailed)), vaFor("v2", cloneTicket)), Key: key,
+			WantWrites: []string{"update volumeattachments v2", "update volumes/status v2"}, Check: wantTickets("v2")},
+		{Name: "completed: the tickets are released, nothing else",
+			Objects: WithNodes(Volume(), cloneTarget("snap://v1/s1", cloneState(v1beta1.VolumeCloneStateCompleted)),
+				ReadySnap("s1"), VA(cloneTicket), vaFor("v2", cloneTicket)), Key: key,
+			WantWrites: []string{"update volumeattachments v2", "update volumeattachments v1", "update volumes/status v2"},
+			Check:      AllChecks(wantTickets("v1"), wantTickets("v2"))},
+		{Name: "another node's clone is left alone", Me: "node-2",
+			Objects: WithNodes(Volume(), cloneTarget("snap://v1/s1"), ReadySnap("s1"), VA(), vaFor("v2")), Key: key},
+		{Name: "a volume without a data source: nothing", Objects: WithNodes(Volume(), VA())},
+		{Name: "API error writing a ticket: retried",
+			Objects: WithNodes(Volume(), cloneTarget("snap://v1/s1"), ReadySnap("s1"), VA(), vaFor("v2")), Key: key,
+			APIErr: &ReactorError{Verb: "update", Resource: "volumeattachments", Err: assert.AnError}, WantErr: assert.AnError.Error(),
+			WantWrites: []string{"update volumeattachments v2", "update volumeattachments v1", "update volumes/status v2"}},
 	}
-	runSyncCases(t, cases, cloneSyncFunc)
+	RunSyncCases(t, cases, cloneSyncFunc)
 }
 
 // TestVolumeCloneControllerCopies starts the copy once both volumes run,
 // then takes its outcome: completed, or failed for good on a refusal; the
 // tickets go on the sync after that state is stored.
 func TestVolumeCloneControllerCopies(t *testing.T) {
-	im := &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: testNS},
+	im := &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: NS},
 		Status: v1beta1.InstanceManagerStatus{OwnerID: "node-1", CurrentState: v1beta1.InstanceStateRunning, Endpoint: "im-1:8500"}}
 	tests := []struct {
 		name       string
@@ -170,16 +170,16 @@ func TestVolumeCloneControllerCopies(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cloneTicket := ticket("clone-v2", v1beta1.AttacherTypeVolumeCloneController, "node-1")
-			env := dstest.New(t, withNodes(vcVolume(attachedOn("node-1")), runningEngine("v1"),
-				cloneTarget("snap://v1/s1", attachedOn("node-1")), runningEngine("v2"), readySnap("s1"), im,
-				testVA(cloneTicket), vaFor("v2", cloneTicket)), []runtime.Object{testLease("node-1", 0)})
-			dp := newFakeConnector(map[string]error{"SnapshotClone": tc.cloneErr})
+			cloneTicket := Ticket("clone-v2", v1beta1.AttacherTypeVolumeCloneController, "node-1")
+			env := dstest.New(t, WithNodes(Volume(AttachedOn("node-1")), RunningEngine("v1"),
+				cloneTarget("snap://v1/s1", AttachedOn("node-1")), RunningEngine("v2"), ReadySnap("s1"), im,
+				VA(cloneTicket), vaFor("v2", cloneTicket)), []runtime.Object{Lease("node-1", 0)})
+			dp := NewFakeConnector(map[string]error{"SnapshotClone": tc.cloneErr})
 			rec := record.NewFakeRecorder(20)
 			c, err := NewVolumeCloneController(logrus.New(), env.DS, rec, "node-1", dp)
 			require.NoError(t, err)
 
-			require.NoError(t, c.syncClone(context.Background(), testNS+"/v2"))
+			require.NoError(t, c.syncClone(context.Background(), NS+"/v2"))
 			cs := cloneStatusOf(t, env)
 			assert.Equal(t, v1beta1.VolumeCloneStateCopying, cs.State)
 			assert.Equal(t, int32(1), cs.Attempts)
@@ -189,7 +189,7 @@ func TestVolumeCloneControllerCopies(t *testing.T) {
 				_, done := c.results["uid-v2"]
 				return done
 			}, 5*time.Second, 10*time.Millisecond, "the copy ends")
-			assert.Equal(t, []string{"SnapshotClone v2-e-0 10.0.0.1:v1 s1"}, dp.calls())
+			assert.Equal(t, []string{"SnapshotClone v2-e-0 10.0.0.1:v1 s1"}, dp.Calls())
 
 			require.Eventually(t, func() bool { // the next sync reads the copying state from the cache
 				v, err := env.DS.Volumes.GetRO("v2")
@@ -204,13 +204,13 @@ func TestVolumeCloneControllerCopies(t *testing.T) {
 					failed = true
 					return true, nil, apierrors.NewConflict(v1beta1.Resource("volumes"), "v2", assert.AnError)
 				})
-				require.Error(t, c.syncClone(context.Background(), testNS+"/v2"))
+				require.Error(t, c.syncClone(context.Background(), NS+"/v2"))
 				assert.Equal(t, v1beta1.VolumeCloneStateCopying, cloneStatusOf(t, env).State)
 			}
-			require.NoError(t, c.syncClone(context.Background(), testNS+"/v2"))
+			require.NoError(t, c.syncClone(context.Background(), NS+"/v2"))
 			assert.Equal(t, tc.wantState, cloneStatusOf(t, env).State)
 			wantTickets("v1", "clone-v2")(t, env) // until the outcome is stored
-			assertEvents(t, tc.wantEvents, rec)
+			AssertEvents(t, tc.wantEvents, rec)
 			c.mu.Lock()
 			assert.Len(t, c.results, 1, "the outcome is kept until the cache shows it: a sync on a stale copy must not copy again")
 			c.mu.Unlock()
@@ -219,13 +219,13 @@ func TestVolumeCloneControllerCopies(t *testing.T) {
 				v, err := env.DS.Volumes.GetRO("v2")
 				return err == nil && v.Status.CloneStatus.State == tc.wantState
 			}, 5*time.Second, 10*time.Millisecond)
-			require.NoError(t, c.syncClone(context.Background(), testNS+"/v2"))
+			require.NoError(t, c.syncClone(context.Background(), NS+"/v2"))
 			wantTickets("v1")(t, env)
 			wantTickets("v2")(t, env)
 			c.mu.Lock()
 			assert.Empty(t, c.results, "forgotten once the cache shows the outcome")
 			c.mu.Unlock()
-			assert.Len(t, dp.calls(), 1, "one copy in all")
+			assert.Len(t, dp.Calls(), 1, "one copy in all")
 		})
 	}
 }
@@ -234,7 +234,7 @@ func TestVolumeCloneControllerCopies(t *testing.T) {
 // target is gone, even though the source (its other owner) stays.
 func TestVolumeCloneSnapshotCleanup(t *testing.T) {
 	cloneSnap := func(targetUID string) *v1beta1.Snapshot {
-		return testSnapshot("clone-v2", true, func(s *v1beta1.Snapshot) {
+		return Snapshot("clone-v2", true, func(s *v1beta1.Snapshot) {
 			s.Finalizers = nil
 			s.OwnerReferences = []metav1.OwnerReference{
 				{APIVersion: "strata.io/v1beta1", Kind: "Volume", Name: "v2", UID: k8stypes.UID(targetUID)},
@@ -242,17 +242,17 @@ func TestVolumeCloneSnapshotCleanup(t *testing.T) {
 			}
 		})
 	}
-	key := testNS + "/clone-v2"
-	cases := []syncCase{
-		{name: "the target is gone: the snapshot goes", objects: withNodes(vcVolume(), cloneSnap("uid-v2")), key: key,
-			wantWrites: []string{"delete snapshots clone-v2"}},
-		{name: "a new volume of the same name is another target: the snapshot goes",
-			objects: withNodes(vcVolume(), cloneTarget("vol://v1"), cloneSnap("uid-old")), key: key,
-			wantWrites: []string{"delete snapshots clone-v2"}},
-		{name: "the target is there: kept", objects: withNodes(vcVolume(), cloneTarget("vol://v1"), cloneSnap("uid-v2")), key: key},
-		{name: "already gone: nothing", objects: withNodes(vcVolume()), key: key},
+	key := NS + "/clone-v2"
+	cases := []SyncCase{
+		{Name: "the target is gone: the snapshot goes", Objects: WithNodes(Volume(), cloneSnap("uid-v2")), Key: key,
+			WantWrites: []string{"delete snapshots clone-v2"}},
+		{Name: "a new volume of the same name is another target: the snapshot goes",
+			Objects: WithNodes(Volume(), cloneTarget("vol://v1"), cloneSnap("uid-old")), Key: key,
+			WantWrites: []string{"delete snapshots clone-v2"}},
+		{Name: "the target is there: kept", Objects: WithNodes(Volume(), cloneTarget("vol://v1"), cloneSnap("uid-v2")), Key: key},
+		{Name: "already gone: nothing", Objects: WithNodes(Volume()), Key: key},
 	}
-	runSyncCases(t, cases, func(env *dstest.Env, rec record.EventRecorder, me string, dp engineapi.Connector) (func(context.Context, string) error, error) {
+	RunSyncCases(t, cases, func(env *dstest.Env, rec record.EventRecorder, me string, dp engineapi.Connector) (func(context.Context, string) error, error) {
 		c, err := NewVolumeCloneController(logrus.New(), env.DS, rec, me, dp)
 		if err != nil {
 			return nil, err
@@ -278,8 +278,8 @@ func TestVolumeCloneRunCopyOnlyOnce(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			env := dstest.New(t, withNodes(), nil)
-			dp := newFakeConnector(nil)
+			env := dstest.New(t, WithNodes(), nil)
+			dp := NewFakeConnector(nil)
 			c, err := NewVolumeCloneController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1", dp)
 			require.NoError(t, err)
 			target := cloneTarget("snap://v1/s1")
@@ -294,10 +294,10 @@ func TestVolumeCloneRunCopyOnlyOnce(t *testing.T) {
 			started := c.runCopy(target, client, engineapi.SnapshotCloneArgs{Engine: "v2-e-0", SourceAddress: "10.0.0.1:v1", Snapshot: "s1"})
 			assert.Equal(t, tc.wantStarted, started)
 			if tc.wantStarted {
-				require.Eventually(t, func() bool { return len(dp.calls()) == 1 }, 5*time.Second, 10*time.Millisecond)
+				require.Eventually(t, func() bool { return len(dp.Calls()) == 1 }, 5*time.Second, 10*time.Millisecond)
 				return
 			}
-			assert.Empty(t, dp.calls(), "no second SnapshotClone")
+			assert.Empty(t, dp.Calls(), "no second SnapshotClone")
 		})
 	}
 }

@@ -39,13 +39,13 @@ func failedAgo(d time.Duration) func(*v1beta1.Replica) {
 }
 
 func TestVolumeControllerSync(t *testing.T) {
-	nodes := []runtime.Object{schedNode("node-1"), schedNode("node-2"), schedNode("node-3"),
-		&v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingReplicaReplenishmentWaitInterval), Namespace: testNS}, Value: "60"}}
-	leases := []runtime.Object{testLease("node-1", 0), testLease("node-2", 0), testLease("node-3", 0)}
+	nodes := []runtime.Object{SchedNode("node-1"), SchedNode("node-2"), SchedNode("node-3"),
+		&v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingReplicaReplenishmentWaitInterval), Namespace: NS}, Value: "60"}}
+	leases := []runtime.Object{Lease("node-1", 0), Lease("node-2", 0), Lease("node-3", 0)}
 	type check = func(t *testing.T, env *dstest.Env)
 	volumeIs := func(state v1beta1.VolumeState, robustness v1beta1.VolumeRobustness, current string) check {
 		return func(t *testing.T, env *dstest.Env) {
-			v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v1", metav1.GetOptions{})
+			v, err := env.Strata.StrataV1beta1().Volumes(NS).Get(context.Background(), "v1", metav1.GetOptions{})
 			require.NoError(t, err)
 			assert.Equal(t, state, v.Status.State, "state")
 			assert.Equal(t, robustness, v.Status.Robustness, "robustness")
@@ -54,7 +54,7 @@ func TestVolumeControllerSync(t *testing.T) {
 	}
 	engineIs := func(node string, desire v1beta1.InstanceState, replicas ...string) check {
 		return func(t *testing.T, env *dstest.Env) {
-			e, err := env.Strata.StrataV1beta1().Engines(testNS).Get(context.Background(), "v1-e-0", metav1.GetOptions{})
+			e, err := env.Strata.StrataV1beta1().Engines(NS).Get(context.Background(), "v1-e-0", metav1.GetOptions{})
 			require.NoError(t, err)
 			assert.Equal(t, node, e.Spec.NodeID)
 			assert.Equal(t, desire, e.Spec.DesireState)
@@ -63,22 +63,22 @@ func TestVolumeControllerSync(t *testing.T) {
 	}
 	replicaIs := func(name string, desire v1beta1.InstanceState, failed bool) check {
 		return func(t *testing.T, env *dstest.Env) {
-			r, err := env.Strata.StrataV1beta1().Replicas(testNS).Get(context.Background(), name, metav1.GetOptions{})
+			r, err := env.Strata.StrataV1beta1().Replicas(NS).Get(context.Background(), name, metav1.GetOptions{})
 			require.NoError(t, err)
 			assert.Equal(t, desire, r.Spec.DesireState, "desireState of "+name)
 			assert.Equal(t, failed, r.Spec.FailedAt != "", "failed "+name)
 		}
 	}
-	tests := []syncCase{
+	tests := []SyncCase{
 		{
-			name:    "new volume gets an engine and three replicas on three nodes",
-			objects: []runtime.Object{vcVolume(func(v *v1beta1.Volume) { v.Status = v1beta1.VolumeStatus{OwnerID: "node-1"} })},
-			wantWrites: []string{"create engines v1-e-", "create replicas v1-r-", "create replicas v1-r-", "create replicas v1-r-",
+			Name:    "new volume gets an engine and three replicas on three nodes",
+			Objects: []runtime.Object{Volume(func(v *v1beta1.Volume) { v.Status = v1beta1.VolumeStatus{OwnerID: "node-1"} })},
+			WantWrites: []string{"create engines v1-e-", "create replicas v1-r-", "create replicas v1-r-", "create replicas v1-r-",
 				"update volumes/status v1"},
-			wantEvents: []string{"Normal ReplicaScheduled", "Normal ReplicaScheduled", "Normal ReplicaScheduled"},
-			check: allChecks(volumeIs(v1beta1.VolumeStateDetached, v1beta1.VolumeRobustnessHealthy, ""),
+			WantEvents: []string{"Normal ReplicaScheduled", "Normal ReplicaScheduled", "Normal ReplicaScheduled"},
+			Check: AllChecks(volumeIs(v1beta1.VolumeStateDetached, v1beta1.VolumeRobustnessHealthy, ""),
 				func(t *testing.T, env *dstest.Env) {
-					reps, err := env.Strata.StrataV1beta1().Replicas(testNS).List(context.Background(), metav1.ListOptions{})
+					reps, err := env.Strata.StrataV1beta1().Replicas(NS).List(context.Background(), metav1.ListOptions{})
 					require.NoError(t, err)
 					nodes := map[string]bool{}
 					for _, r := range reps.Items {
@@ -90,64 +90,64 @@ func TestVolumeControllerSync(t *testing.T) {
 				}),
 		},
 		{
-			name:       "volume without the finalizer gets it first",
-			objects:    []runtime.Object{vcVolume(func(v *v1beta1.Volume) { v.Finalizers = nil })},
-			wantWrites: []string{"update volumes v1"},
+			Name:       "volume without the finalizer gets it first",
+			Objects:    []runtime.Object{Volume(func(v *v1beta1.Volume) { v.Finalizers = nil })},
+			WantWrites: []string{"update volumes v1"},
 		},
 		{
-			name:       "not responsible: another node owns the volume",
-			objects:    append([]runtime.Object{vcVolume(func(v *v1beta1.Volume) { v.Status.OwnerID = "node-2" }), vcEngine()}, threeReplicas()...),
-			wantWrites: nil,
+			Name:       "not responsible: another node owns the volume",
+			Objects:    append([]runtime.Object{Volume(func(v *v1beta1.Volume) { v.Status.OwnerID = "node-2" }), Engine()}, ThreeReplicas()...),
+			WantWrites: nil,
 		},
 		{
-			name: "spec.nodeID set: replicas start first, state attaching",
-			me:   "node-2",
-			objects: append([]runtime.Object{vcVolume(func(v *v1beta1.Volume) { v.Spec.NodeID = "node-2" }), vcEngine()},
-				threeReplicas()...),
-			wantWrites: []string{"update replicas r1", "update replicas r2", "update replicas r3", "update volumes/status v1"},
-			check: allChecks(volumeIs(v1beta1.VolumeStateAttaching, v1beta1.VolumeRobustnessHealthy, ""),
+			Name: "spec.nodeID set: replicas start first, state attaching",
+			Me:   "node-2",
+			Objects: append([]runtime.Object{Volume(func(v *v1beta1.Volume) { v.Spec.NodeID = "node-2" }), Engine()},
+				ThreeReplicas()...),
+			WantWrites: []string{"update replicas r1", "update replicas r2", "update replicas r3", "update volumes/status v1"},
+			Check: AllChecks(volumeIs(v1beta1.VolumeStateAttaching, v1beta1.VolumeRobustnessHealthy, ""),
 				replicaIs("r1", v1beta1.InstanceStateRunning, false), engineIs("", v1beta1.InstanceStateStopped)),
 		},
 		{
-			name: "replicas running: engine asked to run on the node with them",
-			me:   "node-2",
-			objects: append([]runtime.Object{vcVolume(func(v *v1beta1.Volume) {
+			Name: "replicas running: engine asked to run on the node with them",
+			Me:   "node-2",
+			Objects: append([]runtime.Object{Volume(func(v *v1beta1.Volume) {
 				v.Spec.NodeID, v.Status.State = "node-2", v1beta1.VolumeStateAttaching
-			}), vcEngine()}, threeReplicas(replicaRunning)...),
-			wantWrites: []string{"update engines v1-e-0", "update volumes/status v1"},
-			check: allChecks(volumeIs(v1beta1.VolumeStateAttaching, v1beta1.VolumeRobustnessHealthy, ""),
+			}), Engine()}, ThreeReplicas(ReplicaRunning)...),
+			WantWrites: []string{"update engines v1-e-0", "update volumes/status v1"},
+			Check: AllChecks(volumeIs(v1beta1.VolumeStateAttaching, v1beta1.VolumeRobustnessHealthy, ""),
 				engineIs("node-2", v1beta1.InstanceStateRunning, "r1", "r2", "r3")),
 		},
 		{
-			name: "engine running with its endpoint: attached, currentNodeID set",
-			me:   "node-2",
-			objects: append([]runtime.Object{vcVolume(func(v *v1beta1.Volume) {
+			Name: "engine running with its endpoint: attached, currentNodeID set",
+			Me:   "node-2",
+			Objects: append([]runtime.Object{Volume(func(v *v1beta1.Volume) {
 				v.Spec.NodeID, v.Status.State, v.Status.OwnerID = "node-2", v1beta1.VolumeStateAttaching, "node-2"
-			}), vcEngine(engineRunningOn("node-2", allRW()))}, threeReplicas(replicaRunning)...),
-			wantWrites: []string{"update volumes/status v1"},
-			wantEvents: []string{"Normal Attached"},
-			check:      allChecks(volumeIs(v1beta1.VolumeStateAttached, v1beta1.VolumeRobustnessHealthy, "node-2")),
+			}), Engine(EngineRunningOn("node-2", AllRW()))}, ThreeReplicas(ReplicaRunning)...),
+			WantWrites: []string{"update volumes/status v1"},
+			WantEvents: []string{"Normal Attached"},
+			Check:      AllChecks(volumeIs(v1beta1.VolumeStateAttached, v1beta1.VolumeRobustnessHealthy, "node-2")),
 		},
 		{
-			name: "engine marks a replica ERR: replica failed and stopped, volume degraded",
-			me:   "node-2",
-			objects: append([]runtime.Object{vcVolume(func(v *v1beta1.Volume) {
+			Name: "engine marks a replica ERR: replica failed and stopped, volume degraded",
+			Me:   "node-2",
+			Objects: append([]runtime.Object{Volume(func(v *v1beta1.Volume) {
 				v.Spec.NodeID, v.Status.State, v.Status.CurrentNodeID, v.Status.OwnerID = "node-2", v1beta1.VolumeStateAttached, "node-2", "node-2"
-			}), vcEngine(engineRunningOn("node-2", map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW,
-				"r2": v1beta1.ReplicaModeRW, "r3": v1beta1.ReplicaModeERR}))}, threeReplicas(replicaRunning)...),
-			wantWrites: []string{"update replicas r3", "update engines v1-e-0", "update volumes/status v1"},
-			wantEvents: []string{"Warning ReplicaFailed", "Warning Degraded"},
-			check: allChecks(volumeIs(v1beta1.VolumeStateAttached, v1beta1.VolumeRobustnessDegraded, "node-2"),
+			}), Engine(EngineRunningOn("node-2", map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW,
+				"r2": v1beta1.ReplicaModeRW, "r3": v1beta1.ReplicaModeERR}))}, ThreeReplicas(ReplicaRunning)...),
+			WantWrites: []string{"update replicas r3", "update engines v1-e-0", "update volumes/status v1"},
+			WantEvents: []string{"Warning ReplicaFailed", "Warning Degraded"},
+			Check: AllChecks(volumeIs(v1beta1.VolumeStateAttached, v1beta1.VolumeRobustnessDegraded, "node-2"),
 				replicaIs("r3", v1beta1.InstanceStateStopped, true), engineIs("node-2", v1beta1.InstanceStateRunning, "r1", "r2")),
 		},
 		{
-			name: "actualSize follows the chain the engine reports",
-			me:   "node-2",
-			objects: append([]runtime.Object{vcVolume(attachedOn("node-2")),
-				vcEngine(engineRunningOn("node-2", allRW()), headHolding(72<<20))}, threeReplicas(replicaRunning)...),
-			wantWrites: []string{"update volumes/status v1"},
-			check: func(t *testing.T, env *dstest.Env) {
-				v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v1", metav1.GetOptions{})
+			Name: "actualSize follows the chain the engine reports",
+			Me:   "node-2",
+			Objects: append([]runtime.Object{Volume(AttachedOn("node-2")),
+				Engine(EngineRunningOn("node-2", AllRW()), headHolding(72<<20))}, ThreeReplicas(ReplicaRunning)...),
+			WantWrites: []string{"update volumes/status v1"},
+			Check: func(t *testing.T, env *dstest.Env) {
+				v, err := env.Strata.StrataV1beta1().Volumes(NS).Get(context.Background(), "v1", metav1.GetOptions{})
 				require.NoError(t, err)
 				assert.EqualValues(t, 72<<20, v.Status.ActualSize)
 				assert.EqualValues(t, 72<<20, v.Status.HeadSize)
@@ -155,53 +155,53 @@ func TestVolumeControllerSync(t *testing.T) {
 			},
 		},
 		{
-			name: "actualSize already reported: nothing to write",
-			me:   "node-2",
-			objects: append([]runtime.Object{vcVolume(attachedOn("node-2"), func(v *v1beta1.Volume) { v.Status.ActualSize, v.Status.HeadSize = 72<<20, 72<<20 }),
-				vcEngine(engineRunningOn("node-2", allRW()), headHolding(72<<20))}, threeReplicas(replicaRunning)...),
-			wantWrites: nil,
+			Name: "actualSize already reported: nothing to write",
+			Me:   "node-2",
+			Objects: append([]runtime.Object{Volume(AttachedOn("node-2"), func(v *v1beta1.Volume) { v.Status.ActualSize, v.Status.HeadSize = 72<<20, 72<<20 }),
+				Engine(EngineRunningOn("node-2", AllRW()), headHolding(72<<20))}, ThreeReplicas(ReplicaRunning)...),
+			WantWrites: nil,
 		},
 		{
-			name: "failed replica within the wait interval is not replaced yet",
-			me:   "node-2",
-			objects: []runtime.Object{vcVolume(attachedOn("node-2"), func(v *v1beta1.Volume) {
+			Name: "failed replica within the wait interval is not replaced yet",
+			Me:   "node-2",
+			Objects: []runtime.Object{Volume(AttachedOn("node-2"), func(v *v1beta1.Volume) {
 				v.Status.Robustness = v1beta1.VolumeRobustnessDegraded
-			}), vcEngine(engineRunningOn("node-2", map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW, "r2": v1beta1.ReplicaModeRW})),
-				vcReplica("r1", "node-1", replicaRunning), vcReplica("r2", "node-2", replicaRunning), vcReplica("r3", "node-3", failedAgo(30*time.Second))},
-			wantWrites: nil,
+			}), Engine(EngineRunningOn("node-2", map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW, "r2": v1beta1.ReplicaModeRW})),
+				Replica("r1", "node-1", ReplicaRunning), Replica("r2", "node-2", ReplicaRunning), Replica("r3", "node-3", failedAgo(30*time.Second))},
+			WantWrites: nil,
 		},
 		{
-			name: "a replica on a node whose manager is down stays while the running engine has it RW",
-			me:   "node-2",
-			kube: []runtime.Object{testLease("node-1", 0), testLease("node-2", 0), testLease("node-3", time.Hour)},
-			objects: []runtime.Object{vcVolume(attachedOn("node-2"), func(v *v1beta1.Volume) {
+			Name: "a replica on a node whose manager is down stays while the running engine has it RW",
+			Me:   "node-2",
+			Kube: []runtime.Object{Lease("node-1", 0), Lease("node-2", 0), Lease("node-3", time.Hour)},
+			Objects: []runtime.Object{Volume(AttachedOn("node-2"), func(v *v1beta1.Volume) {
 				v.Status.Robustness = v1beta1.VolumeRobustnessHealthy
-			}), vcEngine(engineRunningOn("node-2", allRW())),
-				vcReplica("r1", "node-1", replicaRunning), vcReplica("r2", "node-2", replicaRunning), vcReplica("r3", "node-3", replicaRunning)},
+			}), Engine(EngineRunningOn("node-2", AllRW())),
+				Replica("r1", "node-1", ReplicaRunning), Replica("r2", "node-2", ReplicaRunning), Replica("r3", "node-3", ReplicaRunning)},
 		},
 		{
-			name: "a replica on a down node the engine does not have RW is failed",
-			me:   "node-2",
-			kube: []runtime.Object{testLease("node-1", 0), testLease("node-2", 0), testLease("node-3", time.Hour)},
-			objects: []runtime.Object{vcVolume(attachedOn("node-2"), func(v *v1beta1.Volume) {
+			Name: "a replica on a down node the engine does not have RW is failed",
+			Me:   "node-2",
+			Kube: []runtime.Object{Lease("node-1", 0), Lease("node-2", 0), Lease("node-3", time.Hour)},
+			Objects: []runtime.Object{Volume(AttachedOn("node-2"), func(v *v1beta1.Volume) {
 				v.Status.Robustness = v1beta1.VolumeRobustnessHealthy
-			}), vcEngine(engineRunningOn("node-2", map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW, "r2": v1beta1.ReplicaModeRW, "r3": v1beta1.ReplicaModeWO})),
-				vcReplica("r1", "node-1", replicaRunning), vcReplica("r2", "node-2", replicaRunning), vcReplica("r3", "node-3", replicaRunning)},
-			wantWrites: []string{"update replicas r3", "update engines v1-e-0", "update volumes/status v1"},
-			wantEvents: []string{"Warning ReplicaFailed", "Warning Degraded"},
+			}), Engine(EngineRunningOn("node-2", map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW, "r2": v1beta1.ReplicaModeRW, "r3": v1beta1.ReplicaModeWO})),
+				Replica("r1", "node-1", ReplicaRunning), Replica("r2", "node-2", ReplicaRunning), Replica("r3", "node-3", ReplicaRunning)},
+			WantWrites: []string{"update replicas r3", "update engines v1-e-0", "update volumes/status v1"},
+			WantEvents: []string{"Warning ReplicaFailed", "Warning Degraded"},
 		},
 		{
-			name: "a failed replica whose node, instance manager and disk are back is reused within the wait",
-			me:   "node-2",
-			objects: []runtime.Object{vcVolume(attachedOn("node-2"), func(v *v1beta1.Volume) {
+			Name: "a failed replica whose node, instance manager and disk are back is reused within the wait",
+			Me:   "node-2",
+			Objects: []runtime.Object{Volume(AttachedOn("node-2"), func(v *v1beta1.Volume) {
 				v.Status.Robustness = v1beta1.VolumeRobustnessDegraded
-			}), vcEngine(engineRunningOn("node-2", map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW, "r2": v1beta1.ReplicaModeRW})),
-				vcReplica("r1", "node-1", replicaRunning), vcReplica("r2", "node-2", replicaRunning), vcReplica("r3", "node-3", failedAgo(30*time.Second)),
-				readyDiskNode("node-3")},
-			wantWrites: []string{"update replicas r3", "update replicas r3"},
-			wantEvents: []string{"Normal ReplicaReused"},
-			check: func(t *testing.T, env *dstest.Env) {
-				r, err := env.Strata.StrataV1beta1().Replicas(testNS).Get(context.Background(), "r3", metav1.GetOptions{})
+			}), Engine(EngineRunningOn("node-2", map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW, "r2": v1beta1.ReplicaModeRW})),
+				Replica("r1", "node-1", ReplicaRunning), Replica("r2", "node-2", ReplicaRunning), Replica("r3", "node-3", failedAgo(30*time.Second)),
+				ReadyDiskNode("node-3")},
+			WantWrites: []string{"update replicas r3", "update replicas r3"},
+			WantEvents: []string{"Normal ReplicaReused"},
+			Check: func(t *testing.T, env *dstest.Env) {
+				r, err := env.Strata.StrataV1beta1().Replicas(NS).Get(context.Background(), "r3", metav1.GetOptions{})
 				require.NoError(t, err)
 				assert.Empty(t, r.Spec.FailedAt)
 				assert.Empty(t, r.Spec.HealthyAt, "it is rebuilt before it counts as holding the data")
@@ -210,31 +210,31 @@ func TestVolumeControllerSync(t *testing.T) {
 			},
 		},
 		{
-			name: "a failed replica reused too often is left to be replaced",
-			me:   "node-2",
-			objects: []runtime.Object{vcVolume(attachedOn("node-2"), func(v *v1beta1.Volume) {
+			Name: "a failed replica reused too often is left to be replaced",
+			Me:   "node-2",
+			Objects: []runtime.Object{Volume(AttachedOn("node-2"), func(v *v1beta1.Volume) {
 				v.Status.Robustness = v1beta1.VolumeRobustnessDegraded
-			}), vcEngine(engineRunningOn("node-2", map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW, "r2": v1beta1.ReplicaModeRW})),
-				vcReplica("r1", "node-1", replicaRunning), vcReplica("r2", "node-2", replicaRunning),
-				vcReplica("r3", "node-3", failedAgo(30*time.Second), func(r *v1beta1.Replica) {
+			}), Engine(EngineRunningOn("node-2", map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW, "r2": v1beta1.ReplicaModeRW})),
+				Replica("r1", "node-1", ReplicaRunning), Replica("r2", "node-2", ReplicaRunning),
+				Replica("r3", "node-3", failedAgo(30*time.Second), func(r *v1beta1.Replica) {
 					r.Annotations = map[string]string{annotationReuseAttempts: "3"}
 				}),
-				readyDiskNode("node-3")},
+				ReadyDiskNode("node-3")},
 		},
 		{
-			name: "the only free node's instance manager is down: no replica there, Scheduled=False names it",
-			me:   "node-2",
-			objects: []runtime.Object{vcVolume(attachedOn("node-2"), func(v *v1beta1.Volume) {
+			Name: "the only free node's instance manager is down: no replica there, Scheduled=False names it",
+			Me:   "node-2",
+			Objects: []runtime.Object{Volume(AttachedOn("node-2"), func(v *v1beta1.Volume) {
 				v.Status.Robustness = v1beta1.VolumeRobustnessDegraded
-			}), vcEngine(engineRunningOn("node-2", map[string]v1beta1.ReplicaMode{"r2": v1beta1.ReplicaModeRW, "r3": v1beta1.ReplicaModeRW})),
-				vcReplica("r1", "node-1", failedAgo(2*time.Minute)), vcReplica("r2", "node-2", replicaRunning), vcReplica("r3", "node-3", replicaRunning),
-				&v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: testNS},
+			}), Engine(EngineRunningOn("node-2", map[string]v1beta1.ReplicaMode{"r2": v1beta1.ReplicaModeRW, "r3": v1beta1.ReplicaModeRW})),
+				Replica("r1", "node-1", failedAgo(2*time.Minute)), Replica("r2", "node-2", ReplicaRunning), Replica("r3", "node-3", ReplicaRunning),
+				&v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: NS},
 					Spec:   v1beta1.InstanceManagerSpec{NodeID: "node-1"},
 					Status: v1beta1.InstanceManagerStatus{CurrentState: v1beta1.InstanceStateError}}},
-			wantWrites: []string{"delete replicas r1", "update volumes/status v1"},
-			wantEvents: []string{"Warning ReplicaUnschedulable"},
-			check: allChecks(func(t *testing.T, env *dstest.Env) {
-				v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v1", metav1.GetOptions{})
+			WantWrites: []string{"delete replicas r1", "update volumes/status v1"},
+			WantEvents: []string{"Warning ReplicaUnschedulable"},
+			Check: AllChecks(func(t *testing.T, env *dstest.Env) {
+				v, err := env.Strata.StrataV1beta1().Volumes(NS).Get(context.Background(), "v1", metav1.GetOptions{})
 				require.NoError(t, err)
 				c := FindCondition(v.Status.Conditions, v1beta1.VolumeConditionScheduled)
 				require.NotNil(t, c)
@@ -243,16 +243,16 @@ func TestVolumeControllerSync(t *testing.T) {
 			}),
 		},
 		{
-			name: "failed replica past the wait interval is replaced by a new one that starts",
-			me:   "node-2",
-			objects: []runtime.Object{vcVolume(attachedOn("node-2"), func(v *v1beta1.Volume) {
+			Name: "failed replica past the wait interval is replaced by a new one that starts",
+			Me:   "node-2",
+			Objects: []runtime.Object{Volume(AttachedOn("node-2"), func(v *v1beta1.Volume) {
 				v.Status.Robustness = v1beta1.VolumeRobustnessDegraded
-			}), vcEngine(engineRunningOn("node-2", map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW, "r2": v1beta1.ReplicaModeRW})),
-				vcReplica("r1", "node-1", replicaRunning), vcReplica("r2", "node-2", replicaRunning), vcReplica("r3", "node-3", failedAgo(2*time.Minute))},
-			wantWrites: []string{"delete replicas r3", "create replicas v1-r-", "update volumes/status v1"},
-			wantEvents: []string{"Normal ReplicaScheduled"},
-			check: allChecks(func(t *testing.T, env *dstest.Env) {
-				reps, err := env.Strata.StrataV1beta1().Replicas(testNS).List(context.Background(), metav1.ListOptions{})
+			}), Engine(EngineRunningOn("node-2", map[string]v1beta1.ReplicaMode{"r1": v1beta1.ReplicaModeRW, "r2": v1beta1.ReplicaModeRW})),
+				Replica("r1", "node-1", ReplicaRunning), Replica("r2", "node-2", ReplicaRunning), Replica("r3", "node-3", failedAgo(2*time.Minute))},
+			WantWrites: []string{"delete replicas r3", "create replicas v1-r-", "update volumes/status v1"},
+			WantEvents: []string{"Normal ReplicaScheduled"},
+			Check: AllChecks(func(t *testing.T, env *dstest.Env) {
+				reps, err := env.Strata.StrataV1beta1().Replicas(NS).List(context.Background(), metav1.ListOptions{})
 				require.NoError(t, err)
 				for _, r := range reps.Items {
 					if r.Name != "r1" && r.Name != "r2" {
@@ -264,88 +264,88 @@ func TestVolumeControllerSync(t *testing.T) {
 			}),
 		},
 		{
-			name: "spec.nodeID cleared: engine stops first, currentNodeID kept while detaching",
-			me:   "node-2",
-			objects: append([]runtime.Object{vcVolume(func(v *v1beta1.Volume) {
+			Name: "spec.nodeID cleared: engine stops first, currentNodeID kept while detaching",
+			Me:   "node-2",
+			Objects: append([]runtime.Object{Volume(func(v *v1beta1.Volume) {
 				v.Status.State, v.Status.CurrentNodeID, v.Status.OwnerID = v1beta1.VolumeStateAttached, "node-2", "node-2"
-			}), vcEngine(engineRunningOn("node-2", allRW()))}, threeReplicas(replicaRunning)...),
-			wantWrites: []string{"update engines v1-e-0", "update volumes/status v1"},
-			check: allChecks(volumeIs(v1beta1.VolumeStateDetaching, v1beta1.VolumeRobustnessHealthy, "node-2"),
+			}), Engine(EngineRunningOn("node-2", AllRW()))}, ThreeReplicas(ReplicaRunning)...),
+			WantWrites: []string{"update engines v1-e-0", "update volumes/status v1"},
+			Check: AllChecks(volumeIs(v1beta1.VolumeStateDetaching, v1beta1.VolumeRobustnessHealthy, "node-2"),
 				engineIs("node-2", v1beta1.InstanceStateStopped, "r1", "r2", "r3")),
 		},
 		{
-			name: "engine and replicas stopped: detached, currentNodeID cleared",
-			me:   "node-2",
-			objects: append([]runtime.Object{vcVolume(func(v *v1beta1.Volume) {
+			Name: "engine and replicas stopped: detached, currentNodeID cleared",
+			Me:   "node-2",
+			Objects: append([]runtime.Object{Volume(func(v *v1beta1.Volume) {
 				v.Status.State, v.Status.CurrentNodeID = v1beta1.VolumeStateDetaching, "node-2"
-			}), vcEngine(func(e *v1beta1.Engine) { e.Spec.NodeID = "node-2" })}, threeReplicas()...),
-			wantWrites: []string{"update volumes/status v1"},
-			wantEvents: []string{"Normal Detached"},
-			check:      allChecks(volumeIs(v1beta1.VolumeStateDetached, v1beta1.VolumeRobustnessHealthy, "")),
+			}), Engine(func(e *v1beta1.Engine) { e.Spec.NodeID = "node-2" })}, ThreeReplicas()...),
+			WantWrites: []string{"update volumes/status v1"},
+			WantEvents: []string{"Normal Detached"},
+			Check:      AllChecks(volumeIs(v1beta1.VolumeStateDetached, v1beta1.VolumeRobustnessHealthy, "")),
 		},
 		{
-			name: "every replica failed: faulted, detached, the latest to fail are salvaged",
-			objects: []runtime.Object{vcVolume(), vcEngine(),
-				vcReplica("r1", "node-1", failedAgo(10*time.Minute)), vcReplica("r2", "node-2", failedAgo(time.Minute)),
-				vcReplica("r3", "node-3", failedAgo(time.Minute+10*time.Second))},
+			Name: "every replica failed: faulted, detached, the latest to fail are salvaged",
+			Objects: []runtime.Object{Volume(), Engine(),
+				Replica("r1", "node-1", failedAgo(10*time.Minute)), Replica("r2", "node-2", failedAgo(time.Minute)),
+				Replica("r3", "node-3", failedAgo(time.Minute+10*time.Second))},
 			// The decision is recorded before the replicas change.
-			wantWrites: []string{"update volumes/status v1", "update replicas r2", "update replicas r3", "update volumes/status v1"},
-			wantEvents: []string{"Warning Salvaged", "Warning Degraded"},
-			check: allChecks(replicaIs("r1", v1beta1.InstanceStateStopped, true), replicaIs("r2", v1beta1.InstanceStateStopped, false),
+			WantWrites: []string{"update volumes/status v1", "update replicas r2", "update replicas r3", "update volumes/status v1"},
+			WantEvents: []string{"Warning Salvaged", "Warning Degraded"},
+			Check: AllChecks(replicaIs("r1", v1beta1.InstanceStateStopped, true), replicaIs("r2", v1beta1.InstanceStateStopped, false),
 				replicaIs("r3", v1beta1.InstanceStateStopped, false)),
 		},
 		{
-			name: "grown while detached: replicas open at the new size, then the size is recorded",
-			objects: append([]runtime.Object{vcVolume(func(v *v1beta1.Volume) { v.Spec.Size = resource.MustParse("2Gi") }), vcEngine()},
-				threeReplicas(replicaRunning, func(r *v1beta1.Replica) { r.Spec.VolumeSize = 2 * gib })...),
-			wantWrites: []string{"update volumes/status v1"},
-			wantEvents: []string{"Normal Expanded"},
-			check: allChecks(func(t *testing.T, env *dstest.Env) {
-				v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v1", metav1.GetOptions{})
+			Name: "grown while detached: replicas open at the new size, then the size is recorded",
+			Objects: append([]runtime.Object{Volume(func(v *v1beta1.Volume) { v.Spec.Size = resource.MustParse("2Gi") }), Engine()},
+				ThreeReplicas(ReplicaRunning, func(r *v1beta1.Replica) { r.Spec.VolumeSize = 2 * GiB })...),
+			WantWrites: []string{"update volumes/status v1"},
+			WantEvents: []string{"Normal Expanded"},
+			Check: AllChecks(func(t *testing.T, env *dstest.Env) {
+				v, err := env.Strata.StrataV1beta1().Volumes(NS).Get(context.Background(), "v1", metav1.GetOptions{})
 				require.NoError(t, err)
-				assert.Equal(t, 2*gib, v.Status.CurrentSize)
+				assert.Equal(t, 2*GiB, v.Status.CurrentSize)
 			}),
 		},
 		{
-			name: "deleting: engine and replicas are deleted, the finalizer stays until they are gone",
-			objects: append([]runtime.Object{vcVolume(func(v *v1beta1.Volume) {
+			Name: "deleting: engine and replicas are deleted, the finalizer stays until they are gone",
+			Objects: append([]runtime.Object{Volume(func(v *v1beta1.Volume) {
 				v.DeletionTimestamp = &metav1.Time{Time: dstest.Now}
-			}), vcEngine()}, threeReplicas()...),
-			wantWrites: []string{"delete engines v1-e-0", "delete replicas r1", "delete replicas r2", "delete replicas r3", "update volumes/status v1"},
+			}), Engine()}, ThreeReplicas()...),
+			WantWrites: []string{"delete engines v1-e-0", "delete replicas r1", "delete replicas r2", "delete replicas r3", "update volumes/status v1"},
 		},
 		{
-			name: "deleting with nothing left: the finalizer goes",
-			objects: []runtime.Object{vcVolume(func(v *v1beta1.Volume) {
+			Name: "deleting with nothing left: the finalizer goes",
+			Objects: []runtime.Object{Volume(func(v *v1beta1.Volume) {
 				v.DeletionTimestamp = &metav1.Time{Time: dstest.Now}
 			})},
-			wantWrites: []string{"update volumes v1"},
+			WantWrites: []string{"update volumes v1"},
 		},
 		{
-			name:       "replica create fails: the error is returned for a retry",
-			objects:    []runtime.Object{vcVolume(func(v *v1beta1.Volume) { v.Status = v1beta1.VolumeStatus{OwnerID: "node-1"} })},
-			apiErr:     &reactorError{"create", "replicas", "", errors.New("etcd is down")},
-			wantErr:    "etcd is down",
-			wantWrites: []string{"create engines v1-e-", "create replicas v1-r-", "update volumes/status v1"},
+			Name:       "replica create fails: the error is returned for a retry",
+			Objects:    []runtime.Object{Volume(func(v *v1beta1.Volume) { v.Status = v1beta1.VolumeStatus{OwnerID: "node-1"} })},
+			APIErr:     &ReactorError{"create", "replicas", "", errors.New("etcd is down")},
+			WantErr:    "etcd is down",
+			WantWrites: []string{"create engines v1-e-", "create replicas v1-r-", "update volumes/status v1"},
 		},
 	}
 	for i := range tests {
 		// A case may bring its own version of a node.
 		own := map[string]bool{}
-		for _, o := range tests[i].objects {
+		for _, o := range tests[i].Objects {
 			if n, ok := o.(*v1beta1.Node); ok {
 				own[n.Name] = true
 			}
 		}
 		for _, o := range nodes {
 			if n, ok := o.(*v1beta1.Node); !ok || !own[n.Name] {
-				tests[i].objects = append(tests[i].objects, o)
+				tests[i].Objects = append(tests[i].Objects, o)
 			}
 		}
-		if tests[i].kube == nil {
-			tests[i].kube = leases
+		if tests[i].Kube == nil {
+			tests[i].Kube = leases
 		}
 	}
-	runSyncCases(t, tests, volumeSyncer)
+	RunSyncCases(t, tests, volumeSyncer)
 }
 
 // volumeSyncer builds the volume controller's sync for runSyncCases.
@@ -372,7 +372,7 @@ func TestCreatedReplicasHoldSyncsUntilCached(t *testing.T) {
 	}{
 		{"not in the cache yet", nil, now.Add(time.Second), true},
 		{"another volume is not held", nil, now, false},
-		{"in the cache", []*v1beta1.Replica{vcReplica("v1-r-a", "node-1")}, now.Add(2 * time.Second), false},
+		{"in the cache", []*v1beta1.Replica{Replica("v1-r-a", "node-1")}, now.Add(2 * time.Second), false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

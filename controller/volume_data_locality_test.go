@@ -30,9 +30,9 @@ func TestVolumeDataLocality(t *testing.T) {
 	rebuilding := func(r *v1beta1.Replica) { r.Spec.HealthyAt = "" }
 	// newest: without locality the newest replica is the one trimmed.
 	newest := func(r *v1beta1.Replica) { r.CreationTimestamp = metav1.NewTime(dstest.Now.Add(-time.Minute)) }
-	nodes := []runtime.Object{schedNode("node-1"), schedNode("node-2"), schedNode("node-3")}
+	nodes := []runtime.Object{SchedNode("node-1"), SchedNode("node-2"), SchedNode("node-3")}
 	nodesOfReplicas := func(t *testing.T, env *dstest.Env) []string {
-		reps, err := env.Strata.StrataV1beta1().Replicas(testNS).List(context.Background(), metav1.ListOptions{})
+		reps, err := env.Strata.StrataV1beta1().Replicas(NS).List(context.Background(), metav1.ListOptions{})
 		require.NoError(t, err)
 		var on []string
 		for _, r := range reps.Items {
@@ -46,69 +46,69 @@ func TestVolumeDataLocality(t *testing.T) {
 	noReplicaOn := func(node string) func(*testing.T, *dstest.Env) {
 		return func(t *testing.T, env *dstest.Env) { assert.NotContains(t, nodesOfReplicas(t, env), node) }
 	}
-	tests := []syncCase{
+	tests := []SyncCase{
 		{
-			name: "attached where no replica is: one is added there",
-			me:   "node-2",
-			objects: append([]runtime.Object{vcVolume(attachedOn("node-2"), oneReplica, bestEffort),
-				vcEngine(engineRunningOn("node-2", rw("r1"))), vcReplica("r1", "node-1", replicaRunning)}, nodes...),
-			wantWrites: []string{"create replicas v1-r-", "update volumes/status v1"},
-			wantEvents: []string{"Normal ReplicaScheduled"},
-			check:      replicaOn("node-2"),
+			Name: "attached where no replica is: one is added there",
+			Me:   "node-2",
+			Objects: append([]runtime.Object{Volume(AttachedOn("node-2"), oneReplica, bestEffort),
+				Engine(EngineRunningOn("node-2", rw("r1"))), Replica("r1", "node-1", ReplicaRunning)}, nodes...),
+			WantWrites: []string{"create replicas v1-r-", "update volumes/status v1"},
+			WantEvents: []string{"Normal ReplicaScheduled"},
+			Check:      replicaOn("node-2"),
 		},
 		{
-			name: "the local replica rebuilds: nothing is trimmed yet",
-			me:   "node-2",
-			objects: append([]runtime.Object{vcVolume(attachedOn("node-2"), oneReplica, bestEffort),
-				vcEngine(engineRunningOn("node-2", rw("r1"))), vcReplica("r1", "node-1", replicaRunning),
-				vcReplica("r2", "node-2", replicaRunning, rebuilding)}, nodes...),
-			wantWrites: []string{"update engines v1-e-0"}, // the engine takes r2 in to rebuild it
-			check: func(t *testing.T, env *dstest.Env) {
-				_, err := env.Strata.StrataV1beta1().Replicas(testNS).Get(context.Background(), "r1", metav1.GetOptions{})
+			Name: "the local replica rebuilds: nothing is trimmed yet",
+			Me:   "node-2",
+			Objects: append([]runtime.Object{Volume(AttachedOn("node-2"), oneReplica, bestEffort),
+				Engine(EngineRunningOn("node-2", rw("r1"))), Replica("r1", "node-1", ReplicaRunning),
+				Replica("r2", "node-2", ReplicaRunning, rebuilding)}, nodes...),
+			WantWrites: []string{"update engines v1-e-0"}, // the engine takes r2 in to rebuild it
+			Check: func(t *testing.T, env *dstest.Env) {
+				_, err := env.Strata.StrataV1beta1().Replicas(NS).Get(context.Background(), "r1", metav1.GetOptions{})
 				require.NoError(t, err, "r1 stays while r2 rebuilds")
 			},
 		},
 		{
-			name: "the local replica holds the data: the other one goes",
-			me:   "node-2",
-			objects: append([]runtime.Object{vcVolume(attachedOn("node-2"), oneReplica, bestEffort),
-				vcEngine(engineRunningOn("node-2", rw("r1", "r2"))), vcReplica("r1", "node-1", replicaRunning),
-				vcReplica("r2", "node-2", replicaRunning, newest)}, nodes...),
-			wantWrites: []string{"delete replicas r1", "update engines v1-e-0"},
-			wantEvents: []string{"Normal ReplicaMadeLocal"},
+			Name: "the local replica holds the data: the other one goes",
+			Me:   "node-2",
+			Objects: append([]runtime.Object{Volume(AttachedOn("node-2"), oneReplica, bestEffort),
+				Engine(EngineRunningOn("node-2", rw("r1", "r2"))), Replica("r1", "node-1", ReplicaRunning),
+				Replica("r2", "node-2", ReplicaRunning, newest)}, nodes...),
+			WantWrites: []string{"delete replicas r1", "update engines v1-e-0"},
+			WantEvents: []string{"Normal ReplicaMadeLocal"},
 		},
 		{
-			name: "disabled: the replica stays where it is",
-			me:   "node-2",
-			objects: append([]runtime.Object{vcVolume(attachedOn("node-2"), oneReplica),
-				vcEngine(engineRunningOn("node-2", rw("r1"))), vcReplica("r1", "node-1", replicaRunning)}, nodes...),
-			wantWrites: nil,
+			Name: "disabled: the replica stays where it is",
+			Me:   "node-2",
+			Objects: append([]runtime.Object{Volume(AttachedOn("node-2"), oneReplica),
+				Engine(EngineRunningOn("node-2", rw("r1"))), Replica("r1", "node-1", ReplicaRunning)}, nodes...),
+			WantWrites: nil,
 		},
 		{
-			name: "a replica elsewhere still rebuilds: nothing is added",
-			me:   "node-2",
-			objects: append([]runtime.Object{vcVolume(attachedOn("node-2"), bestEffort, func(v *v1beta1.Volume) { v.Spec.NumberOfReplicas = 2 }),
-				vcEngine(engineRunningOn("node-2", rw("r1"))), vcReplica("r1", "node-1", replicaRunning),
-				vcReplica("r3", "node-3", replicaRunning, rebuilding)}, nodes...),
+			Name: "a replica elsewhere still rebuilds: nothing is added",
+			Me:   "node-2",
+			Objects: append([]runtime.Object{Volume(AttachedOn("node-2"), bestEffort, func(v *v1beta1.Volume) { v.Spec.NumberOfReplicas = 2 }),
+				Engine(EngineRunningOn("node-2", rw("r1"))), Replica("r1", "node-1", ReplicaRunning),
+				Replica("r3", "node-3", ReplicaRunning, rebuilding)}, nodes...),
 			// the engine takes r3 in to rebuild it; the volume is degraded meanwhile
-			wantWrites: []string{"update engines v1-e-0", "update volumes/status v1"},
-			wantEvents: []string{"Warning Degraded"},
-			check:      noReplicaOn("node-2"),
+			WantWrites: []string{"update engines v1-e-0", "update volumes/status v1"},
+			WantEvents: []string{"Warning Degraded"},
+			Check:      noReplicaOn("node-2"),
 		},
 		{
-			name: "the attached node has no disk: best effort, nothing changes",
-			me:   "node-2",
-			objects: []runtime.Object{vcVolume(attachedOn("node-2"), oneReplica, bestEffort),
-				vcEngine(engineRunningOn("node-2", rw("r1"))), vcReplica("r1", "node-1", replicaRunning),
-				schedNode("node-1"), testNode("node-2", nil, readyTrue()), schedNode("node-3")},
-			wantWrites: nil,
+			Name: "the attached node has no disk: best effort, nothing changes",
+			Me:   "node-2",
+			Objects: []runtime.Object{Volume(AttachedOn("node-2"), oneReplica, bestEffort),
+				Engine(EngineRunningOn("node-2", rw("r1"))), Replica("r1", "node-1", ReplicaRunning),
+				SchedNode("node-1"), Node("node-2", nil, ReadyTrue()), SchedNode("node-3")},
+			WantWrites: nil,
 		},
 		{
-			name: "detached: nothing moves",
-			objects: append([]runtime.Object{vcVolume(oneReplica, bestEffort, withinSnapshotLimits), vcEngine(),
-				vcReplica("r1", "node-3")}, nodes...),
-			wantWrites: nil,
+			Name: "detached: nothing moves",
+			Objects: append([]runtime.Object{Volume(oneReplica, bestEffort, WithinSnapshotLimits), Engine(),
+				Replica("r1", "node-3")}, nodes...),
+			WantWrites: nil,
 		},
 	}
-	runSyncCases(t, tests, volumeSyncer)
+	RunSyncCases(t, tests, volumeSyncer)
 }

@@ -25,11 +25,11 @@ func TestSnapshotLimitCondition(t *testing.T) {
 		wantTrue          bool
 		wantReason, wantM string
 	}{
-		{name: "far from both limits", maxCount: 250, maxSize: 2 * gib, userCount: 3, size: 100 * mib,
+		{name: "far from both limits", maxCount: 250, maxSize: 2 * GiB, userCount: 3, size: 100 * MiB,
 			wantReason: "WithinLimits", wantM: "under 250 user snapshots (spec.snapshotMaxCount); under 2Gi of snapshots (spec.snapshotMaxSize)"},
 		{name: "no size limit", maxCount: 250, userCount: 0, size: 0,
 			wantReason: "WithinLimits", wantM: "under 250 user snapshots (spec.snapshotMaxCount); no size limit"},
-		{name: "no limit at all (the setting could not be read)", userCount: 7, size: 3 * gib,
+		{name: "no limit at all (the setting could not be read)", userCount: 7, size: 3 * GiB,
 			wantReason: "WithinLimits", wantM: "no count limit; no size limit"},
 		{name: "at the count limit: the next one is refused", maxCount: 4, userCount: 4, wantTrue: true,
 			wantReason: "CountLimitReached",
@@ -42,21 +42,21 @@ func TestSnapshotLimitCondition(t *testing.T) {
 			wantM:      "3 of 4 user snapshots (spec.snapshotMaxCount): one more is allowed; snapshots hold 0B, no size limit"},
 		{name: "two left: not near", maxCount: 4, userCount: 2,
 			wantReason: "WithinLimits", wantM: "under 4 user snapshots (spec.snapshotMaxCount); no size limit"},
-		{name: "at the size limit", maxCount: 250, maxSize: 2 * gib, userCount: 1, size: 2 * gib, wantTrue: true,
+		{name: "at the size limit", maxCount: 250, maxSize: 2 * GiB, userCount: 1, size: 2 * GiB, wantTrue: true,
 			wantReason: "SizeLimitReached",
 			wantM:      "1 of 250 user snapshots; snapshots hold 2Gi of 2Gi (spec.snapshotMaxSize): the next user snapshot will be refused"},
-		{name: "a byte under the size limit reads under it", maxCount: 250, maxSize: 2 * gib, userCount: 1, size: 2*gib - 1,
+		{name: "a byte under the size limit reads under it", maxCount: 250, maxSize: 2 * GiB, userCount: 1, size: 2*GiB - 1,
 			wantTrue: true, wantReason: "SizeLimitNear",
 			wantM: "1 of 250 user snapshots; snapshots hold 1.9Gi of 2Gi (spec.snapshotMaxSize): 90% or more used"},
-		{name: "90% of the size limit", maxCount: 250, maxSize: 10 * gib, userCount: 1, size: 9 * gib, wantTrue: true,
+		{name: "90% of the size limit", maxCount: 250, maxSize: 10 * GiB, userCount: 1, size: 9 * GiB, wantTrue: true,
 			wantReason: "SizeLimitNear",
 			wantM:      "1 of 250 user snapshots; snapshots hold 9Gi of 10Gi (spec.snapshotMaxSize): 90% or more used"},
-		{name: "just under 90%", maxCount: 250, maxSize: 10 * gib, userCount: 1, size: 9*gib - 1,
+		{name: "just under 90%", maxCount: 250, maxSize: 10 * GiB, userCount: 1, size: 9*GiB - 1,
 			wantReason: "WithinLimits", wantM: "under 250 user snapshots (spec.snapshotMaxCount); under 10Gi of snapshots (spec.snapshotMaxSize)"},
-		{name: "count reached and size near: the refusal comes first", maxCount: 2, maxSize: 10 * gib, userCount: 2, size: 9 * gib,
+		{name: "count reached and size near: the refusal comes first", maxCount: 2, maxSize: 10 * GiB, userCount: 2, size: 9 * GiB,
 			wantTrue: true, wantReason: "CountLimitReached",
 			wantM: "2 of 2 user snapshots (spec.snapshotMaxCount): the next user snapshot will be refused; snapshots hold 9Gi of 10Gi"},
-		{name: "size reached and count near: the refusal comes first", maxCount: 3, maxSize: 2 * gib, userCount: 2, size: 2 * gib,
+		{name: "size reached and count near: the refusal comes first", maxCount: 3, maxSize: 2 * GiB, userCount: 2, size: 2 * GiB,
 			wantTrue: true, wantReason: "SizeLimitReached",
 			wantM: "2 of 3 user snapshots; snapshots hold 2Gi of 2Gi (spec.snapshotMaxSize): the next user snapshot will be refused"},
 	}
@@ -84,7 +84,7 @@ func withActualSizeOf(v *v1beta1.Volume, e *v1beta1.Engine) *v1beta1.Volume {
 // moves to a refusal, and writes nothing when it is unchanged.
 func TestVolumeSnapshotLimitCondition(t *testing.T) {
 	volume := func(maxCount int32, cond *metav1.Condition) *v1beta1.Volume {
-		return vcVolume(attachedOn("node-1"), func(v *v1beta1.Volume) {
+		return Volume(AttachedOn("node-1"), func(v *v1beta1.Volume) {
 			v.Spec.SnapshotMaxCount = maxCount
 			if cond != nil {
 				cond.LastTransitionTime = metav1.NewTime(dstest.Now)
@@ -96,13 +96,13 @@ func TestVolumeSnapshotLimitCondition(t *testing.T) {
 		})
 	}
 	engine := func(maxCount int32, userSnapshots int) *v1beta1.Engine {
-		return vcEngine(engineRunningOn("node-1", allRW()), func(e *v1beta1.Engine) {
+		return Engine(EngineRunningOn("node-1", AllRW()), func(e *v1beta1.Engine) {
 			e.Spec.SnapshotMaxCount = maxCount
-			e.Status.Snapshots = limitedChain(userSnapshots)
+			e.Status.Snapshots = LimitedChain(userSnapshots)
 		})
 	}
 	condition := func(t *testing.T, env *dstest.Env) *metav1.Condition {
-		v, err := env.Strata.StrataV1beta1().Volumes(testNS).Get(context.Background(), "v1", metav1.GetOptions{})
+		v, err := env.Strata.StrataV1beta1().Volumes(NS).Get(context.Background(), "v1", metav1.GetOptions{})
 		require.NoError(t, err)
 		c := FindCondition(v.Status.Conditions, v1beta1.VolumeConditionSnapshotLimit)
 		require.NotNil(t, c)
@@ -120,51 +120,51 @@ func TestVolumeSnapshotLimitCondition(t *testing.T) {
 		Message: "1 of 2 user snapshots (spec.snapshotMaxCount): one more is allowed; snapshots hold 3Mi, no size limit"}
 	reached := &metav1.Condition{Type: v1beta1.VolumeConditionSnapshotLimit, Status: metav1.ConditionTrue, Reason: "CountLimitReached",
 		Message: "2 of 2 user snapshots (spec.snapshotMaxCount): the next user snapshot will be refused; snapshots hold 4Mi, no size limit"}
-	setting := &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingSnapshotMaxCount), Namespace: testNS}, Value: "3"}
-	nodes := []runtime.Object{schedNode("node-1"), schedNode("node-2"), schedNode("node-3")}
-	tests := []syncCase{
-		{name: "one user snapshot left: True, a warning",
-			objects:    []runtime.Object{volume(2, nil), engine(2, 1)},
-			wantWrites: []string{"update volumes/status v1"}, wantEvents: []string{"Warning SnapshotLimit"},
-			check: conditionIs(metav1.ConditionTrue, "CountLimitNear", near.Message)},
-		{name: "near, then at the limit: a warning again",
-			objects:    []runtime.Object{volume(2, near.DeepCopy()), engine(2, 2)},
-			wantWrites: []string{"update volumes/status v1"}, wantEvents: []string{"Warning SnapshotLimit"},
-			check: conditionIs(metav1.ConditionTrue, "CountLimitReached", reached.Message)},
-		{name: "at the limit and unchanged: no write, no event",
-			objects: []runtime.Object{withActualSizeOf(volume(2, reached.DeepCopy()), engine(2, 2)), engine(2, 2)}},
-		{name: "a snapshot deleted (and purged): False again, no event",
-			objects:    []runtime.Object{volume(5, reached.DeepCopy()), engine(5, 1)},
-			wantWrites: []string{"update volumes/status v1"},
-			check:      conditionIs(metav1.ConditionFalse, "WithinLimits", "under 5 user snapshots (spec.snapshotMaxCount); no size limit")},
-		{name: "a volume stored without a count (0): the setting's count is judged, and handed to the engine",
-			objects:    []runtime.Object{setting, volume(0, nil), engine(250, 2)},
-			wantWrites: []string{"update engines v1-e-0", "update volumes/status v1"}, wantEvents: []string{"Warning SnapshotLimit"},
-			check: allChecks(
+	setting := &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{Name: string(types.SettingSnapshotMaxCount), Namespace: NS}, Value: "3"}
+	nodes := []runtime.Object{SchedNode("node-1"), SchedNode("node-2"), SchedNode("node-3")}
+	tests := []SyncCase{
+		{Name: "one user snapshot left: True, a warning",
+			Objects:    []runtime.Object{volume(2, nil), engine(2, 1)},
+			WantWrites: []string{"update volumes/status v1"}, WantEvents: []string{"Warning SnapshotLimit"},
+			Check: conditionIs(metav1.ConditionTrue, "CountLimitNear", near.Message)},
+		{Name: "near, then at the limit: a warning again",
+			Objects:    []runtime.Object{volume(2, near.DeepCopy()), engine(2, 2)},
+			WantWrites: []string{"update volumes/status v1"}, WantEvents: []string{"Warning SnapshotLimit"},
+			Check: conditionIs(metav1.ConditionTrue, "CountLimitReached", reached.Message)},
+		{Name: "at the limit and unchanged: no write, no event",
+			Objects: []runtime.Object{withActualSizeOf(volume(2, reached.DeepCopy()), engine(2, 2)), engine(2, 2)}},
+		{Name: "a snapshot deleted (and purged): False again, no event",
+			Objects:    []runtime.Object{volume(5, reached.DeepCopy()), engine(5, 1)},
+			WantWrites: []string{"update volumes/status v1"},
+			Check:      conditionIs(metav1.ConditionFalse, "WithinLimits", "under 5 user snapshots (spec.snapshotMaxCount); no size limit")},
+		{Name: "a volume stored without a count (0): the setting's count is judged, and handed to the engine",
+			Objects:    []runtime.Object{setting, volume(0, nil), engine(250, 2)},
+			WantWrites: []string{"update engines v1-e-0", "update volumes/status v1"}, WantEvents: []string{"Warning SnapshotLimit"},
+			Check: AllChecks(
 				conditionIs(metav1.ConditionTrue, "CountLimitNear",
 					"2 of 3 user snapshots (spec.snapshotMaxCount): one more is allowed; snapshots hold 4Mi, no size limit"),
 				func(t *testing.T, env *dstest.Env) {
-					e, err := env.Strata.StrataV1beta1().Engines(testNS).Get(context.Background(), "v1-e-0", metav1.GetOptions{})
+					e, err := env.Strata.StrataV1beta1().Engines(NS).Get(context.Background(), "v1-e-0", metav1.GetOptions{})
 					require.NoError(t, err)
 					assert.Equal(t, int32(3), e.Spec.SnapshotMaxCount)
 				})},
-		{name: "the size limit is judged with removed and system snapshots",
-			objects: []runtime.Object{
-				vcVolume(attachedOn("node-1"), func(v *v1beta1.Volume) {
+		{Name: "the size limit is judged with removed and system snapshots",
+			Objects: []runtime.Object{
+				Volume(AttachedOn("node-1"), func(v *v1beta1.Volume) {
 					v.Spec.SnapshotMaxCount, v.Spec.SnapshotMaxSize = 250, resource.MustParse("4Mi")
 				}),
-				vcEngine(engineRunningOn("node-1", allRW()), func(e *v1beta1.Engine) {
-					e.Spec.SnapshotMaxSize, e.Status.Snapshots = 4*mib, limitedChain(2)
+				Engine(EngineRunningOn("node-1", AllRW()), func(e *v1beta1.Engine) {
+					e.Spec.SnapshotMaxSize, e.Status.Snapshots = 4*MiB, LimitedChain(2)
 				}),
 			},
-			wantWrites: []string{"update volumes/status v1"}, wantEvents: []string{"Warning SnapshotLimit"},
-			check: conditionIs(metav1.ConditionTrue, "SizeLimitReached",
+			WantWrites: []string{"update volumes/status v1"}, WantEvents: []string{"Warning SnapshotLimit"},
+			Check: conditionIs(metav1.ConditionTrue, "SizeLimitReached",
 				"2 of 250 user snapshots; snapshots hold 4Mi of 4Mi (spec.snapshotMaxSize): the next user snapshot will be refused")},
 	}
 	for i := range tests {
-		tests[i].objects = append(append([]runtime.Object{}, nodes...), tests[i].objects...)
+		tests[i].Objects = append(append([]runtime.Object{}, nodes...), tests[i].Objects...)
 		// The three replicas the engine runs with, healthy.
-		tests[i].objects = append(tests[i].objects, threeReplicas(replicaRunning)...)
+		tests[i].Objects = append(tests[i].Objects, ThreeReplicas(ReplicaRunning)...)
 	}
-	runSyncCases(t, tests, volumeSyncer)
+	RunSyncCases(t, tests, volumeSyncer)
 }
