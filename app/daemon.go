@@ -35,6 +35,16 @@ import (
 
 	"github.com/strata-storage/strata/api"
 	"github.com/strata-storage/strata/controller"
+	"github.com/strata-storage/strata/controller/attachment"
+	"github.com/strata-storage/strata/controller/backingimage"
+	"github.com/strata-storage/strata/controller/backup"
+	"github.com/strata-storage/strata/controller/instance"
+	"github.com/strata-storage/strata/controller/kit"
+	"github.com/strata-storage/strata/controller/node"
+	"github.com/strata-storage/strata/controller/quota"
+	"github.com/strata-storage/strata/controller/setting"
+	"github.com/strata-storage/strata/controller/snapshot"
+	"github.com/strata-storage/strata/controller/volume"
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/internal/pki"
@@ -60,10 +70,10 @@ func DaemonCommand() *cli.Command {
 			&cli.DurationFlag{Name: "lease-duration", Value: 20 * time.Second,
 				Usage: "heartbeat lease validity; peers mark this node down after this long without a renewal"},
 			&cli.DurationFlag{Name: "disk-check-interval", Value: 30 * time.Second, Usage: "how often disks are inspected"},
-			&cli.DurationFlag{Name: "free-space-report-interval", Value: controller.DefaultFreeSpaceReportInterval,
+			&cli.DurationFlag{Name: "free-space-report-interval", Value: node.DefaultFreeSpaceReportInterval,
 				Usage: "least time between two Node writes that report only moved free space; other disk changes are written at once"},
 			&cli.IntFlag{Name: "workers", Value: 2, Usage: "workers per controller"},
-			&cli.DurationFlag{Name: "max-retry-delay", Value: controller.DefaultRetryBackoff.MaxDelay,
+			&cli.DurationFlag{Name: "max-retry-delay", Value: kit.DefaultRetryBackoff.MaxDelay,
 				Usage: "longest wait between retries of an object whose sync keeps failing (retries never stop)"},
 			&cli.StringFlag{Name: "api-listen", Value: ":9501", Usage: "address of the HTTP API (backing image uploads, copies between managers); empty disables"},
 			&cli.StringFlag{Name: "api-advertise-address", Sources: cli.EnvVars("STRATA_API_ADVERTISE_ADDRESS"),
@@ -117,7 +127,7 @@ func DaemonCommand() *cli.Command {
 
 type daemonConfig struct {
 	nodeName, kubeconfig, namespace string
-	disks                           []controller.DiskConfig
+	disks                           []node.DiskConfig
 	metricsListen                   string
 	leaseDuration                   time.Duration
 	diskCheckInterval               time.Duration
@@ -135,8 +145,8 @@ type daemonConfig struct {
 
 // parseDisks reads --disk values: PATH names the disk disk-N by position,
 // NAME=PATH names it NAME.
-func parseDisks(values []string) ([]controller.DiskConfig, error) {
-	var disks []controller.DiskConfig
+func parseDisks(values []string) ([]node.DiskConfig, error) {
+	var disks []node.DiskConfig
 	seen := map[string]bool{}
 	for i, v := range values {
 		name, path, named := strings.Cut(v, "=")
@@ -154,7 +164,7 @@ func parseDisks(values []string) ([]controller.DiskConfig, error) {
 			return nil, fmt.Errorf("--disk %q: disk name %s is used twice", v, name)
 		}
 		seen[name] = true
-		disks = append(disks, controller.DiskConfig{Name: name, Path: abs})
+		disks = append(disks, node.DiskConfig{Name: name, Path: abs})
 	}
 	return disks, nil
 }
@@ -229,7 +239,7 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	}
 	broadcaster, recorder := newEventRecorder(kubeClient, cfg.nodeName)
 	defer broadcaster.Shutdown()
-	controller.SetRetryBackoff(controller.RetryBackoff{BaseDelay: controller.DefaultRetryBackoff.BaseDelay, MaxDelay: cfg.maxRetryDelay})
+	kit.SetRetryBackoff(kit.RetryBackoff{BaseDelay: kit.DefaultRetryBackoff.BaseDelay, MaxDelay: cfg.maxRetryDelay})
 
 	// One pooled gRPC connection per instance manager, shared by every
 	// controller that reaches the data plane.
@@ -237,40 +247,40 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	defer imPool.Close()
 	// The instance cache is this node's view of its instance manager, fed
 	// by the InstanceManager controller's Watch stream; nil without one.
-	var instances *controller.InstanceCache
+	var instances *kit.InstanceCache
 	// Every controller is registered by one line; they start once the
 	// caches have synced (app/controllers.go).
 	controllers := &controllerSet{workers: cfg.workers}
 	if cfg.imAddress != "" {
-		instances = controller.NewInstanceCache()
-		controllers.single(controller.NewInstanceManagerController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances))
+		instances = kit.NewInstanceCache()
+		controllers.single(instance.NewInstanceManagerController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances))
 	}
-	nodes, err := controller.NewNodeController(log, ds, recorder, cfg.nodeName, cfg.disks,
-		controller.NodeControllerOptions{LeaseDuration: cfg.leaseDuration, DiskCheckInterval: cfg.diskCheckInterval,
+	nodes, err := node.NewNodeController(log, ds, recorder, cfg.nodeName, cfg.disks,
+		node.NodeControllerOptions{LeaseDuration: cfg.leaseDuration, DiskCheckInterval: cfg.diskCheckInterval,
 			FreeSpaceReportInterval: cfg.freeSpaceReportInterval, Instances: instances, IMAddress: cfg.imAddress,
 			DataPlane: imPool, APIAddress: cfg.apiAdvertise})
 	controllers.add(nodes, err)
-	controllers.single(controller.NewSettingController(log, ds, recorder, cfg.nodeName))
-	controllers.add(controller.NewVolumeController(log, ds, recorder, cfg.nodeName))
-	controllers.add(controller.NewResourceQuotaController(log, ds, recorder, cfg.nodeName))
-	controllers.add(controller.NewBackupTargetController(log, ds, recorder, cfg.nodeName))
-	controllers.add(controller.NewVolumeAttachmentController(log, ds, recorder, cfg.nodeName))
-	controllers.add(controller.NewSnapshotController(log, ds, recorder, cfg.nodeName, imPool))
-	controllers.add(controller.NewSnapshotGroupController(log, ds, recorder, cfg.nodeName, imPool))
-	controllers.add(controller.NewVolumeCloneController(log, ds, recorder, cfg.nodeName, imPool))
-	controllers.add(controller.NewVolumeRestoreController(log, ds, recorder, cfg.nodeName, imPool, instances))
-	controllers.add(controller.NewBackupController(log, ds, recorder, cfg.nodeName, imPool, instances))
-	controllers.add(controller.NewRecurringJobController(log, ds, recorder, cfg.nodeName, imPool))
-	controllers.add(controller.NewEngineController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances))
-	controllers.add(controller.NewReplicaController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances))
-	backingImages, err := controller.NewBackingImageController(log, ds, recorder, cfg.nodeName, imPool, cfg.uploadLimit,
+	controllers.single(setting.NewSettingController(log, ds, recorder, cfg.nodeName))
+	controllers.add(volume.NewVolumeController(log, ds, recorder, cfg.nodeName))
+	controllers.add(quota.NewResourceQuotaController(log, ds, recorder, cfg.nodeName))
+	controllers.add(backup.NewBackupTargetController(log, ds, recorder, cfg.nodeName))
+	controllers.add(attachment.NewVolumeAttachmentController(log, ds, recorder, cfg.nodeName))
+	controllers.add(snapshot.NewSnapshotController(log, ds, recorder, cfg.nodeName, imPool))
+	controllers.add(snapshot.NewSnapshotGroupController(log, ds, recorder, cfg.nodeName, imPool))
+	controllers.add(volume.NewVolumeCloneController(log, ds, recorder, cfg.nodeName, imPool))
+	controllers.add(backup.NewVolumeRestoreController(log, ds, recorder, cfg.nodeName, imPool, instances))
+	controllers.add(backup.NewBackupController(log, ds, recorder, cfg.nodeName, imPool, instances))
+	controllers.add(backup.NewRecurringJobController(log, ds, recorder, cfg.nodeName, imPool))
+	controllers.add(instance.NewEngineController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances))
+	controllers.add(instance.NewReplicaController(log, ds, recorder, cfg.nodeName, cfg.imAddress, imPool, instances))
+	backingImages, err := backingimage.NewBackingImageController(log, ds, recorder, cfg.nodeName, imPool, cfg.uploadLimit,
 		pki.ClientConfig(managerID, pki.ComponentManager))
 	controllers.add(backingImages, err)
 	if cfg.imPodSelector != "" {
 		if err := ds.WatchInstanceManagerPods(cfg.imPodSelector); err != nil {
 			return fmt.Errorf("--instance-manager-pods: %w", err)
 		}
-		controllers.single(controller.NewInstanceManagerRolloutController(log, ds, recorder, cfg.nodeName))
+		controllers.single(instance.NewInstanceManagerRolloutController(log, ds, recorder, cfg.nodeName))
 	}
 	if controllers.err != nil {
 		return controllers.err
@@ -350,7 +360,7 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 // Instance-manager calls are counted on /metrics beside the workqueues.
 func init() {
 	legacyregistry.RawMustRegister(engineapi.Collectors()...)
-	legacyregistry.RawMustRegister(controller.BackupDuration, controller.BackupUploadedBytes, controller.BackupFailures)
+	legacyregistry.RawMustRegister(backup.BackupDuration, backup.BackupUploadedBytes, backup.BackupFailures)
 }
 
 func newEventRecorder(kubeClient kubernetes.Interface, nodeName string) (record.EventBroadcaster, record.EventRecorder) {

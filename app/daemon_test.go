@@ -9,7 +9,7 @@ import (
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/client-go/rest"
 
-	"github.com/strata-storage/strata/controller"
+	"github.com/strata-storage/strata/controller/node"
 )
 
 func TestParseDisks(t *testing.T) {
@@ -17,12 +17,12 @@ func TestParseDisks(t *testing.T) {
 	tests := []struct {
 		name    string
 		in      []string
-		want    []controller.DiskConfig
+		want    []node.DiskConfig
 		wantErr string
 	}{
-		{"paths are named by position", []string{"/a", "/b"}, []controller.DiskConfig{{Name: "disk-1", Path: "/a"}, {Name: "disk-2", Path: "/b"}}, ""},
-		{"named disk", []string{"fast=/nvme"}, []controller.DiskConfig{{Name: "fast", Path: "/nvme"}}, ""},
-		{"relative path is made absolute", []string{"rel/dir"}, []controller.DiskConfig{{Name: "disk-1", Path: abs}}, ""},
+		{"paths are named by position", []string{"/a", "/b"}, []node.DiskConfig{{Name: "disk-1", Path: "/a"}, {Name: "disk-2", Path: "/b"}}, ""},
+		{"named disk", []string{"fast=/nvme"}, []node.DiskConfig{{Name: "fast", Path: "/nvme"}}, ""},
+		{"relative path is made absolute", []string{"rel/dir"}, []node.DiskConfig{{Name: "disk-1", Path: abs}}, ""},
 		{"empty name", []string{"=/x"}, nil, `--disk "=/x": want PATH or NAME=PATH`},
 		{"empty path", []string{"x="}, nil, `--disk "x=": want PATH or NAME=PATH`},
 		{"duplicate name", []string{"a=/x", "a=/y"}, nil, `--disk "a=/y": disk name a is used twice`},

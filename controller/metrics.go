@@ -3,6 +3,7 @@ package controller
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/strata-storage/strata/controller/kit"
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
@@ -74,7 +75,7 @@ func (m *MetricsCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	mine := func(namespace, name, owner string) bool {
-		return ResponsibleNode(namespace+"/"+name, owner, "", alive) == m.me
+		return kit.ResponsibleNode(namespace+"/"+name, owner, "", alive) == m.me
 	}
 	m.collectVolumes(ch, mine)
 	m.collectQuotas(ch, mine)

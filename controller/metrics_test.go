@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/strata-storage/strata/controller/fixture"
 	"github.com/strata-storage/strata/datastore/dstest"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
@@ -18,21 +19,21 @@ import (
 // caches: node-1 reports its volume (snapshots, bytes, robustness, clone
 // progress) and not node-2's, while node-2 is alive.
 func TestMetricsCollector(t *testing.T) {
-	mine := Volume(func(v *v1beta1.Volume) {
+	mine := fixture.Volume(func(v *v1beta1.Volume) {
 		v.Status.Robustness = v1beta1.VolumeRobustnessDegraded
 		v.Status.ActualSize = 3 << 20
 		v.Status.HeadSize, v.Status.SnapshotsSize, v.Status.RemovedSnapshotsSize = 1<<20, 2<<20-4096, 4096
 		v.Status.CloneStatus = &v1beta1.VolumeCloneStatus{Progress: 40}
 	})
-	theirs := Volume(func(v *v1beta1.Volume) { v.Name, v.Status.OwnerID = "v2", "node-2" })
+	theirs := fixture.Volume(func(v *v1beta1.Volume) { v.Name, v.Status.OwnerID = "v2", "node-2" })
 	snap := func(name, volume string, size int64) *v1beta1.Snapshot {
-		return Snapshot(name, true, func(s *v1beta1.Snapshot) { s.Spec.Volume, s.Status.Size = volume, size })
+		return fixture.Snapshot(name, true, func(s *v1beta1.Snapshot) { s.Spec.Volume, s.Status.Size = volume, size })
 	}
 	quota := &v1beta1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: v1beta1.DefaultResourceQuotaName, Namespace: "apps"},
 		Spec: v1beta1.ResourceQuotaSpec{SnapshotLimit: v1beta1.SnapshotLimit{NamespaceTotalSnapshotSizeQuota: new(resource.MustParse("10Gi"))}}}
-	env := dstest.New(t, []runtime.Object{Node("node-1", nil, ReadyTrue()), Node("node-2", nil, ReadyTrue()), mine, theirs,
+	env := dstest.New(t, []runtime.Object{fixture.Node("node-1", nil, fixture.ReadyTrue()), fixture.Node("node-2", nil, fixture.ReadyTrue()), mine, theirs,
 		snap("s1", "v1", 10<<20), snap("s2", "v1", 5<<20), snap("s3", "v2", 1<<20), quota},
-		[]runtime.Object{Lease("node-1", 0), Lease("node-2", 0)})
+		[]runtime.Object{fixture.Lease("node-1", 0), fixture.Lease("node-2", 0)})
 
 	c := NewMetricsCollector(env.DS, "node-1")
 	want := `

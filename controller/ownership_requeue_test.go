@@ -12,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/strata-storage/strata/controller/fixture"
+	"github.com/strata-storage/strata/controller/setting"
 	"github.com/strata-storage/strata/datastore/dstest"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
@@ -19,11 +21,11 @@ import (
 
 func TestRequeueOnNodeReadyChange(t *testing.T) {
 	env := dstest.New(t, []runtime.Object{
-		Node("node-2", nil, ReadyTrue()),
-		Setting(types.SettingDefaultReplicaCount, "3", v1beta1.SettingStatus{}),
-		Setting(types.SettingBackupTarget, "", v1beta1.SettingStatus{}),
+		fixture.Node("node-2", nil, fixture.ReadyTrue()),
+		fixture.Setting(types.SettingDefaultReplicaCount, "3", v1beta1.SettingStatus{}),
+		fixture.Setting(types.SettingBackupTarget, "", v1beta1.SettingStatus{}),
 	}, nil)
-	sc, err := NewSettingController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1")
+	sc, err := setting.NewSettingController(logrus.New(), env.DS, record.NewFakeRecorder(10), "node-1")
 	require.NoError(t, err)
 	drain := func() int {
 		n := 0
@@ -37,7 +39,7 @@ func TestRequeueOnNodeReadyChange(t *testing.T) {
 	require.Eventually(t, func() bool { return sc.Queue.Len() == 2 }, 5*time.Second, 10*time.Millisecond, "initial adds")
 	drain()
 
-	nodes := env.Strata.StrataV1beta1().Nodes(NS)
+	nodes := env.Strata.StrataV1beta1().Nodes(fixture.NS)
 	ctx := context.Background()
 	// Updates that keep Ready enqueue nothing: TestReadyFlipped proves
 	// that on the filter itself rather than by waiting for no event.
@@ -46,10 +48,10 @@ func TestRequeueOnNodeReadyChange(t *testing.T) {
 		mutate func(*v1beta1.Node)
 	}{
 		{"Ready flipping to False enqueues every setting", func(n *v1beta1.Node) {
-			n.Status.Conditions = []metav1.Condition{ReadyDown("gone")}
+			n.Status.Conditions = []metav1.Condition{fixture.ReadyDown("gone")}
 		}},
 		{"Ready flipping back enqueues every setting", func(n *v1beta1.Node) {
-			n.Status.Conditions = []metav1.Condition{ReadyTrue()}
+			n.Status.Conditions = []metav1.Condition{fixture.ReadyTrue()}
 		}},
 	}
 	for _, step := range steps {

@@ -24,6 +24,11 @@ import (
 	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/strata-storage/strata/controller/fixture"
+	"github.com/strata-storage/strata/controller/instance"
+	"github.com/strata-storage/strata/controller/kit"
+	"github.com/strata-storage/strata/controller/kit/kittest"
+	snapshotctl "github.com/strata-storage/strata/controller/snapshot"
 	"github.com/strata-storage/strata/datastore/dstest"
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
@@ -89,7 +94,7 @@ func startSnapshotRig(t *testing.T) *snapshotRig {
 	faults := &faultInjector{calls: map[string]int{}}
 	// Purges are followed by the size reporter: a short interval publishes
 	// their end promptly.
-	im := StartRealIMWith(t, RealIMOptions{SizeReportInterval: 20 * time.Millisecond,
+	im := kittest.StartRealIMWith(t, kittest.RealIMOptions{SizeReportInterval: 20 * time.Millisecond,
 		ServerOptions: []grpc.ServerOption{grpc.UnaryInterceptor(faults.intercept)}})
 	client, err := im.Pool.Get(im.Addr)
 	require.NoError(t, err)
@@ -98,28 +103,28 @@ func startSnapshotRig(t *testing.T) *snapshotRig {
 
 	disk := t.TempDir()
 	addrs := im.StartReplicas(t, disk, "r1", "r2")
-	vol := Volume(func(v *v1beta1.Volume) {
+	vol := fixture.Volume(func(v *v1beta1.Volume) {
 		v.Spec.NodeID, v.Spec.NumberOfReplicas = "node-1", 2
 		v.Status.State, v.Status.CurrentNodeID, v.Status.CurrentSize = v1beta1.VolumeStateAttached, "node-1", 4<<20
 	})
 	eng := &v1beta1.Engine{
-		ObjectMeta: metav1.ObjectMeta{Name: rigEngine, Namespace: NS, Finalizers: []string{types.FinalizerName},
+		ObjectMeta: metav1.ObjectMeta{Name: rigEngine, Namespace: fixture.NS, Finalizers: []string{types.FinalizerName},
 			Labels: map[string]string{types.LabelVolume: "v1"}},
 		Spec: v1beta1.EngineSpec{InstanceSpec: v1beta1.InstanceSpec{VolumeName: "v1", VolumeSize: 4 << 20, NodeID: "node-1",
 			DesireState: v1beta1.InstanceStateRunning}, ReplicaAddressMap: addrs},
 	}
-	imCR := &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: NS},
+	imCR := &v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: fixture.NS},
 		Status: v1beta1.InstanceManagerStatus{OwnerID: "node-1", CurrentState: v1beta1.InstanceStateRunning, Endpoint: im.Addr}}
-	env := dstest.New(t, []runtime.Object{SchedNode("node-1"), vol, eng, imCR, VA()},
-		[]runtime.Object{Lease("node-1", 0)})
+	env := dstest.New(t, []runtime.Object{fixture.SchedNode("node-1"), vol, eng, imCR, fixture.VA()},
+		[]runtime.Object{fixture.Lease("node-1", 0)})
 
 	logger := logrus.New()
 	logger.SetOutput(io.Discard)
 	logs := logtest.NewLocal(logger)
 	rec := record.NewFakeRecorder(1000)
-	ec, err := NewEngineController(logger, env.DS, rec, "node-1", im.Addr, im.Pool, im.Instances())
+	ec, err := instance.NewEngineController(logger, env.DS, rec, "node-1", im.Addr, im.Pool, im.Instances())
 	require.NoError(t, err)
-	sc, err := NewSnapshotController(logger, env.DS, rec, "node-1", im.Pool)
+	sc, err := snapshotctl.NewSnapshotController(logger, env.DS, rec, "node-1", im.Pool)
 	require.NoError(t, err)
 	go ec.Run(ctx, 1)
 	go sc.Run(ctx, 1)
@@ -130,7 +135,7 @@ func startSnapshotRig(t *testing.T) *snapshotRig {
 		if err != nil {
 			return false, err.Error()
 		}
-		return EngineRunning(e) && len(e.Status.ReplicaModeMap) == 2, fmt.Sprintf("status %+v", e.Status.InstanceStatus)
+		return kit.EngineRunning(e) && len(e.Status.ReplicaModeMap) == 2, fmt.Sprintf("status %+v", e.Status.InstanceStatus)
 	})
 	return r
 }
@@ -165,7 +170,7 @@ func (r *snapshotRig) chain() map[string]bool {
 
 func (r *snapshotRig) snapshot(name string) *v1beta1.Snapshot {
 	r.t.Helper()
-	s, err := r.env.Strata.StrataV1beta1().Snapshots(NS).Get(r.ctx, name, metav1.GetOptions{})
+	s, err := r.env.Strata.StrataV1beta1().Snapshots(fixture.NS).Get(r.ctx, name, metav1.GetOptions{})
 	require.NoError(r.t, err)
 	return s
 }
@@ -173,7 +178,7 @@ func (r *snapshotRig) snapshot(name string) *v1beta1.Snapshot {
 // request creates a user snapshot CR, as kubectl would.
 func (r *snapshotRig) request(name string) {
 	r.t.Helper()
-	_, err := r.env.Strata.StrataV1beta1().Snapshots(NS).Create(r.ctx, Snapshot(name, true, func(s *v1beta1.Snapshot) {
+	_, err := r.env.Strata.StrataV1beta1().Snapshots(fixture.NS).Create(r.ctx, fixture.Snapshot(name, true, func(s *v1beta1.Snapshot) {
 		s.UID = k8stypes.UID("uid-" + name)
 		s.Status = v1beta1.SnapshotStatus{}
 		s.Spec.Labels = map[string]string{"app": "db"}
@@ -197,7 +202,7 @@ func (r *snapshotRig) delete(name string) {
 	s := r.snapshot(name)
 	now := metav1.NewTime(time.Now())
 	s.DeletionTimestamp = &now
-	_, err := r.env.Strata.StrataV1beta1().Snapshots(NS).Update(r.ctx, s, metav1.UpdateOptions{})
+	_, err := r.env.Strata.StrataV1beta1().Snapshots(fixture.NS).Update(r.ctx, s, metav1.UpdateOptions{})
 	require.NoError(r.t, err)
 }
 
@@ -306,7 +311,7 @@ func TestSnapshotControllerActionsAgainstRealInstanceManager(t *testing.T) {
 				r.request(name)
 				r.waitReady(name)
 			}
-			DrainEvents(r.rec)
+			fixture.DrainEvents(r.rec)
 			if tc.faultMethod != "" {
 				r.faults.arm(tc.faultMethod, tc.faultErr)
 			}
@@ -353,7 +358,7 @@ func TestSnapshotControllerActionsAgainstRealInstanceManager(t *testing.T) {
 				got := r.chain()
 				return assert.ObjectsAreEqual(tc.wantChain, got), fmt.Sprintf("%v", got)
 			})
-			events := DrainEvents(r.rec)
+			events := fixture.DrainEvents(r.rec)
 			for _, e := range tc.wantEvents {
 				assert.Contains(t, events, e)
 			}
@@ -370,10 +375,10 @@ func TestSnapshotLimitsAgainstRealInstanceManager(t *testing.T) {
 	r := startSnapshotRig(t)
 	setLimit := func(n int32) {
 		t.Helper()
-		e, err := r.env.Strata.StrataV1beta1().Engines(NS).Get(r.ctx, rigEngine, metav1.GetOptions{})
+		e, err := r.env.Strata.StrataV1beta1().Engines(fixture.NS).Get(r.ctx, rigEngine, metav1.GetOptions{})
 		require.NoError(t, err)
 		e.Spec.SnapshotMaxCount = n
-		_, err = r.env.Strata.StrataV1beta1().Engines(NS).Update(r.ctx, e, metav1.UpdateOptions{})
+		_, err = r.env.Strata.StrataV1beta1().Engines(fixture.NS).Update(r.ctx, e, metav1.UpdateOptions{})
 		require.NoError(t, err)
 		r.eventually(fmt.Sprintf("the engine given %d", n), func() (bool, string) {
 			e, err := r.env.DS.Engines.GetRO(rigEngine)
@@ -392,7 +397,7 @@ func TestSnapshotLimitsAgainstRealInstanceManager(t *testing.T) {
 	r.request("s2")
 	r.waitReady("s1")
 	r.waitReady("s2")
-	DrainEvents(r.rec)
+	fixture.DrainEvents(r.rec)
 
 	r.request("s3")
 	r.eventually("s3 refused", func() (bool, string) { return refusal("s3") })
@@ -400,7 +405,7 @@ func TestSnapshotLimitsAgainstRealInstanceManager(t *testing.T) {
 	assert.Contains(t, s3.Status.Error, "volume v1 holds 2 of at most 2 user snapshots (spec.snapshotMaxCount)")
 	assert.Contains(t, s3.Status.Error, "2 user snapshots, at most 2 allowed", "the engine's own words")
 	assert.False(t, s3.Status.ReadyToUse)
-	assert.Contains(t, DrainEvents(r.rec), "Warning SnapshotFailed")
+	assert.Contains(t, fixture.DrainEvents(r.rec), "Warning SnapshotFailed")
 	assert.NotContains(t, r.chain(), "s3")
 
 	// A clone's and an export's snapshots are the system's: not refused.
@@ -408,7 +413,7 @@ func TestSnapshotLimitsAgainstRealInstanceManager(t *testing.T) {
 		"clone-src":  {APIVersion: "strata.io/v1beta1", Kind: "Volume", Name: "v2", UID: "uid-v2"},
 		"export-src": {APIVersion: "strata.io/v1beta1", Kind: "BackingImage", Name: "bi", UID: "uid-bi"},
 	} {
-		_, err := r.env.Strata.StrataV1beta1().Snapshots(NS).Create(r.ctx, Snapshot(name, true, func(s *v1beta1.Snapshot) {
+		_, err := r.env.Strata.StrataV1beta1().Snapshots(fixture.NS).Create(r.ctx, fixture.Snapshot(name, true, func(s *v1beta1.Snapshot) {
 			s.OwnerReferences, s.Status = []metav1.OwnerReference{owner}, v1beta1.SnapshotStatus{}
 		}), metav1.CreateOptions{})
 		require.NoError(t, err)
@@ -424,10 +429,10 @@ func TestSnapshotLimitsAgainstRealInstanceManager(t *testing.T) {
 	require.NoError(t, err)
 	editReplicas := func(edit func(map[string]string)) {
 		t.Helper()
-		e, err := r.env.Strata.StrataV1beta1().Engines(NS).Get(r.ctx, rigEngine, metav1.GetOptions{})
+		e, err := r.env.Strata.StrataV1beta1().Engines(fixture.NS).Get(r.ctx, rigEngine, metav1.GetOptions{})
 		require.NoError(t, err)
 		edit(e.Spec.ReplicaAddressMap)
-		_, err = r.env.Strata.StrataV1beta1().Engines(NS).Update(r.ctx, e, metav1.UpdateOptions{})
+		_, err = r.env.Strata.StrataV1beta1().Engines(fixture.NS).Update(r.ctx, e, metav1.UpdateOptions{})
 		require.NoError(t, err)
 	}
 	modes := func(want map[string]v1beta1.ReplicaMode) func() (bool, string) {
@@ -455,7 +460,7 @@ func TestSnapshotLimitsAgainstRealInstanceManager(t *testing.T) {
 
 	// Raised while it runs: the next snapshot is taken.
 	setLimit(5)
-	assert.Contains(t, DrainEvents(r.rec), "Normal SnapshotLimitsSet")
+	assert.Contains(t, fixture.DrainEvents(r.rec), "Normal SnapshotLimitsSet")
 	r.request("s5")
 	r.waitReady("s5")
 }

@@ -17,6 +17,11 @@ import (
 	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/strata-storage/strata/controller/fixture"
+	"github.com/strata-storage/strata/controller/instance"
+	"github.com/strata-storage/strata/controller/kit"
+	"github.com/strata-storage/strata/controller/kit/kittest"
+	snapshotctl "github.com/strata-storage/strata/controller/snapshot"
 	"github.com/strata-storage/strata/datastore/dstest"
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
@@ -32,7 +37,7 @@ type groupRig struct {
 
 func startGroupRig(t *testing.T) *groupRig {
 	t.Helper()
-	im := StartRealIMWith(t, RealIMOptions{SizeReportInterval: 20 * time.Millisecond})
+	im := kittest.StartRealIMWith(t, kittest.RealIMOptions{SizeReportInterval: 20 * time.Millisecond})
 	client, err := im.Pool.Get(im.Addr)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -41,34 +46,34 @@ func startGroupRig(t *testing.T) *groupRig {
 	require.NoError(t, err)
 
 	disk := t.TempDir()
-	objects := []runtime.Object{SchedNode("node-1"),
-		&v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: NS},
+	objects := []runtime.Object{fixture.SchedNode("node-1"),
+		&v1beta1.InstanceManager{ObjectMeta: metav1.ObjectMeta{Name: "im-node-1", Namespace: fixture.NS},
 			Status: v1beta1.InstanceManagerStatus{OwnerID: "node-1", CurrentState: v1beta1.InstanceStateRunning, Endpoint: im.Addr}}}
 	for _, vol := range []string{"v1", "v2"} {
 		inst, err := dp.InstanceCreate(ctx, engineapi.InstanceSpec{Name: vol + "-r1", Type: engineapi.InstanceTypeReplica,
 			VolumeName: vol, Size: 4 << 20, DataDir: filepath.Join(disk, vol+"-r1")})
 		require.NoError(t, err)
-		objects = append(objects, Volume(func(v *v1beta1.Volume) {
+		objects = append(objects, fixture.Volume(func(v *v1beta1.Volume) {
 			v.Name, v.UID = vol, k8stypes.UID("uid-"+vol)
 			v.Spec.NodeID, v.Spec.NumberOfReplicas = "node-1", 1
 			v.Status.State, v.Status.CurrentNodeID, v.Status.CurrentSize = v1beta1.VolumeStateAttached, "node-1", 4<<20
 		}), &v1beta1.Engine{
-			ObjectMeta: metav1.ObjectMeta{Name: vol + "-e-0", Namespace: NS, Finalizers: []string{types.FinalizerName},
+			ObjectMeta: metav1.ObjectMeta{Name: vol + "-e-0", Namespace: fixture.NS, Finalizers: []string{types.FinalizerName},
 				Labels: map[string]string{types.LabelVolume: vol}},
 			Spec: v1beta1.EngineSpec{InstanceSpec: v1beta1.InstanceSpec{VolumeName: vol, VolumeSize: 4 << 20, NodeID: "node-1",
 				DesireState: v1beta1.InstanceStateRunning}, ReplicaAddressMap: map[string]string{vol + "-r1": inst.Address}},
-		}, &v1beta1.VolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: vol, Namespace: NS},
+		}, &v1beta1.VolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: vol, Namespace: fixture.NS},
 			Spec: v1beta1.VolumeAttachmentSpec{Volume: vol, AttachmentTickets: map[string]*v1beta1.AttachmentTicket{}}})
 	}
-	env := dstest.New(t, objects, []runtime.Object{Lease("node-1", 0)})
+	env := dstest.New(t, objects, []runtime.Object{fixture.Lease("node-1", 0)})
 	logger := logrus.New()
 	logger.SetOutput(io.Discard)
 	rec := record.NewFakeRecorder(1000)
-	ec, err := NewEngineController(logger, env.DS, rec, "node-1", im.Addr, im.Pool, im.Instances())
+	ec, err := instance.NewEngineController(logger, env.DS, rec, "node-1", im.Addr, im.Pool, im.Instances())
 	require.NoError(t, err)
-	sc, err := NewSnapshotController(logger, env.DS, rec, "node-1", im.Pool)
+	sc, err := snapshotctl.NewSnapshotController(logger, env.DS, rec, "node-1", im.Pool)
 	require.NoError(t, err)
-	gc, err := NewSnapshotGroupController(logger, env.DS, rec, "node-1", im.Pool)
+	gc, err := snapshotctl.NewSnapshotGroupController(logger, env.DS, rec, "node-1", im.Pool)
 	require.NoError(t, err)
 	go ec.Run(ctx, 1)
 	go sc.Run(ctx, 1)
@@ -81,7 +86,7 @@ func startGroupRig(t *testing.T) *groupRig {
 			if err != nil {
 				return false, err.Error()
 			}
-			return EngineRunning(e) && e.Status.Snapshots != nil, fmt.Sprintf("status %+v", e.Status.InstanceStatus)
+			return kit.EngineRunning(e) && e.Status.Snapshots != nil, fmt.Sprintf("status %+v", e.Status.InstanceStatus)
 		})
 	}
 	return r
@@ -89,17 +94,17 @@ func startGroupRig(t *testing.T) *groupRig {
 
 func (r *groupRig) createGroup(g *v1beta1.SnapshotGroup) {
 	r.t.Helper()
-	g.Namespace = NS
+	g.Namespace = fixture.NS
 	if g.UID == "" {
 		g.UID = k8stypes.UID("uid-" + g.Name)
 	}
-	_, err := r.env.Strata.StrataV1beta1().SnapshotGroups(NS).Create(r.ctx, g, metav1.CreateOptions{})
+	_, err := r.env.Strata.StrataV1beta1().SnapshotGroups(fixture.NS).Create(r.ctx, g, metav1.CreateOptions{})
 	require.NoError(r.t, err)
 }
 
 func (r *groupRig) group(name string) *v1beta1.SnapshotGroup {
 	r.t.Helper()
-	g, err := r.env.Strata.StrataV1beta1().SnapshotGroups(NS).Get(r.ctx, name, metav1.GetOptions{})
+	g, err := r.env.Strata.StrataV1beta1().SnapshotGroups(fixture.NS).Get(r.ctx, name, metav1.GetOptions{})
 	require.NoError(r.t, err)
 	return g
 }
@@ -143,7 +148,7 @@ func TestSnapshotGroupControllerAgainstRealInstanceManager(t *testing.T) {
 		for _, m := range g.Status.Snapshots {
 			assert.Equal(t, map[string]bool{m.Snapshot: false}, r.engineChain(m.Volume), "the engine of %s holds its member", m.Volume)
 			r.eventually("member "+m.Snapshot+" ready", func() (bool, string) {
-				s, err := r.env.Strata.StrataV1beta1().Snapshots(NS).Get(r.ctx, m.Snapshot, metav1.GetOptions{})
+				s, err := r.env.Strata.StrataV1beta1().Snapshots(fixture.NS).Get(r.ctx, m.Snapshot, metav1.GetOptions{})
 				if err != nil {
 					return false, err.Error()
 				}
@@ -170,7 +175,7 @@ func TestSnapshotGroupControllerAgainstRealInstanceManager(t *testing.T) {
 		assert.Equal(t, []v1beta1.SnapshotGroupMember{{Volume: "v1", Snapshot: "half-v1-2"}, {Volume: "v2", Snapshot: "half-v2-2"}}, g.Status.Snapshots)
 		assert.True(t, r.engineChain("v1")["half-v1"], "the half cut's snapshot is removed")
 		require.Eventually(t, func() bool {
-			s, err := r.env.Strata.StrataV1beta1().Snapshots(NS).Get(r.ctx, "half-v1", metav1.GetOptions{})
+			s, err := r.env.Strata.StrataV1beta1().Snapshots(fixture.NS).Get(r.ctx, "half-v1", metav1.GetOptions{})
 			return apierrors.IsNotFound(err) || (err == nil && s.DeletionTimestamp != nil)
 		}, 10*time.Second, 10*time.Millisecond, "the half cut's Snapshot CR is deleted with it")
 		assert.False(t, r.engineChain("v1")["half-v1-2"])

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/strata-storage/strata/controller"
+	"github.com/strata-storage/strata/controller/backup"
 	"github.com/strata-storage/strata/engine/replication"
 	"github.com/strata-storage/strata/engineapi"
 )
@@ -24,7 +25,7 @@ import (
 // workqueue series aside).
 func servedMetrics(t *testing.T) map[string]bool {
 	collectors := append(engineapi.Collectors(), controller.NewMetricsCollector(nil, ""),
-		controller.BackupDuration, controller.BackupUploadedBytes, controller.BackupFailures,
+		backup.BackupDuration, backup.BackupUploadedBytes, backup.BackupFailures,
 		replication.ReplicaIODuration) // gathered from the instance manager (app/metrics_dataplane.go)
 	names := map[string]bool{}
 	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)

@@ -16,7 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/strata-storage/strata/controller"
+	volumectl "github.com/strata-storage/strata/controller/volume"
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/internal/devtools/localcluster"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
@@ -164,7 +164,7 @@ func TestInstanceManagerPodDeletedWhileAWriterRuns(t *testing.T) {
 // replica on node.
 func replicaFailedOn(volume, node string) bool {
 	events, err := env.kube.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{
-		FieldSelector: "involvedObject.name=" + volume + ",reason=" + controller.EventReasonReplicaFailed})
+		FieldSelector: "involvedObject.name=" + volume + ",reason=" + volumectl.EventReasonReplicaFailed})
 	if err != nil {
 		return false
 	}

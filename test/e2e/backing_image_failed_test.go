@@ -11,7 +11,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/strata-storage/strata/controller"
+	"github.com/strata-storage/strata/controller/attachment"
+	"github.com/strata-storage/strata/controller/kit"
+	volumectl "github.com/strata-storage/strata/controller/volume"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 
@@ -41,16 +43,16 @@ func TestBackingImageChecksumFailureBlocksVolume(t *testing.T) {
 	createVolume(t, volume, "16Mi", 2, func(v *v1beta1.Volume) { v.Spec.BackingImage = image })
 	updateTickets(t, volume, addTicket("admin", v1beta1.AttacherTypeStrataAPI, "node-1"))
 	v := waitVolume(t, volume, time.Minute, "BackingImageReady False", func(v *v1beta1.Volume) bool {
-		c := meta.FindStatusCondition(v.Status.Conditions, controller.VolumeConditionBackingImageReady)
-		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == controller.BackingImageReadyReasonFailed
+		c := meta.FindStatusCondition(v.Status.Conditions, kit.VolumeConditionBackingImageReady)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == kit.BackingImageReadyReasonFailed
 	})
-	cond := meta.FindStatusCondition(v.Status.Conditions, controller.VolumeConditionBackingImageReady)
+	cond := meta.FindStatusCondition(v.Status.Conditions, kit.VolumeConditionBackingImageReady)
 	assertNamesFailure(t, cond.Message, image, firstCopy)
 	assert.NotEqual(t, v1beta1.VolumeStateAttached, v.Status.State)
 
 	require.Eventually(t, func() bool {
 		c := ticketCondition(t, volume, "admin")
-		return c != nil && c.Reason == controller.TicketReasonBackingImageFailed
+		return c != nil && c.Reason == attachment.TicketReasonBackingImageFailed
 	}, time.Minute, 200*time.Millisecond, "the ticket says the image failed")
 	ticket := ticketCondition(t, volume, "admin")
 	assert.Equal(t, metav1.ConditionFalse, ticket.Status)
@@ -58,7 +60,7 @@ func TestBackingImageChecksumFailureBlocksVolume(t *testing.T) {
 	assertNamesFailure(t, ticket.Message, image, firstCopy)
 
 	require.Eventually(t, func() bool {
-		return strings.Contains(eventMessages(t, volume, controller.EventReasonVolumeBackingImageFailed), "checksum mismatch")
+		return strings.Contains(eventMessages(t, volume, volumectl.EventReasonVolumeBackingImageFailed), "checksum mismatch")
 	}, 30*time.Second, 200*time.Millisecond, "a Warning event on the volume")
 	require.Eventually(t, func() bool {
 		reps := replicasOf(t, volume)

@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/strata-storage/strata/controller"
+	"github.com/strata-storage/strata/controller/backup"
 	"github.com/strata-storage/strata/internal/backupstore"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	stypes "github.com/strata-storage/strata/types"
@@ -86,10 +86,10 @@ func waitVerified(t *testing.T, name, req string) *v1beta1.BackupVerification {
 func testBackupGCAfterDeleteAndVerify(t *testing.T) {
 	ctx := context.Background()
 	srv := startS3(t)
-	s3Target(t, controller.DefaultBackupTargetName, "s3://backups@us-east-1/e2e-gc", map[string]string{
+	s3Target(t, backup.DefaultBackupTargetName, "s3://backups@us-east-1/e2e-gc", map[string]string{
 		backupstore.SecretEndpoint: srv.Endpoint, backupstore.SecretAccessKey: srv.AccessKey,
 		backupstore.SecretSecretKey: srv.SecretKey})
-	waitTarget(t, controller.DefaultBackupTargetName, true, "listed")
+	waitTarget(t, backup.DefaultBackupTargetName, true, "listed")
 	store, err := backupstore.NewS3Store(s3Config(srv, "e2e-gc"))
 	require.NoError(t, err)
 	tgt, err := backupstore.Open(ctx, store, backupstore.Options{})
@@ -144,7 +144,7 @@ func testBackupGCAfterDeleteAndVerify(t *testing.T) {
 	}, time.Minute, 500*time.Millisecond, "only b2's packs are left")
 	var msg string
 	require.Eventually(t, func() bool {
-		msg = eventMessages(t, controller.DefaultBackupTargetName, controller.EventReasonGarbageCollected)
+		msg = eventMessages(t, backup.DefaultBackupTargetName, backup.EventReasonGarbageCollected)
 		return msg != ""
 	}, 30*time.Second, 200*time.Millisecond, "a GarbageCollected event on the target")
 	t.Logf("GarbageCollected: %s", msg)
@@ -193,6 +193,6 @@ func testBackupGCAfterDeleteAndVerify(t *testing.T) {
 	assert.Equal(t, dataChunks, ver.Chunks)
 	assert.Contains(t, ver.Error, "verify backup e2e-gc-b2 of volume e2e-gc: 1 of 12 chunks bad")
 	assert.Regexp(t, `backup e2e-gc-b2 of volume e2e-gc: chunk \d+ \(offset \d+, id [0-9a-f]{64}\) in pack `+h+`: checksum mismatch`, ver.Error)
-	assertEvent(t, "e2e-gc-b2", controller.EventReasonBackupVerifyFailed, "in pack "+h)
-	assertEvent(t, "e2e-gc-b2", controller.EventReasonBackupVerified, "all 12 data chunks")
+	assertEvent(t, "e2e-gc-b2", backup.EventReasonBackupVerifyFailed, "in pack "+h)
+	assertEvent(t, "e2e-gc-b2", backup.EventReasonBackupVerified, "all 12 data chunks")
 }

@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/strata-storage/strata/controller"
+	"github.com/strata-storage/strata/controller/backup"
 	"github.com/strata-storage/strata/internal/backupstore"
 	"github.com/strata-storage/strata/internal/devtools/localcluster"
 	"github.com/strata-storage/strata/internal/devtools/s3server"
@@ -84,7 +84,7 @@ func waitTarget(t *testing.T, name string, available bool, msg string) {
 		if err != nil {
 			return false
 		}
-		cond := meta.FindStatusCondition(bt.Status.Conditions, controller.ConditionTypeAvailable)
+		cond := meta.FindStatusCondition(bt.Status.Conditions, backup.ConditionTypeAvailable)
 		if cond == nil {
 			return false
 		}
@@ -148,5 +148,5 @@ func TestBackupTargetListsAnOldTargetAndReportsAvailability(t *testing.T) {
 	waitTarget(t, "e2e-s3-unlisted", false, `add "`+forbiddenCredentialSecret+`" to the resourceNames`)
 	bt, err := env.adminStrata.StrataV1beta1().BackupTargets(ns).Get(ctx, "e2e-s3-unlisted", metav1.GetOptions{})
 	require.NoError(t, err)
-	require.Equal(t, controller.BackupTargetReasonForbidden, meta.FindStatusCondition(bt.Status.Conditions, controller.ConditionTypeAvailable).Reason)
+	require.Equal(t, backup.BackupTargetReasonForbidden, meta.FindStatusCondition(bt.Status.Conditions, backup.ConditionTypeAvailable).Reason)
 }

@@ -16,7 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/strata-storage/strata/controller"
+	"github.com/strata-storage/strata/controller/backup"
 	"github.com/strata-storage/strata/internal/backupstore"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	stypes "github.com/strata-storage/strata/types"
@@ -131,10 +131,10 @@ func eventMessages(t *testing.T, name, reason string) string {
 func testBackupIncrementalToS3AndDelete(t *testing.T) {
 	ctx := context.Background()
 	srv := startS3(t)
-	s3Target(t, controller.DefaultBackupTargetName, "s3://backups@us-east-1/e2e-backup", map[string]string{
+	s3Target(t, backup.DefaultBackupTargetName, "s3://backups@us-east-1/e2e-backup", map[string]string{
 		backupstore.SecretEndpoint: srv.Endpoint, backupstore.SecretAccessKey: srv.AccessKey,
 		backupstore.SecretSecretKey: srv.SecretKey})
-	waitTarget(t, controller.DefaultBackupTargetName, true, "listed")
+	waitTarget(t, backup.DefaultBackupTargetName, true, "listed")
 	store, err := backupstore.NewS3Store(s3Config(srv, "e2e-backup"))
 	require.NoError(t, err)
 	tgt, err := backupstore.Open(ctx, store, backupstore.Options{})
@@ -170,7 +170,7 @@ func testBackupIncrementalToS3AndDelete(t *testing.T) {
 	createBackup(t, "e2e-bk-b2", "e2e-bk-s2", "")
 	b2 := waitBackupCompleted(t, "e2e-bk-b2")
 	require.Eventually(t, func() bool {
-		return strings.Contains(eventMessages(t, "e2e-bk-b2", controller.EventReasonBackupStarted), "incremental on e2e-bk-b1")
+		return strings.Contains(eventMessages(t, "e2e-bk-b2", backup.EventReasonBackupStarted), "incremental on e2e-bk-b1")
 	}, 30*time.Second, 200*time.Millisecond, "b2 is taken incremental on b1")
 	assert.Regexp(t, `NAME\s+SNAPSHOT\s+STATE\s+PROGRESS\s+SIZE\s+UPLOADED\s+VOLUME\s+AGE\n`+
 		`e2e-bk-b2\s+e2e-bk-s2\s+Completed\s+100\s+\d+\s+\d+\s+e2e-bk\s`, kubectl(t, "-n", ns, "get", "bk", "e2e-bk-b2"))
@@ -261,7 +261,7 @@ func testBackupIncrementalToS3AndDelete(t *testing.T) {
 	deleteVolume(t, vol)
 	waitBackupVolumeGone(t, vol)
 	require.Eventually(t, func() bool {
-		return strings.Contains(eventMessages(t, controller.DefaultBackupTargetName, controller.EventReasonBackupVolumeRemoved),
+		return strings.Contains(eventMessages(t, backup.DefaultBackupTargetName, backup.EventReasonBackupVolumeRemoved),
 			"removed BackupVolume "+vol)
 	}, 30*time.Second, 200*time.Millisecond, "the BackupTarget says it removed the BackupVolume")
 }

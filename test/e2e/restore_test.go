@@ -16,7 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/strata-storage/strata/controller"
+	"github.com/strata-storage/strata/controller/attachment"
+	backupctl "github.com/strata-storage/strata/controller/backup"
 	"github.com/strata-storage/strata/internal/backupstore"
 	"github.com/strata-storage/strata/internal/devtools/s3server"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
@@ -64,10 +65,10 @@ func throttledS3Target(t *testing.T, prefix string, bytesPerSecond int) (*s3serv
 // managers at endpoint, and opens it for the test at srv's own endpoint.
 func pointDefaultTarget(t *testing.T, srv *s3server.Server, endpoint, prefix string) (*backupstore.Target, *backupstore.CountingStore) {
 	t.Helper()
-	s3Target(t, controller.DefaultBackupTargetName, "s3://backups@us-east-1/"+prefix, map[string]string{
+	s3Target(t, backupctl.DefaultBackupTargetName, "s3://backups@us-east-1/"+prefix, map[string]string{
 		backupstore.SecretEndpoint: endpoint, backupstore.SecretAccessKey: srv.AccessKey,
 		backupstore.SecretSecretKey: srv.SecretKey})
-	waitTarget(t, controller.DefaultBackupTargetName, true, "listed")
+	waitTarget(t, backupctl.DefaultBackupTargetName, true, "listed")
 	store, err := backupstore.NewS3Store(s3Config(srv, prefix))
 	require.NoError(t, err)
 	counting := backupstore.NewCountingStore(store)
@@ -170,7 +171,7 @@ func testRestoreBackupsIntoNewVolumes(t *testing.T) {
 	require.Eventually(t, func() bool {
 		if st := getVA(t, "e2e-rs-r1").Status.AttachmentTicketStatuses["admin"]; st != nil &&
 			slices.ContainsFunc(st.Conditions, func(c metav1.Condition) bool {
-				return c.Reason == controller.TicketReasonWaitingForRestore
+				return c.Reason == attachment.TicketReasonWaitingForRestore
 			}) {
 			sawWaiting = true
 		}
@@ -188,7 +189,7 @@ func testRestoreBackupsIntoNewVolumes(t *testing.T) {
 		time.Minute, 200*time.Millisecond, "the frontend starts once restored")
 	assert.Equal(t, sum1, nbdSum(t, getVolume(t, "e2e-rs-r1").Status.FrontendEndpoint), "r1 reads as the source at s1")
 	assert.NotContains(t, getVA(t, "e2e-rs-r1").Spec.AttachmentTickets, "restore-e2e-rs-r1", "the restore ticket is released")
-	assertEvent(t, "e2e-rs-r1", controller.EventReasonRestoreCompleted, "restored backup e2e-rs-b1")
+	assertEvent(t, "e2e-rs-r1", backupctl.EventReasonRestoreCompleted, "restored backup e2e-rs-b1")
 
 	restoreVolume(t, "e2e-rs-r2", "128Mi", "e2e-rs-b2")
 	// The admin's ticket comes before the restore's goes and leaves

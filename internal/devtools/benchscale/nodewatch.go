@@ -22,7 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
-	"github.com/strata-storage/strata/controller"
+	nodectl "github.com/strata-storage/strata/controller/node"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 
@@ -102,7 +102,7 @@ func nodeWriteCause(old, cur *v1beta1.Node) string {
 	for _, n := range []*v1beta1.Node{a, b} {
 		for name, st := range n.Status.DiskStatus {
 			if st != nil {
-				n.Status.DiskStatus[name] = controller.DiskStatusWithoutFreeSpace(st)
+				n.Status.DiskStatus[name] = nodectl.DiskStatusWithoutFreeSpace(st)
 			}
 		}
 	}
@@ -223,7 +223,7 @@ func (b *bench) reportNodeWrites(window string, counted float64, writes []nodeWr
 	b.check("API writes, strata.io Nodes, in "+window, fmt.Sprintf("%g (%s)", counted, strings.Join(parts, ", ")),
 		fmt.Sprintf("free space ≤ %d/node, else 0", allowed), ok)
 	b.info("  … rule", fmt.Sprintf("at most one free-space-only Node write per node per %s (managers' --free-space-report-interval)",
-		controller.DefaultFreeSpaceReportInterval))
+		nodectl.DefaultFreeSpaceReportInterval))
 }
 
 // diskFill is the fill of one filesystem that holds node disks, as df
@@ -292,5 +292,5 @@ func (b *bench) reportDiskFills(before, after []diskFill) {
 // node make in a window: one per interval, and one more for a window that
 // starts just before a report is due.
 func freeSpaceAllowance(window time.Duration) int {
-	return int(window/controller.DefaultFreeSpaceReportInterval) + 1
+	return int(window/nodectl.DefaultFreeSpaceReportInterval) + 1
 }

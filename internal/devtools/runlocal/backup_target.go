@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/strata-storage/strata/controller"
+	"github.com/strata-storage/strata/controller/backup"
 	"github.com/strata-storage/strata/internal/backupstore"
 	"github.com/strata-storage/strata/internal/devtools/localcluster"
 	"github.com/strata-storage/strata/internal/devtools/s3server"
@@ -68,7 +68,7 @@ func defaultBackupTarget(ctx context.Context, cluster *localcluster.Cluster, srv
 	if _, err := kube.CoreV1().Secrets(systemNamespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("creating the backup target's Secret: %w", err)
 	}
-	bt := &v1beta1.BackupTarget{ObjectMeta: metav1.ObjectMeta{Name: controller.DefaultBackupTargetName, Namespace: systemNamespace},
+	bt := &v1beta1.BackupTarget{ObjectMeta: metav1.ObjectMeta{Name: backup.DefaultBackupTargetName, Namespace: systemNamespace},
 		Spec: v1beta1.BackupTargetSpec{BackupTargetURL: "s3://" + backupBucket + "@us-east-1/strata",
 			CredentialSecret: secret.Name, PollInterval: metav1.Duration{Duration: defaultPollInterval}}}
 	if _, err := strata.StrataV1beta1().BackupTargets(systemNamespace).Create(ctx, bt, metav1.CreateOptions{}); err != nil {
