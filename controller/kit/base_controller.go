@@ -1,6 +1,3 @@
-// Package controller holds Strata's controllers. Each has a *_controller_base.go
-// (constructor, informer handlers that decide whom to enqueue, Run) and a
-// *_controller.go (the sync: one function per decision).
 package kit
 
 import (

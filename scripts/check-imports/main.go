@@ -51,10 +51,10 @@ func run() error {
 	return nil
 }
 
-// listPackages is every package of the module with its non-test imports
-// of the module's own packages.
+// listPackages is every package of the module with its own and its tests'
+// imports of the module's own packages.
 func listPackages() ([]importcheck.Package, error) {
-	out, err := goList("-json=ImportPath,Imports", "./...")
+	out, err := goList("-json=ImportPath,Imports,TestImports,XTestImports", "./...")
 	if err != nil {
 		return nil, err
 	}
@@ -62,8 +62,9 @@ func listPackages() ([]importcheck.Package, error) {
 	dec := json.NewDecoder(bytes.NewReader(out))
 	for {
 		var p struct {
-			ImportPath string
-			Imports    []string
+			ImportPath                string
+			Imports                   []string
+			TestImports, XTestImports []string
 		}
 		if err := dec.Decode(&p); err == io.EOF {
 			break
@@ -78,6 +79,11 @@ func listPackages() ([]importcheck.Package, error) {
 		for _, imp := range p.Imports {
 			if r, ok := relative(imp); ok {
 				pkg.Imports = append(pkg.Imports, r)
+			}
+		}
+		for _, imp := range append(p.TestImports, p.XTestImports...) {
+			if r, ok := relative(imp); ok {
+				pkg.TestImports = append(pkg.TestImports, r)
 			}
 		}
 		pkgs = append(pkgs, pkg)

@@ -19,8 +19,9 @@ import (
 // Package is one package of the module as go list reports it, with paths
 // relative to the module ("" is the module's root package).
 type Package struct {
-	Path    string
-	Imports []string // the module's own packages only, relative too
+	Path        string
+	Imports     []string // the module's own packages only, relative too
+	TestImports []string // its tests' (in-package and _test package) imports
 }
 
 // layers ranks the tree from the bottom up, by the longest matching path
@@ -48,9 +49,11 @@ var clientsOnly = map[string][]string{
 }
 
 // tool tells the development tools apart: harnesses, benches, test
-// support and their mains.
+// support and their mains. The controllers' test support (fixture, kittest)
+// lives beside them so their tests can share it; production never imports it.
 func tool(path string) bool {
-	return under(path, "internal/devtools") || under(path, "test") || under(path, "scripts")
+	return under(path, "internal/devtools") || under(path, "test") || under(path, "scripts") ||
+		under(path, "controller/fixture") || under(path, "controller/kit/kittest")
 }
 
 func under(path, prefix string) bool {
@@ -105,16 +108,23 @@ func Check(pkgs []Package, production []string) []string {
 			continue
 		}
 		for _, imp := range p.Imports {
-			out = append(out, violations(p.Path, imp)...)
+			out = append(out, violations(p.Path, imp, false)...)
+		}
+		// A family's tests keep to its boundaries too; they may use test support.
+		for _, imp := range p.TestImports {
+			if imp != p.Path {
+				out = append(out, violations(p.Path, imp, true)...)
+			}
 		}
 	}
 	sort.Strings(out)
 	return slices.Compact(out)
 }
 
-func violations(from, to string) []string {
+func violations(from, to string, test bool) []string {
 	var out []string
 	switch {
+	case tool(to) && test:
 	case tool(to):
 		out = append(out, fmt.Sprintf("%s -> %s: a production package imports a development tool", from, to))
 	case rank(to) > rank(from):

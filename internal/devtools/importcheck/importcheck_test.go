@@ -10,6 +10,7 @@ func TestCheck(t *testing.T) {
 	tests := []struct {
 		name       string
 		from, to   string
+		testTo     string
 		production []string
 		want       []string
 	}{
@@ -36,6 +37,12 @@ func TestCheck(t *testing.T) {
 			want: []string{"app/kubectlstrata -> webhook: app/kubectlstrata talks to Strata through types and clients only"}},
 		{name: "production into a tool", from: "controller", to: "internal/devtools/localcluster",
 			want: []string{"controller -> internal/devtools/localcluster: a production package imports a development tool"}},
+		{name: "a family's tests use the test support", from: "controller/volume", testTo: "controller/fixture"},
+		{name: "a family's tests use the real instance manager rig", from: "controller/node", testTo: "controller/kit/kittest"},
+		{name: "production into the test support", from: "controller/volume", to: "controller/fixture",
+			want: []string{"controller/volume -> controller/fixture: a production package imports a development tool"}},
+		{name: "across: a family's tests into another family", from: "controller/snapshot", testTo: "controller/instance",
+			want: []string{"controller/snapshot -> controller/instance: across families (controller/snapshot -> controller/instance)"}},
 		{name: "a tool linked into the binary", production: []string{"app", "test/need"},
 			want: []string{"test/need: a development tool linked into the strata binary"}},
 	}
@@ -43,7 +50,13 @@ func TestCheck(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var pkgs []Package
 			if tc.from != "" {
-				pkgs = []Package{{Path: tc.from, Imports: []string{tc.to}}}
+				pkgs = []Package{{Path: tc.from}}
+				if tc.to != "" {
+					pkgs[0].Imports = []string{tc.to}
+				}
+				if tc.testTo != "" {
+					pkgs[0].TestImports = []string{tc.testTo}
+				}
 			}
 			assert.Equal(t, tc.want, Check(pkgs, tc.production))
 		})
