@@ -241,7 +241,7 @@ func TestManagerKilledDuringCreateVolume(t *testing.T) {
 	// CreateVolume is under way once the volume exists: at once, or, when
 	// the killed manager also led the admission webhooks, once a peer took
 	// the lead. Who may reconcile a volume while its owner's lease runs is
-	// the ownership unit tests' (controller/ownership_test.go), not a wait
+	// the ownership unit tests' (controller/kit/ownership_test.go), not a wait
 	// here.
 	vol := waitClaimVolumeCR(t, pvc.Name, func(*v1beta1.Volume) bool { return true })
 	require.Equal(t, name, vol.Name)
@@ -271,7 +271,7 @@ func TestManagerKilledDuringCreateVolume(t *testing.T) {
 
 // volumeOwnerWhenAllAlive is the manager that reconciles a new volume while
 // every node is alive: the rendezvous hash of its queue key over the nodes,
-// as controller/ownership.go's responsibleNode picks it.
+// as controller/kit/ownership.go's responsibleNode picks it.
 func volumeOwnerWhenAllAlive(volume string) string {
 	best, bestScore := "", uint64(0)
 	for _, n := range nodeNames {
