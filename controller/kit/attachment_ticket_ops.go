@@ -7,7 +7,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// ensureTicket puts a ticket into a volume's VolumeAttachment
+// EnsureTicket puts a ticket into a volume's VolumeAttachment
 // (DataStore.EnsureTicket). A missing VolumeAttachment is not an error here:
 // it is created with the volume and its creation enqueues nobody, so the
 // caller retries.
@@ -15,13 +15,13 @@ func (c *BaseController) EnsureTicket(ctx context.Context, volume string, t *v1b
 	return c.DS.EnsureTicket(ctx, volume, t)
 }
 
-// removeTicket takes a ticket out of a volume's VolumeAttachment; a ticket
+// RemoveTicket takes a ticket out of a volume's VolumeAttachment; a ticket
 // or VolumeAttachment already gone is fine.
 func (c *BaseController) RemoveTicket(ctx context.Context, volume, id string) error {
 	return c.DS.RemoveTicket(ctx, volume, id)
 }
 
-// ensureSnapshotterTicket asks for vol to be attached, without a frontend,
+// EnsureSnapshotterTicket asks for vol to be attached, without a frontend,
 // for a snapshot operation owned by owner (a Snapshot, a SnapshotGroup):
 // where it is attached, else on this node.
 func (c *BaseController) EnsureSnapshotterTicket(ctx context.Context, vol *v1beta1.Volume, id, kind string, owner metav1.Object) error {

@@ -25,7 +25,7 @@ const (
 	BackingImageReadyReasonMissing = "BackingImageMissing"
 )
 
-// backingImageVerdict is the BackingImageReady condition of a volume on
+// BackingImageVerdict is the BackingImageReady condition of a volume on
 // image name (bi nil: the image does not exist). Ready once any wanted copy
 // is ready: every other disk copies from it. Failed while no copy is ready
 // and one failed: nothing can be copied, the volume cannot attach. The
@@ -57,7 +57,7 @@ func imageFailure(bi *v1beta1.BackingImage) string {
 	return ""
 }
 
-// backingImageVerdictChanged: an image update changed what its volumes'
+// BackingImageVerdictChanged: an image update changed what its volumes'
 // condition says; its download progress and last-use times do not.
 func BackingImageVerdictChanged(o, n *v1beta1.BackingImage) bool {
 	ook, oreason, omsg := BackingImageVerdict(o.Name, o)
@@ -65,7 +65,7 @@ func BackingImageVerdictChanged(o, n *v1beta1.BackingImage) bool {
 	return ook != nok || oreason != nreason || omsg != nmsg
 }
 
-// imageNotReady is the volume's BackingImageReady condition while False.
+// ImageNotReady is the volume's BackingImageReady condition while False.
 func ImageNotReady(vol *v1beta1.Volume) *metav1.Condition {
 	c := FindCondition(vol.Status.Conditions, VolumeConditionBackingImageReady)
 	if c == nil || c.Status != metav1.ConditionFalse {
@@ -74,7 +74,7 @@ func ImageNotReady(vol *v1beta1.Volume) *metav1.Condition {
 	return c
 }
 
-// imageBlocking is the volume's BackingImageReady condition while the image
+// ImageBlocking is the volume's BackingImageReady condition while the image
 // failed or is gone: the volume cannot attach until that changes.
 func ImageBlocking(vol *v1beta1.Volume) *metav1.Condition {
 	c := ImageNotReady(vol)
@@ -84,7 +84,7 @@ func ImageBlocking(vol *v1beta1.Volume) *metav1.Condition {
 	return c
 }
 
-// backingImageConditionChanged: the AD controller's ticket messages quote
+// BackingImageConditionChanged: the AD controller's ticket messages quote
 // the condition, so a change of it is a change for them.
 func BackingImageConditionChanged(o, n *v1beta1.Volume) bool {
 	oc := FindCondition(o.Status.Conditions, VolumeConditionBackingImageReady)

@@ -60,7 +60,7 @@ func newRateLimiter(b RetryBackoff) workqueue.TypedRateLimiter[string] {
 	)
 }
 
-// baseController is the plumbing every controller shares: the rate-limited
+// BaseController is the plumbing every controller shares: the rate-limited
 // queue and the sample-controller worker loop around a sync function.
 type BaseController struct {
 	name         string
@@ -70,7 +70,7 @@ type BaseController struct {
 	Recorder     record.EventRecorder
 	Queue        workqueue.TypedRateLimitingInterface[string]
 	Sync         func(ctx context.Context, key string) error
-	// dataPlane reaches instance managers, for controllers that act
+	// DataPlane reaches instance managers, for controllers that act
 	// through the data plane (nil for the others).
 	DataPlane engineapi.Connector
 	// extra are further queues of other kinds of keys, each with its sync
@@ -84,7 +84,7 @@ type keyQueue struct {
 	sync  func(ctx context.Context, key string) error
 }
 
-// addQueue makes another queue, named name, whose keys sync runs.
+// AddQueue makes another queue, named name, whose keys sync runs.
 func (c *BaseController) AddQueue(name string, sync func(ctx context.Context, key string) error) workqueue.TypedRateLimitingInterface[string] {
 	q := newQueue(name)
 	c.extra = append(c.extra, keyQueue{queue: q, sync: sync})
@@ -156,7 +156,7 @@ func (c *BaseController) handleErr(queue workqueue.TypedRateLimitingInterface[st
 	queue.AddRateLimited(key)
 }
 
-// enqueue adds an informer object's key; tombstones of deleted objects work too.
+// Enqueue adds an informer object's key; tombstones of deleted objects work too.
 func (c *BaseController) Enqueue(obj interface{}) {
 	key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
 	if err != nil {
@@ -166,7 +166,7 @@ func (c *BaseController) Enqueue(obj interface{}) {
 	c.Queue.Add(key)
 }
 
-// enqueueName adds the key of the object named name in the manager's
+// EnqueueName adds the key of the object named name in the manager's
 // namespace ("" is none).
 func (c *BaseController) EnqueueName(name string) {
 	if name != "" {
@@ -174,7 +174,7 @@ func (c *BaseController) EnqueueName(name string) {
 	}
 }
 
-// enqueueOnChange is the handler of a controller's own kind: every add,
+// EnqueueOnChange is the handler of a controller's own kind: every add,
 // update and delete enqueues the object's key.
 func (c *BaseController) EnqueueOnChange() cache.ResourceEventHandlerFuncs {
 	return cache.ResourceEventHandlerFuncs{
@@ -184,7 +184,7 @@ func (c *BaseController) EnqueueOnChange() cache.ResourceEventHandlerFuncs {
 	}
 }
 
-// enqueueEveryKey adds the key of every object informer holds.
+// EnqueueEveryKey adds the key of every object informer holds.
 func (c *BaseController) EnqueueEveryKey(informer cache.SharedIndexInformer) func() {
 	return func() {
 		for _, key := range informer.GetStore().ListKeys() {
@@ -193,14 +193,14 @@ func (c *BaseController) EnqueueEveryKey(informer cache.SharedIndexInformer) fun
 	}
 }
 
-// nameFromKey strips the namespace: every Strata object the controllers sync
+// NameFromKey strips the namespace: every Strata object the controllers sync
 // lives in the manager's namespace.
 func NameFromKey(key string) (string, error) {
 	_, name, err := cache.SplitMetaNamespaceKey(key)
 	return name, err
 }
 
-// onInstanceManagerStateChange calls fn with the node of an InstanceManager
+// OnInstanceManagerStateChange calls fn with the node of an InstanceManager
 // whose state changed (running, error, unknown) or that went away: replicas
 // and engines there may now start, or must be judged unreachable, and
 // replicas waiting for a node may now be placed. Status rewrites that keep
@@ -217,14 +217,14 @@ func (c *BaseController) OnInstanceManagerStateChange(fn func(node string)) erro
 	return err
 }
 
-// enqueueByNode adds every object of informer placed on node (by-node index).
+// EnqueueByNode adds every object of informer placed on node (by-node index).
 func (c *BaseController) EnqueueByNode(informer cache.SharedIndexInformer, node string) {
 	for _, obj := range c.OnNode(informer, node) {
 		c.Enqueue(obj)
 	}
 }
 
-// onNode lists the cached objects of informer placed on node (by-node index).
+// OnNode lists the cached objects of informer placed on node (by-node index).
 func (c *BaseController) OnNode(informer cache.SharedIndexInformer, node string) []interface{} {
 	objs, err := informer.GetIndexer().ByIndex(datastore.IndexByNode, node)
 	if err != nil {
@@ -233,7 +233,7 @@ func (c *BaseController) OnNode(informer cache.SharedIndexInformer, node string)
 	return objs
 }
 
-// enqueueVolumesWhere enqueues every volume keep accepts (for a change that
+// EnqueueVolumesWhere enqueues every volume keep accepts (for a change that
 // may move many: node readiness, a target becoming available).
 func (c *BaseController) EnqueueVolumesWhere(keep func(*v1beta1.Volume) bool) {
 	vols, err := c.DS.Volumes.ListRO(nil)

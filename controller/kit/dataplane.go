@@ -8,7 +8,7 @@ import (
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 
-// volumeEngine is the engine that serves a volume's data: the one on the
+// VolumeEngine is the engine that serves a volume's data: the one on the
 // node the volume is attached to, else (detached, or a migration's second
 // engine) the first by name. Nil when the volume has none.
 func (c *BaseController) VolumeEngine(vol *v1beta1.Volume) (*v1beta1.Engine, error) {
@@ -31,7 +31,7 @@ func (c *BaseController) VolumeEngine(vol *v1beta1.Volume) (*v1beta1.Engine, err
 	return fallback, nil
 }
 
-// engineDataPlane reaches the instance manager that runs an engine, at the
+// EngineDataPlane reaches the instance manager that runs an engine, at the
 // endpoint its node's InstanceManager reports.
 func (c *BaseController) EngineDataPlane(e *v1beta1.Engine) (engineapi.DataPlane, error) {
 	im, err := c.DS.InstanceManagers.GetRO(InstanceManagerName(e.Spec.NodeID))

@@ -15,7 +15,7 @@ import "k8s.io/client-go/tools/cache"
 // An object of another type than T is ignored: a typed informer never
 // delivers one.
 
-// onAdd adapts fn to a ResourceEventHandlerFuncs.AddFunc.
+// OnAdd adapts fn to a ResourceEventHandlerFuncs.AddFunc.
 func OnAdd[T any](fn func(T)) func(obj any) {
 	return func(obj any) {
 		if t, ok := obj.(T); ok {
@@ -24,7 +24,7 @@ func OnAdd[T any](fn func(T)) func(obj any) {
 	}
 }
 
-// onUpdate adapts fn to a ResourceEventHandlerFuncs.UpdateFunc; fn is called
+// OnUpdate adapts fn to a ResourceEventHandlerFuncs.UpdateFunc; fn is called
 // only when both versions are a T.
 func OnUpdate[T any](fn func(old, cur T)) func(oldObj, newObj any) {
 	return func(oldObj, newObj any) {
@@ -36,7 +36,7 @@ func OnUpdate[T any](fn func(old, cur T)) func(oldObj, newObj any) {
 	}
 }
 
-// onDelete adapts fn to a ResourceEventHandlerFuncs.DeleteFunc. fn gets the
+// OnDelete adapts fn to a ResourceEventHandlerFuncs.DeleteFunc. fn gets the
 // last known state, from the tombstone when the informer missed the delete;
 // a tombstone without an object of type T calls nothing.
 func OnDelete[T any](fn func(T)) func(obj any) {
@@ -47,7 +47,7 @@ func OnDelete[T any](fn func(T)) func(obj any) {
 	}
 }
 
-// onEveryChange is a handler that calls fn with the object of every add,
+// OnEveryChange is a handler that calls fn with the object of every add,
 // update (its new version) and delete.
 func OnEveryChange[T any](fn func(T)) cache.ResourceEventHandlerFuncs {
 	return cache.ResourceEventHandlerFuncs{
@@ -57,7 +57,7 @@ func OnEveryChange[T any](fn func(T)) cache.ResourceEventHandlerFuncs {
 	}
 }
 
-// filterFor adapts keep to a FilteringResourceEventHandler.FilterFunc, which
+// FilterFor adapts keep to a FilteringResourceEventHandler.FilterFunc, which
 // sees delete events' tombstones too: it judges their last known state.
 func FilterFor[T any](keep func(T) bool) func(obj any) bool {
 	return func(obj any) bool {

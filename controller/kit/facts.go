@@ -12,13 +12,13 @@ import (
 	"github.com/strata-storage/strata/types"
 )
 
-// engineRunning tells whether the engine runs on its node as asked.
+// EngineRunning tells whether the engine runs on its node as asked.
 func EngineRunning(e *v1beta1.Engine) bool {
 	return e != nil && e.Spec.NodeID != "" && e.Spec.DesireState == v1beta1.InstanceStateRunning &&
 		e.Status.CurrentState == v1beta1.InstanceStateRunning
 }
 
-// derivedSnapshotName is prefix-<24 hex digits of key's SHA-256>: a valid
+// DerivedSnapshotName is prefix-<24 hex digits of key's SHA-256>: a valid
 // snapshot name, the same for the same key, where the natural one is not.
 func DerivedSnapshotName(prefix, key string) string {
 	sum := sha256.Sum256([]byte(key))
@@ -35,7 +35,7 @@ func RestoreIncomplete(vol *v1beta1.Volume) bool {
 		(vol.Status.RestoreStatus == nil || vol.Status.RestoreStatus.State != v1beta1.VolumeRestoreStateCompleted)
 }
 
-// purgeDrops tells whether a purge takes a removed snapshot out of the
+// PurgeDrops tells whether a purge takes a removed snapshot out of the
 // chain: a leaf is deleted, one with a single snapshot child is coalesced
 // into it; one under the head is only pruned.
 func PurgeDrops(info *v1beta1.SnapshotInfo) bool {
@@ -57,7 +57,7 @@ func IsPurging(e *v1beta1.Engine) bool {
 	return false
 }
 
-// volumeSettled: not being deleted, and not being filled by a clone or a
+// VolumeSettled: not being deleted, and not being filled by a clone or a
 // restore.
 func VolumeSettled(v *v1beta1.Volume) bool {
 	if v.DeletionTimestamp != nil {
@@ -72,7 +72,7 @@ func VolumeSettled(v *v1beta1.Volume) bool {
 	return true
 }
 
-// instanceAddress is the dataconn address a running replica serves on.
+// InstanceAddress is the dataconn address a running replica serves on.
 func InstanceAddress(st *v1beta1.InstanceStatus) string {
 	if st.IP == "" || st.Port == 0 {
 		return ""
@@ -80,7 +80,7 @@ func InstanceAddress(st *v1beta1.InstanceStatus) string {
 	return net.JoinHostPort(st.IP, strconv.Itoa(int(st.Port)))
 }
 
-// instanceManagerName is the InstanceManager CR of a node.
+// InstanceManagerName is the InstanceManager CR of a node.
 func InstanceManagerName(node string) string { return "im-" + node }
 
 func BackupFinished(b *v1beta1.Backup) bool {
@@ -97,7 +97,7 @@ func BackingImageFile(diskPath string, bi *v1beta1.BackingImage) string {
 	return filepath.Join(BackingImageDir(diskPath, bi.Name, bi.Status.UUID), BackingFileName)
 }
 
-// readyCopies lists the disks in spec whose copy is ready, sorted.
+// ReadyCopies lists the disks in spec whose copy is ready, sorted.
 func ReadyCopies(bi *v1beta1.BackingImage) []string {
 	var out []string
 	for disk, st := range bi.Status.DiskFileStatusMap {

@@ -85,7 +85,7 @@ func (c *InstanceCache) Synced() bool {
 	return c.synced
 }
 
-// streamOpened starts a replay: the instance manager is about to send its
+// StreamOpened starts a replay: the instance manager is about to send its
 // current state again, then the sync marker.
 func (c *InstanceCache) StreamOpened() {
 	c.mu.Lock()
@@ -93,7 +93,7 @@ func (c *InstanceCache) StreamOpened() {
 	c.mu.Unlock()
 }
 
-// streamLost marks the cache unsynced and tells every listener about every
+// StreamLost marks the cache unsynced and tells every listener about every
 // instance it held, so their objects are re-evaluated as unknown.
 func (c *InstanceCache) StreamLost() {
 	c.mu.Lock()
@@ -111,7 +111,7 @@ func (c *InstanceCache) StreamLost() {
 	c.notify(names...)
 }
 
-// apply folds one Watch event into the cache.
+// Apply folds one Watch event into the cache.
 func (c *InstanceCache) Apply(ev *engineapi.WatchEvent) {
 	if ev.Kind == engineapi.WatchUnknown || (ev.Kind != engineapi.WatchSynced && ev.Instance == nil) {
 		return // nothing this cache can use; the stream goes on

@@ -25,7 +25,7 @@ type jobRetry struct {
 	notBefore time.Time
 }
 
-// jobRetries keeps the failed jobs of the objects a controller runs, by
+// JobRetries keeps the failed jobs of the objects a controller runs, by
 // UID, in memory: a restarted manager starts counting again, which is
 // fine since the job it finds (or starts) is the one that counts.
 type JobRetries struct {
@@ -46,7 +46,7 @@ func (r *JobRetries) get(uid k8stypes.UID) *jobRetry {
 	return nil
 }
 
-// started notes the instance revision a retried job was started at.
+// Started notes the instance revision a retried job was started at.
 func (r *JobRetries) Started(uid k8stypes.UID, revision uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -55,7 +55,7 @@ func (r *JobRetries) Started(uid k8stypes.UID, revision uint64) {
 	}
 }
 
-// failed counts a failure seen at revision and returns the attempts so far
+// Failed counts a failure seen at revision and returns the attempts so far
 // and how long to wait before the next: base, doubled at each further one.
 func (r *JobRetries) Failed(uid k8stypes.UID, revision uint64, now time.Time, base time.Duration) (int, time.Duration) {
 	r.mu.Lock()
@@ -72,14 +72,14 @@ func (r *JobRetries) Failed(uid k8stypes.UID, revision uint64, now time.Time, ba
 	return j.attempts, wait
 }
 
-// previousError tells an error status (state) at revision that is the
+// PreviousError tells an error status (state) at revision that is the
 // previous attempt's: the job started again since has not shown yet.
 func (r *JobRetries) PreviousError(uid k8stypes.UID, state string, revision uint64) bool {
 	j := r.get(uid)
 	return state == engineapi.JobStateError && j != nil && (j.counted || revision <= j.revision)
 }
 
-// backoffLeft is how long the next attempt of uid's job must still wait.
+// BackoffLeft is how long the next attempt of uid's job must still wait.
 func (r *JobRetries) BackoffLeft(uid k8stypes.UID, now time.Time) time.Duration {
 	if j := r.get(uid); j != nil && now.Before(j.notBefore) {
 		return j.notBefore.Sub(now)

@@ -12,7 +12,7 @@ import (
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 )
 
-// responsibleNode picks the one node whose manager reconciles an object, the
+// ResponsibleNode picks the one node whose manager reconciles an object, the
 // way every manager computes it from the same inputs:
 //   - the preferred node (say, where a volume is attached) while it is alive;
 //   - else the recorded owner (status.ownerID) while it is alive;
@@ -50,7 +50,7 @@ func ResponsibleNode(key, ownerID, preferred string, alive []string) string {
 	return best
 }
 
-// isResponsibleFor tells whether this manager reconciles the object with the
+// IsResponsibleFor tells whether this manager reconciles the object with the
 // given key, recorded owner and preferred owner.
 func (c *BaseController) IsResponsibleFor(key, ownerID, preferred string) (bool, error) {
 	alive, err := c.DS.AliveNodeNames()
@@ -60,7 +60,7 @@ func (c *BaseController) IsResponsibleFor(key, ownerID, preferred string) (bool,
 	return ResponsibleNode(key, ownerID, preferred, alive) == c.ControllerID, nil
 }
 
-// requeueOnNodeReadyChange re-enqueues every object a controller reconciles
+// RequeueOnNodeReadyChange re-enqueues every object a controller reconciles
 // (enqueueAll) whenever some node's Ready condition flips or a node goes
 // away: that is when the responsible node of an object can change. Objects
 // first seen while no node was alive (at cluster start) are picked up this
@@ -91,7 +91,7 @@ func readyStatus(n *v1beta1.Node) metav1.ConditionStatus {
 	return metav1.ConditionUnknown
 }
 
-// getResponsible reads the object of a queue key from the cache and says
+// GetResponsible reads the object of a queue key from the cache and says
 // whether this manager reconciles it: its instance's node when that node is
 // alive, else its recorded owner, else the hashing fallback. A missing
 // object (deleted) or another node's object yields ok=false.

@@ -10,7 +10,7 @@ import (
 	"github.com/strata-storage/strata/types"
 )
 
-// readers names, by snapshot, what reads it now: a backup not yet
+// Readers names, by snapshot, what reads it now: a backup not yet
 // finished, a clone still copying. While one does, no recurring task
 // deletes the snapshot, and a deleted one stays in the chain: a purge
 // changes a removed snapshot's layer in place (it punches what the head
@@ -31,7 +31,7 @@ func (r Readers) Describe(snapshot string) string {
 	return strings.Join(slices.Compact(rs), ", ")
 }
 
-// snapshotReaders lists the readers of the volume's snapshots, from the
+// SnapshotReaders lists the readers of the volume's snapshots, from the
 // caches' indexes.
 func SnapshotReaders(ds *datastore.DataStore, volume string) Readers {
 	out := Readers{}
@@ -61,7 +61,7 @@ func SnapshotReaders(ds *datastore.DataStore, volume string) Readers {
 	return out
 }
 
-// waitingForReaders is the message of a deleted snapshot kept for them.
+// WaitingForReaders is the message of a deleted snapshot kept for them.
 func WaitingForReaders(snapshot, who string) string {
 	return fmt.Sprintf("snapshot %s is removed once %s no longer reads it", snapshot, who)
 }

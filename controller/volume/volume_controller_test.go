@@ -350,7 +350,7 @@ func TestVolumeControllerSync(t *testing.T) {
 	fixture.RunSyncCases(t, tests, volumeSyncer)
 }
 
-// volumeSyncer builds the volume controller's sync for runSyncCases.
+// volumeSyncer builds the volume controller's sync for fixture.RunSyncCases.
 func volumeSyncer(env *dstest.Env, rec record.EventRecorder, me string, _ engineapi.Connector) (func(context.Context, string) error, error) {
 	c, err := NewVolumeController(logrus.New(), env.DS, rec, me)
 	if err != nil {

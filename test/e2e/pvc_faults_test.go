@@ -271,7 +271,7 @@ func TestManagerKilledDuringCreateVolume(t *testing.T) {
 
 // volumeOwnerWhenAllAlive is the manager that reconciles a new volume while
 // every node is alive: the rendezvous hash of its queue key over the nodes,
-// as controller/kit/ownership.go's responsibleNode picks it.
+// as controller/kit/ownership.go's ResponsibleNode picks it.
 func volumeOwnerWhenAllAlive(volume string) string {
 	best, bestScore := "", uint64(0)
 	for _, n := range nodeNames {

@@ -21,22 +21,22 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// realIM is a real instance manager in this process, reached over gRPC, with
+// RealIM is a real instance manager in this process, reached over gRPC, with
 // an instance cache fed by its Watch stream as the InstanceManager
 // controller feeds it: the engine and replica controllers are tested against
 // the real data plane, not a mock.
-type realIM struct {
+type RealIM struct {
 	Addr  string
 	Pool  *engineapi.Pool
 	Cache *kit.InstanceCache
 }
 
-func StartRealIM(t *testing.T) *realIM {
+func StartRealIM(t *testing.T) *RealIM {
 	t.Helper()
 	return StartRealIMWith(t, RealIMOptions{SizeReportInterval: -1})
 }
 
-// realIMOptions tunes startRealIMWith: how often the instance manager
+// RealIMOptions tunes startRealIMWith: how often the instance manager
 // re-reads its engines' chains and follows purges (negative: never), and
 // gRPC server options such as an interceptor that injects faults.
 type RealIMOptions struct {
@@ -44,7 +44,7 @@ type RealIMOptions struct {
 	ServerOptions      []grpc.ServerOption
 }
 
-func StartRealIMWith(t *testing.T, o RealIMOptions) *realIM {
+func StartRealIMWith(t *testing.T, o RealIMOptions) *RealIM {
 	t.Helper()
 	log := logrus.New()
 	log.SetOutput(io.Discard)
@@ -57,7 +57,7 @@ func StartRealIMWith(t *testing.T, o RealIMOptions) *realIM {
 	gs := grpc.NewServer(o.ServerOptions...)
 	impb.RegisterInstanceManagerServer(gs, srv)
 	go func() { _ = gs.Serve(l) }()
-	im := &realIM{Addr: l.Addr().String(), Pool: engineapi.NewPool(10*time.Second, nil), Cache: kit.NewInstanceCache()}
+	im := &RealIM{Addr: l.Addr().String(), Pool: engineapi.NewPool(10*time.Second, nil), Cache: kit.NewInstanceCache()}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() { cancel(); im.Pool.Close(); gs.Stop(); _ = srv.Close() })
 	client, err := im.Pool.Get(im.Addr)
@@ -78,9 +78,9 @@ func StartRealIMWith(t *testing.T, o RealIMOptions) *realIM {
 	return im
 }
 
-// waitInstance waits until the cache shows the instance in the given state
+// WaitInstance waits until the cache shows the instance in the given state
 // (found=false: gone).
-func (im *realIM) WaitInstance(t *testing.T, name string, found bool, state engineapi.InstanceState) {
+func (im *RealIM) WaitInstance(t *testing.T, name string, found bool, state engineapi.InstanceState) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		inst, ok, _ := im.Cache.Get(name)
@@ -88,11 +88,11 @@ func (im *realIM) WaitInstance(t *testing.T, name string, found bool, state engi
 	}, 10*time.Second, 10*time.Millisecond, "instance %s found=%v state=%s", name, found, state)
 }
 
-func (im *realIM) Instances() *kit.InstanceCache { return im.Cache }
+func (im *RealIM) Instances() *kit.InstanceCache { return im.Cache }
 
-// startReplicas starts 4 MiB replicas of volume v1 with their data in disk
+// StartReplicas starts 4 MiB replicas of volume v1 with their data in disk
 // and returns their data addresses by name.
-func (im *realIM) StartReplicas(t *testing.T, disk string, names ...string) map[string]string {
+func (im *RealIM) StartReplicas(t *testing.T, disk string, names ...string) map[string]string {
 	t.Helper()
 	dp, err := im.Pool.DataPlane(im.Addr)
 	require.NoError(t, err)
@@ -106,7 +106,7 @@ func (im *realIM) StartReplicas(t *testing.T, disk string, names ...string) map[
 	return addrs
 }
 
-// lostStream is an instance cache whose stream has failed: the instance
+// LostStream is an instance cache whose stream has failed: the instance
 // manager is unreachable.
 func LostStream() *kit.InstanceCache {
 	c := kit.NewInstanceCache()
@@ -114,7 +114,7 @@ func LostStream() *kit.InstanceCache {
 	return c
 }
 
-// imageCondition gives the volume the BackingImageReady condition a verdict gives.
+// ImageCondition gives the volume the BackingImageReady condition a verdict gives.
 func ImageCondition(bi *v1beta1.BackingImage) func(*v1beta1.Volume) {
 	return func(v *v1beta1.Volume) {
 		ok, reason, msg := kit.BackingImageVerdict("img", bi)

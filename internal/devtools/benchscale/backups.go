@@ -41,7 +41,7 @@ func backupName(i int) string  { return fmt.Sprintf("bench-backup-%03d", i) }
 func restoreName(i int) string { return fmt.Sprintf("bench-restore-%03d", i) }
 
 // backupQueues are the workqueues of the backup controllers (the names
-// their newBaseController and addQueue give); the quiet window reports
+// their kit.NewBaseController and AddQueue give); the quiet window reports
 // each, even at 0, so a renamed queue shows as absent rather than as quiet.
 var backupQueues = []string{"strata-backup-target", "strata-backup-target-gc", "strata-backup",
 	"strata-volume-restore", "strata-recurring-job"}
