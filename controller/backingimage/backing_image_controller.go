@@ -40,7 +40,15 @@ type imageSync struct {
 	// finished are the ended jobs whose outcome this sync records in
 	// status; they leave the job table when that status is written.
 	finished []fileJobKey
+	// said are the events and log lines about those outcomes: said once
+	// the status is written, so a write that conflicts and is retried
+	// does not say them twice.
+	said []func()
 }
+
+// sayOnceWritten defers an event or log line about a recorded outcome
+// until the status that records it is written.
+func (s *imageSync) sayOnceWritten(say func()) { s.said = append(s.said, say) }
 
 // syncBackingImage: the owner (status.ownerID) keeps the image-level state —
 // finalizer, UUID, which disk fetches the first copy, cleanup of unused
@@ -83,6 +91,9 @@ func (c *BackingImageController) syncBackingImage(ctx context.Context, key strin
 	}
 	for _, k := range s.finished {
 		c.files.take(k)
+	}
+	for _, say := range s.said {
+		say()
 	}
 	if owner && s.bi.DeletionTimestamp != nil && len(s.bi.Status.DiskFileStatusMap) == 0 {
 		if _, err := c.DS.BackingImages.RemoveFinalizer(ctx, s.bi, types.FinalizerName); err != nil {

@@ -182,7 +182,10 @@ func (s *imageSync) recordJob(disk string, st *v1beta1.BackingImageDiskFileStatu
 		s.bi.Status.Size = job.result.SourceSize
 	}
 	if st.State != v1beta1.BackingImageStateReady {
-		s.Recorder.Eventf(s.bi, corev1.EventTypeNormal, EventReasonBackingImageReady, "the copy on disk %s is ready (%s)", disk, job.kind)
+		bi := s.bi
+		s.sayOnceWritten(func() {
+			s.Recorder.Eventf(bi, corev1.EventTypeNormal, EventReasonBackingImageReady, "the copy on disk %s is ready (%s)", disk, job.kind)
+		})
 	}
 	st.Attempts, st.FailedGeneration = 0, 0
 	setFileState(st, v1beta1.BackingImageStateReady, 100, "", s.now)
@@ -235,17 +238,23 @@ func (s *imageSync) recordFailure(k fileJobKey, st *v1beta1.BackingImageDiskFile
 		}
 		msg += "; " + notRetriedHint(job.kind, job.err)
 		setFileState(st, v1beta1.BackingImageStateFailed, 0, msg, s.now)
-		s.Recorder.Eventf(s.bi, corev1.EventTypeWarning, EventReasonBackingImageFailed, "disk %s: %s", k.disk, msg)
 		if name != "" {
 			log = log.WithField("setting", name)
 		}
-		log.Warn("Backing image copy failed for good; not retried until the image's spec (or the setting named) changes")
+		bi := s.bi
+		s.sayOnceWritten(func() {
+			s.Recorder.Eventf(bi, corev1.EventTypeWarning, EventReasonBackingImageFailed, "disk %s: %s", k.disk, msg)
+			log.Warn("Backing image copy failed for good; not retried until the image's spec (or the setting named) changes")
+		})
 		return
 	}
 	setFileState(st, v1beta1.BackingImageStateFailed, 0, msg, s.now)
-	s.Recorder.Eventf(s.bi, corev1.EventTypeWarning, EventReasonBackingImageFailed, "disk %s, attempt %d: %s (next try in %s)",
-		k.disk, st.Attempts, msg, retryDelay(st.Attempts))
-	log.WithField("retryIn", retryDelay(st.Attempts)).Warn("Backing image copy failed, will retry")
+	bi, attempts := s.bi, st.Attempts
+	s.sayOnceWritten(func() {
+		s.Recorder.Eventf(bi, corev1.EventTypeWarning, EventReasonBackingImageFailed, "disk %s, attempt %d: %s (next try in %s)",
+			k.disk, attempts, msg, retryDelay(attempts))
+		log.WithField("retryIn", retryDelay(attempts)).Warn("Backing image copy failed, will retry")
+	})
 	s.Queue.AddAfter(s.key, retryDelay(st.Attempts))
 }
 
