@@ -298,18 +298,21 @@ func (c *targetCache) add(key [sha256.Size]byte, tgt *backupstore.Target) *backu
 // again while it runs or once it completed is a no-op (the manager
 // retries); after it failed it starts over.
 //
-// Errors: empty arguments, a bad target URL, a volume on a backing file
+// Errors: empty arguments, a volume, backup or base_backup name that is
+// not a DNS-1123 subdomain, a bad target URL, a volume on a backing file
 // without backing_image are InvalidArgument; a missing snapshot NotFound;
 // another backup or a restore running on the engine, a clone filling it
 // Aborted (engineapi.ErrBusy). The rest — the target unreachable, the base
 // backup missing (then the backup is full, and says so), a damaged
 // replica — is reported in the status.
 func (s *Server) SnapshotBackup(ctx context.Context, req *impb.SnapshotBackupRequest) (*impb.Empty, error) {
-	for _, f := range []struct{ field, v string }{{"engine", req.Engine}, {"snapshot", req.Snapshot},
-		{"backup", req.Backup}, {"volume", req.Volume}} {
+	for _, f := range []struct{ field, v string }{{"engine", req.Engine}, {"snapshot", req.Snapshot}} {
 		if f.v == "" {
 			return nil, engineapi.ToStatus(fmt.Errorf("%s is empty: %w", f.field, engineapi.ErrInvalid))
 		}
+	}
+	if err := checkBackupNames(req.Volume, req.Backup, req.BaseBackup); err != nil {
+		return nil, engineapi.ToStatus(err)
 	}
 	if req.Snapshot == replicactl.HeadName {
 		return nil, engineapi.ToStatus(fmt.Errorf("%s is the live head, not a snapshot: %w", req.Snapshot, engineapi.ErrInvalid))
@@ -367,6 +370,22 @@ func (s *Server) SnapshotBackup(ctx context.Context, req *impb.SnapshotBackupReq
 		s.publishClone(inst, eng)
 	}()
 	return &impb.Empty{}, nil
+}
+
+// checkBackupNames checks the names a backup request makes object keys of,
+// which on a file:// target are file and directory names (checkName);
+// base, optional, only when given.
+func checkBackupNames(volume, backup, base string) error {
+	errs := []error{checkName("volume", volume), checkName("backup", backup)}
+	if base != "" {
+		errs = append(errs, checkName("base_backup", base))
+	}
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (s *Server) backup(ctx context.Context, inst *instance, eng *replication.Engine, store backupstore.ObjectStore,

@@ -64,15 +64,17 @@ func specFromRequest(req *impb.InstanceCreateRequest) (instanceSpec, error) {
 	spec := instanceSpec{Name: req.Name, Type: req.Type, VolumeName: req.VolumeName, Size: req.Size,
 		DataDir: req.DataDir, BackingFile: req.BackingFile, Frontend: req.Frontend,
 		SnapshotMaxCount: req.SnapshotMaxCount, SnapshotMaxSize: req.SnapshotMaxSize, Replicas: req.Replicas}
+	// The name first: the errors below quote it.
+	if err := checkName("name", req.Name); err != nil {
+		return spec, err
+	}
+	if err := checkName("volume_name", req.VolumeName); err != nil {
+		return spec, fmt.Errorf("instance %q: %w", req.Name, err)
+	}
 	invalid := func(format string, args ...any) error {
 		return fmt.Errorf("instance %q: %s: %w", req.Name, fmt.Sprintf(format, args...), engineapi.ErrInvalid)
 	}
-	switch {
-	case req.Name == "":
-		return spec, invalid("name is empty")
-	case req.VolumeName == "":
-		return spec, invalid("volume_name is empty")
-	case req.SnapshotMaxCount < 0 || req.SnapshotMaxSize < 0:
+	if req.SnapshotMaxCount < 0 || req.SnapshotMaxSize < 0 {
 		return spec, invalid("snapshot limits must not be negative")
 	}
 	for _, err := range []error{checkVolumeSize("size", req.Size), checkCount("replicas", len(req.Replicas), maxEngineReplicas)} {

@@ -2,6 +2,9 @@ package imserver
 
 import (
 	"fmt"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/strata-storage/strata/engineapi"
 )
@@ -69,6 +72,23 @@ func checkConcurrency(field string, n int32) error {
 func checkCount(field string, n, limit int) error {
 	if n > limit {
 		return invalidf("%s has %d entries, more than %d", field, n, limit)
+	}
+	return nil
+}
+
+// checkName refuses a name that ends up in a path or a file name (an
+// engine's FUSE directory and NBD export are named after its volume, a
+// file:// target's objects after volumes and backups) unless it is a
+// DNS-1123 subdomain, so "..", "/" and the like never reach a join. The
+// managers name instances, volumes and backups after Kubernetes objects,
+// whose names are DNS-1123 subdomains, so every legitimate name passes.
+func checkName(field, name string) error {
+	if name == "" {
+		return invalidf("%s is empty", field)
+	}
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		// %.253q: a hostile name is not echoed back whole.
+		return invalidf("%s %.253q: %s", field, name, strings.Join(errs, "; "))
 	}
 	return nil
 }

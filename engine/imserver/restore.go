@@ -61,15 +61,17 @@ func (s *Server) restoreStatus(eng *replication.Engine) *impb.RestoreStatus {
 // chunks are then not written; a target on a backing file restored
 // without backing is zeroed first, so its image does not show through.
 //
-// Errors: empty arguments, a bad target URL, a target with snapshots, or
-// backing without a backing file are InvalidArgument; a frontend serving,
-// a clone, backup or restore running Aborted (engineapi.ErrBusy). A
+// Errors: empty arguments, a volume or backup name that is not a DNS-1123
+// subdomain, a bad target URL, a target with snapshots, or backing
+// without a backing file are InvalidArgument; a frontend serving, a clone,
+// backup or restore running Aborted (engineapi.ErrBusy). A
 // missing backup, a volume too small and damaged chunks are in the status.
 func (s *Server) BackupRestore(ctx context.Context, req *impb.BackupRestoreRequest) (*impb.Empty, error) {
-	for _, f := range []struct{ field, v string }{{"engine", req.Engine}, {"backup", req.Backup}, {"volume", req.Volume}} {
-		if f.v == "" {
-			return nil, engineapi.ToStatus(fmt.Errorf("%s is empty: %w", f.field, engineapi.ErrInvalid))
-		}
+	if req.Engine == "" {
+		return nil, engineapi.ToStatus(fmt.Errorf("engine is empty: %w", engineapi.ErrInvalid))
+	}
+	if err := checkBackupNames(req.Volume, req.Backup, ""); err != nil {
+		return nil, engineapi.ToStatus(err)
 	}
 	if err := checkConcurrency("concurrency", req.Concurrency); err != nil {
 		return nil, engineapi.ToStatus(err)
