@@ -1,10 +1,13 @@
 // Package atomicfile replaces files so that a crash or an error leaves either
-// the old or the new content under the name, never a torn file.
+// the old or the new content under the name, never a torn file, and makes
+// the directory entries it creates and removes durable.
 package atomicfile
 
 import (
 	"bytes"
+	"errors"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -19,32 +22,62 @@ func WriteFile(path string, data []byte) error {
 	})
 }
 
-// WriteFunc replaces path with what write writes: a temp file beside it (a
-// dot name, so directory scans for real entries skip it), fsync, rename over
-// path, fsync of the directory so the rename itself survives a crash. On an
-// error the temp file goes and path is untouched.
+// WriteFunc replaces path with what write writes: a temp file beside it
+// (writeTemp), rename over path, fsync of the directory so the rename
+// itself survives a crash. On an error the temp file goes and path is
+// untouched. The file gets perm exactly: it is set with chmod, which the
+// umask does not narrow.
 func WriteFunc(path string, perm os.FileMode, write func(io.Writer) error) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	tmp, err := writeTemp(path, perm, write)
 	if err != nil {
 		return err
 	}
-	defer os.Remove(tmp.Name()) // no-op after the rename
-	if err := write(tmp); err != nil {
-		tmp.Close()
+	defer os.Remove(tmp) // no-op after the rename
+	return Rename(tmp, path)
+}
+
+// CreateFunc is WriteFunc for a path that must not exist: the temp file is
+// link(2)ed to path instead of renamed over it, and link fails if path
+// exists, so of two racing writers exactly one wins, on local disks and on
+// NFS alike (O_EXCL was unreliable on NFSv2). The loser's error wraps
+// fs.ErrExist. The temp name is removed before the directory's fsync, so
+// that one fsync makes the new entry durable and leaves no temp behind.
+func CreateFunc(path string, perm os.FileMode, write func(io.Writer) error) error {
+	tmp, err := writeTemp(path, perm, write)
+	if err != nil {
 		return err
 	}
-	if err := tmp.Chmod(perm); err != nil {
-		tmp.Close()
+	err = os.Link(tmp, path)
+	_ = os.Remove(tmp)
+	if err != nil {
 		return err
 	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
+	return SyncDir(filepath.Dir(path))
+}
+
+// writeTemp writes a temp file beside path (a dot name, so directory scans
+// for real entries skip it) with perm and fsyncs it, so that once a rename
+// or link puts it in place its content is on disk. On an error it is gone.
+func writeTemp(path string, perm os.FileMode, write func(io.Writer) error) (string, error) {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return "", err
 	}
-	if err := tmp.Close(); err != nil {
-		return err
+	err = write(tmp)
+	if err == nil {
+		err = tmp.Chmod(perm)
 	}
-	return Rename(tmp.Name(), path)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(tmp.Name())
+		return "", err
+	}
+	return tmp.Name(), nil
 }
 
 // Rename moves a finished, fsynced file over path and fsyncs the directory
@@ -85,6 +118,21 @@ func MkdirAll(dir string, perm os.FileMode) error {
 		if err := SyncDir(filepath.Dir(d)); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// Remove removes path and fsyncs its directory, so the removal survives a
+// crash: without that a deleted file can come back after others that were
+// deleted after it stay gone. A missing path is no error, and its directory
+// is synced all the same, since a remove that crashed before its fsync may
+// not be durable yet; a missing directory has nothing to sync.
+func Remove(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err := SyncDir(filepath.Dir(path)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
 	}
 	return nil
 }

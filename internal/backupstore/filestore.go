@@ -18,10 +18,18 @@ import (
 // FileStore is an ObjectStore on a directory (a file:// target, typically
 // an NFS mount). Every write goes to a dot-named temp file, is fsynced and
 // then renamed or linked into place, so a crash never leaves a torn object
-// under a real key.
+// under a real key; the directory entries it creates and removes are
+// fsynced too (internal/atomicfile), so a crash loses none of them.
 type FileStore struct {
 	root string
 }
+
+// The objects are the users' volume data: the owner's only, as are the
+// directories the store creates (the umask can only narrow dirMode).
+const (
+	fileMode fs.FileMode = 0o600
+	dirMode  fs.FileMode = 0o700
+)
 
 // NewFileStore returns a store rooted at dir, which must exist: a missing
 // root is an unmounted target, and creating it would hide that.
@@ -43,68 +51,54 @@ func (s *FileStore) path(key string) (string, error) {
 	return filepath.Join(s.root, filepath.FromSlash(key)), nil
 }
 
+// writePath checks key and makes the directory its object goes in.
+func (s *FileStore) writePath(key string) (string, error) {
+	p, err := s.path(key)
+	if err != nil {
+		return "", err
+	}
+	if err := atomicfile.MkdirAll(filepath.Dir(p), dirMode); err != nil {
+		return "", err
+	}
+	return p, nil
+}
+
 // Put writes r to key through atomicfile (temp, fsync, rename, fsync dir).
 func (s *FileStore) Put(ctx context.Context, key string, r io.Reader, size int64) error {
-	p, err := s.path(key)
+	p, err := s.writePath(key)
+	if err == nil {
+		err = atomicfile.WriteFunc(p, fileMode, func(w io.Writer) error {
+			n, err := io.Copy(w, r)
+			if err == nil && size >= 0 && n != size {
+				err = fmt.Errorf("wrote %d bytes, want %d", n, size)
+			}
+			return err
+		})
+	}
 	if err != nil {
-		return err
+		return fmt.Errorf("put %s: %w", key, err)
 	}
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return err
-	}
-	return atomicfile.WriteFunc(p, 0o644, func(w io.Writer) error {
-		n, err := io.Copy(w, r)
-		if err == nil && size >= 0 && n != size {
-			err = fmt.Errorf("put %s: wrote %d bytes, want %d", key, n, size)
-		}
-		return err
-	})
+	return nil
 }
 
-// PutIfAbsent writes a fsynced temp file and link(2)s it to the key: link
-// fails with EEXIST instead of replacing, so of two racing writers exactly
-// one wins, on local disks and on NFS alike (O_EXCL was unreliable on NFSv2).
+// PutIfAbsent writes through atomicfile.CreateFunc (temp, fsync, link,
+// fsync dir): link fails instead of replacing, so of two racing writers
+// exactly one wins, on local disks and on NFS alike.
 func (s *FileStore) PutIfAbsent(ctx context.Context, key string, data []byte) error {
-	p, err := s.path(key)
-	if err != nil {
-		return err
+	p, err := s.writePath(key)
+	if err == nil {
+		err = atomicfile.CreateFunc(p, fileMode, func(w io.Writer) error {
+			_, err := w.Write(data)
+			return err
+		})
 	}
-	dir := filepath.Dir(p)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
+	switch {
+	case errors.Is(err, fs.ErrExist):
+		return fmt.Errorf("%s: %w", key, ErrExists)
+	case err != nil:
+		return fmt.Errorf("put %s: %w", key, err)
 	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(p)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Link(tmp.Name(), p); err != nil {
-		if errors.Is(err, fs.ErrExist) {
-			return fmt.Errorf("%s: %w", key, ErrExists)
-		}
-		return err
-	}
-	return syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return nil
 }
 
 func (s *FileStore) open(key string) (*os.File, error) {
@@ -204,13 +198,17 @@ func (s *FileStore) List(ctx context.Context, prefix string) ([]ObjectInfo, erro
 	return out, nil
 }
 
+// Delete removes key's file and fsyncs its directory (atomicfile.Remove):
+// GC deletes index objects before their packs, and a backup's manifest
+// before GC frees its packs, so a deletion a crash undid could bring back
+// an index or a manifest naming a pack that is gone.
 func (s *FileStore) Delete(ctx context.Context, key string) error {
 	p, err := s.path(key)
 	if err != nil {
 		return err
 	}
-	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
+	if err := atomicfile.Remove(p); err != nil {
+		return fmt.Errorf("delete %s: %w", key, err)
 	}
 	return nil
 }

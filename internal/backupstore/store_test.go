@@ -5,10 +5,13 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -108,4 +111,88 @@ func TestOpenKeepsTheTargetsChunkSize(t *testing.T) {
 	assert.ErrorContains(t, err, "chunk size is fixed")
 	_, err = Open(ctx, fs, Options{ChunkSize: 100})
 	assert.ErrorContains(t, err, "chunkSize 100")
+}
+
+// Issue 46: a file:// target holds the users' volume data, so everything
+// the store writes is its owner's only: every file 0600 and every
+// directory it created 0700, whatever the umask (which only narrows) and
+// whatever the write path (Put, PutIfAbsent, a whole backup through a
+// Target). Directories that were there before are left as they are.
+func TestFileStoreWritesPrivately(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name     string
+		existing []string // directories made (0755) before the writes
+		write    func(t *testing.T, s *FileStore)
+	}{
+		{"put", nil, func(t *testing.T, s *FileStore) {
+			require.NoError(t, s.Put(ctx, "a/b/c", bytes.NewReader([]byte("hello")), 5))
+		}},
+		{"put again over the object", nil, func(t *testing.T, s *FileStore) {
+			for _, data := range []string{"one", "two"} {
+				require.NoError(t, s.Put(ctx, "inflight/v/b", bytes.NewReader([]byte(data)), int64(len(data))))
+			}
+		}},
+		{"put if absent", nil, func(t *testing.T, s *FileStore) {
+			require.NoError(t, s.PutIfAbsent(ctx, "backups/v/b.manifest", []byte("{}")))
+			assert.ErrorIs(t, s.PutIfAbsent(ctx, "backups/v/b.manifest", []byte("{}")), ErrExists)
+		}},
+		{"under a directory that was there", []string{"packs"}, func(t *testing.T, s *FileStore) {
+			require.NoError(t, s.Put(ctx, "packs/ab/x", bytes.NewReader([]byte("x")), 1))
+		}},
+		{"a backup, then a GC", nil, func(t *testing.T, s *FileStore) {
+			tgt, err := Open(ctx, s, Options{ChunkSize: testChunk, PackSize: 4 * testChunk})
+			require.NoError(t, err)
+			for _, b := range []string{"b1", "b2"} {
+				data := volume(30, 8*testChunk)
+				_, err := tgt.Backup(ctx, BackupInput{Volume: "v", Backup: b, Snapshot: "s-" + b, Size: int64(len(data)),
+					Source: bytes.NewReader(data)})
+				require.NoError(t, err)
+			}
+			require.NoError(t, tgt.DeleteBackup(ctx, "v", "b1"))
+			_, err = tgt.GC(ctx, GCOptions{Now: time.Now().Add(48 * time.Hour)})
+			require.NoError(t, err)
+			m, err := tgt.LoadManifest(ctx, "v", "b2")
+			require.NoError(t, err)
+			_, err = tgt.Verify(ctx, m, 2)
+			require.NoError(t, err, "what the store wrote reads back")
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			root := t.TempDir()
+			before := map[string]bool{root: true}
+			for _, d := range tt.existing {
+				p := filepath.Join(root, d)
+				require.NoError(t, os.Mkdir(p, 0o755))
+				before[p] = true
+			}
+			s, err := NewFileStore(root)
+			require.NoError(t, err)
+			tt.write(t, s)
+
+			files := 0
+			require.NoError(t, filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+				require.NoError(t, err)
+				fi, err := d.Info()
+				require.NoError(t, err)
+				switch {
+				case d.IsDir() && before[p]:
+				case d.IsDir():
+					assert.Equal(t, fs.FileMode(0o700), fi.Mode().Perm(), "directory %s", p)
+				default:
+					files++
+					assert.Equal(t, fs.FileMode(0o600), fi.Mode().Perm(), "file %s", p)
+					assert.False(t, strings.HasPrefix(d.Name(), "."), "no temp file left: %s", p)
+				}
+				return nil
+			}))
+			assert.NotZero(t, files)
+			for _, d := range tt.existing {
+				fi, err := os.Stat(filepath.Join(root, d))
+				require.NoError(t, err)
+				assert.Equal(t, fs.FileMode(0o755), fi.Mode().Perm(), "a directory that was there keeps its mode")
+			}
+		})
+	}
 }

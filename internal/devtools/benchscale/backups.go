@@ -82,7 +82,8 @@ func (b *bench) stepBackups(ctx context.Context) error {
 // Secret) and waits until it is Available.
 func (b *bench) createTarget(ctx context.Context) error {
 	dir := b.opts.BackupDir()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	// Backups are volume data: the owner's only, as the store keeps them.
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
 	start := time.Now()
