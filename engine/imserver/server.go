@@ -1,7 +1,8 @@
 // Package imserver is the instance manager of one node: it runs the node's
 // engine and replica instances as goroutines, serves the instance-manager
-// gRPC API to the managers, dataconn to engines, and NBD to clients. It has
-// no Kubernetes imports.
+// gRPC API to the managers, dataconn to engines, and NBD to clients. It
+// imports no Kubernetes client or API types; names it turns into paths are
+// checked with apimachinery's DNS-1123 validation (checkName).
 package imserver
 
 import (
