@@ -49,6 +49,11 @@ func (c *call) createBackup() error {
 	if err := c.authorize("create", "backups", c.opts.Namespace, req.Name); err != nil {
 		return err
 	}
+	// A backup is a copy of the volume's data that a restore reads back:
+	// taking one needs the right to read the volume (issue 46).
+	if err := c.authorize("get", "volumes", c.opts.Namespace, req.Volume); err != nil {
+		return err
+	}
 	if _, err := volumes.cached(c, req.Volume); err != nil {
 		return err
 	}
@@ -81,6 +86,11 @@ func (c *call) restoreBackup() error {
 	backup := c.r.PathValue("name")
 	var req restoreRequest
 	if err := c.decode(&req); err != nil {
+		return err
+	}
+	// The restore reads the Backup (its state, its size) and then its data:
+	// the caller needs get on it, not only create on volumes (issue 46).
+	if err := c.authorize("get", "backups", c.opts.Namespace, backup); err != nil {
 		return err
 	}
 	b, err := backups.cached(c, backup)

@@ -279,6 +279,10 @@ func TestRESTRoutes(t *testing.T) {
 				assert.Equal(t, "b1", v.Spec.FromBackup)
 				assert.Equal(t, "1Gi", v.Spec.Size.String(), "the backed-up volume's size")
 			}},
+		{name: "a restore needs get on the backup", method: "POST", path: "/v1/backups/b1?action=restore", body: `{"name":"v9"}`,
+			verbs: map[string]bool{"create": true}, wantCode: 403, wantError: `may not get backups.strata.io "b1"`},
+		{name: "a backup needs get on the volume", method: "POST", path: "/v1/backups", body: `{"name":"b9","volume":"v1"}`,
+			verbs: map[string]bool{"create": true}, wantCode: 403, wantError: `may not get volumes.strata.io "v1"`},
 		{name: "restore a backup in progress", method: "POST", path: "/v1/backups/b2?action=restore", body: `{"name":"v9"}`,
 			wantCode: 409, wantError: `backup "b2" is InProgress: only a completed backup can be restored`},
 		{name: "delete a backup", method: "DELETE", path: "/v1/backups/b1", wantCode: 204},
