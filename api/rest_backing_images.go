@@ -79,6 +79,14 @@ func (c *call) createBackingImage() error {
 	if err != nil {
 		return err
 	}
+	// The image is written with the manager's rights, so the admission
+	// webhook's own check sees the manager: ask here, as the caller, for
+	// the right to read the volume whose data the image copies (issue 46).
+	if bi.Spec.SourceType == v1beta1.BackingImageSourceTypeExportFromVolume {
+		if err := c.authorize("get", "volumes", c.opts.Namespace, req.Volume); err != nil {
+			return err
+		}
+	}
 	return backingImages.create(c, bi)
 }
 

@@ -293,6 +293,9 @@ func TestRESTRoutes(t *testing.T) {
 				require.NoError(t, err)
 				assert.Equal(t, "https://example.com/img.qcow2", bi.Spec.SourceParameters[v1beta1.BackingImageParameterURL])
 			}},
+		{name: "an export needs get on the volume", method: "POST", path: "/v1/backingimages",
+			body: `{"name":"img9","sourceType":"export-from-volume","volume":"v1"}`, verbs: map[string]bool{"create": true},
+			wantCode: 403, wantError: `may not get volumes.strata.io "v1"`},
 		{name: "a backing image of an unknown source type", method: "POST", path: "/v1/backingimages",
 			body: `{"name":"img9","sourceType":"ftp"}`, wantCode: 400, wantField: "sourceType"},
 		{name: "a download without a URL", method: "POST", path: "/v1/backingimages",

@@ -10,8 +10,11 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
@@ -53,10 +56,13 @@ func NewValidator(ds *datastore.DataStore) admission.DeleteValidator { return &v
 
 func (v *validator) Resource() admission.Resource { return Resource }
 
-func (v *validator) Create(_ *admission.Request, obj runtime.Object) error {
+func (v *validator) Create(req *admission.Request, obj runtime.Object) error {
 	bi := obj.(*v1beta1.BackingImage)
 	var errs admission.FieldErrors
 	errs.Add(v.validSource(bi)...)
+	if bi.Spec.SourceType == v1beta1.BackingImageSourceTypeExportFromVolume {
+		errs.Add(v.mayReadVolume(req, bi.Namespace, bi.Spec.SourceParameters[v1beta1.BackingImageParameterVolumeName]))
+	}
 	errs.Add(validChecksum(bi.Spec.Checksum))
 	return errs.Err()
 }
@@ -168,6 +174,38 @@ func (v *validator) validExport(params map[string]string) []*admission.FieldErro
 		errs = append(errs, admission.Invalid(paramsPath.Key(v1beta1.BackingImageParameterVolumeName), "volume %q is being deleted", name))
 	}
 	return errs
+}
+
+// mayReadVolume asks, as the requester (a SubjectAccessReview), whether
+// they may get the volume an image is exported from: the image is a copy
+// of its data that anyone with get on backing images can download, so
+// create on backing images alone must not read any volume (issue 46). A
+// review that cannot be made refuses.
+func (v *validator) mayReadVolume(req *admission.Request, namespace, volume string) *admission.FieldError {
+	if volume == "" {
+		return nil // validExport says it is missing
+	}
+	path := paramsPath.Key(v1beta1.BackingImageParameterVolumeName)
+	extra := map[string]authorizationv1.ExtraValue{}
+	for k, vals := range req.UserInfo.Extra {
+		extra[k] = authorizationv1.ExtraValue(vals)
+	}
+	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User: req.UserInfo.Username, Groups: req.UserInfo.Groups, UID: req.UserInfo.UID, Extra: extra,
+		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: namespace, Verb: "get",
+			Group: v1beta1.SchemeGroupVersion.Group, Version: v1beta1.SchemeGroupVersion.Version,
+			Resource: "volumes", Name: volume}}}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res, err := v.ds.KubeClient.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+	switch {
+	case err != nil:
+		return admission.Forbidden(path, "cannot check whether %s may get volume %q: %v", req.UserInfo.Username, volume, err)
+	case !res.Status.Allowed:
+		return admission.Forbidden(path, "%s may not get volumes.strata.io %q: an image exported from a volume is a copy of its data",
+			req.UserInfo.Username, volume)
+	}
+	return nil
 }
 
 // validChecksum gives the schema's rule a message that says what is wanted.

@@ -1,6 +1,7 @@
 package backingimage
 
 import (
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
@@ -8,9 +9,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/strata-storage/strata/datastore/dstest"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
@@ -92,6 +95,7 @@ func TestValidatorCreate(t *testing.T) {
 			wantMsg: `spec.checksum: must be the SHA-512 of the image's raw data as 128 lowercase hex digits, got 3 characters`},
 	}
 	env := dstest.New(t, []runtime.Object{volume("src", "", false), volume("going", "", true)}, nil)
+	allowEveryone(env)
 	h := admissiontest.NewHandler(t, nil, NewValidator(env.DS))
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -99,6 +103,59 @@ func TestValidatorCreate(t *testing.T) {
 			assert.Equal(t, tc.wantMsg, admissiontest.Denial(resp))
 		})
 	}
+}
+
+// allowEveryone answers every SubjectAccessReview with allowed, but those of
+// mallory (who may create backing images, not read volumes) and of broken
+// (whose review fails).
+func allowEveryone(env *dstest.Env) {
+	env.Kube.PrependReactor("create", "subjectaccessreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		sar := a.(k8stesting.CreateAction).GetObject().(*authorizationv1.SubjectAccessReview)
+		if sar.Spec.User == "broken" {
+			return true, nil, errors.New("the API server is unreachable")
+		}
+		sar.Status.Allowed = sar.Spec.User != "mallory"
+		return true, sar, nil
+	})
+}
+
+// An image exported from a volume is a copy of its data: its creator needs
+// get on the volume, asked as the creator (issue 46).
+func TestValidatorExportNeedsGetOnTheVolume(t *testing.T) {
+	export := image(func(bi *v1beta1.BackingImage) {
+		bi.Spec.SourceType = v1beta1.BackingImageSourceTypeExportFromVolume
+		params("volume-name", "src")(bi)
+	})
+	tests := []struct {
+		user, wantMsg string
+	}{
+		{user: admissiontest.Admin},
+		{user: "mallory", wantMsg: `spec.sourceParameters[volume-name]: mallory may not get volumes.strata.io "src": ` +
+			`an image exported from a volume is a copy of its data`},
+		{user: "broken", wantMsg: `spec.sourceParameters[volume-name]: cannot check whether broken may get volume "src": ` +
+			`the API server is unreachable`},
+	}
+	env := dstest.New(t, []runtime.Object{volume("src", "", false)}, nil)
+	allowEveryone(env)
+	h := admissiontest.NewHandler(t, nil, NewValidator(env.DS))
+	for _, tc := range tests {
+		t.Run(tc.user, func(t *testing.T) {
+			resp := h.Validate(admissiontest.Request(Resource, tc.user, nil, export))
+			assert.Equal(t, tc.wantMsg, admissiontest.Denial(resp))
+			if tc.wantMsg != "" {
+				assert.EqualValues(t, http.StatusForbidden, resp.Result.Code)
+			}
+		})
+	}
+	var asked []string
+	for _, a := range env.Kube.Actions() {
+		if c, ok := a.(k8stesting.CreateAction); ok && a.GetResource().Resource == "subjectaccessreviews" {
+			ra := c.GetObject().(*authorizationv1.SubjectAccessReview).Spec.ResourceAttributes
+			asked = append(asked, ra.Verb+" "+ra.Resource+"."+ra.Group+" "+ra.Namespace+"/"+ra.Name)
+		}
+	}
+	assert.Equal(t, []string{"get volumes.strata.io " + ns + "/src", "get volumes.strata.io " + ns + "/src",
+		"get volumes.strata.io " + ns + "/src"}, asked)
 }
 
 func TestValidatorUpdate(t *testing.T) {
