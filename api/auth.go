@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/strata-storage/strata/internal/accessreview"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -187,14 +188,7 @@ func (a *KubeAuth) AuthorizeNonResource(ctx context.Context, u user.Info, path, 
 // review runs a SubjectAccessReview of spec as u; denied is the error of
 // a refusal, its Reason filled in.
 func (a *KubeAuth) review(ctx context.Context, u user.Info, spec authorizationv1.SubjectAccessReviewSpec, denied *ForbiddenError) error {
-	spec.User, spec.Groups, spec.UID = u.GetName(), u.GetGroups(), u.GetUID()
-	sar := &authorizationv1.SubjectAccessReview{Spec: spec}
-	if extra := u.GetExtra(); len(extra) > 0 {
-		sar.Spec.Extra = make(map[string]authorizationv1.ExtraValue, len(extra))
-		for k, v := range extra {
-			sar.Spec.Extra[k] = v
-		}
-	}
+	sar := accessreview.For(u.GetName(), u.GetUID(), u.GetGroups(), u.GetExtra(), spec)
 	res, err := a.client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("reviewing the access of %q: %v: %w", u.GetName(), err, ErrAuthUnavailable)

@@ -376,14 +376,14 @@ func (s *Server) SnapshotBackup(ctx context.Context, req *impb.SnapshotBackupReq
 // which on a file:// target are file and directory names (checkName);
 // base, optional, only when given.
 func checkBackupNames(volume, backup, base string) error {
-	errs := []error{checkName("volume", volume), checkName("backup", backup)}
-	if base != "" {
-		errs = append(errs, checkName("base_backup", base))
+	if err := checkName("volume", volume); err != nil {
+		return err
 	}
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
+	if err := checkName("backup", backup); err != nil {
+		return err
+	}
+	if base != "" {
+		return checkName("base_backup", base)
 	}
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/internal/accessreview"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/webhook/admission"
 )
@@ -186,15 +187,11 @@ func (v *validator) mayReadVolume(req *admission.Request, namespace, volume stri
 		return nil // validExport says it is missing
 	}
 	path := paramsPath.Key(v1beta1.BackingImageParameterVolumeName)
-	extra := map[string]authorizationv1.ExtraValue{}
-	for k, vals := range req.UserInfo.Extra {
-		extra[k] = authorizationv1.ExtraValue(vals)
-	}
-	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-		User: req.UserInfo.Username, Groups: req.UserInfo.Groups, UID: req.UserInfo.UID, Extra: extra,
+	ui := req.UserInfo
+	sar := accessreview.For(ui.Username, ui.UID, ui.Groups, ui.Extra, authorizationv1.SubjectAccessReviewSpec{
 		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: namespace, Verb: "get",
 			Group: v1beta1.SchemeGroupVersion.Group, Version: v1beta1.SchemeGroupVersion.Version,
-			Resource: "volumes", Name: volume}}}
+			Resource: "volumes", Name: volume}})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	res, err := v.ds.KubeClient.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
