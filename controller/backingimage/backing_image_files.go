@@ -16,11 +16,10 @@ import (
 	"github.com/strata-storage/strata/types"
 )
 
-// Where a backing image's copy lives on a disk:
-// <disk>/backing-images/<name>-<uuid>/backing. Replicas on the disk open
-// that one file read-only at the bottom of their chains. The work files of
-// a transfer sit beside it and never carry the final name, so the final
-// name always means a complete, checked copy.
+// A copy's file is kit.BackingImageFile. The work files of a transfer sit
+// beside it and never carry the final name, so the final name always means
+// a complete, checked copy; transfers are bounded per manager and retried
+// with back-off.
 const (
 	backingSourcePart  = "source.part" // a download or upload as it arrives
 	maxFileTransfers   = 2             // per manager: each reads or writes a whole image

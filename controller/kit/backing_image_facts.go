@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -67,7 +68,7 @@ func BackingImageVerdictChanged(o, n *v1beta1.BackingImage) bool {
 
 // ImageNotReady is the volume's BackingImageReady condition while False.
 func ImageNotReady(vol *v1beta1.Volume) *metav1.Condition {
-	c := FindCondition(vol.Status.Conditions, VolumeConditionBackingImageReady)
+	c := meta.FindStatusCondition(vol.Status.Conditions, VolumeConditionBackingImageReady)
 	if c == nil || c.Status != metav1.ConditionFalse {
 		return nil
 	}
@@ -87,8 +88,8 @@ func ImageBlocking(vol *v1beta1.Volume) *metav1.Condition {
 // BackingImageConditionChanged: the AD controller's ticket messages quote
 // the condition, so a change of it is a change for them.
 func BackingImageConditionChanged(o, n *v1beta1.Volume) bool {
-	oc := FindCondition(o.Status.Conditions, VolumeConditionBackingImageReady)
-	nc := FindCondition(n.Status.Conditions, VolumeConditionBackingImageReady)
+	oc := meta.FindStatusCondition(o.Status.Conditions, VolumeConditionBackingImageReady)
+	nc := meta.FindStatusCondition(n.Status.Conditions, VolumeConditionBackingImageReady)
 	if oc == nil || nc == nil {
 		return (oc == nil) != (nc == nil)
 	}

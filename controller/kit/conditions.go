@@ -5,6 +5,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
+// OrUnknown is a state for a message, "in an unknown state" when empty.
 func OrUnknown(s string) string {
 	if s == "" {
 		return "in an unknown state"
@@ -12,6 +13,8 @@ func OrUnknown(s string) string {
 	return s
 }
 
+// SetCondition sets a condition by type, its transition time moving only
+// when its status changes (meta.SetStatusCondition).
 func SetCondition(conds *[]metav1.Condition, condType string, status bool, reason, message string, now metav1.Time) {
 	s := metav1.ConditionFalse
 	if status {
@@ -20,8 +23,4 @@ func SetCondition(conds *[]metav1.Condition, condType string, status bool, reaso
 	meta.SetStatusCondition(conds, metav1.Condition{
 		Type: condType, Status: s, Reason: reason, Message: message, LastTransitionTime: now,
 	})
-}
-
-func FindCondition(conds []metav1.Condition, t string) *metav1.Condition {
-	return meta.FindStatusCondition(conds, t)
 }

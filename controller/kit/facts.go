@@ -83,9 +83,18 @@ func InstanceAddress(st *v1beta1.InstanceStatus) string {
 // InstanceManagerName is the InstanceManager CR of a node.
 func InstanceManagerName(node string) string { return "im-" + node }
 
+// BackupFinished tells whether a backup has ended, completed or failed.
 func BackupFinished(b *v1beta1.Backup) bool {
 	return b.Status.State == v1beta1.BackupStateCompleted || b.Status.State == v1beta1.BackupStateError
 }
+
+// Where a backing image's copy lives on a disk:
+// <disk>/backing-images/<name>-<uuid>/backing. Replicas on the disk open
+// that one file read-only at the bottom of their chains.
+const (
+	BackingImagesDir = "backing-images"
+	BackingFileName  = "backing"
+)
 
 // BackingImageDir is the directory of an image's copy on the disk at diskPath.
 func BackingImageDir(diskPath, image, uuid string) string {
@@ -108,7 +117,3 @@ func ReadyCopies(bi *v1beta1.BackingImage) []string {
 	slices.Sort(out)
 	return out
 }
-
-const BackingImagesDir = "backing-images"
-
-const BackingFileName = "backing"

@@ -6,11 +6,11 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/strata-storage/strata/controller/fixture"
-	"github.com/strata-storage/strata/controller/kit"
 	"github.com/strata-storage/strata/datastore/dstest"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
@@ -61,7 +61,7 @@ func TestVolumeSpaceRetainedCondition(t *testing.T) {
 		Check: func(t *testing.T, env *dstest.Env) {
 			v, err := env.Strata.StrataV1beta1().Volumes(fixture.NS).Get(context.Background(), "v1", metav1.GetOptions{})
 			require.NoError(t, err)
-			c := kit.FindCondition(v.Status.Conditions, v1beta1.VolumeConditionSnapshotSpaceRetained)
+			c := meta.FindStatusCondition(v.Status.Conditions, v1beta1.VolumeConditionSnapshotSpaceRetained)
 			require.NotNil(t, c)
 			assert.Equal(t, metav1.ConditionTrue, c.Status)
 			assert.Contains(t, c.Message, "deleted snapshots s1 hold 8Mi")

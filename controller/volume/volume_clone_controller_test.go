@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	k8stypes "k8s.io/apimachinery/pkg/types"
@@ -16,7 +17,6 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/strata-storage/strata/controller/fixture"
-	"github.com/strata-storage/strata/controller/kit"
 	"github.com/strata-storage/strata/datastore/dstest"
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
@@ -121,7 +121,7 @@ func TestVolumeCloneControllerSync(t *testing.T) {
 				func(t *testing.T, env *dstest.Env) {
 					v, err := env.Strata.StrataV1beta1().Volumes(fixture.NS).Get(context.Background(), "v2", metav1.GetOptions{})
 					require.NoError(t, err)
-					c := kit.FindCondition(v.Status.Conditions, VolumeConditionCloned)
+					c := meta.FindStatusCondition(v.Status.Conditions, VolumeConditionCloned)
 					require.NotNil(t, c)
 					assert.Equal(t, metav1.ConditionFalse, c.Status)
 					assert.Equal(t, "CloneFailed", c.Reason)

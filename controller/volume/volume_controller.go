@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/strata-storage/strata/controller/kit"
@@ -220,11 +221,11 @@ func (s *volumeSync) statusEvents(old, cur *v1beta1.Volume) {
 // conditionWarning warns with condType's message when it turns True or,
 // True already, changes reason; not at every status write.
 func (s *volumeSync) conditionWarning(old, cur *v1beta1.Volume, condType, eventReason string) {
-	c := kit.FindCondition(cur.Status.Conditions, condType)
+	c := meta.FindStatusCondition(cur.Status.Conditions, condType)
 	if c == nil || c.Status != metav1.ConditionTrue {
 		return
 	}
-	if o := kit.FindCondition(old.Status.Conditions, condType); o != nil && o.Status == c.Status && o.Reason == c.Reason {
+	if o := meta.FindStatusCondition(old.Status.Conditions, condType); o != nil && o.Status == c.Status && o.Reason == c.Reason {
 		return
 	}
 	s.Recorder.Event(cur, corev1.EventTypeWarning, eventReason, c.Message)

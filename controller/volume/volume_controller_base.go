@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
@@ -110,7 +111,7 @@ func (c *VolumeController) enqueueVolumesConcerning(node string) {
 		return
 	}
 	for _, v := range volumes {
-		if cond := kit.FindCondition(v.Status.Conditions, v1beta1.VolumeConditionScheduled); cond != nil && cond.Status == metav1.ConditionFalse {
+		if cond := meta.FindStatusCondition(v.Status.Conditions, v1beta1.VolumeConditionScheduled); cond != nil && cond.Status == metav1.ConditionFalse {
 			c.Queue.Add(c.DS.Namespace + "/" + v.Name)
 		}
 	}

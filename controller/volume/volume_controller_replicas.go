@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	corev1 "k8s.io/api/core/v1"
@@ -343,7 +344,7 @@ func (s *volumeSync) scheduleReplica(start bool, onlyNode string) error {
 	}
 	if scheduler.IsNoPlacement(err) {
 		s.setCondition(v1beta1.VolumeConditionScheduled, false, "ReplicaUnschedulable", err.Error())
-		if c := kit.FindCondition(s.vRO.Status.Conditions, v1beta1.VolumeConditionScheduled); c == nil || c.Message != err.Error() {
+		if c := meta.FindStatusCondition(s.vRO.Status.Conditions, v1beta1.VolumeConditionScheduled); c == nil || c.Message != err.Error() {
 			s.Recorder.Event(s.v, corev1.EventTypeWarning, EventReasonReplicaUnschedule, err.Error())
 		}
 		s.Queue.AddAfter(s.key, unschedulableRetry)

@@ -11,13 +11,13 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/strata-storage/strata/controller/fixture"
-	"github.com/strata-storage/strata/controller/kit"
 	"github.com/strata-storage/strata/datastore/dstest"
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
@@ -238,7 +238,7 @@ func TestVolumeControllerSync(t *testing.T) {
 			Check: fixture.AllChecks(func(t *testing.T, env *dstest.Env) {
 				v, err := env.Strata.StrataV1beta1().Volumes(fixture.NS).Get(context.Background(), "v1", metav1.GetOptions{})
 				require.NoError(t, err)
-				c := kit.FindCondition(v.Status.Conditions, v1beta1.VolumeConditionScheduled)
+				c := meta.FindStatusCondition(v.Status.Conditions, v1beta1.VolumeConditionScheduled)
 				require.NotNil(t, c)
 				assert.Equal(t, metav1.ConditionFalse, c.Status)
 				assert.Contains(t, c.Message, "node-1: instance manager im-node-1 is error")

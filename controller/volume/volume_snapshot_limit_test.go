@@ -6,12 +6,12 @@ import (
 	"testing"
 
 	"github.com/strata-storage/strata/controller/fixture"
-	"github.com/strata-storage/strata/controller/kit"
 	"github.com/strata-storage/strata/datastore/dstest"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -106,7 +106,7 @@ func TestVolumeSnapshotLimitCondition(t *testing.T) {
 	condition := func(t *testing.T, env *dstest.Env) *metav1.Condition {
 		v, err := env.Strata.StrataV1beta1().Volumes(fixture.NS).Get(context.Background(), "v1", metav1.GetOptions{})
 		require.NoError(t, err)
-		c := kit.FindCondition(v.Status.Conditions, v1beta1.VolumeConditionSnapshotLimit)
+		c := meta.FindStatusCondition(v.Status.Conditions, v1beta1.VolumeConditionSnapshotLimit)
 		require.NotNil(t, c)
 		return c
 	}
