@@ -102,7 +102,7 @@ func (c *ClusterClientCA) VerifyOptions() (x509.VerifyOptions, bool) {
 
 // certificateUser names a verified certificate's user as the API server
 // does, and adds system:authenticated as its authenticator chain does, so
-// the access reviews and impersonated writes see the groups RBAC binds.
+// the access reviews see the groups RBAC binds.
 var certificateUser = x509request.UserConversionFunc(func(chain []*x509.Certificate) (*authenticator.Response, bool, error) {
 	resp, ok, err := x509request.CommonNameUserConversion.User(chain)
 	if !ok || err != nil {

@@ -31,21 +31,23 @@ import (
 // verb it asks for is authorized as that user on what it touches
 // (SubjectAccessReview): 401 and 403 come with a JSON body naming the user,
 // verb and resource. Reads come from the manager's caches; writes are made
-// with the caller's own token (or impersonating a certificate's user), so
-// the API server's RBAC and admission judge them again and nothing is
-// gained by going through the API.
+// as rest_writes.go says.
 
-// CallerClients makes a Strata clientset that acts as the caller: with the
-// caller's bearer token when there is one, else (a client certificate's
-// user) by impersonating u, so the API server judges the write as u's.
-type CallerClients func(token string, u user.Info) (versioned.Interface, error)
+// CallerClients makes a Strata clientset that acts with the caller's
+// bearer token, so the API server judges the write as the caller's.
+type CallerClients func(token string) (versioned.Interface, error)
 
 // RESTOptions are what the REST routes need.
 type RESTOptions struct {
 	// Auth checks every request; nil refuses them all (503).
 	Auth Auth
-	// Clients acts as the caller; nil refuses every write (503).
+	// Clients acts as a caller with a bearer token; nil refuses their
+	// writes (503).
 	Clients CallerClients
+	// Manager is the manager's own clientset: the writes of a caller with a
+	// client certificate, after the caller's access review; nil refuses
+	// them (503).
+	Manager versioned.Interface
 	// Cache answers reads (the manager's informers).
 	Cache *datastore.DataStore
 	// Namespace holds Strata's objects.
@@ -78,6 +80,9 @@ type call struct {
 	user    user.Info
 	token   string
 	written bool
+	// forCaller: this request writes with the manager's rights for a
+	// client certificate's user (rest_writes.go).
+	forCaller bool
 }
 
 // InputError is bad input: 400, naming the field and the reason.
@@ -202,14 +207,6 @@ func (c *call) event(volume, reason, format string, args ...any) {
 		return
 	}
 	c.opts.Recorder.Eventf(v, corev1.EventTypeNormal, reason, format+" by %s (REST API)", append(args, c.user.GetName())...)
-}
-
-// strata is a clientset acting as the caller.
-func (c *call) strata() (versioned.Interface, error) {
-	if c.opts.Clients == nil {
-		return nil, fmt.Errorf("%w: this manager cannot act for users", ErrAuthUnavailable)
-	}
-	return c.opts.Clients(c.token, c.user)
 }
 
 // maxBody bounds a request's JSON body: none of them is more than a few

@@ -211,7 +211,10 @@ func (c *call) editTickets(ctx context.Context, volume string, edit func(map[str
 			out = va
 			return nil
 		}
-		out, err = vas.Update(ctx, va, metav1.UpdateOptions{})
+		c.stamp(va)
+		if out, err = vas.Update(ctx, va, metav1.UpdateOptions{}); err == nil {
+			c.wrote(out, volume, "attachment tickets updated")
+		}
 		return err
 	})
 	return out, err

@@ -130,12 +130,14 @@ func (c *call) cleanupBackingImage() error {
 			return badInput("disks", "backing image %q has no copy on %s", name, strings.Join(unknown, ", "))
 		}
 		// The webhook refuses to take a copy a replica still uses.
+		c.stamp(bi)
 		updated, err = images.Update(c.ctx(), bi, metav1.UpdateOptions{})
 		return err
 	})
 	if err != nil {
 		return err
 	}
+	c.wrote(updated, name, "copies removed from "+strings.Join(req.Disks, ", "))
 	return c.reply(http.StatusOK, updated)
 }
 

@@ -67,10 +67,12 @@ func (c *call) createBackup() error {
 	if req.Name == "" {
 		b.GenerateName = "backup-"
 	}
+	c.stamp(b)
 	created, err := strata.StrataV1beta1().Backups(c.opts.Namespace).Create(c.ctx(), b, metav1.CreateOptions{})
 	if err != nil {
 		return err
 	}
+	c.wrote(created, created.Name, "created")
 	return c.reply(http.StatusCreated, created)
 }
 

@@ -97,8 +97,15 @@ func (k kind[T]) delete(c *call) error {
 	if err != nil {
 		return err
 	}
+	// The event's object: read before it is gone (the cache only).
+	obj, inCache := k.store(c.opts.Cache).GetRO(name)
 	if err := k.deleter(strata, c.opts.Namespace)(c.ctx(), name, metav1.DeleteOptions{}); err != nil {
 		return err
+	}
+	if inCache == nil {
+		c.wrote(obj, name, "deleted")
+	} else {
+		c.wrote(nil, name, "deleted")
 	}
 	return c.reply(http.StatusNoContent, nil)
 }
@@ -113,9 +120,11 @@ func (k kind[T]) create(c *call, obj T) error {
 	if err != nil {
 		return err
 	}
+	c.stamp(obj)
 	created, err := k.creator(strata, c.opts.Namespace)(c.ctx(), obj, metav1.CreateOptions{})
 	if err != nil {
 		return err
 	}
+	c.wrote(created, created.GetName(), "created")
 	return c.reply(http.StatusCreated, created)
 }

@@ -90,8 +90,14 @@ func (c *call) editQuota(namespace, vm string, okCode int, edit func(*v1beta1.Sn
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		rq, err := quotas.Get(c.ctx(), v1beta1.DefaultResourceQuotaName, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
+			// A first quota is a create: reviewed as one, since a
+			// certificate user's write is made with the manager's rights.
+			if err := c.authorize("create", "resourcequotas", namespace, v1beta1.DefaultResourceQuotaName); err != nil {
+				return err
+			}
 			rq = &v1beta1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: v1beta1.DefaultResourceQuotaName, Namespace: namespace}}
 			edit(&rq.Spec.SnapshotLimit)
+			c.stamp(rq)
 			written, err = quotas.Create(c.ctx(), rq, metav1.CreateOptions{})
 			return err
 		}
@@ -99,12 +105,14 @@ func (c *call) editQuota(namespace, vm string, okCode int, edit func(*v1beta1.Sn
 			return err
 		}
 		edit(&rq.Spec.SnapshotLimit)
+		c.stamp(rq)
 		written, err = quotas.Update(c.ctx(), rq, metav1.UpdateOptions{})
 		return err
 	})
 	if err != nil {
 		return err
 	}
+	c.wrote(written, namespace+"/"+written.Name, "snapshot quota set")
 	if okCode == http.StatusNoContent {
 		return c.reply(okCode, nil)
 	}

@@ -114,7 +114,10 @@ func (c *call) expandVolume() error {
 			return nil
 		}
 		v.Spec.Size = size
-		updated, err = volumes.Update(c.ctx(), v, metav1.UpdateOptions{})
+		c.stamp(v)
+		if updated, err = volumes.Update(c.ctx(), v, metav1.UpdateOptions{}); err == nil {
+			c.wrote(updated, name, "expanded to "+size.String())
+		}
 		return err
 	})
 	if err != nil {
@@ -154,10 +157,12 @@ func (c *call) createSnapshot() error {
 	if req.Name == "" {
 		snap.GenerateName = "snapshot-"
 	}
+	c.stamp(snap)
 	created, err := strata.StrataV1beta1().Snapshots(c.opts.Namespace).Create(c.ctx(), snap, metav1.CreateOptions{})
 	if err != nil {
 		return err
 	}
+	c.wrote(created, created.Name, "created")
 	return c.reply(http.StatusOK, created)
 }
 
@@ -196,6 +201,7 @@ func (c *call) deleteSnapshot() error {
 	if err := strata.StrataV1beta1().Snapshots(c.opts.Namespace).Delete(c.ctx(), snap.Name, metav1.DeleteOptions{}); err != nil {
 		return err
 	}
+	c.wrote(snap, snap.Name, "deleted")
 	return c.reply(http.StatusNoContent, nil)
 }
 

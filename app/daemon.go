@@ -21,7 +21,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	kubescheme "k8s.io/client-go/kubernetes/scheme"
@@ -299,13 +298,18 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 	if usersCA != nil {
 		kubeAuth.WithClientCertificates(usersCA)
 	}
+	forCertificateUsers, err := managerWrites(restConfig, usersCA != nil)
+	if err != nil {
+		return err
+	}
 	ready := make(chan struct{})
 	metricsErr := serveMetrics(ctx, lns.metrics, metricsHandler(imPool, cfg.imAddress), ready, kubeAuth, pki.UserServerConfig(managerID), log)
 	// Uploads: a bearer token, TokenReview, SubjectAccessReview of update on the image.
 	// Copies between disks: a peer manager's certificate.
 	apiHandler := api.NewHandler(backingImages, api.Options{Uploads: kubeAuth, Namespace: cfg.namespace,
 		PeerCheck: requirePeer(managerID, pki.ComponentManager), Log: log,
-		REST: api.RESTOptions{Auth: kubeAuth, Clients: callerClients(restConfig), Cache: ds, Namespace: cfg.namespace,
+		REST: api.RESTOptions{Auth: kubeAuth, Clients: callerClients(restConfig), Manager: forCertificateUsers,
+			Cache: ds, Namespace: cfg.namespace,
 			NodeName: cfg.nodeName, DataPlane: imPool, Recorder: recorder}})
 	// HTTPS with this manager's certificate; a client certificate is asked
 	// for, not required: a peer's (Strata CA) or a user's (cluster client
@@ -485,28 +489,35 @@ func advertiseAddress(listen, given, podIP string) (string, error) {
 	return net.JoinHostPort(host, port), nil
 }
 
-// callerClients makes the REST API's clients that act as the caller, so a
-// write through the API is allowed exactly when the caller may make it: the
-// manager's API server address and CA with the caller's bearer token and no
-// credential of the manager's (rest.AnonymousClientConfig); for a client
-// certificate's user, whose key the manager never holds, the manager's
-// credentials impersonating that user and its groups.
+// callerClients makes the REST API's clients that act with a caller's
+// bearer token, so a write through the API is allowed exactly when the
+// caller may make it: the manager's API server address and CA with the
+// caller's token and no credential of the manager's
+// (rest.AnonymousClientConfig).
 func callerClients(managerConfig *rest.Config) api.CallerClients {
-	return func(token string, u user.Info) (versioned.Interface, error) {
-		return versioned.NewForConfig(callerConfig(managerConfig, token, u))
+	return func(token string) (versioned.Interface, error) {
+		return versioned.NewForConfig(callerConfig(managerConfig, token))
 	}
 }
 
-func callerConfig(managerConfig *rest.Config, token string, u user.Info) *rest.Config {
-	var cfg *rest.Config
-	if token != "" {
-		cfg = rest.AnonymousClientConfig(managerConfig)
-		cfg.BearerToken = token
-	} else {
-		cfg = rest.CopyConfig(managerConfig)
-		cfg.Impersonate = rest.ImpersonationConfig{UserName: u.GetName(), Groups: u.GetGroups()}
-	}
+func callerConfig(managerConfig *rest.Config, token string) *rest.Config {
+	cfg := rest.AnonymousClientConfig(managerConfig)
+	cfg.BearerToken = token
 	cfg.UserAgent = "strata-manager-rest/" + Version
 	cfg.QPS, cfg.Burst = 20, 40
 	return cfg
+}
+
+// managerWrites is the manager's own clientset for the REST writes of
+// client certificates' users, made after their access review (api's
+// rest_writes.go says why not impersonation), with a user agent of its own
+// for the audit log; nil when client certificates are not taken.
+func managerWrites(managerConfig *rest.Config, clientCertificates bool) (versioned.Interface, error) {
+	if !clientCertificates {
+		return nil, nil
+	}
+	cfg := rest.CopyConfig(managerConfig)
+	cfg.UserAgent = "strata-manager-rest-for-certificate-users/" + Version
+	cfg.QPS, cfg.Burst = 20, 40
+	return versioned.NewForConfig(cfg)
 }

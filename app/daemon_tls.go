@@ -27,7 +27,8 @@ func tlsFlags() []cli.Flag {
 				"instance manager's --tls-dir); required with --instance-manager-address"},
 		&cli.StringFlag{Name: "api-client-ca-configmap", Value: api.ClientCANamespace + "/" + api.ClientCAConfigMap,
 			Usage: "namespace/name of the ConfigMap whose client-ca-file verifies users' client certificates on the API " +
-				"(the API server publishes it); their writes impersonate them. Empty: users authenticate with bearer tokens only"},
+				"(the API server publishes it); their writes are made with the manager's rights after their access review, naming them. " +
+				"Empty: users authenticate with bearer tokens only"},
 	}
 }
 

@@ -71,6 +71,13 @@ const CSIDriverName = "driver.strata.io"
 // made for a VolumeSnapshot, which the snapshot quota charged already.
 const AnnotationCSIName = "strata.io/csi-name"
 
+// AnnotationRequestedBy names the user whose REST API request wrote the
+// object last. A write for a user with a client certificate is made with
+// the manager's own rights after the user's access review passed, so the
+// API server's audit log names the manager: this annotation and an event
+// on the object name the user (docs/security.md "The REST API's writes").
+const AnnotationRequestedBy = "strata.io/requested-by"
+
 // The ConfigMap that publishes Strata's CA bundle (key CABundleKey) for
 // users' tools (the kubectl plugin, the CSI plugin's REST client): the
 // webhook leader writes it.

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	admissionac "k8s.io/client-go/applyconfigurations/admissionregistration/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
@@ -109,21 +110,31 @@ func desiredValidating(t target, caBundle []byte, resources []admission.Rule) *a
 }
 
 // applyConfigurations writes both configurations with server-side apply: it
-// creates them or updates them to exactly what is given, and writes nothing
-// when they already are. Force takes over fields a previous leader or an
-// admin's kubectl set.
+// updates them to exactly what is given, and writes nothing when they
+// already are. Force takes over fields a previous leader or an admin's
+// kubectl set. The chart (package/manifests) creates them: the managers'
+// RBAC patches these two names and cannot create, so a missing one is
+// refused by the API server and reported as the install's fault.
 func applyConfigurations(ctx context.Context, kube kubernetes.Interface,
 	mutating *admissionac.MutatingWebhookConfigurationApplyConfiguration,
 	validating *admissionac.ValidatingWebhookConfigurationApplyConfiguration) error {
 	opts := metav1.ApplyOptions{FieldManager: fieldManager, Force: true}
 	c := kube.AdmissionregistrationV1()
 	if _, err := c.MutatingWebhookConfigurations().Apply(ctx, mutating, opts); err != nil {
-		return fmt.Errorf("applying MutatingWebhookConfiguration %s: %w", MutatorConfigName, err)
+		return configurationError("MutatingWebhookConfiguration", MutatorConfigName, err)
 	}
 	if _, err := c.ValidatingWebhookConfigurations().Apply(ctx, validating, opts); err != nil {
-		return fmt.Errorf("applying ValidatingWebhookConfiguration %s: %w", ValidatorConfigName, err)
+		return configurationError("ValidatingWebhookConfiguration", ValidatorConfigName, err)
 	}
 	return nil
+}
+
+func configurationError(kind, name string, err error) error {
+	if apierrors.IsForbidden(err) {
+		return fmt.Errorf("applying %s %s: %w (the Helm chart or package/manifests creates it; "+
+			"the manager only patches it: is it missing?)", kind, name, err)
+	}
+	return fmt.Errorf("applying %s %s: %w", kind, name, err)
 }
 
 // applyCABundle publishes the CA bundle in a ConfigMap anyone in the

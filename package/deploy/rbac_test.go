@@ -142,12 +142,29 @@ func TestChartRBACOptions(t *testing.T) {
 		}
 	}
 	assert.Equal(t, []string{"/secrets[other]: get", "/secrets[s3-keys]: get", "/secrets[strata-backup-credentials]: get"}, secrets)
-	// Tokens only: no impersonation, no reading of the cluster's client CA.
+	// No impersonation at all, and no create of webhook configurations
+	// (the chart ships them; issue 46).
+	for name, grants := range manifests {
+		for _, g := range grants {
+			assert.NotContains(t, g, "impersonate", name)
+			assert.NotRegexp(t, `^admissionregistration.k8s.io/\w+webhookconfigurations: create`, g, name)
+		}
+	}
+	var objKeys []string
+	for _, o := range objs {
+		objKeys = append(objKeys, o.key())
+	}
+	for _, kind := range []string{"ValidatingWebhookConfiguration /strata-validator", "MutatingWebhookConfiguration /strata-mutator"} {
+		assert.Contains(t, objKeys, kind, "the chart creates the webhook configurations the managers patch")
+	}
+	// Tokens only: no writes for certificate users, no reading of the
+	// cluster's client CA.
 	tokensOnly := parseObjects(t, renderChart(t, helm, "api.clientCertificates=false"))
 	summary := rbacSummary(t, tokensOnly)
 	assert.NotContains(t, summary, "RoleBinding kube-system/strata-manager-client-ca")
-	assert.NotContains(t, summary["ClusterRole /strata-manager"], "/users: impersonate")
-	assert.Contains(t, manifests["ClusterRole /strata-manager"], "/users: impersonate")
+	assert.NotContains(t, summary["Role strata-system/strata-manager"], "strata.io/volumes: create")
+	assert.NotContains(t, summary["ClusterRole /strata-manager"], "strata.io/resourcequotas: update")
+	assert.Contains(t, manifests["Role strata-system/strata-manager"], "strata.io/volumes: create")
 	_, given := flags(t, container(t, pods(t, tokensOnly)["strata-manager"], "manager"))
 	assert.Equal(t, []string{""}, given["api-client-ca-configmap"])
 

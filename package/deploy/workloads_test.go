@@ -308,14 +308,16 @@ func hostMount(t *testing.T, spec corev1.PodSpec, name, path string) mount {
 }
 
 // The objects package/manifests and package/csi also ship say the same:
-// the webhook Service, the CSIDriver, StorageClass and VolumeSnapshotClass.
+// the webhook Service and configurations, the CSIDriver, StorageClass and
+// VolumeSnapshotClass.
 // Every namespaced object names its namespace (kubectl apply would put it
 // in the current one).
 func TestChartMatchesShippedObjects(t *testing.T) {
 	objs := rendered(t)
 	root := repoRoot(t)
-	shipped := append(readObjects(t, filepath.Join(root, "package", "manifests", "20-webhook-service.yaml")),
-		readObjects(t, filepath.Join(root, "package", "csi", "*.yaml"))...)
+	shipped := slices.Concat(readObjects(t, filepath.Join(root, "package", "manifests", "20-webhook-service.yaml")),
+		readObjects(t, filepath.Join(root, "package", "manifests", "21-webhook-configurations.yaml")),
+		readObjects(t, filepath.Join(root, "package", "csi", "*.yaml")))
 	for _, want := range shipped {
 		got := find(t, objs, want.Kind, want.Name)
 		assert.Equal(t, want.Namespace, got.Namespace, want.key())
@@ -323,7 +325,8 @@ func TestChartMatchesShippedObjects(t *testing.T) {
 		assert.JSONEq(t, withoutMetadata(t, want.json), withoutMetadata(t, got.json), want.key())
 	}
 	clusterScoped := []string{"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
-		"CSIDriver", "StorageClass", "VolumeSnapshotClass", "VolumeGroupSnapshotClass"}
+		"CSIDriver", "StorageClass", "VolumeSnapshotClass", "VolumeGroupSnapshotClass",
+		"ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"}
 	for _, o := range objs {
 		if !slices.Contains(clusterScoped, o.Kind) {
 			assert.NotEmpty(t, o.Namespace, "%s has no namespace", o.key())

@@ -40,6 +40,7 @@ func TestUserFlows(t *testing.T) {
 		{"SnapshotMetadataDeltaOfOnePercentThroughTheSidecar", testSnapshotMetadataDeltaOfOnePercentThroughTheSidecar},
 		{"KubectlStrataPlugin", testKubectlStrataPlugin},
 		{"KubectlStrataWithAClientCertificate", testKubectlStrataWithAClientCertificate},
+		{"ManagerTokenOpensNoOtherDoor", testManagerTokenOpensNoOtherDoor},
 	} {
 		t.Run(flow.name, func(t *testing.T) {
 			t.Parallel()

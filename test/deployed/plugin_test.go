@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/types"
 )
 
 // kubectlStrata runs the plugin as kubectl would (the binary under the
@@ -158,7 +159,8 @@ func slicesMatch(lines []string, pattern string) bool {
 // CA (as kubeadm's admin.conf does) uses kubectl strata as is: the API
 // verifies the certificate against the client CA the API server publishes,
 // the access reviews judge the certificate's user and groups, and the
-// writes impersonate them. A verb RBAC does not grant the group is a 403
+// writes are the manager's own after that review, naming the user (the
+// manager cannot impersonate). A verb RBAC does not grant the group is a 403
 // naming the user; a certificate of another CA is refused.
 func testKubectlStrataWithAClientCertificate(t *testing.T) {
 	logsOnFailure(t)
@@ -179,6 +181,14 @@ func testKubectlStrataWithAClientCertificate(t *testing.T) {
 	out, _, err = as("volume", "ls")
 	require.NoError(t, err)
 	assert.Regexp(t, `(?m)^cert-v1\s+16Mi\s+1\s`, out)
+	// Made with the manager's rights after cert-alice's review: the
+	// volume and an event name her.
+	assert.Equal(t, user, getVolume(t, "cert-v1").Annotations[types.AnnotationRequestedBy])
+	require.Eventually(t, func() bool { // the recorder sends events in the background
+		out = kubectl(t, "-n", ns, "get", "events", "--field-selector", "involvedObject.name=cert-v1,reason=WrittenForUser",
+			"-o", "jsonpath={.items[*].message}")
+		return strings.Contains(out, "created for cert-alice (client certificate)")
+	}, 30*time.Second, 500*time.Millisecond, "events: %s", out)
 
 	_, stderr, err := as("volume", "rm", "cert-v1")
 	require.Error(t, err)
