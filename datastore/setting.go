@@ -75,3 +75,16 @@ func (ds *DataStore) GetSettingBool(name types.SettingName) (bool, error) {
 	}
 	return strconv.ParseBool(value)
 }
+
+// GetSettingNetworks returns a list of networks and host names, with the
+// same rules as GetSettingInt.
+func (ds *DataStore) GetSettingNetworks(name types.SettingName) (types.Networks, error) {
+	value, err := ds.GetSettingValue(name)
+	if err != nil {
+		return types.Networks{}, err
+	}
+	if err := types.ValidateSetting(name, value); err != nil {
+		return types.Networks{}, err
+	}
+	return types.ParseNetworks(value)
+}

@@ -10,23 +10,23 @@ import (
 type SettingName string
 
 const (
-	SettingDefaultReplicaCount               SettingName = "default-replica-count"
-	SettingSnapshotMaxCount                  SettingName = "snapshot-max-count"
-	SettingDisableSnapshotPurge              SettingName = "disable-snapshot-purge"
-	SettingBackupTarget                      SettingName = "backup-target"
-	SettingBackingImageCleanupWaitInterval   SettingName = "backing-image-cleanup-wait-interval"
-	SettingBackingImageMaxVirtualSize        SettingName = "backing-image-max-virtual-size"
-	SettingBackingImageDownloadMaxSize       SettingName = "backing-image-download-max-size"
-	SettingBackingImageDownloadAllowLocal    SettingName = "backing-image-download-allow-local-addresses"
-	SettingReplicaReplenishmentWaitInterval  SettingName = "replica-replenishment-wait-interval"
-	SettingReplicaSoftAntiAffinity           SettingName = "replica-soft-anti-affinity"
-	SettingStorageOverProvisioningPercentage SettingName = "storage-over-provisioning-percentage"
-	SettingStorageMinimalAvailablePercentage SettingName = "storage-minimal-available-percentage"
-	SettingOrphanedDataAutoDeletion          SettingName = "orphaned-data-auto-deletion"
-	SettingBackupGCInterval                  SettingName = "backup-gc-interval"
-	SettingBackupGCGrace                     SettingName = "backup-gc-grace"
-	SettingFreezeFilesystemForSnapshot       SettingName = "freeze-filesystem-for-snapshot"
-	SettingFreezeFilesystemTimeout           SettingName = "freeze-filesystem-timeout"
+	SettingDefaultReplicaCount                 SettingName = "default-replica-count"
+	SettingSnapshotMaxCount                    SettingName = "snapshot-max-count"
+	SettingDisableSnapshotPurge                SettingName = "disable-snapshot-purge"
+	SettingBackupTarget                        SettingName = "backup-target"
+	SettingBackingImageCleanupWaitInterval     SettingName = "backing-image-cleanup-wait-interval"
+	SettingBackingImageMaxVirtualSize          SettingName = "backing-image-max-virtual-size"
+	SettingBackingImageDownloadMaxSize         SettingName = "backing-image-download-max-size"
+	SettingBackingImageDownloadAllowedNetworks SettingName = "backing-image-download-allowed-networks"
+	SettingReplicaReplenishmentWaitInterval    SettingName = "replica-replenishment-wait-interval"
+	SettingReplicaSoftAntiAffinity             SettingName = "replica-soft-anti-affinity"
+	SettingStorageOverProvisioningPercentage   SettingName = "storage-over-provisioning-percentage"
+	SettingStorageMinimalAvailablePercentage   SettingName = "storage-minimal-available-percentage"
+	SettingOrphanedDataAutoDeletion            SettingName = "orphaned-data-auto-deletion"
+	SettingBackupGCInterval                    SettingName = "backup-gc-interval"
+	SettingBackupGCGrace                       SettingName = "backup-gc-grace"
+	SettingFreezeFilesystemForSnapshot         SettingName = "freeze-filesystem-for-snapshot"
+	SettingFreezeFilesystemTimeout             SettingName = "freeze-filesystem-timeout"
 )
 
 // SettingType says how a setting's value string is parsed.
@@ -36,6 +36,9 @@ const (
 	SettingTypeInt    SettingType = "int"
 	SettingTypeBool   SettingType = "bool"
 	SettingTypeString SettingType = "string"
+	// SettingTypeNetworks is a comma-separated list of CIDRs, IP addresses
+	// and host names (ParseNetworks).
+	SettingTypeNetworks SettingType = "networks"
 )
 
 // SettingDefinition describes one setting: its meaning, type, default and range.
@@ -81,10 +84,16 @@ var SettingDefinitions = map[SettingName]SettingDefinition{
 		Description: "GiB: the most bytes a backing image download may bring (before decompression); a larger source fails for good.",
 		Type:        SettingTypeInt, Default: "256", Min: 1, Max: 16384,
 	},
-	SettingBackingImageDownloadAllowLocal: {
-		Description: "Lets backing image downloads connect to loopback (127.0.0.0/8, ::1) and link-local (169.254.0.0/16, " +
-			"fe80::/10) addresses: a node's own services and the cloud metadata endpoint. For test servers on one machine only.",
-		Type: SettingTypeBool, Default: "false",
+	// Issue 46: a download refused only loopback and link-local, so a URL
+	// could reach the cluster's Services and Pods, the nodes' own ports and
+	// the metadata endpoints outside 169.254/16.
+	SettingBackingImageDownloadAllowedNetworks: {
+		Description: "Comma-separated CIDRs, IP addresses and host names that backing image downloads may connect to " +
+			"although they are refused by default: loopback, link-local, private (RFC 1918), shared (100.64.0.0/10), " +
+			"unique-local (fc00::/7) and multicast addresses, the nodes' addresses, and the cluster's Pod and Service " +
+			"ranges. A host name admits any address it resolves to, so it trusts that name's DNS. Checked at each " +
+			"connection, after DNS resolution and at every redirect.",
+		Type: SettingTypeNetworks, Default: "",
 	},
 	SettingReplicaReplenishmentWaitInterval: {
 		Description: "Seconds to wait for a failed replica to come back before a new one replaces it.",
@@ -164,6 +173,10 @@ func ValidateSetting(name SettingName, value string) error {
 	case SettingTypeBool:
 		if _, err := strconv.ParseBool(value); err != nil {
 			return fmt.Errorf("setting %s: value %q is not true or false", name, value)
+		}
+	case SettingTypeNetworks:
+		if _, err := ParseNetworks(value); err != nil {
+			return fmt.Errorf("setting %s: %w", name, err)
 		}
 	}
 	return nil

@@ -19,7 +19,7 @@ import (
 var backingImageLimitSettings = []types.SettingName{
 	types.SettingBackingImageMaxVirtualSize,
 	types.SettingBackingImageDownloadMaxSize,
-	types.SettingBackingImageDownloadAllowLocal,
+	types.SettingBackingImageDownloadAllowedNetworks,
 }
 
 func isBackingImageLimitSetting(name string) bool {
@@ -42,11 +42,12 @@ func downloadPolicy(ds *datastore.DataStore) (imagefile.DownloadPolicy, error) {
 	if err != nil {
 		return imagefile.DownloadPolicy{}, err
 	}
-	allowLocal, err := ds.GetSettingBool(types.SettingBackingImageDownloadAllowLocal)
+	allowed, err := ds.GetSettingNetworks(types.SettingBackingImageDownloadAllowedNetworks)
 	if err != nil {
 		return imagefile.DownloadPolicy{}, err
 	}
-	return imagefile.DownloadPolicy{MaxSize: gib << 30, AllowLoopback: allowLocal, AllowLinkLocal: allowLocal}, nil
+	return imagefile.DownloadPolicy{MaxSize: gib << 30, Allowed: allowed.Prefixes, AllowedHosts: allowed.Hosts,
+		AllowedBy: "the setting " + string(types.SettingBackingImageDownloadAllowedNetworks)}, nil
 }
 
 // limitSetting names the setting a refusal depends on ("" for none).
@@ -58,7 +59,7 @@ func limitSetting(err error) types.SettingName {
 	case errors.As(err, &le):
 		return types.SettingBackingImageMaxVirtualSize
 	case errors.Is(err, imagefile.ErrAddressRefused):
-		return types.SettingBackingImageDownloadAllowLocal
+		return types.SettingBackingImageDownloadAllowedNetworks
 	}
 	return ""
 }
@@ -101,6 +102,12 @@ func (j *fileJobs) limitChangedSince(name types.SettingName, start time.Time) bo
 func limitSettingMoved(ds *datastore.DataStore, st *v1beta1.BackingImageDiskFileStatus) bool {
 	if st.FailedSetting == "" {
 		return false
+	}
+	if _, known := types.SettingDefinitions[types.SettingName(st.FailedSetting)]; !known {
+		// A setting since removed (backing-image-download-allow-local-addresses,
+		// replaced by backing-image-download-allowed-networks): tried again
+		// under today's settings, or no change of them would free the copy.
+		return true
 	}
 	value, err := ds.GetSettingValue(types.SettingName(st.FailedSetting))
 	return err == nil && value != st.FailedSettingValue

@@ -94,7 +94,7 @@ func TestBackingImageFailureIsPermanentOrRetried(t *testing.T) {
 			Max: 1 << 40, Message: "the qcow2 image's virtual size is 16Ti"},
 			hint: notRetriedUpload + ", or raise the setting backing-image-max-virtual-size"},
 		{name: "a URL to the metadata endpoint", err: refusedDownload(t),
-			hint: "not retried until the image's spec or the setting backing-image-download-allow-local-addresses changes"},
+			hint: "not retried until the image's spec or the setting backing-image-download-allowed-networks changes"},
 		{name: "a stalled server", err: errors.New("GET http://x/img: after 5 bytes: no data from the server for 1m0s: stalled")},
 	}
 	for _, tc := range tests {
@@ -126,8 +126,8 @@ func TestBackingImageFailureIsPermanentOrRetried(t *testing.T) {
 // holdFailed: a copy failed for good waits until the spec's generation
 // moves, then goes at once; any other failed copy waits out its back-off.
 func TestBackingImageHoldFailed(t *testing.T) {
-	failedAt := dstest.Now.Add(-3 * time.Second).Format(time.RFC3339) // the first back-off is 5 s
-	allowLocal := string(types.SettingBackingImageDownloadAllowLocal) // false by default
+	failedAt := dstest.Now.Add(-3 * time.Second).Format(time.RFC3339)   // the first back-off is 5 s
+	allowed := string(types.SettingBackingImageDownloadAllowedNetworks) // empty by default
 	tests := []struct {
 		name       string
 		forGoodAt  int64 // 0: not failed for good
@@ -138,9 +138,11 @@ func TestBackingImageHoldFailed(t *testing.T) {
 		wantHold                   bool
 	}{
 		{name: "for good, the refusing setting has another value now: at once", forGoodAt: 2, generation: 2, now: dstest.Now,
-			failedSetting: allowLocal, failedValue: "true", wantHold: false},
+			failedSetting: allowed, failedValue: "127.0.0.0/8", wantHold: false},
 		{name: "for good, the refusing setting has the same value", forGoodAt: 2, generation: 2, now: dstest.Now,
-			failedSetting: allowLocal, failedValue: "false", wantHold: true},
+			failedSetting: allowed, failedValue: "", wantHold: true},
+		{name: "for good, by a setting since removed: at once", forGoodAt: 2, generation: 2, now: dstest.Now,
+			failedSetting: "backing-image-download-allow-local-addresses", failedValue: "false", wantHold: false},
 		{name: "for good, same spec", forGoodAt: 2, generation: 2, now: dstest.Now.Add(time.Hour), wantHold: true},
 		{name: "for good, the spec changed: at once", forGoodAt: 2, generation: 3, now: dstest.Now, wantHold: false},
 		{name: "retryable, within the back-off", generation: 2, now: dstest.Now, wantHold: true},
@@ -214,16 +216,17 @@ func TestBackingImageChecksumMismatchNotRetried(t *testing.T) {
 }
 
 // A copy refused by a limit setting (here: a URL on loopback, which
-// downloads may not reach by default) is held like any failure for good;
-// changing that setting gives it a new try at once, without a spec change.
+// downloads may not reach unless allowed) is held like any failure for
+// good; changing that setting gives it a new try at once, without a spec
+// change.
 func TestBackingImageLimitSettingChangeRetries(t *testing.T) {
 	env, c, rec := fetchEnv(t)
 	ctx, key := context.Background(), fixture.NS+"/img"
 	_, err := env.Strata.StrataV1beta1().Settings(fixture.NS).Create(ctx, &v1beta1.Setting{ObjectMeta: metav1.ObjectMeta{
-		Name: string(types.SettingBackingImageDownloadAllowLocal), Namespace: fixture.NS}, Value: "false"}, metav1.CreateOptions{})
+		Name: string(types.SettingBackingImageDownloadAllowedNetworks), Namespace: fixture.NS}, Value: ""}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
-		_, err := env.DS.Settings.GetRO(string(types.SettingBackingImageDownloadAllowLocal))
+		_, err := env.DS.Settings.GetRO(string(types.SettingBackingImageDownloadAllowedNetworks))
 		return err == nil
 	}, 5*time.Second, 5*time.Millisecond)
 
@@ -235,23 +238,24 @@ func TestBackingImageLimitSettingChangeRetries(t *testing.T) {
 		return err == nil && b.Status.DiskFileStatusMap["uuid-node-1"].State == v1beta1.BackingImageStateFailed
 	}, 5*time.Second, 5*time.Millisecond)
 	st := imageSpec(t, env).Status.DiskFileStatusMap["uuid-node-1"]
-	assert.Contains(t, st.Message, "connecting to 127.0.0.1:1 refused: a loopback address")
-	assert.Contains(t, st.Message, "not retried until the image's spec or the setting backing-image-download-allow-local-addresses changes")
+	assert.Contains(t, st.Message, "connecting to 127.0.0.1:1 refused: a loopback address (this node's own services); "+
+		"downloads reach it only when the setting backing-image-download-allowed-networks admits its address or host name")
+	assert.Contains(t, st.Message, "not retried until the image's spec or the setting backing-image-download-allowed-networks changes")
 	fixture.DrainEvents(rec)
 	require.NoError(t, c.Sync(ctx, key))
 	_, started := c.files.get(fetchKey)
 	require.False(t, started, "held: failed for good")
 
-	setting, err := env.Strata.StrataV1beta1().Settings(fixture.NS).Get(ctx, string(types.SettingBackingImageDownloadAllowLocal), metav1.GetOptions{})
+	setting, err := env.Strata.StrataV1beta1().Settings(fixture.NS).Get(ctx, string(types.SettingBackingImageDownloadAllowedNetworks), metav1.GetOptions{})
 	require.NoError(t, err)
-	setting.Value = "true"
+	setting.Value = "127.0.0.0/8"
 	_, err = env.Strata.StrataV1beta1().Settings(fixture.NS).Update(ctx, setting, metav1.UpdateOptions{})
 	require.NoError(t, err)
-	assert.Equal(t, string(types.SettingBackingImageDownloadAllowLocal), st.FailedSetting, "the status names the setting")
-	assert.Equal(t, "false", st.FailedSettingValue, "and its value then")
+	assert.Equal(t, string(types.SettingBackingImageDownloadAllowedNetworks), st.FailedSetting, "the status names the setting")
+	assert.Equal(t, "", st.FailedSettingValue, "and its value then")
 	require.Eventually(t, func() bool {
-		v, err := env.DS.GetSettingValue(types.SettingBackingImageDownloadAllowLocal)
-		return err == nil && v == "true"
+		v, err := env.DS.GetSettingValue(types.SettingBackingImageDownloadAllowedNetworks)
+		return err == nil && v == "127.0.0.0/8"
 	}, 5*time.Second, 5*time.Millisecond, "the setting's update is in the cache")
 	require.NoError(t, c.Sync(ctx, key))
 	job, started := c.files.get(fetchKey)
@@ -267,7 +271,7 @@ func TestBackingImageLimitSettingChangeRetries(t *testing.T) {
 func TestBackingImageRefusedWhileItsSettingChanged(t *testing.T) {
 	env, c, _ := fetchEnv(t)
 	finishJob(c, jobDownloading, refusedDownload(t))
-	c.files.noteLimitSettingChanged(types.SettingBackingImageDownloadAllowLocal)
+	c.files.noteLimitSettingChanged(types.SettingBackingImageDownloadAllowedNetworks)
 	require.NoError(t, c.Sync(context.Background(), fixture.NS+"/img"))
 	st := imageSpec(t, env).Status.DiskFileStatusMap["uuid-node-1"]
 	assert.Equal(t, v1beta1.BackingImageStateFailed, st.State)

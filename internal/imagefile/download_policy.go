@@ -9,21 +9,29 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
-	"syscall"
 	"time"
 )
 
 // DownloadPolicy bounds a download from a URL a user gave: the server is
 // outside Strata and may be slow, stalled, endless, or may send the
-// manager to the node's own services or the cloud metadata endpoint. Zero
-// fields take the defaults.
+// manager to the node's own services, the cloud metadata endpoint or the
+// cluster's internal networks. Zero fields take the defaults.
 type DownloadPolicy struct {
 	// MaxSize caps the bytes of the source (before any decompression).
 	MaxSize int64
-	// AllowLoopback and AllowLinkLocal let downloads reach loopback and
-	// link-local addresses (a test server on 127.0.0.1; never needed on a
-	// real cluster). One setting sets both; tests set them apart.
-	AllowLoopback, AllowLinkLocal bool
+	// Refused adds to the ranges refused by default (refusedByDefault)
+	// those only the caller knows: the node's and the cluster's addresses,
+	// the cluster's Pod and Service ranges.
+	Refused []RefusedRange
+	// Allowed and AllowedHosts admit what would be refused, defaults
+	// included: an address in Allowed, and any address a host name in
+	// AllowedHosts (matched in any case) resolves to. A host name trusts
+	// its DNS: whoever answers for the name chooses where it leads.
+	Allowed      []netip.Prefix
+	AllowedHosts []string
+	// AllowedBy names, in a refusal, what admits an address (the
+	// manager's setting); empty: "the download policy's allowlist".
+	AllowedBy string
 	// ConnectTimeout bounds a TCP connect and a TLS handshake.
 	ConnectTimeout time.Duration
 	// StallTimeout: no byte for this long (response headers included)
@@ -31,6 +39,10 @@ type DownloadPolicy struct {
 	StallTimeout time.Duration
 	// Timeout bounds one attempt from start to end; resumed likewise.
 	Timeout time.Duration
+
+	// resolver, when set, replaces the system's (tests: a DNS answer
+	// that changes between two dials).
+	resolver *net.Resolver
 }
 
 const (
@@ -60,16 +72,15 @@ func orDefault[T int64 | time.Duration](v, def T) T {
 
 // client is an HTTP client for one download. Its dialer checks every
 // address it connects to (the first, each redirect's, a proxy's), after
-// DNS resolution: a name that resolves, or later re-resolves (DNS
-// rebinding), to a refused address is refused as well, which no check of
-// the URL's host name could promise. With HTTP(S)_PROXY set it is the proxy
-// that is dialled and checked; the proxy decides what it reaches.
+// DNS resolution (dialContext): a name that resolves, or later re-resolves
+// (DNS rebinding), to a refused address is refused as well, which no check
+// of the URL's host name could promise. With HTTP(S)_PROXY set it is the
+// proxy that is dialled and checked; the proxy decides what it reaches.
 func (p DownloadPolicy) client() *http.Client {
-	dialer := &net.Dialer{Timeout: p.connectTimeout(), KeepAlive: 30 * time.Second, Control: p.dialControl}
 	return &http.Client{
 		Transport: &http.Transport{
 			Proxy:               http.ProxyFromEnvironment,
-			DialContext:         dialer.DialContext,
+			DialContext:         p.dialContext,
 			TLSHandshakeTimeout: p.connectTimeout(),
 			// No ResponseHeaderTimeout: the transfer's stall watchdog,
 			// started before the request, covers the wait for headers.
@@ -89,58 +100,6 @@ func checkRedirect(req *http.Request, via []*http.Request) error {
 		return &addressRefusedError{msg: fmt.Sprintf("redirect to %q refused: only http and https are followed", req.URL.Redacted())}
 	}
 	return nil
-}
-
-// dialControl refuses a connection to an address downloads may not reach.
-// The dialer calls it on the socket before connect: a refused address
-// sees no packet.
-func (p DownloadPolicy) dialControl(_, address string, _ syscall.RawConn) error {
-	return p.checkDialAddress(address)
-}
-
-// nat64 is the well-known NAT64 prefix: 64:ff9b::a9fe:a9fe reaches
-// 169.254.169.254 through a NAT64 gateway.
-var nat64 = netip.MustParsePrefix("64:ff9b::/96")
-
-// thisHost is 0.0.0.0/8: "this network"; a connect to 0.0.0.0 reaches the
-// node itself on Linux, like loopback.
-var thisHost = netip.MustParsePrefix("0.0.0.0/8")
-
-// checkDialAddress refuses loopback (127.0.0.0/8, ::1, 0.0.0.0/8, ::),
-// where the node's own services listen, and link-local (169.254.0.0/16,
-// fe80::/10), where the cloud metadata endpoint hands out credentials,
-// unless the policy allows them. Private ranges (10/8, …) stay reachable:
-// an image server inside the cluster network is the common case.
-func (p DownloadPolicy) checkDialAddress(address string) error {
-	host, _, err := net.SplitHostPort(address)
-	if err != nil {
-		return fmt.Errorf("dial address %q: %w", address, err)
-	}
-	ip, err := netip.ParseAddr(host)
-	if err != nil {
-		return fmt.Errorf("dial address %q: not an IP address: %w", address, err)
-	}
-	ip = ip.Unmap()
-	if nat64.Contains(ip) {
-		b := ip.As16()
-		ip = netip.AddrFrom4([4]byte(b[12:]))
-	}
-	var kind string
-	switch {
-	case ip.IsLoopback() || ip.IsUnspecified() || thisHost.Contains(ip):
-		if p.AllowLoopback {
-			return nil
-		}
-		kind = "a loopback address (this node's own services)"
-	case ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast():
-		if p.AllowLinkLocal {
-			return nil
-		}
-		kind = "a link-local address (the cloud metadata endpoint lives there)"
-	default:
-		return nil
-	}
-	return &addressRefusedError{msg: fmt.Sprintf("connecting to %s refused: %s; downloads reach loopback and link-local addresses only when allowed", address, kind)}
 }
 
 // Why an attempt was cut short, when it was not the caller's context.

@@ -24,8 +24,9 @@ var (
 	// *LimitError, which names the cap.
 	ErrLimitExceeded = errors.New("larger than allowed")
 	// ErrAddressRefused: the download would connect to an address that
-	// downloads may not reach (loopback, link-local: a node's own services
-	// and the cloud metadata endpoint).
+	// downloads may not reach (the node's own services, the cloud metadata
+	// endpoints, the cluster's and the cloud's internal networks), or
+	// follow a redirect to a scheme other than http(s).
 	ErrAddressRefused = errors.New("address refused")
 )
 

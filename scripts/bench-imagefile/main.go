@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -71,8 +72,9 @@ func run(sizeMiB, dataPct int, base string) error {
 	// imagefile: download, then prepare.
 	part, final := filepath.Join(work, "lib.part"), filepath.Join(work, "lib.raw")
 	libFetch := timed(func() error {
-		// AllowLoopback: the bench's server listens on loopback.
-		if _, err := imagefile.Download(ctx, imagefile.DownloadPolicy{AllowLoopback: true}, url+"/source.qcow2", part, nil); err != nil {
+		// The bench's server listens on loopback, which downloads refuse unless allowed.
+		policy := imagefile.DownloadPolicy{Allowed: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
+		if _, err := imagefile.Download(ctx, policy, url+"/source.qcow2", part, nil); err != nil {
 			return err
 		}
 		_, err := imagefile.Prepare(ctx, part, final, "", imagefile.Limits{})

@@ -320,12 +320,12 @@ func TestBackingImageHostileImagesRefused(t *testing.T) {
 }
 
 // Downloads reach neither link-local addresses (the cloud metadata
-// endpoint) nor loopback unless backing-image-download-allow-local-addresses
-// says so (the suite turns it on: its image servers listen on loopback).
-// The refusal happens at connect time, is not retried, and turning the
-// setting on fetches the held copy without a spec change.
+// endpoint) nor loopback unless backing-image-download-allowed-networks
+// admits them (the suite allows 127.0.0.0/8: its image servers listen on
+// loopback). The refusal happens at connect time, is not retried, and
+// allowing loopback again fetches the held copy without a spec change.
 func TestBackingImageDownloadAddressesRefused(t *testing.T) {
-	restore := setSetting(t, types.SettingBackingImageDownloadAllowLocal, "false")
+	restore := setSetting(t, types.SettingBackingImageDownloadAllowedNetworks, "")
 	defer restore()
 	srv := startImageServer(t)
 	_, sum := rawTestImage(t, srv.dir, "local.raw", 4<<20)
@@ -345,13 +345,13 @@ func TestBackingImageDownloadAddressesRefused(t *testing.T) {
 		bi := waitBackingImage(t, tc.image, time.Minute, tc.name+" refused", messageHas("refused"))
 		assert.Contains(t, bi.Status.Message, tc.want, tc.name)
 		assert.Contains(t, bi.Status.Message,
-			"not retried until the image's spec or the setting backing-image-download-allow-local-addresses changes", tc.name)
+			"not retried until the image's spec or the setting backing-image-download-allowed-networks changes", tc.name)
 	}
 	// That a refusal is not retried is shown by the controller's unit tests
 	// (TestBackingImageHoldFailed) without waiting out a back-off here.
 	assert.Zero(t, srv.getsOf("/local.raw"), "no request reached the loopback server")
 
-	deleteBackingImage(t, "e2e-bi-metadata") // allowed, it would dial out for real
+	deleteBackingImage(t, "e2e-bi-metadata") // refused still; its retry is not the subject here
 	restore()
 	bi := waitBackingImage(t, "e2e-bi-loopback", time.Minute, "fetched once loopback is allowed", func(bi *v1beta1.BackingImage) bool {
 		return allCopiesReady(1)(bi) && bi.Status.Checksum != ""

@@ -14,13 +14,17 @@ import (
 // LocalSettings differ from the defaults for a cluster whose disks are
 // directories on the developer's own filesystem: keeping 25% of that
 // filesystem free for Strata says nothing about Strata, and a busy disk
-// would refuse every replica. Its image servers (the end-to-end suite's,
-// a developer's) listen on loopback like everything else here, which
-// downloads may not reach by default. make run, the end-to-end suite and
-// bench-scale all apply them.
+// would refuse every replica. Its image servers listen on loopback like
+// everything else here (test/e2e's startImageServer and
+// startStallingServer, test/deployed's serveDir, a developer's: all on
+// 127.0.0.1, as the managers share the host's network), which downloads
+// may not reach by default: loopback alone is allowed, not the private
+// ranges, the nodes' addresses or the Pod and Service ranges, so the
+// suites meet the refusals a real cluster has. make run, the end-to-end
+// suite and bench-scale all apply them.
 var LocalSettings = map[types.SettingName]string{
-	types.SettingStorageMinimalAvailablePercentage: "1",
-	types.SettingBackingImageDownloadAllowLocal:    "true",
+	types.SettingStorageMinimalAvailablePercentage:   "1",
+	types.SettingBackingImageDownloadAllowedNetworks: "127.0.0.0/8",
 }
 
 // ApplyLocalSettings writes LocalSettings into the Setting CRs of namespace
