@@ -12,6 +12,7 @@ import (
 	"github.com/sirupsen/logrus"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	coordinationlisters "k8s.io/client-go/listers/coordination/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	networkinglisters "k8s.io/client-go/listers/networking/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 
@@ -76,13 +78,18 @@ type DataStore struct {
 	PersistentVolumes      corelisters.PersistentVolumeLister
 	PersistentVolumeClaims corelisters.PersistentVolumeClaimLister
 	Namespaces             corelisters.NamespaceLister
+	// ServiceCIDRs are the cluster's Service IP ranges (networking.k8s.io/v1,
+	// GA in Kubernetes 1.33; "kubernetes" is the one the API server makes
+	// from its --service-cluster-ip-range), which downloads may not reach.
+	ServiceCIDRs networkinglisters.ServiceCIDRLister
 	// Leases holds the managers' heartbeat Leases in Namespace only.
 	Leases        coordinationlisters.LeaseNamespaceLister
 	LeaseInformer cache.SharedIndexInformer
 	KubeNodeInformer,
 	PersistentVolumeInformer,
 	PersistentVolumeClaimInformer,
-	NamespaceInformer cache.SharedIndexInformer
+	NamespaceInformer,
+	ServiceCIDRInformer cache.SharedIndexInformer
 
 	factories []interface{ Start(<-chan struct{}) }
 	runners   []func(context.Context)
@@ -100,8 +107,8 @@ func New(namespace string, strataClient versioned.Interface, kubeClient kubernet
 // ServiceAccount needs list and watch on those alone. A Store of a kind not
 // watched still writes, and its reads fail with an error naming the kind
 // (never a silent NotFound); the listers of core kinds not watched
-// (KubeNodes, PersistentVolumes, PersistentVolumeClaims, Namespaces, Leases)
-// and their informers are nil. nil kinds means every kind.
+// (KubeNodes, PersistentVolumes, PersistentVolumeClaims, Namespaces,
+// ServiceCIDRs, Leases) and their informers are nil. nil kinds means every kind.
 func NewWatching(namespace string, strataClient versioned.Interface, kubeClient kubernetes.Interface,
 	kinds []schema.GroupResource) (*DataStore, error) {
 	ds := &DataStore{Namespace: namespace, StrataClient: strataClient, KubeClient: kubeClient, Clock: clock.RealClock{}}
@@ -205,6 +212,10 @@ func NewWatching(namespace string, strataClient versioned.Interface, kubeClient 
 	}
 	if ds.NamespaceInformer = add(corev1.Resource("namespaces"), core.Namespaces().Informer, nil); ds.NamespaceInformer != nil {
 		ds.Namespaces = core.Namespaces().Lister()
+	}
+	serviceCIDRs := kubeFactory.Networking().V1().ServiceCIDRs()
+	if ds.ServiceCIDRInformer = add(networkingv1.Resource("servicecidrs"), serviceCIDRs.Informer, nil); ds.ServiceCIDRInformer != nil {
+		ds.ServiceCIDRs = serviceCIDRs.Lister()
 	}
 	leases := leaseFactory.Coordination().V1().Leases()
 	if ds.LeaseInformer = add(coordinationv1.Resource("leases"), leases.Informer, nil); ds.LeaseInformer != nil {

@@ -3,8 +3,13 @@ package backingimage
 import (
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"slices"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/internal/imagefile"
@@ -46,8 +51,76 @@ func downloadPolicy(ds *datastore.DataStore) (imagefile.DownloadPolicy, error) {
 	if err != nil {
 		return imagefile.DownloadPolicy{}, err
 	}
-	return imagefile.DownloadPolicy{MaxSize: gib << 30, Allowed: allowed.Prefixes, AllowedHosts: allowed.Hosts,
+	refused, err := clusterRanges(ds, net.InterfaceAddrs)
+	if err != nil {
+		return imagefile.DownloadPolicy{}, err
+	}
+	return imagefile.DownloadPolicy{MaxSize: gib << 30, Refused: refused, Allowed: allowed.Prefixes, AllowedHosts: allowed.Hosts,
 		AllowedBy: "the setting " + string(types.SettingBackingImageDownloadAllowedNetworks)}, nil
+}
+
+// clusterRanges are the cluster's own addresses, which a download may not
+// reach on top of imagefile's defaults, wherever they are (a node's public
+// address, a cluster on public ranges): this node's interface addresses
+// (interfaceAddrs), every Node's addresses and Pod ranges (spec.podCIDRs)
+// and the Service ranges (ServiceCIDR objects), read from the cache. A CNI
+// that leaves spec.podCIDRs empty, or an API server without ServiceCIDRs,
+// leaves those ranges to the defaults: they are private ranges in the
+// usual case (10.244.0.0/16, 10.96.0.0/12), refused all the same.
+// Loopback and link-local addresses are left to the defaults, whose
+// refusal says what they are (the node's own services, the metadata
+// endpoint) better than "an address of the node".
+func clusterRanges(ds *datastore.DataStore, interfaceAddrs func() ([]net.Addr, error)) ([]imagefile.RefusedRange, error) {
+	var out []imagefile.RefusedRange
+	add := func(p netip.Prefix, class string) {
+		out = append(out, imagefile.RefusedRange{Prefix: p, Class: class})
+	}
+	addAddress := func(ip netip.Addr, class string) {
+		if ip = ip.WithZone("").Unmap(); !ip.IsLoopback() && !ip.IsLinkLocalUnicast() && !ip.IsUnspecified() {
+			add(netip.PrefixFrom(ip, ip.BitLen()), class)
+		}
+	}
+	addrs, err := interfaceAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("listing this node's addresses, which downloads may not reach: %w", err)
+	}
+	for _, a := range addrs {
+		if ipNet, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(ipNet.IP); ok {
+				addAddress(ip, "an address of this node")
+			}
+		}
+	}
+	nodes, err := ds.KubeNodes.List(labels.Everything())
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range nodes {
+		for _, a := range n.Status.Addresses {
+			ip, err := netip.ParseAddr(a.Address)
+			if err != nil || (a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP) {
+				continue
+			}
+			addAddress(ip, "an address of the node "+n.Name)
+		}
+		for _, cidr := range n.Spec.PodCIDRs {
+			if p, err := netip.ParsePrefix(cidr); err == nil {
+				add(p.Masked(), "a Pod network address of the cluster")
+			}
+		}
+	}
+	serviceCIDRs, err := ds.ServiceCIDRs.List(labels.Everything())
+	if err != nil {
+		return nil, err
+	}
+	for _, sc := range serviceCIDRs {
+		for _, cidr := range sc.Spec.CIDRs {
+			if p, err := netip.ParsePrefix(cidr); err == nil {
+				add(p.Masked(), "a Service address of the cluster")
+			}
+		}
+	}
+	return out, nil
 }
 
 // limitSetting names the setting a refusal depends on ("" for none).
