@@ -75,7 +75,8 @@ func orDefault[T int64 | time.Duration](v, def T) T {
 // DNS resolution (dialContext): a name that resolves, or later re-resolves
 // (DNS rebinding), to a refused address is refused as well, which no check
 // of the URL's host name could promise. With HTTP(S)_PROXY set it is the
-// proxy that is dialled and checked; the proxy decides what it reaches.
+// proxy that is dialled and checked (one on a private address must be
+// allowed); the proxy decides what it reaches.
 func (p DownloadPolicy) client() *http.Client {
 	return &http.Client{
 		Transport: &http.Transport{
