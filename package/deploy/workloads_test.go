@@ -155,17 +155,36 @@ func TestChartWiresEveryFlag(t *testing.T) {
 
 // What each Pod may do on its node: privileged only for the CSI node
 // plugin and, serving volumes as FUSE files (instanceManager.fuseFiles,
-// the default), the instance manager; the host network for the Pods that listen or reach the API
-// server; requests everywhere; the update strategies.
+// the default), the instance manager; the runtime's default seccomp
+// profile for every Pod, and a user that is not root for those that touch
+// no host directory; a read-only root filesystem everywhere; the host
+// network for the Pods that listen or reach the API server; requests
+// everywhere; the update strategies.
 func TestChartPodsBehaveOnANode(t *testing.T) {
 	objs := rendered(t)
 	specs := pods(t, objs)
 	require.ElementsMatch(t, []string{"strata-manager", "strata-instance-manager", "strata-csi-node",
 		"strata-csi-controller", "snapshot-controller"}, keys(specs))
+	// Why the others run as root (with no capability): their data and
+	// state are root's files in host directories (README "What runs").
+	nonRoot := []string{"strata-csi-controller", "snapshot-controller"}
 	for name, spec := range specs {
+		psc := spec.SecurityContext
+		require.NotNil(t, psc, "%s has no Pod securityContext", name)
+		require.NotNil(t, psc.SeccompProfile, name)
+		assert.Equal(t, corev1.SeccompProfileTypeRuntimeDefault, psc.SeccompProfile.Type, name)
+		if slices.Contains(nonRoot, name) {
+			assert.True(t, *psc.RunAsNonRoot, name)
+			assert.NotZero(t, *psc.RunAsUser, name)
+			assert.NotZero(t, *psc.RunAsGroup, name)
+			for _, v := range spec.Volumes {
+				assert.Nil(t, v.HostPath, "%s: a host directory in a Pod that runs as non-root", name)
+			}
+		}
 		for _, c := range spec.Containers {
 			sc := c.SecurityContext
 			require.NotNil(t, sc, "%s/%s has no securityContext", name, c.Name)
+			assert.True(t, sc.ReadOnlyRootFilesystem != nil && *sc.ReadOnlyRootFilesystem, "%s/%s: read-only root filesystem", name, c.Name)
 			privileged := sc.Privileged != nil && *sc.Privileged
 			assert.Equal(t, name == "strata-csi-node" || name == "strata-instance-manager", privileged, "%s/%s privileged", name, c.Name)
 			if !privileged {

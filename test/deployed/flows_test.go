@@ -41,6 +41,7 @@ func TestUserFlows(t *testing.T) {
 		{"KubectlStrataPlugin", testKubectlStrataPlugin},
 		{"KubectlStrataWithAClientCertificate", testKubectlStrataWithAClientCertificate},
 		{"ManagerTokenOpensNoOtherDoor", testManagerTokenOpensNoOtherDoor},
+		{"ComponentsRunConfined", testComponentsRunConfined},
 	} {
 		t.Run(flow.name, func(t *testing.T) {
 			t.Parallel()

@@ -2,6 +2,11 @@ package deployed
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -81,4 +86,83 @@ func testManagerTokenOpensNoOtherDoor(t *testing.T) {
 			assert.NoError(t, err)
 		})
 	}
+}
+
+// Every Strata container runs as the chart says (issue 46), read from the
+// kernel's view of its processes on the nodes (/proc/<pid>/status of the
+// processes in the kubelet's cgroups): the runtime's seccomp filter, no
+// new privileges and no capability for the unprivileged ones, a user that
+// is not root where no host directory is touched; the two privileged
+// containers (the CSI node plugin; the instance manager with FUSE files)
+// are the chart's documented exceptions and are not checked here.
+func testComponentsRunConfined(t *testing.T) {
+	procs := kubeletProcesses(t)
+	for _, tc := range []struct {
+		name    string
+		cmdline *regexp.Regexp
+		nonRoot bool
+	}{
+		{"manager", regexp.MustCompile(`strata-manager\x00daemon\x00`), false},
+		{"CSI controller plugin", regexp.MustCompile(`strata-manager\x00csi\x00--mode=controller`), true},
+		{"csi-provisioner", regexp.MustCompile(`(^|/)csi-provisioner\x00`), true},
+		{"csi-attacher", regexp.MustCompile(`(^|/)csi-attacher\x00`), true},
+		{"csi-snapshotter", regexp.MustCompile(`(^|/)csi-snapshotter\x00`), true},
+		{"csi-snapshot-metadata", regexp.MustCompile(`(^|/)csi-snapshot-metadata\x00`), true},
+		{"snapshot-controller", regexp.MustCompile(`(^|/)snapshot-controller\x00`), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var seen int
+			for _, p := range procs {
+				if !tc.cmdline.MatchString(p.cmdline) {
+					continue
+				}
+				seen++
+				assert.Equal(t, "2", p.status["Seccomp"], "pid %d: seccomp filter mode", p.pid)
+				assert.Equal(t, "1", p.status["NoNewPrivs"], "pid %d", p.pid)
+				assert.Equal(t, "0000000000000000", p.status["CapEff"], "pid %d: effective capabilities", p.pid)
+				uids := strings.Fields(p.status["Uid"])
+				require.Len(t, uids, 4, "pid %d", p.pid)
+				for _, uid := range uids {
+					assert.Equal(t, tc.nonRoot, uid != "0", "pid %d: uids %v", p.pid, uids)
+				}
+			}
+			assert.NotZero(t, seen, "no process of %s found in the kubelet's cgroups", tc.name)
+		})
+	}
+}
+
+type process struct {
+	pid     int
+	cmdline string // NUL-separated, as /proc gives it
+	status  map[string]string
+}
+
+// kubeletProcesses are the processes of this machine that run in a Pod
+// (a kubepods cgroup): the local cluster's nodes all run here.
+func kubeletProcesses(t *testing.T) []process {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	require.NoError(t, err)
+	var out []process
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		dir := filepath.Join("/proc", e.Name())
+		cgroup, err1 := os.ReadFile(filepath.Join(dir, "cgroup"))
+		cmdline, err2 := os.ReadFile(filepath.Join(dir, "cmdline"))
+		status, err3 := os.ReadFile(filepath.Join(dir, "status"))
+		if err1 != nil || err2 != nil || err3 != nil || !strings.Contains(string(cgroup), "kubepods") {
+			continue // gone meanwhile, or not in a Pod
+		}
+		fields := map[string]string{}
+		for line := range strings.Lines(string(status)) {
+			if k, v, ok := strings.Cut(line, ":"); ok {
+				fields[k] = strings.TrimSpace(v)
+			}
+		}
+		out = append(out, process{pid: pid, cmdline: string(cmdline), status: fields})
+	}
+	return out
 }

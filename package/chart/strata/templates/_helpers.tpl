@@ -138,6 +138,21 @@ on the host later (a disk, an NFS export) shows through (HostToContainer). */}}
 
 {{/* The security context of the manager and the instance manager: root (their
 host directories are root's), no capability, no escalation, read-only image. */}}
+{{- /* A Pod's security context: the container runtime's default seccomp
+profile for every container, and with nonRoot a user and group that are
+not root (65532, as distroless images' "nonroot"), for the Pods that touch
+no host directory. Privileged containers run unconfined whatever it says
+(README "What runs"). */ -}}
+{{- define "strata.podSecurity" -}}
+securityContext:
+  seccompProfile: {type: RuntimeDefault}
+  {{- if .nonRoot }}
+  runAsNonRoot: true
+  runAsUser: 65532
+  runAsGroup: 65532
+  {{- end }}
+{{- end }}
+
 {{- define "strata.unprivileged" -}}
 securityContext:
   privileged: false
