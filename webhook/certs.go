@@ -32,6 +32,12 @@ const (
 	// bundle before it signs certificates, so that the API server and every
 	// manager and instance manager trust it by then.
 	promoteAfter = 30 * time.Second
+	// retireAfter is how long the replaced CA stays trusted after the new
+	// one was promoted: every node's keeper re-issues its identities on
+	// the Secret's change (seconds), and the webhook serving certificates
+	// follow; after it a certificate of the old CA is refused everywhere,
+	// which is what rotating after a key theft is for.
+	retireAfter = time.Minute
 )
 
 // servingCert is one manager's serving certificate.

@@ -139,7 +139,7 @@ func TestRotationNeverCutsOffAManager(t *testing.T) {
 
 	// Phase 2: the next CA becomes current; the manager re-issues from it;
 	// the old CA stays in the bundle for managers that have not yet.
-	state.Promote()
+	state.Promote(clk.Now())
 	assert.Nil(t, state.Next)
 	assert.False(t, state.Current.Cert.Equal(oldCA))
 	assert.Len(t, state.Bundle, 2)
@@ -151,14 +151,18 @@ func TestRotationNeverCutsOffAManager(t *testing.T) {
 	cert, _ := certs.GetCertificate(nil)
 	assert.True(t, cert.Leaf.CheckSignatureFrom(state.Current.Cert) == nil, "signed by the new CA")
 
-	// Once the old CA has expired it leaves the bundle.
-	clk.SetTime(oldCA.NotAfter.Add(time.Second))
-	changed, err = state.Rotate(clk.Now(), rotateBefore)
-	require.NoError(t, err)
-	assert.True(t, changed)
+	// Phase 3: the old CA is retired from the bundle retireAfter later.
+	assert.Equal(t, clk.Now().Add(retireAfter), state.RetireDue(retireAfter))
+	assert.True(t, state.Retire())
 	assert.Len(t, state.Bundle, 1)
 	assert.True(t, state.Bundle[0].Equal(state.Current.Cert))
 	require.NoError(t, verifies(t, certs, state.BundlePEM(), clk.Now(), host))
+
+	// Until the next rotation, nothing changes, the old CA's expiry included.
+	clk.SetTime(oldCA.NotAfter.Add(time.Second))
+	changed, err = state.Rotate(clk.Now(), rotateBefore)
+	require.NoError(t, err)
+	assert.False(t, changed)
 }
 
 func TestAnExpiredCAIsReplacedAtOnce(t *testing.T) {

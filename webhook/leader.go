@@ -151,8 +151,20 @@ func (s *Server) reconcileAsLeader(ctx context.Context, st *leaderState) (time.D
 		if wait := st.changedAt.Add(promoteAfter).Sub(now); wait > 0 {
 			return min(wait, next), nil
 		}
-		state.Promote()
+		state.Promote(now)
 		s.log.WithField("ca", state.Current.Cert.Subject.CommonName).Info("The new webhook CA now signs serving certificates")
+		return retryWait, pki.WriteCAState(ctx, s.secretsClient, secret, state)
+	}
+	// Phase 3: the replaced CA leaves every trust bundle once everyone has
+	// re-issued from the new one.
+	if due := state.RetireDue(retireAfter); !due.IsZero() {
+		if wait := due.Sub(now); wait > 0 {
+			return min(wait, next), nil
+		}
+		if state.Retire() {
+			s.log.WithFields(logrus.Fields{"ca": state.Current.Cert.Subject.CommonName, "cas": len(state.Bundle)}).
+				Info("Retired the replaced CA: certificates it signed are refused from now on")
+		}
 		return retryWait, pki.WriteCAState(ctx, s.secretsClient, secret, state)
 	}
 	return min(leaderResync, next), nil

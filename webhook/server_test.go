@@ -258,13 +258,21 @@ func TestLeaderRotatesTheCA(t *testing.T) {
 	promoted := current()
 	assert.Nil(t, promoted.Next)
 	assert.True(t, promoted.Current.Cert.Equal(rotating.Next.Cert))
-	assert.Len(t, promoted.Bundle, 2, "the old CA stays trusted until it expires")
+	assert.Len(t, promoted.Bundle, 2, "the old CA stays trusted while every component re-issues")
 
-	assert.Equal(t, leaderResync, pass())
+	assert.Equal(t, retireAfter, pass(), "phase 3 waits for every component to re-issue")
 	assert.Equal(t, promoted.BundlePEM(), bundleInConfig())
+
+	clk.Step(retireAfter)
+	assert.Equal(t, retryWait, pass(), "phase 3 writes the Secret")
+	retired := current()
+	require.Len(t, retired.Bundle, 1, "the old CA is retired")
+	assert.True(t, retired.Bundle[0].Equal(promoted.Current.Cert))
+	assert.Equal(t, leaderResync, pass())
+	assert.Equal(t, retired.BundlePEM(), bundleInConfig(), "the API server no longer trusts the old CA")
 	cm, err := env.Kube.CoreV1().ConfigMaps(ns).Get(ctx, types.CABundleConfigMap, metav1.GetOptions{})
 	require.NoError(t, err)
-	assert.Equal(t, string(promoted.BundlePEM()), cm.Data[types.CABundleKey], "users' tools see the same bundle")
+	assert.Equal(t, string(retired.BundlePEM()), cm.Data[types.CABundleKey], "users' tools see the same bundle")
 }
 
 // An admin asks for a rotation with an annotation; the leader starts phase

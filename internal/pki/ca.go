@@ -40,8 +40,12 @@ const (
 	KeyNextCert = "next-ca.crt"
 	KeyNextKey  = "next-ca.key"
 	// KeyBundle holds every CA certificate clients must trust: the current
-	// one, the next one during a rotation, and replaced ones until they expire.
+	// one, the next one during a rotation, and a replaced one until it is
+	// retired.
 	KeyBundle = "ca-bundle.crt"
+	// KeyPromotedAt is when the current CA replaced another (RFC 3339);
+	// set until the replaced one is retired.
+	KeyPromotedAt = "promoted-at"
 )
 
 // KeyPair is a certificate and its private key.
@@ -151,8 +155,11 @@ type CAState struct {
 	Current *KeyPair
 	Next    *KeyPair // only during a rotation
 	// Bundle holds every CA certificate peers must trust: the current one,
-	// the next one during a rotation, and replaced ones until they expire.
+	// the next one during a rotation, and a replaced one until Retire.
 	Bundle []*x509.Certificate
+	// PromotedAt is when Current replaced another CA; zero once the
+	// replaced one is retired.
+	PromotedAt time.Time
 }
 
 // NewCAState is the state of a new CA.
@@ -178,6 +185,11 @@ func ParseCAState(data map[string][]byte) (*CAState, error) {
 	}
 	if s.Bundle, err = ParseCerts(data[KeyBundle]); err != nil {
 		return nil, fmt.Errorf("%s: %w", KeyBundle, err)
+	}
+	if v := data[KeyPromotedAt]; len(v) > 0 {
+		if s.PromotedAt, err = time.Parse(time.RFC3339, string(v)); err != nil {
+			return nil, fmt.Errorf("%s: %w", KeyPromotedAt, err)
+		}
 	}
 	// The bundle must hold the CAs in use, whatever was written.
 	for _, kp := range []*KeyPair{s.Current, s.Next} {
@@ -206,6 +218,9 @@ func (s *CAState) SecretData() (map[string][]byte, error) {
 		}
 		data[KeyNextCert] = CertPEM(s.Next.Cert)
 	}
+	if !s.PromotedAt.IsZero() {
+		data[KeyPromotedAt] = []byte(s.PromotedAt.UTC().Format(time.RFC3339))
+	}
 	return data, nil
 }
 
@@ -225,12 +240,14 @@ func (s *CAState) BundlePEM() []byte {
 //     added to the bundle; the leader then writes the bundle into the webhook
 //     configurations, while serving certificates still come from the current CA;
 //  2. promote (below) makes the next CA current once the bundle has been
-//     applied, and managers re-issue their serving certificates from it.
+//     applied, and managers re-issue their serving certificates from it;
+//  3. retire (below) drops the replaced CA from the bundle once every
+//     component has had the time to re-issue: from then on a certificate
+//     it signed (a stolen key's, the reason to rotate) is refused.
 //
-// The replaced CA stays in the bundle until it expires, since managers that
-// have not re-issued yet still present certificates it signed. A CA that has
-// already expired (a cluster switched off for a year) is replaced at once:
-// nothing it signed is valid any more. rotate reports whether s changed.
+// A CA that has already expired (a cluster switched off for a year) is
+// replaced at once: nothing it signed is valid any more. rotate reports
+// whether s changed.
 func (s *CAState) Rotate(now time.Time, rotateBefore time.Duration) (bool, error) {
 	changed := false
 	switch {
@@ -242,7 +259,7 @@ func (s *CAState) Rotate(now time.Time, rotateBefore time.Duration) (bool, error
 			}
 			s.Next = ca
 		}
-		s.Current, s.Next, changed = s.Next, nil, true
+		s.Current, s.Next, s.PromotedAt, changed = s.Next, nil, now, true
 	case s.Next == nil && !now.Before(s.Current.Cert.NotAfter.Add(-rotateBefore)):
 		ca, err := NewCA(now)
 		if err != nil {
@@ -250,7 +267,8 @@ func (s *CAState) Rotate(now time.Time, rotateBefore time.Duration) (bool, error
 		}
 		s.Next, changed = ca, true
 	}
-	// Keep the bundle: CAs in use, and older ones until they expire.
+	// Keep the bundle: CAs in use, and a replaced one until it is retired
+	// or expires.
 	bundle := s.Bundle[:0:0]
 	for _, c := range s.Bundle {
 		if now.Before(c.NotAfter) || c.Equal(s.Current.Cert) {
@@ -269,12 +287,37 @@ func (s *CAState) Rotate(now time.Time, rotateBefore time.Duration) (bool, error
 	return changed, nil
 }
 
-// promote makes the next CA current. The caller has had the bundle, which
-// holds the next CA, in the configurations for promoteAfter.
-func (s *CAState) Promote() {
+// Promote makes the next CA current at now. The caller has had the bundle,
+// which holds the next CA, in the configurations for promoteAfter.
+func (s *CAState) Promote(now time.Time) {
 	if s.Next != nil {
-		s.Current, s.Next = s.Next, nil
+		s.Current, s.Next, s.PromotedAt = s.Next, nil, now
 	}
+}
+
+// RetireDue is when the CA the current one replaced leaves the bundle:
+// after, from its promotion; zero when there is none to retire.
+func (s *CAState) RetireDue(after time.Duration) time.Time {
+	if s.PromotedAt.IsZero() {
+		return time.Time{}
+	}
+	return s.PromotedAt.Add(after)
+}
+
+// Retire keeps in the bundle only the CAs in use (the current one, and the
+// next during a rotation), dropping those the current one replaced, and
+// reports whether anything was dropped. The caller waits RetireDue first,
+// so that every component holds a certificate of the current CA.
+func (s *CAState) Retire() bool {
+	bundle := s.Bundle[:0:0]
+	for _, c := range s.Bundle {
+		if c.Equal(s.Current.Cert) || (s.Next != nil && c.Equal(s.Next.Cert)) {
+			bundle = append(bundle, c)
+		}
+	}
+	changed := len(bundle) != len(s.Bundle) || !s.PromotedAt.IsZero()
+	s.Bundle, s.PromotedAt = bundle, time.Time{}
+	return changed
 }
 
 // AnnotationRotateCA on the CA Secret asks the webhook leader to rotate the

@@ -14,6 +14,7 @@ import (
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/internal/pki"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
+	"github.com/strata-storage/strata/webhook"
 )
 
 // The CA is rotated while a Pod writes to a claim (issue 24), as an admin
@@ -40,6 +41,11 @@ func TestCertificateRotationWhileAPodWrites(t *testing.T) {
 	require.Equal(t, "127.0.0.2", getVolume(t, volume).Status.CurrentNodeID)
 
 	old, err := caState(ctx)
+	require.NoError(t, err)
+	// A manager certificate of the CA before the rotation, as a thief who
+	// took that CA's key would make: refused everywhere once the rotation
+	// has retired the old CA (issue 46).
+	stolen, err := pki.SourceFromSecret(ctx, env.kube, ns, pki.Identity{Component: pki.ComponentManager, Node: "stolen"})
 	require.NoError(t, err)
 	kubectl(t, "-n", ns, "annotate", "secret", pki.CASecretName, pki.AnnotationRotateCA+"=now")
 	start := time.Now()
@@ -92,6 +98,45 @@ func TestCertificateRotationWhileAPodWrites(t *testing.T) {
 	})
 
 	t.Logf("%d chunks written and verified across the rotation", stopAndVerify(t, "rot-w"))
+
+	// The end of the rotation: the old CA leaves the Secret's bundle, every
+	// instance manager's and the webhooks' trust, and its certificate is
+	// refused by every instance manager (a gRPC call fails in the handshake).
+	require.Eventually(t, func() bool {
+		st, err := caState(ctx)
+		return err == nil && len(st.Bundle) == 1 && st.Bundle[0].Equal(current)
+	}, 3*time.Minute, time.Second, "the old CA is retired from the Secret's bundle")
+	t.Logf("the old CA retired %s after the rotation began", time.Since(start).Round(time.Second))
+	for _, node := range env.nodes {
+		dir := filepath.Join(clusterNode(t, node).StrataDir(), "tls")
+		require.Eventually(t, func() bool {
+			_, bundle, err := pki.ReadDir(dir)
+			return err == nil && len(bundle) == 1 && bundle[0].Equal(current)
+		}, time.Minute, 200*time.Millisecond, "%s's instance manager trusts the new CA alone", node)
+	}
+	vc, err := env.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhook.ValidatorConfigName, metav1.GetOptions{})
+	require.NoError(t, err)
+	require.NotEmpty(t, vc.Webhooks)
+	webhookCAs, err := pki.ParseCerts(vc.Webhooks[0].ClientConfig.CABundle)
+	require.NoError(t, err)
+	assert.Len(t, webhookCAs, 1, "the API server trusts the new CA alone")
+	for node, endpoint := range endpoints {
+		c, err := engineapi.NewClient(endpoint, 10*time.Second, pki.ClientConfig(withTrust(t, stolen, current), pki.ComponentInstanceManager))
+		if err == nil {
+			_, err = c.InstanceList(ctx)
+			c.Close()
+		}
+		require.Error(t, err, "%s's instance manager refuses a certificate of the retired CA", node)
+	}
+}
+
+// withTrust is src's certificate with roots of ca: a client that trusts the
+// cluster's current CA, so that only its own certificate can be refused.
+func withTrust(t *testing.T, src *pki.MemorySource, ca *x509.Certificate) *pki.MemorySource {
+	t.Helper()
+	var m pki.MemorySource
+	m.Set(src.Issued(), []*x509.Certificate{ca})
+	return &m
 }
 
 // caState is the CA Secret's state, read as an admin reads the Secret.
