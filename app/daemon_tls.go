@@ -42,7 +42,7 @@ func startCertificates(ctx context.Context, wg *sync.WaitGroup, log logrus.Field
 			"the instance manager accepts only callers with certificates")
 	}
 	keeper, err := pki.NewKeeper(log, kube, pki.KeeperOptions{Namespace: cfg.namespace, Node: cfg.nodeName,
-		ManagerHosts: managerHosts(cfg), InstanceManagerDir: cfg.imTLSDir})
+		ManagerHosts: managerHosts(cfg), InstanceManagerDir: cfg.imTLSDir, InstanceManagerHosts: instanceManagerHosts(cfg)})
 	if err != nil {
 		return nil, err
 	}
@@ -63,6 +63,16 @@ func managerHosts(cfg daemonConfig) []string {
 		}
 	}
 	return hosts
+}
+
+// instanceManagerHosts is the address this node's instance manager is
+// dialled at (--instance-manager-address's host): the one name its
+// certificate carries besides its identity, which peers check.
+func instanceManagerHosts(cfg daemonConfig) []string {
+	if h, _, err := net.SplitHostPort(cfg.imAddress); err == nil && h != "" {
+		return []string{h}
+	}
+	return nil
 }
 
 // waitCertificates blocks until the keeper has issued this node's

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/strata-storage/strata/engineapi/impb"
+	"github.com/strata-storage/strata/internal/pki"
 )
 
 // DefaultTimeout bounds every unary call; streams are bounded by their context.
@@ -51,7 +52,9 @@ func NewClient(address string, timeout time.Duration, tlsConfig *tls.Config, ext
 	}
 	creds := insecure.NewCredentials()
 	if tlsConfig != nil {
-		creds = credentials.NewTLS(tlsConfig)
+		// The instance manager must also show a certificate issued for
+		// this address: another node's is refused.
+		creds = credentials.NewTLS(pki.ForAddress(tlsConfig, address))
 	}
 	conn, err := grpc.NewClient(address, append([]grpc.DialOption{
 		grpc.WithTransportCredentials(creds),

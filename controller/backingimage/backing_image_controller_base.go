@@ -16,6 +16,7 @@ import (
 	"github.com/strata-storage/strata/controller/kit"
 	"github.com/strata-storage/strata/datastore"
 	"github.com/strata-storage/strata/engineapi"
+	"github.com/strata-storage/strata/internal/pki"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 )
@@ -48,7 +49,7 @@ func NewBackingImageController(logger logrus.FieldLogger, ds *datastore.DataStor
 		// overall timeout: an image may take hours; a stalled peer is
 		// caught by the transport's header timeout and a cancelled job.
 		httpClient: &http.Client{Transport: &http.Transport{Proxy: http.ProxyFromEnvironment,
-			ResponseHeaderTimeout: time.Minute, TLSClientConfig: peerTLS}},
+			ResponseHeaderTimeout: time.Minute, TLSClientConfig: peerTLS, DialTLSContext: pki.DialTLSContext(peerTLS)}},
 		peerScheme:  map[bool]string{true: "https", false: "http"}[peerTLS != nil],
 		uploadLimit: uploadLimit,
 	}

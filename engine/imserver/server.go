@@ -29,6 +29,7 @@ import (
 	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/engineapi/impb"
 	"github.com/strata-storage/strata/internal/fsfreeze"
+	"github.com/strata-storage/strata/internal/pki"
 )
 
 // Options configure a Server.
@@ -511,7 +512,10 @@ func modeToProto(m replication.Mode) impb.ReplicaMode {
 // per byte for nothing.
 func (s *Server) dataOptions(address string, timeout time.Duration) dataconn.Options {
 	_, own := s.ownData.Load(address)
-	return dataconn.Options{Timeout: timeout, Log: s.log, TLS: s.opts.DataClientTLS, Unencrypted: s.opts.DataUnencrypted || own}
+	// The replica's instance manager must show a certificate issued for
+	// address: another node's is refused (pki.ForAddress).
+	return dataconn.Options{Timeout: timeout, Log: s.log, TLS: pki.ForAddress(s.opts.DataClientTLS, address),
+		Unencrypted: s.opts.DataUnencrypted || own}
 }
 
 // dataServerOptions are a replica's data listener's.

@@ -3,6 +3,7 @@ package pki
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"fmt"
 	"time"
 
@@ -41,7 +42,11 @@ type KeeperOptions struct {
 	// certificate and the bundle (its --tls-dir); empty: no instance
 	// manager on this node.
 	InstanceManagerDir string
-	Clock              clock.Clock
+	// InstanceManagerHosts are the addresses its gRPC and data listeners
+	// are dialled at (IP SANs and DNS names): peers check them
+	// (ForAddress), so that another node's certificate is refused.
+	InstanceManagerHosts []string
+	Clock                clock.Clock
 }
 
 // Keeper keeps a node's identities current: the manager's own (in memory)
@@ -88,7 +93,7 @@ func NewKeeper(log logrus.FieldLogger, kube kubernetes.Interface, opts KeeperOpt
 	if opts.InstanceManagerDir != "" {
 		// After a restart: keep what the instance manager already has
 		// while it is still good.
-		if cert, bundle, err := ReadDir(opts.InstanceManagerDir); err == nil {
+		if cert, bundle, err := ReadDir(opts.InstanceManagerDir); err == nil && issuedFor(cert.Leaf, opts.InstanceManagerHosts) {
 			k.imCert = &IssuedCert{TLS: cert, RenewAt: cert.Leaf.NotBefore.Add(cert.Leaf.NotAfter.Sub(cert.Leaf.NotBefore) * 2 / 3)}
 			for _, c := range bundle {
 				if cert.Leaf.CheckSignatureFrom(c) == nil {
@@ -99,6 +104,17 @@ func NewKeeper(log logrus.FieldLogger, kube kubernetes.Interface, opts KeeperOpt
 		}
 	}
 	return k, nil
+}
+
+// issuedFor reports whether c names every one of hosts: a certificate
+// issued before it named them, or for another address, is replaced at once.
+func issuedFor(c *x509.Certificate, hosts []string) bool {
+	for _, h := range hosts {
+		if c.VerifyHostname(h) != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // Ready is closed once both identities have been issued.
@@ -170,7 +186,8 @@ func (k *Keeper) refreshInstanceManager(state *CAState, now time.Time) (time.Dur
 	cert, bundle := k.imCert, state.BundlePEM()
 	if cert.Due(state, now) {
 		var err error
-		if cert, err = IssueIdentity(state.Current, Identity{Component: ComponentInstanceManager, Node: k.opts.Node}, nil, now); err != nil {
+		if cert, err = IssueIdentity(state.Current, Identity{Component: ComponentInstanceManager, Node: k.opts.Node},
+			k.opts.InstanceManagerHosts, now); err != nil {
 			return 0, err
 		}
 	}

@@ -1,10 +1,12 @@
 package pki
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"sync/atomic"
 )
@@ -95,6 +97,49 @@ func ClientConfig(src Source, allow ...string) *tls.Config {
 		InsecureSkipVerify:    true, //nolint:gosec // verifyPeer checks chain and identity
 		GetClientCertificate:  func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return src.Certificate() },
 		VerifyPeerCertificate: verifyPeer(src, false, allow),
+	}
+}
+
+// ForAddress is cfg (a ClientConfig) for a dial to address (host:port): the
+// server's certificate must also be issued for that host (an IP or DNS
+// SAN), so that a peer presenting another node's certificate — stolen, or
+// on an address it took over — is refused; the identity alone names a
+// component, which every node's certificate does. A certificate without
+// any IP or DNS SAN (from before they were issued) is refused too. nil
+// stays nil (plain connections of in-process tests).
+func ForAddress(cfg *tls.Config, address string) *tls.Config {
+	if cfg == nil {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(address)
+	if err != nil {
+		host = address
+	}
+	out := cfg.Clone()
+	out.VerifyConnection = func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("no certificate presented")
+		}
+		leaf := cs.PeerCertificates[0]
+		if err := leaf.VerifyHostname(host); err != nil {
+			id, _ := IdentityOf(leaf)
+			return fmt.Errorf("peer %s at %s: its certificate is not for this address (issued for %v %v): "+
+				"another node's certificate", id, address, leaf.IPAddresses, leaf.DNSNames)
+		}
+		return nil
+	}
+	return out
+}
+
+// DialTLSContext dials with cfg bound to each dialled address (ForAddress):
+// an http.Transport's DialTLSContext; nil for a nil cfg (plain HTTP).
+func DialTLSContext(cfg *tls.Config) func(ctx context.Context, network, address string) (net.Conn, error) {
+	if cfg == nil {
+		return nil
+	}
+	return func(ctx context.Context, network, address string) (net.Conn, error) {
+		d := &tls.Dialer{Config: ForAddress(cfg, address)}
+		return d.DialContext(ctx, network, address)
 	}
 }
 

@@ -193,3 +193,54 @@ func TestDirSourceFollowsTheFiles(t *testing.T) {
 }
 
 func writeRaw(path, data string) error { return os.WriteFile(path, []byte(data), 0o600) }
+
+// A client bound to the address it dials (ForAddress) refuses a server
+// whose certificate was issued for another node's address, though the CA
+// signed it and it names the right component: an engine dialling node B's
+// replica refuses node A's certificate. A certificate naming no address
+// (from before they were issued) is refused as well.
+func TestClientsCheckTheNodeTheyMeantToReach(t *testing.T) {
+	ca := newState(t)
+	client := ClientConfig(memSource(t, ca, Identity{Component: ComponentManager, Node: "n0"}), ComponentInstanceManager)
+	issued := func(node string, hosts ...string) *MemorySource {
+		c, err := IssueIdentity(ca.Current, Identity{Component: ComponentInstanceManager, Node: node}, hosts, t0)
+		require.NoError(t, err)
+		var m MemorySource
+		m.Set(c, ca.Bundle)
+		return &m
+	}
+	for _, tc := range []struct {
+		name    string
+		server  *MemorySource
+		wantErr string
+	}{
+		{"node B's own certificate", issued("node-b", "127.0.0.2"), ""},
+		{"node A's certificate at node B's address", issued("node-a", "127.0.0.1"),
+			"peer strata://instance-manager/node-a at 127.0.0.2:"},
+		{"a certificate naming no address", issued("node-b"), "its certificate is not for this address"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.2:0")
+			require.NoError(t, err)
+			defer ln.Close()
+			go func() {
+				c, err := ln.Accept()
+				if err == nil {
+					_ = tls.Server(c, ServerConfig(tc.server, ComponentManager)).Handshake()
+					c.Close()
+				}
+			}()
+			raw, err := net.Dial("tcp", ln.Addr().String())
+			require.NoError(t, err)
+			defer raw.Close()
+			err = tls.Client(raw, ForAddress(client, ln.Addr().String())).Handshake()
+			if tc.wantErr == "" {
+				assert.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.wantErr)
+		})
+	}
+	assert.Nil(t, ForAddress(nil, "127.0.0.1:1"), "plain stays plain")
+}
