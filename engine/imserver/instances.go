@@ -113,6 +113,16 @@ func loadSpecs(dir string) ([]instanceSpec, error) {
 	if err := json.Unmarshal(data, &specs); err != nil {
 		return nil, fmt.Errorf("%s is damaged: %w", filepath.Join(dir, specsFile), err)
 	}
+	// The names are joined into paths again (FUSE files, NBD exports): the
+	// file is the owner's only, but it is checked like a request, so a
+	// name that could not have been created is never used.
+	for i, spec := range specs {
+		for _, f := range []struct{ field, v string }{{"name", spec.Name}, {"volumeName", spec.VolumeName}} {
+			if err := checkName(f.field, f.v); err != nil {
+				return nil, fmt.Errorf("%s is damaged: instance %d: %w", filepath.Join(dir, specsFile), i, err)
+			}
+		}
+	}
 	return specs, nil
 }
 

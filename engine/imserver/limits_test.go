@@ -3,6 +3,8 @@ package imserver
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -133,4 +135,28 @@ func TestReplicaAddIsBounded(t *testing.T) {
 	require.Error(t, err)
 	assert.Equal(t, codes.ResourceExhausted, status.Code(err), err.Error())
 	assert.Contains(t, err.Error(), "engine e has 32 replicas, the most one takes")
+}
+
+// The state file's names are checked when it is read back, as a request's
+// are: a name that could not have been created is never joined into a path.
+func TestLoadSpecsChecksNames(t *testing.T) {
+	for _, tc := range []struct {
+		name, specs, wantErr string
+	}{
+		{"good", `[{"name":"v1-r-0a1b2c3d","type":2,"volumeName":"v1","size":4096}]`, ""},
+		{"volume name outside", `[{"name":"v1-r-0a1b2c3d","type":2,"volumeName":"../../etc","size":4096}]`, `instance 0: volumeName "../../etc"`},
+		{"empty name", `[{"name":"","type":2,"volumeName":"v1","size":4096}]`, "instance 0: name is empty"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			require.NoError(t, os.WriteFile(filepath.Join(dir, specsFile), []byte(tc.specs), 0o600))
+			specs, err := loadSpecs(dir)
+			if tc.wantErr == "" {
+				require.NoError(t, err)
+				assert.Len(t, specs, 1)
+				return
+			}
+			assert.ErrorContains(t, err, tc.wantErr)
+		})
+	}
 }

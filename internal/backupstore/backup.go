@@ -11,6 +11,8 @@ import (
 	"io"
 	"sync"
 	"time"
+
+	"github.com/strata-storage/strata/types"
 )
 
 // BackupInput describes one backup of one snapshot.
@@ -196,10 +198,15 @@ func (t *Target) newBackupRun(in *BackupInput) (*backupRun, error) {
 }
 
 func (t *Target) checkInput(in *BackupInput) error {
-	for _, c := range []struct{ field, v string }{{"volume", in.Volume}, {"backup", in.Backup}, {"snapshot", in.Snapshot}} {
+	for _, c := range []struct{ field, v string }{{"volume", in.Volume}, {"backup", in.Backup}} {
 		if err := checkName(c.field, c.v); err != nil {
 			return err
 		}
+	}
+	// The snapshot's name is no key segment (only the manifest records
+	// it): the data plane's own rule, which allows what the replicas do.
+	if err := types.ValidateSnapshotName(in.Snapshot); err != nil {
+		return fmt.Errorf("snapshot: %w", err)
 	}
 	switch {
 	case in.Size <= 0 || in.Size/t.format.ChunkSize >= 1<<32:

@@ -166,6 +166,10 @@ func TestBackupInputErrorsNameTheField(t *testing.T) {
 	}{
 		{BackupInput{Volume: "V/1", Backup: "b", Snapshot: "s", Size: 10, Source: src}, `volume "V/1"`},
 		{BackupInput{Volume: "v", Backup: "", Snapshot: "s", Size: 10, Source: src}, `backup ""`},
+		// DNS-1123, as the API server: no empty label between dots.
+		{BackupInput{Volume: "a..b", Backup: "b", Snapshot: "s", Size: 10, Source: src}, `volume "a..b"`},
+		{BackupInput{Volume: "v", Backup: "b.-c", Snapshot: "s", Size: 10, Source: src}, `backup "b.-c"`},
+		{BackupInput{Volume: "v", Backup: "b", Snapshot: "../s", Size: 10, Source: src}, `snapshot: `},
 		{BackupInput{Volume: "v", Backup: "b", Snapshot: "s", Size: 0, Source: src}, "size 0"},
 		{BackupInput{Volume: "v", Backup: "b", Snapshot: "s", Size: 10}, "source: required"},
 		{BackupInput{Volume: "v", Backup: "b", Snapshot: "s", Size: 10, Source: src, Backing: []Range{{0, 10}}}, "backingImage: required"},
@@ -174,6 +178,16 @@ func TestBackupInputErrorsNameTheField(t *testing.T) {
 		_, err := e.tgt.Backup(context.Background(), tc.in)
 		assert.ErrorContains(t, err, tc.want)
 	}
+}
+
+// A snapshot name the replicas accept (types.ValidateSnapshotName: upper
+// case included) is backed up: it is recorded in the manifest, no key.
+func TestSnapshotNamesAreTheDataPlanes(t *testing.T) {
+	e := newEnv(t, 64<<20)
+	data := make([]byte, 10)
+	_, err := e.tgt.Backup(context.Background(), BackupInput{Volume: "v", Backup: "b", Snapshot: "Daily-0700",
+		Size: int64(len(data)), Source: bytes.NewReader(data)})
+	require.NoError(t, err)
 }
 
 func TestCancelledBackupLeavesNoManifestAndGCWaitsForGrace(t *testing.T) {

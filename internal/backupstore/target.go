@@ -7,12 +7,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"runtime"
 	"sort"
+	"strings"
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/sirupsen/logrus"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // FormatVersion is the version written into the marker and every manifest.
@@ -68,13 +69,12 @@ func manifestKey(volume, backup string) string {
 	return backupsPrefix + volume + "/" + backup + manifestExt
 }
 
-// Names are Kubernetes object names: they become key segments, so '/' and
-// leading dots are impossible by construction.
-var nameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$`)
-
+// checkName: volume and backup names are Kubernetes object names (DNS-1123
+// subdomains, as the API server checks them): they become key segments, so
+// '/', '..' and leading dots are impossible by construction.
 func checkName(field, name string) error {
-	if !nameRE.MatchString(name) {
-		return fmt.Errorf("%s %q: must be a lowercase DNS name (a-z, 0-9, '-', '.')", field, name)
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return fmt.Errorf("%s %q: %s", field, name, strings.Join(errs, "; "))
 	}
 	return nil
 }
