@@ -42,6 +42,7 @@ func TestUserFlows(t *testing.T) {
 		{"KubectlStrataWithAClientCertificate", testKubectlStrataWithAClientCertificate},
 		{"ManagerTokenOpensNoOtherDoor", testManagerTokenOpensNoOtherDoor},
 		{"ComponentsRunConfined", testComponentsRunConfined},
+		{"AnotherNodesCertificateIsRefused", testAnotherNodesCertificateIsRefused},
 	} {
 		t.Run(flow.name, func(t *testing.T) {
 			t.Parallel()

@@ -2,6 +2,8 @@ package deployed
 
 import (
 	"context"
+	"crypto/tls"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -19,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/strata-storage/strata/engineapi"
 	"github.com/strata-storage/strata/internal/pki"
 	"github.com/strata-storage/strata/types"
 )
@@ -165,4 +168,56 @@ func kubeletProcesses(t *testing.T) []process {
 		out = append(out, process{pid: pid, cmdline: string(cmdline), status: fields})
 	}
 	return out
+}
+
+// Node A's real instance-manager certificate (issued by node A's manager,
+// read from node A's hostDir/tls) served at node B's address is refused by
+// the clients that dial instance managers — the managers' gRPC client and
+// an engine's data connection — though the CA signed it and it names the
+// right component (issue 46); node B's own instance manager is accepted.
+func testAnotherNodesCertificateIsRefused(t *testing.T) {
+	logsOnFailure(t)
+	ctx := context.Background()
+	endpoints := instanceManagerEndpoints(t)
+	nodeA, nodeB := env.nodes[0], env.nodes[1]
+	hostB, _, err := net.SplitHostPort(endpoints[nodeB])
+	require.NoError(t, err)
+	// An impostor on node B's address with node A's certificate.
+	nodeACert := pki.NewDirSource(filepath.Join(clusterNode(t, nodeA).StrataDir(), "tls"))
+	ln, err := tls.Listen("tcp", net.JoinHostPort(hostB, "0"), pki.ServerConfig(nodeACert, pki.ComponentManager, pki.ComponentInstanceManager))
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _ = c.(*tls.Conn).Handshake(); c.Close() }()
+		}
+	}()
+	impostor := ln.Addr().String()
+
+	manager, err := pki.SourceFromSecret(ctx, env.kube, ns, pki.Identity{Component: pki.ComponentManager, Node: nodeB})
+	require.NoError(t, err)
+	call := func(endpoint string) error {
+		c, err := engineapi.NewClient(endpoint, 10*time.Second, pki.ClientConfig(manager, pki.ComponentInstanceManager))
+		require.NoError(t, err)
+		defer c.Close()
+		_, err = c.InstanceList(ctx)
+		return err
+	}
+	require.NoError(t, call(endpoints[nodeB]), "node B's instance manager at %s", endpoints[nodeB])
+	err = call(impostor)
+	require.Error(t, err, "node A's certificate at node B's address")
+	assert.Contains(t, err.Error(), "another node's certificate")
+
+	engine, err := pki.SourceFromSecret(ctx, env.kube, ns, pki.Identity{Component: pki.ComponentInstanceManager, Node: nodeB})
+	require.NoError(t, err)
+	raw, err := net.Dial("tcp", impostor)
+	require.NoError(t, err)
+	defer raw.Close()
+	err = tls.Client(raw, pki.ForAddress(pki.ClientConfig(engine, pki.ComponentInstanceManager), impostor)).Handshake()
+	require.Error(t, err, "an engine's data connection to node B's address")
+	assert.Contains(t, err.Error(), "strata://instance-manager/"+nodeA)
 }
