@@ -69,12 +69,48 @@ type IssuedCert struct {
 // that check host names, such as a user's curl against the API; Strata's
 // own peers check the identity instead.
 func IssueIdentity(ca *KeyPair, id Identity, hosts []string, now time.Time) (*IssuedCert, error) {
-	if id.Component == "" || id.Node == "" || strings.Contains(id.Node, "/") {
-		return nil, fmt.Errorf("identity %+v: want a component and a node name", id)
-	}
 	key, err := NewKey()
 	if err != nil {
 		return nil, err
+	}
+	ips, names := splitHosts(hosts)
+	der, err := signIdentity(ca, id, key.Public(), ips, names, now)
+	if err != nil {
+		return nil, err
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	return &IssuedCert{
+		TLS:     &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf},
+		Issuer:  ca.Cert,
+		RenewAt: now.Add(leaf.NotAfter.Sub(now) * 2 / 3),
+	}, nil
+}
+
+// splitHosts sorts hosts into IP addresses (the unspecified address
+// dropped) and DNS names (each once).
+func splitHosts(hosts []string) ([]net.IP, []string) {
+	var ips []net.IP
+	var names []string
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			if !ip.IsUnspecified() {
+				ips = append(ips, ip)
+			}
+		} else if h != "" && !slices.Contains(names, h) {
+			names = append(names, h)
+		}
+	}
+	return ips, names
+}
+
+// signIdentity signs pub's certificate for id and the given SANs with ca:
+// for IdentityValidity (never past the CA's), usable as client and server.
+func signIdentity(ca *KeyPair, id Identity, pub any, ips []net.IP, names []string, now time.Time) ([]byte, error) {
+	if id.Component == "" || id.Node == "" || strings.Contains(id.Node, "/") {
+		return nil, fmt.Errorf("identity %+v: want a component and a node name", id)
 	}
 	serial, err := NewSerial()
 	if err != nil {
@@ -92,29 +128,10 @@ func IssueIdentity(ca *KeyPair, id Identity, hosts []string, now time.Time) (*Is
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		URIs:         []*url.URL{id.URI()},
+		IPAddresses:  ips,
+		DNSNames:     names,
 	}
-	for _, h := range hosts {
-		if ip := net.ParseIP(h); ip != nil {
-			if !ip.IsUnspecified() {
-				tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
-			}
-		} else if h != "" && !slices.Contains(tmpl.DNSNames, h) {
-			tmpl.DNSNames = append(tmpl.DNSNames, h)
-		}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, key.Public(), ca.Key)
-	if err != nil {
-		return nil, err
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, err
-	}
-	return &IssuedCert{
-		TLS:     &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf},
-		Issuer:  ca.Cert,
-		RenewAt: now.Add(leaf.NotAfter.Sub(now) * 2 / 3),
-	}, nil
+	return x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.Key)
 }
 
 // Due reports whether c must be replaced at now given the CA state: none
