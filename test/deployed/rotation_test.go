@@ -114,12 +114,16 @@ func TestCertificateRotationWhileAPodWrites(t *testing.T) {
 			return err == nil && len(bundle) == 1 && bundle[0].Equal(current)
 		}, time.Minute, 200*time.Millisecond, "%s's instance manager trusts the new CA alone", node)
 	}
-	vc, err := env.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhook.ValidatorConfigName, metav1.GetOptions{})
-	require.NoError(t, err)
-	require.NotEmpty(t, vc.Webhooks)
-	webhookCAs, err := pki.ParseCerts(vc.Webhooks[0].ClientConfig.CABundle)
-	require.NoError(t, err)
-	assert.Len(t, webhookCAs, 1, "the API server trusts the new CA alone")
+	// The leader applies the configurations on its pass after the
+	// Secret's write.
+	require.Eventually(t, func() bool {
+		vc, err := env.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhook.ValidatorConfigName, metav1.GetOptions{})
+		if err != nil || len(vc.Webhooks) == 0 {
+			return false
+		}
+		cas, err := pki.ParseCerts(vc.Webhooks[0].ClientConfig.CABundle)
+		return err == nil && len(cas) == 1 && cas[0].Equal(current)
+	}, time.Minute, 200*time.Millisecond, "the API server trusts the new CA alone")
 	for node, endpoint := range endpoints {
 		c, err := engineapi.NewClient(endpoint, 10*time.Second, pki.ClientConfig(withTrust(t, stolen, current), pki.ComponentInstanceManager))
 		if err == nil {
