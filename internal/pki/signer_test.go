@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	certificatesv1 "k8s.io/api/certificates/v1"
@@ -223,4 +224,34 @@ func TestRequestIdentityThroughTheAPI(t *testing.T) {
 			assert.NoError(t, serr)
 		})
 	}
+}
+
+// Run settles the requests of its signer as they come, and leaves other
+// signers' alone.
+func TestSignerRunSettlesRequests(t *testing.T) {
+	state := newState(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, request, err := NewIdentityRequest(Identity{Component: ComponentManager, Node: "n1"}, []string{"10.0.0.1"})
+	require.NoError(t, err)
+	mine := csrFor(t, request, testRequester, "n1")
+	other := csrFor(t, request, testRequester, "n1")
+	other.Name, other.Spec.SignerName = "csr-other", "example.com/other"
+	kube := fake.NewClientset(mine, other)
+	s := &Signer{Policy: testPolicy, Kube: kube, CA: func() (*KeyPair, error) { return state.Current, nil }, Now: time.Now}
+	done := make(chan struct{})
+	go func() {
+		s.Run(ctx, logrus.New())
+		close(done)
+	}()
+	get := func(name string) *certificatesv1.CertificateSigningRequest {
+		c, err := kube.CertificatesV1().CertificateSigningRequests().Get(ctx, name, metav1.GetOptions{})
+		require.NoError(t, err)
+		return c
+	}
+	require.Eventually(t, func() bool { return len(get("csr-1").Status.Certificate) > 0 }, 10*time.Second, 20*time.Millisecond)
+	assert.True(t, approved(get("csr-1")))
+	assert.Empty(t, get("csr-other").Status.Conditions, "another signer's request")
+	cancel()
+	<-done
 }
