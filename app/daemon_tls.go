@@ -53,7 +53,10 @@ func startCertificates(ctx context.Context, wg *sync.WaitGroup, log logrus.Field
 // managerHosts are the names in this manager's certificate, for users'
 // tools that check them against the API address they dial.
 func managerHosts(cfg daemonConfig) []string {
-	hosts := []string{"localhost", "127.0.0.1", cfg.nodeName}
+	// Not loopback nor localhost: every manager's certificate would name
+	// them, and a peer dialling the node whose address is loopback (the
+	// local cluster's first node) would take any node's (pki.ForAddress).
+	hosts := []string{cfg.nodeName}
 	// The chart's Service in front of every manager's API.
 	svc := types.APIServiceName + "." + cfg.namespace
 	hosts = append(hosts, types.APIServiceName, svc, svc+".svc", svc+".svc.cluster.local")
