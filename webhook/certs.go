@@ -100,7 +100,7 @@ func (c *servingCert) due(state *pki.CAState, hosts []string, now time.Time) boo
 	if !c.issuer.Equal(state.Current.Cert) || !now.Before(c.renewAt) {
 		return true
 	}
-	return slices.ContainsFunc(hosts, func(h string) bool { return c.cert.Leaf.VerifyHostname(h) != nil })
+	return !pki.IssuedFor(c.cert.Leaf, hosts)
 }
 
 // servingHosts are the names a manager's serving certificate is valid for:

@@ -134,6 +134,12 @@ func signIdentity(ca *KeyPair, id Identity, pub any, ips []net.IP, names []strin
 	return x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.Key)
 }
 
+// IssuedFor reports whether c is valid for every one of hosts (IP
+// addresses or DNS names), as a client dialling each would check it.
+func IssuedFor(c *x509.Certificate, hosts []string) bool {
+	return !slices.ContainsFunc(hosts, func(h string) bool { return c.VerifyHostname(h) != nil })
+}
+
 // Due reports whether c must be replaced at now given the CA state: none
 // yet, signed by a CA that no longer signs, or two thirds into its life.
 func (c *IssuedCert) Due(state *CAState, now time.Time) bool {

@@ -3,7 +3,6 @@ package pki
 import (
 	"bytes"
 	"context"
-	"crypto/x509"
 	"fmt"
 	"time"
 
@@ -92,8 +91,9 @@ func NewKeeper(log logrus.FieldLogger, kube kubernetes.Interface, opts KeeperOpt
 	}
 	if opts.InstanceManagerDir != "" {
 		// After a restart: keep what the instance manager already has
-		// while it is still good.
-		if cert, bundle, err := ReadDir(opts.InstanceManagerDir); err == nil && issuedFor(cert.Leaf, opts.InstanceManagerHosts) {
+		// while it is still good and names its address (one issued before
+		// certificates named it, or for another address, is replaced).
+		if cert, bundle, err := ReadDir(opts.InstanceManagerDir); err == nil && IssuedFor(cert.Leaf, opts.InstanceManagerHosts) {
 			k.imCert = &IssuedCert{TLS: cert, RenewAt: cert.Leaf.NotBefore.Add(cert.Leaf.NotAfter.Sub(cert.Leaf.NotBefore) * 2 / 3)}
 			for _, c := range bundle {
 				if cert.Leaf.CheckSignatureFrom(c) == nil {
@@ -104,17 +104,6 @@ func NewKeeper(log logrus.FieldLogger, kube kubernetes.Interface, opts KeeperOpt
 		}
 	}
 	return k, nil
-}
-
-// issuedFor reports whether c names every one of hosts: a certificate
-// issued before it named them, or for another address, is replaced at once.
-func issuedFor(c *x509.Certificate, hosts []string) bool {
-	for _, h := range hosts {
-		if c.VerifyHostname(h) != nil {
-			return false
-		}
-	}
-	return true
 }
 
 // Ready is closed once both identities have been issued.

@@ -122,16 +122,6 @@ func TestInstanceManagerKilledDuringWrites(t *testing.T) {
 // and its remaining snapshot is intact.
 func TestInstanceManagerKilledDuringPurge(t *testing.T) {
 	nodes := threeNodes(t)
-	ctx := context.Background()
-	// victimPurge is the purge status of the replica on nodes[1].
-	victimPurge := func(t *testing.T, v *volume) *impb.PurgeStatus {
-		st, err := v.im(t).SnapshotPurgeStatus(ctx, v.engine)
-		if err != nil {
-			t.Logf("purge status: %v", err)
-		}
-		return st[v.name+"-r2"]
-	}
-	complete := func(p *impb.PurgeStatus) bool { return !p.GetIsPurging() && p.GetState() == "complete" }
 	moments := []struct {
 		name    string
 		reached func(*impb.PurgeStatus) bool // nil: at once
@@ -142,11 +132,11 @@ func TestInstanceManagerKilledDuringPurge(t *testing.T) {
 		{"started", nil, true},
 		{"progressing", func(p *impb.PurgeStatus) bool {
 			// The 40 MiB coalesce reports progress as it copies (seen at
-			// 66%): a poll that finds it already complete fails the test
-			// below rather than passing without a kill mid-purge.
-			return (p.GetIsPurging() && p.GetProgress() > 0) || complete(p)
+			// 66%): a poll that finds it already complete is a lost race
+			// below, never a pass without a kill mid-purge.
+			return (p.GetIsPurging() && p.GetProgress() > 0) || purgeComplete(p)
 		}, true},
-		{"complete", complete, false},
+		{"complete", purgeComplete, false},
 	}
 	for round, moment := range moments {
 		t.Run(moment.name, func(t *testing.T) {
@@ -155,8 +145,7 @@ func TestInstanceManagerKilledDuringPurge(t *testing.T) {
 			// attempt still checks the data, and the next one tries again;
 			// three lost races fail the test.
 			for attempt := range lostRaces {
-				if !purgeKillAttempt(t, nodes, fmt.Sprintf("crashp%d-%d", round, attempt), moment.reached, moment.midPurge,
-					victimPurge, complete) {
+				if !purgeKillAttempt(t, nodes, fmt.Sprintf("crashp%d-%d", round, attempt), moment.reached, moment.midPurge) {
 					return
 				}
 				t.Logf("attempt %d: the kill landed after the purge finished; again", attempt)
@@ -166,6 +155,18 @@ func TestInstanceManagerKilledDuringPurge(t *testing.T) {
 	}
 }
 
+// victimPurge is the purge status of v's replica on the second node, the
+// one TestInstanceManagerKilledDuringPurge kills.
+func victimPurge(t *testing.T, v *volume) *impb.PurgeStatus {
+	st, err := v.im(t).SnapshotPurgeStatus(context.Background(), v.engine)
+	if err != nil {
+		t.Logf("purge status: %v", err)
+	}
+	return st[v.name+"-r2"]
+}
+
+func purgeComplete(p *impb.PurgeStatus) bool { return !p.GetIsPurging() && p.GetState() == "complete" }
+
 // lostRaces is how many times a kill meant for the middle of a purge may
 // land after it before TestInstanceManagerKilledDuringPurge fails.
 const lostRaces = 3
@@ -173,8 +174,7 @@ const lostRaces = 3
 // purgeKillAttempt is one round of TestInstanceManagerKilledDuringPurge on
 // a new volume named name; it reports whether a kill meant for the middle
 // of the purge landed after it (the data is checked whenever it killed).
-func purgeKillAttempt(t *testing.T, nodes []*node, name string, reached func(*impb.PurgeStatus) bool, midPurge bool,
-	victimPurge func(*testing.T, *volume) *impb.PurgeStatus, complete func(*impb.PurgeStatus) bool) (lostRace bool) {
+func purgeKillAttempt(t *testing.T, nodes []*node, name string, reached func(*impb.PurgeStatus) bool, midPurge bool) (lostRace bool) {
 	ctx := context.Background()
 	v := createVolume(t, name, nodes)
 	base := []string{"write -P 0x41 0 40M"}
@@ -194,7 +194,7 @@ func purgeKillAttempt(t *testing.T, nodes []*node, name string, reached func(*im
 			time.Minute, time.Millisecond, "the victim's purge")
 		last := victimPurge(t, v)
 		t.Logf("killing at purge progress %d%% (%s)", last.GetProgress(), last.GetState())
-		if midPurge && complete(last) {
+		if midPurge && purgeComplete(last) {
 			return true // the purge finished before a poll saw it in progress
 		}
 	}

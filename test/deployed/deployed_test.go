@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -39,17 +40,13 @@ func TestEveryComponentIsAPod(t *testing.T) {
 	assert.Contains(t, out, "strata-csi-controller-")
 	assert.Contains(t, kubectl(t, "-n", "kube-system", "get", "pods"), "snapshot-controller-")
 
-	pids, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	found := 0
-	for _, p := range pids {
-		cmdline, err := os.ReadFile(p)
-		if err != nil || !strings.HasPrefix(string(cmdline), "/usr/local/bin/strata-manager\x00") {
+	for _, p := range hostProcesses(t) {
+		if !strings.HasPrefix(p.cmdline, "/usr/local/bin/strata-manager\x00") {
 			continue
 		}
 		found++
-		cgroup, err := os.ReadFile(filepath.Join(filepath.Dir(p), "cgroup"))
-		require.NoError(t, err)
-		assert.Contains(t, string(cgroup), "kubepods", "strata-manager %s runs outside a Pod", filepath.Dir(p))
+		assert.True(t, p.inPod, "strata-manager %d runs outside a Pod", p.pid)
 	}
 	// Three managers, three instance managers, three CSI node plugins and
 	// the CSI controller plugin (more with other suites' Pods around).
@@ -99,6 +96,52 @@ func loopDeviceOf(t *testing.T, nodeName, volume string) string {
 	on := localcluster.LoopDevicesOn(func(backing string) bool { return backing == file })
 	require.Len(t, on, 1, "one loop device on %s", file)
 	return on[0]
+}
+
+// tlsDir is where node's manager writes its instance manager's certificate
+// and CA bundle (the chart's hostDir/tls).
+func tlsDir(t *testing.T, node string) string {
+	t.Helper()
+	return filepath.Join(clusterNode(t, node).StrataDir(), "tls")
+}
+
+// process is one process of this machine, as /proc tells it.
+type process struct {
+	pid     int
+	cmdline string            // NUL-separated, as /proc gives it
+	inPod   bool              // in a kubelet's cgroup (kubepods)
+	status  map[string]string // /proc/<pid>/status, field by field
+}
+
+// hostProcesses are this machine's processes (the local cluster's nodes
+// all run here); one gone while it is read is left out.
+func hostProcesses(t *testing.T) []process {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	require.NoError(t, err)
+	var out []process
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		dir := filepath.Join("/proc", e.Name())
+		cgroup, err1 := os.ReadFile(filepath.Join(dir, "cgroup"))
+		cmdline, err2 := os.ReadFile(filepath.Join(dir, "cmdline"))
+		status, err3 := os.ReadFile(filepath.Join(dir, "status"))
+		if err1 != nil || err2 != nil || err3 != nil {
+			continue
+		}
+		fields := map[string]string{}
+		for line := range strings.Lines(string(status)) {
+			if k, v, ok := strings.Cut(line, ":"); ok {
+				fields[k] = strings.TrimSpace(v)
+			}
+		}
+		out = append(out, process{pid: pid, cmdline: string(cmdline), inPod: strings.Contains(string(cgroup), "kubepods"),
+			status: fields})
+	}
+	return out
 }
 
 // fuseDir is where the instance manager of node serves volumes as files

@@ -4,10 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"net"
-	"os"
-	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -99,7 +96,7 @@ func testManagerTokenOpensNoOtherDoor(t *testing.T) {
 // containers (the CSI node plugin; the instance manager with FUSE files)
 // are the chart's documented exceptions and are not checked here.
 func testComponentsRunConfined(t *testing.T) {
-	procs := kubeletProcesses(t)
+	procs := hostProcesses(t)
 	for _, tc := range []struct {
 		name    string
 		cmdline *regexp.Regexp
@@ -116,7 +113,7 @@ func testComponentsRunConfined(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var seen int
 			for _, p := range procs {
-				if !tc.cmdline.MatchString(p.cmdline) {
+				if !p.inPod || !tc.cmdline.MatchString(p.cmdline) {
 					continue
 				}
 				seen++
@@ -134,42 +131,6 @@ func testComponentsRunConfined(t *testing.T) {
 	}
 }
 
-type process struct {
-	pid     int
-	cmdline string // NUL-separated, as /proc gives it
-	status  map[string]string
-}
-
-// kubeletProcesses are the processes of this machine that run in a Pod
-// (a kubepods cgroup): the local cluster's nodes all run here.
-func kubeletProcesses(t *testing.T) []process {
-	t.Helper()
-	entries, err := os.ReadDir("/proc")
-	require.NoError(t, err)
-	var out []process
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		dir := filepath.Join("/proc", e.Name())
-		cgroup, err1 := os.ReadFile(filepath.Join(dir, "cgroup"))
-		cmdline, err2 := os.ReadFile(filepath.Join(dir, "cmdline"))
-		status, err3 := os.ReadFile(filepath.Join(dir, "status"))
-		if err1 != nil || err2 != nil || err3 != nil || !strings.Contains(string(cgroup), "kubepods") {
-			continue // gone meanwhile, or not in a Pod
-		}
-		fields := map[string]string{}
-		for line := range strings.Lines(string(status)) {
-			if k, v, ok := strings.Cut(line, ":"); ok {
-				fields[k] = strings.TrimSpace(v)
-			}
-		}
-		out = append(out, process{pid: pid, cmdline: string(cmdline), status: fields})
-	}
-	return out
-}
-
 // Node A's real instance-manager certificate (issued by node A's manager,
 // read from node A's hostDir/tls) served at node B's address is refused by
 // the clients that dial instance managers — the managers' gRPC client and
@@ -183,7 +144,7 @@ func testAnotherNodesCertificateIsRefused(t *testing.T) {
 	hostB, _, err := net.SplitHostPort(endpoints[nodeB])
 	require.NoError(t, err)
 	// An impostor on node B's address with node A's certificate.
-	nodeACert := pki.NewDirSource(filepath.Join(clusterNode(t, nodeA).StrataDir(), "tls"))
+	nodeACert := pki.NewDirSource(tlsDir(t, nodeA))
 	ln, err := tls.Listen("tcp", net.JoinHostPort(hostB, "0"), pki.ServerConfig(nodeACert, pki.ComponentManager, pki.ComponentInstanceManager))
 	require.NoError(t, err)
 	t.Cleanup(func() { ln.Close() })

@@ -3,7 +3,6 @@ package deployed
 import (
 	"context"
 	"crypto/x509"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -59,7 +58,7 @@ func TestCertificateRotationWhileAPodWrites(t *testing.T) {
 		return true
 	}, 2*time.Minute, 200*time.Millisecond, "the new CA is promoted")
 	for _, node := range env.nodes {
-		dir := filepath.Join(clusterNode(t, node).StrataDir(), "tls")
+		dir := tlsDir(t, node)
 		require.Eventually(t, func() bool {
 			cert, _, err := pki.ReadDir(dir)
 			return err == nil && cert.Leaf.CheckSignatureFrom(current) == nil
@@ -108,7 +107,7 @@ func TestCertificateRotationWhileAPodWrites(t *testing.T) {
 	}, 3*time.Minute, time.Second, "the old CA is retired from the Secret's bundle")
 	t.Logf("the old CA retired %s after the rotation began", time.Since(start).Round(time.Second))
 	for _, node := range env.nodes {
-		dir := filepath.Join(clusterNode(t, node).StrataDir(), "tls")
+		dir := tlsDir(t, node)
 		require.Eventually(t, func() bool {
 			_, bundle, err := pki.ReadDir(dir)
 			return err == nil && len(bundle) == 1 && bundle[0].Equal(current)
