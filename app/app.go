@@ -41,7 +41,7 @@ func NewCommand() *cli.Command {
 			}
 			return ctx, nil
 		},
-		Commands: []*cli.Command{DaemonCommand(), InstanceManagerCommand(), CSICommand(), UninstallCheckCommand()},
+		Commands: []*cli.Command{DaemonCommand(), InstanceManagerCommand(), CSICommand(), CASignerCommand(), UninstallCheckCommand()},
 	}
 }
 

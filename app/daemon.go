@@ -218,8 +218,8 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 			v1beta1.SchemeGroupVersion, err)
 	}
 
-	// This node's certificates (app/daemon_tls.go): the CA Secret is read,
-	// or created by the first manager, while the caches fill.
+	// This node's certificates (app/daemon_tls.go): asked of the CA signer
+	// while the caches fill.
 	var wg sync.WaitGroup
 	defer func() { stop(); wg.Wait() }()
 	keeper, err := startCertificates(ctx, &wg, log, kubeClient, cfg)
@@ -339,7 +339,7 @@ func runDaemon(parent context.Context, cfg daemonConfig) error {
 		return err
 	}
 	// Admission webhooks (app/daemon_webhook.go): their rules read the synced caches.
-	if err := startWebhook(ctx, &wg, log, ds, kubeClient, restConfig, cfg); err != nil {
+	if err := startWebhook(ctx, &wg, log, ds, kubeClient, keeper, cfg); err != nil {
 		return err
 	}
 	controllers.run(ctx, &wg)

@@ -34,7 +34,8 @@ func tlsFlags() []cli.Flag {
 
 // startCertificates runs this node's certificate keeper in wg until ctx
 // ends: the manager's identity (for its gRPC calls to instance managers and
-// its HTTPS API) and the instance manager's, from the CA Secret.
+// its HTTPS API), its webhook's serving certificate and the instance
+// manager's identity, each signed by the CA signer at the keeper's request.
 func startCertificates(ctx context.Context, wg *sync.WaitGroup, log logrus.FieldLogger, kube kubernetes.Interface,
 	cfg daemonConfig) (*pki.Keeper, error) {
 	if cfg.imAddress != "" && cfg.imTLSDir == "" {
@@ -42,7 +43,7 @@ func startCertificates(ctx context.Context, wg *sync.WaitGroup, log logrus.Field
 			"the instance manager accepts only callers with certificates")
 	}
 	keeper, err := pki.NewKeeper(log, kube, pki.KeeperOptions{Namespace: cfg.namespace, Node: cfg.nodeName,
-		ManagerHosts: managerHosts(cfg), InstanceManagerDir: cfg.imTLSDir, InstanceManagerHosts: instanceManagerHosts(cfg)})
+		ManagerHosts: managerHosts(cfg), WebhookHosts: webhookHosts(cfg), InstanceManagerDir: cfg.imTLSDir, InstanceManagerHosts: instanceManagerHosts(cfg)})
 	if err != nil {
 		return nil, err
 	}
@@ -56,10 +57,8 @@ func managerHosts(cfg daemonConfig) []string {
 	// Not loopback nor localhost: every manager's certificate would name
 	// them, and a peer dialling the node whose address is loopback (the
 	// local cluster's first node) would take any node's (pki.ForAddress).
-	hosts := []string{cfg.nodeName}
 	// The chart's Service in front of every manager's API.
-	svc := types.APIServiceName + "." + cfg.namespace
-	hosts = append(hosts, types.APIServiceName, svc, svc+".svc", svc+".svc.cluster.local")
+	hosts := append([]string{cfg.nodeName}, pki.ServiceDNSNames(types.APIServiceName, cfg.namespace)...)
 	for _, addr := range []string{cfg.apiListen, cfg.apiAdvertise} {
 		if h, _, err := net.SplitHostPort(addr); err == nil && h != "" {
 			hosts = append(hosts, h)
@@ -78,8 +77,8 @@ func instanceManagerHosts(cfg daemonConfig) []string {
 	return nil
 }
 
-// waitCertificates blocks until the keeper has issued this node's
-// identities (the first manager to start creates the CA), or ctx ends.
+// waitCertificates blocks until the CA signer has signed this node's
+// identities, or ctx ends.
 func waitCertificates(ctx context.Context, keeper *pki.Keeper) error {
 	select {
 	case <-keeper.Ready():

@@ -10,9 +10,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/urfave/cli/v3"
-	"k8s.io/client-go/rest"
 
 	"github.com/strata-storage/strata/datastore/dstest"
+	"github.com/strata-storage/strata/internal/pki"
 	"github.com/strata-storage/strata/types"
 )
 
@@ -23,22 +23,12 @@ func TestWebhookFlags(t *testing.T) {
 		want    webhookOptions
 		wantErr string
 	}{
-		{name: "defaults", want: webhookOptions{listen: ":9443", rotateBefore: 30 * 24 * time.Hour,
-			metadataAudience: "strata-snapshot-metadata"}},
-		{name: "snapshot metadata", args: []string{"--snapshot-metadata-address", "strata-snapshot-metadata.strata-system:443",
-			"--snapshot-metadata-audience", "backups"},
-			want: webhookOptions{listen: ":9443", rotateBefore: 30 * 24 * time.Hour,
-				metadataAddress: "strata-snapshot-metadata.strata-system:443", metadataAudience: "backups"}},
-		{name: "local mode",
-			args: []string{"--webhook-listen", "127.0.0.1:4443", "--webhook-url-host", "127.0.0.1", "--webhook-ca-rotate-before", "240h"},
-			want: webhookOptions{listen: "127.0.0.1:4443", urlHost: "127.0.0.1", rotateBefore: 240 * time.Hour,
-				metadataAudience: "strata-snapshot-metadata"}},
-		{name: "disabled", args: []string{"--webhook-listen", ""},
-			want: webhookOptions{listen: "", rotateBefore: 30 * 24 * time.Hour, metadataAudience: "strata-snapshot-metadata"}},
-		{name: "rotation longer than half the CA's life", args: []string{"--webhook-ca-rotate-before", "4400h"},
-			wantErr: "--webhook-ca-rotate-before: 4400h0m0s is not between 0 and 4380h0m0s, half the CA's validity"},
-		{name: "no rotation", args: []string{"--webhook-ca-rotate-before", "0s"},
-			wantErr: "--webhook-ca-rotate-before: 0s is not between 0 and 4380h0m0s, half the CA's validity"},
+		{name: "defaults", want: webhookOptions{listen: ":9443"}},
+		{name: "local mode", args: []string{"--webhook-listen", "127.0.0.1:4443", "--webhook-url-host", "127.0.0.1"},
+			want: webhookOptions{listen: "127.0.0.1:4443", urlHost: "127.0.0.1"}},
+		{name: "disabled", args: []string{"--webhook-listen", ""}, want: webhookOptions{listen: ""}},
+		{name: "the CA is the signer's", args: []string{"--webhook-ca-rotate-before", "240h"},
+			wantErr: "flag provided but not defined: -webhook-ca-rotate-before"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -60,24 +50,25 @@ func TestWebhookFlags(t *testing.T) {
 func TestStartWebhook(t *testing.T) {
 	env := dstest.New(t, nil, nil)
 	log := logrus.New()
-	cfg := daemonConfig{nodeName: "node-1", namespace: types.DefaultNamespace, leaseDuration: 3 * time.Second,
-		webhook: webhookOptions{rotateBefore: 30 * 24 * time.Hour}}
+	cfg := daemonConfig{nodeName: "node-1", namespace: types.DefaultNamespace, leaseDuration: 3 * time.Second}
+	keeper, err := pki.NewKeeper(log, env.Kube, pki.KeeperOptions{Namespace: cfg.namespace, Node: cfg.nodeName})
+	require.NoError(t, err)
 	var wg sync.WaitGroup
 	ctx, cancel := context.WithCancel(context.Background())
 	defer func() { cancel(); wg.Wait() }()
 
 	t.Run("disabled starts nothing", func(t *testing.T) {
-		require.NoError(t, startWebhook(ctx, &wg, log, env.DS, env.Kube, &rest.Config{}, cfg))
+		require.NoError(t, startWebhook(ctx, &wg, log, env.DS, env.Kube, keeper, cfg))
 	})
 	t.Run("an address without a port is refused at start", func(t *testing.T) {
 		bad := cfg
 		bad.webhook.listen = "127.0.0.1"
-		err := startWebhook(ctx, &wg, log, env.DS, env.Kube, &rest.Config{}, bad)
+		err := startWebhook(ctx, &wg, log, env.DS, env.Kube, keeper, bad)
 		assert.EqualError(t, err, `--webhook-listen "127.0.0.1": address 127.0.0.1: missing port in address`)
 	})
 	t.Run("a free address starts the webhook until the context ends", func(t *testing.T) {
 		good := cfg
 		good.webhook.listen = "127.0.0.1:0"
-		require.NoError(t, startWebhook(ctx, &wg, log, env.DS, env.Kube, &rest.Config{}, good))
+		require.NoError(t, startWebhook(ctx, &wg, log, env.DS, env.Kube, keeper, good))
 	})
 }

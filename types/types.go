@@ -79,9 +79,30 @@ const AnnotationCSIName = "strata.io/csi-name"
 const AnnotationRequestedBy = "strata.io/requested-by"
 
 // The ConfigMap that publishes Strata's CA bundle (key CABundleKey) for
-// users' tools (the kubectl plugin, the CSI plugin's REST client): the
-// webhook leader writes it.
+// users' tools (the kubectl plugin, the CSI plugin's REST client) and the
+// managers, and the CA that signs now (key SigningCAKey): the CA signer
+// writes it.
 const (
 	CABundleConfigMap = "strata-ca-bundle"
 	CABundleKey       = "ca.crt"
+	SigningCAKey      = "signing-ca.crt"
+)
+
+// The CA signer (strata-manager ca-signer): the one component that holds
+// the CA key, under its own ServiceAccount, leading through its Lease.
+const (
+	SignerServiceAccount = "strata-signer"
+	SignerLeaseName      = "strata-ca-signer"
+)
+
+// WebhookServiceName is the Service in front of every manager's admission
+// webhooks (package mode); their serving certificates name it.
+const WebhookServiceName = "strata-webhook"
+
+// The admission webhook configurations: the chart creates them, the
+// webhook leader fills them, the CA signer reads their caBundle before it
+// lets a new CA sign.
+const (
+	MutatorConfigName   = "strata-mutator"
+	ValidatorConfigName = "strata-validator"
 )

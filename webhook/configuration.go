@@ -10,10 +10,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	admissionac "k8s.io/client-go/applyconfigurations/admissionregistration/v1"
-	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/strata-storage/strata/internal/pki"
 	"github.com/strata-storage/strata/types"
 	"github.com/strata-storage/strata/webhook/admission"
 )
@@ -21,14 +19,14 @@ import (
 // Names of the webhook's objects.
 const (
 	// ServiceName is the Service in front of every manager (package mode).
-	ServiceName = "strata-webhook"
+	ServiceName = types.WebhookServiceName
 	// ServicePort is the Service's port; it targets the managers' --webhook-listen port.
 	ServicePort = 443
 	// LeaderLeaseName is the Lease of the manager that writes the configurations.
 	LeaderLeaseName = "strata-webhook-leader"
 	// MutatorConfigName and ValidatorConfigName are the webhook configurations.
-	MutatorConfigName   = "strata-mutator"
-	ValidatorConfigName = "strata-validator"
+	MutatorConfigName   = types.MutatorConfigName
+	ValidatorConfigName = types.ValidatorConfigName
 	// ComponentWebhook labels the webhook's objects (types.LabelComponent).
 	ComponentWebhook = "webhook"
 
@@ -135,18 +133,4 @@ func configurationError(kind, name string, err error) error {
 			"the manager only patches it: is it missing?)", kind, name, err)
 	}
 	return fmt.Errorf("applying %s %s: %w", kind, name, err)
-}
-
-// applyCABundle publishes the CA bundle in a ConfigMap anyone in the
-// namespace may read, so that users' tools (curl to the HTTPS API) can
-// trust Strata's certificates without reading the CA Secret.
-func applyCABundle(ctx context.Context, kube kubernetes.Interface, namespace string, bundle []byte) error {
-	cm := corev1ac.ConfigMap(types.CABundleConfigMap, namespace).
-		WithLabels(map[string]string{types.LabelComponent: pki.ComponentCA}).
-		WithData(map[string]string{types.CABundleKey: string(bundle)})
-	_, err := kube.CoreV1().ConfigMaps(namespace).Apply(ctx, cm, metav1.ApplyOptions{FieldManager: fieldManager, Force: true})
-	if err != nil {
-		return fmt.Errorf("applying ConfigMap %s: %w", types.CABundleConfigMap, err)
-	}
-	return nil
 }

@@ -1,8 +1,9 @@
 // Package webhook runs Strata's admission webhooks in each manager: an HTTPS
 // server for the rules in webhook/resources (framework in webhook/admission),
-// its certificates from a CA the managers share through a Secret, and — on
-// the one manager elected leader — the CA's rotation and the
-// Validating/MutatingWebhookConfigurations that point the API server here.
+// its certificate signed by Strata's CA signer at its keeper's request, and
+// — on the one manager elected leader — the
+// Validating/MutatingWebhookConfigurations that point the API server here,
+// with the CA bundle the signer publishes.
 package webhook
 
 import (
@@ -16,14 +17,8 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
-	corelisters "k8s.io/client-go/listers/core/v1"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 
 	"github.com/strata-storage/strata/datastore"
@@ -40,7 +35,7 @@ import (
 
 // Options configure one manager's webhook.
 type Options struct {
-	// Namespace holds the CA Secret, the leader Lease and the Service.
+	// Namespace holds the leader Lease and the Service.
 	Namespace string
 	// Identity names this manager in the leader election (its node name).
 	Identity string
@@ -53,42 +48,38 @@ type Options struct {
 	// https://<URLHost>:<port> of the leader (local mode) instead of the
 	// strata-webhook Service.
 	URLHost string
-	// CARotateBefore is how long before its expiry the CA is replaced.
-	CARotateBefore time.Duration
+	// Serving is the serving certificate (valid for ServingHosts), kept
+	// current by the manager's keeper.
+	Serving pki.Source
+	// Trust is the CA bundle the signer published (nil before the
+	// first); call TrustChanged when it changes.
+	Trust func() *pki.Trust
 	// LeaseDuration is the leader Lease's; a dead leader is replaced about
 	// this long after its last renewal.
 	LeaseDuration time.Duration
 	// Clock is the wall clock; tests replace it.
 	Clock clock.Clock
-	// SnapshotMetadata, when set, has the leader keep the SnapshotMetadata
-	// sidecar's certificate and SnapshotMetadataService (snapshot_metadata.go).
-	SnapshotMetadata *SnapshotMetadataOptions
 }
 
 func (o Options) validate() error {
 	switch {
 	case o.Namespace == "" || o.Identity == "":
 		return errors.New("webhook: namespace and identity are required")
-	case o.CARotateBefore <= 0 || o.CARotateBefore > CAValidity/2:
-		return fmt.Errorf("--webhook-ca-rotate-before: %s is not between 0 and %s, half the CA's validity",
-			o.CARotateBefore, CAValidity/2)
+	case o.Serving == nil || o.Trust == nil:
+		return errors.New("webhook: no certificates (the keeper's serving certificate and trust)")
 	case o.LeaseDuration < time.Second:
 		return fmt.Errorf("webhook: lease duration %s is shorter than 1s", o.LeaseDuration)
-	case o.SnapshotMetadata != nil:
-		return o.SnapshotMetadata.validate()
 	}
 	return nil
 }
 
 const (
-	// leaderResync is how often the leader looks at the CA and the
-	// configurations when nothing tells it to sooner.
+	// leaderResync is how often the leader looks at the configurations
+	// when nothing tells it to sooner.
 	leaderResync = time.Minute
 	// reapplyEvery re-applies unchanged configurations, undoing an edit.
 	reapplyEvery = 5 * time.Minute
-	// maxCertWait bounds how long the serving-certificate loop sleeps.
-	maxCertWait = time.Hour
-	retryWait   = 2 * time.Second
+	retryWait    = 2 * time.Second
 )
 
 // Server is one manager's webhook.
@@ -97,16 +88,10 @@ type Server struct {
 	log     logrus.FieldLogger
 	kube    kubernetes.Interface
 	handler *admission.Handler
-	certs   *ServingCerts
 	ln      net.Listener
 	target  target
-
-	secretsClient  corev1client.SecretInterface
-	secretInformer cache.SharedIndexInformer
-	secrets        corelisters.SecretNamespaceLister
-	factory        informers.SharedInformerFactory
-	// Each loop is told when the CA Secret changes.
-	certEvents, leaderEvents chan struct{}
+	// leaderEvents wakes the leader: the trust or the optional kinds changed.
+	leaderEvents chan struct{}
 }
 
 // New checks opts, builds the handlers of every resource over the
@@ -129,8 +114,7 @@ func New(log logrus.FieldLogger, ds *datastore.DataStore, kube kubernetes.Interf
 	if err != nil {
 		return nil, err
 	}
-	listenHost, _, err := net.SplitHostPort(opts.Listen)
-	if err != nil {
+	if _, _, err := net.SplitHostPort(opts.Listen); err != nil {
 		return nil, fmt.Errorf("--webhook-listen %q: %w", opts.Listen, err)
 	}
 	ln := opts.Listener
@@ -140,26 +124,13 @@ func New(log logrus.FieldLogger, ds *datastore.DataStore, kube kubernetes.Interf
 		}
 	}
 	s := &Server{opts: opts, log: log, kube: kube, handler: handler, ln: ln,
-		certs:         NewServingCerts(servingHosts(opts.Namespace, listenHost, opts.URLHost), opts.Clock),
-		target:        serviceTarget(opts.Namespace),
-		secretsClient: kube.CoreV1().Secrets(opts.Namespace),
-		certEvents:    make(chan struct{}, 1), leaderEvents: make(chan struct{}, 1),
-	}
+		target: serviceTarget(opts.Namespace), leaderEvents: make(chan struct{}, 1)}
 	if opts.URLHost != "" {
 		s.target = urlTarget(opts.URLHost, ln.Addr().(*net.TCPAddr).Port)
 	}
-	// The CA Secret alone, so the managers' RBAC can name it.
-	s.factory, s.secretInformer, s.secrets = pki.NewCASecretInformer(kube, opts.Namespace)
 	// A VM snapshot or backup kind installed or removed changes the rules.
 	if ds.OptionalKinds != nil {
 		ds.OptionalKinds.OnChange(func(datastore.OptionalKind) { poke(s.leaderEvents) })
-	}
-	notify := func(any) { poke(s.certEvents); poke(s.leaderEvents) }
-	if _, err := s.secretInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: notify, UpdateFunc: func(_, obj any) { notify(obj) }, DeleteFunc: notify,
-	}); err != nil {
-		_ = ln.Close()
-		return nil, err
 	}
 	return s, nil
 }
@@ -167,29 +138,24 @@ func New(log logrus.FieldLogger, ds *datastore.DataStore, kube kubernetes.Interf
 // Addr is the address the server listens on.
 func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 
-// Run serves until ctx ends. It first makes sure the CA Secret exists and
-// issues this manager's certificate, then serves, keeps the certificate
-// current and campaigns for leadership.
+// TrustChanged tells the leader that the published trust changed, so
+// that it applies the new bundle at once.
+func (s *Server) TrustChanged() { poke(s.leaderEvents) }
+
+// Run serves until ctx ends: once the keeper has the serving certificate,
+// it serves and campaigns for leadership.
 func (s *Server) Run(ctx context.Context) error {
-	s.factory.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), s.secretInformer.HasSynced) {
-		_ = s.ln.Close()
-		return ctx.Err()
-	}
-	if err := wait.PollUntilContextCancel(ctx, retryWait, true, func(ctx context.Context) (bool, error) {
-		err := s.refreshServingCert(ctx)
-		if err != nil {
-			s.log.WithError(err).Warn("No webhook serving certificate yet; retrying")
-		}
+	if err := wait.PollUntilContextCancel(ctx, retryWait, true, func(context.Context) (bool, error) {
+		_, err := s.opts.Serving.Certificate()
 		return err == nil, nil
 	}); err != nil {
 		_ = s.ln.Close()
 		return err
 	}
-
 	srv := &http.Server{
-		Handler:           s.handler.ServeMux(),
-		TLSConfig:         &tls.Config{GetCertificate: s.certs.GetCertificate, MinVersion: tls.VersionTLS12},
+		Handler: s.handler.ServeMux(),
+		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12,
+			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return s.opts.Serving.Certificate() }},
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	serveErr := make(chan error, 1)
@@ -202,7 +168,6 @@ func (s *Server) Run(ctx context.Context) error {
 
 	loopCtx, stopLoops := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { s.certLoop(loopCtx) })
 	wg.Go(func() { s.campaign(loopCtx) })
 
 	var err error
@@ -219,53 +184,6 @@ func (s *Server) Run(ctx context.Context) error {
 	defer cancel()
 	_ = srv.Shutdown(shutdownCtx)
 	return err
-}
-
-// caSecret is the CA Secret from the cache, or from the API server (created
-// if need be) while the cache does not hold it.
-func (s *Server) caSecret(ctx context.Context) (*corev1.Secret, error) {
-	secret, err := s.secrets.Get(CASecretName)
-	if err == nil {
-		return secret, nil
-	}
-	if !apierrors.IsNotFound(err) {
-		return nil, err
-	}
-	return pki.LoadOrCreateCASecret(ctx, s.secretsClient, s.opts.Clock.Now())
-}
-
-func (s *Server) refreshServingCert(ctx context.Context) error {
-	secret, err := s.caSecret(ctx)
-	if err != nil {
-		return err
-	}
-	state, err := pki.ParseCAState(secret.Data)
-	if err != nil {
-		return fmt.Errorf("Secret %s: %w", CASecretName, err)
-	}
-	reissued, err := s.certs.Refresh(state)
-	if reissued {
-		s.log.WithFields(logrus.Fields{"ca": state.Current.Cert.Subject.CommonName,
-			"renewAt": s.certs.RenewAt().Format(time.RFC3339)}).Info("Issued the webhook serving certificate")
-	}
-	return err
-}
-
-// certLoop re-issues the serving certificate when the CA Secret changes and
-// when the certificate is due.
-func (s *Server) certLoop(ctx context.Context) {
-	for {
-		next := maxCertWait
-		if err := s.refreshServingCert(ctx); err != nil {
-			s.log.WithError(err).Warn("Cannot refresh the webhook serving certificate; retrying")
-			next = retryWait
-		} else if until := s.certs.RenewAt().Sub(s.opts.Clock.Now()); until < next {
-			next = max(until, time.Second)
-		}
-		if !s.sleep(ctx, next, s.certEvents) {
-			return
-		}
-	}
 }
 
 // sleep waits for d, an event, or the end of ctx (false).

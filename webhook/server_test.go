@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"reflect"
 	"slices"
 	"strconv"
 	"testing"
@@ -20,11 +19,9 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
@@ -54,35 +51,42 @@ func quietLog() logrus.FieldLogger {
 	return log
 }
 
+// testCertificates are what a manager's keeper holds for its webhook: a
+// serving certificate signed by a CA, and the trust the signer published.
+func testCertificates(t *testing.T) (*pki.MemorySource, *pki.Trust) {
+	t.Helper()
+	ca, err := pki.NewAuthority()
+	require.NoError(t, err)
+	c, err := pki.IssueIdentity(ca.State.Current, pki.Identity{Component: pki.ComponentManager, Node: "node-1"},
+		ServingHosts(ns, "127.0.0.1"), time.Now())
+	require.NoError(t, err)
+	var serving pki.MemorySource
+	serving.Set(c, ca.State.Bundle)
+	return &serving, ca.State.Trust()
+}
+
 func newTestServer(t *testing.T, env *dstest.Env, urlHost string, clk clock.Clock) *Server {
 	t.Helper()
+	serving, trust := testCertificates(t)
 	s, err := New(quietLog(), env.DS, env.Kube, Options{Namespace: ns, Identity: "node-1", Listen: "127.0.0.1:0",
-		URLHost: urlHost, CARotateBefore: 30 * day, LeaseDuration: 3 * time.Second, Clock: clk})
+		URLHost: urlHost, Serving: serving, Trust: func() *pki.Trust { return trust }, LeaseDuration: 3 * time.Second, Clock: clk})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.ln.Close() })
 	return s
 }
 
-// startSecretCache runs the server's CA Secret informer, as Run does.
-func startSecretCache(t *testing.T, s *Server) {
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	s.factory.Start(ctx.Done())
-	require.True(t, cache.WaitForCacheSync(ctx.Done(), s.secretInformer.HasSynced))
-}
-
 func TestOptionsAreChecked(t *testing.T) {
 	env := dstest.New(t, nil, nil)
-	good := Options{Namespace: ns, Identity: "n", Listen: "127.0.0.1:0", CARotateBefore: 30 * day, LeaseDuration: time.Second}
+	serving, trust := testCertificates(t)
+	good := Options{Namespace: ns, Identity: "n", Listen: "127.0.0.1:0", Serving: serving,
+		Trust: func() *pki.Trust { return trust }, LeaseDuration: time.Second}
 	tests := []struct {
 		name    string
 		edit    func(*Options)
 		wantErr string
 	}{
-		{"rotate before longer than half the CA's life", func(o *Options) { o.CARotateBefore = 200 * day },
-			"--webhook-ca-rotate-before: 4800h0m0s is not between 0 and 4380h0m0s, half the CA's validity"},
-		{"no rotation", func(o *Options) { o.CARotateBefore = 0 },
-			"--webhook-ca-rotate-before: 0s is not between 0 and 4380h0m0s, half the CA's validity"},
+		{"no certificates", func(o *Options) { o.Serving = nil },
+			"webhook: no certificates (the keeper's serving certificate and trust)"},
 		{"listen without a port", func(o *Options) { o.Listen = "127.0.0.1" },
 			`--webhook-listen "127.0.0.1": address 127.0.0.1: missing port in address`},
 	}
@@ -106,17 +110,12 @@ func TestLeaderAppliesConfigurations(t *testing.T) {
 			}
 			clk := clocktesting.NewFakeClock(dstest.Now)
 			s := newTestServer(t, env, urlHost, clk)
-			startSecretCache(t, s)
 			ctx := context.Background()
 
 			next, err := s.reconcileAsLeader(ctx, &leaderState{})
 			require.NoError(t, err)
 			assert.Equal(t, leaderResync, next)
-
-			secret, err := env.Kube.CoreV1().Secrets(ns).Get(ctx, CASecretName, metav1.GetOptions{})
-			require.NoError(t, err, "the first pass creates the CA Secret")
-			bundle := secret.Data[pki.KeyBundle]
-			require.NotEmpty(t, bundle)
+			bundle := s.opts.Trust().BundlePEM()
 
 			mc, err := env.Kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, MutatorConfigName, metav1.GetOptions{})
 			require.NoError(t, err)
@@ -205,126 +204,6 @@ func TestLeaderAppliesConfigurations(t *testing.T) {
 	}
 }
 
-// The leader rotates the CA in two passes and keeps the old CA in the
-// configurations' bundle.
-func TestLeaderRotatesTheCA(t *testing.T) {
-	env := dstest.New(t, nil, nil)
-	clk := clocktesting.NewFakeClock(dstest.Now)
-	s := newTestServer(t, env, "127.0.0.1", clk)
-	startSecretCache(t, s)
-	ctx := context.Background()
-	st := &leaderState{}
-	pass := func() time.Duration {
-		t.Helper()
-		next, err := s.reconcileAsLeader(ctx, st)
-		require.NoError(t, err)
-		return next
-	}
-	current := func() *pki.CAState {
-		t.Helper()
-		secret, err := env.Kube.CoreV1().Secrets(ns).Get(ctx, CASecretName, metav1.GetOptions{})
-		require.NoError(t, err)
-		state, err := pki.ParseCAState(secret.Data)
-		require.NoError(t, err)
-		// Let the informer catch up, as the next pass would.
-		require.Eventually(t, func() bool {
-			cached, err := s.secrets.Get(CASecretName)
-			return err == nil && reflect.DeepEqual(cached.Data, secret.Data) // the fake sets no resourceVersion
-		}, 5*time.Second, 10*time.Millisecond)
-		return state
-	}
-	bundleInConfig := func() []byte {
-		t.Helper()
-		vc, err := env.Kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, ValidatorConfigName, metav1.GetOptions{})
-		require.NoError(t, err)
-		return vc.Webhooks[0].ClientConfig.CABundle
-	}
-
-	pass()
-	first := current()
-
-	clk.SetTime(first.Current.Cert.NotAfter.Add(-30 * day))
-	assert.Equal(t, retryWait, pass(), "phase 1 writes the Secret")
-	rotating := current()
-	require.NotNil(t, rotating.Next)
-	assert.True(t, rotating.Current.Cert.Equal(first.Current.Cert))
-
-	wait := pass()
-	assert.Equal(t, promoteAfter, wait, "the new bundle is applied; promotion waits for the API server to load it")
-	assert.Equal(t, rotating.BundlePEM(), bundleInConfig())
-
-	clk.Step(promoteAfter)
-	assert.Equal(t, retryWait, pass(), "phase 2 writes the Secret")
-	promoted := current()
-	assert.Nil(t, promoted.Next)
-	assert.True(t, promoted.Current.Cert.Equal(rotating.Next.Cert))
-	assert.Len(t, promoted.Bundle, 2, "the old CA stays trusted while every component re-issues")
-
-	assert.Equal(t, retireAfter, pass(), "phase 3 waits for every component to re-issue")
-	assert.Equal(t, promoted.BundlePEM(), bundleInConfig())
-
-	clk.Step(retireAfter)
-	assert.Equal(t, retryWait, pass(), "phase 3 writes the Secret")
-	retired := current()
-	require.Len(t, retired.Bundle, 1, "the old CA is retired")
-	assert.True(t, retired.Bundle[0].Equal(promoted.Current.Cert))
-	assert.Equal(t, leaderResync, pass())
-	assert.Equal(t, retired.BundlePEM(), bundleInConfig(), "the API server no longer trusts the old CA")
-	cm, err := env.Kube.CoreV1().ConfigMaps(ns).Get(ctx, types.CABundleConfigMap, metav1.GetOptions{})
-	require.NoError(t, err)
-	assert.Equal(t, string(retired.BundlePEM()), cm.Data[types.CABundleKey], "users' tools see the same bundle")
-}
-
-// An admin asks for a rotation with an annotation; the leader starts phase
-// 1 at once and removes the annotation.
-func TestLeaderRotatesTheCAWhenAsked(t *testing.T) {
-	env := dstest.New(t, nil, nil)
-	clk := clocktesting.NewFakeClock(dstest.Now)
-	s := newTestServer(t, env, "127.0.0.1", clk)
-	startSecretCache(t, s)
-	ctx := context.Background()
-	st := &leaderState{}
-	_, err := s.reconcileAsLeader(ctx, st)
-	require.NoError(t, err)
-	secret, err := env.Kube.CoreV1().Secrets(ns).Get(ctx, CASecretName, metav1.GetOptions{})
-	require.NoError(t, err)
-	first, err := pki.ParseCAState(secret.Data)
-	require.NoError(t, err)
-	secret.Annotations = map[string]string{pki.AnnotationRotateCA: "now"}
-	_, err = env.Kube.CoreV1().Secrets(ns).Update(ctx, secret, metav1.UpdateOptions{})
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		cached, err := s.secrets.Get(CASecretName)
-		return err == nil && cached.Annotations[pki.AnnotationRotateCA] != ""
-	}, 5*time.Second, 10*time.Millisecond)
-
-	next, err := s.reconcileAsLeader(ctx, st)
-	require.NoError(t, err)
-	assert.Equal(t, retryWait, next)
-	secret, err = env.Kube.CoreV1().Secrets(ns).Get(ctx, CASecretName, metav1.GetOptions{})
-	require.NoError(t, err)
-	assert.NotContains(t, secret.Annotations, pki.AnnotationRotateCA, "the request is consumed")
-	rotating, err := pki.ParseCAState(secret.Data)
-	require.NoError(t, err)
-	require.NotNil(t, rotating.Next, "phase 1 began")
-	assert.True(t, rotating.Current.Cert.Equal(first.Current.Cert), "the current CA still signs until promotion")
-	assert.Len(t, rotating.Bundle, 2)
-}
-
-func TestLeaderReplacesAnUnusableSecret(t *testing.T) {
-	broken := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: CASecretName, Namespace: ns},
-		Data: map[string][]byte{pki.KeyCACert: []byte("garbage")}}
-	env := dstest.New(t, nil, []runtime.Object{broken})
-	s := newTestServer(t, env, "127.0.0.1", clocktesting.NewFakeClock(dstest.Now))
-	startSecretCache(t, s)
-	_, err := s.reconcileAsLeader(context.Background(), &leaderState{})
-	require.NoError(t, err)
-	secret, err := env.Kube.CoreV1().Secrets(ns).Get(context.Background(), CASecretName, metav1.GetOptions{})
-	require.NoError(t, err)
-	_, err = pki.ParseCAState(secret.Data)
-	assert.NoError(t, err)
-}
-
 // The whole server: it creates the CA, serves HTTPS with a certificate the
 // configurations' bundle trusts, wins the election and writes the
 // configurations, and answers AdmissionReviews.
@@ -390,13 +269,4 @@ func TestServerRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "node-1", *lease.Spec.HolderIdentity)
 	assert.Equal(t, fmt.Sprintf("https://127.0.0.1:%d/v1/validate", s.Addr().(*net.TCPAddr).Port), *cc.URL)
-}
-
-func TestLeaderTimings(t *testing.T) {
-	for _, d := range []time.Duration{time.Second, 3 * time.Second, 20 * time.Second} {
-		lease, renew, retry := leaderTimings(d)
-		assert.Equal(t, d, lease)
-		assert.Less(t, renew, lease)
-		assert.Less(t, time.Duration(float64(retry)*1.2), renew, "client-go's constraint")
-	}
 }

@@ -10,7 +10,6 @@
 package pki
 
 import (
-	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -225,13 +224,7 @@ func (s *CAState) SecretData() (map[string][]byte, error) {
 }
 
 // BundlePEM is the caBundle of the webhook configurations.
-func (s *CAState) BundlePEM() []byte {
-	var b bytes.Buffer
-	for _, c := range s.Bundle {
-		b.Write(CertPEM(c))
-	}
-	return b.Bytes()
-}
+func (s *CAState) BundlePEM() []byte { return bundlePEM(s.Bundle) }
 
 // rotate is the leader's periodic step, in two phases so that no manager is
 // ever cut off:

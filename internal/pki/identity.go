@@ -140,8 +140,16 @@ func IssuedFor(c *x509.Certificate, hosts []string) bool {
 	return !slices.ContainsFunc(hosts, func(h string) bool { return c.VerifyHostname(h) != nil })
 }
 
-// Due reports whether c must be replaced at now given the CA state: none
-// yet, signed by a CA that no longer signs, or two thirds into its life.
-func (c *IssuedCert) Due(state *CAState, now time.Time) bool {
-	return c == nil || !c.Issuer.Equal(state.Current.Cert) || !now.Before(c.RenewAt)
+// Due reports whether c must be replaced at now: none yet, signed by a CA
+// that no longer signs (signing), or two thirds into its life.
+func (c *IssuedCert) Due(signing *x509.Certificate, now time.Time) bool {
+	return c == nil || !c.Issuer.Equal(signing) || !now.Before(c.RenewAt)
+}
+
+// ServiceDNSNames are the in-cluster DNS names of a Service: the ones a
+// manager's certificates may carry for the chart's Services in front of
+// every manager (the HTTPS API's, the webhook's).
+func ServiceDNSNames(service, namespace string) []string {
+	svc := service + "." + namespace
+	return []string{service, svc, svc + ".svc", svc + ".svc.cluster.local"}
 }

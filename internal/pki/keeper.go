@@ -3,11 +3,12 @@ package pki
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -16,19 +17,32 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
+
+	"github.com/strata-storage/strata/types"
 )
 
-// NewCASecretInformer watches the CA Secret alone, so that a component's
+// NewCASecretInformer watches the CA Secret alone, so that the signer's
 // RBAC can name it instead of granting every Secret of the namespace.
 func NewCASecretInformer(kube kubernetes.Interface, namespace string) (informers.SharedInformerFactory,
 	cache.SharedIndexInformer, corelisters.SecretNamespaceLister) {
-	factory := informers.NewSharedInformerFactoryWithOptions(kube, 0,
-		informers.WithNamespace(namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", CASecretName).String()
-		}))
+	factory := oneObjectFactory(kube, namespace, CASecretName)
 	secrets := factory.Core().V1().Secrets()
 	return factory, secrets.Informer(), secrets.Lister().Secrets(namespace)
+}
+
+// NewTrustInformer watches the CA bundle ConfigMap alone.
+func NewTrustInformer(kube kubernetes.Interface, namespace string) (informers.SharedInformerFactory,
+	cache.SharedIndexInformer, corelisters.ConfigMapNamespaceLister) {
+	factory := oneObjectFactory(kube, namespace, types.CABundleConfigMap)
+	cms := factory.Core().V1().ConfigMaps()
+	return factory, cms.Informer(), cms.Lister().ConfigMaps(namespace)
+}
+
+func oneObjectFactory(kube kubernetes.Interface, namespace, name string) informers.SharedInformerFactory {
+	return informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithNamespace(namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+		}))
 }
 
 // KeeperOptions configure a node's Keeper.
@@ -37,6 +51,10 @@ type KeeperOptions struct {
 	// ManagerHosts are the addresses users' tools reach this manager's
 	// HTTPS API at (IP SANs and DNS names of its certificate).
 	ManagerHosts []string
+	// WebhookHosts are the names of this manager's admission webhook
+	// serving certificate (the Service's, loopback, the listen address);
+	// empty: no webhook here.
+	WebhookHosts []string
 	// InstanceManagerDir is where the node's instance manager reads its
 	// certificate and the bundle (its --tls-dir); empty: no instance
 	// manager on this node.
@@ -45,40 +63,55 @@ type KeeperOptions struct {
 	// are dialled at (IP SANs and DNS names): peers check them
 	// (ForAddress), so that another node's certificate is refused.
 	InstanceManagerHosts []string
-	Clock                clock.Clock
+	// RequestTimeout bounds the wait for the signer's answer to one
+	// request; zero: a minute.
+	RequestTimeout time.Duration
+	Clock          clock.Clock
 }
 
-// Keeper keeps a node's identities current: the manager's own (in memory)
-// and its instance manager's (written to InstanceManagerDir), re-issued
-// when the CA Secret changes or they are two thirds through their life,
-// and the bundle rewritten when the Secret's changes (a rotation's first
-// phase), so that the instance manager trusts a new CA before anyone
-// presents a certificate it signed.
+// Keeper keeps a node's identities current: the manager's own and its
+// webhook's (in memory) and its instance manager's (written to
+// InstanceManagerDir). It never holds the CA key: it makes each key here
+// and asks the CA signer to sign it with a CertificateSigningRequest
+// (RequestIdentity), when the published trust (the ConfigMap
+// types.CABundleConfigMap) names a new signing CA or a certificate is two
+// thirds through its life, and rewrites the instance manager's bundle when
+// the published one changes (a rotation's first phase), so that it trusts
+// a new CA before anyone presents a certificate it signed.
 type Keeper struct {
 	opts     KeeperOptions
 	log      logrus.FieldLogger
 	kube     kubernetes.Interface
 	factory  informers.SharedInformerFactory
 	informer cache.SharedIndexInformer
-	secrets  corelisters.SecretNamespaceLister
+	trusts   corelisters.ConfigMapNamespaceLister
 	events   chan struct{}
 	ready    chan struct{}
 
 	// Manager is this manager's identity, for its clients and servers.
 	Manager MemorySource
+	// Webhook is the admission webhook's serving certificate.
+	Webhook MemorySource
 	// imCert and imBundle are what InstanceManagerDir holds.
 	imCert   *IssuedCert
 	imBundle []byte
+
+	mu        sync.Mutex
+	trust     *Trust
+	listeners []func()
 }
 
-// NewKeeper watches the CA Secret; Run keeps the identities.
+// NewKeeper watches the CA bundle ConfigMap; Run keeps the identities.
 func NewKeeper(log logrus.FieldLogger, kube kubernetes.Interface, opts KeeperOptions) (*Keeper, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
+	if opts.RequestTimeout == 0 {
+		opts.RequestTimeout = time.Minute
+	}
 	k := &Keeper{opts: opts, log: log.WithField("component", "certificates"), kube: kube,
 		events: make(chan struct{}, 1), ready: make(chan struct{})}
-	k.factory, k.informer, k.secrets = NewCASecretInformer(kube, opts.Namespace)
+	k.factory, k.informer, k.trusts = NewTrustInformer(kube, opts.Namespace)
 	notify := func(any) {
 		select {
 		case k.events <- struct{}{}:
@@ -106,8 +139,23 @@ func NewKeeper(log logrus.FieldLogger, kube kubernetes.Interface, opts KeeperOpt
 	return k, nil
 }
 
-// Ready is closed once both identities have been issued.
+// Ready is closed once every identity has been issued.
 func (k *Keeper) Ready() <-chan struct{} { return k.ready }
+
+// Trust is the published trust last read; nil before the first.
+func (k *Keeper) Trust() *Trust {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.trust
+}
+
+// OnTrustChange calls f each time the published trust changes (f must not
+// block); a caller that registers late reads Trust first.
+func (k *Keeper) OnTrustChange(f func()) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.listeners = append(k.listeners, f)
+}
 
 // Run keeps the identities current until ctx ends.
 func (k *Keeper) Run(ctx context.Context) {
@@ -118,6 +166,9 @@ func (k *Keeper) Run(ctx context.Context) {
 	for {
 		next, err := k.refresh(ctx)
 		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
 			k.log.WithError(err).Warn("Cannot refresh this node's certificates; retrying")
 			next = 2 * time.Second
 		}
@@ -133,31 +184,54 @@ func (k *Keeper) Run(ctx context.Context) {
 	}
 }
 
-// refresh issues what is due and returns when to look again.
+// ErrNoTrust: the CA signer has not published the trust yet.
+var ErrNoTrust = errors.New("the CA signer (Deployment strata-ca-signer) has not published ConfigMap " +
+	types.CABundleConfigMap + " yet")
+
+// readTrust is the published trust from the cache.
+func (k *Keeper) readTrust() (*Trust, error) {
+	cm, err := k.trusts.Get(types.CABundleConfigMap)
+	if apierrors.IsNotFound(err) {
+		return nil, ErrNoTrust
+	}
+	if err != nil {
+		return nil, err
+	}
+	trust, err := ParseTrust(cm.Data)
+	if err != nil {
+		return nil, fmt.Errorf("ConfigMap %s: %w", types.CABundleConfigMap, err)
+	}
+	return trust, nil
+}
+
+// refresh asks for what is due and returns when to look again.
 func (k *Keeper) refresh(ctx context.Context) (time.Duration, error) {
-	secret, err := k.caSecret(ctx)
+	trust, err := k.readTrust()
 	if err != nil {
 		return 0, err
 	}
-	state, err := ParseCAState(secret.Data)
-	if err != nil {
-		return 0, fmt.Errorf("Secret %s: %w", CASecretName, err)
-	}
+	k.setTrust(trust)
 	now := k.opts.Clock.Now()
-	if cur := k.Manager.Issued(); cur.Due(state, now) {
-		c, err := IssueIdentity(state.Current, Identity{Component: ComponentManager, Node: k.opts.Node}, k.opts.ManagerHosts, now)
-		if err != nil {
-			return 0, err
+	next := time.Hour
+	for _, m := range []struct {
+		src   *MemorySource
+		hosts []string
+		what  string
+	}{{&k.Manager, k.opts.ManagerHosts, "this manager's certificate"}, {&k.Webhook, k.opts.WebhookHosts, "the webhook serving certificate"}} {
+		if m.src == &k.Webhook && len(m.hosts) == 0 {
+			continue
 		}
-		k.Manager.Set(c, state.Bundle)
-		k.log.WithFields(logrus.Fields{"identity": Identity{ComponentManager, k.opts.Node}.String(),
-			"renewAt": c.RenewAt.Format(time.RFC3339)}).Info("Issued this manager's certificate")
-	} else {
-		k.Manager.Set(cur, state.Bundle) // the bundle may have changed
+		cur := m.src.Issued()
+		if cur.Due(trust.Signing, now) {
+			if cur, err = k.request(ctx, ComponentManager, m.hosts, trust, m.what); err != nil {
+				return 0, err
+			}
+		}
+		m.src.Set(cur, trust.Bundle) // the bundle may have changed
+		next = min(next, cur.RenewAt.Sub(now))
 	}
-	next := k.Manager.Issued().RenewAt.Sub(now)
 	if k.opts.InstanceManagerDir != "" {
-		imNext, err := k.refreshInstanceManager(state, now)
+		imNext, err := k.refreshInstanceManager(ctx, trust, now)
 		if err != nil {
 			return 0, err
 		}
@@ -171,42 +245,58 @@ func (k *Keeper) refresh(ctx context.Context) (time.Duration, error) {
 	return max(next, time.Second), nil
 }
 
-func (k *Keeper) refreshInstanceManager(state *CAState, now time.Time) (time.Duration, error) {
-	cert, bundle := k.imCert, state.BundlePEM()
-	if cert.Due(state, now) {
+// request asks the signer for this node's component identity.
+func (k *Keeper) request(ctx context.Context, component string, hosts []string, trust *Trust, what string) (*IssuedCert, error) {
+	id := Identity{Component: component, Node: k.opts.Node}
+	ctx, cancel := context.WithTimeout(ctx, k.opts.RequestTimeout)
+	defer cancel()
+	c, err := RequestIdentity(ctx, k.kube, id, hosts, trust.Bundle, k.opts.Clock.Now())
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	k.log.WithFields(logrus.Fields{"identity": id.String(), "hosts": hosts, "ca": c.Issuer.Subject.CommonName,
+		"renewAt": c.RenewAt.Format(time.RFC3339)}).Info("The CA signer signed " + what)
+	return c, nil
+}
+
+// setTrust records trust and tells the listeners when it changed.
+func (k *Keeper) setTrust(trust *Trust) {
+	k.mu.Lock()
+	changed := k.trust == nil || !k.trust.Signing.Equal(trust.Signing) || !bytes.Equal(k.trust.BundlePEM(), trust.BundlePEM())
+	k.trust = trust
+	listeners := k.listeners
+	k.mu.Unlock()
+	if changed {
+		for _, f := range listeners {
+			f()
+		}
+	}
+}
+
+func (k *Keeper) refreshInstanceManager(ctx context.Context, trust *Trust, now time.Time) (time.Duration, error) {
+	cert, bundle := k.imCert, trust.BundlePEM()
+	if cert.Due(trust.Signing, now) {
 		var err error
-		if cert, err = IssueIdentity(state.Current, Identity{Component: ComponentInstanceManager, Node: k.opts.Node},
-			k.opts.InstanceManagerHosts, now); err != nil {
+		if cert, err = k.request(ctx, ComponentInstanceManager, k.opts.InstanceManagerHosts, trust,
+			"the instance manager's certificate"); err != nil {
 			return 0, err
 		}
 	}
 	if cert != k.imCert || !bytes.Equal(bundle, k.imBundle) {
-		if err := WriteDir(k.opts.InstanceManagerDir, cert, state.Bundle); err != nil {
+		if err := WriteDir(k.opts.InstanceManagerDir, cert, trust.Bundle); err != nil {
 			return 0, fmt.Errorf("writing the instance manager's certificate: %w", err)
 		}
 		k.log.WithFields(logrus.Fields{"dir": k.opts.InstanceManagerDir, "renewed": cert != k.imCert,
-			"cas": len(state.Bundle)}).Info("Wrote the instance manager's certificate and CA bundle")
+			"cas": len(trust.Bundle)}).Info("Wrote the instance manager's certificate and CA bundle")
 		k.imCert, k.imBundle = cert, bundle
 	}
 	return cert.RenewAt.Sub(now), nil
 }
 
-// caSecret is the CA Secret from the cache, created if there is none yet
-// (the first manager to start creates the CA).
-func (k *Keeper) caSecret(ctx context.Context) (*corev1.Secret, error) {
-	secret, err := k.secrets.Get(CASecretName)
-	if err == nil {
-		return secret, nil
-	}
-	if !apierrors.IsNotFound(err) {
-		return nil, err
-	}
-	return LoadOrCreateCASecret(ctx, k.kube.CoreV1().Secrets(k.opts.Namespace), k.opts.Clock.Now())
-}
-
 // SourceFromSecret issues an identity from the CA Secret for a tool that
 // acts as a component (benches and tests that call instance managers
-// directly); it needs read access to the Secret, which only an admin has.
+// directly); it needs read access to the Secret, which only an admin and
+// the signer have.
 func SourceFromSecret(ctx context.Context, kube kubernetes.Interface, namespace string, id Identity) (*MemorySource, error) {
 	secret, err := kube.CoreV1().Secrets(namespace).Get(ctx, CASecretName, metav1.GetOptions{})
 	if err != nil {

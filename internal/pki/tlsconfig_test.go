@@ -153,8 +153,8 @@ func TestIdentityRoundTrip(t *testing.T) {
 	assert.Equal(t, "strata://manager/node-1.example", id.String())
 	assert.Len(t, c.TLS.Leaf.IPAddresses, 1)
 	assert.Equal(t, []string{"node-1"}, c.TLS.Leaf.DNSNames)
-	assert.False(t, c.Due(ca, t0))
-	assert.True(t, c.Due(ca, t0.Add(IdentityValidity*2/3+time.Second)))
+	assert.False(t, c.Due(ca.Current.Cert, t0))
+	assert.True(t, c.Due(ca.Current.Cert, t0.Add(IdentityValidity*2/3+time.Second)))
 	_, err = IssueIdentity(ca.Current, Identity{Component: "manager", Node: "a/b"}, nil, t0)
 	assert.Error(t, err)
 }

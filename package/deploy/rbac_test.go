@@ -136,12 +136,30 @@ func TestChartRBACOptions(t *testing.T) {
 	role := rbacSummary(t, objs)["Role strata-system/strata-manager"]
 	var secrets []string
 	for _, g := range role {
-		if strings.HasPrefix(g, "/secrets[") && strings.HasSuffix(g, ": get") && !strings.Contains(g, "strata-webhook-ca") &&
-			!strings.Contains(g, "strata-snapshot-metadata-tls") {
+		if strings.HasPrefix(g, "/secrets") {
 			secrets = append(secrets, g)
 		}
 	}
-	assert.Equal(t, []string{"/secrets[other]: get", "/secrets[s3-keys]: get", "/secrets[strata-backup-credentials]: get"}, secrets)
+	assert.Equal(t, []string{"/secrets[other]: get", "/secrets[s3-keys]: get", "/secrets[strata-backup-credentials]: get"}, secrets,
+		"the managers read the backup credentials by name and no other Secret (the CA key is the CA signer's)")
+	// One signer (issue 46): only the CA signer may approve and sign for
+	// strata.io/identity or write the CA's Secret and bundle; the managers
+	// only ask and read.
+	for name, grants := range manifests {
+		for _, g := range grants {
+			if name == "ClusterRole /strata-signer" || name == "Role strata-system/strata-signer" {
+				continue
+			}
+			assert.NotContains(t, g, "certificates.k8s.io/signers", name)
+			assert.NotContains(t, g, "certificatesigningrequests/", name)
+			assert.NotRegexp(t, `^/secrets(\[strata-webhook-ca\])?: `, g, name)
+			assert.NotRegexp(t, `^/configmaps(\[strata-ca-bundle\])?: (create|update|patch)`, g, name)
+		}
+	}
+	assert.Subset(t, manifests["ClusterRole /strata-signer"], []string{
+		"certificates.k8s.io/signers[strata.io/identity]: approve", "certificates.k8s.io/signers[strata.io/identity]: sign"})
+	assert.Subset(t, manifests["ClusterRole /strata-manager"], []string{
+		"certificates.k8s.io/certificatesigningrequests: create", "certificates.k8s.io/certificatesigningrequests: watch"})
 	// No impersonation at all, and no create of webhook configurations
 	// (the chart ships them; issue 46).
 	for name, grants := range manifests {
@@ -169,20 +187,28 @@ func TestChartRBACOptions(t *testing.T) {
 	assert.Equal(t, []string{""}, given["api-client-ca-configmap"])
 
 	// Without the SnapshotMetadata sidecar: no container, no grants for
-	// it or for its certificate and CR, no manager flag.
+	// it or for its certificate and CR, no CA signer flag.
 	noMetadata := parseObjects(t, renderChart(t, helm, "snapshotMetadata.enabled=false"))
 	summary = rbacSummary(t, noMetadata)
 	assert.NotContains(t, summary, "ClusterRole /strata-snapshot-metadata")
-	assert.NotContains(t, summary["Role strata-system/strata-manager"], "/secrets[strata-snapshot-metadata-tls]: get")
-	assert.NotContains(t, strings.Join(summary["ClusterRole /strata-manager"], " "), "snapshotmetadataservices")
-	_, given = flags(t, container(t, pods(t, noMetadata)["strata-manager"], "manager"))
+	for _, role := range []string{"Role strata-system/strata-signer", "ClusterRole /strata-signer", "ClusterRole /strata-manager",
+		"Role strata-system/strata-manager"} {
+		for _, what := range []string{"strata-snapshot-metadata-tls", "snapshotmetadataservices"} {
+			assert.NotContains(t, strings.Join(summary[role], " "), what, role)
+		}
+	}
+	assert.Contains(t, summary["Role strata-system/strata-signer"], "/secrets[strata-webhook-ca]: get")
+	_, given = flags(t, container(t, pods(t, noMetadata)["strata-ca-signer"], "ca-signer"))
 	assert.NotContains(t, given, "snapshot-metadata-address")
 	for _, c := range pods(t, noMetadata)["strata-csi-controller"].Containers {
 		assert.NotEqual(t, "csi-snapshot-metadata", c.Name)
 	}
-	_, given = flags(t, container(t, pods(t, parseObjects(t, renderChart(t, helm)))["strata-manager"], "manager"))
+	defaults := pods(t, parseObjects(t, renderChart(t, helm)))
+	_, given = flags(t, container(t, defaults["strata-ca-signer"], "ca-signer"))
 	assert.Equal(t, []string{"strata-snapshot-metadata.strata-system:443"}, given["snapshot-metadata-address"],
 		"by default backup tools dial the Service")
+	_, given = flags(t, container(t, defaults["strata-manager"], "manager"))
+	assert.NotContains(t, given, "snapshot-metadata-address", "the CA signer keeps the SnapshotMetadataService, not the managers")
 
 	bt := find(t, objs, "BackupTarget", "default")
 	assert.Contains(t, string(bt.json), `"credentialSecret":"s3-keys"`)

@@ -77,8 +77,12 @@ var unset = map[string]map[string]string{
 		"api-advertise-address":      "--api-listen's address is the node's",
 		"upload-size-limit":          "manager.flags",
 		"webhook-url-host":           "local mode only: the chart uses the strata-webhook Service",
-		"webhook-ca-rotate-before":   "manager.flags",
 		"api-client-ca-configmap":    "the default (the API server's); api.clientCertificates=false empties it",
+	},
+	"strata-ca-signer/ca-signer": {
+		"kubeconfig":       "in-cluster credentials",
+		"lease-duration":   "caSigner.flags",
+		"ca-rotate-before": "caSigner.flags",
 	},
 	"strata-instance-manager/instance-manager": {
 		"nbd-listen":           "NBD over TCP is for one's own tools on the node's loopback",
@@ -148,6 +152,13 @@ func TestChartWiresEveryFlag(t *testing.T) {
 				env[e.Name] = e.ValueFrom.FieldRef.FieldPath
 			}
 		}
+		if workload == "strata-ca-signer" {
+			// Not a node's component: its Lease holder is the Pod.
+			assert.Equal(t, "metadata.name", env["POD_NAME"], key)
+			assert.Equal(t, "metadata.namespace", env["POD_NAMESPACE"], key)
+			assert.Equal(t, []string{"$(POD_NAME)"}, given["identity"], key)
+			continue
+		}
 		assert.Equal(t, "status.hostIP", env["HOST_IP"], key)
 		assert.Equal(t, "spec.nodeName", env["NODE_NAME"], key)
 	}
@@ -158,16 +169,17 @@ func TestChartWiresEveryFlag(t *testing.T) {
 // the default), the instance manager; the runtime's default seccomp
 // profile for every Pod, and a user that is not root for those that touch
 // no host directory; a read-only root filesystem everywhere; the host
-// network for the Pods that listen or reach the API server; requests
-// everywhere; the update strategies.
+// network for the Pods that listen or reach the API server, but the CA
+// signer's (caSigner.hostNetwork); requests everywhere; the update
+// strategies.
 func TestChartPodsBehaveOnANode(t *testing.T) {
 	objs := rendered(t)
 	specs := pods(t, objs)
 	require.ElementsMatch(t, []string{"strata-manager", "strata-instance-manager", "strata-csi-node",
-		"strata-csi-controller", "snapshot-controller"}, keys(specs))
+		"strata-csi-controller", "strata-ca-signer", "snapshot-controller"}, keys(specs))
 	// Why the others run as root (with no capability): their data and
 	// state are root's files in host directories (README "What runs").
-	nonRoot := []string{"strata-csi-controller", "snapshot-controller"}
+	nonRoot := []string{"strata-csi-controller", "strata-ca-signer", "snapshot-controller"}
 	for name, spec := range specs {
 		psc := spec.SecurityContext
 		require.NotNil(t, psc, "%s has no Pod securityContext", name)
@@ -200,7 +212,7 @@ func TestChartPodsBehaveOnANode(t *testing.T) {
 				}
 			}
 		}
-		assert.Equal(t, name != "strata-csi-node", spec.HostNetwork, "%s hostNetwork", name)
+		assert.Equal(t, name != "strata-csi-node" && name != "strata-ca-signer", spec.HostNetwork, "%s hostNetwork", name)
 	}
 	for _, name := range []string{"strata-manager", "strata-instance-manager", "strata-csi-node"} {
 		assert.Equal(t, "system-node-critical", specs[name].PriorityClassName, name)
@@ -214,6 +226,18 @@ func TestChartPodsBehaveOnANode(t *testing.T) {
 	assert.Equal(t, appsv1.OnDeleteDaemonSetStrategyType, im.Spec.UpdateStrategy.Type)
 	assert.Equal(t, appsv1.RollingUpdateDaemonSetStrategyType, mgr.Spec.UpdateStrategy.Type)
 	assert.Equal(t, intstr.FromInt32(1), *mgr.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable)
+
+	// The CA signer: one Pod at a time, under its own identity, with no
+	// volume at all (the CA key is read from the API only).
+	var signer appsv1.Deployment
+	find(t, objs, "Deployment", "strata-ca-signer").decode(t, &signer)
+	assert.Equal(t, int32(1), *signer.Spec.Replicas)
+	assert.Equal(t, appsv1.RecreateDeploymentStrategyType, signer.Spec.Strategy.Type)
+	assert.Equal(t, "strata-signer", specs["strata-ca-signer"].ServiceAccountName)
+	assert.Empty(t, specs["strata-ca-signer"].Volumes)
+	for name, spec := range specs {
+		assert.Equal(t, name == "strata-ca-signer", spec.ServiceAccountName == "strata-signer", "%s runs as %s", name, spec.ServiceAccountName)
+	}
 
 	// The manager's probes are on its metrics listener.
 	m := container(t, specs["strata-manager"], "manager")

@@ -13,11 +13,11 @@ import (
 )
 
 // Least privilege, proven by the API server's audit log: every request of
-// Strata's components (the managers, the CSI controller Pod, the CSI node
-// plugins, the snapshot-controller) is logged at level Metadata, and after
-// the suite auditCheck fails on any request RBAC denied a component and,
-// when the whole suite ran, on any verb a shipped role grants that no
-// request used. docs/security.md "Least privilege".
+// Strata's components (the managers, the CA signer, the CSI controller Pod,
+// the CSI node plugins, the snapshot-controller) is logged at level
+// Metadata, and after the suite auditCheck fails on any request RBAC
+// denied a component and, when the whole suite ran, on any verb a shipped
+// role grants that no request used. docs/security.md "Least privilege".
 
 var auditOptions = localcluster.AuditOptions{
 	Groups: []string{"system:serviceaccounts:" + types.DefaultNamespace},
@@ -28,13 +28,16 @@ var auditOptions = localcluster.AuditOptions{
 var auditConfig = auditcheck.Config{
 	Components: []auditcheck.Component{
 		{Name: "strata-manager", Namespace: types.DefaultNamespace, ServiceAccount: types.ManagerServiceAccount},
+		{Name: "strata-ca-signer", Namespace: types.DefaultNamespace, ServiceAccount: types.SignerServiceAccount},
 		{Name: "strata-csi-controller", Namespace: types.DefaultNamespace, ServiceAccount: types.CSIControllerServiceAccount},
 		{Name: "strata-csi-node", Namespace: types.DefaultNamespace, ServiceAccount: types.CSINodeServiceAccount},
 		{Name: "snapshot-controller", Namespace: localcluster.SnapshotControllerNamespace,
 			ServiceAccount: localcluster.SnapshotControllerServiceAccount},
 	},
 	// The tests' own clients borrow the manager's token to probe its RBAC
-	// (TestManagerRunsUnderShippedRBAC, TestWebhookRBAC): what they are
+	// (TestManagerRunsUnderShippedRBAC, TestWebhookRBAC) and to ask the CA
+	// signer for another node's identity
+	// (TestIdentitySignerBindsRequestsToTheTokensNode): what they are
 	// refused is the point of those tests.
 	IgnoreUserAgents: []string{"e2e.test/"},
 	// Grants no request used in the suite, each needed all the same: reads
@@ -65,14 +68,30 @@ var auditConfig = auditcheck.Config{
 		{Component: "strata-manager", Verb: "create", Group: "strata.io", Resource: "resourcequotas", Reason: "as create volumes"},
 		{Component: "strata-manager", Verb: "update", Group: "strata.io", Resource: "resourcequotas", Reason: "as create volumes"},
 		{Component: "strata-manager", Verb: "get", Resource: "configmaps",
-			Reason: "Kubernetes' extension-apiserver-authentication-reader Role grants it with list and watch; the client CA is watched, not got"},
-		{Component: "strata-manager", Verb: "patch", Resource: "secrets",
+			Reason: "Kubernetes' extension-apiserver-authentication-reader Role grants it with list and watch, and the Role grants it on " +
+				"strata-ca-bundle with list and watch: the client CA and the trust bundle are watched, not got"},
+		{Component: "strata-manager", Verb: "get", Group: "certificates.k8s.io", Resource: "certificatesigningrequests",
+			Reason: "client-go's csr helper reads a request back only when one of its name exists already, and the managers' are named " +
+				"by the API server (generateName); they wait for theirs with a watch"},
+		// The CA signer's: what only a rotation, the chart's sidecar or the
+		// API server's own checks use.
+		{Component: "strata-ca-signer", Verb: "approve", Group: "certificates.k8s.io", Resource: "signers",
+			Reason: "checked by the API server inside the update of certificatesigningrequests/approval, which the audit log records; no request of its own"},
+		{Component: "strata-ca-signer", Verb: "sign", Group: "certificates.k8s.io", Resource: "signers",
+			Reason: "checked by the API server inside the update of certificatesigningrequests/status, as approve signers"},
+		{Component: "strata-ca-signer", Verb: "update", Resource: "secrets",
+			Reason: "the signer rewrites the CA Secret (strata-webhook-ca) when it rotates the CA: test/deployed TestCertificateRotationWhileAPodWrites"},
+		{Component: "strata-ca-signer", Verb: "get", Group: "admissionregistration.k8s.io", Resource: "validatingwebhookconfigurations",
+			Reason: "read before a rotation's next CA signs, to see it in the caBundle: as update secrets"},
+		{Component: "strata-ca-signer", Verb: "get", Group: "admissionregistration.k8s.io", Resource: "mutatingwebhookconfigurations",
+			Reason: "as get validatingwebhookconfigurations"},
+		{Component: "strata-ca-signer", Verb: "patch", Resource: "secrets",
 			Reason: "the SnapshotMetadata sidecar's certificate (Secret strata-snapshot-metadata-tls): the sidecar runs in the chart only (test/deployed)"},
-		{Component: "strata-manager", Verb: "get", Resource: "secrets",
-			Reason: "strata-snapshot-metadata-tls, as patch secrets: a new webhook leader reads the sidecar's certificate (the other Secrets got by name are used)"},
-		{Component: "strata-manager", Verb: "create", Group: "cbt.storage.k8s.io", Resource: "snapshotmetadataservices",
+		{Component: "strata-ca-signer", Verb: "get", Resource: "secrets",
+			Reason: "strata-snapshot-metadata-tls, as patch secrets: a new leader reads the sidecar's certificate (the CA Secret's get is used)"},
+		{Component: "strata-ca-signer", Verb: "create", Group: "cbt.storage.k8s.io", Resource: "snapshotmetadataservices",
 			Reason: "the SnapshotMetadataService is published where the chart runs the sidecar (test/deployed)"},
-		{Component: "strata-manager", Verb: "patch", Group: "cbt.storage.k8s.io", Resource: "snapshotmetadataservices",
+		{Component: "strata-ca-signer", Verb: "patch", Group: "cbt.storage.k8s.io", Resource: "snapshotmetadataservices",
 			Reason: "as create snapshotmetadataservices"},
 		{Component: "strata-csi-controller", Verb: "create", Group: "authentication.k8s.io", Resource: "tokenreviews",
 			Reason: "the SnapshotMetadata sidecar checks backup tools' tokens; it runs in the chart only (test/deployed)"},
@@ -126,8 +145,6 @@ var auditConfig = auditcheck.Config{
 			Reason: "csi-provisioner reads a claim's dataSource VolumeSnapshot: test/deployed TestUserFlows/TrimFreesADeletedSnapshotsSpace, SnapshotRestoredOnAnotherNode and the other restores"},
 		{Component: "strata-csi-controller", Verb: "update", Group: "snapshot.storage.k8s.io", Resource: "volumesnapshots",
 			Reason: "csi-provisioner's finalizer on a VolumeSnapshot a claim is restored from: as get volumesnapshots"},
-		{Component: "strata-manager", Verb: "update", Resource: "secrets",
-			Reason: "the webhook leader writes the CA Secret (strata-webhook-ca) when it rotates the CA: test/deployed TestCertificateRotationWhileAPodWrites"},
 	},
 	// Denials the suite causes on purpose.
 	Denied: []auditcheck.Allowance{

@@ -1,9 +1,11 @@
 // Package e2e runs Strata end to end: a real control plane (etcd,
 // kube-apiserver, kube-controller-manager, kube-scheduler), three real
-// kubelet nodes (containerd + runc), Strata's CRDs and shipped RBAC, and one
+// kubelet nodes (containerd + runc), Strata's CRDs and shipped RBAC, one
 // real strata-manager process per simulated node, authenticated as the
-// manager ServiceAccount. One cluster serves every test in the package; when
-// it stops, nothing it made may be left on the host.
+// manager ServiceAccount with a token bound to a bare Node of its name
+// (localcluster's process nodes), and the CA signer (strata-manager
+// ca-signer) as its own ServiceAccount. One cluster serves every test in the
+// package; when it stops, nothing it made may be left on the host.
 package e2e
 
 import (
@@ -45,6 +47,7 @@ var env struct {
 	runDir            string
 	managerOpts       localcluster.ManagerOptions
 	managers          map[string]*localcluster.Manager
+	signer            *localcluster.Signer
 	adminKube         kubernetes.Interface
 	adminStrata       versioned.Interface
 	managerConfig     *rest.Config
@@ -115,6 +118,9 @@ func run(m *testing.M) (int, error) {
 	if err := cluster.Install(ctx, root); err != nil {
 		return 0, err
 	}
+	// The manager ServiceAccount's token bound to no Node: the tests'
+	// own probes of its RBAC use it. The managers' own are each bound to
+	// their node's Node (NodeKubeconfig below).
 	env.managerKubeconfig = filepath.Join(runDir, "manager.kubeconfig")
 	if err := cluster.ServiceAccountKubeconfig(ctx, types.DefaultNamespace, types.ManagerServiceAccount, env.managerKubeconfig); err != nil {
 		return 0, err
@@ -129,7 +135,20 @@ func run(m *testing.M) (int, error) {
 		Namespace: types.DefaultNamespace, RunDir: runDir, LeaseDuration: leaseDuration, WithInstanceManager: true,
 		FUSEFiles: true,
 		// Short, so a test can see a key fail many times and then converge.
-		MaxRetryDelay: maxRetryDelay}
+		MaxRetryDelay: maxRetryDelay,
+		// The signer signs a manager's certificates only for the node its
+		// token is bound to.
+		NodeKubeconfig: cluster.NodeKubeconfigs(types.DefaultNamespace, types.ManagerServiceAccount)}
+	// The CA signer first: it makes the CA, and the managers wait for
+	// their certificates.
+	signerKubeconfig, err := cluster.SignerKubeconfig(ctx, types.DefaultNamespace)
+	if err != nil {
+		return 0, err
+	}
+	if env.signer, err = localcluster.StartSigner(env.managerOpts.SignerOptions(signerKubeconfig)); err != nil {
+		return 0, err
+	}
+	defer func() { _ = env.signer.Stop(10 * time.Second) }()
 	env.managers = map[string]*localcluster.Manager{}
 	defer func() {
 		for _, mgr := range env.managers {
@@ -147,14 +166,13 @@ func run(m *testing.M) (int, error) {
 	// Tests start on a usable cluster: every node Ready, webhooks answering.
 	if err := cluster.WaitForNodesReady(ctx, types.DefaultNamespace, nodeNames, time.Minute); err != nil {
 		// The run directory goes with a setup failure: say what the
-		// managers said first.
+		// managers and the signer said first.
 		for _, mgr := range env.managers {
-			state := "running"
-			if mgr.Exited() {
-				state = fmt.Sprintf("exited: %v", mgr.Err())
-			}
-			fmt.Fprintf(os.Stderr, "--- manager %s (%s), last lines of %s:\n%s\n", mgr.Node, state, mgr.LogPath, mgr.LogTail(30))
+			fmt.Fprintf(os.Stderr, "--- manager %s (%s), last lines of %s:\n%s\n", mgr.Node, processState(mgr.Process),
+				mgr.LogPath, mgr.LogTail(30))
 		}
+		fmt.Fprintf(os.Stderr, "--- CA signer (%s), last lines of %s:\n%s\n", processState(env.signer.Process),
+			env.signer.LogPath, env.signer.LogTail(30))
 		return 0, err
 	}
 	if err := cluster.WaitForWebhooks(ctx, types.DefaultNamespace, time.Minute); err != nil {
@@ -179,6 +197,7 @@ func run(m *testing.M) (int, error) {
 	for _, mgr := range env.managers {
 		_ = mgr.StopAll(10 * time.Second)
 	}
+	_ = env.signer.Stop(10 * time.Second)
 	// Why the suite failed outside its tests, said again after the
 	// managers' log tails so that it is the last thing a reader sees.
 	var reasons []string
@@ -206,11 +225,20 @@ func run(m *testing.M) (int, error) {
 		for _, mgr := range env.managers {
 			fmt.Fprintf(os.Stderr, "--- last lines of %s:\n%s\n", mgr.LogPath, mgr.LogTail(30))
 		}
+		fmt.Fprintf(os.Stderr, "--- last lines of %s:\n%s\n", env.signer.LogPath, env.signer.LogTail(30))
 		for _, r := range reasons {
 			fmt.Fprintln(os.Stderr, r)
 		}
 	}
 	return code, nil
+}
+
+// processState says whether p runs, or how it exited.
+func processState(p *localcluster.Process) string {
+	if p.Exited() {
+		return fmt.Sprintf("exited: %v", p.Err())
+	}
+	return "running"
 }
 
 // waitDisksSchedulable waits until every node says a disk can take replicas.

@@ -19,6 +19,7 @@ import (
 	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/strata-storage/strata/internal/pki"
 	"github.com/strata-storage/strata/k8s/pkg/apis/strata/v1beta1"
 	"github.com/strata-storage/strata/types"
 	"github.com/strata-storage/strata/webhook"
@@ -339,7 +340,8 @@ func webhookURLsPointAt(t *testing.T, addr string) bool {
 		*mc.Webhooks[0].ClientConfig.URL == "https://"+addr+"/v1/mutate"
 }
 
-// The manager reads and writes only its own Secret and its own webhook
+// The manager reads no CA Secret (the CA signer's alone), only the trust
+// bundle the signer publishes, and writes only its own webhook
 // configurations.
 func TestWebhookRBAC(t *testing.T) {
 	t.Parallel() // reads, or objects of its own: runs beside the others at the end
@@ -347,14 +349,31 @@ func TestWebhookRBAC(t *testing.T) {
 	kube := kubernetes.NewForConfigOrDie(env.managerConfig)
 	ctx := context.Background()
 	secrets := kube.CoreV1().Secrets(types.DefaultNamespace)
-	byName := metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", webhook.CASecretName).String()}
+	byName := func(name string) metav1.ListOptions {
+		return metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()}
+	}
+	configMaps := kube.CoreV1().ConfigMaps(types.DefaultNamespace)
 	tests := []struct {
 		name      string
 		call      func() error
 		forbidden bool
 	}{
-		{"get the CA Secret", func() error { _, err := secrets.Get(ctx, webhook.CASecretName, metav1.GetOptions{}); return err }, false},
-		{"list the CA Secret by name", func() error { _, err := secrets.List(ctx, byName); return err }, false},
+		{"get the CA Secret", func() error { _, err := secrets.Get(ctx, pki.CASecretName, metav1.GetOptions{}); return err }, true},
+		{"list the CA Secret by name", func() error { _, err := secrets.List(ctx, byName(pki.CASecretName)); return err }, true},
+		{"update the CA Secret", func() error {
+			_, err := secrets.Update(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: pki.CASecretName}}, metav1.UpdateOptions{})
+			return err
+		}, true},
+		// The trust bundle: read (an informer by name), never written.
+		{"list the CA bundle by name", func() error {
+			_, err := configMaps.List(ctx, byName(types.CABundleConfigMap))
+			return err
+		}, false},
+		{"patch the CA bundle", func() error {
+			_, err := configMaps.Patch(ctx, types.CABundleConfigMap, k8stypes.MergePatchType, []byte(`{}`),
+				metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+			return err
+		}, true},
 		{"list every Secret in strata-system", func() error { _, err := secrets.List(ctx, metav1.ListOptions{}); return err }, true},
 		// A backup target's credential Secret is read by name (get only),
 		// and only the one the Role names: a missing one is NotFound, any

@@ -15,11 +15,11 @@ func TestShippedManifests(t *testing.T) {
 	r, err := LoadManifests(filepath.Join("..", "..", "..", "package", "manifests"))
 	require.NoError(t, err)
 	for _, sa := range []string{"strata-system/strata-manager", "strata-system/strata-csi-controller",
-		"strata-system/strata-csi-node", "kube-system/snapshot-controller"} {
+		"strata-system/strata-csi-node", "strata-system/strata-signer", "kube-system/snapshot-controller"} {
 		assert.Contains(t, r.ServiceAccounts, sa)
 	}
 	for _, sa := range [][2]string{{"strata-system", "strata-manager"}, {"strata-system", "strata-csi-controller"},
-		{"kube-system", "snapshot-controller"}} {
+		{"strata-system", "strata-signer"}, {"kube-system", "snapshot-controller"}} {
 		grants, err := r.GrantsOf(sa[0], sa[1])
 		require.NoError(t, err)
 		assert.NotEmpty(t, grants, sa)

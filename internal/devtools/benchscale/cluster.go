@@ -44,6 +44,7 @@ type bench struct {
 
 	cluster *localcluster.Cluster
 	opts    localcluster.ManagerOptions
+	signer  *localcluster.Signer
 	mu      sync.Mutex // guards managers, replaced by the cold restart
 	mgrs    []*localcluster.Manager
 
@@ -86,15 +87,23 @@ func (b *bench) setup(ctx context.Context) error {
 	if err := b.cluster.Install(ctx, root); err != nil {
 		return err
 	}
-	kubeconfig := filepath.Join(b.cfg.runDir, "manager.kubeconfig")
-	if err := b.cluster.ServiceAccountKubeconfig(ctx, ns, types.ManagerServiceAccount, kubeconfig); err != nil {
-		return err
-	}
-	b.opts = localcluster.ManagerOptions{Bin: b.cfg.managerBin, Kubeconfig: kubeconfig, Namespace: ns,
+	// Each manager's token is bound to a bare Node of its name, which the
+	// CA signer requires of its certificate requests.
+	b.opts = localcluster.ManagerOptions{Bin: b.cfg.managerBin,
+		NodeKubeconfig: b.cluster.NodeKubeconfigs(ns, types.ManagerServiceAccount), Namespace: ns,
 		RunDir: b.cfg.runDir, LeaseDuration: leaseDuration, WithInstanceManager: true,
 		// The rollout controller runs as in the chart: with no outdated
 		// instance-manager Pod (none here) its queue must stay quiet too.
 		InstanceManagerPods: "app=strata-instance-manager"}
+	// The CA signer first: the managers wait for their certificates.
+	signerKubeconfig, err := b.cluster.SignerKubeconfig(ctx, ns)
+	if err != nil {
+		return err
+	}
+	if b.signer, err = localcluster.StartSigner(b.opts.SignerOptions(signerKubeconfig)); err != nil {
+		return err
+	}
+	b.log.WithFields(logrus.Fields{"pid": b.signer.Pid(), "log": b.signer.LogPath}).Info("CA signer started")
 	var names []string
 	for i := 1; i <= nodeCount; i++ {
 		m, err := localcluster.StartManager(b.opts, "node-"+strconv.Itoa(i))
@@ -192,22 +201,28 @@ func (b *bench) managers() []*localcluster.Manager {
 	return append([]*localcluster.Manager(nil), b.mgrs...)
 }
 
-// checkManagers fails when a manager or instance manager exited on its
-// own: the figures would be meaningless, and its log says why.
+// checkManagers fails when a manager, an instance manager or the CA signer
+// exited on its own: the figures would be meaningless, and its log says why.
 func (b *bench) checkManagers() error {
+	var procs []*localcluster.Process
+	if b.signer != nil {
+		procs = append(procs, b.signer.Process)
+	}
 	for _, m := range b.managers() {
-		for _, p := range []*localcluster.Process{m.Process, m.IM.Process} {
-			if p.Exited() {
-				return fmt.Errorf("%s (pid %d) exited unexpectedly (%v); last lines of %s:\n%s",
-					p.Name, p.Pid(), p.Err(), p.LogPath, p.LogTail(20))
-			}
+		procs = append(procs, m.Process, m.IM.Process)
+	}
+	for _, p := range procs {
+		if p.Exited() {
+			return fmt.Errorf("%s (pid %d) exited unexpectedly (%v); last lines of %s:\n%s",
+				p.Name, p.Pid(), p.Err(), p.LogPath, p.LogTail(20))
 		}
 	}
 	return nil
 }
 
-// teardown stops every manager, instance manager and the control plane;
-// Pdeathsig covers the case where the bench itself dies.
+// teardown stops every manager, instance manager, the CA signer and the
+// control plane (which deletes the managers' bare Nodes); Pdeathsig covers
+// the case where the bench itself dies.
 func (b *bench) teardown() {
 	if b.stopInformers != nil {
 		b.stopInformers()
@@ -221,6 +236,11 @@ func (b *bench) teardown() {
 		})
 	}
 	wg.Wait()
+	if b.signer != nil {
+		if err := b.signer.Stop(managerStopTimeout); err != nil {
+			b.log.WithError(err).Error("stopping the CA signer")
+		}
+	}
 	if b.cluster != nil {
 		if err := b.cluster.Stop(); err != nil {
 			b.log.WithError(err).Error("stopping the control plane")

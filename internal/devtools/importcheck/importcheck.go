@@ -34,7 +34,7 @@ var layers = []struct {
 	{"types", 0}, {"k8s", 0}, {"internal", 0}, {"engineapi/impb", 0},
 	{"engine", 1}, {"engineapi", 1}, {"internal/fsfreeze", 1},
 	{"datastore", 2}, {"scheduler", 2}, {"csi/nbddev", 2},
-	{"controller", 3}, {"webhook", 3}, {"csi", 3},
+	{"controller", 3}, {"webhook", 3}, {"casigner", 3}, {"csi", 3},
 	{"api", 4},
 	{"app", 5},
 	{"package", 6}, {"", 6},

@@ -62,6 +62,10 @@ type Cluster struct {
 	namespace string     // of the admin kubeconfig
 	procs     []*Process // in start order
 	nodes     []*Node    // kubelet nodes, stopped before the control plane
+	// processNodesMade is set once EnsureProcessNode may have made a bare
+	// Node for a process-mode manager: Stop deletes them.
+	processNodesMu   sync.Mutex
+	processNodesMade bool
 	// csiMu guards csiProcs and csiCommands: the CSI supervisor restarts
 	// processes while tests and Stop read them.
 	csiMu    sync.Mutex
@@ -370,8 +374,10 @@ func waitUntil(ctx context.Context, what string, timeout time.Duration, procs []
 }
 
 // Stop tears down every kubelet node (their Pods, mounts and cgroups
-// included), then ends every process Start started, newest first (SIGTERM,
-// then SIGKILL after a timeout). It is safe to call more than once.
+// included) and deletes the process-mode managers' bare Nodes (stop those
+// managers first: their tokens end with their Nodes), then ends every
+// process Start started, newest first (SIGTERM, then SIGKILL after a
+// timeout). It is safe to call more than once.
 func (c *Cluster) Stop() error {
 	var errs []error
 	c.csiMu.Lock()
@@ -386,6 +392,7 @@ func (c *Cluster) Stop() error {
 		errs = append(errs, csiProcs[i].Stop(stopTimeout))
 	}
 	errs = append(errs, c.StopNodes())
+	c.deleteProcessNodesAtStop()
 	for i := len(c.procs) - 1; i >= 0; i-- {
 		if err := c.procs[i].Stop(stopTimeout); err != nil {
 			errs = append(errs, err)

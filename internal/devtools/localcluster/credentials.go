@@ -91,13 +91,20 @@ func writeKubeconfigFor(path, server string, caData []byte, user string, auth *c
 // ServiceAccount, with namespace as its default namespace. Tests use it to
 // exercise the RBAC that ships in package/manifests.
 func (c *Cluster) ServiceAccountKubeconfig(ctx context.Context, namespace, name, path string) error {
+	return c.serviceAccountKubeconfig(ctx, namespace, name, path, nil)
+}
+
+// serviceAccountKubeconfig is ServiceAccountKubeconfig with the token bound
+// to an object when bound is set.
+func (c *Cluster) serviceAccountKubeconfig(ctx context.Context, namespace, name, path string,
+	bound *authenticationv1.BoundObjectReference) error {
 	cs, err := kubernetes.NewForConfig(c.AdminConfig)
 	if err != nil {
 		return err
 	}
 	ttl := int64(ServiceAccountTokenTTL.Seconds())
 	tr, err := cs.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, name,
-		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &ttl}},
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &ttl, BoundObjectRef: bound}},
 		metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("token for service account %s/%s: %w", namespace, name, err)
@@ -106,8 +113,12 @@ func (c *Cluster) ServiceAccountKubeconfig(ctx context.Context, namespace, name,
 	if err := writeKubeconfig(path, c.APIServerURL, c.CAData, user, tr.Status.Token, namespace); err != nil {
 		return err
 	}
-	c.log.WithFields(logrus.Fields{"serviceAccount": namespace + "/" + name, "kubeconfig": path,
-		"expires": tr.Status.ExpirationTimestamp.Time}).Info("wrote service account kubeconfig")
+	log := c.log.WithFields(logrus.Fields{"serviceAccount": namespace + "/" + name, "kubeconfig": path,
+		"expires": tr.Status.ExpirationTimestamp.Time})
+	if bound != nil {
+		log = log.WithField("boundTo", bound.Kind+" "+bound.Name)
+	}
+	log.Info("wrote service account kubeconfig")
 	return nil
 }
 

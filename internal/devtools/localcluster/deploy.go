@@ -147,6 +147,9 @@ func (c *Cluster) chartValues(opts ChartOptions) ([]byte, error) {
 			"provisioner": sidecar("csi-provisioner"), "attacher": sidecar("csi-attacher"),
 			"resizer": sidecar("csi-resizer"), "snapshotter": sidecar("csi-snapshotter")}},
 		"snapshotController": map[string]any{"image": opts.SidecarImages["snapshot-controller"], "pullPolicy": "Never"},
+		// No Pod network here (a null CNI): off the host network the CA
+		// signer would reach nothing, the API server included.
+		"caSigner": map[string]any{"hostNetwork": true},
 		// The CSI controller Pod is on the host network and no kube-proxy
 		// routes the Service: backup tools dial the sidecar's port on
 		// loopback, where every node of this host listens.

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -68,6 +69,7 @@ func TestLongLocalCluster(t *testing.T) {
 	// CRDs being written in k8s/, which have tests of their own.
 	t.Run("install", func(t *testing.T) { testInstall(ctx, t, c) })
 	t.Run("service account RBAC", func(t *testing.T) { testServiceAccountRBAC(ctx, t, c) })
+	t.Run("token bound to a process node", func(t *testing.T) { testProcessNodeToken(ctx, t, c) })
 	t.Run("apply manifests", func(t *testing.T) { testApplyManifests(ctx, t, c) })
 	t.Run("kubectl with admin kubeconfig", func(t *testing.T) { testKubectl(ctx, t, c) })
 	t.Run("ownerReference garbage collection", func(t *testing.T) { testGarbageCollection(ctx, t, admin) })
@@ -190,6 +192,47 @@ func testServiceAccountRBAC(ctx context.Context, t *testing.T, c *Cluster) {
 			}
 		})
 	}
+}
+
+// A process-mode manager's kubeconfig: the API server names its bare Node
+// in the token's extra (what the CA signer checks), the Node is made once,
+// and its token ends with it.
+func testProcessNodeToken(ctx context.Context, t *testing.T, c *Cluster) {
+	admin, err := kubernetes.NewForConfig(c.AdminConfig)
+	require.NoError(t, err)
+	kubeconfig := c.NodeKubeconfigs(systemNamespace, managerSA)
+	path, err := kubeconfig("node-1")
+	require.NoError(t, err)
+	node, err := admin.CoreV1().Nodes().Get(ctx, "node-1", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.True(t, IsProcessNode(node))
+	again, err := kubeconfig("node-1")
+	require.NoError(t, err)
+	assert.Equal(t, path, again)
+	same, err := admin.CoreV1().Nodes().Get(ctx, "node-1", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, node.UID, same.UID, "a second token binds to the same Node")
+
+	cfg, err := clientcmd.BuildConfigFromFlags("", path)
+	require.NoError(t, err)
+	sa, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	review, err := sa.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, "system:serviceaccount:"+systemNamespace+":"+managerSA, review.Status.UserInfo.Username)
+	assert.Equal(t, authenticationv1.ExtraValue{"node-1"}, review.Status.UserInfo.Extra["authentication.kubernetes.io/node-name"])
+
+	kubelets, err := admin.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: KubeletNodeSelector})
+	require.NoError(t, err)
+	assert.Empty(t, kubelets.Items, "no kubelet runs here; the process Node is not one")
+
+	require.NoError(t, c.DeleteProcessNodes(ctx))
+	_, err = admin.CoreV1().Nodes().Get(ctx, "node-1", metav1.GetOptions{})
+	assert.True(t, apierrors.IsNotFound(err), "deleted: %v", err)
+	assert.Eventually(t, func() bool {
+		_, err := sa.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+		return apierrors.IsUnauthorized(err)
+	}, 30*time.Second, 200*time.Millisecond, "the token ends with its Node")
 }
 
 func testInstall(ctx context.Context, t *testing.T, c *Cluster) {

@@ -17,7 +17,13 @@ import (
 type ManagerOptions struct {
 	Bin        string // strata-manager binary
 	Kubeconfig string // the manager ServiceAccount's kubeconfig
-	Namespace  string
+	// NodeKubeconfig, when set, gives each node's manager its own
+	// kubeconfig instead of Kubeconfig, called at every start (Restart
+	// included): the manager ServiceAccount with a token bound to the
+	// node's Node, which the CA signer requires of a certificate request
+	// (Cluster.NodeKubeconfigs).
+	NodeKubeconfig func(node string) (string, error)
+	Namespace      string
 	// RunDir holds nodes/<node>/disk-1 and logs/manager-<node>.log.
 	RunDir        string
 	LeaseDuration time.Duration
@@ -37,6 +43,30 @@ type ManagerOptions struct {
 	// in FUSEDir (--fuse-dir), where the CSI node plugins put their loop
 	// devices.
 	FUSEFiles bool
+}
+
+// kubeconfig is node's manager's: NodeKubeconfig's if set, else Kubeconfig.
+func (o ManagerOptions) kubeconfig(node string) (string, error) {
+	if o.NodeKubeconfig == nil {
+		return o.Kubeconfig, nil
+	}
+	path, err := o.NodeKubeconfig(node)
+	if err != nil {
+		return "", fmt.Errorf("kubeconfig of node %s's manager: %w", node, err)
+	}
+	return path, nil
+}
+
+// leaseDuration is the managers' --lease-duration.
+func (o ManagerOptions) leaseDuration() time.Duration { return leaseOrDefault(o.LeaseDuration) }
+
+// leaseOrDefault is d, or for 0 the default lease of the managers and the
+// signer.
+func leaseOrDefault(d time.Duration) time.Duration {
+	if d == 0 {
+		return 10 * time.Second
+	}
+	return d
 }
 
 // NodeDir is a simulated node's directory: its disks (disk-1, and any a
@@ -170,7 +200,8 @@ func StartManager(opts ManagerOptions, node string) (*Manager, error) {
 
 // Restart starts the manager process again after it exited, with the same
 // disk and the same instance manager, as a restart on a real node would. Its
-// metrics and webhook ports are new.
+// metrics and webhook ports are new. opts are the ones it started with: a
+// NodeKubeconfig gives it a fresh token bound to its node again.
 func (m *Manager) Restart(opts ManagerOptions) (*Manager, error) {
 	return startManagerProcess(opts, m.Node, m.IM)
 }
@@ -185,6 +216,10 @@ func (m *Manager) StopAll(timeout time.Duration) error {
 }
 
 func startManagerProcess(opts ManagerOptions, node string, im *InstanceManager) (*Manager, error) {
+	kubeconfig, err := opts.kubeconfig(node)
+	if err != nil {
+		return nil, err
+	}
 	disk := filepath.Join(opts.NodeDir(node), "disk-1")
 	if err := os.MkdirAll(disk, 0o755); err != nil {
 		return nil, err
@@ -196,18 +231,14 @@ func startManagerProcess(opts ManagerOptions, node string, im *InstanceManager) 
 	metrics := "127.0.0.1:" + strconv.Itoa(ports[0])
 	webhook := "127.0.0.1:" + strconv.Itoa(ports[1])
 	apiAddr := "127.0.0.1:" + strconv.Itoa(ports[2])
-	lease := opts.LeaseDuration
-	if lease == 0 {
-		lease = 10 * time.Second
-	}
 	args := []string{"daemon",
 		"--node-name", node,
-		"--kubeconfig", opts.Kubeconfig,
+		"--kubeconfig", kubeconfig,
 		"--namespace", opts.Namespace,
 		"--disk", disk,
 		"--metrics-listen", metrics,
 		"--api-listen", apiAddr,
-		"--lease-duration", lease.String(),
+		"--lease-duration", opts.leaseDuration().String(),
 		// Local mode: the leader points the webhook configurations at its
 		// own loopback address, since there is no Service to go through.
 		"--webhook-listen", webhook,

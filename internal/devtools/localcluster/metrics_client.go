@@ -17,7 +17,7 @@ import (
 // ManagerMetricsClient reaches the managers' metrics port as a scraper
 // does: HTTPS trusting the CA bundle Strata publishes in namespace, the
 // admin's bearer token (the admin may get /metrics). It waits for the
-// bundle, which the first manager publishes once it runs.
+// bundle, which the CA signer publishes once it leads.
 func (c *Cluster) ManagerMetricsClient(ctx context.Context, namespace string) (*http.Client, error) {
 	kube, err := kubernetes.NewForConfig(c.AdminConfig)
 	if err != nil {

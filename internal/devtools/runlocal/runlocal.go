@@ -1,7 +1,8 @@
 // Package runlocal is `make run` (scripts/run-local runs Main): a local
 // control plane with Strata's manifests installed, a real kubelet node per
 // loopback address (kubelet + containerd + runc, images imported without a
-// registry), one strata-manager per simulated node, and a local S3 server
+// registry), one strata-manager per simulated node (with --processes: as
+// processes, beside the CA signer), and a local S3 server
 // (versitygw) as the default backup target, all as processes of this program,
 // until SIGINT or SIGTERM; then it tears everything down, Pods and mounts
 // included.
@@ -131,10 +132,7 @@ func run(log *logrus.Logger, managerBin, runDir string, nodes int, kubelets, cha
 	if err := cluster.Install(ctx, root); err != nil {
 		return err
 	}
-	kubeconfig := filepath.Join(runDir, "manager.kubeconfig")
-	if err := cluster.ServiceAccountKubeconfig(ctx, systemNamespace, managerSA, kubeconfig); err != nil {
-		return err
-	}
+	opts := managerOptions(cluster, bin, runDir)
 
 	var kubeletNodes []string
 	if kubelets {
@@ -143,7 +141,22 @@ func run(log *logrus.Logger, managerBin, runDir string, nodes int, kubelets, cha
 		}
 	}
 
-	managers, err := startManagers(log, bin, runDir, kubeconfig, nodes)
+	// The CA signer first: the managers wait for their certificates.
+	signerKubeconfig, err := cluster.SignerKubeconfig(ctx, systemNamespace)
+	if err != nil {
+		return err
+	}
+	signer, err := localcluster.StartSigner(opts.SignerOptions(signerKubeconfig))
+	if err != nil {
+		return err
+	}
+	log.WithFields(logrus.Fields{"pid": signer.Pid(), "log": signer.LogPath}).Info("CA signer started")
+	defer func() {
+		if signer != nil {
+			stopSigner(log, signer)
+		}
+	}()
+	managers, err := startManagers(log, opts, nodes)
 	defer func() { stopManagers(log, managers) }()
 	if err != nil {
 		return err
@@ -168,8 +181,8 @@ func run(log *logrus.Logger, managerBin, runDir string, nodes int, kubelets, cha
 		// PVCs and VolumeSnapshots: the CSI driver and the upstream sidecars.
 		if err := cluster.StartCSI(ctx, localcluster.CSIOptions{ManagerBin: bin, Namespace: systemNamespace,
 			StrataNodes: nodeNames(managers), RepoRoot: root,
-			InstanceManagerFileDir: managerOptions(bin, runDir, kubeconfig).FUSEDir,
-			FreezeSocket:           managerOptions(bin, runDir, kubeconfig).FreezeSocket}); err != nil {
+			InstanceManagerFileDir: opts.FUSEDir,
+			FreezeSocket:           opts.FreezeSocket}); err != nil {
 			return err
 		}
 		cluster.SuperviseCSI(log)
@@ -179,18 +192,32 @@ func run(log *logrus.Logger, managerBin, runDir string, nodes int, kubelets, cha
 	printUsage(cluster, runDir, nodes, kubeletNodes, s3.Endpoint)
 
 	// Crashed processes come back as the kubelet would bring back a
-	// DaemonSet's Pods; restarts are logged here and in the process's log.
-	opts := managerOptions(bin, runDir, kubeconfig)
+	// DaemonSet's Pods (and a Deployment's, the signer); restarts are
+	// logged here and in the process's log.
 	supervisors := make([]*localcluster.Supervisor, 0, len(managers))
 	for _, m := range managers {
 		supervisors = append(supervisors, localcluster.Supervise(log, opts, m))
 	}
+	signerSupervisor := localcluster.SuperviseSigner(log, signer)
+	signer = nil // stopped with its supervisor
 	<-ctx.Done()
 	stop() // a second Ctrl-C now kills us at once; Pdeathsig takes the children along
 	log.Info("stopping")
 	stopSupervised(log, supervisors)
 	managers = nil // stopped with their supervisors
+	if err := signerSupervisor.Stop(managerStopTimeout); err != nil {
+		log.WithError(err).Error("stopping the CA signer")
+	}
+	// The managers' bare Nodes go when the control plane stops (deferred).
 	return nil
+}
+
+// stopSigner stops the CA signer; its defer comes before the managers', so
+// it runs after they stopped.
+func stopSigner(log logrus.FieldLogger, s *localcluster.Signer) {
+	if err := s.Stop(managerStopTimeout); err != nil {
+		log.WithError(err).Error("stopping the CA signer")
+	}
 }
 
 // startKubeletNodes builds (or finds cached) the node images and starts a
@@ -281,9 +308,9 @@ parameter fromBackup: first), every day's snapshot kept for a week:
 }
 
 // startManagers starts one manager per node, each with its own disk
-// directory and metrics port, authenticated as the manager ServiceAccount.
-func startManagers(log logrus.FieldLogger, bin, runDir, kubeconfig string, nodes int) ([]*localcluster.Manager, error) {
-	opts := managerOptions(bin, runDir, kubeconfig)
+// directory and metrics port, authenticated as the manager ServiceAccount
+// with a token bound to its node's Node.
+func startManagers(log logrus.FieldLogger, opts localcluster.ManagerOptions, nodes int) ([]*localcluster.Manager, error) {
 	var managers []*localcluster.Manager
 	for i := 1; i <= nodes; i++ {
 		m, err := localcluster.StartManager(opts, "node-"+strconv.Itoa(i))
@@ -297,9 +324,13 @@ func startManagers(log logrus.FieldLogger, bin, runDir, kubeconfig string, nodes
 	return managers, nil
 }
 
-func managerOptions(bin, runDir, kubeconfig string) localcluster.ManagerOptions {
-	return localcluster.ManagerOptions{Bin: bin, Kubeconfig: kubeconfig, Namespace: systemNamespace,
-		RunDir: runDir, LeaseDuration: 10 * time.Second, WithInstanceManager: true, FUSEFiles: true}
+// managerOptions are the process-mode managers': each node's manager with
+// its own kubeconfig, the manager ServiceAccount's token bound to a bare
+// Node of its name (which the CA signer requires of its requests; the
+// control plane's Stop deletes those Nodes).
+func managerOptions(cluster *localcluster.Cluster, bin, runDir string) localcluster.ManagerOptions {
+	return localcluster.ManagerOptions{Bin: bin, NodeKubeconfig: cluster.NodeKubeconfigs(systemNamespace, managerSA),
+		Namespace: systemNamespace, RunDir: runDir, LeaseDuration: 10 * time.Second, WithInstanceManager: true, FUSEFiles: true}
 }
 
 // stopSupervised ends supervision and stops every node at once.

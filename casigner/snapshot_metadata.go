@@ -1,12 +1,12 @@
-package webhook
+package casigner
 
 // Changed-block tracking's front door (CSI SnapshotMetadata, KEP-3314):
 // backup tools find the upstream external-snapshot-metadata sidecar, which
 // runs in the CSI controller Pod, through a cluster-scoped
 // SnapshotMetadataService named after the CSI driver. It carries the
 // sidecar's address, the token audience the sidecar expects and the CA its
-// serving certificate chains to. The webhook leader already keeps Strata's
-// CA and the objects that carry its bundle, so it keeps these too: the
+// serving certificate chains to. The CA signer holds Strata's CA and
+// publishes its bundle, so it keeps these too: the
 // sidecar's certificate in a Secret the CSI controller Pod mounts (the
 // sidecar reloads the files when the kubelet updates them) and the CR.
 
@@ -106,7 +106,7 @@ func (s *Server) publishSnapshotMetadata(ctx context.Context, st *metadataState,
 	now time.Time) (time.Duration, error) {
 	o := s.opts.SnapshotMetadata
 	if o == nil {
-		return leaderResync, nil
+		return resync, nil
 	}
 	hosts := snapshotMetadataHosts(s.opts.Namespace, o.Address)
 	if st.cert == nil || st.cert.due(state, hosts, now) {
@@ -126,7 +126,7 @@ func (s *Server) publishSnapshotMetadata(ctx context.Context, st *metadataState,
 		}
 		st.cert = cert
 	}
-	next := min(max(st.cert.renewAt.Sub(now), time.Second), leaderResync)
+	next := min(max(st.cert.renewAt.Sub(now), time.Second), resync)
 	desired := desiredMetadataService(o, state.BundlePEM())
 	data, err := json.Marshal(desired)
 	if err != nil {
@@ -140,10 +140,10 @@ func (s *Server) publishSnapshotMetadata(ctx context.Context, st *metadataState,
 	if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
 		if !st.missing {
 			s.log.Warn("The SnapshotMetadataService CRD (cbt.storage.k8s.io) is not installed: backup tools cannot find " +
-				"the snapshot metadata sidecar; install it (the chart's snapshot-crds) and this manager publishes the CR")
+				"the snapshot metadata sidecar; install it (the chart's snapshot-crds) and the CA signer publishes the CR")
 		}
 		st.missing = true
-		return leaderResync, nil
+		return resync, nil
 	}
 	if err != nil {
 		return 0, fmt.Errorf("applying SnapshotMetadataService %s: %w", desired.Name, err)

@@ -1,12 +1,15 @@
-package webhook
+package casigner
 
 import (
+	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/strata-storage/strata/internal/pki"
@@ -16,9 +19,43 @@ var t0 = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
 
 const day = 24 * time.Hour
 
+// servingCerts keeps a serving certificate current as a component does:
+// re-issued when the CA changes or it is due.
+type servingCerts struct {
+	hosts []string
+	clock clock.PassiveClock
+	cur   *servingCert
+}
+
+func newServingCerts(hosts []string, clk clock.PassiveClock) *servingCerts {
+	return &servingCerts{hosts: hosts, clock: clk}
+}
+
+func (s *servingCerts) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	if s.cur == nil {
+		return nil, errors.New("no serving certificate yet")
+	}
+	return s.cur.cert, nil
+}
+
+func (s *servingCerts) Refresh(state *pki.CAState) (bool, error) {
+	now := s.clock.Now()
+	if s.cur != nil && !s.cur.due(state, nil, now) {
+		return false, nil
+	}
+	c, err := issueServing(state.Current, "strata-webhook", s.hosts, now)
+	if err != nil {
+		return false, err
+	}
+	s.cur = c
+	return true, nil
+}
+
+func (s *servingCerts) RenewAt() time.Time { return s.cur.renewAt }
+
 // verifies tells whether the serving certificate is trusted by the bundle at
 // now for the Service's DNS name, as the API server would check it.
-func verifies(t *testing.T, s *ServingCerts, bundle []byte, now time.Time, host string) error {
+func verifies(t *testing.T, s *servingCerts, bundle []byte, now time.Time, host string) error {
 	t.Helper()
 	pool := x509.NewCertPool()
 	require.True(t, pool.AppendCertsFromPEM(bundle))
@@ -43,7 +80,7 @@ func TestCAStateRoundTripsThroughTheSecret(t *testing.T) {
 	assert.Nil(t, parsed.Next)
 	assert.Equal(t, state.BundlePEM(), parsed.BundlePEM())
 	assert.True(t, state.Current.Cert.IsCA)
-	assert.Equal(t, t0.Add(CAValidity), state.Current.Cert.NotAfter)
+	assert.Equal(t, t0.Add(pki.CAValidity), state.Current.Cert.NotAfter)
 }
 
 func keys(m map[string][]byte) []string {
@@ -105,7 +142,7 @@ func TestRotationNeverCutsOffAManager(t *testing.T) {
 	state, err := pki.NewCAState(t0)
 	require.NoError(t, err)
 	oldCA := state.Current.Cert
-	certs := NewServingCerts(servingHosts("strata-system"), clk)
+	certs := newServingCerts([]string{"strata-webhook.strata-system.svc"}, clk)
 	host := "strata-webhook.strata-system.svc"
 
 	reissued, err := certs.Refresh(state)
@@ -183,7 +220,7 @@ func TestServingCertificate(t *testing.T) {
 	clk := clocktesting.NewFakeClock(t0)
 	state, err := pki.NewCAState(t0)
 	require.NoError(t, err)
-	certs := NewServingCerts(servingHosts("strata-system", "127.0.0.1", "10.1.2.3", "0.0.0.0", "", "node-1.example"), clk)
+	certs := newServingCerts([]string{"127.0.0.1", "localhost", "strata-webhook.strata-system.svc", "strata-webhook.strata-system.svc.cluster.local", "10.1.2.3", "node-1.example"}, clk)
 	_, err = certs.GetCertificate(nil)
 	assert.EqualError(t, err, "no serving certificate yet")
 

@@ -1,4 +1,4 @@
-package webhook
+package casigner
 
 import (
 	"context"
@@ -18,10 +18,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/strata-storage/strata/datastore/dstest"
 	"github.com/strata-storage/strata/types"
 )
 
@@ -49,22 +49,21 @@ func newMetadataFake() *metadataFake {
 	return f
 }
 
-func newMetadataServer(t *testing.T, env *dstest.Env, clk *clocktesting.FakeClock, sms *metadataFake) *Server {
+func newMetadataServer(t *testing.T, kube *fake.Clientset, clk *clocktesting.FakeClock, sms *metadataFake) *Server {
 	t.Helper()
-	s, err := New(quietLog(), env.DS, env.Kube, Options{Namespace: ns, Identity: "node-1", Listen: "127.0.0.1:0",
-		URLHost: "127.0.0.1", CARotateBefore: 30 * day, LeaseDuration: 3 * time.Second, Clock: clk,
+	s, err := New(quietLog(), kube, Options{Namespace: ns, Identity: "signer-1", CARotateBefore: 30 * day,
+		LeaseDuration: 3 * time.Second, Clock: clk,
 		SnapshotMetadata: &SnapshotMetadataOptions{Address: "127.0.0.1:6443", Audience: "backups", Client: sms}})
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = s.ln.Close() })
 	startSecretCache(t, s)
 	return s
 }
 
 // metadataSecretCert is the sidecar's certificate, checked against the
 // CR's bundle for the names backup tools dial: the CR's address and the Service.
-func metadataSecretCert(t *testing.T, env *dstest.Env, cr smsv1beta1.SnapshotMetadataService) *x509.Certificate {
+func metadataSecretCert(t *testing.T, kube *fake.Clientset, cr smsv1beta1.SnapshotMetadataService) *x509.Certificate {
 	t.Helper()
-	secret, err := env.Kube.CoreV1().Secrets(ns).Get(context.Background(), SnapshotMetadataSecretName, metav1.GetOptions{})
+	secret, err := kube.CoreV1().Secrets(ns).Get(context.Background(), SnapshotMetadataSecretName, metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, corev1.SecretTypeTLS, secret.Type)
 	pair, err := tls.X509KeyPair(secret.Data[corev1.TLSCertKey], secret.Data[corev1.TLSPrivateKeyKey])
@@ -82,84 +81,84 @@ func metadataSecretCert(t *testing.T, env *dstest.Env, cr smsv1beta1.SnapshotMet
 }
 
 func TestLeaderPublishesTheSnapshotMetadataService(t *testing.T) {
-	env := dstest.New(t, nil, nil)
-	clk := clocktesting.NewFakeClock(dstest.Now)
+	kube := fake.NewClientset()
+	clk := clocktesting.NewFakeClock(t0)
 	sms := newMetadataFake()
-	s := newMetadataServer(t, env, clk, sms)
+	s := newMetadataServer(t, kube, clk, sms)
 	ctx := context.Background()
 	st := &leaderState{}
 	pass := func() time.Duration {
 		t.Helper()
-		next, err := s.reconcileAsLeader(ctx, st)
+		next, err := s.reconcile(ctx, st)
 		require.NoError(t, err)
 		return next
 	}
 
-	assert.Equal(t, leaderResync, pass())
+	assert.Equal(t, resync, pass())
 	require.Len(t, sms.applied, 1)
 	cr := sms.applied[0]
 	assert.Equal(t, types.CSIDriverName, cr.Name, "backup tools look it up by the driver's name")
 	assert.Equal(t, "127.0.0.1:6443", cr.Spec.Address)
 	assert.Equal(t, "backups", cr.Spec.Audience)
-	first := metadataSecretCert(t, env, cr)
+	first := metadataSecretCert(t, kube, cr)
 
-	env.Kube.ClearActions()
+	kube.ClearActions()
 	pass()
 	assert.Len(t, sms.applied, 1, "an unchanged pass applies nothing")
-	assert.Empty(t, env.Kube.Actions(), "and reads nothing")
+	assert.Empty(t, kube.Actions(), "and reads nothing")
 
 	// A new leader finds the certificate in the Secret and keeps it.
 	st = &leaderState{}
 	pass()
-	assert.True(t, first.Equal(metadataSecretCert(t, env, cr)), "a new leader keeps a valid certificate")
+	assert.True(t, first.Equal(metadataSecretCert(t, kube, cr)), "a new leader keeps a valid certificate")
 
 	// Two thirds into its life it is replaced.
 	clk.Step(servingValidity * 2 / 3)
 	pass()
-	renewed := metadataSecretCert(t, env, sms.applied[len(sms.applied)-1])
+	renewed := metadataSecretCert(t, kube, sms.applied[len(sms.applied)-1])
 	assert.False(t, first.Equal(renewed), "renewed when due")
 	assert.True(t, renewed.NotAfter.After(first.NotAfter))
 }
 
 func TestLeaderReissuesTheSidecarCertificateForANewAddress(t *testing.T) {
-	env := dstest.New(t, nil, nil)
-	clk := clocktesting.NewFakeClock(dstest.Now)
+	kube := fake.NewClientset()
+	clk := clocktesting.NewFakeClock(t0)
 	sms := newMetadataFake()
-	s := newMetadataServer(t, env, clk, sms)
-	_, err := s.reconcileAsLeader(context.Background(), &leaderState{})
+	s := newMetadataServer(t, kube, clk, sms)
+	_, err := s.reconcile(context.Background(), &leaderState{})
 	require.NoError(t, err)
 
 	s.opts.SnapshotMetadata.Address = "metadata.example.com:443" // the manager restarted with a new flag
-	_, err = s.reconcileAsLeader(context.Background(), &leaderState{})
+	_, err = s.reconcile(context.Background(), &leaderState{})
 	require.NoError(t, err)
 	require.Len(t, sms.applied, 2)
 	assert.Equal(t, "metadata.example.com:443", sms.applied[1].Spec.Address)
-	leaf := metadataSecretCert(t, env, sms.applied[1])
+	leaf := metadataSecretCert(t, kube, sms.applied[1])
 	assert.Error(t, leaf.VerifyHostname("127.0.0.1"), "the old address is not named any more")
 }
 
-// Without the CRD the webhook still works: the leader says why once and
+// Without the CRD the signer still works: the leader says why once and
 // publishes when the CRD appears.
 func TestLeaderWithoutTheSnapshotMetadataCRD(t *testing.T) {
-	env := dstest.New(t, nil, nil)
+	kube := fake.NewClientset()
 	sms := newMetadataFake()
 	sms.missing = true
-	s := newMetadataServer(t, env, clocktesting.NewFakeClock(dstest.Now), sms)
+	s := newMetadataServer(t, kube, clocktesting.NewFakeClock(t0), sms)
 	st := &leaderState{}
-	next, err := s.reconcileAsLeader(context.Background(), st)
-	require.NoError(t, err, "the webhook configurations do not wait for it")
-	assert.Equal(t, leaderResync, next)
+	next, err := s.reconcile(context.Background(), st)
+	require.NoError(t, err, "the CA does not wait for it")
+	assert.Equal(t, resync, next)
 	assert.True(t, st.metadata.missing)
 
 	sms.missing = false
-	_, err = s.reconcileAsLeader(context.Background(), st)
+	_, err = s.reconcile(context.Background(), st)
 	require.NoError(t, err)
 	assert.Len(t, sms.applied, 1)
 	assert.False(t, st.metadata.missing)
 }
 
 func TestSnapshotMetadataOptionsAreChecked(t *testing.T) {
-	env := dstest.New(t, nil, nil)
+	kube := fake.NewClientset()
 	tests := []struct {
 		address, audience, wantErr string
 	}{
@@ -170,7 +169,7 @@ func TestSnapshotMetadataOptionsAreChecked(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.address+"/"+tc.audience, func(t *testing.T) {
-			_, err := New(quietLog(), env.DS, env.Kube, Options{Namespace: ns, Identity: "n", Listen: "127.0.0.1:0",
+			_, err := New(quietLog(), kube, Options{Namespace: ns, Identity: "n",
 				CARotateBefore: 30 * day, LeaseDuration: time.Second, SnapshotMetadata: &SnapshotMetadataOptions{
 					Address: tc.address, Audience: tc.audience, Client: newMetadataFake()}})
 			assert.EqualError(t, err, tc.wantErr)
