@@ -43,6 +43,7 @@ func TestUserFlows(t *testing.T) {
 		{"ManagerTokenOpensNoOtherDoor", testManagerTokenOpensNoOtherDoor},
 		{"ComponentsRunConfined", testComponentsRunConfined},
 		{"AnotherNodesCertificateIsRefused", testAnotherNodesCertificateIsRefused},
+		{"SignerBindsRequestsToTheTokensNode", testSignerBindsRequestsToTheTokensNode},
 	} {
 		t.Run(flow.name, func(t *testing.T) {
 			t.Parallel()

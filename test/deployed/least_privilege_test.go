@@ -25,9 +25,10 @@ import (
 
 // The managers' token, which sits on every node in a root host-network
 // container, opens no door beyond Strata's own (issue 46): it impersonates
-// nobody (system:masters least of all), lists no Secret and reads only the
-// Secrets it names, and creates no webhook configuration (the chart
-// creates Strata's two; the token may only patch those).
+// nobody (system:masters least of all), lists no Secret and reads none but
+// the backup credentials it names — not the CA Secret, which only the CA
+// signer reads — and creates no webhook configuration (the chart creates
+// Strata's two; the token may only patch those).
 func testManagerTokenOpensNoOtherDoor(t *testing.T) {
 	logsOnFailure(t)
 	ctx := context.Background()
@@ -70,8 +71,12 @@ func testManagerTokenOpensNoOtherDoor(t *testing.T) {
 			_, err := manager.CoreV1().Secrets("kube-system").Get(ctx, "bootstrap-token-abcdef", metav1.GetOptions{})
 			return err
 		}, true},
-		{"read the CA Secret it names", func() error {
+		{"read the CA Secret (the signer's alone)", func() error {
 			_, err := manager.CoreV1().Secrets(types.DefaultNamespace).Get(ctx, pki.CASecretName, metav1.GetOptions{})
+			return err
+		}, true},
+		{"read the CA bundle it trusts", func() error {
+			_, err := manager.CoreV1().ConfigMaps(types.DefaultNamespace).Get(ctx, types.CABundleConfigMap, metav1.GetOptions{})
 			return err
 		}, false},
 		{"create a webhook configuration", webhook("strata-evil"), true},
@@ -104,6 +109,7 @@ func testComponentsRunConfined(t *testing.T) {
 	}{
 		{"manager", regexp.MustCompile(`strata-manager\x00daemon\x00`), false},
 		{"CSI controller plugin", regexp.MustCompile(`strata-manager\x00csi\x00--mode=controller`), true},
+		{"CA signer", regexp.MustCompile(`strata-manager\x00ca-signer\x00`), true},
 		{"csi-provisioner", regexp.MustCompile(`(^|/)csi-provisioner\x00`), true},
 		{"csi-attacher", regexp.MustCompile(`(^|/)csi-attacher\x00`), true},
 		{"csi-snapshotter", regexp.MustCompile(`(^|/)csi-snapshotter\x00`), true},

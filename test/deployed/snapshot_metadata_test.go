@@ -91,7 +91,7 @@ func testSnapshotMetadataThroughTheSidecar(t *testing.T) {
 	sms, err := iterator.BuildClients(env.cluster.AdminConfig)
 	require.NoError(t, err)
 	cr, err := sms.SmsCRClient.CbtV1beta1().SnapshotMetadataServices().Get(ctx, types.CSIDriverName, metav1.GetOptions{})
-	require.NoError(t, err, "the webhook leader publishes the SnapshotMetadataService")
+	require.NoError(t, err, "the CA signer publishes the SnapshotMetadataService")
 	assert.Equal(t, "strata-snapshot-metadata", cr.Spec.Audience)
 	assert.Equal(t, fmt.Sprintf("127.0.0.1:%d", env.chart.Values["ports"].(map[string]any)["snapshotMetadata"]), cr.Spec.Address)
 
