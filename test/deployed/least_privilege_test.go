@@ -109,7 +109,7 @@ func testComponentsRunConfined(t *testing.T) {
 	}{
 		{"manager", regexp.MustCompile(`strata-manager\x00daemon\x00`), false},
 		{"CSI controller plugin", regexp.MustCompile(`strata-manager\x00csi\x00--mode=controller`), true},
-		{"CA signer", regexp.MustCompile(`strata-manager\x00ca-signer\x00`), true},
+		{"CA signer", signerCmdline, true},
 		{"csi-provisioner", regexp.MustCompile(`(^|/)csi-provisioner\x00`), true},
 		{"csi-attacher", regexp.MustCompile(`(^|/)csi-attacher\x00`), true},
 		{"csi-snapshotter", regexp.MustCompile(`(^|/)csi-snapshotter\x00`), true},

@@ -3,6 +3,8 @@ package deployed
 import (
 	"context"
 	"crypto/x509"
+	"regexp"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,7 +26,8 @@ import (
 // host), connections made after the rotation work (a manager certificate
 // of the new CA reaches every instance manager's gRPC; a new claim's
 // engine dials its replicas with the new certificates), and every chunk the
-// Pod wrote reads back. (Moved from test/e2e.)
+// Pod wrote reads back — though the CA signer is killed in the middle of
+// it. (Moved from test/e2e.)
 //
 // Not one of TestUserFlows: the CA is what every component's connections,
 // the webhooks' caBundle and the client certificates other flows issue
@@ -48,6 +51,21 @@ func TestCertificateRotationWhileAPodWrites(t *testing.T) {
 	require.NoError(t, err)
 	kubectl(t, "-n", ns, "annotate", "secret", pki.CASecretName, pki.AnnotationRotateCA+"=now")
 	start := time.Now()
+	// The CA signer is killed (SIGKILL) in the rotation, once its first
+	// phase is in the Secret: the restarted signer leads again when the
+	// Lease lapses and finishes the rotation from the Secret.
+	require.Eventually(t, func() bool {
+		st, err := caState(ctx)
+		return err == nil && st.Next != nil
+	}, time.Minute, 100*time.Millisecond, "phase 1: a next CA in the Secret")
+	killed := 0
+	for _, p := range hostProcesses(t) {
+		if p.inPod && signerCmdline.MatchString(p.cmdline) {
+			require.NoError(t, syscall.Kill(p.pid, syscall.SIGKILL))
+			killed++
+		}
+	}
+	require.Equal(t, 1, killed, "the CA signer's process")
 	var current *x509.Certificate
 	require.Eventually(t, func() bool {
 		st, err := caState(ctx)
@@ -141,6 +159,9 @@ func withTrust(t *testing.T, src *pki.MemorySource, ca *x509.Certificate) *pki.M
 	m.Set(src.Issued(), []*x509.Certificate{ca})
 	return &m
 }
+
+// signerCmdline is the CA signer's process (/proc/<pid>/cmdline).
+var signerCmdline = regexp.MustCompile(`strata-manager\x00ca-signer\x00`)
 
 // caState is the CA Secret's state, read as an admin reads the Secret.
 func caState(ctx context.Context) (*pki.CAState, error) {
