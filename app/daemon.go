@@ -370,7 +370,7 @@ func init() {
 func newEventRecorder(kubeClient kubernetes.Interface, nodeName string) (record.EventBroadcaster, record.EventRecorder) {
 	// A scheme of the recorder's own: adding Strata's kinds to client-go's
 	// global scheme here raced with the informers already started (the
-	// certificate keeper's Secret watch reads that scheme): a fatal
+	// certificate keeper's ConfigMap watch reads that scheme): a fatal
 	// "concurrent map read and map write" at a manager's restart.
 	scheme := runtime.NewScheme()
 	utilruntime.Must(kubescheme.AddToScheme(scheme))

@@ -1,8 +1,9 @@
 // Package pki is Strata's certificate authority: one self-signed CA kept in
-// a Secret every manager reads, rotated by the webhook leader in two phases
-// so that no peer is ever cut off, and the certificates it signs — the
-// admission webhook's serving certificate and the identity certificates
-// that components present to each other (identity.go).
+// a Secret only the CA signer (casigner) reads, rotated in phases so that
+// no peer is ever cut off; the certificates it signs — the identity
+// certificates components present to each other (identity.go), which the
+// managers ask for with CertificateSigningRequests (signer.go, requester.go,
+// keeper.go); and the trust everyone else reads (trust.go).
 //
 // Certificates are made with crypto/x509 directly: client-go's cert helpers
 // read the wall clock (rotation could not be tested with an injected clock)
@@ -25,7 +26,7 @@ import (
 
 const (
 	// CAValidity is how long a CA is valid; the leader replaces it
-	// --webhook-ca-rotate-before its expiry.
+	// --ca-rotate-before (strata-manager ca-signer) before its expiry.
 	CAValidity = 365 * 24 * time.Hour
 	// ClockSkew backdates NotBefore so that a peer whose clock runs a little
 	// behind still accepts a fresh certificate.
@@ -226,20 +227,24 @@ func (s *CAState) SecretData() (map[string][]byte, error) {
 // BundlePEM is the caBundle of the webhook configurations.
 func (s *CAState) BundlePEM() []byte { return bundlePEM(s.Bundle) }
 
-// rotate is the leader's periodic step, in two phases so that no manager is
-// ever cut off:
+// Rotate is the CA signer's periodic step, in phases so that no component
+// is ever cut off:
 //
 //  1. within rotateBefore of the current CA's expiry, a next CA is made and
-//     added to the bundle; the leader then writes the bundle into the webhook
-//     configurations, while serving certificates still come from the current CA;
-//  2. promote (below) makes the next CA current once the bundle has been
-//     applied, and managers re-issue their serving certificates from it;
-//  3. retire (below) drops the replaced CA from the bundle once every
-//     component has had the time to re-issue: from then on a certificate
-//     it signed (a stolen key's, the reason to rotate) is refused.
+//     added to the bundle; the signer publishes it (every manager and
+//     instance manager trusts it, the webhook leader writes it into the
+//     webhook configurations), while certificates still come from the
+//     current CA;
+//  2. Promote (below) makes the next CA current once the configurations
+//     have carried it a while, and every keeper asks for its node's
+//     certificates anew;
+//  3. Retire (below) drops the replaced CA from the bundle once every
+//     component has had the time to be signed anew: from then on a
+//     certificate it signed (a stolen key's, the reason to rotate) is
+//     refused.
 //
 // A CA that has already expired (a cluster switched off for a year) is
-// replaced at once: nothing it signed is valid any more. rotate reports
+// replaced at once: nothing it signed is valid any more. Rotate reports
 // whether s changed.
 func (s *CAState) Rotate(now time.Time, rotateBefore time.Duration) (bool, error) {
 	changed := false
@@ -313,7 +318,7 @@ func (s *CAState) Retire() bool {
 	return changed
 }
 
-// AnnotationRotateCA on the CA Secret asks the webhook leader to rotate the
+// AnnotationRotateCA on the CA Secret asks the CA signer to rotate the
 // CA now, through the same two phases as a rotation on schedule (after a
 // suspected key compromise, or to test that rotation breaks nothing). The
 // leader removes it.

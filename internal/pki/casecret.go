@@ -21,9 +21,9 @@ const CASecretName = "strata-webhook-ca"
 const ComponentCA = "ca"
 
 // LoadOrCreateCASecret reads the CA Secret from the API server and creates it
-// with a new CA when it is absent. Managers start together: the one whose
-// create loses reads the winner's Secret, so every manager ends up with the
-// same CA.
+// with a new CA when it is absent. Should two signers ever create it at once
+// (a leader change in the middle), the one whose create loses reads the
+// winner's Secret, so there is one CA.
 func LoadOrCreateCASecret(ctx context.Context, secrets corev1client.SecretInterface, now time.Time) (*corev1.Secret, error) {
 	secret, err := secrets.Get(ctx, CASecretName, metav1.GetOptions{})
 	if err == nil {
@@ -49,7 +49,7 @@ func LoadOrCreateCASecret(ctx context.Context, secrets corev1client.SecretInterf
 	created, err := secrets.Create(ctx, secret, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		if created, err = secrets.Get(ctx, CASecretName, metav1.GetOptions{}); err != nil {
-			return nil, fmt.Errorf("reading Secret %s another manager created: %w", CASecretName, err)
+			return nil, fmt.Errorf("reading Secret %s another signer created: %w", CASecretName, err)
 		}
 	} else if err != nil {
 		return nil, fmt.Errorf("creating Secret %s: %w", CASecretName, err)

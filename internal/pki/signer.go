@@ -22,8 +22,7 @@ import (
 // for their identities with Kubernetes CertificateSigningRequests of this
 // signer, and only the signer holds the CA key. This file is the signer's
 // judgement of a request and its signature; requester.go is the asking
-// side. They are not wired yet: managers still issue their own from the CA
-// Secret until the signer's Deployment takes the key over.
+// side; casigner runs the signer, Keeper asks it.
 
 // SignerName is the CertificateSigningRequest signerName of Strata's
 // identity certificates.

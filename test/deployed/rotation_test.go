@@ -52,8 +52,9 @@ func TestCertificateRotationWhileAPodWrites(t *testing.T) {
 	kubectl(t, "-n", ns, "annotate", "secret", pki.CASecretName, pki.AnnotationRotateCA+"=now")
 	start := time.Now()
 	// The CA signer is killed (SIGKILL) in the rotation, once its first
-	// phase is in the Secret: the restarted signer leads again when the
-	// Lease lapses and finishes the rotation from the Secret.
+	// phase is in the Secret: the restarted container (the same Pod, so the
+	// same name in the Lease, taken back at once) finishes the rotation
+	// from the Secret.
 	require.Eventually(t, func() bool {
 		st, err := caState(ctx)
 		return err == nil && st.Next != nil
