@@ -112,7 +112,7 @@ func New(log logrus.FieldLogger, kube kubernetes.Interface, opts Options) (*Serv
 	s := &Server{opts: opts, log: log.WithField("component", "ca-signer"), kube: kube,
 		secretsClient: kube.CoreV1().Secrets(opts.Namespace), events: make(chan struct{}, 1)}
 	s.factory, s.informer, s.secrets = pki.NewCASecretInformer(kube, opts.Namespace)
-	notify := func(any) { poke(s.events) }
+	notify := func(any) { leader.Poke(s.events) }
 	if _, err := s.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: notify, UpdateFunc: func(_, n any) { notify(n) }, DeleteFunc: notify}); err != nil {
 		return nil, err
@@ -194,7 +194,7 @@ func (s *Server) lead(ctx context.Context) {
 			signing = true
 			go s.csr.Run(ctx, s.log)
 		}
-		if !sleep(ctx, s.opts.Clock, next, s.events) {
+		if !leader.Sleep(ctx, s.opts.Clock, next, s.events) {
 			return
 		}
 	}
@@ -211,25 +211,4 @@ func (s *Server) caSecret(ctx context.Context) (*corev1.Secret, error) {
 		return nil, err
 	}
 	return pki.LoadOrCreateCASecret(ctx, s.secretsClient, s.opts.Clock.Now())
-}
-
-// sleep waits for d, an event, or the end of ctx (false).
-func sleep(ctx context.Context, clk clock.Clock, d time.Duration, events <-chan struct{}) bool {
-	t := clk.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-events:
-	case <-t.C():
-	}
-	return true
-}
-
-// poke wakes a loop without blocking: one pending event is enough.
-func poke(c chan struct{}) {
-	select {
-	case c <- struct{}{}:
-	default:
-	}
 }

@@ -37,7 +37,7 @@ func (s *Server) lead(ctx context.Context) {
 			s.log.WithError(err).Warn("Webhook leader pass failed; retrying")
 			next = retryWait
 		}
-		if !s.sleep(ctx, next, s.leaderEvents) {
+		if !leader.Sleep(ctx, s.opts.Clock, next, s.leaderEvents) {
 			return
 		}
 	}

@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/strata-storage/strata/datastore"
+	"github.com/strata-storage/strata/internal/leader"
 	"github.com/strata-storage/strata/internal/pki"
 	"github.com/strata-storage/strata/webhook/admission"
 	"github.com/strata-storage/strata/webhook/resources/backingimage"
@@ -130,7 +131,7 @@ func New(log logrus.FieldLogger, ds *datastore.DataStore, kube kubernetes.Interf
 	}
 	// A VM snapshot or backup kind installed or removed changes the rules.
 	if ds.OptionalKinds != nil {
-		ds.OptionalKinds.OnChange(func(datastore.OptionalKind) { poke(s.leaderEvents) })
+		ds.OptionalKinds.OnChange(func(datastore.OptionalKind) { leader.Poke(s.leaderEvents) })
 	}
 	return s, nil
 }
@@ -140,7 +141,7 @@ func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 
 // TrustChanged tells the leader that the published trust changed, so
 // that it applies the new bundle at once.
-func (s *Server) TrustChanged() { poke(s.leaderEvents) }
+func (s *Server) TrustChanged() { leader.Poke(s.leaderEvents) }
 
 // Run serves until ctx ends: once the keeper has the serving certificate,
 // it serves and campaigns for leadership.
@@ -184,25 +185,4 @@ func (s *Server) Run(ctx context.Context) error {
 	defer cancel()
 	_ = srv.Shutdown(shutdownCtx)
 	return err
-}
-
-// sleep waits for d, an event, or the end of ctx (false).
-func (s *Server) sleep(ctx context.Context, d time.Duration, events <-chan struct{}) bool {
-	t := s.opts.Clock.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-events:
-	case <-t.C():
-	}
-	return true
-}
-
-// poke wakes a loop without blocking: one pending event is enough.
-func poke(c chan struct{}) {
-	select {
-	case c <- struct{}{}:
-	default:
-	}
 }

@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/utils/clock"
 )
 
 // Timings derives the election's timings from the lease duration: a dead
@@ -60,5 +61,27 @@ func (e Election) Campaign(ctx context.Context, lead func(ctx context.Context)) 
 			return
 		}
 		le.Run(ctx) // returns when ctx ends or leadership is lost; campaign again
+	}
+}
+
+// Sleep is a leader loop's wait between passes: d, an event (something the
+// loop watches changed), or the end of ctx (false).
+func Sleep(ctx context.Context, clk clock.Clock, d time.Duration, events <-chan struct{}) bool {
+	t := clk.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-events:
+	case <-t.C():
+	}
+	return true
+}
+
+// Poke wakes a loop without blocking: one pending event is enough.
+func Poke(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
 	}
 }
