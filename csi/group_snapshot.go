@@ -3,7 +3,6 @@ package csi
 import (
 	"context"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -46,10 +45,8 @@ func (d *Driver) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateV
 	if err := checkGroupVolumes(volumes); err != nil {
 		return nil, err
 	}
-	for key := range req.GetParameters() {
-		if !strings.HasPrefix(key, provisionerPrefix) {
-			return nil, status.Errorf(codes.InvalidArgument, "parameter %q: unknown (a VolumeGroupSnapshotClass takes none)", key)
-		}
+	if err := checkSnapshotClassParameters(req.GetParameters(), "VolumeGroupSnapshotClass"); err != nil {
+		return nil, err
 	}
 	name := csiName
 	if len(name) > 40 || len(validation.IsDNS1123Subdomain(name)) > 0 {

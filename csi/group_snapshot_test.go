@@ -72,6 +72,9 @@ func TestCreateVolumeGroupSnapshot(t *testing.T) {
 		{name: "unknown parameter", existing: vols,
 			req:      &csi.CreateVolumeGroupSnapshotRequest{Name: "g1", SourceVolumeIds: []string{"pvc-1"}, Parameters: map[string]string{"x": "y"}},
 			wantCode: codes.InvalidArgument, wantMsg: `parameter "x": unknown`},
+		{name: "the class's deletionPolicy copied into its parameters", existing: append(vols, readyGroup("g1", "pvc-1", "pvc-2")...),
+			req: &csi.CreateVolumeGroupSnapshotRequest{Name: "g1", SourceVolumeIds: []string{"pvc-1", "pvc-2"},
+				Parameters: map[string]string{"deletionPolicy": "Delete", "csi.storage.k8s.io/group-snapshotter-secret-name": "s"}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -38,10 +38,8 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	if volume == "" {
 		return nil, status.Error(codes.InvalidArgument, "source_volume_id: required")
 	}
-	for key := range req.GetParameters() {
-		if !strings.HasPrefix(key, provisionerPrefix) { // the snapshotter's own metadata
-			return nil, status.Errorf(codes.InvalidArgument, "parameter %q: unknown (a VolumeSnapshotClass takes none)", key)
-		}
+	if err := checkSnapshotClassParameters(req.GetParameters(), "VolumeSnapshotClass"); err != nil {
+		return nil, err
 	}
 	snap, err := d.ensureSnapshot(ctx, name, csiName, volume)
 	if err != nil {
@@ -175,4 +173,24 @@ func (d *Driver) csiSnapshot(s *v1beta1.Snapshot) *csi.Snapshot {
 	}
 	return &csi.Snapshot{SnapshotId: s.Name, SourceVolumeId: s.Spec.Volume, SizeBytes: size,
 		CreationTime: timestamppb.New(created), ReadyToUse: s.Status.ReadyToUse}
+}
+
+// deletionPolicyParameter is a snapshot class's own deletionPolicy field,
+// which some tools (the Kubernetes storage e2e suite among them) also copy
+// into its parameters: the sidecars act on the field, so the key tells
+// Strata nothing and is let through.
+const deletionPolicyParameter = "deletionPolicy"
+
+// checkSnapshotClassParameters refuses a (group) snapshot class parameter
+// Strata does not know, naming it: a class takes none of Strata's, and a
+// key meant for another driver (Longhorn's type: bak asks for a backup)
+// would otherwise silently get a plain snapshot. The sidecars' own metadata
+// (csi.storage.k8s.io/…) and deletionPolicy pass.
+func checkSnapshotClassParameters(params map[string]string, class string) error {
+	for key := range params {
+		if !strings.HasPrefix(key, provisionerPrefix) && key != deletionPolicyParameter {
+			return status.Errorf(codes.InvalidArgument, "parameter %q: unknown (a %s takes none of Strata's)", key, class)
+		}
+	}
+	return nil
 }

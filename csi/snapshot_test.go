@@ -57,7 +57,10 @@ func TestCreateSnapshot(t *testing.T) {
 			req: &csi.CreateSnapshotRequest{Name: strings.Repeat("S", 128), SourceVolumeId: "pvc-1"}, wantID: derivedName("snap", strings.Repeat("S", 128)), wantWrite: true},
 		{name: "unknown parameter", existing: []runtime.Object{vol},
 			req:      &csi.CreateSnapshotRequest{Name: "snapshot-1", SourceVolumeId: "pvc-1", Parameters: map[string]string{"type": "bak"}},
-			wantCode: codes.InvalidArgument, wantMsg: `parameter "type": unknown`},
+			wantCode: codes.InvalidArgument, wantMsg: `parameter "type": unknown (a VolumeSnapshotClass takes none of Strata's)`},
+		{name: "the class's deletionPolicy copied into its parameters", existing: []runtime.Object{vol},
+			req: &csi.CreateSnapshotRequest{Name: "snapshot-1", SourceVolumeId: "pvc-1", Parameters: map[string]string{"deletionPolicy": "Retain"}},
+			wantWrite: true},
 		{name: "no source", req: &csi.CreateSnapshotRequest{Name: "snapshot-1"}, wantCode: codes.InvalidArgument, wantMsg: "source_volume_id"},
 	}
 	for _, tc := range tests {
