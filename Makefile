@@ -4,7 +4,7 @@ SHELL := /bin/bash
 GO    ?= go
 BIN   := bin
 
-.PHONY: build generate verify test test-long test-proof tools fuzz run clean bench-backup bench-kbench host-packages deploy-manifest
+.PHONY: build generate verify test test-long test-proof test-conformance tools fuzz run clean bench-backup bench-kbench host-packages deploy-manifest
 
 build:
 	$(GO) build -ldflags "-X github.com/strata-storage/strata/app.Version=$$(git describe --always --dirty 2>/dev/null || echo dev)" \
@@ -70,6 +70,19 @@ test-long: host-packages build
 test-proof: host-packages build
 	set -o pipefail; $(TEST_ENV) $(GO) test -count=1 -timeout 120m -json -run '^TestProof' ./test/e2e/ | \
 		$(BIN)/test-times -save $(BIN)/test-proof.json
+
+# Kubernetes' own storage e2e suite, its External Storage tests (k8s.io/kubernetes
+# v1.36.3), against Strata installed with the Helm chart on the local
+# cluster's three kubelet nodes, with package/conformance/testdriver.yaml:
+# every spec not [Disruptive], [Serial], [Slow] or behind an alpha/beta gate,
+# plus the snapshot, xfs and volume group snapshot features. The e2e.test
+# binary and ginkgo are built once into the tools cache (about 11 min cold);
+# the report (JUnit, the suite's log, summary.md with counts per suite and
+# pattern) goes to bin/conformance. STRATA_CONFORMANCE_PROCS (default 3),
+# _FOCUS (a regex, default External.Storage) and _TIMEOUT (3h) tune the run.
+# docs/conformance.md has the last run.
+test-conformance: host-packages build
+	STRATA_CONFORMANCE=1 $(TEST_ENV) $(GO) test -count=1 -timeout 300m -v -run '^TestExternalStorage$$' ./test/conformance/
 
 TEST_ENV = STRATA_MANAGER_BIN=$(abspath $(BIN))/strata-manager
 

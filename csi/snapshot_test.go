@@ -59,7 +59,7 @@ func TestCreateSnapshot(t *testing.T) {
 			req:      &csi.CreateSnapshotRequest{Name: "snapshot-1", SourceVolumeId: "pvc-1", Parameters: map[string]string{"type": "bak"}},
 			wantCode: codes.InvalidArgument, wantMsg: `parameter "type": unknown (a VolumeSnapshotClass takes none of Strata's)`},
 		{name: "the class's deletionPolicy copied into its parameters", existing: []runtime.Object{vol},
-			req: &csi.CreateSnapshotRequest{Name: "snapshot-1", SourceVolumeId: "pvc-1", Parameters: map[string]string{"deletionPolicy": "Retain"}},
+			req:       &csi.CreateSnapshotRequest{Name: "snapshot-1", SourceVolumeId: "pvc-1", Parameters: map[string]string{"deletionPolicy": "Retain"}},
 			wantWrite: true},
 		{name: "no source", req: &csi.CreateSnapshotRequest{Name: "snapshot-1"}, wantCode: codes.InvalidArgument, wantMsg: "source_volume_id"},
 	}

@@ -22,7 +22,7 @@ go vet ./... || fail=1
 
 say "== go.mod tidy"
 go mod tidy -diff || { say "go.mod/go.sum are not tidy: run go mod tidy"; fail=1; }
-for tools in scripts/tools/cluster; do
+for tools in scripts/tools/cluster scripts/tools/conformance; do
   (cd "$tools" && go mod tidy -diff) || { say "$tools is not tidy"; fail=1; }
 done
 

@@ -22,33 +22,40 @@ const managerPath = "/usr/local/bin/strata-manager"
 
 // pauseSpec is the pod sandbox image: the static program in ./pause, alone.
 func pauseSpec(ctx context.Context, opts Options) (*spec, error) {
+	s := newSpec("pause", PauseRef, "/pause")
+	return s, addGoProgram(ctx, s, opts, "pause", "/pause")
+}
+
+// addGoProgram has build compile the program in package/images/<dir> of the
+// strata checkout, static, to path in the image; its sources and the Go
+// version stand in for the binary in the cache key.
+func addGoProgram(ctx context.Context, s *spec, opts Options, dir, path string) error {
 	repo, err := repoDir(opts.RepoDir)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	pkg := filepath.Join("package", "images", "pause")
+	pkg := filepath.Join("package", "images", dir)
 	sources, err := goSources(filepath.Join(repo, pkg))
 	if err != nil {
-		return nil, err
+		return err
 	}
 	goVersion, err := commandOutput(ctx, repo, "go", "env", "GOVERSION")
 	if err != nil {
-		return nil, err
+		return err
 	}
-	s := newSpec("pause", PauseRef, "/pause")
 	// The binary is made by build, so its inputs stand in for it in the key.
 	s.keyExtra = append([]byte(goVersion), sources...)
 	s.build = func(ctx context.Context, rootfs string) error {
 		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w",
-			"-o", filepath.Join(rootfs, "pause"), "./"+filepath.ToSlash(pkg))
+			"-o", filepath.Join(rootfs, path), "./"+filepath.ToSlash(pkg))
 		cmd.Dir = repo
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("building the pause program: %w\n%s", err, out)
+			return fmt.Errorf("building the %s program: %w\n%s", dir, err, out)
 		}
 		return nil
 	}
-	return s, nil
+	return nil
 }
 
 // fioSpec is the benchmarks' fio image (scripts/bench-kbench): Debian's
@@ -68,30 +75,39 @@ func fioSpec(ctx context.Context, _ Options) (*spec, error) {
 // workloadSpec is a minimal shell image for test Pods: busybox with every
 // applet linked in /bin, and the few files programs expect.
 func workloadSpec(ctx context.Context, opts Options) (*spec, error) {
-	busybox, err := lookTool(hostpackages.Entry{Package: "busybox-static", File: "busybox"})
-	if err != nil {
+	s := newSpec("workload", WorkloadRef, "/bin/sh")
+	if err := addBusybox(ctx, s); err != nil {
 		return nil, err
 	}
-	s := newSpec("workload", WorkloadRef, "/bin/sh")
+	return s, baseFiles(s)
+}
+
+// addBusybox adds Debian's static busybox as /bin/busybox with every applet
+// it has linked beside it in /bin (sh among them).
+func addBusybox(ctx context.Context, s *spec) error {
+	busybox, err := lookTool(hostpackages.Entry{Package: "busybox-static", File: "busybox"})
+	if err != nil {
+		return err
+	}
 	if err := addProgram(ctx, s, "/bin/busybox", busybox); err != nil {
-		return nil, err
+		return err
 	}
 	applets, err := commandOutput(ctx, "", busybox, "--list")
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for _, applet := range strings.Fields(applets) {
 		if applet == "busybox" || strings.Contains(applet, "/") {
 			continue
 		}
 		if err := s.symlink("/bin/"+applet, "busybox"); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if _, ok := s.files["/bin/sh"]; !ok {
-		return nil, fmt.Errorf("%s has no sh applet; install the Debian package busybox-static", busybox)
+		return fmt.Errorf("%s has no sh applet; install the Debian package busybox-static", busybox)
 	}
-	return s, baseFiles(s)
+	return nil
 }
 
 // strataSpec is strata-manager with the host programs it runs, each with
