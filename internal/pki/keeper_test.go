@@ -131,13 +131,17 @@ func TestKeeperAsksTheSigner(t *testing.T) {
 	require.NoError(t, err)
 	changes := make(chan struct{}, 10)
 	k.OnTrustChange(func() { changes <- struct{}{} })
-	go k.Run(ctx)
-
+	// Before the signer published its trust: a pass says so and is not ready.
+	k.factory.Start(ctx.Done())
+	k.factory.WaitForCacheSync(ctx.Done())
+	_, err = k.refresh(ctx)
+	require.ErrorIs(t, err, ErrNoTrust)
 	select {
 	case <-k.Ready():
 		t.Fatal("ready before the signer published its trust")
-	case <-time.After(200 * time.Millisecond):
+	default:
 	}
+	go k.Run(ctx)
 	publishTrust(t, kube, state)
 	select {
 	case <-k.Ready():

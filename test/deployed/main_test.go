@@ -94,12 +94,8 @@ func run(m *testing.M) (int, error) {
 		keep = true
 		fmt.Fprintf(os.Stderr, "deployed tests failed; the run directory stays: %s\n", runDir)
 	}
-	if err := cluster.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "stopping the cluster:", err)
-		code = 1
-	}
-	if residue := localcluster.HostResidue(clusterDir, baseline); len(residue) > 0 {
-		fmt.Fprintf(os.Stderr, "left on the host after the cluster stopped:\n  %s\n", strings.Join(residue, "\n  "))
+	for _, reason := range cluster.StopLeavingNothing(clusterDir, baseline) {
+		fmt.Fprintln(os.Stderr, reason)
 		code = 1
 	}
 	return code, nil

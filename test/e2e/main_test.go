@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -200,14 +199,8 @@ func run(m *testing.M) (int, error) {
 	_ = env.signer.Stop(10 * time.Second)
 	// Why the suite failed outside its tests, said again after the
 	// managers' log tails so that it is the last thing a reader sees.
-	var reasons []string
-	if err := cluster.Stop(); err != nil {
-		reasons = append(reasons, fmt.Sprintf("stopping the cluster: %v", err))
-	}
 	// Nothing the kubelet nodes made may outlive the suite.
-	if residue := localcluster.HostResidue(clusterDir, baseline); len(residue) > 0 {
-		reasons = append(reasons, fmt.Sprintf("left on the host after the cluster stopped:\n  %s", strings.Join(residue, "\n  ")))
-	}
+	reasons := cluster.StopLeavingNothing(clusterDir, baseline)
 	if len(reasons) > 0 {
 		code = 1
 	}

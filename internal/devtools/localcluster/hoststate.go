@@ -153,3 +153,18 @@ func fileExists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
 }
+
+// StopLeavingNothing stops c and says what went wrong, if anything: the
+// stop's error, and what the kubelet nodes made under clusterDir that
+// outlives the cluster (HostResidue against baseline). A test binary's
+// TestMain fails on any of it.
+func (c *Cluster) StopLeavingNothing(clusterDir string, baseline HostBaseline) []string {
+	var reasons []string
+	if err := c.Stop(); err != nil {
+		reasons = append(reasons, fmt.Sprintf("stopping the cluster: %v", err))
+	}
+	if residue := HostResidue(clusterDir, baseline); len(residue) > 0 {
+		reasons = append(reasons, fmt.Sprintf("left on the host after the cluster stopped:\n  %s", strings.Join(residue, "\n  ")))
+	}
+	return reasons
+}
